@@ -1,0 +1,176 @@
+/*
+ * moeq/engine.h — the DeepSeek-V3-style Mixture-of-Experts inference engine.
+ *
+ * A library other programs can link: load a model directory in the Hugging
+ * Face layout (config.json + *.safetensors, mmapped), create an engine (KV
+ * cache pool + scratch sized at creation), then run steps. One step is a list
+ * of (sequence, tokens) items mixing prefill chunks and decode tokens of many
+ * sequences (continuous batching); it appends the tokens to each sequence's
+ * paged MLA cache and returns logits.
+ *
+ * Exactness: a sequence's logits are bit-identical whatever else is in the
+ * step (batch invariance, on by default).
+ *
+ * Threading: a model is immutable after load and may be shared by engines. An
+ * engine is used from one thread at a time; it runs its own worker threads.
+ *
+ * What it does not do: tokenization (moeq/tokenizer.h), job scheduling (the
+ * worker), networking.
+ */
+#ifndef MOEQ_ENGINE_H
+#define MOEQ_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moeq/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- model ---------------------------------------------------------------- */
+
+/* The architecture as read from config.json (plain data; see docs/ENGINE.md). */
+typedef struct moeq_model_config {
+    char model_type[32];          /* "deepseek_v3" | "deepseek_v2"                     */
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;        /* dense SwiGLU layers                               */
+    int moe_intermediate_size;    /* each routed/shared expert                         */
+    int num_hidden_layers;
+    int num_attention_heads;
+    int n_shared_experts;         /* 0 = none                                          */
+    int n_routed_experts;         /* 0 = dense model                                   */
+    int num_experts_per_tok;
+    int n_group, topk_group;      /* group-limited routing (1,1 = off)                 */
+    int first_k_dense_replace;
+    int moe_layer_freq;
+    int norm_topk_prob;
+    double routed_scaling_factor;
+    char scoring_func[16];        /* "sigmoid" (V3) | "softmax" (V2)                   */
+    char topk_method[24];         /* "noaux_tc" (V3) | "greedy" | "group_limited_greedy" */
+    int q_lora_rank;              /* 0 = no q compression (q_proj)                     */
+    int kv_lora_rank;
+    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    double rms_norm_eps;
+    double rope_theta;
+    int max_position_embeddings;
+    /* rope_scaling (YaRN); rope_scaling_type[0] == 0 when absent */
+    char rope_scaling_type[16];   /* "yarn"                                            */
+    double rope_factor;
+    int rope_original_max_position_embeddings;
+    double rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim;
+    int num_nextn_predict_layers; /* MTP layers stored after the main layers           */
+    int tie_word_embeddings;
+    int bos_token_id, eos_token_id;
+} moeq_model_config;
+
+typedef struct moeq_model moeq_model;
+
+typedef struct moeq_model_params {
+    int load_mtp;         /* load the MTP layer(s) when present (default 1)          */
+    int verify_tensors;   /* reject unknown ("extra") tensors (default 1)            */
+} moeq_model_params;
+
+moeq_model_params moeq_model_default_params(void);
+
+/*
+ * Load dir/config.json and dir/model.safetensors or the shards listed in
+ * dir/model.safetensors.index.json, memory-mapped (no copy). Errors, never a
+ * crash, for missing/extra tensors, wrong shapes, truncated files, bad header
+ * JSON, unknown dtype, unsupported model_type; errstr names file and tensor.
+ */
+moeq_err moeq_model_load(const char *dir, const moeq_model_params *params, moeq_model **out,
+                         char *errstr, size_t errstr_size);
+void moeq_model_destroy(moeq_model *model); /* NULL is safe */
+
+/* Borrowed; valid for the model's lifetime. */
+const moeq_model_config *moeq_model_get_config(const moeq_model *model);
+
+/* Bytes of weights a decode step reads for one token (attention + dense + k active experts + head). */
+size_t moeq_model_active_bytes_per_token(const moeq_model *model);
+size_t moeq_model_total_params(const moeq_model *model);
+
+/* ---- engine --------------------------------------------------------------- */
+
+typedef struct moeq_engine moeq_engine;
+
+typedef struct moeq_engine_params {
+    int max_seqs;              /* sequences alive at once (default 64)                */
+    int max_step_tokens;       /* tokens in one step, all items (default 2048)        */
+    int kv_block_tokens;       /* tokens per cache block (default 16)                 */
+    int64_t kv_cache_tokens;   /* cache capacity in tokens over all sequences (default 65536) */
+    int n_threads;             /* compute threads; 0 = all cores (default 0)          */
+    int batch_invariant;       /* fixed reduction order per row (default 1)           */
+} moeq_engine_params;
+
+moeq_engine_params moeq_engine_default_params(void);
+
+/* The model is borrowed and must outlive the engine. */
+moeq_err moeq_engine_new(const moeq_model *model, const moeq_engine_params *params, moeq_engine **out,
+                         char *errstr, size_t errstr_size);
+void moeq_engine_destroy(moeq_engine *engine); /* NULL is safe */
+
+/* Bytes of KV cache per token (compressed latent + rope key, all layers). */
+size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine);
+
+/* A sequence: a slot with its own block table. Returns MOEQ_ERR_LIMIT when max_seqs are alive. */
+moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id);
+void moeq_engine_seq_free(moeq_engine *engine, int seq_id);
+/* Tokens currently cached for the sequence. */
+int moeq_engine_seq_len(const moeq_engine *engine, int seq_id);
+/* Drop cached positions >= n_tokens (rollback of rejected draft tokens). */
+moeq_err moeq_engine_seq_truncate(moeq_engine *engine, int seq_id, int n_tokens);
+
+typedef struct moeq_step_item {
+    int seq_id;
+    const int32_t *tokens;  /* appended at positions seq_len .. seq_len+n_tokens-1 */
+    int n_tokens;
+    int all_logits;         /* 0: logits of the last token only; 1: of every token */
+} moeq_step_item;
+
+/*
+ * Run one forward step over all items. logits receives, item after item,
+ * 1 or n_tokens rows (all_logits) of vocab_size floats; logits_rows is its
+ * capacity in rows. Fails with MOEQ_ERR_LIMIT (nothing appended) when the
+ * cache or step size would overflow.
+ */
+moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
+                          size_t logits_rows, char *errstr, size_t errstr_size);
+
+/* ---- sampling ------------------------------------------------------------- */
+
+typedef struct moeq_sampling_params {
+    double temperature;   /* 0 = greedy (default 0)                        */
+    int top_k;            /* 0 = off                                       */
+    double top_p;         /* 1.0 = off                                     */
+    uint64_t seed;        /* per sequence; same seed, same tokens          */
+} moeq_sampling_params;
+
+moeq_sampling_params moeq_sampling_default_params(void);
+
+typedef struct moeq_sampler moeq_sampler;
+
+moeq_err moeq_sampler_new(const moeq_sampling_params *params, int vocab_size, moeq_sampler **out);
+void moeq_sampler_destroy(moeq_sampler *sampler);
+/* Pick the next token from one row of logits. Deterministic given the seed and call count. */
+int32_t moeq_sampler_sample(moeq_sampler *sampler, const float *logits);
+
+/* ---- generation (convenience over engine + sampler, used by `moeq generate`) */
+
+typedef struct moeq_generate_params {
+    moeq_sampling_params sampling;
+    int max_new_tokens;            /* default 64                                  */
+    const int32_t *stop_ids;       /* generation ends after any of these          */
+    int n_stop_ids;
+} moeq_generate_params;
+
+/* Generate for one prompt; *out (malloc'd, caller frees) receives the new ids. */
+moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt, const moeq_generate_params *params,
+                       int32_t **out, int *n_out, char *errstr, size_t errstr_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
