@@ -40,11 +40,11 @@ fi
 # The Debian redis-server package starts a system instance on 6379; moeq never
 # uses it (scripts/services.sh and the tests start their own).
 
-# Kafka broker jars from Maven Central, through the pinned pom.
-"$here/kafka.sh" fetch
-
-# Node packages for the examples and the tokenizer reference.
-if [ ! -d "$root/examples/node/node_modules/kafkajs" ] && [ -f "$root/examples/node/package.json" ]; then
-  (cd "$root/examples/node" && npm install --no-audit --no-fund --silent)
-fi
+# Each area's extra set-up (Kafka jars from Maven Central, npm packages for the
+# examples and the tokenizer reference, ...) is a hook in scripts/setup.d/, run
+# in name order; each hook is idempotent itself.
+for hook in "$here"/setup.d/*.sh; do
+  [ -e "$hook" ] || continue
+  bash "$hook"
+done
 echo "setup: ok"
