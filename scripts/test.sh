@@ -59,5 +59,8 @@ if [ $run_main = 1 ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build -j"$jobs"
   (cd build && ctest --output-on-failure -j"$jobs" --timeout 900) || status=1
+  # Skipped tests (gpu without a device, ...) print a line starting with SKIP
+  # saying why; show those reasons so a skip is never silent.
+  grep -h '^SKIP' build/Testing/Temporary/LastTest.log 2>/dev/null | sort -u || true
 fi
 exit $status
