@@ -99,6 +99,69 @@ const moeq_tensor *moeq_model_find_tensor(const moeq_model *model, const char *n
  */
 void moeq_tensor_rows_to_f32(const moeq_tensor *t, int64_t row0, int64_t n_rows, float *out);
 
+/* ---- loader additions (dtype.c, model.c) ---------------------------------- */
+
+/* Rows and columns of a weight seen as a matrix (1-D: one row of shape[0]). */
+static inline int64_t moeq_tensor_rows(const moeq_tensor *t) { return t->ndim >= 2 ? t->shape[0] : 1; }
+static inline int64_t moeq_tensor_cols(const moeq_tensor *t) {
+    return t->ndim >= 2 ? t->shape[t->ndim - 1] : (t->ndim == 1 ? t->shape[0] : 1);
+}
+
+/* Scalar conversions: exact widening; narrowing rounds to nearest even (F8: saturates at +-448). */
+static inline float moeq_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+uint16_t moeq_f32_to_bf16(float f);
+float moeq_f16_to_f32(uint16_t h);
+uint16_t moeq_f32_to_f16(float f);
+float moeq_f8_e4m3_to_f32(uint8_t b); /* E4M3FN: bias 7, no inf, 0x7f/0xff NaN */
+uint8_t moeq_f32_to_f8_e4m3(float f);
+
+/* Row helpers: widen n contiguous values to float32 (F8: times scale). */
+void moeq_bf16_to_f32_row(const uint16_t *in, float *out, size_t n);
+void moeq_f16_to_f32_row(const uint16_t *in, float *out, size_t n);
+void moeq_f8_e4m3_to_f32_row(const uint8_t *in, float scale, float *out, size_t n);
+
+/*
+ * The tensor plan: every tensor a checkpoint of this config holds, in HF
+ * naming, with its shape and role. The loader binds by it and gen-model
+ * writes by it, so the two cannot drift apart. Scale tensors (F8) are not
+ * listed; they follow their weight.
+ */
+typedef enum moeq_tensor_role {
+    MOEQ_ROLE_NORM = 0,  /* RMSNorm weight [n]                       */
+    MOEQ_ROLE_LINEAR,    /* projection [out, in] (F8-quantisable)    */
+    MOEQ_ROLE_EMBED,     /* token embedding [vocab, hidden]          */
+    MOEQ_ROLE_HEAD,      /* output head [vocab, hidden]              */
+    MOEQ_ROLE_ROUTER,    /* MoE router weight [n_routed, hidden]     */
+    MOEQ_ROLE_BIAS,      /* e_score_correction_bias [n_routed]       */
+    MOEQ_ROLE_MTP_PROJ,  /* MTP eh_proj [hidden, 2*hidden] (kept BF16 like DeepSeek) */
+} moeq_tensor_role;
+
+typedef struct moeq_tensor_spec {
+    char name[128];
+    int ndim;
+    int64_t shape[2];
+    moeq_tensor_role role;
+    int optional;               /* may be absent (MTP copy of embed_tokens)          */
+    const char *values_of;      /* same values as this tensor (DeepSeek's MTP copies), or NULL */
+    const moeq_tensor **slot;   /* where the loader binds it; NULL when planning only */
+} moeq_tensor_spec;
+
+typedef moeq_err (*moeq_tensor_spec_fn)(const moeq_tensor_spec *spec, void *ud);
+
+/*
+ * Call fn for every planned tensor (main layers, then n_mtp MTP layers).
+ * model may be NULL (gen-model); when given, its layers/experts arrays must be
+ * allocated and spec->slot points into them. Stops at fn's first error.
+ */
+moeq_err moeq_model_plan(const moeq_model_config *config, moeq_model *model, int n_mtp, moeq_tensor_spec_fn fn,
+                         void *ud);
+
+/* 1 when layer i (main or MTP index) is a MoE layer under the HF rule. */
+int moeq_model_layer_is_moe(const moeq_model_config *config, int i);
+
 /* Parse config.json text into a config; errors name the key. */
 moeq_err moeq_model_config_parse(const char *json, size_t len, moeq_model_config *config, char *errstr,
                                  size_t errstr_size);

@@ -1,0 +1,33 @@
+# The moeq image: one `moeq` binary (coordinator, worker, submit, status, ...)
+# with the CUDA backend, for docker-compose.yml and real deployments.
+#
+#   docker build -t moeq .                       # Hopper + Ampere kernels
+#   docker build --build-arg CUDA_ARCHS=89 -t moeq .
+#
+# Ubuntu 24.04 CUDA images: NVIDIA publishes no Debian ones. Its hiredis (1.2)
+# ships hiredis_ssl, so this image speaks TLS to Redis (redis.tls / rediss://).
+ARG CUDA_VERSION=12.6.3
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
+ARG CUDA_ARCHS="80;90"
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      build-essential cmake pkg-config librdkafka-dev libhiredis-dev libmsgpack-c-dev libcjson-dev \
+      libpcre2-dev libopenblas-dev libibverbs-dev libmicrohttpd-dev libcmocka-dev libssl-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DMOEQ_NATIVE=OFF -DMOEQ_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
+    && cmake --build /build -j"$(nproc)" --target moeq
+
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
+# The -dev packages pull in exactly the runtime libraries the binary links,
+# whatever this release names them (t64 renames and all); they are small.
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      librdkafka-dev libhiredis-dev libmsgpack-c-dev libcjson-dev libpcre2-dev libopenblas-dev \
+      libibverbs-dev libmicrohttpd-dev ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 moeq
+COPY --from=build /build/cli/moeq /usr/local/bin/moeq
+USER moeq
+ENTRYPOINT ["moeq"]
+CMD ["--help"]

@@ -1,0 +1,247 @@
+/*
+ * cmd_engine.c — `moeq generate` and `moeq logits`: thin shells over the
+ * engine (moeq/engine.h) and, when the model directory has one, the
+ * tokenizer. Output is one JSON document on stdout; errors go to stderr with
+ * exit status 1 (2 for usage).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moeq/engine.h"
+#include "moeq/tokenizer.h"
+
+typedef struct engine_args {
+    const char *model_dir, *prompt, *tokens;
+    int max_new_tokens, top, n_threads, batch_invariant;
+    moeq_sampling_params sampling;
+} engine_args;
+
+static void generate_usage(FILE *out) {
+    fprintf(out, "usage: moeq generate --model DIR (--prompt TEXT | --tokens 1,2,3) [options]\n"
+                 "\n"
+                 "  --max-new-tokens N  (default 32)\n"
+                 "  --temperature T     0 = greedy (default 0)\n"
+                 "  --top-k K           0 = off (default 0)\n"
+                 "  --top-p P           1 = off (default 1)\n"
+                 "  --seed S            (default 0)\n"
+                 "  --threads N         0 = all cores (default 0)\n"
+                 "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}.\n");
+}
+
+static void logits_usage(FILE *out) {
+    fprintf(out, "usage: moeq logits --model DIR --tokens 1,2,3 [--top K] [--threads N]\n"
+                 "\n"
+                 "Prints every position's K best ids and logits (default 5), best first;\n"
+                 "--top 0 prints all vocab_size logits of every position in id order (%%.9g).\n");
+}
+
+static int parse_args(int argc, char **argv, engine_args *a) {
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(k, "--no-batch-invariant")) {
+            a->batch_invariant = 0;
+            continue;
+        }
+        if (!v) return -1;
+        i++;
+        if (!strcmp(k, "--model")) a->model_dir = v;
+        else if (!strcmp(k, "--prompt")) a->prompt = v;
+        else if (!strcmp(k, "--tokens")) a->tokens = v;
+        else if (!strcmp(k, "--max-new-tokens")) a->max_new_tokens = atoi(v);
+        else if (!strcmp(k, "--temperature")) a->sampling.temperature = atof(v);
+        else if (!strcmp(k, "--top-k")) a->sampling.top_k = atoi(v);
+        else if (!strcmp(k, "--top-p")) a->sampling.top_p = atof(v);
+        else if (!strcmp(k, "--seed")) a->sampling.seed = strtoull(v, NULL, 0);
+        else if (!strcmp(k, "--top")) a->top = atoi(v);
+        else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
+        else return -1;
+    }
+    return a->model_dir ? 0 : -1;
+}
+
+/* "1,2,3" → ids (malloc'd). */
+static int parse_ids(const char *s, int32_t **out, int *n) {
+    int cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
+    if (!ids) return -1;
+    int m = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX) break;
+        ids[m++] = (int32_t)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') break;
+    }
+    if (*s || m == 0) {
+        free(ids);
+        return -1;
+    }
+    *out = ids;
+    *n = m;
+    return 0;
+}
+
+static void print_json_string(const char *s) {
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p == '\n') fputs("\\n", stdout);
+        else if (*p < 0x20) printf("\\u%04x", *p);
+        else putchar(*p);
+    }
+    putchar('"');
+}
+
+static void print_ids(const char *key, const int32_t *ids, int n) {
+    printf("\"%s\":[", key);
+    for (int i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
+    putchar(']');
+}
+
+typedef struct session {
+    moeq_model *model;
+    moeq_engine *engine;
+    moeq_tokenizer *tok;
+    int32_t *ids;
+    int n_ids;
+} session;
+
+static void session_close(session *s) {
+    moeq_engine_destroy(s->engine);
+    moeq_model_destroy(s->model);
+    moeq_tokenizer_destroy(s->tok);
+    free(s->ids);
+}
+
+/* Load model (+ tokenizer when present), read the input ids, create an engine sized for them. */
+static int session_open(session *s, const engine_args *a, int extra_tokens, const char *cmd) {
+    char err[512] = "";
+    moeq_err rc = moeq_model_load(a->model_dir, NULL, &s->model, err, sizeof(err));
+    if (rc) return fprintf(stderr, "moeq %s: %s: %s\n", cmd, moeq_err_str(rc), err), 1;
+    if (moeq_tokenizer_load(a->model_dir, &s->tok, err, sizeof(err)) != MOEQ_OK) s->tok = NULL;
+    if (a->tokens) {
+        if (parse_ids(a->tokens, &s->ids, &s->n_ids)) return fprintf(stderr, "moeq %s: bad --tokens\n", cmd), 2;
+    } else if (a->prompt && s->tok) {
+        moeq_tokens t = {0};
+        unsigned flags = moeq_tokenizer_add_bos(s->tok) ? MOEQ_TOKENIZE_ADD_BOS : 0;
+        if ((rc = moeq_tokenizer_encode(s->tok, a->prompt, strlen(a->prompt), flags, &t, err, sizeof(err))))
+            return fprintf(stderr, "moeq %s: encode: %s\n", cmd, err), 1;
+        s->ids = t.ids;
+        s->n_ids = (int)t.n;
+    } else {
+        return fprintf(stderr, "moeq %s: %s\n", cmd, a->prompt ? "the model has no tokenizer; use --tokens" : "--prompt or --tokens is required"), 2;
+    }
+    if (s->n_ids < 1) return fprintf(stderr, "moeq %s: empty prompt\n", cmd), 2;
+    moeq_engine_params p = moeq_engine_default_params();
+    p.max_seqs = 1;
+    p.kv_cache_tokens = s->n_ids + extra_tokens + 1;
+    p.n_threads = a->n_threads;
+    p.batch_invariant = a->batch_invariant;
+    p.max_step_tokens = s->n_ids < 512 ? s->n_ids : 512;
+    if ((rc = moeq_engine_new(s->model, &p, &s->engine, err, sizeof(err))))
+        return fprintf(stderr, "moeq %s: engine: %s: %s\n", cmd, moeq_err_str(rc), err), 1;
+    return 0;
+}
+
+int moeq_cmd_generate(int argc, char **argv);
+int moeq_cmd_generate(int argc, char **argv) {
+    engine_args a = {.max_new_tokens = 32, .batch_invariant = 1, .sampling = moeq_sampling_default_params()};
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return generate_usage(stdout), 0;
+    if (parse_args(argc, argv, &a) || a.max_new_tokens < 0) return generate_usage(stderr), 2;
+    session s = {0};
+    int rc = session_open(&s, &a, a.max_new_tokens, "generate");
+    if (rc) return session_close(&s), rc;
+    int32_t stop = s.tok && moeq_tokenizer_eos_id(s.tok) >= 0 ? moeq_tokenizer_eos_id(s.tok)
+                                                                : moeq_model_get_config(s.model)->eos_token_id;
+    moeq_generate_params gp = {a.sampling, a.max_new_tokens, &stop, stop >= 0 ? 1 : 0};
+    int32_t *out = NULL;
+    int n_out = 0;
+    char err[512] = "";
+    moeq_err e = moeq_generate(s.engine, s.ids, s.n_ids, &gp, &out, &n_out, err, sizeof(err));
+    if (e) {
+        fprintf(stderr, "moeq generate: %s: %s\n", moeq_err_str(e), err);
+        session_close(&s);
+        return 1;
+    }
+    putchar('{');
+    print_ids("prompt_tokens", s.ids, s.n_ids);
+    putchar(',');
+    print_ids("tokens", out, n_out);
+    char *text = NULL;
+    if (s.tok && moeq_tokenizer_decode(s.tok, out, (size_t)n_out, 0, &text, NULL, err, sizeof(err)) == MOEQ_OK) {
+        fputs(",\"text\":", stdout);
+        print_json_string(text);
+    }
+    puts("}");
+    free(text);
+    free(out);
+    session_close(&s);
+    return 0;
+}
+
+/* The k best ids of a row, best first (ties: lower id). */
+static void top_ids(const float *row, int vocab, int k, int32_t *best) {
+    int m = 0;
+    for (int32_t i = 0; i < vocab; i++) {
+        if (m == k && !(row[i] > row[best[m - 1]])) continue;
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && row[i] > row[best[j - 1]]) {
+            best[j] = best[j - 1];
+            j--;
+        }
+        best[j] = i;
+    }
+}
+
+static void print_position(int pos, int32_t token, const float *row, int vocab, int top, int32_t *best) {
+    printf("%s{\"pos\":%d,\"token\":%d,", pos ? ",\n" : "\n", pos, token);
+    if (top == 0) {
+        fputs("\"logits\":[", stdout);
+        for (int i = 0; i < vocab; i++) printf("%s%.9g", i ? "," : "", row[i]);
+        fputs("]}", stdout);
+        return;
+    }
+    top_ids(row, vocab, top, best);
+    print_ids("ids", best, top);
+    fputs(",\"logits\":[", stdout);
+    for (int i = 0; i < top; i++) printf("%s%.9g", i ? "," : "", row[best[i]]);
+    fputs("]}", stdout);
+}
+
+int moeq_cmd_logits(int argc, char **argv);
+int moeq_cmd_logits(int argc, char **argv) {
+    engine_args a = {.top = 5, .batch_invariant = 1, .sampling = moeq_sampling_default_params()};
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return logits_usage(stdout), 0;
+    if (parse_args(argc, argv, &a) || a.top < 0 || !a.tokens) return logits_usage(stderr), 2;
+    session s = {0};
+    int rc = session_open(&s, &a, 0, "logits");
+    if (rc) return session_close(&s), rc;
+    int vocab = moeq_model_get_config(s.model)->vocab_size, chunk = s.n_ids < 512 ? s.n_ids : 512;
+    if (a.top > vocab) a.top = vocab;
+    float *logits = malloc((size_t)chunk * vocab * sizeof(float));
+    int32_t *best = malloc((size_t)(a.top + 1) * sizeof(int32_t));
+    rc = logits && best ? 0 : 1;
+    int seq = -1;
+    if (!rc) rc = moeq_engine_seq_new(s.engine, &seq) ? 1 : 0;
+    printf("{\"vocab_size\":%d,\"positions\":[", vocab);
+    for (int off = 0; !rc && off < s.n_ids; off += chunk) {
+        int n = s.n_ids - off < chunk ? s.n_ids - off : chunk;
+        moeq_step_item item = {seq, s.ids + off, n, 1};
+        char err[512] = "";
+        moeq_err e = moeq_engine_step(s.engine, &item, 1, logits, (size_t)n, err, sizeof(err));
+        if (e) {
+            fprintf(stderr, "moeq logits: %s: %s\n", moeq_err_str(e), err);
+            rc = 1;
+            break;
+        }
+        for (int i = 0; i < n; i++) print_position(off + i, s.ids[off + i], logits + (size_t)i * vocab, vocab, a.top, best);
+    }
+    puts("\n]}");
+    free(logits);
+    free(best);
+    session_close(&s);
+    return rc;
+}

@@ -1,0 +1,149 @@
+/*
+ * cmd_model.c — `moeq gen-model` (write a synthetic checkpoint) and
+ * `moeq model-info` (load one and report). Thin shells over engine/genmodel.c
+ * and moeq_model_load; all decisions live there.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/genmodel.h"
+#include "moeq/engine.h"
+#include "moeq/util.h"
+
+static void gen_model_usage(FILE *out) {
+    fprintf(out,
+            "usage: moeq gen-model --preset tiny|tiny-v2|small|bench --out DIR [options]\n"
+            "\n"
+            "Writes config.json, safetensors (HF tensor names) and, when sharded,\n"
+            "model.safetensors.index.json. Same seed, same bytes.\n"
+            "\n"
+            "  --seed N        value seed (default 1)\n"
+            "  --dtype D       f32 | bf16 | f16 | f8 (default bf16; f8 = DeepSeek's FP8 layout:\n"
+            "                  projections F8_E4M3 + 128x128 weight_scale_inv, the rest BF16)\n"
+            "  --shard-mb N    split into shards of about N MiB (default 1024)\n"
+            "  --shards N      exactly N shards; 1 = a single model.safetensors (default: auto,\n"
+            "                  at least 2 for tiny, tiny-v2 and small)\n"
+            "  --no-tokenizer  do not write tokenizer.json / tokenizer_config.json\n");
+}
+
+static int parse_u64(const char *s, uint64_t *out) {
+    char *end = NULL;
+    if (!s || !*s || *s == '-') return -1;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (*end) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Returns 0 on success, 2 on a usage error (message printed). */
+static int gen_model_args(int argc, char **argv, const char **preset, const char **out_dir,
+                          moeq_genmodel_params *params) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n = 0;
+        if (!strcmp(a, "--no-tokenizer")) {
+            params->write_tokenizer = 0;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "moeq gen-model: %s needs a value (or is unknown)\n\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--preset")) {
+            *preset = v;
+        } else if (!strcmp(a, "--out")) {
+            *out_dir = v;
+        } else if (!strcmp(a, "--seed") && !parse_u64(v, &n)) {
+            params->seed = n;
+        } else if (!strcmp(a, "--dtype") && !moeq_genmodel_dtype_parse(v, &params->dtype)) {
+        } else if (!strcmp(a, "--shard-mb") && !parse_u64(v, &n) && n >= 1 && n <= (1u << 20)) {
+            params->shard_bytes = (size_t)n << 20;
+        } else if (!strcmp(a, "--shards") && !parse_u64(v, &n) && n >= 1 && n <= 9999) {
+            params->n_shards = (int)n;
+        } else {
+            fprintf(stderr, "moeq gen-model: bad option %s %s\n\n", a, v);
+            return 2;
+        }
+    }
+    if (!*preset || !*out_dir) {
+        fprintf(stderr, "moeq gen-model: --preset and --out are required\n\n");
+        return 2;
+    }
+    return 0;
+}
+
+int moeq_cmd_gen_model(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            gen_model_usage(stdout);
+            return 0;
+        }
+    const char *preset = NULL, *out_dir = NULL;
+    moeq_genmodel_params params = moeq_genmodel_default_params();
+    if (gen_model_args(argc, argv, &preset, &out_dir, &params) != 0) {
+        gen_model_usage(stderr);
+        return 2;
+    }
+    char errstr[512];
+    moeq_model_config config;
+    moeq_err err = moeq_genmodel_preset(preset, &config, &params.min_shards, errstr, sizeof errstr);
+    moeq_genmodel_stats stats;
+    int64_t t0 = moeq_mono_ns();
+    if (!err) err = moeq_genmodel_write(out_dir, &config, &params, &stats, errstr, sizeof errstr);
+    if (err) {
+        fprintf(stderr, "moeq gen-model: %s (%s)\n", errstr, moeq_err_str(err));
+        return 1;
+    }
+    if (!stats.tokenizer_written && params.write_tokenizer)
+        fprintf(stderr, "moeq gen-model: warning: no tokenizer files: %s\n", stats.tokenizer_note);
+    printf("{\"out\": \"%s\", \"preset\": \"%s\", \"params\": %zu, \"bytes\": %zu, \"tensors\": %d, \"shards\": %d, "
+           "\"tokenizer\": %s, \"seconds\": %.3f}\n",
+           out_dir, preset, stats.n_params, stats.n_bytes, stats.n_tensors, stats.n_shards,
+           stats.tokenizer_written ? "true" : "false", (double)(moeq_mono_ns() - t0) / 1e9);
+    return 0;
+}
+
+static void print_info(const char *dir, const moeq_model *model, double load_ms) {
+    const moeq_model_config *c = moeq_model_get_config(model);
+    printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"load_ms\": %.3f, \"total_params\": %zu, "
+           "\"active_bytes_per_token\": %zu, \"vocab_size\": %d, \"hidden_size\": %d, \"num_hidden_layers\": %d, "
+           "\"n_routed_experts\": %d, \"num_experts_per_tok\": %d, \"num_nextn_predict_layers\": %d}\n",
+           dir, c->model_type, load_ms, moeq_model_total_params(model), moeq_model_active_bytes_per_token(model),
+           c->vocab_size, c->hidden_size, c->num_hidden_layers, c->n_routed_experts, c->num_experts_per_tok,
+           c->num_nextn_predict_layers);
+}
+
+int moeq_cmd_model_info(int argc, char **argv) {
+    const char *dir = NULL;
+    moeq_model_params params = moeq_model_default_params();
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) {
+            dir = argv[++i];
+        } else if (!strcmp(argv[i], "--no-mtp")) {
+            params.load_mtp = 0;
+        } else {
+            int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            fprintf(help ? stdout : stderr, "usage: moeq model-info --model DIR [--no-mtp]\n");
+            return help ? 0 : 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "usage: moeq model-info --model DIR [--no-mtp]\n");
+        return 2;
+    }
+    char errstr[512];
+    moeq_model *model = NULL;
+    int64_t t0 = moeq_mono_ns();
+    moeq_err err = moeq_model_load(dir, &params, &model, errstr, sizeof errstr);
+    double load_ms = (double)(moeq_mono_ns() - t0) / 1e6;
+    if (err) {
+        fprintf(stderr, "moeq model-info: %s (%s)\n", errstr, moeq_err_str(err));
+        return 1;
+    }
+    print_info(dir, model, load_ms);
+    moeq_model_destroy(model);
+    return 0;
+}

@@ -1,0 +1,164 @@
+/*
+ * dtype.c — the storage types of safetensors weights and their conversions to
+ * and from float32: BF16, F16, F8_E4M3 (E4M3FN, DeepSeek's FP8 with 128x128
+ * block scales). Widening is exact; narrowing (used by gen-model) rounds to
+ * nearest even. moeq_tensor_rows_to_f32 is the one dequantisation path every
+ * backend and test uses.
+ *
+ * Deliberately not here: GEMM kernels that consume BF16/F8 directly (forward).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "model.h"
+
+size_t moeq_dtype_size(moeq_dtype dtype) {
+    switch (dtype) {
+    case MOEQ_DTYPE_F32: return 4;
+    case MOEQ_DTYPE_BF16: return 2;
+    case MOEQ_DTYPE_F16: return 2;
+    case MOEQ_DTYPE_F8_E4M3: return 1;
+    }
+    return 0;
+}
+
+/* The safetensors spelling. */
+const char *moeq_dtype_name(moeq_dtype dtype) {
+    switch (dtype) {
+    case MOEQ_DTYPE_F32: return "F32";
+    case MOEQ_DTYPE_BF16: return "BF16";
+    case MOEQ_DTYPE_F16: return "F16";
+    case MOEQ_DTYPE_F8_E4M3: return "F8_E4M3";
+    }
+    return "?";
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t moeq_f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float moeq_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13)); /* inf / NaN */
+    if (exp == 0) {                                                     /* zero / subnormal: man * 2^-24 */
+        float v = (float)man * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+uint16_t moeq_f32_to_f16(float f) {
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    float a = fabsf(f);
+    if (isnan(f)) return sign | 0x7e00u;
+    if (a >= 65520.0f) return sign | 0x7c00u; /* rounds to inf */
+    if (a < 0x1p-14f) {                       /* subnormal: units of 2^-24, RNE by rintf */
+        return sign | (uint16_t)rintf(a * 0x1p24f);
+    }
+    uint32_t au = u & 0x7fffffffu;
+    au += 0xfffu + ((au >> 13) & 1u);
+    return sign | (uint16_t)(((au >> 23) - 112u) << 10 | ((au >> 13) & 0x3ffu));
+}
+
+static float f8_table[256];
+static pthread_once_t f8_once = PTHREAD_ONCE_INIT;
+
+static float f8_decode(uint8_t b) {
+    int exp = (b >> 3) & 0xf, man = b & 7;
+    float v;
+    if (exp == 0xf && man == 7) return NAN;
+    if (exp == 0)
+        v = (float)man * 0x1p-9f; /* subnormal: man/8 * 2^-6 */
+    else
+        v = ldexpf(1.0f + (float)man / 8.0f, exp - 7);
+    return (b & 0x80) ? -v : v;
+}
+
+static void f8_table_init(void) {
+    for (int i = 0; i < 256; i++) f8_table[i] = f8_decode((uint8_t)i);
+}
+
+float moeq_f8_e4m3_to_f32(uint8_t b) {
+    pthread_once(&f8_once, f8_table_init);
+    return f8_table[b];
+}
+
+/* Codes 0..126 are the non-negative finite values in increasing order; pick the nearest, ties to even. */
+uint8_t moeq_f32_to_f8_e4m3(float f) {
+    pthread_once(&f8_once, f8_table_init);
+    if (isnan(f)) return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= 448.0f) return sign | 126;
+    int lo = 0, hi = 126; /* invariant: table[lo] <= a < table[hi] */
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (f8_table[mid] <= a)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    float dlo = a - f8_table[lo], dhi = f8_table[hi] - a;
+    int code = dlo < dhi ? lo : dhi < dlo ? hi : ((lo & 1) ? hi : lo);
+    return sign | (uint8_t)code;
+}
+
+void moeq_bf16_to_f32_row(const uint16_t *in, float *out, size_t n) {
+    uint32_t *o = (uint32_t *)(void *)out;
+    for (size_t i = 0; i < n; i++) o[i] = (uint32_t)in[i] << 16;
+}
+
+void moeq_f16_to_f32_row(const uint16_t *in, float *out, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = moeq_f16_to_f32(in[i]);
+}
+
+void moeq_f8_e4m3_to_f32_row(const uint8_t *in, float scale, float *out, size_t n) {
+    pthread_once(&f8_once, f8_table_init);
+    for (size_t i = 0; i < n; i++) out[i] = f8_table[in[i]] * scale;
+}
+
+/* One F8 row: each 128-column block has its own scale from the row's block-row. */
+static void f8_row_to_f32(const moeq_tensor *t, int64_t r, int64_t cols, float *out) {
+    const uint8_t *q = (const uint8_t *)t->data + (size_t)r * (size_t)cols;
+    int64_t scale_cols = (cols + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK;
+    const float *scale = (const float *)t->scale_inv->data + (r / MOEQ_F8_BLOCK) * scale_cols;
+    for (int64_t c0 = 0, b = 0; c0 < cols; c0 += MOEQ_F8_BLOCK, b++) {
+        int64_t n = cols - c0 < MOEQ_F8_BLOCK ? cols - c0 : MOEQ_F8_BLOCK;
+        moeq_f8_e4m3_to_f32_row(q + c0, scale[b], out + c0, (size_t)n);
+    }
+}
+
+void moeq_tensor_rows_to_f32(const moeq_tensor *t, int64_t row0, int64_t n_rows, float *out) {
+    int64_t cols = moeq_tensor_cols(t);
+    size_t n = (size_t)(n_rows * cols), off = (size_t)(row0 * cols);
+    switch (t->dtype) {
+    case MOEQ_DTYPE_F32: memcpy(out, (const float *)t->data + off, n * sizeof(float)); break;
+    case MOEQ_DTYPE_BF16: moeq_bf16_to_f32_row((const uint16_t *)t->data + off, out, n); break;
+    case MOEQ_DTYPE_F16: moeq_f16_to_f32_row((const uint16_t *)t->data + off, out, n); break;
+    case MOEQ_DTYPE_F8_E4M3:
+        if (!t->scale_inv) { /* unscaled F8 (never bound by the loader, but be total) */
+            moeq_f8_e4m3_to_f32_row((const uint8_t *)t->data + off, 1.0f, out, n);
+            break;
+        }
+        for (int64_t r = 0; r < n_rows; r++) f8_row_to_f32(t, row0 + r, cols, out + r * cols);
+        break;
+    }
+}

@@ -1,0 +1,278 @@
+/*
+ * engine.c — engine lifetime, sequences and the step entry point (public API
+ * of moeq/engine.h). It validates, sizes memory at creation, and lays a
+ * step's items out as tokens; the math is in forward.c, the heavy ops behind
+ * backend.h.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forward.h"
+
+moeq_engine_params moeq_engine_default_params(void) {
+    return (moeq_engine_params){.max_seqs = 64,
+                                .max_step_tokens = 2048,
+                                .kv_block_tokens = 16,
+                                .kv_cache_tokens = 65536,
+                                .n_threads = 0,
+                                .batch_invariant = 1};
+}
+
+static float *widen_vec(const moeq_tensor *t) {
+    if (!t) return NULL;
+    int64_t n = moeq_tensor_rows(t) * moeq_tensor_cols(t);
+    float *v = malloc((size_t)n * sizeof(float));
+    if (v) moeq_tensor_rows_to_f32(t, 0, moeq_tensor_rows(t), v);
+    return v;
+}
+
+static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
+    const moeq_model_config *c = e->cfg;
+    e->vecs = calloc((size_t)c->num_hidden_layers, sizeof(moeq_layer_vecs));
+    e->final_norm = widen_vec(e->model->norm);
+    if (!e->vecs || !e->final_norm) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine vectors");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const moeq_layer *L = &e->model->layers[l];
+        moeq_layer_vecs *v = &e->vecs[l];
+        v->in_norm = widen_vec(L->input_layernorm);
+        v->post_norm = widen_vec(L->post_attention_layernorm);
+        v->kv_a_norm = widen_vec(L->kv_a_layernorm);
+        v->q_a_norm = widen_vec(L->q_a_layernorm);
+        v->bias = widen_vec(L->is_moe ? L->e_score_correction_bias : NULL);
+        if (!v->in_norm || !v->post_norm || !v->kv_a_norm || (c->q_lora_rank > 0 && !v->q_a_norm) ||
+            (L->is_moe && L->e_score_correction_bias && !v->bias))
+            return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine vectors of layer %d", l);
+    }
+    return MOEQ_OK;
+}
+
+static moeq_err check_dtypes(const moeq_engine *e, char *errstr, size_t errstr_size) {
+    for (int i = 0; i < e->model->n_tensors; i++) {
+        const moeq_tensor *t = &e->model->tensors[i];
+        if (!e->backend->supports(e->backend, MOEQ_BACKEND_OP_MATMUL, t->dtype))
+            return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "backend %s: dtype %s of %s", e->backend->name,
+                             moeq_dtype_name(t->dtype), t->name);
+    }
+    return MOEQ_OK;
+}
+
+/* Bump allocation of the step arena; pass base NULL to size it. */
+typedef struct arena {
+    char *base;
+    size_t off;
+} arena;
+
+static void *take(arena *a, size_t bytes) {
+    void *p = a->base ? a->base + a->off : NULL;
+    a->off += (bytes + 63) / 64 * 64;
+    return p;
+}
+
+static void layout_scratch(moeq_engine *e, arena *a) {
+    const moeq_model_config *c = e->cfg;
+    size_t T = (size_t)e->params.max_step_tokens, D = c->hidden_size, H = c->num_attention_heads;
+    size_t L = c->kv_lora_rank, R = c->qk_rope_head_dim, QH = c->qk_nope_head_dim + R, V = c->v_head_dim;
+    size_t E = c->n_routed_experts > 0 ? c->n_routed_experts : 1, K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
+    size_t MI = c->moe_intermediate_size, SI = (size_t)c->n_shared_experts * MI, I = c->intermediate_size;
+    size_t gu = T * I > T * K * MI + T * SI ? T * I : T * K * MI + T * SI, f = sizeof(float);
+    moeq_scratch *s = &e->s;
+    s->x = take(a, T * D * f);
+    s->h = take(a, T * D * f);
+    s->tmp = take(a, T * D * f);
+    s->qa = take(a, T * (c->q_lora_rank > 0 ? c->q_lora_rank : 1) * f);
+    s->q = take(a, T * H * QH * f);
+    s->kva = take(a, T * (L + R) * f);
+    s->qpe = take(a, T * H * R * f);
+    s->qlat = take(a, T * H * L * f);
+    s->olat = take(a, T * H * L * f);
+    s->ov = take(a, T * H * V * f);
+    s->router = take(a, T * E * f);
+    s->rw = take(a, T * K * f);
+    s->rids = take(a, T * K * sizeof(int32_t));
+    s->offsets = take(a, (E + 1) * sizeof(int64_t));
+    s->order = take(a, T * K * sizeof(int64_t));
+    s->slot_row = take(a, T * K * sizeof(int64_t));
+    s->xg = take(a, T * K * D * f);
+    s->g = take(a, gu * f);
+    s->u = take(a, gu * f);
+    s->down = take(a, (T * K + T) * D * f);
+    s->route_scratch = take(a, (2 * E + (c->n_group > 0 ? c->n_group : 1)) * f);
+    s->cos_v = take(a, T * R / 2 * f);
+    s->sin_v = take(a, T * R / 2 * f);
+    s->tok_id = take(a, T * sizeof(int32_t));
+    s->tok_seq = take(a, T * sizeof(int32_t));
+    s->tok_pos = take(a, T * sizeof(int64_t));
+    s->logit_tok = take(a, T * sizeof(int64_t));
+    s->max_jobs = (int)(2 * H + 2 * E + 8);
+    s->jobs = take(a, (size_t)s->max_jobs * sizeof(moeq_mm_job));
+}
+
+static int64_t max_weight_cols(const moeq_model *model) {
+    int64_t m = 1;
+    for (int i = 0; i < model->n_tensors; i++)
+        if (moeq_tensor_cols(&model->tensors[i]) > m) m = moeq_tensor_cols(&model->tensors[i]);
+    return m;
+}
+
+static moeq_err check_params(const moeq_engine_params *p, char *errstr, size_t errstr_size) {
+    if (p->max_seqs < 1 || p->max_step_tokens < 1 || p->kv_block_tokens < 1 || p->kv_cache_tokens < 1 ||
+        p->n_threads < 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "engine params: max_seqs, max_step_tokens, kv_block_tokens, kv_cache_tokens must be >= 1, "
+                         "n_threads >= 0");
+    return MOEQ_OK;
+}
+
+static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
+    const moeq_model_config *c = e->cfg;
+    moeq_err err = moeq_rope_init(&e->rope, c, errstr, errstr_size);
+    if (err) return err;
+    if (c->n_routed_experts > 0 && (err = moeq_moe_router_init(&e->router, c, errstr, errstr_size))) return err;
+    if ((err = widen_layers(e, errstr, errstr_size))) return err;
+    moeq_kv_cache_params kp = {c->num_hidden_layers, c->kv_lora_rank + c->qk_rope_head_dim, e->params.kv_block_tokens,
+                               e->params.kv_cache_tokens, e->params.max_seqs};
+    if ((err = moeq_kv_cache_new(&kp, &e->cache, errstr, errstr_size))) return err;
+    arena a = {0};
+    layout_scratch(e, &a);
+    if (!(e->arena = aligned_alloc(64, a.off)))
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "step scratch of %zu bytes (max_step_tokens %d)", a.off,
+                         e->params.max_step_tokens);
+    a = (arena){e->arena, 0};
+    layout_scratch(e, &a);
+    int n_threads = e->params.n_threads ? e->params.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    moeq_backend_cpu_params bp = {.n_threads = n_threads > 0 ? n_threads : 1,
+                                  .batch_invariant = e->params.batch_invariant,
+                                  .max_k = max_weight_cols(e->model),
+                                  .max_ctx = moeq_kv_cache_max_seq_tokens(e->cache),
+                                  .max_jobs = e->s.max_jobs};
+    if (!(e->backend = moeq_backend_cpu_new(&bp))) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "cpu backend");
+    return check_dtypes(e, errstr, errstr_size);
+}
+
+moeq_err moeq_engine_new(const moeq_model *model, const moeq_engine_params *params, moeq_engine **out, char *errstr,
+                         size_t errstr_size) {
+    if (!model || !out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "model and out are required");
+    *out = NULL;
+    moeq_engine_params p = params ? *params : moeq_engine_default_params();
+    moeq_err err = check_params(&p, errstr, errstr_size);
+    if (err) return err;
+    moeq_engine *e = calloc(1, sizeof(*e));
+    if (!e) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine");
+    e->model = model;
+    e->cfg = &model->config;
+    e->params = p;
+    if ((err = engine_build(e, errstr, errstr_size))) {
+        moeq_engine_destroy(e);
+        return err;
+    }
+    *out = e;
+    return MOEQ_OK;
+}
+
+void moeq_engine_destroy(moeq_engine *engine) {
+    if (!engine) return;
+    moeq_backend_destroy(engine->backend);
+    moeq_kv_cache_destroy(engine->cache);
+    if (engine->vecs)
+        for (int l = 0; l < engine->cfg->num_hidden_layers; l++) {
+            moeq_layer_vecs *v = &engine->vecs[l];
+            free(v->in_norm);
+            free(v->post_norm);
+            free(v->q_a_norm);
+            free(v->kv_a_norm);
+            free(v->bias);
+        }
+    free(engine->vecs);
+    free(engine->final_norm);
+    free(engine->arena);
+    free(engine);
+}
+
+size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine) { return moeq_kv_cache_bytes_per_token(engine->cache); }
+
+moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id) {
+    if (!engine || !seq_id) return MOEQ_ERR_INVALID_ARG;
+    return moeq_kv_cache_seq_new(engine->cache, seq_id);
+}
+
+void moeq_engine_seq_free(moeq_engine *engine, int seq_id) {
+    if (engine) moeq_kv_cache_seq_free(engine->cache, seq_id);
+}
+
+int moeq_engine_seq_len(const moeq_engine *engine, int seq_id) {
+    return engine ? (int)moeq_kv_cache_seq_len(engine->cache, seq_id) : -1;
+}
+
+moeq_err moeq_engine_seq_truncate(moeq_engine *engine, int seq_id, int n_tokens) {
+    if (!engine) return MOEQ_ERR_INVALID_ARG;
+    return moeq_kv_cache_truncate(engine->cache, seq_id, n_tokens);
+}
+
+void moeq_engine_set_naive_attention(moeq_engine *engine, int on) { engine->naive_attention = on; }
+
+/* Everything that can fail is checked before anything is appended. */
+static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_items, size_t logits_rows,
+                           int64_t *n_tok, int64_t *n_rows, char *errstr, size_t errstr_size) {
+    int64_t toks = 0, rows = 0, blocks = 0;
+    for (int i = 0; i < n_items; i++) {
+        const moeq_step_item *it = &items[i];
+        if (!moeq_kv_cache_seq_alive(e->cache, it->seq_id) || it->n_tokens < 1 || !it->tokens)
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "item %d: seq %d not alive or no tokens", i,
+                             it->seq_id);
+        for (int j = 0; j < i; j++)
+            if (items[j].seq_id == it->seq_id)
+                return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "item %d: seq %d appears twice", i,
+                                 it->seq_id);
+        for (int k = 0; k < it->n_tokens; k++)
+            if (it->tokens[k] < 0 || it->tokens[k] >= e->cfg->vocab_size)
+                return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "item %d: token %d outside vocab %d", i,
+                                 it->tokens[k], e->cfg->vocab_size);
+        int64_t len = moeq_kv_cache_seq_len(e->cache, it->seq_id) + it->n_tokens;
+        if (len > moeq_kv_cache_max_seq_tokens(e->cache))
+            return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "item %d: sequence of %lld tokens exceeds the cache",
+                             i, (long long)len);
+        blocks += moeq_kv_cache_blocks_needed(e->cache, it->seq_id, len);
+        toks += it->n_tokens;
+        rows += it->all_logits ? it->n_tokens : 1;
+    }
+    if (toks > e->params.max_step_tokens)
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "step of %lld tokens exceeds max_step_tokens %d",
+                         (long long)toks, e->params.max_step_tokens);
+    if (blocks > moeq_kv_cache_free_blocks(e->cache))
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "kv cache full: %lld blocks needed, %lld free",
+                         (long long)blocks, (long long)moeq_kv_cache_free_blocks(e->cache));
+    if ((size_t)rows > logits_rows)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "logits buffer of %zu rows, step needs %lld",
+                         logits_rows, (long long)rows);
+    *n_tok = toks;
+    *n_rows = rows;
+    return MOEQ_OK;
+}
+
+moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
+                          size_t logits_rows, char *errstr, size_t errstr_size) {
+    if (!engine || (n_items > 0 && !items) || n_items < 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine and items are required");
+    int64_t n_tok = 0, n_rows = 0;
+    moeq_err err = check_step(engine, items, n_items, logits_rows, &n_tok, &n_rows, errstr, errstr_size);
+    if (err || n_tok == 0) return err;
+    if (n_rows > 0 && !logits) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "logits is NULL");
+    moeq_scratch *s = &engine->s;
+    int64_t t = 0, r = 0;
+    for (int i = 0; i < n_items; i++) {
+        const moeq_step_item *it = &items[i];
+        int64_t len0 = moeq_kv_cache_seq_len(engine->cache, it->seq_id);
+        if ((err = moeq_kv_cache_grow(engine->cache, it->seq_id, len0 + it->n_tokens)))
+            return moeq_errf(err, errstr, errstr_size, "kv cache grow"); /* checked above: a bug */
+        for (int k = 0; k < it->n_tokens; k++, t++) {
+            s->tok_id[t] = it->tokens[k];
+            s->tok_seq[t] = it->seq_id;
+            s->tok_pos[t] = len0 + k;
+            if (it->all_logits || k == it->n_tokens - 1) s->logit_tok[r++] = t;
+        }
+    }
+    moeq_forward_tokens(engine, n_tok);
+    moeq_forward_logits(engine, n_rows, logits);
+    return MOEQ_OK;
+}

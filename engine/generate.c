@@ -1,0 +1,67 @@
+/*
+ * generate.c — moeq_generate: one prompt through engine + sampler (prefill in
+ * chunks of max_step_tokens, then decode one token per step) until a stop id
+ * or max_new_tokens. A convenience for `moeq generate` and tests; the worker
+ * drives moeq_engine_step itself to batch many sequences.
+ */
+#include <stdlib.h>
+
+#include "forward.h"
+
+static int is_stop(const moeq_generate_params *p, int32_t id) {
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+static moeq_err prefill(moeq_engine *engine, int seq, const int32_t *prompt, int n_prompt, float *logits,
+                        char *errstr, size_t errstr_size) {
+    int chunk = engine->params.max_step_tokens;
+    for (int off = 0; off < n_prompt; off += chunk) {
+        int n = n_prompt - off < chunk ? n_prompt - off : chunk;
+        moeq_step_item item = {seq, prompt + off, n, 0};
+        moeq_err err = moeq_engine_step(engine, &item, 1, logits, 1, errstr, errstr_size);
+        if (err) return err;
+    }
+    return MOEQ_OK;
+}
+
+moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt, const moeq_generate_params *params,
+                       int32_t **out, int *n_out, char *errstr, size_t errstr_size) {
+    if (!engine || !prompt || n_prompt < 1 || !params || !out || !n_out || params->max_new_tokens < 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "generate: engine, prompt, params, out required");
+    *out = NULL;
+    *n_out = 0;
+    int vocab = engine->cfg->vocab_size, seq = -1, n = 0;
+    float *logits = malloc((size_t)vocab * sizeof(float));
+    int32_t *ids = malloc((size_t)(params->max_new_tokens + 1) * sizeof(int32_t));
+    moeq_sampler *sampler = NULL;
+    moeq_err err = MOEQ_ERR_NOMEM;
+    if (!logits || !ids) goto free_all;
+    if ((err = moeq_sampler_new(&params->sampling, vocab, &sampler))) {
+        moeq_errf(err, errstr, errstr_size, "sampling params");
+        goto free_all;
+    }
+    if ((err = moeq_engine_seq_new(engine, &seq))) {
+        moeq_errf(err, errstr, errstr_size, "no free sequence slot");
+        goto free_all;
+    }
+    if ((err = prefill(engine, seq, prompt, n_prompt, logits, errstr, errstr_size))) goto free_all;
+    while (n < params->max_new_tokens) {
+        int32_t id = moeq_sampler_sample(sampler, logits);
+        ids[n++] = id;
+        if (is_stop(params, id) || n == params->max_new_tokens) break;
+        moeq_step_item item = {seq, &id, 1, 0};
+        if ((err = moeq_engine_step(engine, &item, 1, logits, 1, errstr, errstr_size))) goto free_all;
+    }
+    *out = ids;
+    *n_out = n;
+    ids = NULL;
+    err = MOEQ_OK;
+free_all:
+    if (seq >= 0) moeq_engine_seq_free(engine, seq);
+    moeq_sampler_destroy(sampler);
+    free(logits);
+    free(ids);
+    return err;
+}

@@ -1,0 +1,59 @@
+/*
+ * kv_cache.h — internal: the paged MLA cache.
+ *
+ * Per token and layer it holds only what MLA with weight absorption needs:
+ * the normalised compressed latent (kv_lora_rank floats) followed by the
+ * roped rope key (qk_rope_head_dim floats) — never expanded K/V. Memory is
+ * one pool of fixed-size blocks, allocated at creation; each sequence has a
+ * block table, free blocks sit on a stack. Appending reserves blocks,
+ * truncating returns them; nothing is allocated per token.
+ *
+ * Block layout: [layer][token in block][entry], float32.
+ * Not thread-safe for mutation; concurrent reads of entries are fine.
+ */
+#ifndef MOEQ_ENGINE_KV_CACHE_H
+#define MOEQ_ENGINE_KV_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moeq/err.h"
+
+typedef struct moeq_kv_cache moeq_kv_cache;
+
+typedef struct moeq_kv_cache_params {
+    int n_layers;
+    int entry_floats;       /* kv_lora_rank + qk_rope_head_dim */
+    int block_tokens;       /* tokens per block                */
+    int64_t capacity_tokens;/* all sequences together          */
+    int max_seqs;
+} moeq_kv_cache_params;
+
+moeq_err moeq_kv_cache_new(const moeq_kv_cache_params *params, moeq_kv_cache **out, char *errstr,
+                           size_t errstr_size);
+void moeq_kv_cache_destroy(moeq_kv_cache *cache); /* NULL is safe */
+
+size_t moeq_kv_cache_bytes_per_token(const moeq_kv_cache *cache);
+/* Longest sequence the block table can describe (the capacity). */
+int64_t moeq_kv_cache_max_seq_tokens(const moeq_kv_cache *cache);
+int64_t moeq_kv_cache_free_blocks(const moeq_kv_cache *cache);
+
+/* A new empty sequence; MOEQ_ERR_LIMIT when max_seqs are alive. */
+moeq_err moeq_kv_cache_seq_new(moeq_kv_cache *cache, int *seq_id);
+void moeq_kv_cache_seq_free(moeq_kv_cache *cache, int seq_id);
+int moeq_kv_cache_seq_alive(const moeq_kv_cache *cache, int seq_id);
+int64_t moeq_kv_cache_seq_len(const moeq_kv_cache *cache, int seq_id);
+
+/* Blocks that growing seq_id to n_tokens would take from the free list. */
+int64_t moeq_kv_cache_blocks_needed(const moeq_kv_cache *cache, int seq_id, int64_t n_tokens);
+
+/* Grow the sequence to n_tokens (entries beyond the old length are uninitialised). MOEQ_ERR_LIMIT when full. */
+moeq_err moeq_kv_cache_grow(moeq_kv_cache *cache, int seq_id, int64_t n_tokens);
+
+/* Drop positions >= n_tokens and free their blocks. */
+moeq_err moeq_kv_cache_truncate(moeq_kv_cache *cache, int seq_id, int64_t n_tokens);
+
+/* The entry of (seq, layer, pos): entry_floats floats. pos < seq_len. */
+float *moeq_kv_cache_entry(const moeq_kv_cache *cache, int seq_id, int layer, int64_t pos);
+
+#endif

@@ -1,0 +1,118 @@
+/*
+ * moe.c — routing and the gather plan (see moe.h). No allocation: the caller
+ * passes scratch sized by moeq_moe_route_scratch.
+ */
+#include "moe.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "ops.h"
+
+moeq_err moeq_moe_router_init(moeq_moe_router *router, const moeq_model_config *config, char *errstr,
+                              size_t errstr_size) {
+    memset(router, 0, sizeof(*router));
+    router->n_experts = config->n_routed_experts;
+    router->top_k = config->num_experts_per_tok;
+    router->n_group = config->n_group > 0 ? config->n_group : 1;
+    router->topk_group = config->topk_group > 0 ? config->topk_group : router->n_group;
+    router->norm_topk_prob = config->norm_topk_prob;
+    router->scaling = (float)config->routed_scaling_factor;
+    router->sigmoid = !strcmp(config->scoring_func, "sigmoid");
+    if (!router->sigmoid && strcmp(config->scoring_func, "softmax"))
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "scoring_func '%s'", config->scoring_func);
+    if (!strcmp(config->topk_method, "noaux_tc")) router->method = MOEQ_MOE_NOAUX_TC;
+    else if (!strcmp(config->topk_method, "group_limited_greedy")) router->method = MOEQ_MOE_GROUP_LIMITED_GREEDY;
+    else if (!strcmp(config->topk_method, "greedy") || !config->topk_method[0]) router->method = MOEQ_MOE_GREEDY;
+    else return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "topk_method '%s'", config->topk_method);
+    router->scale_always = !strcmp(config->model_type, "deepseek_v3");
+    if (router->n_experts <= 0 || router->top_k <= 0 || router->top_k > router->n_experts)
+        return moeq_errf(MOEQ_ERR_FORMAT, errstr, errstr_size, "num_experts_per_tok %d with n_routed_experts %d",
+                         router->top_k, router->n_experts);
+    if (router->n_experts % router->n_group || router->topk_group > router->n_group)
+        return moeq_errf(MOEQ_ERR_FORMAT, errstr, errstr_size, "n_group %d / topk_group %d with %d experts",
+                         router->n_group, router->topk_group, router->n_experts);
+    if (router->method != MOEQ_MOE_GREEDY &&
+        (int64_t)router->topk_group * (router->n_experts / router->n_group) < router->top_k)
+        return moeq_errf(MOEQ_ERR_FORMAT, errstr, errstr_size, "topk_group %d leaves fewer than %d experts",
+                         router->topk_group, router->top_k);
+    return MOEQ_OK;
+}
+
+int64_t moeq_moe_route_scratch(const moeq_moe_router *router) {
+    return 2 * (int64_t)router->n_experts + router->n_group;
+}
+
+/* Index of the largest v[i] (first on ties) among i < n with v[i] > -inf; -1 when none. */
+static int argmax_first(const float *v, int n) {
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (v[i] > -INFINITY && (best < 0 || v[i] > v[best])) best = i;
+    return best;
+}
+
+static float group_score(const moeq_moe_router *router, const float *g, int size) {
+    if (router->method == MOEQ_MOE_GROUP_LIMITED_GREEDY || size < 2) {
+        float m = g[0];
+        for (int i = 1; i < size; i++) m = g[i] > m ? g[i] : m;
+        return m;
+    }
+    int a = 0; /* top-2 sum, first index on ties */
+    for (int i = 1; i < size; i++)
+        if (g[i] > g[a]) a = i;
+    int b = a == 0 ? 1 : 0;
+    for (int i = 0; i < size; i++)
+        if (i != a && g[i] > g[b]) b = i;
+    return g[a] + g[b];
+}
+
+/* Exclude (-inf) the experts outside the topk_group best groups of choice[]. */
+static void mask_groups(const moeq_moe_router *router, float *choice, float *gscore) {
+    int size = router->n_experts / router->n_group;
+    for (int g = 0; g < router->n_group; g++) gscore[g] = group_score(router, choice + g * size, size);
+    for (int kept = 0; kept < router->topk_group; kept++) {
+        int g = argmax_first(gscore, router->n_group);
+        gscore[g] = NAN; /* kept; argmax_first skips NaN */
+    }
+    for (int g = 0; g < router->n_group; g++)
+        if (!isnan(gscore[g]))
+            for (int i = 0; i < size; i++) choice[g * size + i] = -INFINITY;
+}
+
+void moeq_moe_route(const moeq_moe_router *router, const float *logits, const float *bias, int32_t *ids,
+                    float *weights, float *scratch) {
+    int n = router->n_experts;
+    float *scores = scratch, *choice = scratch + n, *gscore = scratch + 2 * n;
+    if (router->sigmoid)
+        for (int i = 0; i < n; i++) scores[i] = moeq_ops_sigmoid(logits[i]);
+    else {
+        memcpy(scores, logits, (size_t)n * sizeof(float));
+        moeq_ops_softmax(scores, n);
+    }
+    for (int i = 0; i < n; i++) choice[i] = scores[i] + (bias && router->method == MOEQ_MOE_NOAUX_TC ? bias[i] : 0.0f);
+    if (router->method != MOEQ_MOE_GREEDY && router->n_group > 1) mask_groups(router, choice, gscore);
+    float sum = 0.0f;
+    for (int s = 0; s < router->top_k; s++) {
+        int e = argmax_first(choice, n);
+        choice[e] = -INFINITY;
+        ids[s] = e;
+        weights[s] = scores[e];
+        sum += scores[e];
+    }
+    int norm = router->top_k > 1 && router->norm_topk_prob;
+    for (int s = 0; s < router->top_k; s++) {
+        if (norm) weights[s] /= sum + 1e-20f;
+        if (!norm || router->scale_always) weights[s] *= router->scaling;
+    }
+}
+
+void moeq_moe_plan(const int32_t *ids, int64_t n_tok, int top_k, int n_experts, int64_t *offsets, int64_t *order) {
+    for (int e = 0; e <= n_experts; e++) offsets[e] = 0;
+    int64_t n_slots = n_tok * top_k;
+    for (int64_t i = 0; i < n_slots; i++) offsets[ids[i] + 1]++;
+    for (int e = 0; e < n_experts; e++) offsets[e + 1] += offsets[e];
+    /* fill, using offsets as cursors, then shift back */
+    for (int64_t i = 0; i < n_slots; i++) order[offsets[ids[i]]++] = i;
+    for (int e = n_experts; e > 0; e--) offsets[e] = offsets[e - 1];
+    offsets[0] = 0;
+}

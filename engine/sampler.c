@@ -1,0 +1,133 @@
+/*
+ * sampler.c — next-token choice per sequence: greedy, temperature, top-k,
+ * top-p, seeded.
+ *
+ * Randomness is counter based: draw n of a sampler is splitmix64(seed, n), so
+ * a sequence's tokens depend only on its seed and how many tokens it has
+ * drawn — never on other sequences or threads. Candidate order is total
+ * (logit descending, then id ascending), so ties are deterministic too.
+ * The candidate buffer is allocated in _new; sampling allocates nothing.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "moeq/engine.h"
+
+struct moeq_sampler {
+    moeq_sampling_params p;
+    int vocab_size;
+    uint64_t n_draws;
+    int32_t *cand;  /* [vocab] candidate ids   */
+    float *prob;    /* [vocab] their weights    */
+};
+
+moeq_sampling_params moeq_sampling_default_params(void) {
+    return (moeq_sampling_params){.temperature = 0.0, .top_k = 0, .top_p = 1.0, .seed = 0};
+}
+
+moeq_err moeq_sampler_new(const moeq_sampling_params *params, int vocab_size, moeq_sampler **out) {
+    if (!out || vocab_size < 1) return MOEQ_ERR_INVALID_ARG;
+    *out = NULL;
+    moeq_sampling_params p = params ? *params : moeq_sampling_default_params();
+    if (p.temperature < 0 || p.top_k < 0 || !(p.top_p > 0 && p.top_p <= 1.0)) return MOEQ_ERR_INVALID_ARG;
+    moeq_sampler *s = calloc(1, sizeof(*s));
+    if (!s) return MOEQ_ERR_NOMEM;
+    s->p = p;
+    s->vocab_size = vocab_size;
+    s->cand = malloc((size_t)vocab_size * sizeof(int32_t));
+    s->prob = malloc((size_t)vocab_size * sizeof(float));
+    if (!s->cand || !s->prob) {
+        moeq_sampler_destroy(s);
+        return MOEQ_ERR_NOMEM;
+    }
+    *out = s;
+    return MOEQ_OK;
+}
+
+void moeq_sampler_destroy(moeq_sampler *sampler) {
+    if (!sampler) return;
+    free(sampler->cand);
+    free(sampler->prob);
+    free(sampler);
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Uniform in [0, 1) from (seed, draw index). */
+static double uniform(uint64_t seed, uint64_t n) {
+    return (double)(splitmix64(splitmix64(seed) ^ n) >> 11) * 0x1p-53;
+}
+
+static int32_t argmax(const float *logits, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+/* "a before b": higher logit first, then lower id. Heap and sort use it. */
+static int before(const float *logits, int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+}
+
+static const float *g_sort_logits; /* qsort has no context argument; sampling is single threaded per sampler */
+
+static int cmp_cand(const void *pa, const void *pb) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return before(g_sort_logits, a, b) ? -1 : (before(g_sort_logits, b, a) ? 1 : 0);
+}
+
+/* cand[0..k) = the k best ids in order (selection by a bounded insertion for small k, else full sort). */
+static int select_top(moeq_sampler *s, const float *logits, int k) {
+    int n = s->vocab_size;
+    if (k <= 0 || k > n) k = n;
+    if (k <= 64) {
+        int m = 0;
+        for (int32_t i = 0; i < n; i++) {
+            if (m == k && !before(logits, i, s->cand[m - 1])) continue;
+            int j = m < k ? m++ : k - 1;
+            while (j > 0 && before(logits, i, s->cand[j - 1])) {
+                s->cand[j] = s->cand[j - 1];
+                j--;
+            }
+            s->cand[j] = i;
+        }
+        return m;
+    }
+    for (int32_t i = 0; i < n; i++) s->cand[i] = i;
+    g_sort_logits = logits;
+    qsort(s->cand, (size_t)n, sizeof(int32_t), cmp_cand);
+    return k;
+}
+
+int32_t moeq_sampler_sample(moeq_sampler *s, const float *logits) {
+    uint64_t draw = s->n_draws++;
+    if (s->p.temperature <= 0.0) return argmax(logits, s->vocab_size);
+    int m = select_top(s, logits, s->p.top_k);
+    double inv_t = 1.0 / s->p.temperature, sum = 0.0, top = logits[s->cand[0]];
+    for (int i = 0; i < m; i++) sum += s->prob[i] = (float)exp(((double)logits[s->cand[i]] - top) * inv_t);
+    if (s->p.top_p < 1.0) { /* smallest prefix whose mass reaches top_p */
+        double acc = 0.0;
+        int keep = m;
+        for (int i = 0; i < m; i++) {
+            acc += s->prob[i];
+            if (acc >= s->p.top_p * sum) {
+                keep = i + 1;
+                break;
+            }
+        }
+        m = keep;
+        sum = acc;
+    }
+    double u = uniform(s->p.seed, draw) * sum, acc = 0.0;
+    for (int i = 0; i < m; i++) {
+        acc += s->prob[i];
+        if (u < acc) return s->cand[i];
+    }
+    return s->cand[m - 1];
+}

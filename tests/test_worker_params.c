@@ -1,0 +1,78 @@
+/* test_worker_params.c — the worker's property table and pure param helpers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "worker.h"
+
+static void defaults_are_the_documented_names(void **state) {
+    (void)state;
+    moeq_worker_params p;
+    assert_int_equal(moeq_worker_default_params(&p, NULL, 0), MOEQ_OK);
+    assert_string_equal(p.group, "workers");
+    assert_string_equal(p.results_topic, "moeq.results");
+    assert_string_equal(p.dlq_topic, "moeq.dlq");
+    char name[64];
+    moeq_worker_stream_name(&p, 0, name, sizeof name);
+    assert_string_equal(name, "moeq:batches:p0");
+    moeq_worker_stream_name(&p, 3, name, sizeof name);
+    assert_string_equal(name, "moeq:batches:p3");
+    assert_true(p.max_deliveries >= 1);
+}
+
+static void params_check_names_the_key_at_fault(void **state) {
+    (void)state;
+    moeq_worker_params p;
+    char err[256];
+    moeq_worker_default_params(&p, NULL, 0);
+    assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "model"));
+    strcpy(p.model, "/m");
+    assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_OK);
+    p.max_step_tokens = 4;
+    p.max_seqs = 8;
+    assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "max_step_tokens"));
+    p.max_step_tokens = 512;
+    p.visibility_timeout_ms = 1000;
+    p.heartbeat_interval_ms = 2000;
+    assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "visibility_timeout_ms"));
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "max_deliveries", "0", err, sizeof err),
+                     MOEQ_ERR_INVALID_ARG);
+}
+
+static void reply_to_must_be_on_the_allow_list(void **state) {
+    (void)state;
+    moeq_worker_params p;
+    moeq_worker_default_params(&p, NULL, 0);
+    strcpy(p.allowed_topics, "team-a.results, team-b.results");
+    assert_true(moeq_worker_topic_allowed(&p, "moeq.results"));
+    assert_true(moeq_worker_topic_allowed(&p, "team-a.results"));
+    assert_true(moeq_worker_topic_allowed(&p, "team-b.results"));
+    assert_false(moeq_worker_topic_allowed(&p, "team-a"));
+    assert_false(moeq_worker_topic_allowed(&p, "team-c.results"));
+    assert_false(moeq_worker_topic_allowed(&p, ""));
+}
+
+static void the_default_seed_depends_only_on_the_id(void **state) {
+    (void)state;
+    uint64_t a = moeq_worker_seed_for_id("job-1", 5), b = moeq_worker_seed_for_id("job-1", 5);
+    assert_true(a == b);
+    assert_true(a != moeq_worker_seed_for_id("job-2", 5));
+    assert_true(moeq_worker_seed_for_id("", 0) == 14695981039346656037ULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(defaults_are_the_documented_names),
+        cmocka_unit_test(params_check_names_the_key_at_fault),
+        cmocka_unit_test(reply_to_must_be_on_the_allow_list),
+        cmocka_unit_test(the_default_seed_depends_only_on_the_id),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

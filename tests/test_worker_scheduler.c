@@ -1,0 +1,661 @@
+/*
+ * test_worker_scheduler.c — the continuous-batching policy, decision by
+ * decision: an injected clock and a fake engine (tokens are computed from
+ * what each slot was fed), no model, no I/O.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moeq/util.h"
+#include "scheduler.h"
+
+/* ---- a fake detokenizer: ids < 256 are bytes, 300 = "ab", 301 = special ---- */
+
+#define TOK_AB 300
+#define TOK_SPECIAL 301
+#define TOK_EOS 1000
+
+typedef struct fake_job {
+    char key[32];
+    char held[8];  /* incomplete UTF-8 tail */
+    size_t n_held;
+    char out[16];
+    int flushes;
+} fake_job;
+
+static size_t fake_detok(void *ctx, void *user, int32_t token, const char **bytes) {
+    (void)ctx;
+    fake_job *fj = user;
+    char buf[16];
+    size_t n = 0;
+    if (token == MOEQ_SCHED_DETOK_FLUSH) {
+        fj->flushes++;
+        memcpy(fj->out, fj->held, fj->n_held);
+        n = fj->n_held;
+        fj->n_held = 0;
+        *bytes = fj->out;
+        return n;
+    }
+    assert_true(token != TOK_EOS);
+    if (token < 256) buf[n++] = (char)token;
+    else if (token == TOK_AB) { buf[n++] = 'a'; buf[n++] = 'b'; }
+    memcpy(fj->held + fj->n_held, buf, n);
+    fj->n_held += n;
+    size_t done = moeq_utf8_complete_prefix(fj->held, fj->n_held);
+    memcpy(fj->out, fj->held, done);
+    memmove(fj->held, fj->held + done, fj->n_held - done);
+    fj->n_held -= done;
+    *bytes = fj->out;
+    return done;
+}
+
+static moeq_sched *new_sched(int max_seqs, int max_step_tokens, int64_t kv_tokens) {
+    static const int32_t eos[] = {TOK_EOS};
+    moeq_sched_params p = moeq_sched_default_params();
+    p.max_seqs = max_seqs;
+    p.max_step_tokens = max_step_tokens;
+    p.kv_cache_tokens = kv_tokens;
+    p.kv_block_tokens = 4;
+    p.stop_ids = eos;
+    p.n_stop_ids = 1;
+    moeq_sched *s = NULL;
+    char err[256];
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
+    return s;
+}
+
+static const int32_t PROMPT[64] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+
+static moeq_sched_job_spec spec(fake_job *fj, const char *key, int n_prompt, int max_new) {
+    snprintf(fj->key, sizeof fj->key, "%s", key);
+    return (moeq_sched_job_spec){.key = fj->key, .user = fj, .priority = 2, .prompt = PROMPT,
+                                 .n_prompt = n_prompt, .max_new_tokens = max_new};
+}
+
+static void add(moeq_sched *s, void *batch, moeq_sched_job_spec *jobs, size_t n, int64_t now) {
+    char err[256];
+    assert_int_equal(moeq_sched_add_batch(s, batch, jobs, n, now, err, sizeof err), MOEQ_OK);
+}
+
+/* Run one plan, sampling `tok` for every item that samples. Returns n_items. */
+static int step(moeq_sched *s, int64_t now, int32_t tok, moeq_sched_step *out) {
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, now, &plan), MOEQ_OK);
+    if (out) *out = plan;
+    if (plan.n_items == 0) return 0;
+    int32_t sampled[64];
+    for (int i = 0; i < plan.n_items; i++) sampled[i] = tok;
+    assert_int_equal(moeq_sched_commit(s, sampled, now), MOEQ_OK);
+    return plan.n_items;
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+static void a_job_prefills_then_decodes_one_token_per_step(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 64, 0);
+    fake_job fj = {0};
+    moeq_sched_job_spec j = spec(&fj, "j1", 5, 3);
+    add(s, (void *)1, &j, 1, 100);
+
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 101, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 1);
+    assert_int_equal(plan.items[0].new_seq, 1);
+    assert_int_equal(plan.items[0].n_tokens, 5);
+    assert_int_equal(plan.items[0].sample, 1);
+    assert_ptr_equal(plan.items[0].user, &fj);
+    assert_int_equal(plan.n_prefill_tokens, 5);
+    int32_t t = 'x';
+    assert_int_equal(moeq_sched_commit(s, &t, 102), MOEQ_OK);
+
+    assert_int_equal(moeq_sched_plan(s, 103, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 1);
+    assert_int_equal(plan.items[0].new_seq, 0);
+    assert_int_equal(plan.items[0].n_tokens, 1);
+    assert_int_equal(plan.items[0].tokens[0], 'x'); /* the sampled token is fed back */
+    assert_int_equal(plan.n_decode_tokens, 1);
+    t = 'y';
+    assert_int_equal(moeq_sched_commit(s, &t, 104), MOEQ_OK);
+    assert_int_equal(step(s, 105, 'z', NULL), 1);
+
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.key, "j1");
+    assert_int_equal(fin.status, MOEQ_RESULT_OK);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_LENGTH);
+    assert_string_equal(fin.text, "xyz");
+    assert_int_equal(fin.n_tokens, 3);
+    assert_int_equal(fin.n_prompt, 5);
+    assert_int_equal(fin.added_ms, 100);
+    assert_int_equal(fin.admitted_ms, 101);
+    assert_int_equal(fin.first_token_ms, 102);
+    assert_int_equal(fin.finished_ms, 105);
+    assert_int_equal(fj.flushes, 1);
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 0);
+
+    assert_int_equal(moeq_sched_plan(s, 106, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 0);
+    assert_int_equal(plan.n_released, 1); /* the slot is handed back to free the engine sequence */
+    moeq_sched_destroy(s);
+}
+
+static void a_long_prompt_is_prefilled_in_chunks_of_max_step_tokens(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 8, 0);
+    fake_job fj = {0};
+    moeq_sched_job_spec j = spec(&fj, "long", 20, 2);
+    add(s, NULL, &j, 1, 0);
+    int sizes[3] = {8, 8, 4};
+    for (int k = 0; k < 3; k++) {
+        moeq_sched_step plan;
+        assert_int_equal(moeq_sched_plan(s, k, &plan), MOEQ_OK);
+        assert_int_equal(plan.n_items, 1);
+        assert_int_equal(plan.items[0].n_tokens, sizes[k]);
+        assert_int_equal(plan.items[0].tokens[0], PROMPT[8 * k]);
+        assert_int_equal(plan.items[0].new_seq, k == 0);
+        assert_int_equal(plan.items[0].sample, k == 2);
+        int32_t t = 'q';
+        assert_int_equal(moeq_sched_commit(s, &t, k), MOEQ_OK);
+    }
+    moeq_sched_stats st;
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.prefill_tokens, 20);
+    moeq_sched_destroy(s);
+}
+
+static void decodes_go_first_and_prefills_fill_the_rest_of_the_step(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 6, 0);
+    fake_job a = {0}, b = {0};
+    moeq_sched_job_spec ja = spec(&a, "a", 3, 10);
+    add(s, NULL, &ja, 1, 0);
+    assert_int_equal(step(s, 1, 'x', NULL), 1); /* a prefilled */
+    moeq_sched_job_spec jb = spec(&b, "b", 12, 10);
+    add(s, NULL, &jb, 1, 2);
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 3, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 2);
+    assert_ptr_equal(plan.items[0].user, &a); /* decode first */
+    assert_int_equal(plan.items[0].n_tokens, 1);
+    assert_ptr_equal(plan.items[1].user, &b);
+    assert_int_equal(plan.items[1].n_tokens, 5); /* 6 - 1 decode */
+    assert_int_equal(plan.n_tokens, 6);
+    assert_int_equal(plan.items[1].sample, 0);
+    moeq_sched_destroy(s);
+}
+
+static void jobs_of_the_next_batch_take_slots_as_they_free_up(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job f[4];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec b1[2] = {spec(&f[0], "a1", 2, 1), spec(&f[1], "a2", 2, 3)};
+    moeq_sched_job_spec b2[2] = {spec(&f[2], "b1", 2, 2), spec(&f[3], "b2", 2, 2)};
+    add(s, (void *)1, b1, 2, 0);
+    add(s, (void *)2, b2, 2, 0);
+    assert_int_equal(moeq_sched_free_capacity(s), -2);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 1, 'x', &plan), 2); /* a1 finishes at once (max_new 1) */
+    assert_int_equal(plan.items[0].slot, 0);
+    assert_int_equal(plan.items[1].slot, 1);
+    assert_int_equal(moeq_sched_plan(s, 2, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_released, 1);
+    assert_int_equal(plan.released[0], 0);
+    assert_int_equal(plan.n_items, 2);
+    /* a2 decodes, b1 takes the freed slot 0 with a fresh sequence */
+    assert_ptr_equal(plan.items[0].user, &f[1]);
+    assert_ptr_equal(plan.items[1].user, &f[2]);
+    assert_int_equal(plan.items[1].slot, 0);
+    assert_int_equal(plan.items[1].new_seq, 1);
+    int32_t t[2] = {'y', 'y'};
+    assert_int_equal(moeq_sched_commit(s, t, 2), MOEQ_OK);
+    moeq_sched_stats st;
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.running, 2);
+    assert_int_equal(st.pending, 1);
+    moeq_sched_destroy(s);
+}
+
+static void higher_priority_jobs_are_admitted_first(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(1, 64, 0);
+    fake_job lo = {0}, hi = {0};
+    moeq_sched_job_spec jl = spec(&lo, "lo", 2, 1);
+    jl.priority = 3;
+    moeq_sched_job_spec jh = spec(&hi, "hi", 2, 1);
+    jh.priority = 0;
+    add(s, NULL, &jl, 1, 0);
+    add(s, NULL, &jh, 1, 1);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 2, 'x', &plan), 1);
+    assert_ptr_equal(plan.items[0].user, &hi);
+    assert_int_equal(step(s, 3, 'x', &plan), 1);
+    assert_ptr_equal(plan.items[0].user, &lo);
+    moeq_sched_destroy(s);
+}
+
+static void a_stop_id_ends_the_job_and_stays_out_of_the_text(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job fj = {0};
+    moeq_sched_job_spec j = spec(&fj, "eos", 2, 10);
+    add(s, NULL, &j, 1, 0);
+    step(s, 1, 'h', NULL);
+    step(s, 2, 'i', NULL);
+    step(s, 3, TOK_EOS, NULL);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_STOP_TOKEN);
+    assert_string_equal(fin.text, "hi");
+    assert_int_equal(fin.n_tokens, 3);
+    assert_int_equal(fin.tokens[2], TOK_EOS);
+    moeq_sched_destroy(s);
+}
+
+static void run_tokens(moeq_sched *s, const int32_t *toks, int n) {
+    for (int i = 0; i < n; i++) step(s, i + 1, toks[i], NULL);
+}
+
+static void a_stop_string_split_over_tokens_is_found_and_cut(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job fj = {0};
+    const char *stops[] = {"zz", "bEN", ""};
+    moeq_sched_job_spec j = spec(&fj, "stop", 2, 50);
+    j.stop = stops;
+    j.n_stop = 3;
+    add(s, NULL, &j, 1, 0);
+    /* text grows "x" "ab" "E" "N" -> "xabEN": "bEN" spans the "ab" token and two more */
+    const int32_t toks[] = {'x', TOK_AB, 'E', 'N', 'y'};
+    run_tokens(s, toks, 4);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_STOP);
+    assert_string_equal(fin.text, "xa");
+    assert_int_equal(fin.text_len, 2);
+    assert_int_equal(fin.n_tokens, 4);
+    assert_int_equal(fj.flushes, 0);
+    moeq_sched_destroy(s);
+}
+
+static void the_earliest_of_several_stop_strings_wins(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job fj = {0};
+    const char *stops[] = {"cd", "bcd"};
+    moeq_sched_job_spec j = spec(&fj, "stop2", 2, 50);
+    j.stop = stops;
+    j.n_stop = 2;
+    add(s, NULL, &j, 1, 0);
+    const int32_t toks[] = {'a', 'b', 'c', 'd'};
+    run_tokens(s, toks, 4);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.text, "a");
+    moeq_sched_destroy(s);
+}
+
+static void a_character_split_over_tokens_is_held_until_complete(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job fj = {0};
+    const char *stops[] = {"\xc3\xa9!"}; /* "é!" */
+    moeq_sched_job_spec j = spec(&fj, "utf8", 2, 3);
+    j.stop = stops;
+    j.n_stop = 1;
+    add(s, NULL, &j, 1, 0);
+    const int32_t toks[] = {0xc3, 0xa9, 'x'};
+    run_tokens(s, toks, 3);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_LENGTH);
+    assert_string_equal(fin.text, "\xc3\xa9x");
+
+    /* a job ending mid-character gets the held byte at flush */
+    fake_job g = {0};
+    moeq_sched_job_spec k = spec(&g, "cut", 2, 2);
+    add(s, NULL, &k, 1, 10);
+    const int32_t t2[] = {'o', 0xe2};
+    run_tokens(s, t2, 2);
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.text_len, 2);
+    assert_memory_equal(fin.text, "o\xe2", 2);
+    moeq_sched_destroy(s);
+}
+
+static void deadlines_expire_pending_and_running_jobs_with_partial_text(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(1, 64, 0);
+    fake_job a = {0}, b = {0};
+    moeq_sched_job_spec ja = spec(&a, "run", 2, 100);
+    ja.deadline_ms = 50;
+    moeq_sched_job_spec jb = spec(&b, "wait", 2, 100);
+    jb.deadline_ms = 30;
+    add(s, NULL, &ja, 1, 0);
+    add(s, NULL, &jb, 1, 0);
+    step(s, 10, 'p', NULL);
+    step(s, 20, 'q', NULL);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 30, 'r', &plan), 1); /* "wait" expires while pending */
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.key, "wait");
+    assert_int_equal(fin.status, MOEQ_RESULT_EXPIRED);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_DEADLINE);
+    assert_int_equal(fin.admitted_ms, 0);
+    assert_int_equal(fin.text_len, 0);
+    assert_int_equal(step(s, 50, 's', &plan), 0); /* "run" expires at its deadline, within one step */
+    assert_int_equal(plan.n_released, 1);
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.key, "run");
+    assert_int_equal(fin.status, MOEQ_RESULT_EXPIRED);
+    assert_string_equal(fin.text, "pqr");
+    moeq_sched_destroy(s);
+}
+
+static void a_cancelled_job_stops_within_one_step_with_its_partial_text(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job a = {0}, b = {0};
+    moeq_sched_job_spec j[2] = {spec(&a, "keep", 2, 5), spec(&b, "drop", 2, 5)};
+    add(s, NULL, j, 2, 0);
+    step(s, 1, 'a', NULL);
+    step(s, 2, 'b', NULL);
+    assert_int_equal(moeq_sched_cancel(s, "drop"), MOEQ_OK);
+    assert_int_equal(moeq_sched_cancel(s, "nobody"), MOEQ_ERR_NOT_FOUND);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 3, 'c', &plan), 1);
+    assert_ptr_equal(plan.items[0].user, &a);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.key, "drop");
+    assert_int_equal(fin.status, MOEQ_RESULT_CANCELLED);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_CANCELLED);
+    assert_string_equal(fin.text, "ab");
+    assert_int_equal(moeq_sched_cancel(s, "drop"), MOEQ_ERR_NOT_FOUND); /* its result is fixed */
+    moeq_sched_destroy(s);
+}
+
+static void a_batch_is_ackable_only_after_every_result_was_delivered(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 64, 0);
+    fake_job f[3];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec j[3] = {spec(&f[0], "x", 2, 1), spec(&f[1], "y", 2, 1), spec(&f[2], "z", 2, 2)};
+    add(s, (void *)7, j, 3, 0);
+    step(s, 1, 'a', NULL);
+    moeq_sched_finished fx, fy;
+    assert_int_equal(moeq_sched_next_finished(s, &fx), 1);
+    assert_int_equal(moeq_sched_next_finished(s, &fy), 1);
+    assert_ptr_equal(fx.batch_user, (void *)7);
+    void *b = NULL;
+    assert_int_equal(moeq_sched_delivered(s, fx.job, 1), MOEQ_OK);
+    assert_int_equal(moeq_sched_delivered(s, fx.job, 1), MOEQ_ERR_INVALID_ARG); /* not handed out */
+    assert_int_equal(moeq_sched_delivered(s, fy.job, 0), MOEQ_OK);           /* broker failed it: again */
+    assert_int_equal(moeq_sched_next_ackable(s, &b), 0);
+    step(s, 2, 'b', NULL);
+    moeq_sched_finished f1, f2;
+    assert_int_equal(moeq_sched_next_finished(s, &f1), 1);
+    assert_string_equal(f1.key, "y"); /* the retried one first */
+    assert_int_equal(moeq_sched_next_finished(s, &f2), 1);
+    assert_string_equal(f2.key, "z");
+    assert_int_equal(moeq_sched_delivered(s, f1.job, 1), MOEQ_OK);
+    assert_int_equal(moeq_sched_next_ackable(s, &b), 0);
+    assert_false(moeq_sched_idle(s));
+    assert_int_equal(moeq_sched_delivered(s, f2.job, 1), MOEQ_OK);
+    assert_int_equal(moeq_sched_next_ackable(s, &b), 1);
+    assert_ptr_equal(b, (void *)7);
+    assert_int_equal(moeq_sched_next_ackable(s, &b), 0);
+    assert_true(moeq_sched_idle(s));
+    moeq_sched_destroy(s);
+}
+
+static void an_empty_batch_is_ackable_at_once(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(1, 8, 0);
+    add(s, (void *)9, NULL, 0, 0);
+    void *b = NULL;
+    assert_int_equal(moeq_sched_next_ackable(s, &b), 1);
+    assert_ptr_equal(b, (void *)9);
+    moeq_sched_destroy(s);
+}
+
+static void jobs_that_cannot_run_get_results_without_a_slot(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(1, 8, 16);
+    fake_job f[3];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec j[3] = {spec(&f[0], "empty", 0, 4), spec(&f[1], "zero", 2, 0), spec(&f[2], "huge", 10, 10)};
+    add(s, NULL, j, 3, 0);
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 1, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 0);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.status, MOEQ_RESULT_ERROR);
+    assert_string_equal(fin.error_code, "invalid_input");
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.status, MOEQ_RESULT_OK);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_LENGTH);
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.key, "huge");
+    assert_string_equal(fin.error_code, "too_long");
+    moeq_sched_destroy(s);
+}
+
+static void dead_lettered_and_cancelled_jobs_finish_without_running(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 8, 0);
+    fake_job f[2];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec j[2] = {spec(&f[0], "poison", 2, 4), spec(&f[1], "gone", 2, 4)};
+    j[0].error_code = "dead_letter";
+    j[0].error_message = "delivered 4 times";
+    j[1].cancelled = 1;
+    add(s, (void *)3, j, 2, 0);
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 1, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 0);
+    moeq_sched_finished a, b;
+    assert_int_equal(moeq_sched_next_finished(s, &a), 1);
+    assert_int_equal(a.status, MOEQ_RESULT_ERROR);
+    assert_string_equal(a.error_code, "dead_letter");
+    assert_string_equal(a.error_message, "delivered 4 times");
+    assert_int_equal(moeq_sched_next_finished(s, &b), 1);
+    assert_int_equal(b.status, MOEQ_RESULT_CANCELLED);
+    assert_int_equal(moeq_sched_delivered(s, a.job, 1), MOEQ_OK);
+    assert_int_equal(moeq_sched_delivered(s, b.job, 1), MOEQ_OK);
+    void *batch = NULL;
+    assert_int_equal(moeq_sched_next_ackable(s, &batch), 1);
+    assert_ptr_equal(batch, (void *)3);
+    moeq_sched_destroy(s);
+}
+
+static void the_kv_cache_reservation_bounds_admission(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 64, 24); /* block 4: each 5+6 job reserves 12 */
+    fake_job f[3];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec j[3] = {spec(&f[0], "a", 5, 6), spec(&f[1], "b", 5, 6), spec(&f[2], "c", 5, 6)};
+    add(s, NULL, j, 3, 0);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 1, 'x', &plan), 2);
+    moeq_sched_stats st;
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.kv_reserved_tokens, 24);
+    assert_int_equal(st.pending, 1);
+    moeq_sched_destroy(s);
+}
+
+static void an_engine_failure_fails_the_jobs_of_the_step(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job a = {0};
+    moeq_sched_job_spec j = spec(&a, "boom", 2, 5);
+    add(s, NULL, &j, 1, 0);
+    step(s, 1, 'a', NULL);
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 2, &plan), MOEQ_OK);
+    assert_int_equal(moeq_sched_plan(s, 2, &plan), MOEQ_ERR_INVALID_ARG); /* commit or abort first */
+    moeq_sched_abort(s, "engine", "cache full", 3);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.status, MOEQ_RESULT_ERROR);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_ERROR);
+    assert_string_equal(fin.error_code, "engine");
+    assert_string_equal(fin.error_message, "cache full");
+    assert_string_equal(fin.text, "a");
+    moeq_sched_destroy(s);
+}
+
+static void bad_params_are_rejected_with_the_field_named(void **state) {
+    (void)state;
+    moeq_sched_params p = moeq_sched_default_params();
+    p.max_step_tokens = 8;
+    p.max_seqs = 16;
+    moeq_sched *s = NULL;
+    char err[256];
+    assert_int_equal(moeq_sched_new(&p, NULL, NULL, &s, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "max_step_tokens"));
+    assert_null(s);
+}
+
+/*
+ * The fake engine: each slot keeps a hash of the token history it was fed
+ * since its last new_seq; the sampled token is a function of that hash,
+ * seeded by the job key. Run many jobs through few slots and compare each
+ * with the job run alone: the scheduler must feed each sequence exactly its
+ * own tokens, in order, whatever else shares the step.
+ */
+typedef struct sim_slot {
+    uint64_t h;
+    int live;
+} sim_slot;
+
+static uint64_t key_hash(const char *key) {
+    uint64_t h = 14695981039346656037ULL;
+    for (; *key; key++) h = (h ^ (unsigned char)*key) * 1099511628211ULL;
+    return h;
+}
+
+static void sim_run(moeq_sched *s, sim_slot *slots, int64_t *now, int max_step_tokens) {
+    for (int k = 0; k < 100000; k++) {
+        moeq_sched_step plan;
+        assert_int_equal(moeq_sched_plan(s, (*now)++, &plan), MOEQ_OK);
+        for (int r = 0; r < plan.n_released; r++) {
+            assert_true(slots[plan.released[r]].live);
+            slots[plan.released[r]].live = 0;
+        }
+        if (plan.n_items == 0) return;
+        assert_true(plan.n_tokens <= max_step_tokens);
+        int32_t sampled[256];
+        for (int i = 0; i < plan.n_items; i++) {
+            const moeq_sched_item *it = &plan.items[i];
+            sim_slot *sl = &slots[it->slot];
+            if (it->new_seq) {
+                assert_false(sl->live); /* released before reuse */
+                sl->h = key_hash(((const fake_job *)it->user)->key);
+                sl->live = 1;
+            }
+            assert_true(sl->live);
+            for (int t = 0; t < it->n_tokens; t++) sl->h = (sl->h ^ (uint64_t)it->tokens[t]) * 1099511628211ULL;
+            sampled[i] = (int32_t)('a' + (sl->h >> 33) % 26);
+        }
+        assert_int_equal(moeq_sched_commit(s, sampled, *now), MOEQ_OK);
+    }
+    fail_msg("simulation did not finish");
+}
+
+#define SIM_JOBS 60
+
+static void every_job_gets_the_tokens_it_would_get_alone(void **state) {
+    (void)state;
+    static fake_job jobs[SIM_JOBS], alone[SIM_JOBS];
+    static char texts[SIM_JOBS][128];
+    const char *stops[] = {"qq"};
+    moeq_sched_job_spec specs[SIM_JOBS];
+    uint64_t rng = 42;
+    for (int i = 0; i < SIM_JOBS; i++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        char key[32];
+        snprintf(key, sizeof key, "job-%d", i);
+        specs[i] = spec(&jobs[i], key, 1 + (int)((rng >> 33) % 20), 1 + (int)((rng >> 45) % 30));
+        specs[i].priority = (int)((rng >> 20) % 4);
+        if (i % 3 == 0) {
+            specs[i].stop = stops;
+            specs[i].n_stop = 1;
+        }
+    }
+    /* each job alone */
+    for (int i = 0; i < SIM_JOBS; i++) {
+        moeq_sched *s = new_sched(1, 7, 0);
+        sim_slot slots[1] = {{0}};
+        int64_t now = 0;
+        moeq_sched_job_spec one = specs[i];
+        snprintf(alone[i].key, sizeof alone[i].key, "%s", jobs[i].key);
+        one.key = alone[i].key;
+        one.user = &alone[i];
+        add(s, NULL, &one, 1, 0);
+        sim_run(s, slots, &now, 7);
+        moeq_sched_finished fin;
+        assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+        snprintf(texts[i], sizeof texts[i], "%s/%d/%d", fin.text, fin.n_tokens, (int)fin.finish_reason);
+        moeq_sched_destroy(s);
+    }
+    /* all together, in batches of 7, through 4 slots and 16-token steps */
+    moeq_sched *s = new_sched(4, 16, 0);
+    sim_slot slots[4] = {{0}};
+    int64_t now = 0;
+    for (int i = 0; i < SIM_JOBS; i += 7) add(s, NULL, &specs[i], SIM_JOBS - i < 7 ? SIM_JOBS - i : 7, now);
+    sim_run(s, slots, &now, 16);
+    int seen = 0;
+    moeq_sched_finished fin;
+    while (moeq_sched_next_finished(s, &fin)) {
+        int i = (int)((fake_job *)fin.user - jobs);
+        char got[128];
+        snprintf(got, sizeof got, "%s/%d/%d", fin.text, fin.n_tokens, (int)fin.finish_reason);
+        assert_string_equal(got, texts[i]);
+        assert_int_equal(moeq_sched_delivered(s, fin.job, 1), MOEQ_OK);
+        seen++;
+    }
+    assert_int_equal(seen, SIM_JOBS);
+    int batches = 0;
+    void *b;
+    while (moeq_sched_next_ackable(s, &b)) batches++;
+    assert_int_equal(batches, (SIM_JOBS + 6) / 7);
+    assert_true(moeq_sched_idle(s));
+    moeq_sched_destroy(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_job_prefills_then_decodes_one_token_per_step),
+        cmocka_unit_test(a_long_prompt_is_prefilled_in_chunks_of_max_step_tokens),
+        cmocka_unit_test(decodes_go_first_and_prefills_fill_the_rest_of_the_step),
+        cmocka_unit_test(jobs_of_the_next_batch_take_slots_as_they_free_up),
+        cmocka_unit_test(higher_priority_jobs_are_admitted_first),
+        cmocka_unit_test(a_stop_id_ends_the_job_and_stays_out_of_the_text),
+        cmocka_unit_test(a_stop_string_split_over_tokens_is_found_and_cut),
+        cmocka_unit_test(the_earliest_of_several_stop_strings_wins),
+        cmocka_unit_test(a_character_split_over_tokens_is_held_until_complete),
+        cmocka_unit_test(deadlines_expire_pending_and_running_jobs_with_partial_text),
+        cmocka_unit_test(a_cancelled_job_stops_within_one_step_with_its_partial_text),
+        cmocka_unit_test(a_batch_is_ackable_only_after_every_result_was_delivered),
+        cmocka_unit_test(an_empty_batch_is_ackable_at_once),
+        cmocka_unit_test(jobs_that_cannot_run_get_results_without_a_slot),
+        cmocka_unit_test(dead_lettered_and_cancelled_jobs_finish_without_running),
+        cmocka_unit_test(the_kv_cache_reservation_bounds_admission),
+        cmocka_unit_test(an_engine_failure_fails_the_jobs_of_the_step),
+        cmocka_unit_test(bad_params_are_rejected_with_the_field_named),
+        cmocka_unit_test(every_job_gets_the_tokens_it_would_get_alone),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

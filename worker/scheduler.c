@@ -1,0 +1,737 @@
+/*
+ * scheduler.c — continuous batching policy (see scheduler.h).
+ *
+ * Jobs live in a pool of individually allocated records addressed by an int
+ * handle (stable pointers, free list). Pending jobs, the finished queue and
+ * the ackable-batch queue are intrusive FIFO lists through the records.
+ * Nothing here touches the engine, the network or a clock.
+ */
+#include "scheduler.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SCHED_PRIORITIES 4
+
+typedef enum job_state {
+    JOB_FREE = 0,
+    JOB_PENDING,    /* waiting for a slot                          */
+    JOB_RUNNING,    /* holds a slot                                */
+    JOB_FINISHED,   /* result fixed, in the finished queue         */
+    JOB_PUBLISHING, /* handed out, waiting for moeq_sched_delivered */
+} job_state;
+
+typedef struct sched_batch {
+    void *user;
+    size_t n_jobs, n_delivered;
+    int next;       /* ackable queue / free list */
+    int in_use;
+} sched_batch;
+
+typedef struct sched_job {
+    job_state state;
+    int next;                 /* pending / finished queue link, free list */
+    int batch;
+    uint64_t seq;             /* arrival order                            */
+    uint64_t admit_seq;       /* admission order                          */
+    char *key;
+    void *user;
+    int priority;
+    int32_t *prompt;
+    int n_prompt, n_fed;      /* prompt tokens fed to the engine so far   */
+    int max_new_tokens;
+    int64_t deadline_ms;
+    char **stop;
+    size_t n_stop, max_stop_len;
+    int cancel;
+    int slot;
+    int64_t reserve;          /* KV tokens reserved while running          */
+    int32_t *out;             /* generated ids, cap max_new_tokens          */
+    int n_out;
+    int32_t last;             /* the last sampled token, fed next step      */
+    char *text;
+    size_t text_len, text_cap;
+    moeq_result_status status;
+    moeq_finish_reason reason;
+    char *error_code, *error_message;
+    int64_t added_ms, admitted_ms, first_token_ms, finished_ms;
+} sched_job;
+
+typedef struct job_queue {
+    int head, tail;
+} job_queue;
+
+struct moeq_sched {
+    moeq_sched_params params;
+    int32_t *stop_ids;
+    moeq_sched_detok_fn detok;
+    void *ctx;
+
+    sched_job **jobs;
+    int n_jobs_cap, job_free;
+    sched_batch *batches;
+    int n_batches_cap, batch_free;
+    uint64_t next_seq, next_admit_seq;
+
+    job_queue pending, finished;
+    int ackable_head, ackable_tail;
+
+    int *slots;               /* job handle per slot, -1 free              */
+    int *released;
+    int n_released;
+    int *order;               /* scratch for compose                        */
+    moeq_sched_item *items;   /* 2 * max_seqs: decode + prefill items       */
+    int n_items;
+    int plan_open;
+
+    int n_running, n_pending, n_unpublished, n_batches;
+    int64_t kv_reserved;
+    int64_t prefill_tokens, decode_tokens, jobs_finished;
+};
+
+moeq_sched_params moeq_sched_default_params(void) {
+    moeq_sched_params p = {0};
+    p.max_seqs = 64;
+    p.max_step_tokens = 2048;
+    p.kv_cache_tokens = 0;
+    p.kv_block_tokens = 16;
+    return p;
+}
+
+/* ---- queues -------------------------------------------------------------- */
+
+static void queue_push(moeq_sched *sched, job_queue *q, int h) {
+    sched->jobs[h]->next = -1;
+    if (q->tail < 0) q->head = h;
+    else sched->jobs[q->tail]->next = h;
+    q->tail = h;
+}
+
+static int queue_pop(moeq_sched *sched, job_queue *q) {
+    int h = q->head;
+    if (h < 0) return -1;
+    q->head = sched->jobs[h]->next;
+    if (q->head < 0) q->tail = -1;
+    return h;
+}
+
+/* Remove h from q given its predecessor (-1 = head). */
+static void queue_unlink(moeq_sched *sched, job_queue *q, int prev, int h) {
+    int next = sched->jobs[h]->next;
+    if (prev < 0) q->head = next;
+    else sched->jobs[prev]->next = next;
+    if (q->tail == h) q->tail = prev;
+}
+
+/* ---- lifecycle ------------------------------------------------------------ */
+
+moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn detok, void *ctx,
+                        moeq_sched **out, char *errstr, size_t errstr_size) {
+    if (!params || !out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL argument");
+    *out = NULL;
+    if (params->max_seqs < 1 || params->max_seqs > 4096)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "max_seqs: %d is outside [1, 4096]",
+                         params->max_seqs);
+    if (params->max_step_tokens < params->max_seqs)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "max_step_tokens: %d is below max_seqs %d (every running sequence decodes each step)",
+                         params->max_step_tokens, params->max_seqs);
+    if (params->kv_block_tokens < 1 || params->kv_cache_tokens < 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "kv_block_tokens/kv_cache_tokens out of range");
+    if (params->n_stop_ids < 0 || (params->n_stop_ids > 0 && !params->stop_ids))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "stop_ids: %d ids but no array",
+                         params->n_stop_ids);
+    moeq_sched *s = calloc(1, sizeof *s);
+    if (!s) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "scheduler");
+    s->params = *params;
+    s->detok = detok;
+    s->ctx = ctx;
+    s->job_free = s->batch_free = -1;
+    s->pending.head = s->pending.tail = s->finished.head = s->finished.tail = -1;
+    s->ackable_head = s->ackable_tail = -1;
+    int n = params->max_seqs;
+    s->slots = malloc(sizeof *s->slots * n);
+    s->released = malloc(sizeof *s->released * n);
+    s->order = malloc(sizeof *s->order * n);
+    s->items = calloc(2 * (size_t)n, sizeof *s->items);
+    s->stop_ids = malloc(sizeof *s->stop_ids * (params->n_stop_ids + 1));
+    if (!s->slots || !s->released || !s->order || !s->items || !s->stop_ids) {
+        moeq_sched_destroy(s);
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "scheduler slots");
+    }
+    for (int i = 0; i < n; i++) s->slots[i] = -1;
+    if (params->n_stop_ids) memcpy(s->stop_ids, params->stop_ids, sizeof *s->stop_ids * params->n_stop_ids);
+    s->params.stop_ids = s->stop_ids;
+    *out = s;
+    return MOEQ_OK;
+}
+
+static void job_release(sched_job *job) {
+    free(job->key);
+    free(job->prompt);
+    for (size_t i = 0; i < job->n_stop; i++) free(job->stop[i]);
+    free(job->stop);
+    free(job->out);
+    free(job->text);
+    free(job->error_code);
+    free(job->error_message);
+    memset(job, 0, sizeof *job);
+}
+
+void moeq_sched_destroy(moeq_sched *sched) {
+    if (!sched) return;
+    for (int i = 0; i < sched->n_jobs_cap; i++) {
+        if (!sched->jobs[i]) continue;
+        job_release(sched->jobs[i]);
+        free(sched->jobs[i]);
+    }
+    free(sched->jobs);
+    free(sched->batches);
+    free(sched->slots);
+    free(sched->released);
+    free(sched->order);
+    free(sched->items);
+    free(sched->stop_ids);
+    free(sched);
+}
+
+/* ---- pools ---------------------------------------------------------------- */
+
+static int job_alloc(moeq_sched *sched) {
+    if (sched->job_free < 0) {
+        int cap = sched->n_jobs_cap ? sched->n_jobs_cap * 2 : 64;
+        sched_job **jobs = realloc(sched->jobs, sizeof *jobs * cap);
+        if (!jobs) return -1;
+        sched->jobs = jobs;
+        for (int i = sched->n_jobs_cap; i < cap; i++) jobs[i] = NULL;
+        for (int i = cap - 1; i >= sched->n_jobs_cap; i--) {
+            jobs[i] = calloc(1, sizeof **jobs);
+            if (!jobs[i]) { /* keep what we got; they join the free list below */
+                sched->n_jobs_cap = i;
+                return -1;
+            }
+        }
+        for (int i = cap - 1; i >= sched->n_jobs_cap; i--) {
+            jobs[i]->next = sched->job_free;
+            sched->job_free = i;
+        }
+        sched->n_jobs_cap = cap;
+    }
+    int h = sched->job_free;
+    sched->job_free = sched->jobs[h]->next;
+    return h;
+}
+
+static void job_free_handle(moeq_sched *sched, int h) {
+    job_release(sched->jobs[h]);
+    sched->jobs[h]->next = sched->job_free;
+    sched->job_free = h;
+}
+
+static int batch_alloc(moeq_sched *sched) {
+    if (sched->batch_free < 0) {
+        int cap = sched->n_batches_cap ? sched->n_batches_cap * 2 : 16;
+        sched_batch *b = realloc(sched->batches, sizeof *b * cap);
+        if (!b) return -1;
+        sched->batches = b;
+        for (int i = cap - 1; i >= sched->n_batches_cap; i--) {
+            memset(&b[i], 0, sizeof b[i]);
+            b[i].next = sched->batch_free;
+            sched->batch_free = i;
+        }
+        sched->n_batches_cap = cap;
+    }
+    int h = sched->batch_free;
+    sched->batch_free = sched->batches[h].next;
+    sched->batches[h].in_use = 1;
+    sched->batches[h].next = -1;
+    return h;
+}
+
+static void batch_push_ackable(moeq_sched *sched, int b) {
+    sched->batches[b].next = -1;
+    if (sched->ackable_tail < 0) sched->ackable_head = b;
+    else sched->batches[sched->ackable_tail].next = b;
+    sched->ackable_tail = b;
+}
+
+/* ---- adding jobs ----------------------------------------------------------- */
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+static moeq_err job_fill(sched_job *job, const moeq_sched_job_spec *spec) {
+    job->key = dup_str(spec->key);
+    if (!job->key) return MOEQ_ERR_NOMEM;
+    if (spec->n_prompt > 0) {
+        job->prompt = malloc(sizeof *job->prompt * spec->n_prompt);
+        if (!job->prompt) return MOEQ_ERR_NOMEM;
+        memcpy(job->prompt, spec->prompt, sizeof *job->prompt * spec->n_prompt);
+        job->n_prompt = spec->n_prompt;
+    }
+    if (spec->n_stop) {
+        job->stop = calloc(spec->n_stop, sizeof *job->stop);
+        if (!job->stop) return MOEQ_ERR_NOMEM;
+        for (size_t i = 0; i < spec->n_stop; i++) {
+            const char *st = spec->stop ? spec->stop[i] : NULL;
+            if (!st || !*st) continue;
+            job->stop[job->n_stop] = dup_str(st);
+            if (!job->stop[job->n_stop]) return MOEQ_ERR_NOMEM;
+            size_t len = strlen(st);
+            if (len > job->max_stop_len) job->max_stop_len = len;
+            job->n_stop++;
+        }
+    }
+    int cap = spec->max_new_tokens > 0 ? spec->max_new_tokens : 1;
+    job->out = malloc(sizeof *job->out * cap);
+    job->text_cap = 256;
+    job->text = malloc(job->text_cap);
+    if (!job->out || !job->text) return MOEQ_ERR_NOMEM;
+    job->text[0] = 0;
+    job->user = spec->user;
+    job->priority = spec->priority < 0 ? 0 : spec->priority >= SCHED_PRIORITIES ? SCHED_PRIORITIES - 1 : spec->priority;
+    job->max_new_tokens = spec->max_new_tokens < 0 ? 0 : spec->max_new_tokens;
+    job->deadline_ms = spec->deadline_ms;
+    job->slot = -1;
+    return MOEQ_OK;
+}
+
+static void job_finish(moeq_sched *sched, int h, moeq_result_status status, moeq_finish_reason reason,
+                       const char *code, const char *message, int64_t now_ms);
+static int text_append(sched_job *job, const char *bytes, size_t n);
+
+moeq_err moeq_sched_add_batch(moeq_sched *sched, void *batch_user, const moeq_sched_job_spec *jobs, size_t n_jobs,
+                              int64_t now_ms, char *errstr, size_t errstr_size) {
+    if (!sched || (n_jobs && !jobs)) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL argument");
+    for (size_t i = 0; i < n_jobs; i++)
+        if (!jobs[i].key || !*jobs[i].key || (jobs[i].n_prompt > 0 && !jobs[i].prompt))
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "jobs[%zu]: missing key or prompt", i);
+    int b = batch_alloc(sched);
+    if (b < 0) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "batch");
+    int *handles = malloc(sizeof *handles * (n_jobs + 1));
+    if (!handles) goto nomem_batch;
+    size_t got = 0;
+    for (; got < n_jobs; got++) {
+        int h = job_alloc(sched);
+        if (h < 0) goto nomem_jobs;
+        handles[got] = h;
+        sched_job *job = sched->jobs[h];
+        job->state = JOB_PENDING; /* so a failed fill is released below */
+        if (job_fill(job, &jobs[got])) {
+            got++;
+            goto nomem_jobs;
+        }
+    }
+    sched_batch *batch = &sched->batches[b];
+    batch->user = batch_user;
+    batch->n_jobs = n_jobs;
+    batch->n_delivered = 0;
+    sched->n_batches++;
+    for (size_t i = 0; i < n_jobs; i++) {
+        int h = handles[i];
+        sched_job *job = sched->jobs[h];
+        job->batch = b;
+        job->seq = sched->next_seq++;
+        job->added_ms = now_ms;
+        job->state = JOB_PENDING;
+        sched->n_pending++;
+        queue_push(sched, &sched->pending, h);
+        if (jobs[i].error_code) {
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, jobs[i].error_code, jobs[i].error_message,
+                       now_ms);
+        } else if (jobs[i].cancelled) {
+            job_finish(sched, h, MOEQ_RESULT_CANCELLED, MOEQ_FINISH_CANCELLED, NULL, NULL, now_ms);
+        } else if (job->n_prompt < 1) {
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "invalid_input", "job has an empty prompt",
+                       now_ms);
+        } else if (job->max_new_tokens == 0) {
+            job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_LENGTH, NULL, NULL, now_ms);
+        }
+    }
+    if (n_jobs == 0) batch_push_ackable(sched, b);
+    free(handles);
+    return MOEQ_OK;
+
+nomem_jobs:
+    for (size_t i = 0; i < got; i++) job_free_handle(sched, handles[i]);
+    free(handles);
+nomem_batch:
+    sched->batches[b].in_use = 0;
+    sched->batches[b].next = sched->batch_free;
+    sched->batch_free = b;
+    return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "batch of %zu jobs", n_jobs);
+}
+
+int moeq_sched_free_capacity(const moeq_sched *sched) {
+    return sched->params.max_seqs - sched->n_running - sched->n_pending;
+}
+
+moeq_err moeq_sched_cancel(moeq_sched *sched, const char *key) {
+    if (!sched || !key) return MOEQ_ERR_INVALID_ARG;
+    for (int i = 0; i < sched->n_jobs_cap; i++) {
+        sched_job *job = sched->jobs[i];
+        if ((job->state == JOB_PENDING || job->state == JOB_RUNNING) && strcmp(job->key, key) == 0) {
+            job->cancel = 1;
+            return MOEQ_OK;
+        }
+    }
+    return MOEQ_ERR_NOT_FOUND;
+}
+
+/* ---- finishing -------------------------------------------------------------- */
+
+static void slot_release(moeq_sched *sched, sched_job *job) {
+    if (job->slot < 0) return;
+    sched->slots[job->slot] = -1;
+    sched->released[sched->n_released++] = job->slot;
+    sched->kv_reserved -= job->reserve;
+    job->reserve = 0;
+    job->slot = -1;
+    sched->n_running--;
+}
+
+/* Fix the job's result: leave pending/running, free its slot, queue it for publishing. */
+static void job_finish(moeq_sched *sched, int h, moeq_result_status status, moeq_finish_reason reason,
+                       const char *code, const char *message, int64_t now_ms) {
+    sched_job *job = sched->jobs[h];
+    if (job->state == JOB_PENDING) {
+        int prev = -1;
+        for (int cur = sched->pending.head; cur >= 0 && cur != h; cur = sched->jobs[cur]->next) prev = cur;
+        queue_unlink(sched, &sched->pending, prev, h);
+        sched->n_pending--;
+    } else {
+        assert(job->state == JOB_RUNNING);
+        slot_release(sched, job);
+        if (sched->detok && reason != MOEQ_FINISH_STOP) {
+            const char *bytes = NULL;
+            size_t n = sched->detok(sched->ctx, job->user, MOEQ_SCHED_DETOK_FLUSH, &bytes);
+            if (n && bytes) text_append(job, bytes, n);
+        }
+    }
+    job->state = JOB_FINISHED;
+    job->status = status;
+    job->reason = reason;
+    job->finished_ms = now_ms;
+    if (code) job->error_code = dup_str(code);
+    if (message) job->error_message = dup_str(message);
+    sched->n_unpublished++;
+    sched->jobs_finished++;
+    queue_push(sched, &sched->finished, h);
+}
+
+/* Cancelled and expired jobs, pending or running, finish now. */
+static void retire(moeq_sched *sched, int64_t now_ms) {
+    for (int i = 0; i < sched->n_jobs_cap; i++) {
+        sched_job *job = sched->jobs[i];
+        if (job->state != JOB_PENDING && job->state != JOB_RUNNING) continue;
+        if (job->cancel)
+            job_finish(sched, i, MOEQ_RESULT_CANCELLED, MOEQ_FINISH_CANCELLED, NULL, NULL, now_ms);
+        else if (job->deadline_ms > 0 && now_ms >= job->deadline_ms)
+            job_finish(sched, i, MOEQ_RESULT_EXPIRED, MOEQ_FINISH_DEADLINE, NULL, NULL, now_ms);
+    }
+}
+
+/* ---- admission and planning -------------------------------------------------- */
+
+static int64_t job_reserve(const moeq_sched *sched, const sched_job *job) {
+    int64_t need = (int64_t)job->n_prompt + job->max_new_tokens;
+    int64_t blk = sched->params.kv_block_tokens;
+    return (need + blk - 1) / blk * blk;
+}
+
+/* The pending job to admit next: lowest priority number, then earliest arrival. */
+static int pending_best(const moeq_sched *sched, int *prev_out) {
+    int best = -1, best_prev = -1, prev = -1;
+    for (int cur = sched->pending.head; cur >= 0; prev = cur, cur = sched->jobs[cur]->next) {
+        const sched_job *j = sched->jobs[cur];
+        if (best < 0 || j->priority < sched->jobs[best]->priority ||
+            (j->priority == sched->jobs[best]->priority && j->seq < sched->jobs[best]->seq)) {
+            best = cur;
+            best_prev = prev;
+        }
+    }
+    *prev_out = best_prev;
+    return best;
+}
+
+static void admit(moeq_sched *sched, int64_t now_ms) {
+    int64_t cap = sched->params.kv_cache_tokens;
+    while (sched->n_running < sched->params.max_seqs && sched->n_pending > 0) {
+        int prev, h = pending_best(sched, &prev);
+        sched_job *job = sched->jobs[h];
+        int64_t reserve = job_reserve(sched, job);
+        if (cap > 0 && reserve > cap) {
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "too_long",
+                       "prompt + max_new_tokens exceeds this worker's KV cache capacity", now_ms);
+            continue;
+        }
+        if (cap > 0 && sched->kv_reserved + reserve > cap) break; /* wait: head of line keeps its turn */
+        queue_unlink(sched, &sched->pending, prev, h);
+        sched->n_pending--;
+        int slot = 0;
+        while (sched->slots[slot] >= 0) slot++;
+        sched->slots[slot] = h;
+        job->slot = slot;
+        job->state = JOB_RUNNING;
+        job->reserve = reserve;
+        job->admitted_ms = now_ms;
+        job->admit_seq = sched->next_admit_seq++;
+        job->n_fed = 0;
+        sched->kv_reserved += reserve;
+        sched->n_running++;
+    }
+}
+
+/* Running slots ordered by admission (oldest first), into order[]; returns the count. */
+static int slots_by_age(const moeq_sched *sched, int *order) {
+    int n = 0;
+    for (int s = 0; s < sched->params.max_seqs; s++) {
+        if (sched->slots[s] < 0) continue;
+        int i = n++;
+        uint64_t seq = sched->jobs[sched->slots[s]]->admit_seq;
+        while (i > 0 && sched->jobs[sched->slots[order[i - 1]]]->admit_seq > seq) {
+            order[i] = order[i - 1];
+            i--;
+        }
+        order[i] = s;
+    }
+    return n;
+}
+
+static void compose(moeq_sched *sched, moeq_sched_step *plan) {
+    int budget = sched->params.max_step_tokens;
+    int n = 0;
+    int *order_buf = sched->order;
+    int n_order = slots_by_age(sched, order_buf);
+    for (int k = 0; k < n_order; k++) { /* decode: one token per sequence past its prompt */
+        int h = sched->slots[order_buf[k]];
+        sched_job *job = sched->jobs[h];
+        if (job->n_fed < job->n_prompt) continue;
+        moeq_sched_item *it = &sched->items[n++];
+        *it = (moeq_sched_item){.slot = job->slot, .new_seq = 0, .tokens = &job->last, .n_tokens = 1,
+                                .sample = 1, .job = h, .user = job->user};
+        plan->n_decode_tokens++;
+        budget--;
+    }
+    for (int k = 0; k < n_order && budget > 0; k++) { /* prefill chunks, oldest admission first */
+        int h = sched->slots[order_buf[k]];
+        sched_job *job = sched->jobs[h];
+        if (job->n_fed >= job->n_prompt) continue;
+        int chunk = job->n_prompt - job->n_fed;
+        if (chunk > budget) chunk = budget;
+        moeq_sched_item *it = &sched->items[n++];
+        *it = (moeq_sched_item){.slot = job->slot, .new_seq = job->n_fed == 0, .tokens = job->prompt + job->n_fed,
+                                .n_tokens = chunk, .sample = job->n_fed + chunk == job->n_prompt, .job = h,
+                                .user = job->user};
+        plan->n_prefill_tokens += chunk;
+        budget -= chunk;
+    }
+    sched->n_items = n;
+    plan->items = sched->items;
+    plan->n_items = n;
+    plan->n_tokens = plan->n_prefill_tokens + plan->n_decode_tokens;
+}
+
+moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *plan) {
+    if (!sched || !plan) return MOEQ_ERR_INVALID_ARG;
+    if (sched->plan_open) return MOEQ_ERR_INVALID_ARG;
+    memset(plan, 0, sizeof *plan);
+    retire(sched, now_ms);
+    admit(sched, now_ms);
+    compose(sched, plan);
+    plan->released = sched->released;
+    plan->n_released = sched->n_released;
+    sched->n_released = 0; /* handed out; the array stays valid until the next plan (slots only refill in admit) */
+    sched->plan_open = plan->n_items > 0;
+    return MOEQ_OK;
+}
+
+/* ---- committing ---------------------------------------------------------------- */
+
+static int is_stop_id(const moeq_sched *sched, int32_t token) {
+    for (int i = 0; i < sched->params.n_stop_ids; i++)
+        if (sched->stop_ids[i] == token) return 1;
+    return 0;
+}
+
+static int text_append(sched_job *job, const char *bytes, size_t n) {
+    if (job->text_len + n + 1 > job->text_cap) {
+        size_t cap = job->text_cap * 2;
+        while (cap < job->text_len + n + 1) cap *= 2;
+        char *t = realloc(job->text, cap);
+        if (!t) return 0;
+        job->text = t;
+        job->text_cap = cap;
+    }
+    memcpy(job->text + job->text_len, bytes, n);
+    job->text_len += n;
+    job->text[job->text_len] = 0;
+    return 1;
+}
+
+/*
+ * Earliest stop-string match that ends in the bytes just appended (from
+ * offset old_len). Returns the match start, or -1.
+ */
+static long stop_match(const sched_job *job, size_t old_len) {
+    long best = -1;
+    for (size_t i = 0; i < job->n_stop; i++) {
+        size_t len = strlen(job->stop[i]);
+        if (len > job->text_len) continue;
+        size_t from = old_len + 1 > len ? old_len + 1 - len : 0;
+        for (size_t p = from; p + len <= job->text_len; p++) {
+            if (memcmp(job->text + p, job->stop[i], len) == 0) {
+                if (best < 0 || (long)p < best) best = (long)p;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* Account one sampled token; may finish the job. */
+static void job_take_token(moeq_sched *sched, int h, int32_t token, int64_t now_ms) {
+    sched_job *job = sched->jobs[h];
+    if (job->n_out == 0) job->first_token_ms = now_ms;
+    job->out[job->n_out++] = token;
+    job->last = token;
+    if (is_stop_id(sched, token)) {
+        job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_STOP_TOKEN, NULL, NULL, now_ms);
+        return;
+    }
+    if (sched->detok) {
+        const char *bytes = NULL;
+        size_t n = sched->detok(sched->ctx, job->user, token, &bytes);
+        size_t old_len = job->text_len;
+        if (n && bytes && !text_append(job, bytes, n)) {
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, "internal", "out of memory for the text",
+                       now_ms);
+            return;
+        }
+        if (job->n_stop) {
+            long at = stop_match(job, old_len);
+            if (at >= 0) {
+                job->text_len = (size_t)at;
+                job->text[at] = 0;
+                job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_STOP, NULL, NULL, now_ms);
+                return;
+            }
+        }
+    }
+    if (job->n_out >= job->max_new_tokens)
+        job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_LENGTH, NULL, NULL, now_ms);
+}
+
+moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms) {
+    if (!sched || !sched->plan_open) return MOEQ_ERR_INVALID_ARG;
+    sched->plan_open = 0;
+    for (int i = 0; i < sched->n_items; i++) {
+        const moeq_sched_item *it = &sched->items[i];
+        sched_job *job = sched->jobs[it->job];
+        if (job->state != JOB_RUNNING) continue; /* cannot happen within one plan; defensive */
+        if (job->n_fed < job->n_prompt) {
+            job->n_fed += it->n_tokens;
+            sched->prefill_tokens += it->n_tokens;
+        } else {
+            sched->decode_tokens += it->n_tokens;
+        }
+        if (it->sample) {
+            if (!sampled) return MOEQ_ERR_INVALID_ARG;
+            job_take_token(sched, it->job, sampled[i], now_ms);
+        }
+    }
+    sched->n_items = 0;
+    return MOEQ_OK;
+}
+
+void moeq_sched_abort(moeq_sched *sched, const char *code, const char *message, int64_t now_ms) {
+    if (!sched || !sched->plan_open) return;
+    sched->plan_open = 0;
+    for (int i = 0; i < sched->n_items; i++) {
+        int h = sched->items[i].job;
+        if (sched->jobs[h]->state == JOB_RUNNING)
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, code ? code : "engine", message, now_ms);
+    }
+    sched->n_items = 0;
+}
+
+/* ---- results and batches --------------------------------------------------------- */
+
+int moeq_sched_next_finished(moeq_sched *sched, moeq_sched_finished *out) {
+    int h = queue_pop(sched, &sched->finished);
+    if (h < 0) return 0;
+    sched_job *job = sched->jobs[h];
+    job->state = JOB_PUBLISHING;
+    *out = (moeq_sched_finished){
+        .job = h,
+        .user = job->user,
+        .batch_user = sched->batches[job->batch].user,
+        .key = job->key,
+        .status = job->status,
+        .finish_reason = job->reason,
+        .text = job->text,
+        .text_len = job->text_len,
+        .tokens = job->out,
+        .n_tokens = job->n_out,
+        .n_prompt = job->n_prompt,
+        .error_code = job->error_code,
+        .error_message = job->error_message,
+        .added_ms = job->added_ms,
+        .admitted_ms = job->admitted_ms,
+        .first_token_ms = job->first_token_ms,
+        .finished_ms = job->finished_ms,
+    };
+    return 1;
+}
+
+moeq_err moeq_sched_delivered(moeq_sched *sched, int job, int ok) {
+    if (!sched || job < 0 || job >= sched->n_jobs_cap || sched->jobs[job]->state != JOB_PUBLISHING)
+        return MOEQ_ERR_INVALID_ARG;
+    sched_job *j = sched->jobs[job];
+    if (!ok) {
+        j->state = JOB_FINISHED;
+        queue_push(sched, &sched->finished, job);
+        return MOEQ_OK;
+    }
+    int b = j->batch;
+    sched->n_unpublished--;
+    job_free_handle(sched, job);
+    sched_batch *batch = &sched->batches[b];
+    if (++batch->n_delivered == batch->n_jobs) batch_push_ackable(sched, b);
+    return MOEQ_OK;
+}
+
+int moeq_sched_next_ackable(moeq_sched *sched, void **batch_user) {
+    int b = sched->ackable_head;
+    if (b < 0) return 0;
+    sched->ackable_head = sched->batches[b].next;
+    if (sched->ackable_head < 0) sched->ackable_tail = -1;
+    if (batch_user) *batch_user = sched->batches[b].user;
+    sched->batches[b].in_use = 0;
+    sched->batches[b].next = sched->batch_free;
+    sched->batch_free = b;
+    sched->n_batches--;
+    return 1;
+}
+
+void moeq_sched_get_stats(const moeq_sched *sched, moeq_sched_stats *stats) {
+    memset(stats, 0, sizeof *stats);
+    stats->running = sched->n_running;
+    stats->pending = sched->n_pending;
+    stats->free_slots = sched->params.max_seqs - sched->n_running;
+    stats->unpublished = sched->n_unpublished;
+    stats->batches = sched->n_batches;
+    stats->kv_reserved_tokens = sched->kv_reserved;
+    stats->prefill_tokens = sched->prefill_tokens;
+    stats->decode_tokens = sched->decode_tokens;
+    stats->jobs_finished = sched->jobs_finished;
+}
+
+int moeq_sched_idle(const moeq_sched *sched) {
+    return sched->n_batches == 0 && sched->n_running == 0 && sched->n_pending == 0 && sched->n_unpublished == 0;
+}

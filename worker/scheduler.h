@@ -1,0 +1,218 @@
+/*
+ * scheduler.h — the worker's continuous-batching policy.
+ *
+ * The worker takes batches of jobs from Redis; the engine runs a rolling set
+ * of sequences. This module decides, step after step, what the engine runs:
+ *
+ *  - a fixed number of sequence slots (max_seqs). Jobs of taken batches wait
+ *    in a pending queue (higher priority first, then arrival order) and are
+ *    admitted as slots free up and the KV cache reservation allows
+ *    (prompt + max_new_tokens, rounded up to cache blocks), so the engine's
+ *    batch stays full across batch boundaries;
+ *  - each step is one decode token for every sequence that has finished its
+ *    prompt, then prefill chunks of admitted prompts (oldest admission first)
+ *    up to max_step_tokens in total;
+ *  - per job it tracks the generated tokens and the detokenized text and
+ *    ends the job on a stop token id, a stop string (matched on the text,
+ *    across token boundaries; the text is cut where the match begins),
+ *    max_new_tokens, its deadline (`expired`, partial text kept) or a cancel
+ *    (`cancelled`, partial text kept). Deadlines and cancels take effect at
+ *    the next moeq_sched_plan, i.e. within one engine step;
+ *  - a finished job's result is handed to the caller to publish; a batch is
+ *    reported acknowledgeable only when every one of its jobs' results was
+ *    confirmed delivered (moeq_sched_delivered), never earlier.
+ *
+ * What it deliberately does not do: no engine calls, no sampling, no I/O, no
+ * clock (every call takes now_ms). The caller maps slots to engine sequences
+ * and samplers, runs the step, samples, and feeds the sampled tokens back.
+ * Detokenization is injected as a pure token -> bytes function.
+ *
+ * Memory: slot and plan arrays are sized at creation; a job's prompt, stop
+ * strings and output buffers are allocated when its batch is added (output
+ * buffers grow geometrically), never per step.
+ *
+ * Not thread-safe: one scheduler per worker loop.
+ */
+#ifndef MOEQ_WORKER_SCHEDULER_H
+#define MOEQ_WORKER_SCHEDULER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moeq/err.h"
+#include "moeq/result.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moeq_sched_params {
+    int max_seqs;             /* sequence slots; [1, 4096]                                   */
+    int max_step_tokens;      /* tokens per engine step, all items; >= max_seqs               */
+    int64_t kv_cache_tokens;  /* cache capacity reserved against; 0 = unlimited               */
+    int kv_block_tokens;      /* reservation granularity; >= 1                               */
+    const int32_t *stop_ids;  /* model end-of-sequence ids (copied); may be NULL              */
+    int n_stop_ids;
+} moeq_sched_params;
+
+/* max_seqs 64, max_step_tokens 2048, kv_cache_tokens 0, kv_block_tokens 16, no stop ids. */
+moeq_sched_params moeq_sched_default_params(void);
+
+/*
+ * Detokenization, per job (the caller usually keeps a streaming decoder in
+ * its job, reached through job_user). token >= 0: the text this token
+ * completes (held back while a UTF-8 character is incomplete; may be 0
+ * bytes). token == MOEQ_SCHED_DETOK_FLUSH: the job ends, give out any held
+ * tail. *bytes is borrowed until the next call. Stop ids are never pushed;
+ * flush is called once when a job that held a slot finishes other than by a
+ * stop string (whose match already fixed the text).
+ */
+#define MOEQ_SCHED_DETOK_FLUSH (-1)
+typedef size_t (*moeq_sched_detok_fn)(void *ctx, void *job_user, int32_t token, const char **bytes);
+
+typedef struct moeq_sched moeq_sched;
+
+/* Validates params (message names the field). detok may be NULL: no text, stop strings never match. */
+moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn detok, void *ctx,
+                        moeq_sched **out, char *errstr, size_t errstr_size);
+/* Frees every job and batch still held. NULL is safe. */
+void moeq_sched_destroy(moeq_sched *sched);
+
+/* One job of a batch, as the caller hands it in. Everything is copied except user. */
+typedef struct moeq_sched_job_spec {
+    const char *key;            /* the job id (cancel looks jobs up by it); required          */
+    void *user;                 /* the caller's job; returned with the result, never touched  */
+    int priority;               /* 0 (first) .. 3                                             */
+    const int32_t *prompt;      /* prompt token ids                                           */
+    int n_prompt;               /* >= 1, else the job finishes at once with an error result   */
+    int max_new_tokens;         /* >= 0; 0 finishes at once with finish_reason length         */
+    int64_t deadline_ms;        /* absolute, ms since the epoch; 0 = none                     */
+    const char *const *stop;    /* stop strings; NULL/empty entries ignored                   */
+    size_t n_stop;
+    int cancelled;              /* 1: already cancelled: finishes at once, status cancelled   */
+    const char *error_code;     /* non-NULL: cannot run (dead-lettered, bad entry): finishes at
+                                   once with status error and this code / error_message      */
+    const char *error_message;
+} moeq_sched_job_spec;
+
+/*
+ * Add a taken batch of n_jobs jobs (n_jobs may be 0: the batch is
+ * acknowledgeable at once, e.g. every job was already done). batch_user is
+ * returned by moeq_sched_next_ackable. Job handles (for moeq_sched_delivered)
+ * are reported with each finished job.
+ * Errors: MOEQ_ERR_INVALID_ARG (NULL spec, missing key), MOEQ_ERR_NOMEM;
+ * on error nothing was added.
+ */
+moeq_err moeq_sched_add_batch(moeq_sched *sched, void *batch_user, const moeq_sched_job_spec *jobs,
+                              size_t n_jobs, int64_t now_ms, char *errstr, size_t errstr_size);
+
+/* Slots not taken by running or pending jobs (may be negative when more jobs wait than slots are free). */
+int moeq_sched_free_capacity(const moeq_sched *sched);
+
+/*
+ * Mark the job with this key cancelled; it finishes at the next plan with
+ * status cancelled and the text generated so far. MOEQ_ERR_NOT_FOUND when no
+ * pending or running job has the key (unknown, or its result is already fixed).
+ */
+moeq_err moeq_sched_cancel(moeq_sched *sched, const char *key);
+
+/* One item of an engine step. */
+typedef struct moeq_sched_item {
+    int slot;               /* 0 .. max_seqs-1                                              */
+    int new_seq;            /* 1: the job's first item: give the slot a fresh engine sequence
+                               and sampler (seeded for this job)                             */
+    const int32_t *tokens;  /* borrowed until the next plan/commit/abort                      */
+    int n_tokens;
+    int sample;             /* 1: sample one token from this item's last logits for commit   */
+    int job;                /* job handle                                                    */
+    void *user;             /* the job's spec.user                                           */
+} moeq_sched_item;
+
+typedef struct moeq_sched_step {
+    const moeq_sched_item *items; /* borrowed until the next plan/commit/abort          */
+    int n_items;                  /* 0: nothing to run                                  */
+    int n_tokens;                 /* Σ n_tokens                                         */
+    int n_prefill_tokens, n_decode_tokens;
+    const int *released;          /* slots freed since the last plan: free their engine
+                                     sequences and samplers before running this plan    */
+    int n_released;
+} moeq_sched_step;
+
+/*
+ * Compose the next step at now_ms: first retire cancelled and expired jobs
+ * (their results become available from moeq_sched_next_finished), then admit
+ * pending jobs into free slots, then compose the step. A plan with items must
+ * be followed by exactly one moeq_sched_commit or moeq_sched_abort before the
+ * next plan (MOEQ_ERR_INVALID_ARG otherwise).
+ */
+moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *plan);
+
+/*
+ * The engine ran the plan: sampled[i] is the token sampled for item i (read
+ * only where items[i].sample is 1). Appends tokens, advances prefills, ends
+ * jobs on stop ids, stop strings and max_new_tokens.
+ */
+moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms);
+
+/*
+ * The engine failed the step: every job in the plan finishes with status
+ * error (error code `code`, message `message`, partial text kept).
+ */
+void moeq_sched_abort(moeq_sched *sched, const char *code, const char *message, int64_t now_ms);
+
+/* A finished job's outcome. Every pointer is borrowed until moeq_sched_delivered(job, 1). */
+typedef struct moeq_sched_finished {
+    int job;                       /* handle for moeq_sched_delivered                     */
+    void *user, *batch_user;
+    const char *key;
+    moeq_result_status status;
+    moeq_finish_reason finish_reason;
+    const char *text;              /* NUL-terminated; stop string removed                 */
+    size_t text_len;
+    const int32_t *tokens;         /* generated ids (a final stop id included)            */
+    int n_tokens;
+    int n_prompt;
+    const char *error_code;        /* NULL unless status is error                         */
+    const char *error_message;
+    int64_t added_ms;              /* batch added                                         */
+    int64_t admitted_ms;           /* got a slot; 0 = never                               */
+    int64_t first_token_ms;        /* prompt done, first token sampled; 0 = never         */
+    int64_t finished_ms;
+} moeq_sched_finished;
+
+/*
+ * Next finished job whose result was not handed out yet (FIFO). Returns 1 and
+ * fills *out, or 0 when none. Publish it, then report the broker's verdict.
+ */
+int moeq_sched_next_finished(moeq_sched *sched, moeq_sched_finished *out);
+
+/*
+ * The broker acknowledged (ok=1) or definitively failed (ok=0) the result of
+ * job. ok=0 puts the result back at the end of the finished queue for another
+ * attempt. MOEQ_ERR_INVALID_ARG for a handle not handed out.
+ */
+moeq_err moeq_sched_delivered(moeq_sched *sched, int job, int ok);
+
+/* Next batch all of whose results were delivered: returns 1 and its batch_user, or 0. */
+int moeq_sched_next_ackable(moeq_sched *sched, void **batch_user);
+
+typedef struct moeq_sched_stats {
+    int running;                 /* jobs holding a slot                                 */
+    int pending;                 /* jobs waiting for a slot                             */
+    int free_slots;
+    int unpublished;             /* finished, result not yet delivered                  */
+    int batches;                 /* batches held (not yet reported ackable)             */
+    int64_t kv_reserved_tokens;
+    int64_t prefill_tokens, decode_tokens; /* totals committed                          */
+    int64_t jobs_finished;
+} moeq_sched_stats;
+
+void moeq_sched_get_stats(const moeq_sched *sched, moeq_sched_stats *stats);
+
+/* 1 when no job or batch is held at all (drained). */
+int moeq_sched_idle(const moeq_sched *sched);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,103 @@
+/*
+ * worker.h — the moeq worker: batches from Redis Streams, the engine with
+ * continuous batching, results to Kafka (`moeq worker --config FILE`).
+ *
+ * Delivery (see docs/WORKER.md): a batch is XACKed and its job records are
+ * marked done only after the broker acknowledged every one of its results;
+ * a worker that dies leaves its batches pending and a live worker reclaims
+ * them (XAUTOCLAIM after visibility_timeout_ms), skipping jobs whose record
+ * says done; a batch delivered more than max_deliveries times is
+ * dead-lettered with error results. Results are at-least-once, keyed by job
+ * id; a duplicate is identical to the first (per-job seeded sampling, a
+ * batch-invariant engine).
+ *
+ * This header holds the params struct and its property table (pure) and the
+ * worker handle (the I/O shell, worker.c).
+ */
+#ifndef MOEQ_WORKER_H
+#define MOEQ_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moeq/config.h"
+#include "moeq/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moeq_worker_params {
+    char model[512];              /* model directory (config.json, safetensors, tokenizer)       */
+    char worker_id[128];          /* consumer name and heartbeat key; "" = hostname-pid          */
+    char kafka_brokers[512];      /* bootstrap servers                                          */
+    char redis_url[512];          /* redis://host:port[/db] or host:port                          */
+    char stream_prefix[64];       /* batch streams are <prefix>0 .. <prefix>3                     */
+    char group[64];               /* consumer group shared by all workers                         */
+    char results_topic[256];      /* default results topic (jobs without reply_to)               */
+    char allowed_topics[1024];    /* comma-separated topics a reply_to may name; "" = results_topic only */
+    char dlq_topic[256];          /* dead-letter topic                                            */
+    int64_t visibility_timeout_ms;/* a batch pending this long on a silent worker is reclaimed    */
+    int64_t max_deliveries;       /* dead-letter a batch delivered more often than this            */
+    int64_t max_seqs;             /* sequences in the engine at once                               */
+    int64_t max_step_tokens;      /* tokens per engine step                                        */
+    int64_t kv_cache_tokens;      /* KV cache capacity in tokens                                   */
+    int64_t n_threads;            /* engine compute threads; 0 = all cores                         */
+    int64_t max_batches_held;     /* batches taken and not yet acknowledged, at most                */
+    int64_t block_ms;             /* XREADGROUP BLOCK when idle                                     */
+    int64_t heartbeat_interval_ms;/* heartbeat period; the key's TTL is 3 periods                  */
+    int64_t cancel_poll_ms;       /* how often running jobs' records are checked for cancellation  */
+    int64_t drain_timeout_ms;     /* on SIGTERM: finish held batches within this, else hand back    */
+    int64_t metrics_port;         /* /metrics and /healthz; 0 = off                                  */
+    int64_t job_ttl_s;            /* TTL set on a job record when marked done; 0 = keep              */
+} moeq_worker_params;
+
+/* Property table over moeq_worker_params (keys are the field names). */
+extern const moeq_prop moeq_worker_props[];
+
+/* Defaults from the table. */
+moeq_err moeq_worker_default_params(moeq_worker_params *params, char *errstr, size_t errstr_size);
+
+/* Cross-field checks (max_step_tokens >= max_seqs, model set, ...). Message names the key. */
+moeq_err moeq_worker_params_check(const moeq_worker_params *params, char *errstr, size_t errstr_size);
+
+/* 1 when topic may receive results: results_topic or an entry of allowed_topics. Pure. */
+int moeq_worker_topic_allowed(const moeq_worker_params *params, const char *topic);
+
+/* Name of the stream of priority p (0..3) into out. */
+void moeq_worker_stream_name(const moeq_worker_params *params, int p, char *out, size_t out_size);
+
+/* Seed for a job without one: FNV-1a 64 of the id (stable across workers and restarts). */
+uint64_t moeq_worker_seed_for_id(const char *id, size_t id_len);
+
+/* ---- the shell ------------------------------------------------------------------ */
+
+typedef struct moeq_worker moeq_worker;
+
+/*
+ * Load the model and tokenizer, connect to Redis and Kafka, create the
+ * consumer group if missing. kafka / redis pass-through lists are borrowed
+ * for the call. On error *out is NULL and errstr names the cause.
+ */
+moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *kafka, const moeq_kvlist *redis,
+                         moeq_worker **out, char *errstr, size_t errstr_size);
+
+/*
+ * Run until moeq_worker_stop (or SIGTERM/SIGINT when install_signals was
+ * called): take batches, run them, publish, acknowledge; then drain within
+ * drain_timeout_ms. MOEQ_OK after a clean drain.
+ */
+moeq_err moeq_worker_run(moeq_worker *worker, char *errstr, size_t errstr_size);
+
+/* Ask run to stop taking batches and drain. Async-signal-safe. */
+void moeq_worker_stop(moeq_worker *worker);
+
+/* Route SIGTERM and SIGINT to moeq_worker_stop of this worker. */
+void moeq_worker_install_signals(moeq_worker *worker);
+
+void moeq_worker_destroy(moeq_worker *worker); /* NULL is safe */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,365 @@
+/*
+ * worker_io.c — the worker's Redis commands over moeq/redis.h (see
+ * worker_io.h). Policy (what to take, when to ack) lives in worker.c and
+ * scheduler.c; this file only speaks the protocol.
+ */
+#include "worker_io.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batch_entry.h"
+#include "moeq/log.h"
+#include "moeq/util.h"
+
+#define JOB_KEY_MAX (MOEQ_JOB_ID_HARD_MAX + 32)
+
+void worker_entry_free(worker_entry *entry) {
+    if (!entry) return;
+    for (size_t i = 0; i < entry->n_jobs; i++) {
+        moeq_job_free(&entry->jobs[i].job);
+        free(entry->jobs[i].tokens);
+        free(entry->jobs[i].raw);
+        free(entry->jobs[i].bad);
+    }
+    free(entry->jobs);
+    memset(entry, 0, sizeof *entry);
+}
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
+static moeq_err decode_one(const moeq_batch_entry_job *bj, size_t i, worker_entry_job *wj) {
+    snprintf(wj->id_fallback, sizeof wj->id_fallback, "%.*s", bj->id_len < 63 ? (int)bj->id_len : 63,
+             bj->id ? bj->id : "");
+    if (!wj->id_fallback[0]) snprintf(wj->id_fallback, sizeof wj->id_fallback, "?%zu", i);
+    wj->raw = (uint8_t *)dup_n(bj->job, bj->job_len);
+    if (!wj->raw) return MOEQ_ERR_NOMEM;
+    wj->raw_len = bj->job_len;
+    wj->created_ms = bj->kafka_ts_ms > 0 ? bj->kafka_ts_ms : bj->arrival_ms;
+    char ct[128] = "";
+    if (bj->content_type && bj->content_type_len)
+        snprintf(ct, sizeof ct, "%.*s", bj->content_type_len < 127 ? (int)bj->content_type_len : 127, bj->content_type);
+    moeq_job_reject rej;
+    moeq_err err = moeq_job_decode(bj->job, bj->job_len, ct[0] ? ct : NULL, NULL, &wj->job, &rej);
+    if (err == MOEQ_ERR_NOMEM) return err;
+    if (err) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "%s: %s", moeq_job_reject_code_name(rej.code), rej.message);
+        wj->bad = dup_n(msg, strlen(msg));
+        return wj->bad ? MOEQ_OK : MOEQ_ERR_NOMEM;
+    }
+    if (bj->n_tokens > 0) {
+        wj->tokens = malloc(sizeof *wj->tokens * bj->n_tokens);
+        if (!wj->tokens) return MOEQ_ERR_NOMEM;
+        memcpy(wj->tokens, bj->tokens, sizeof *wj->tokens * bj->n_tokens);
+        wj->n_tokens = (int)bj->n_tokens;
+    }
+    return MOEQ_OK;
+}
+
+moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, worker_entry *out, char *errstr,
+                             size_t errstr_size) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->stream, sizeof out->stream, "%s", stream ? stream : entry->stream ? entry->stream : "");
+    snprintf(out->id, sizeof out->id, "%s", entry->id);
+    out->batched_ms = strtoll(entry->id, NULL, 10);
+    out->deliveries = 1;
+    if (!entry->fields) return moeq_errf(MOEQ_ERR_NOT_FOUND, errstr, errstr_size, "entry %s was deleted", entry->id);
+    const char *v = moeq_redis_entry_get(entry, "v", NULL);
+    if (!v || strcmp(v, "1") != 0)
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "entry %s: version '%s' is not 1", entry->id,
+                         v ? v : "(none)");
+    const char *closed = moeq_redis_entry_get(entry, "closed_ms", NULL);
+    if (closed && strtoll(closed, NULL, 10) > 0) out->batched_ms = strtoll(closed, NULL, 10);
+    size_t len = 0;
+    const char *blob = moeq_redis_entry_get(entry, "jobs", &len);
+    if (!blob) return moeq_errf(MOEQ_ERR_FORMAT, errstr, errstr_size, "entry %s: no 'jobs' field", entry->id);
+    moeq_batch_entry_job *jobs = NULL;
+    int32_t *tokens = NULL;
+    size_t n = 0;
+    moeq_err err = moeq_batch_entry_decode_jobs(blob, len, &jobs, &n, &tokens, errstr, errstr_size);
+    if (err) return err;
+    out->jobs = calloc(n ? n : 1, sizeof *out->jobs);
+    if (!out->jobs) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "entry %s", entry->id);
+    out->n_jobs = out->jobs ? n : 0;
+    for (size_t i = 0; !err && i < n; i++)
+        if (decode_one(&jobs[i], i, &out->jobs[i])) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "entry %s", entry->id);
+    free(jobs);
+    free(tokens);
+    if (err) worker_entry_free(out);
+    return err;
+}
+
+/* ---- streams -------------------------------------------------------------- */
+
+moeq_err worker_io_ensure_groups(moeq_redis *redis, const moeq_worker_params *params, char *errstr,
+                                 size_t errstr_size) {
+    for (int p = 0; p < 4; p++) {
+        char stream[96];
+        moeq_worker_stream_name(params, p, stream, sizeof stream);
+        const char *argv[] = {"XGROUP", "CREATE", stream, params->group, "0", "MKSTREAM"};
+        moeq_redis_reply *reply = NULL;
+        moeq_err err = moeq_redis_command_argv(redis, 6, argv, NULL, &reply, errstr, errstr_size);
+        int busy = moeq_redis_reply_is_error(reply, "BUSYGROUP");
+        moeq_redis_reply_free(reply);
+        if (err && !busy) return err;
+    }
+    return MOEQ_OK;
+}
+
+typedef struct take_ctx {
+    worker_entry *out;
+    size_t cap, *n;
+    moeq_err err;
+} take_ctx;
+
+static int take_one(const moeq_redis_entry *entry, void *opaque) {
+    take_ctx *c = opaque;
+    if (*c->n >= c->cap) return 1;
+    char e[256];
+    moeq_err err = worker_entry_decode(entry, NULL, &c->out[*c->n], e, sizeof e);
+    if (err == MOEQ_ERR_NOMEM) {
+        c->err = err;
+        return 1;
+    }
+    if (err) {
+        /* undecodable entry: keep it with zero jobs so it is acknowledged (and logged) */
+        moeq_log(MOEQ_LOG_ERROR, "worker", "bad_entry", "id=%s reason=\"%s\"", entry->id, e);
+    }
+    (*c->n)++;
+    return 0;
+}
+
+static moeq_err read_group(moeq_redis *redis, const moeq_worker_params *params, const char *consumer, int first,
+                           int n_streams, int block_ms, size_t want, take_ctx *c, char *errstr, size_t errstr_size) {
+    const char *argv[20];
+    char streams[4][96], block[24], count[24];
+    int argc = 0;
+    argv[argc++] = "XREADGROUP";
+    argv[argc++] = "GROUP";
+    argv[argc++] = params->group;
+    argv[argc++] = consumer;
+    snprintf(count, sizeof count, "%zu", want);
+    argv[argc++] = "COUNT";
+    argv[argc++] = count;
+    if (block_ms > 0) {
+        snprintf(block, sizeof block, "%d", block_ms);
+        argv[argc++] = "BLOCK";
+        argv[argc++] = block;
+    }
+    argv[argc++] = "STREAMS";
+    for (int k = 0; k < n_streams; k++) {
+        moeq_worker_stream_name(params, first + k, streams[k], sizeof streams[k]);
+        argv[argc++] = streams[k];
+    }
+    for (int k = 0; k < n_streams; k++) argv[argc++] = ">";
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, argc, argv, NULL, &reply, errstr, errstr_size);
+    if (!err && moeq_redis_reply_type_of(reply) != MOEQ_REDIS_NIL)
+        err = moeq_redis_entries_foreach(reply, MOEQ_REDIS_XREAD, take_one, c, errstr, errstr_size);
+    moeq_redis_reply_free(reply);
+    if (!err && c->err) err = moeq_errf(c->err, errstr, errstr_size, "decoding a batch entry");
+    return err;
+}
+
+moeq_err worker_io_take(moeq_redis *redis, const moeq_worker_params *params, int block_ms, worker_entry *out,
+                        size_t cap, size_t *n, char *errstr, size_t errstr_size) {
+    *n = 0;
+    take_ctx c = {out, cap, n, MOEQ_OK};
+    for (int p = 0; p < 4 && *n == 0; p++) {
+        moeq_err err = read_group(redis, params, params->worker_id, p, 1, 0, cap, &c, errstr, errstr_size);
+        if (err) return err;
+    }
+    if (*n == 0 && block_ms > 0) return read_group(redis, params, params->worker_id, 0, 4, block_ms, 1, &c, errstr, errstr_size);
+    return MOEQ_OK;
+}
+
+typedef struct claim_ctx {
+    worker_entry *out;
+    const char *stream;
+    size_t n;
+    char deleted[8][48];
+    size_t n_deleted;
+    moeq_err err;
+} claim_ctx;
+
+static int claim_one(const moeq_redis_entry *entry, void *opaque) {
+    claim_ctx *c = opaque;
+    if (!entry->fields) {
+        if (c->n_deleted < 8) snprintf(c->deleted[c->n_deleted++], 48, "%s", entry->id);
+        return 0;
+    }
+    if (c->n >= 1) return 1;
+    char e[256];
+    moeq_err err = worker_entry_decode(entry, c->stream, c->out, e, sizeof e);
+    if (err == MOEQ_ERR_NOMEM) {
+        c->err = err;
+        return 1;
+    }
+    if (err) moeq_log(MOEQ_LOG_ERROR, "worker", "bad_entry", "id=%s reason=\"%s\"", entry->id, e);
+    c->n = 1;
+    return 0;
+}
+
+static moeq_err delivery_count(moeq_redis *redis, const moeq_worker_params *params, worker_entry *entry,
+                               char *errstr, size_t errstr_size) {
+    const char *argv[] = {"XPENDING", entry->stream, params->group, entry->id, entry->id, "1"};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 6, argv, NULL, &reply, errstr, errstr_size);
+    if (!err) {
+        const moeq_redis_reply *row = moeq_redis_reply_at(reply, 0);
+        if (row && moeq_redis_reply_len(row) >= 4) entry->deliveries = (int)moeq_redis_reply_int(moeq_redis_reply_at(row, 3));
+    }
+    moeq_redis_reply_free(reply);
+    return err;
+}
+
+static moeq_err ack_ids(moeq_redis *redis, const moeq_worker_params *params, const char *stream, char ids[][48],
+                        size_t n, char *errstr, size_t errstr_size) {
+    for (size_t i = 0; i < n; i++) {
+        const char *argv[] = {"XACK", stream, params->group, ids[i]};
+        moeq_err err = moeq_redis_command_argv(redis, 4, argv, NULL, NULL, errstr, errstr_size);
+        if (err) return err;
+    }
+    return MOEQ_OK;
+}
+
+moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, worker_entry *out, size_t *n,
+                           char *errstr, size_t errstr_size) {
+    *n = 0;
+    char idle[24];
+    snprintf(idle, sizeof idle, "%lld", (long long)params->visibility_timeout_ms);
+    for (int p = 0; p < 4; p++) {
+        char stream[96];
+        moeq_worker_stream_name(params, p, stream, sizeof stream);
+        const char *argv[] = {"XAUTOCLAIM", stream, params->group, params->worker_id, idle, "0-0", "COUNT", "1"};
+        moeq_redis_reply *reply = NULL;
+        moeq_err err = moeq_redis_command_argv(redis, 8, argv, NULL, &reply, errstr, errstr_size);
+        claim_ctx c = {.out = out, .stream = stream};
+        if (!err) err = moeq_redis_entries_foreach(reply, MOEQ_REDIS_XAUTOCLAIM, claim_one, &c, errstr, errstr_size);
+        moeq_redis_reply_free(reply);
+        if (!err && c.err) err = moeq_errf(c.err, errstr, errstr_size, "decoding a reclaimed entry");
+        if (!err && c.n_deleted) err = ack_ids(redis, params, stream, c.deleted, c.n_deleted, errstr, errstr_size);
+        if (err) {
+            if (c.n) worker_entry_free(out);
+            return err;
+        }
+        if (c.n) {
+            *n = 1;
+            return delivery_count(redis, params, out, errstr, errstr_size);
+        }
+    }
+    return MOEQ_OK;
+}
+
+/* ---- job records ------------------------------------------------------------ */
+
+static void job_key(const char *id, char *out, size_t out_size) { snprintf(out, out_size, "moeq:job:%s", id); }
+
+moeq_err worker_io_job_states(moeq_redis *redis, const char *const *ids, size_t n, char *states, char *errstr,
+                              size_t errstr_size) {
+    char key[JOB_KEY_MAX];
+    for (size_t i = 0; i < n; i++) {
+        job_key(ids[i], key, sizeof key);
+        const char *argv[] = {"HMGET", key, "state", "cancel"};
+        moeq_err err = moeq_redis_append_argv(redis, 4, argv, NULL, errstr, errstr_size);
+        if (err) return err;
+    }
+    moeq_err first = MOEQ_OK;
+    for (size_t i = 0; i < n; i++) {
+        moeq_redis_reply *reply = NULL;
+        moeq_err err = moeq_redis_get_reply(redis, &reply, errstr, errstr_size);
+        states[i] = '-';
+        if (!err) {
+            const char *st = moeq_redis_reply_str(moeq_redis_reply_at(reply, 0), NULL);
+            const char *cancel = moeq_redis_reply_str(moeq_redis_reply_at(reply, 1), NULL);
+            if (st && (!strcmp(st, "done") || !strcmp(st, "failed"))) states[i] = 'D';
+            else if ((st && !strcmp(st, "cancelled")) || (cancel && strcmp(cancel, "0") && *cancel)) states[i] = 'C';
+        } else if (!first) {
+            first = err;
+        }
+        moeq_redis_reply_free(reply);
+    }
+    return first;
+}
+
+static moeq_err drain_replies(moeq_redis *redis, size_t n, char *errstr, size_t errstr_size) {
+    moeq_err first = MOEQ_OK;
+    for (size_t i = 0; i < n; i++) {
+        moeq_redis_reply *reply = NULL;
+        moeq_err err = moeq_redis_get_reply(redis, &reply, errstr, errstr_size);
+        moeq_redis_reply_free(reply);
+        if (err && !first) first = err;
+        if (err == MOEQ_ERR_TRANSIENT) return err; /* the connection is gone: nothing more to read */
+    }
+    return first;
+}
+
+moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                                const char *const *ids, size_t n, char *errstr, size_t errstr_size) {
+    (void)params;
+    char key[JOB_KEY_MAX];
+    for (size_t i = 0; i < n; i++) {
+        job_key(ids[i], key, sizeof key);
+        const char *argv[] = {"HSET", key, "state", "running", "worker", worker_id};
+        moeq_err err = moeq_redis_append_argv(redis, 6, argv, NULL, errstr, errstr_size);
+        if (err) return err;
+    }
+    return drain_replies(redis, n, errstr, errstr_size);
+}
+
+moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                       const worker_entry *entry, const char *states, char *errstr, size_t errstr_size) {
+    char key[JOB_KEY_MAX], now[24], ttl[24];
+    snprintf(now, sizeof now, "%lld", (long long)moeq_now_ms());
+    snprintf(ttl, sizeof ttl, "%lld", (long long)params->job_ttl_s);
+    size_t queued = 0;
+    for (size_t i = 0; i < entry->n_jobs; i++) {
+        const worker_entry_job *wj = &entry->jobs[i];
+        const char *id = wj->job.id ? wj->job.id : NULL;
+        if (!id) continue;
+        job_key(id, key, sizeof key);
+        const char *st = states && states[i] == 'F' ? "failed" : "done";
+        const char *argv[] = {"HSET", key, "state", st, "worker", worker_id, "finished_ms", now};
+        moeq_err err = moeq_redis_append_argv(redis, 8, argv, NULL, errstr, errstr_size);
+        if (err) return err;
+        queued++;
+        if (params->job_ttl_s > 0) {
+            const char *ex[] = {"EXPIRE", key, ttl};
+            if ((err = moeq_redis_append_argv(redis, 3, ex, NULL, errstr, errstr_size))) return err;
+            queued++;
+        }
+    }
+    const char *xack[] = {"XACK", entry->stream, params->group, entry->id};
+    moeq_err err = moeq_redis_append_argv(redis, 4, xack, NULL, errstr, errstr_size);
+    if (err) return err;
+    return drain_replies(redis, queued + 1, errstr, errstr_size);
+}
+
+moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                             const worker_entry *entry, char *errstr, size_t errstr_size) {
+    char idle[24];
+    snprintf(idle, sizeof idle, "%lld", (long long)params->visibility_timeout_ms);
+    const char *argv[] = {"XCLAIM", entry->stream, params->group, worker_id, "0", entry->id, "IDLE", idle, "JUSTID"};
+    return moeq_redis_command_argv(redis, 9, argv, NULL, NULL, errstr, errstr_size);
+}
+
+moeq_err worker_io_heartbeat(moeq_redis *redis, const char *worker_id, const char *json, int64_t ttl_ms,
+                             char *errstr, size_t errstr_size) {
+    char key[256], px[24];
+    snprintf(key, sizeof key, "moeq:worker:%s", worker_id);
+    if (!json) {
+        const char *argv[] = {"DEL", key};
+        return moeq_redis_command_argv(redis, 2, argv, NULL, NULL, errstr, errstr_size);
+    }
+    snprintf(px, sizeof px, "%lld", (long long)ttl_ms);
+    const char *argv[] = {"SET", key, json, "PX", px};
+    return moeq_redis_command_argv(redis, 5, argv, NULL, NULL, errstr, errstr_size);
+}

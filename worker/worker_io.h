@@ -1,0 +1,104 @@
+/*
+ * worker_io.h — the worker's Redis side: the batch streams (take, reclaim,
+ * acknowledge, hand back), job records and heartbeats, as thin functions
+ * over moeq/redis.h, plus the decoding of one batch entry.
+ *
+ * Keys (see docs/WORKER.md and schemas/): streams <stream_prefix>0..3 with
+ * consumer group `group`; job record hash moeq:job:{id} (field `state`);
+ * heartbeat string moeq:worker:{id} (JSON, expires after 3 intervals).
+ *
+ * Not thread-safe: one connection, the worker loop's.
+ */
+#ifndef MOEQ_WORKER_IO_H
+#define MOEQ_WORKER_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moeq/err.h"
+#include "moeq/job.h"
+#include "moeq/redis.h"
+#include "worker.h"
+
+/* One job of a taken batch entry. */
+typedef struct worker_entry_job {
+    moeq_job job;              /* decoded job (owned)                                */
+    int32_t *tokens;           /* prompt ids from the entry (owned), NULL: tokenize  */
+    int n_tokens;
+    int64_t created_ms;        /* Kafka append time, 0 = unknown                     */
+    uint8_t *raw;              /* the job's original bytes (owned), for the DLQ       */
+    size_t raw_len;
+    char *bad;                 /* non-NULL: the job could not be decoded (why)       */
+    char id_fallback[64];
+} worker_entry_job;
+
+/* A taken batch entry. */
+typedef struct worker_entry {
+    char stream[96];
+    char id[48];               /* stream entry id                                    */
+    int64_t batched_ms;        /* when the coordinator wrote it (from the id)        */
+    int deliveries;            /* times delivered, this one included                 */
+    worker_entry_job *jobs;
+    size_t n_jobs;
+} worker_entry;
+
+void worker_entry_free(worker_entry *entry);
+
+/*
+ * Decode a stream entry (coordinator/batch_entry.h: v, n, closed_ms and the
+ * `jobs` blob) into *out (zeroed first). A job that fails to decode is kept
+ * with `bad` set so it gets an error result. Pure.
+ */
+moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, worker_entry *out, char *errstr,
+                             size_t errstr_size);
+
+/* XGROUP CREATE ... MKSTREAM on every priority stream (BUSYGROUP is fine). */
+moeq_err worker_io_ensure_groups(moeq_redis *redis, const moeq_worker_params *params, char *errstr,
+                                 size_t errstr_size);
+
+/*
+ * Take up to max new entries, highest priority first (non-blocking pass
+ * over p0..p3, then when block_ms > 0 and nothing came one blocking read on
+ * all four). Appends to out[*n] (capacity cap).
+ */
+moeq_err worker_io_take(moeq_redis *redis, const moeq_worker_params *params, int block_ms, worker_entry *out,
+                        size_t cap, size_t *n, char *errstr, size_t errstr_size);
+
+/*
+ * Reclaim at most one entry pending longer than visibility_timeout_ms on any
+ * stream (XAUTOCLAIM), highest priority first, with its delivery count
+ * (XPENDING). Entries deleted from the stream are acknowledged away.
+ * *n is 0 or 1.
+ */
+moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, worker_entry *out, size_t *n,
+                           char *errstr, size_t errstr_size);
+
+/*
+ * Job record states for ids[0..n) (pipelined HGET moeq:job:{id} state and
+ * cancel): states[i] receives 'D' done/failed, 'C' cancelled, '-' other or
+ * none.
+ */
+moeq_err worker_io_job_states(moeq_redis *redis, const char *const *ids, size_t n, char *states, char *errstr,
+                              size_t errstr_size);
+
+/* Mark ids running on this worker (pipelined HSET). */
+moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                                const char *const *ids, size_t n, char *errstr, size_t errstr_size);
+
+/*
+ * Acknowledge a finished entry in one round trip: job records -> `state`
+ * (done, failed per job: states[i] 'F' failed else done), finished_ms,
+ * worker; EXPIRE job_ttl_s; then XACK.
+ */
+moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                       const worker_entry *entry, const char *states, char *errstr, size_t errstr_size);
+
+/* Hand an entry back: XCLAIM to ourselves with IDLE = visibility timeout, so the next reclaim takes it at once. */
+moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                             const worker_entry *entry, char *errstr, size_t errstr_size);
+
+/* SET moeq:worker:{id} json PX ttl_ms; DEL when json is NULL. */
+moeq_err worker_io_heartbeat(moeq_redis *redis, const char *worker_id, const char *json, int64_t ttl_ms,
+                             char *errstr, size_t errstr_size);
+
+#endif

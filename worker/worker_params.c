@@ -1,0 +1,100 @@
+/*
+ * worker_params.c — the worker's property table and the pure helpers over
+ * its params (topic allow-list, stream names, default seeds). No I/O.
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "worker.h"
+
+#define P(field) offsetof(moeq_worker_params, field), sizeof(((moeq_worker_params *)0)->field)
+
+const moeq_prop moeq_worker_props[] = {
+    {"model", MOEQ_PROP_STR, P(model), 0, 0, "", "model directory (config.json, *.safetensors, tokenizer.json)"},
+    {"worker_id", MOEQ_PROP_STR, P(worker_id), 0, 0, "", "consumer name and heartbeat id; empty = <hostname>-<pid>"},
+    {"kafka_brokers", MOEQ_PROP_STR, P(kafka_brokers), 0, 0, "localhost:9092", "Kafka bootstrap servers"},
+    {"redis_url", MOEQ_PROP_STR, P(redis_url), 0, 0, "redis://localhost:6379", "Redis server"},
+    {"stream_prefix", MOEQ_PROP_STR, P(stream_prefix), 0, 0, "moeq:batches:p",
+     "batch streams are <prefix>0 (highest priority) .. <prefix>3"},
+    {"group", MOEQ_PROP_STR, P(group), 0, 0, "workers", "consumer group shared by all workers"},
+    {"results_topic", MOEQ_PROP_STR, P(results_topic), 0, 0, "moeq.results", "results of jobs without reply_to"},
+    {"allowed_topics", MOEQ_PROP_STR, P(allowed_topics), 0, 0, "",
+     "comma-separated topics a job's reply_to may name (results_topic always allowed)"},
+    {"dlq_topic", MOEQ_PROP_STR, P(dlq_topic), 0, 0, "moeq.dlq", "dead-letter topic for poison batches"},
+    {"visibility_timeout_ms", MOEQ_PROP_INT, P(visibility_timeout_ms), 1000, 86400000, "30000",
+     "ms a batch may stay pending on a worker before another reclaims it (XAUTOCLAIM)"},
+    {"max_deliveries", MOEQ_PROP_INT, P(max_deliveries), 1, 1000, "3",
+     "a batch delivered more often than this is dead-lettered with error results"},
+    {"max_seqs", MOEQ_PROP_INT, P(max_seqs), 1, 4096, "32", "sequences the engine runs at once"},
+    {"max_step_tokens", MOEQ_PROP_INT, P(max_step_tokens), 1, 1048576, "512", "tokens per engine step (>= max_seqs)"},
+    {"kv_cache_tokens", MOEQ_PROP_INT, P(kv_cache_tokens), 16, (double)(1LL << 40), "65536",
+     "KV cache capacity in tokens over all sequences"},
+    {"n_threads", MOEQ_PROP_INT, P(n_threads), 0, 1024, "0", "engine compute threads; 0 = all cores"},
+    {"max_batches_held", MOEQ_PROP_INT, P(max_batches_held), 1, 1024, "4",
+     "batches taken and not yet acknowledged, at most"},
+    {"block_ms", MOEQ_PROP_INT, P(block_ms), 1, 60000, "200", "XREADGROUP BLOCK when the worker is idle, ms"},
+    {"heartbeat_interval_ms", MOEQ_PROP_INT, P(heartbeat_interval_ms), 100, 600000, "2000",
+     "heartbeat period, ms; the heartbeat key lives 3 periods"},
+    {"cancel_poll_ms", MOEQ_PROP_INT, P(cancel_poll_ms), 10, 600000, "250",
+     "how often running jobs' records are checked for cancellation, ms"},
+    {"drain_timeout_ms", MOEQ_PROP_INT, P(drain_timeout_ms), 0, 3600000, "20000",
+     "on SIGTERM: finish held batches within this, then hand the rest back, ms"},
+    {"metrics_port", MOEQ_PROP_INT, P(metrics_port), 0, 65535, "0", "/metrics and /healthz port; 0 = off"},
+    {"job_ttl_s", MOEQ_PROP_INT, P(job_ttl_s), 0, 31536000, "86400",
+     "expiry set on a job record once done, s; 0 = keep forever"},
+    MOEQ_PROP_END,
+};
+
+moeq_err moeq_worker_default_params(moeq_worker_params *params, char *errstr, size_t errstr_size) {
+    if (!params) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL params");
+    memset(params, 0, sizeof *params);
+    return moeq_props_defaults(moeq_worker_props, params, errstr, errstr_size);
+}
+
+moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, size_t errstr_size) {
+    if (!p) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL params");
+    if (!p->model[0]) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "model: not set");
+    if (p->max_step_tokens < p->max_seqs)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "max_step_tokens: %lld is below max_seqs %lld", (long long)p->max_step_tokens,
+                         (long long)p->max_seqs);
+    if (!p->stream_prefix[0] || !p->group[0] || !p->results_topic[0])
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "stream_prefix, group and results_topic must not be empty");
+    if (p->visibility_timeout_ms < 3 * p->heartbeat_interval_ms)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "visibility_timeout_ms: %lld is shorter than 3 heartbeat intervals (%lld)",
+                         (long long)p->visibility_timeout_ms, (long long)(3 * p->heartbeat_interval_ms));
+    return MOEQ_OK;
+}
+
+int moeq_worker_topic_allowed(const moeq_worker_params *params, const char *topic) {
+    if (!params || !topic || !*topic) return 0;
+    if (strcmp(topic, params->results_topic) == 0) return 1;
+    size_t n = strlen(topic);
+    const char *s = params->allowed_topics;
+    while (*s) {
+        while (*s == ',' || *s == ' ') s++;
+        const char *e = s;
+        while (*e && *e != ',') e++;
+        const char *t = e;
+        while (t > s && t[-1] == ' ') t--;
+        if ((size_t)(t - s) == n && memcmp(s, topic, n) == 0) return 1;
+        s = e;
+    }
+    return 0;
+}
+
+void moeq_worker_stream_name(const moeq_worker_params *params, int p, char *out, size_t out_size) {
+    snprintf(out, out_size, "%s%d", params->stream_prefix, p);
+}
+
+uint64_t moeq_worker_seed_for_id(const char *id, size_t id_len) {
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < id_len; i++) {
+        h ^= (unsigned char)id[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
