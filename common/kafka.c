@@ -103,10 +103,10 @@ static moeq_err conf_check_guard(rd_kafka_conf_t *conf, moeq_kafka_role role, ch
     size_t size = sizeof value;
     if (rd_kafka_conf_get(conf, g->key, value, &size) != RD_KAFKA_CONF_OK)
         return moeq_errf(MOEQ_ERR_INTERNAL, errstr, n, "kafka.%s: cannot read back", g->key);
+    const char *why = role == MOEQ_KAFKA_PRODUCER ? "retries must never duplicate or reorder a message"
+                                                  : "moeq stores an offset only after Redis acknowledged the batch";
     if (strcmp(value, g->value) != 0)
-        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n,
-                         "kafka.%s: must be %s (moeq %s offsets itself to keep its delivery promise)", g->key,
-                         g->value, role == MOEQ_KAFKA_PRODUCER ? "relies on idempotent retries, not" : "stores");
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka.%s: must be %s (%s)", g->key, g->value, why);
     return MOEQ_OK;
 }
 

@@ -89,7 +89,6 @@ static inline float tree16(const float *l) {
     return c[0] + c[1];
 }
 
-void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
 void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     const moeq_tensor *w = job->w;
     int64_t K = moeq_tensor_cols(w);
@@ -107,7 +106,6 @@ void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int
     }
 }
 
-void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
 void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1) {
     const moeq_tensor *w = job->w;
     for (int64_t t = t0; t < t1; t++)

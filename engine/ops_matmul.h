@@ -40,6 +40,10 @@ typedef struct moeq_mm_job {
 void moeq_mm_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
 void moeq_mm_nn_block(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
 
+/* The scalar emulation of the same lanes and tree: the fallback without AVX-512, and the tests' oracle. */
+void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
+void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
+
 /*
  * The non-invariant path (batch_invariant = 0): rows [n0, n1) widened into
  * wbuf ((n1-n0) * cols floats) and multiplied with OpenBLAS sgemm (single

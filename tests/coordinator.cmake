@@ -6,3 +6,5 @@ moeq_add_test(NAME test_coordinator_offsets SOURCES test_coordinator_offsets.c
   LIBS moeq_coordinator LABELS unit)
 moeq_add_test(NAME test_coordinator_params SOURCES test_coordinator_params.c
   LIBS moeq_coordinator LABELS unit)
+moeq_add_test(NAME test_coordinator_intake SOURCES test_coordinator_intake.c
+  LIBS moeq_coordinator LABELS unit)

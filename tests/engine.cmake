@@ -1,0 +1,14 @@
+# Engine tests (forward helper). test_engine_ops needs no model (kernels,
+# routing, cache, sampler, pool); test_engine_model writes tiny checkpoints
+# with the built `moeq gen-model` into a temporary directory.
+if(TARGET moeq_engine)
+  moeq_add_test(NAME test_engine_ops SOURCES test_engine_ops.c LIBS moeq_engine PkgConfig::OPENBLAS
+    LABELS unit)
+  target_include_directories(test_engine_ops PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+  moeq_add_test(NAME test_engine_model SOURCES test_engine_model.c LIBS moeq_engine LABELS unit
+    TIMEOUT 600)
+  target_include_directories(test_engine_model PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+  if(TARGET moeq)
+    add_dependencies(test_engine_model moeq)
+  endif()
+endif()

@@ -1,0 +1,249 @@
+/*
+ * test_coordinator_intake.c — the pure per-message decisions (accept with
+ * exact token ids, reject with a stable code, expire) and the batch entry
+ * codec the workers read.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batch_entry.h"
+#include "intake.h"
+#include "moeq/result.h"
+#include "moeq/tokenizer.h"
+
+static moeq_tokenizer *tiny;
+static moeq_coordinator_params params;
+
+static int setup(void **state) {
+    (void)state;
+    char err[256];
+    params = moeq_coordinator_default_params();
+    snprintf(params.results_allowed_topics, sizeof(params.results_allowed_topics), "team.results");
+    return moeq_tokenizer_load_tiny(&tiny, err, sizeof(err)) == MOEQ_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    moeq_tokenizer_destroy(tiny);
+    return 0;
+}
+
+static moeq_intake decide(const moeq_tokenizer *tok, const char *json, int64_t now) {
+    moeq_intake_ctx ctx = {&params, tok};
+    moeq_intake in;
+    memset(&in, 0, sizeof(in));
+    assert_int_equal(moeq_intake_job(&ctx, json, strlen(json), NULL, now, &in), MOEQ_OK);
+    return in;
+}
+
+static void a_prompt_job_is_accepted_with_its_exact_token_ids(void **state) {
+    (void)state;
+    moeq_intake in = decide(tiny, "{\"v\":1,\"id\":\"j1\",\"prompt\":\"hello world, hello moeq\",\"priority\":1,"
+                                  "\"max_new_tokens\":16}", 1000);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+    moeq_tokens ref = {0};
+    char err[256];
+    unsigned flags = moeq_tokenizer_add_bos(tiny) ? MOEQ_TOKENIZE_ADD_BOS : 0;
+    assert_int_equal(moeq_tokenizer_encode(tiny, "hello world, hello moeq", 23, flags, &ref, err, sizeof(err)), MOEQ_OK);
+    assert_int_equal(in.prompt_len, (int32_t)ref.n);
+    assert_memory_equal(in.prompt, ref.ids, ref.n * sizeof(int32_t));
+    assert_int_equal(in.job.priority, 1);
+    assert_int_equal(in.job.max_new_tokens, 16);
+    assert_string_equal(moeq_intake_id(&in), "j1");
+    moeq_intake_ctx ctx = {&params, tiny};
+    assert_string_equal(moeq_intake_result_topic(&ctx, &in), "moeq.results");
+    moeq_tokens_free(&ref);
+    moeq_intake_free(&in);
+}
+
+static void a_tokens_job_needs_no_tokenizer_but_is_checked_against_the_vocabulary(void **state) {
+    (void)state;
+    moeq_intake in = decide(NULL, "{\"v\":1,\"id\":\"t\",\"tokens\":[1,2,3,5000]}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+    assert_int_equal(in.prompt_len, 4);
+    assert_int_equal(in.prompt[3], 5000);
+    moeq_intake_free(&in);
+    in = decide(tiny, "{\"v\":1,\"id\":\"t\",\"tokens\":[1,2,3,5000]}", 0); /* tiny has 1024 ids */
+    assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
+    assert_int_equal(in.reject.code, MOEQ_JOB_REJECT_OUT_OF_RANGE);
+    assert_string_equal(in.reject.field, "tokens[3]");
+    moeq_intake_free(&in);
+}
+
+static void without_a_tokenizer_prompt_lengths_are_estimated(void **state) {
+    (void)state;
+    moeq_intake in = decide(NULL, "{\"v\":1,\"id\":\"e\",\"prompt\":\"0123456789abcdef0\"}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+    assert_null(in.prompt);
+    assert_int_equal(in.prompt_len, 5); /* ceil(17 / 4) */
+    moeq_intake_free(&in);
+}
+
+static void malformed_bytes_are_rejected_without_an_id(void **state) {
+    (void)state;
+    moeq_intake in = decide(tiny, "{\"v\":1,\"id\":", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
+    assert_int_equal(in.reject.code, MOEQ_JOB_REJECT_MALFORMED);
+    assert_null(moeq_intake_id(&in));
+    moeq_buf out = {0};
+    char err[128];
+    assert_int_equal(moeq_intake_result_encode(&in, MOEQ_RESULT_ERROR, NULL, 0, &out, err, sizeof(err)),
+                     MOEQ_ERR_NOT_FOUND); /* dead letter only */
+    moeq_buf_free(&out);
+    moeq_intake_free(&in);
+}
+
+static void invalid_jobs_get_an_error_result_naming_the_reason(void **state) {
+    (void)state;
+    moeq_intake in = decide(tiny, "{\"v\":1,\"id\":\"bad\",\"prompt\":\"x\",\"temperature\":7}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
+    assert_int_equal(in.reject.code, MOEQ_JOB_REJECT_OUT_OF_RANGE);
+    moeq_buf out = {0};
+    char err[128];
+    assert_int_equal(moeq_intake_result_encode(&in, MOEQ_RESULT_ERROR, NULL, 0, &out, err, sizeof(err)), MOEQ_OK);
+    moeq_result r;
+    assert_int_equal(moeq_result_decode(out.data, out.len, NULL, 0, &r, err, sizeof(err)), MOEQ_OK);
+    assert_string_equal(r.id, "bad");
+    assert_int_equal(r.status, MOEQ_RESULT_ERROR);
+    assert_string_equal(r.error.code, "out_of_range");
+    assert_non_null(strstr(r.error.message, "temperature"));
+    moeq_result_free(&r);
+    moeq_buf_free(&out);
+    moeq_intake_free(&in);
+}
+
+static void reply_to_outside_the_allow_list_is_rejected(void **state) {
+    (void)state;
+    moeq_intake_ctx ctx = {&params, tiny};
+    moeq_intake in = decide(tiny, "{\"v\":1,\"id\":\"r\",\"prompt\":\"x\",\"reply_to\":\"evil.topic\"}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
+    assert_int_equal(in.reject.code, MOEQ_JOB_REJECT_INVALID_VALUE);
+    assert_string_equal(in.reject.field, "reply_to");
+    assert_string_equal(moeq_intake_result_topic(&ctx, &in), "moeq.results"); /* never the unlisted topic */
+    moeq_intake_free(&in);
+    in = decide(tiny, "{\"v\":1,\"id\":\"r\",\"prompt\":\"x\",\"reply_to\":\"team.results\"}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+    assert_string_equal(moeq_intake_result_topic(&ctx, &in), "team.results");
+    moeq_intake_free(&in);
+}
+
+static void a_job_past_its_deadline_is_answered_expired(void **state) {
+    (void)state;
+    moeq_intake in = decide(tiny, "{\"v\":1,\"id\":\"x\",\"prompt\":\"hi\",\"deadline_ms\":5000,"
+                                  "\"metadata\":{\"k\":\"v\"}}", 5000);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_EXPIRED);
+    moeq_buf out = {0};
+    char err[128];
+    assert_int_equal(moeq_intake_result_encode(&in, MOEQ_RESULT_EXPIRED, NULL, 12, &out, err, sizeof(err)), MOEQ_OK);
+    moeq_result r;
+    assert_int_equal(moeq_result_decode(out.data, out.len, NULL, 0, &r, err, sizeof(err)), MOEQ_OK);
+    assert_int_equal(r.status, MOEQ_RESULT_EXPIRED);
+    assert_non_null(r.metadata); /* echoed */
+    moeq_result_free(&r);
+    moeq_buf_free(&out);
+    moeq_intake_free(&in);
+    in = decide(tiny, "{\"v\":1,\"id\":\"x\",\"prompt\":\"hi\",\"deadline_ms\":5001}", 5000);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+    moeq_intake_free(&in);
+}
+
+static void a_job_longer_than_a_batch_is_rejected_too_large(void **state) {
+    (void)state;
+    int64_t keep = params.max_batch_tokens;
+    params.max_batch_tokens = 100;
+    moeq_intake in = decide(NULL, "{\"v\":1,\"id\":\"big\",\"tokens\":[1,2,3],\"max_new_tokens\":98}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
+    assert_int_equal(in.reject.code, MOEQ_JOB_REJECT_TOO_LARGE);
+    assert_string_equal(in.reject.field, "tokens");
+    moeq_intake_free(&in);
+    in = decide(NULL, "{\"v\":1,\"id\":\"fits\",\"tokens\":[1,2,3],\"max_new_tokens\":97}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+    moeq_intake_free(&in);
+    params.max_batch_tokens = keep;
+}
+
+static void chat_messages_are_rendered_or_rejected_when_the_model_has_no_chat_format(void **state) {
+    (void)state;
+    moeq_intake in = decide(tiny, "{\"v\":1,\"id\":\"c\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", 0);
+    if (moeq_tokenizer_chat_format(tiny) == MOEQ_CHAT_FORMAT_NONE) {
+        assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
+        assert_string_equal(in.reject.field, "messages");
+    } else {
+        assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+        assert_true(in.prompt_len > 1);
+    }
+    moeq_intake_free(&in);
+}
+
+static void batch_entries_round_trip(void **state) {
+    (void)state;
+    int32_t t1[] = {1, 2, 3, -1, 2147483647}, t2[] = {9};
+    moeq_batch_entry_job jobs[3] = {
+        {.id = "a", .id_len = 1, .job = "{\"v\":1}", .job_len = 7, .kafka_ts_ms = 5, .arrival_ms = 6, .tokens = t1, .n_tokens = 5},
+        {.id = "bb", .id_len = 2, .content_type = "application/msgpack", .content_type_len = 19, .job = "\x81", .job_len = 1,
+         .kafka_ts_ms = -1, .arrival_ms = 7, .tokens = t2, .n_tokens = 1},
+        {.id = "c", .id_len = 1, .job = "x", .job_len = 1},
+    };
+    moeq_buf buf = {0};
+    assert_int_equal(moeq_batch_entry_encode_jobs(jobs, 3, &buf), MOEQ_OK);
+    moeq_batch_entry_job *out;
+    size_t n;
+    int32_t *toks;
+    char err[128];
+    assert_int_equal(moeq_batch_entry_decode_jobs(buf.data, buf.len, &out, &n, &toks, err, sizeof(err)), MOEQ_OK);
+    assert_int_equal(n, 3);
+    assert_memory_equal(out[1].id, "bb", 2);
+    assert_int_equal(out[1].content_type_len, 19);
+    assert_null(out[0].content_type);
+    assert_memory_equal(out[0].job, "{\"v\":1}", 7);
+    assert_int_equal(out[1].kafka_ts_ms, -1);
+    assert_int_equal(out[1].arrival_ms, 7);
+    assert_int_equal(out[0].n_tokens, 5);
+    assert_memory_equal(out[0].tokens, t1, sizeof(t1));
+    assert_int_equal(out[1].tokens[0], 9);
+    assert_int_equal(out[2].n_tokens, 0);
+    free(out);
+    free(toks);
+    /* every truncation is refused, never read past the end */
+    for (size_t cut = 0; cut < buf.len; cut++) {
+        moeq_err e = moeq_batch_entry_decode_jobs(buf.data, cut, &out, &n, &toks, err, sizeof(err));
+        assert_int_equal(e, MOEQ_ERR_FORMAT);
+        assert_null(out);
+    }
+    uint8_t extra[512];
+    memcpy(extra, buf.data, buf.len);
+    extra[buf.len] = 0;
+    assert_int_equal(moeq_batch_entry_decode_jobs(extra, buf.len + 1, &out, &n, &toks, err, sizeof(err)), MOEQ_ERR_FORMAT);
+    extra[0] = 'X';
+    assert_int_equal(moeq_batch_entry_decode_jobs(extra, buf.len, &out, &n, &toks, err, sizeof(err)), MOEQ_ERR_FORMAT);
+    moeq_buf_reset(&buf);
+    assert_int_equal(moeq_batch_entry_encode_jobs(NULL, 0, &buf), MOEQ_OK);
+    assert_int_equal(moeq_batch_entry_decode_jobs(buf.data, buf.len, &out, &n, &toks, err, sizeof(err)), MOEQ_OK);
+    assert_int_equal(n, 0);
+    free(out);
+    free(toks);
+    moeq_buf_free(&buf);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_prompt_job_is_accepted_with_its_exact_token_ids),
+        cmocka_unit_test(a_tokens_job_needs_no_tokenizer_but_is_checked_against_the_vocabulary),
+        cmocka_unit_test(without_a_tokenizer_prompt_lengths_are_estimated),
+        cmocka_unit_test(malformed_bytes_are_rejected_without_an_id),
+        cmocka_unit_test(invalid_jobs_get_an_error_result_naming_the_reason),
+        cmocka_unit_test(reply_to_outside_the_allow_list_is_rejected),
+        cmocka_unit_test(a_job_past_its_deadline_is_answered_expired),
+        cmocka_unit_test(a_job_longer_than_a_batch_is_rejected_too_large),
+        cmocka_unit_test(chat_messages_are_rendered_or_rejected_when_the_model_has_no_chat_format),
+        cmocka_unit_test(batch_entries_round_trip),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,473 @@
+/*
+ * test_engine_ops.c — the engine's parts that need no model: matrix kernels
+ * (vs their scalar emulation, vs OpenBLAS, batch invariance, exact
+ * widening), RoPE/YaRN, routing, the gather plan, the paged cache, the
+ * sampler and the worker pool.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cblas.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "backend_pool.h"
+#include "kv_cache.h"
+#include "moe.h"
+#include "ops.h"
+#include "ops_matmul.h"
+#include "rope.h"
+
+/* ---- synthetic weights ----------------------------------------------------- */
+
+typedef struct fake_weight {
+    moeq_tensor t, scale;
+    void *data;
+    float *sdata;
+    float *deq; /* rows*cols, through moeq_tensor_rows_to_f32 */
+} fake_weight;
+
+static uint64_t rng_state = 42;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
+}
+
+static void fake_weight_make(fake_weight *f, moeq_dtype dt, int rows, int cols) {
+    memset(f, 0, sizeof(*f));
+    size_t n = (size_t)rows * cols;
+    float *v = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = frand() * 0.5f;
+    f->data = malloc(n * moeq_dtype_size(dt));
+    f->t = (moeq_tensor){.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = f->data,
+                         .nbytes = n * moeq_dtype_size(dt)};
+    int rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    if (dt == MOEQ_DTYPE_F8_E4M3) {
+        f->sdata = malloc((size_t)rb * cb * sizeof(float));
+        for (int i = 0; i < rb * cb; i++) f->sdata[i] = 0.5f / 448.0f * (1 + i % 3);
+        f->scale = (moeq_tensor){.name = "s", .dtype = MOEQ_DTYPE_F32, .ndim = 2, .shape = {rb, cb},
+                                 .data = f->sdata, .nbytes = (size_t)rb * cb * 4};
+        f->t.scale_inv = &f->scale;
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * cols + c;
+            switch (dt) {
+            case MOEQ_DTYPE_F32: ((float *)f->data)[i] = v[i]; break;
+            case MOEQ_DTYPE_BF16: ((uint16_t *)f->data)[i] = moeq_f32_to_bf16(v[i]); break;
+            case MOEQ_DTYPE_F16: ((uint16_t *)f->data)[i] = moeq_f32_to_f16(v[i]); break;
+            case MOEQ_DTYPE_F8_E4M3:
+                ((uint8_t *)f->data)[i] = moeq_f32_to_f8_e4m3(v[i] / f->sdata[(r / 128) * cb + c / 128]);
+                break;
+            }
+        }
+    free(v);
+    f->deq = malloc(n * sizeof(float));
+    moeq_tensor_rows_to_f32(&f->t, 0, rows, f->deq);
+}
+
+static void fake_weight_free(fake_weight *f) {
+    free(f->data);
+    free(f->sdata);
+    free(f->deq);
+}
+
+static float *rand_floats(size_t n) {
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = frand();
+    return x;
+}
+
+static const moeq_dtype all_dtypes[] = {MOEQ_DTYPE_F32, MOEQ_DTYPE_BF16, MOEQ_DTYPE_F16, MOEQ_DTYPE_F8_E4M3};
+
+/* ---- kernels ------------------------------------------------------------------ */
+
+static void kernel_matches_its_scalar_emulation_bit_for_bit(void **state) {
+    (void)state;
+    for (int d = 0; d < 4; d++) {
+        int rows = 133, cols = 301, T = 7; /* odd sizes: tails in every direction, F8 partial blocks */
+        fake_weight f;
+        fake_weight_make(&f, all_dtypes[d], rows, cols);
+        float *x = rand_floats((size_t)T * cols), *y1 = calloc((size_t)T * rows, 4), *y2 = calloc((size_t)T * rows, 4);
+        moeq_mm_job j = {&f.t, 0, rows, x, cols, y1, rows, T};
+        moeq_mm_nt_block(&j, 0, rows, 0, T);
+        j.y = y2;
+        moeq_mm_nt_block_scalar(&j, 0, rows, 0, T);
+        assert_memory_equal(y1, y2, (size_t)T * rows * 4);
+        /* NN through 40 rows starting at row 9 */
+        float *z1 = calloc((size_t)T * cols, 4), *z2 = calloc((size_t)T * cols, 4);
+        moeq_mm_job n = {&f.t, 9, 40, x, cols, z1, cols, T};
+        moeq_mm_nn_block(&n, 0, cols, 0, T);
+        n.y = z2;
+        moeq_mm_nn_block_scalar(&n, 0, cols, 0, T);
+        assert_memory_equal(z1, z2, (size_t)T * cols * 4);
+        free(x), free(y1), free(y2), free(z1), free(z2);
+        fake_weight_free(&f);
+    }
+}
+
+static void kernel_widens_weights_exactly_as_the_loader_does(void **state) {
+    (void)state;
+    for (int d = 0; d < 4; d++) {
+        int rows = 130, cols = 260;
+        fake_weight f;
+        fake_weight_make(&f, all_dtypes[d], rows, cols);
+        float *x = calloc((size_t)cols * cols, 4), *y = malloc((size_t)cols * rows * 4);
+        for (int k = 0; k < cols; k++) x[(size_t)k * cols + k] = 1.0f; /* one-hot rows pick W[:, k] exactly */
+        moeq_mm_job j = {&f.t, 0, rows, x, cols, y, rows, cols};
+        moeq_mm_nt_block(&j, 0, rows, 0, cols);
+        for (int k = 0; k < cols; k++)
+            for (int r = 0; r < rows; r++) assert_true(y[(size_t)k * rows + r] == f.deq[(size_t)r * cols + k]);
+        free(x), free(y);
+        fake_weight_free(&f);
+    }
+}
+
+static void kernel_matches_openblas_within_tolerance(void **state) {
+    (void)state;
+    for (int d = 0; d < 4; d++) {
+        int rows = 257, cols = 515, T = 19;
+        fake_weight f;
+        fake_weight_make(&f, all_dtypes[d], rows, cols);
+        float *x = rand_floats((size_t)T * cols), *y = malloc((size_t)T * rows * 4), *ref = malloc((size_t)T * rows * 4);
+        moeq_mm_job j = {&f.t, 0, rows, x, cols, y, rows, T};
+        moeq_mm_nt_block(&j, 0, rows, 0, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, cols, 1.0f, x, cols, f.deq, cols, 0.0f, ref, rows);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < rows; r++) {
+                double mag = 0;
+                for (int k = 0; k < cols; k++) mag += fabs((double)x[t * cols + k] * f.deq[(size_t)r * cols + k]);
+                assert_true(fabs((double)y[t * rows + r] - ref[t * rows + r]) <= 1e-6 * mag + 1e-7);
+            }
+        /* and the BLAS path of the backend agrees the same way */
+        float *wbuf = malloc((size_t)128 * cols * 4), *yb = malloc((size_t)T * rows * 4);
+        j.y = yb;
+        moeq_mm_nt_blas_block(&j, 0, 128, wbuf);
+        moeq_mm_nt_blas_block(&j, 128, 256, wbuf);
+        moeq_mm_nt_blas_block(&j, 256, rows, wbuf);
+        for (int i = 0; i < T * rows; i++) assert_true(fabsf(yb[i] - ref[i]) <= 1e-4f * (1 + fabsf(ref[i])));
+        free(x), free(y), free(ref), free(wbuf), free(yb);
+        fake_weight_free(&f);
+    }
+}
+
+static void kernel_output_of_a_token_never_depends_on_the_other_tokens(void **state) {
+    (void)state;
+    int rows = 200, cols = 333, T = 37;
+    fake_weight f;
+    fake_weight_make(&f, MOEQ_DTYPE_BF16, rows, cols);
+    float *x = rand_floats((size_t)T * cols), *all = malloc((size_t)T * rows * 4), *one = malloc((size_t)rows * 4);
+    moeq_backend_cpu_params bp = {.n_threads = 3, .batch_invariant = 1, .max_k = cols, .max_ctx = 16, .max_jobs = 4};
+    moeq_backend *b = moeq_backend_cpu_new(&bp);
+    assert_non_null(b);
+    moeq_mm_job j = {&f.t, 0, rows, x, cols, all, rows, T};
+    b->matmul(b, &j, 1);
+    for (int n_tok = 1; n_tok <= T; n_tok += 5) /* a token alone, or inside a smaller batch */
+        for (int t = 0; t + n_tok <= T; t += n_tok) {
+            float *y = malloc((size_t)n_tok * rows * 4);
+            moeq_mm_job s = {&f.t, 0, rows, x + (size_t)t * cols, cols, y, rows, n_tok};
+            b->matmul(b, &s, 1);
+            assert_memory_equal(y, all + (size_t)t * rows, (size_t)n_tok * rows * 4);
+            free(y);
+        }
+    moeq_backend_destroy(b);
+    free(x), free(all), free(one);
+    fake_weight_free(&f);
+}
+
+/* ---- rope, ops ---------------------------------------------------------------- */
+
+static void yarn_mscale_and_frequencies_follow_the_formulas(void **state) {
+    (void)state;
+    assert_true(moeq_rope_yarn_mscale(1.0, 1.0) == 1.0);
+    assert_true(fabs(moeq_rope_yarn_mscale(40.0, 1.0) - (0.1 * log(40.0) + 1.0)) < 1e-15);
+    moeq_model_config c = {0};
+    c.qk_rope_head_dim = 64;
+    c.qk_nope_head_dim = 128;
+    c.rope_theta = 10000;
+    strcpy(c.rope_scaling_type, "yarn");
+    c.rope_factor = 40;
+    c.rope_original_max_position_embeddings = 4096;
+    c.rope_beta_fast = 32;
+    c.rope_beta_slow = 1;
+    c.rope_mscale = 1;
+    c.rope_mscale_all_dim = 1;
+    moeq_rope r;
+    assert_int_equal(moeq_rope_init(&r, &c, NULL, 0), MOEQ_OK);
+    double m = 0.1 * log(40.0) + 1.0;
+    assert_true(fabs(r.softmax_scale - m * m / sqrt(192.0)) < 1e-12);
+    assert_true(fabs(r.mscale - 1.0) < 1e-15);            /* mscale == mscale_all_dim */
+    assert_true(fabs(r.inv_freq[0] - 1.0) < 1e-15);        /* high frequencies kept     */
+    assert_true(fabs(r.inv_freq[31] - pow(10000.0, -62.0 / 64) / 40) < 1e-18); /* low ones interpolated */
+}
+
+static void rope_rotates_interleaved_pairs_into_halves(void **state) {
+    (void)state;
+    moeq_model_config c = {0};
+    c.qk_rope_head_dim = 8;
+    c.rope_theta = 10000;
+    moeq_rope r;
+    assert_int_equal(moeq_rope_init(&r, &c, NULL, 0), MOEQ_OK);
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8], cs[4], sn[4];
+    moeq_rope_cos_sin(&r, 3, cs, sn);
+    moeq_rope_apply(&r, x, cs, sn, out);
+    for (int i = 0; i < 4; i++) { /* (x[2i] + i x[2i+1]) * e^{i pos f_i} */
+        double f = 3 * pow(10000.0, -2.0 * i / 8);
+        assert_true(fabs(out[i] - (x[2 * i] * cos(f) - x[2 * i + 1] * sin(f))) < 1e-5);
+        assert_true(fabs(out[i + 4] - (x[2 * i + 1] * cos(f) + x[2 * i] * sin(f))) < 1e-5);
+    }
+}
+
+static void rmsnorm_and_softmax_are_right(void **state) {
+    (void)state;
+    float x[5] = {1, -2, 3, -4, 5}, w[5] = {1, 1, 2, 1, 1}, out[5];
+    moeq_ops_rmsnorm(out, x, w, 5, 0.0f);
+    float r = 1.0f / sqrtf(55.0f / 5.0f);
+    assert_true(fabsf(out[2] - 6 * r) < 1e-6f);
+    moeq_ops_softmax(x, 5);
+    float s = 0;
+    for (int i = 0; i < 5; i++) s += x[i];
+    assert_true(fabsf(s - 1) < 1e-6f && x[4] > x[2]);
+}
+
+/* ---- routing -------------------------------------------------------------------- */
+
+static moeq_moe_router v3_router(int n, int k, int groups, int topk_group) {
+    moeq_model_config c = {0};
+    strcpy(c.model_type, "deepseek_v3");
+    strcpy(c.scoring_func, "sigmoid");
+    strcpy(c.topk_method, "noaux_tc");
+    c.n_routed_experts = n;
+    c.num_experts_per_tok = k;
+    c.n_group = groups;
+    c.topk_group = topk_group;
+    c.norm_topk_prob = 1;
+    c.routed_scaling_factor = 2.5;
+    moeq_moe_router r;
+    assert_int_equal(moeq_moe_router_init(&r, &c, NULL, 0), MOEQ_OK);
+    return r;
+}
+
+static float logit_of(float p) { return logf(p / (1 - p)); }
+
+static void v3_routing_chooses_with_bias_and_weighs_without_it(void **state) {
+    (void)state;
+    moeq_moe_router r = v3_router(8, 2, 1, 1);
+    float logits[8], bias[8] = {0}, w[2], scratch[32];
+    int32_t ids[2];
+    for (int i = 0; i < 8; i++) logits[i] = logit_of(0.1f + 0.1f * i); /* expert 7 best, then 6 */
+    bias[0] = 1.0f;                                                      /* expert 0 chosen first */
+    moeq_moe_route(&r, logits, bias, ids, w, scratch);
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(ids[1], 7);
+    float s0 = 0.1f, s7 = 0.8f;
+    assert_true(fabsf(w[0] - s0 / (s0 + s7) * 2.5f) < 1e-5f);
+    assert_true(fabsf(w[1] - s7 / (s0 + s7) * 2.5f) < 1e-5f);
+}
+
+static void v3_groups_are_ranked_by_their_top_two_sum(void **state) {
+    (void)state;
+    moeq_moe_router r = v3_router(8, 2, 4, 1); /* groups {0,1} {2,3} {4,5} {6,7}, keep one */
+    float p[8] = {0.95f, 0.05f, 0.7f, 0.7f, 0.1f, 0.1f, 0.2f, 0.2f}, logits[8], w[2], scratch[32];
+    for (int i = 0; i < 8; i++) logits[i] = logit_of(p[i]);
+    int32_t ids[2];
+    moeq_moe_route(&r, logits, NULL, ids, w, scratch);
+    /* group {2,3} (sum 1.4) beats group {0,1} (sum 1.0) although expert 0 is the best single expert */
+    assert_int_equal(ids[0], 2);
+    assert_int_equal(ids[1], 3);
+}
+
+static void v2_applies_the_scaling_factor_only_when_not_normalising(void **state) {
+    (void)state;
+    moeq_model_config c = {0};
+    strcpy(c.model_type, "deepseek_v2");
+    strcpy(c.scoring_func, "softmax");
+    strcpy(c.topk_method, "greedy");
+    c.n_routed_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.routed_scaling_factor = 16;
+    float logits[4] = {0, 1, 2, 3}, w[2], scratch[16], sm[4] = {0, 1, 2, 3};
+    moeq_ops_softmax(sm, 4);
+    int32_t ids[2];
+    moeq_moe_router r;
+    assert_int_equal(moeq_moe_router_init(&r, &c, NULL, 0), MOEQ_OK);
+    moeq_moe_route(&r, logits, NULL, ids, w, scratch);
+    assert_int_equal(ids[0], 3);
+    assert_true(fabsf(w[0] - sm[3] * 16) < 1e-5f);
+    c.norm_topk_prob = 1;
+    assert_int_equal(moeq_moe_router_init(&r, &c, NULL, 0), MOEQ_OK);
+    moeq_moe_route(&r, logits, NULL, ids, w, scratch);
+    assert_true(fabsf(w[0] - sm[3] / (sm[3] + sm[2])) < 1e-6f);
+}
+
+static void gather_plan_groups_slots_by_expert_in_token_order(void **state) {
+    (void)state;
+    int32_t ids[] = {2, 0, 1, 2, 0, 1}; /* 3 tokens x top-2 */
+    int64_t off[4], order[6];
+    moeq_moe_plan(ids, 3, 2, 3, off, order);
+    int64_t want_off[4] = {0, 2, 4, 6}, want_order[6] = {1, 4, 2, 5, 0, 3};
+    assert_memory_equal(off, want_off, sizeof(want_off));
+    assert_memory_equal(order, want_order, sizeof(want_order));
+}
+
+/* ---- cache ----------------------------------------------------------------------- */
+
+static void kv_cache_pages_truncates_and_refuses_when_full(void **state) {
+    (void)state;
+    moeq_kv_cache_params p = {.n_layers = 2, .entry_floats = 40, .block_tokens = 4, .capacity_tokens = 16, .max_seqs = 2};
+    moeq_kv_cache *c;
+    assert_int_equal(moeq_kv_cache_new(&p, &c, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_bytes_per_token(c), 2 * 40 * 4);
+    int a, b, x;
+    assert_int_equal(moeq_kv_cache_seq_new(c, &a), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_seq_new(c, &b), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_seq_new(c, &x), MOEQ_ERR_LIMIT);
+    assert_int_equal(moeq_kv_cache_grow(c, a, 9), MOEQ_OK); /* 3 blocks */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 1);
+    assert_int_equal(moeq_kv_cache_grow(c, b, 5), MOEQ_ERR_LIMIT);
+    assert_int_equal(moeq_kv_cache_seq_len(c, b), 0);
+    moeq_kv_cache_entry(c, a, 1, 8)[39] = 7.0f;
+    assert_true(moeq_kv_cache_entry(c, a, 1, 8) != moeq_kv_cache_entry(c, a, 0, 8));
+    assert_int_equal(moeq_kv_cache_truncate(c, a, 4), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 3);
+    assert_int_equal(moeq_kv_cache_grow(c, b, 12), MOEQ_OK);
+    moeq_kv_cache_seq_free(c, a);
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 1);
+    assert_int_equal(moeq_kv_cache_seq_new(c, &x), MOEQ_OK);
+    moeq_kv_cache_destroy(c);
+}
+
+/* ---- sampler ---------------------------------------------------------------------- */
+
+#define VOCAB 300
+
+static void fill_logits(float *l) {
+    for (int i = 0; i < VOCAB; i++) l[i] = frand() * 3;
+}
+
+static void greedy_sampling_is_argmax(void **state) {
+    (void)state;
+    float l[VOCAB];
+    moeq_sampler *s;
+    assert_int_equal(moeq_sampler_new(NULL, VOCAB, &s), MOEQ_OK);
+    for (int r = 0; r < 20; r++) {
+        fill_logits(l);
+        int best = 0;
+        for (int i = 1; i < VOCAB; i++) best = l[i] > l[best] ? i : best;
+        assert_int_equal(moeq_sampler_sample(s, l), best);
+    }
+    moeq_sampler_destroy(s);
+}
+
+static void seeded_sampling_reproduces_and_seeds_differ(void **state) {
+    (void)state;
+    float l[VOCAB];
+    fill_logits(l);
+    moeq_sampling_params p = moeq_sampling_default_params();
+    p.temperature = 1.5;
+    p.seed = 7;
+    moeq_sampler *a, *b, *c;
+    assert_int_equal(moeq_sampler_new(&p, VOCAB, &a), MOEQ_OK);
+    assert_int_equal(moeq_sampler_new(&p, VOCAB, &b), MOEQ_OK);
+    p.seed = 8;
+    assert_int_equal(moeq_sampler_new(&p, VOCAB, &c), MOEQ_OK);
+    int differ = 0;
+    for (int i = 0; i < 50; i++) {
+        int32_t x = moeq_sampler_sample(a, l), y = moeq_sampler_sample(b, l), z = moeq_sampler_sample(c, l);
+        assert_int_equal(x, y);
+        differ += x != z;
+    }
+    assert_true(differ > 0);
+    moeq_sampler_destroy(a), moeq_sampler_destroy(b), moeq_sampler_destroy(c);
+}
+
+static void top_k_and_top_p_never_pick_outside_the_allowed_set(void **state) {
+    (void)state;
+    float l[VOCAB];
+    fill_logits(l);
+    int order[VOCAB];
+    for (int i = 0; i < VOCAB; i++) order[i] = i;
+    for (int i = 0; i < VOCAB; i++) /* selection sort by logit desc */
+        for (int j = i + 1; j < VOCAB; j++)
+            if (l[order[j]] > l[order[i]]) { int t = order[i]; order[i] = order[j]; order[j] = t; }
+    moeq_sampling_params p = moeq_sampling_default_params();
+    p.temperature = 5.0; /* flat: without the filters, anything would come */
+    p.top_k = 5;
+    moeq_sampler *s;
+    assert_int_equal(moeq_sampler_new(&p, VOCAB, &s), MOEQ_OK);
+    for (int i = 0; i < 500; i++) {
+        int32_t id = moeq_sampler_sample(s, l);
+        int rank = 0;
+        while (order[rank] != id) rank++;
+        assert_true(rank < 5);
+    }
+    moeq_sampler_destroy(s);
+    /* top-p: the allowed set is the shortest prefix reaching p of the mass */
+    p.top_k = 0;
+    p.top_p = 0.3;
+    double mass[VOCAB], sum = 0;
+    for (int i = 0; i < VOCAB; i++) sum += mass[i] = exp((l[order[i]] - l[order[0]]) / 5.0);
+    int allowed = 0;
+    for (double acc = 0; allowed < VOCAB && acc < 0.3 * sum;) acc += mass[allowed++];
+    assert_int_equal(moeq_sampler_new(&p, VOCAB, &s), MOEQ_OK);
+    int seen_beyond_first = 0;
+    for (int i = 0; i < 500; i++) {
+        int32_t id = moeq_sampler_sample(s, l);
+        int rank = 0;
+        while (order[rank] != id) rank++;
+        assert_true(rank < allowed);
+        seen_beyond_first |= rank > 0;
+    }
+    assert_true(allowed == 1 || seen_beyond_first);
+    moeq_sampler_destroy(s);
+}
+
+/* ---- pool ---------------------------------------------------------------------------- */
+
+static _Atomic int hits[1000];
+static void count_task(void *ctx, int64_t task, int worker) {
+    (void)ctx;
+    (void)worker;
+    atomic_fetch_add(&hits[task], 1);
+}
+
+static void pool_runs_every_task_exactly_once(void **state) {
+    (void)state;
+    moeq_pool *p = moeq_pool_new(3);
+    assert_non_null(p);
+    for (int round = 1; round <= 200; round++) moeq_pool_run(p, count_task, NULL, 1 + round % 1000 % 997);
+    int64_t total = 0;
+    for (int i = 0; i < 1000; i++) total += hits[i];
+    int64_t want = 0;
+    for (int round = 1; round <= 200; round++) want += 1 + round % 1000 % 997;
+    assert_int_equal(total, want);
+    moeq_pool_destroy(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(kernel_matches_its_scalar_emulation_bit_for_bit),
+        cmocka_unit_test(kernel_widens_weights_exactly_as_the_loader_does),
+        cmocka_unit_test(kernel_matches_openblas_within_tolerance),
+        cmocka_unit_test(kernel_output_of_a_token_never_depends_on_the_other_tokens),
+        cmocka_unit_test(yarn_mscale_and_frequencies_follow_the_formulas),
+        cmocka_unit_test(rope_rotates_interleaved_pairs_into_halves),
+        cmocka_unit_test(rmsnorm_and_softmax_are_right),
+        cmocka_unit_test(v3_routing_chooses_with_bias_and_weighs_without_it),
+        cmocka_unit_test(v3_groups_are_ranked_by_their_top_two_sum),
+        cmocka_unit_test(v2_applies_the_scaling_factor_only_when_not_normalising),
+        cmocka_unit_test(gather_plan_groups_slots_by_expert_in_token_order),
+        cmocka_unit_test(kv_cache_pages_truncates_and_refuses_when_full),
+        cmocka_unit_test(greedy_sampling_is_argmax),
+        cmocka_unit_test(seeded_sampling_reproduces_and_seeds_differ),
+        cmocka_unit_test(top_k_and_top_p_never_pick_outside_the_allowed_set),
+        cmocka_unit_test(pool_runs_every_task_exactly_once),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

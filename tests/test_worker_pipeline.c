@@ -1,0 +1,441 @@
+/*
+ * test_worker_pipeline.c — the worker against a real Redis and Kafka and the
+ * tiny model: batch entries are written to the streams as the coordinator
+ * writes them (coordinator/batch_entry.h), `moeq worker` processes run them,
+ * results are read back from Kafka and compared with moeq_generate for each
+ * job alone (same tokens, same seed).
+ *
+ *  - every job gets exactly the result generate gives, and the batch is
+ *    acknowledged with its job records marked done;
+ *  - a batch left pending by a dead consumer (and a worker killed with -9
+ *    mid-batch) is reclaimed; every job gets a result, duplicates identical;
+ *  - a batch delivered more than max_deliveries times is dead-lettered with
+ *    error results;
+ *  - SIGTERM drains: the worker exits 0 and nothing is lost.
+ *
+ * Needs the `services` fixture (skips with 77 without it).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "batch_entry.h"
+#include "moeq/engine.h"
+#include "moeq/kafka.h"
+#include "moeq/redis.h"
+#include "moeq/result.h"
+#include "moeq/tokenizer.h"
+#include "moeq/util.h"
+#include "services_env.h"
+
+static char g_kafka[128], g_redis[128], g_model[512], g_moeq[512];
+static moeq_model *g_mdl;
+static moeq_tokenizer *g_tok;
+static moeq_engine *g_engine;
+
+#define MAX_JOBS 64
+
+typedef struct tjob {
+    char id[64];
+    char json[512];
+    int32_t tokens[256];
+    int n_tokens;
+    int max_new, with_tokens;
+    double temperature;
+    uint64_t seed;
+    int32_t expect[128];
+    int n_expect;
+    int n_results;
+    char first[4096]; /* first result as JSON, duplicates must equal it modulo timings */
+    char status[16], error_code[32];
+    int32_t got[128];
+    int n_got;
+} tjob;
+
+typedef struct scenario {
+    char prefix[128], results[128], group[128];
+    tjob jobs[MAX_JOBS];
+    int n_jobs;
+    moeq_redis *redis;
+    moeq_kafka_consumer *consumer;
+    int duplicates;
+} scenario;
+
+/* ---- set-up -------------------------------------------------------------------- */
+
+static int run_cmd(const char *cmd) { return system(cmd) == 0 ? 0 : -1; }
+
+static int group_setup(void **state) {
+    (void)state;
+    if (moeq_test_service("MOEQ_TEST_KAFKA", g_kafka, sizeof g_kafka) ||
+        moeq_test_service("MOEQ_TEST_REDIS", g_redis, sizeof g_redis))
+        exit(MOEQ_TEST_SKIP);
+    const char *build = getenv("MOEQ_BUILD_DIR");
+    snprintf(g_moeq, sizeof g_moeq, "%s/cli/moeq", build ? build : ".");
+    snprintf(g_model, sizeof g_model, "%s/test-worker-model", build ? build : "/tmp");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "test -f %s/config.json || %s gen-model --preset tiny --out %s >/dev/null", g_model,
+             g_moeq, g_model);
+    if (run_cmd(cmd)) return -1;
+    char err[512];
+    if (moeq_model_load(g_model, NULL, &g_mdl, err, sizeof err)) return fprintf(stderr, "%s\n", err), -1;
+    if (moeq_tokenizer_load(g_model, &g_tok, err, sizeof err)) return fprintf(stderr, "%s\n", err), -1;
+    moeq_engine_params p = moeq_engine_default_params();
+    p.max_seqs = 1;
+    p.n_threads = 1;
+    p.kv_cache_tokens = 4096;
+    p.max_step_tokens = 512;
+    if (moeq_engine_new(g_mdl, &p, &g_engine, err, sizeof err)) return fprintf(stderr, "%s\n", err), -1;
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    moeq_engine_destroy(g_engine);
+    moeq_tokenizer_destroy(g_tok);
+    moeq_model_destroy(g_mdl);
+    return 0;
+}
+
+/* Jobs with varied prompts, lengths and sampling; expectations from generate alone. */
+static void make_jobs(scenario *s, int n, const char *tag) {
+    static const char *docs[] = {"The quick brown fox jumps over the lazy dog.", "Summarise: sales rose 4% in May.",
+                                 "Translate to French: good morning", "List three prime numbers.",
+                                 "Kafka stores records in partitions; Redis streams hold entries."};
+    s->n_jobs = n;
+    for (int i = 0; i < n; i++) {
+        tjob *j = &s->jobs[i];
+        memset(j, 0, sizeof *j);
+        snprintf(j->id, sizeof j->id, "%s-%d", tag, i);
+        j->max_new = 4 + (i * 7) % 20;
+        j->temperature = i % 3 == 0 ? 0.0 : 0.9;
+        j->seed = 1000 + (uint64_t)i;
+        j->with_tokens = i % 5 != 4; /* some jobs come without ids: the worker tokenizes */
+        char prompt[256];
+        snprintf(prompt, sizeof prompt, "%s (%d)", docs[i % 5], i);
+        snprintf(j->json, sizeof j->json,
+                 "{\"v\":1,\"id\":\"%s\",\"prompt\":\"%s\",\"max_new_tokens\":%d,\"temperature\":%.1f,\"seed\":%llu}",
+                 j->id, prompt, j->max_new, j->temperature, (unsigned long long)j->seed);
+        moeq_tokens t = {0};
+        char err[256];
+        unsigned flags = moeq_tokenizer_add_bos(g_tok) ? MOEQ_TOKENIZE_ADD_BOS : 0;
+        assert_int_equal(moeq_tokenizer_encode(g_tok, prompt, strlen(prompt), flags, &t, err, sizeof err), MOEQ_OK);
+        assert_true(t.n < 256);
+        memcpy(j->tokens, t.ids, t.n * sizeof *t.ids);
+        j->n_tokens = (int)t.n;
+        moeq_tokens_free(&t);
+        int32_t eos = moeq_tokenizer_eos_id(g_tok);
+        moeq_generate_params gp = {moeq_sampling_default_params(), j->max_new, &eos, eos >= 0};
+        gp.sampling.temperature = j->temperature;
+        gp.sampling.seed = j->seed;
+        int32_t *out = NULL;
+        int n_out = 0;
+        assert_int_equal(moeq_generate(g_engine, j->tokens, j->n_tokens, &gp, &out, &n_out, err, sizeof err), MOEQ_OK);
+        memcpy(j->expect, out, (size_t)n_out * sizeof *out);
+        j->n_expect = n_out;
+        free(out);
+    }
+}
+
+static void scenario_open(scenario *s, const char *tag) {
+    char name[96], err[512];
+    moeq_test_unique_name(name, sizeof name, tag);
+    snprintf(s->prefix, sizeof s->prefix, "%s:batches:p", name);
+    snprintf(s->results, sizeof s->results, "%s.results", name);
+    moeq_redis_params rp;
+    assert_int_equal(moeq_redis_params_parse(g_redis, NULL, &rp, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_redis_new(&rp, &s->redis, err, sizeof err), MOEQ_OK);
+    for (int p = 0; p < 4; p++) {
+        char stream[128];
+        snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
+        const char *argv[] = {"XGROUP", "CREATE", stream, "workers", "0", "MKSTREAM"};
+        assert_int_equal(moeq_redis_command_argv(s->redis, 6, argv, NULL, NULL, err, sizeof err), MOEQ_OK);
+    }
+    /* create the results topic before subscribing (a produce auto-creates it) */
+    moeq_kafka_producer *prod = NULL;
+    moeq_kafka_producer_params pp = {.brokers = g_kafka};
+    assert_int_equal(moeq_kafka_producer_new(&pp, NULL, &prod, err, sizeof err), MOEQ_OK);
+    moeq_kafka_out m = {.topic = s->results, .partition = MOEQ_KAFKA_PARTITION_ANY, .key = "init", .key_len = 4,
+                        .value = "init", .value_len = 4};
+    assert_int_equal(moeq_kafka_produce(prod, &m, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_kafka_producer_flush(prod, 30000, err, sizeof err), MOEQ_OK);
+    moeq_kafka_producer_destroy(prod);
+    const char *topics[] = {s->results};
+    snprintf(s->group, sizeof s->group, "%s.g", name);
+    moeq_kafka_consumer_params cp = {.brokers = g_kafka, .group_id = s->group, .topics = topics, .n_topics = 1};
+    assert_int_equal(moeq_kafka_consumer_new(&cp, NULL, &s->consumer, err, sizeof err), MOEQ_OK);
+}
+
+static void scenario_close(scenario *s) {
+    moeq_kafka_consumer_destroy(s->consumer);
+    moeq_redis_destroy(s->redis);
+}
+
+/* XADD jobs[from..to) as one batch entry on priority p; returns the entry id in id_out. */
+static void add_batch(scenario *s, int p, int from, int to, char *id_out, size_t id_size) {
+    moeq_batch_entry_job bj[MAX_JOBS];
+    for (int i = from; i < to; i++) {
+        tjob *j = &s->jobs[i];
+        bj[i - from] = (moeq_batch_entry_job){.id = j->id, .id_len = strlen(j->id), .content_type = "application/json",
+                                              .content_type_len = 16, .job = j->json, .job_len = strlen(j->json),
+                                              .kafka_ts_ms = moeq_now_ms(), .arrival_ms = moeq_now_ms(),
+                                              .tokens = j->with_tokens ? j->tokens : NULL,
+                                              .n_tokens = j->with_tokens ? (size_t)j->n_tokens : 0};
+    }
+    moeq_buf blob = {0};
+    assert_int_equal(moeq_batch_entry_encode_jobs(bj, (size_t)(to - from), &blob), MOEQ_OK);
+    char stream[128], n[16], closed[24], err[256];
+    snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
+    snprintf(n, sizeof n, "%d", to - from);
+    snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
+    char pr[4];
+    snprintf(pr, sizeof pr, "%d", p);
+    const char *argv[] = {"XADD", stream, "*", "v", "1", "priority", pr, "n", n, "prefix", "0", "closed_ms", closed,
+                          "jobs", (const char *)blob.data};
+    size_t lens[15];
+    for (int i = 0; i < 14; i++) lens[i] = strlen(argv[i]);
+    lens[14] = blob.len;
+    moeq_redis_reply *r = NULL;
+    assert_int_equal(moeq_redis_command_argv(s->redis, 15, argv, lens, &r, err, sizeof err), MOEQ_OK);
+    if (id_out) snprintf(id_out, id_size, "%s", moeq_redis_reply_str(r, NULL));
+    moeq_redis_reply_free(r);
+    moeq_buf_free(&blob);
+}
+
+static pid_t start_worker(const scenario *s, const char *id, const char *extra) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --stream_prefix=%s --results_topic=%s "
+             "--worker_id=%s --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
+             "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 %s 2>>%s/worker-%s.log",
+             g_moeq, g_model, g_redis, g_kafka, s->prefix, s->results, id, extra ? extra : "",
+             getenv("MOEQ_BUILD_DIR") ? getenv("MOEQ_BUILD_DIR") : "/tmp", id);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    return pid;
+}
+
+static int wait_exit(pid_t pid, int timeout_ms) {
+    for (int t = 0; t < timeout_ms; t += 20) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static tjob *find(scenario *s, const char *id) {
+    for (int i = 0; i < s->n_jobs; i++)
+        if (!strcmp(s->jobs[i].id, id)) return &s->jobs[i];
+    return NULL;
+}
+
+/* Read results until every job has one (or timeout). Returns the count of jobs with results. */
+static int collect(scenario *s, int timeout_ms) {
+    int64_t deadline = moeq_now_ms() + timeout_ms;
+    int have = 0;
+    for (int i = 0; i < s->n_jobs; i++) have += s->jobs[i].n_results > 0;
+    while (have < s->n_jobs && moeq_now_ms() < deadline) {
+        moeq_kafka_msg *m = NULL;
+        char err[256];
+        assert_int_equal(moeq_kafka_consumer_poll(s->consumer, 100, &m, err, sizeof err), MOEQ_OK);
+        if (!m) continue;
+        size_t len = 0;
+        const void *v = moeq_kafka_msg_value(m, &len);
+        moeq_result r;
+        if (v && moeq_result_decode(v, len, NULL, 0, &r, err, sizeof err) == MOEQ_OK) {
+            tjob *j = find(s, r.id);
+            assert_non_null(j);
+            /* the identity of a result: status, tokens, text (timings and worker differ by design) */
+            char ident[4096];
+            int off = snprintf(ident, sizeof ident, "%s|%s|%s|", moeq_result_status_name(r.status),
+                               moeq_finish_reason_name(r.finish_reason), r.text ? r.text : "");
+            for (size_t k = 0; k < r.n_tokens && off < 4000; k++) off += snprintf(ident + off, sizeof ident - off, "%d,", r.tokens[k]);
+            if (j->n_results == 0) {
+                snprintf(j->first, sizeof j->first, "%s", ident);
+                snprintf(j->status, sizeof j->status, "%s", moeq_result_status_name(r.status));
+                snprintf(j->error_code, sizeof j->error_code, "%s", r.error.code ? r.error.code : "");
+                j->n_got = (int)(r.n_tokens < 128 ? r.n_tokens : 128);
+                memcpy(j->got, r.tokens, (size_t)j->n_got * sizeof *r.tokens);
+                have++;
+            } else {
+                assert_string_equal(ident, j->first); /* a duplicate is identical to the first */
+                s->duplicates++;
+            }
+            j->n_results++;
+            moeq_result_free(&r);
+        }
+        moeq_kafka_msg_destroy(m);
+    }
+    return have;
+}
+
+static void assert_results_equal_generate(scenario *s) {
+    for (int i = 0; i < s->n_jobs; i++) {
+        tjob *j = &s->jobs[i];
+        assert_string_equal(j->status, "ok");
+        if (j->n_got != j->n_expect) fail_msg("job %s: %d tokens, generate gave %d", j->id, j->n_got, j->n_expect);
+        assert_memory_equal(j->got, j->expect, (size_t)j->n_expect * sizeof *j->expect);
+    }
+}
+
+static long long pending_count(scenario *s) {
+    long long total = 0;
+    for (int p = 0; p < 4; p++) {
+        char stream[128], err[256];
+        snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
+        const char *argv[] = {"XPENDING", stream, "workers"};
+        moeq_redis_reply *r = NULL;
+        assert_int_equal(moeq_redis_command_argv(s->redis, 3, argv, NULL, &r, err, sizeof err), MOEQ_OK);
+        total += moeq_redis_reply_int(moeq_redis_reply_at(r, 0));
+        moeq_redis_reply_free(r);
+    }
+    return total;
+}
+
+static void wait_no_pending(scenario *s, int timeout_ms) {
+    int64_t deadline = moeq_now_ms() + timeout_ms;
+    while (pending_count(s) > 0 && moeq_now_ms() < deadline) usleep(50000);
+    assert_int_equal(pending_count(s), 0);
+}
+
+static void assert_record_state(scenario *s, const char *id, const char *want) {
+    char key[128], err[256];
+    snprintf(key, sizeof key, "moeq:job:%s", id);
+    const char *argv[] = {"HGET", key, "state"};
+    moeq_redis_reply *r = NULL;
+    assert_int_equal(moeq_redis_command_argv(s->redis, 3, argv, NULL, &r, err, sizeof err), MOEQ_OK);
+    const char *st = moeq_redis_reply_str(r, NULL);
+    assert_non_null(st);
+    assert_string_equal(st, want);
+    moeq_redis_reply_free(r);
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+static void every_job_gets_what_generate_gives_alone_and_the_batch_is_acked(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-e2e");
+    make_jobs(&s, 24, "e2e");
+    add_batch(&s, 2, 0, 10, NULL, 0);
+    add_batch(&s, 0, 10, 17, NULL, 0);
+    add_batch(&s, 3, 17, 24, NULL, 0);
+    pid_t w = start_worker(&s, "e2e-w1", NULL);
+    assert_int_equal(collect(&s, 45000), s.n_jobs);
+    assert_results_equal_generate(&s);
+    wait_no_pending(&s, 10000);
+    assert_record_state(&s, "e2e-0", "done");
+    assert_record_state(&s, "e2e-23", "done");
+    kill(w, SIGTERM);
+    assert_int_equal(wait_exit(w, 15000), 0);
+    assert_int_equal(s.duplicates, 0);
+    scenario_close(&s);
+}
+
+static void a_batch_left_by_a_dead_worker_is_reclaimed_and_finished(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-reclaim");
+    make_jobs(&s, 12, "rc");
+    add_batch(&s, 1, 0, 6, NULL, 0);
+    /* a consumer takes it and dies without a trace: the entry stays pending */
+    char stream[128], err[256];
+    snprintf(stream, sizeof stream, "%s1", s.prefix);
+    const char *rd[] = {"XREADGROUP", "GROUP", "workers", "ghost", "COUNT", "1", "STREAMS", stream, ">"};
+    assert_int_equal(moeq_redis_command_argv(s.redis, 9, rd, NULL, NULL, err, sizeof err), MOEQ_OK);
+    /* a real worker killed with -9 mid-run */
+    add_batch(&s, 2, 6, 12, NULL, 0);
+    pid_t w1 = start_worker(&s, "rc-w1", "--max_seqs=1");
+    int64_t deadline = moeq_now_ms() + 20000;
+    while (collect(&s, 50) == 0 && moeq_now_ms() < deadline) {}
+    kill(w1, SIGKILL);
+    waitpid(w1, NULL, 0);
+    pid_t w2 = start_worker(&s, "rc-w2", NULL);
+    assert_int_equal(collect(&s, 45000), s.n_jobs);
+    assert_results_equal_generate(&s);
+    wait_no_pending(&s, 15000);
+    kill(w2, SIGTERM);
+    assert_int_equal(wait_exit(w2, 15000), 0);
+    print_message("reclaim: %d duplicate results (identical)\n", s.duplicates);
+    scenario_close(&s);
+}
+
+static void a_batch_delivered_too_often_is_dead_lettered_with_error_results(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-dlq");
+    make_jobs(&s, 3, "dl");
+    char id[64], stream[128], err[256];
+    add_batch(&s, 0, 0, 3, id, sizeof id);
+    snprintf(stream, sizeof stream, "%s0", s.prefix);
+    const char *rd[] = {"XREADGROUP", "GROUP", "workers", "ghost", "COUNT", "1", "STREAMS", stream, ">"};
+    assert_int_equal(moeq_redis_command_argv(s.redis, 9, rd, NULL, NULL, err, sizeof err), MOEQ_OK);
+    for (int k = 0; k < 3; k++) { /* three more deliveries that all "crashed" */
+        const char *cl[] = {"XCLAIM", stream, "workers", "ghost", "0", id};
+        assert_int_equal(moeq_redis_command_argv(s.redis, 6, cl, NULL, NULL, err, sizeof err), MOEQ_OK);
+    }
+    pid_t w = start_worker(&s, "dl-w1", "--max_deliveries=3 --visibility_timeout_ms=1500");
+    assert_int_equal(collect(&s, 30000), s.n_jobs);
+    for (int i = 0; i < s.n_jobs; i++) {
+        assert_string_equal(s.jobs[i].status, "error");
+        assert_string_equal(s.jobs[i].error_code, "dead_letter");
+    }
+    wait_no_pending(&s, 10000);
+    assert_record_state(&s, "dl-0", "failed");
+    kill(w, SIGTERM);
+    assert_int_equal(wait_exit(w, 15000), 0);
+    scenario_close(&s);
+}
+
+static void sigterm_drains_without_losing_a_job(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-drain");
+    make_jobs(&s, 16, "dr");
+    for (int b = 0; b < 4; b++) add_batch(&s, 2, 4 * b, 4 * b + 4, NULL, 0);
+    pid_t w1 = start_worker(&s, "dr-w1", "--max_batches_held=2");
+    int64_t deadline = moeq_now_ms() + 20000;
+    while (collect(&s, 50) == 0 && moeq_now_ms() < deadline) {}
+    int64_t t0 = moeq_now_ms();
+    kill(w1, SIGTERM);
+    assert_int_equal(wait_exit(w1, 25000), 0);
+    print_message("drain: exited 0 after %lld ms\n", (long long)(moeq_now_ms() - t0));
+    pid_t w2 = start_worker(&s, "dr-w2", NULL);
+    assert_int_equal(collect(&s, 45000), s.n_jobs);
+    assert_results_equal_generate(&s);
+    wait_no_pending(&s, 10000);
+    kill(w2, SIGTERM);
+    assert_int_equal(wait_exit(w2, 15000), 0);
+    scenario_close(&s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_job_gets_what_generate_gives_alone_and_the_batch_is_acked),
+        cmocka_unit_test(a_batch_left_by_a_dead_worker_is_reclaimed_and_finished),
+        cmocka_unit_test(a_batch_delivered_too_often_is_dead_lettered_with_error_results),
+        cmocka_unit_test(sigterm_drains_without_losing_a_job),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
