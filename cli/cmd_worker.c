@@ -41,6 +41,13 @@ int moeq_cmd_status(int argc, char **argv) { (void)argc, (void)argv; return not_
 
 /* ---- moeq worker ------------------------------------------------------------- */
 
+/* SIGTERM during start-up (model load, connecting) must still mean "stop cleanly". */
+static volatile sig_atomic_t g_early_stop;
+static void early_signal(int sig) {
+    (void)sig;
+    g_early_stop = 1;
+}
+
 int moeq_cmd_worker(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: moeq worker [--config FILE] [--key=value ...] [--kafka.X=V] [--redis.X=V]\n\n"
@@ -57,15 +64,18 @@ int moeq_cmd_worker(int argc, char **argv) {
     moeq_err e = moeq_worker_default_params(&params, err, sizeof err);
     moeq_config_src src = {moeq_worker_props, &params, kafka, redis};
     int rest = 0;
+    signal(SIGTERM, early_signal);
+    signal(SIGINT, early_signal);
     if (!e) e = moeq_config_apply_env(&src, err, sizeof err);
     if (!e) e = moeq_config_apply_args(&src, argc, argv, &rest, err, sizeof err);
-    if (!e && rest > 0) e = moeq_errf(MOEQ_ERR_INVALID_ARG, err, sizeof err, "unexpected argument '%s'", argv[0]);
+    if (!e && rest > 1) e = moeq_errf(MOEQ_ERR_INVALID_ARG, err, sizeof err, "unexpected argument '%s'", argv[1]);
     if (!e) e = moeq_worker_new(&params, kafka, redis, &w, err, sizeof err);
     if (e) {
         fprintf(stderr, "moeq worker: %s: %s\n", moeq_err_str(e), err);
         goto done;
     }
     moeq_worker_install_signals(w);
+    if (g_early_stop) moeq_worker_stop(w);
     e = moeq_worker_run(w, err, sizeof err);
     if (e) fprintf(stderr, "moeq worker: %s: %s\n", moeq_err_str(e), err);
     rc = e ? 1 : 0;

@@ -68,8 +68,9 @@ struct moeq_coordinator {
     moeq_intake in;
     slot *slots;
     uint32_t n_slots, cap_slots, free_head, used;
-    const moeq_batch_plan *stuck; /* a batch whose write failed: retried first */
-    int64_t stuck_retry_ms;
+    const moeq_batch_plan **todo; /* closed batches not yet written, oldest first */
+    size_t n_todo, cap_todo;
+    int64_t stuck_retry_ms;       /* after a Redis error, no write before this */
     moeq_batch_entry_job *ejobs;
     moeq_store_dup *dups;
     uint64_t *rem;
@@ -437,79 +438,125 @@ static void batch_written(moeq_coordinator *c, const moeq_batch_plan *plan, size
              moeq_batch_close_str(plan->reason));
 }
 
-/* Write one closed batch. Returns 1 when every job is settled, 0 on a Redis error (retry later). */
-static int write_plan(moeq_coordinator *c, const moeq_batch_plan *plan) {
+/* The jobs of plan still to write (not yet settled as duplicate/cancelled) into c->rem; returns the count. */
+static size_t plan_remaining(moeq_coordinator *c, const moeq_batch_plan *plan) {
     size_t n = 0;
-    for (size_t k = 0; k < plan->n_jobs; k++)
-        if (slot_of(c, plan->jobs[k].handle)) c->rem[n++] = plan->jobs[k].handle;
-    while (n > 0) {
-        for (size_t k = 0; k < n; k++) {
-            slot *s = slot_of(c, c->rem[k]);
-            moeq_batch_entry_job *e = &c->ejobs[k];
-            e->id = s->id;
-            e->id_len = s->id_len;
-            const void *ct = NULL;
-            size_t ctl = 0;
-            moeq_kafka_msg_header(s->msg, "content-type", &ct, &ctl);
-            e->content_type = ct;
-            e->content_type_len = ct ? ctl : 0;
-            e->job = moeq_kafka_msg_value(s->msg, &e->job_len);
-            e->kafka_ts_ms = s->kafka_ts;
-            e->arrival_ms = s->arrival_ms;
-            e->tokens = s->has_tokens ? s->toks.ids : NULL;
-            e->n_tokens = s->has_tokens ? s->toks.n : 0;
-        }
-        char entry_id[64], err[256];
-        int written = 0;
-        moeq_err e = moeq_store_write_batch(c->store, plan->priority, c->ejobs, n, plan->shared_prefix_len,
-                                            plan->closed_ms, moeq_now_ms(), &written, entry_id, c->dups, err, sizeof(err));
-        if (e) {
-            c->st.redis_errors++;
-            moeq_log(MOEQ_LOG_WARN, COMP, "redis_error", "op=write_batch jobs=%zu err=\"%s\"", n, err);
-            return 0;
-        }
-        if (written) {
-            batch_written(c, plan, n, entry_id);
-            return 1;
-        }
-        size_t keep = 0;
-        for (size_t k = 0; k < n; k++) {
-            slot *s = slot_of(c, c->rem[k]);
-            if (c->dups[k] == MOEQ_STORE_NEW) {
-                c->rem[keep++] = c->rem[k];
-            } else if (c->dups[k] == MOEQ_STORE_DUP_CANCELLED) {
-                c->st.jobs_cancelled++;
-                answer_plain(c, s, MOEQ_RESULT_CANCELLED, NULL);
-            } else {
-                c->st.jobs_duplicate++;
-                moeq_log(MOEQ_LOG_INFO, COMP, "job_duplicate", "id=%s", s->id);
-                job_done(c, s);
-            }
-        }
-        n = keep;
+    for (size_t k = 0; k < plan->n_jobs; k++) {
+        slot *s = slot_of(c, plan->jobs[k].handle);
+        if (s && !s->outs) c->rem[n++] = plan->jobs[k].handle;
     }
-    return 1;
+    return n;
 }
 
-/* Write ready batches (the stuck one first). Returns 0 while Redis fails. */
-static int write_ready(moeq_coordinator *c) {
-    if (c->stuck) {
-        if (moeq_now_ms() < c->stuck_retry_ms) return 0;
-        if (!write_plan(c, c->stuck)) {
-            c->stuck_retry_ms = moeq_now_ms() + 200;
-            return 0;
-        }
-        moeq_batcher_release(c->batcher, c->stuck);
-        c->stuck = NULL;
+static void fill_entry_jobs(moeq_coordinator *c, size_t n) {
+    for (size_t k = 0; k < n; k++) {
+        slot *s = slot_of(c, c->rem[k]);
+        moeq_batch_entry_job *e = &c->ejobs[k];
+        e->id = s->id;
+        e->id_len = s->id_len;
+        const void *ct = NULL;
+        size_t ctl = 0;
+        moeq_kafka_msg_header(s->msg, "content-type", &ct, &ctl);
+        e->content_type = ct;
+        e->content_type_len = ct ? ctl : 0;
+        e->job = moeq_kafka_msg_value(s->msg, &e->job_len);
+        e->kafka_ts_ms = s->kafka_ts;
+        e->arrival_ms = s->arrival_ms;
+        e->tokens = s->has_tokens ? s->toks.ids : NULL;
+        e->n_tokens = s->has_tokens ? s->toks.n : 0;
     }
+}
+
+/* Settle the jobs the guard refused; the rest stay for the next write. */
+static void settle_duplicates(moeq_coordinator *c, size_t n) {
+    for (size_t k = 0; k < n; k++) {
+        slot *s = slot_of(c, c->rem[k]);
+        if (c->dups[k] == MOEQ_STORE_DUP_CANCELLED) {
+            c->st.jobs_cancelled++;
+            answer_plain(c, s, MOEQ_RESULT_CANCELLED, NULL);
+        } else if (c->dups[k] == MOEQ_STORE_DUP_ENQUEUED) {
+            c->st.jobs_duplicate++;
+            moeq_log(MOEQ_LOG_INFO, COMP, "job_duplicate", "id=%s", s->id);
+            job_done(c, s);
+        }
+    }
+}
+
+#define PIPELINE_MAX 64
+
+/*
+ * One pipelined round over the first plans of c->todo: append every write,
+ * then read every reply (one fsync for all with appendfsync always). Plans
+ * written, or left with no job, leave todo. Returns 0 on a Redis error.
+ */
+static int write_round(moeq_coordinator *c) {
+    size_t m = c->n_todo < PIPELINE_MAX ? c->n_todo : PIPELINE_MAX, appended = 0;
+    char err[256], entry_id[64];
+    moeq_err e = MOEQ_OK;
+    for (; appended < m && !e; appended++) {
+        const moeq_batch_plan *plan = c->todo[appended];
+        size_t n = plan_remaining(c, plan);
+        fill_entry_jobs(c, n);
+        e = n ? moeq_store_append_batch(c->store, plan->priority, c->ejobs, n, plan->shared_prefix_len,
+                                        plan->closed_ms, moeq_now_ms(), err, sizeof(err))
+              : MOEQ_OK;
+        if (e) break;
+    }
+    int ok = e == MOEQ_OK, done[PIPELINE_MAX] = {0}, written_plans[PIPELINE_MAX] = {0};
+    for (size_t i = 0; i < appended; i++) {
+        const moeq_batch_plan *plan = c->todo[i];
+        size_t n = plan_remaining(c, plan);
+        if (!n) { done[i] = 1; continue; }
+        int written = 0;
+        moeq_err re = moeq_store_read_batch(c->store, n, &written, entry_id, c->dups, err, sizeof(err));
+        if (re) { ok = 0; e = re; continue; }
+        if (written) {
+            written_plans[i] = 1;
+            continue;
+        }
+        settle_duplicates(c, n);
+        done[i] = plan_remaining(c, plan) == 0;
+    }
+    if (ok && (e = moeq_store_sync(c->store, err, sizeof(err)))) ok = 0;
+    /* only now (after WAITAOF when configured) are written batches durable */
+    for (size_t i = 0; i < appended && ok; i++) {
+        if (!written_plans[i]) continue;
+        const moeq_batch_plan *plan = c->todo[i];
+        batch_written(c, plan, plan_remaining(c, plan), "-");
+        done[i] = 1;
+    }
+    if (!ok) {
+        c->st.redis_errors++;
+        moeq_log(MOEQ_LOG_WARN, COMP, "redis_error", "op=write_batches batches=%zu err=\"%s\"", m, err);
+    }
+    size_t keep = 0;
+    for (size_t i = 0; i < c->n_todo; i++) {
+        if (i < appended && done[i]) moeq_batcher_release(c->batcher, c->todo[i]);
+        else c->todo[keep++] = c->todo[i];
+    }
+    c->n_todo = keep;
+    return ok;
+}
+
+/* Write every closed batch. Returns 0 while Redis fails (retried after a pause). */
+static int write_ready(moeq_coordinator *c) {
     const moeq_batch_plan *plan;
     while ((plan = moeq_batcher_next(c->batcher))) {
-        if (!write_plan(c, plan)) {
-            c->stuck = plan;
+        if (c->n_todo == c->cap_todo) {
+            size_t cap = c->cap_todo ? 2 * c->cap_todo : 64;
+            const moeq_batch_plan **v = realloc(c->todo, cap * sizeof(*v));
+            if (!v) { c->fatal = MOEQ_ERR_NOMEM; return 0; }
+            c->todo = v;
+            c->cap_todo = cap;
+        }
+        c->todo[c->n_todo++] = plan;
+    }
+    if (c->n_todo && moeq_now_ms() < c->stuck_retry_ms) return 0;
+    while (c->n_todo) {
+        if (!write_round(c)) {
             c->stuck_retry_ms = moeq_now_ms() + 200;
             return 0;
         }
-        moeq_batcher_release(c->batcher, plan);
     }
     return 1;
 }
@@ -573,7 +620,8 @@ static void backpressure(moeq_coordinator *c, int64_t now) {
     }
     int over = c->st.pending_batches > c->p.max_pending_batches;
     int full = (int64_t)c->used >= c->p.max_open_jobs;
-    if (c->stuck || over || full) set_paused(c, 1, c->stuck ? "redis" : over ? "pending_batches" : "open_jobs");
+    int stuck = c->n_todo > 0 && c->stuck_retry_ms > now;
+    if (stuck || over || full) set_paused(c, 1, stuck ? "redis" : over ? "pending_batches" : "open_jobs");
     else if (c->st.pending_batches <= c->p.resume_pending_batches && (int64_t)c->used * 4 <= c->p.max_open_jobs * 3)
         set_paused(c, 0, "caught_up");
 }
@@ -662,6 +710,7 @@ void moeq_coordinator_destroy(moeq_coordinator *c) {
     moeq_offsets_destroy(c->offsets);
     moeq_intake_free(&c->in);
     moeq_tokenizer_destroy(c->tok);
+    free(c->todo);
     free(c->ejobs);
     free(c->dups);
     free(c->rem);
@@ -748,21 +797,35 @@ static void publish_stats(moeq_coordinator *c, int64_t now) {
     pthread_mutex_unlock(&c->snap_mu);
 }
 
-/* Poll up to a burst of messages; the first wait is bounded by the next bucket deadline. */
+/*
+ * Poll up to a burst of messages; the first wait is bounded by the next
+ * bucket deadline. Bucket deadlines are checked after every message (cheap:
+ * O(open buckets)), so a burst never delays a close; closed batches are
+ * written when enough are ready or poll_interval/2 has passed, so one Redis
+ * round trip (one fsync) carries many batches.
+ */
 static moeq_err consume_burst(moeq_coordinator *c, volatile sig_atomic_t *stop, char *errstr, size_t n) {
     int64_t now = moeq_now_ms(), deadline = moeq_batcher_next_deadline(c->batcher);
-    int64_t wait = c->p.poll_interval_ms;
+    int64_t wait = c->p.poll_interval_ms, last_write = now;
     if (deadline != INT64_MAX && deadline - now < wait) wait = deadline - now > 0 ? deadline - now : 0;
-    for (int k = 0; k < 2000 && !*stop && !c->fatal; k++) {
+    for (int k = 0; k < 5000 && !*stop && !c->fatal; k++) {
         moeq_kafka_msg *m = NULL;
         moeq_err e = moeq_kafka_consumer_poll(c->consumer, k == 0 ? (int)wait : 0, &m, errstr, n);
         if (e) return e;
         if (!m) break;
+        int64_t tp = moeq_now_ms();
         if (c->p.cancel_topic[0] && !strcmp(moeq_kafka_msg_topic(m), c->p.cancel_topic)) on_cancel(c, m, stop);
         else on_job(c, m);
-        if ((k & 63) == 63) { /* keep bucket deadlines during long bursts */
-            moeq_batcher_poll(c->batcher, moeq_now_ms());
+        now = moeq_now_ms();
+        if (now - tp > 20) moeq_log(MOEQ_LOG_WARN, COMP, "slow_job", "ms=%lld", (long long)(now - tp));
+        moeq_batcher_poll(c->batcher, now);
+        if (moeq_batcher_ready_batches(c->batcher) >= PIPELINE_MAX / 2 ||
+            (moeq_batcher_ready_batches(c->batcher) && now - last_write >= c->p.poll_interval_ms / 2)) {
+            size_t nb = moeq_batcher_ready_batches(c->batcher);
             write_ready(c);
+            last_write = now;
+            int64_t tw = moeq_now_ms();
+            if (tw - now > 20) moeq_log(MOEQ_LOG_WARN, COMP, "slow_write", "ms=%lld batches=%zu", (long long)(tw - now), nb);
         }
         if ((int64_t)c->used >= c->p.max_open_jobs) break;
     }
@@ -774,19 +837,26 @@ moeq_err moeq_coordinator_run(moeq_coordinator *c, volatile sig_atomic_t *stop, 
              c->tok ? "yes" : "estimate");
     moeq_err e = MOEQ_OK;
     while (!*stop) {
+        int64_t t0 = moeq_now_ms();
         e = consume_burst(c, stop, errstr, n);
         if (!e && c->fatal) e = moeq_errf(c->fatal, errstr, n, "coordinator: out of memory");
         if (e) break;
-        int64_t now = moeq_now_ms();
+        int64_t now = moeq_now_ms(), t1 = now;
         moeq_batcher_poll(c->batcher, now);
         write_ready(c);
+        int64_t t2 = moeq_now_ms();
         moeq_kafka_producer_poll(c->producer, 0);
         resend_failed(c);
         backpressure(c, now);
+        int64_t t3 = moeq_now_ms();
         if (now >= c->next_commit_ms) {
             commit(c, 0);
             c->next_commit_ms = now + c->p.commit_interval_ms;
         }
+        int64_t t4 = moeq_now_ms();
+        if (t4 - t0 > c->p.poll_interval_ms + 20)
+            moeq_log(MOEQ_LOG_WARN, COMP, "slow_tick", "consume_ms=%lld write_ms=%lld backpressure_ms=%lld commit_ms=%lld",
+                     (long long)(t1 - t0), (long long)(t2 - t1), (long long)(t3 - t2), (long long)(t4 - t3));
         publish_stats(c, now);
     }
     moeq_log(MOEQ_LOG_INFO, COMP, "stopping", "open_jobs=%u", c->used);

@@ -57,6 +57,7 @@ struct moeq_store {
     size_t *argv_len;
     char (*keys)[640];
     size_t cap;
+    char nums[7][32];
     moeq_buf blob;
 };
 
@@ -208,46 +209,79 @@ static moeq_err parse_enqueue_reply(const moeq_redis_reply *r, size_t n_jobs, in
     return MOEQ_OK;
 }
 
-moeq_err moeq_store_write_batch(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, size_t n_jobs,
-                                int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, int *written,
-                                char entry_id[64], moeq_store_dup *dup, char *errstr, size_t n) {
-    *written = 0;
-    entry_id[0] = 0;
-    memset(dup, 0, n_jobs * sizeof(*dup));
+/* Fill argv/argv_len for one enqueue EVALSHA; returns argc (0 on error). */
+static int enqueue_args(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, size_t n_jobs,
+                        int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, char *errstr, size_t n) {
     size_t argc = 3 + (1 + n_jobs) + 7 + n_jobs;
-    if (grow(s, argc > 1 + n_jobs ? argc : 1 + n_jobs)) return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "store: out of memory");
+    if (grow(s, argc)) return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "store: out of memory"), 0;
     moeq_buf_reset(&s->blob);
-    moeq_err err = moeq_batch_entry_encode_jobs(jobs, n_jobs, &s->blob);
-    if (err) return moeq_errf(err, errstr, n, "store: cannot encode the batch entry");
-    char nums[6][32];
-    snprintf(nums[0], 32, "%zu", 1 + n_jobs);
-    snprintf(nums[1], 32, "%lld", (long long)now_ms);
-    snprintf(nums[2], 32, "%lld", (long long)s->params.job_record_ttl_s);
-    snprintf(nums[3], 32, "%d", priority);
-    snprintf(nums[4], 32, "%zu", n_jobs);
-    snprintf(nums[5], 32, "%d", (int)shared_prefix);
-    char closed[32];
-    snprintf(closed, sizeof(closed), "%lld", (long long)closed_ms);
-    size_t a = 2;
+    if (moeq_batch_entry_encode_jobs(jobs, n_jobs, &s->blob))
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, n, "store: cannot encode the batch entry"), 0;
+    snprintf(s->nums[0], 32, "%zu", 1 + n_jobs);
+    snprintf(s->nums[1], 32, "%lld", (long long)now_ms);
+    snprintf(s->nums[2], 32, "%lld", (long long)s->params.job_record_ttl_s);
+    snprintf(s->nums[3], 32, "%d", priority);
+    snprintf(s->nums[4], 32, "%zu", n_jobs);
+    snprintf(s->nums[5], 32, "%d", (int)shared_prefix);
+    snprintf(s->nums[6], 32, "%lld", (long long)closed_ms);
+    size_t a = 0;
 #define ARG(p, len) (s->argv[a] = (p), s->argv_len[a] = (len), a++)
-    ARG(nums[0], strlen(nums[0]));
+    ARG("EVALSHA", 7);
+    ARG(s->enqueue_sha, strlen(s->enqueue_sha));
+    ARG(s->nums[0], strlen(s->nums[0]));
     moeq_store_stream_key(s, priority, s->keys[0], sizeof(s->keys[0]));
     ARG(s->keys[0], strlen(s->keys[0]));
     for (size_t i = 0; i < n_jobs; i++) {
         snprintf(s->keys[1 + i], sizeof(s->keys[0]), "%s:job:%.*s", s->params.redis_prefix, (int)jobs[i].id_len, jobs[i].id);
         ARG(s->keys[1 + i], strlen(s->keys[1 + i]));
     }
-    for (int k = 1; k <= 5; k++) ARG(nums[k], strlen(nums[k]));
-    ARG(closed, strlen(closed));
+    for (int k = 1; k <= 6; k++) ARG(s->nums[k], strlen(s->nums[k]));
     ARG((const char *)s->blob.data, s->blob.len);
     for (size_t i = 0; i < n_jobs; i++) ARG(jobs[i].id, jobs[i].id_len);
 #undef ARG
+    return (int)a;
+}
+
+moeq_err moeq_store_append_batch(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, size_t n_jobs,
+                                 int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, char *errstr, size_t n) {
+    int argc = enqueue_args(s, priority, jobs, n_jobs, shared_prefix, closed_ms, now_ms, errstr, n);
+    if (!argc) return MOEQ_ERR_LIMIT;
+    return moeq_redis_append_argv(s->redis, argc, s->argv, s->argv_len, errstr, n);
+}
+
+moeq_err moeq_store_read_batch(moeq_store *s, size_t n_jobs, int *written, char entry_id[64], moeq_store_dup *dup,
+                               char *errstr, size_t n) {
+    *written = 0;
+    entry_id[0] = 0;
+    memset(dup, 0, n_jobs * sizeof(*dup));
     moeq_redis_reply *r = NULL;
-    err = evalsha(s, s->enqueue_sha, (int)a, &r, errstr, n);
+    moeq_err err = moeq_redis_get_reply(s->redis, &r, errstr, n);
+    if (err == MOEQ_ERR_NOT_FOUND && moeq_redis_reply_is_error(r, "NOSCRIPT")) { /* server restarted: reload, retry */
+        moeq_err e2 = load_scripts(s, errstr, n);
+        err = e2 ? e2 : moeq_errf(MOEQ_ERR_TRANSIENT, errstr, n, "enqueue script was not loaded; reloaded");
+    }
     if (!err) err = parse_enqueue_reply(r, n_jobs, written, entry_id, dup, errstr, n);
     moeq_redis_reply_free(r);
-    if (!err && *written && moeq_coordinator_durability(&s->params) == MOEQ_DURABILITY_WAITAOF)
-        err = waitaof(s, errstr, n);
+    return err;
+}
+
+moeq_err moeq_store_sync(moeq_store *s, char *errstr, size_t n) {
+    return moeq_coordinator_durability(&s->params) == MOEQ_DURABILITY_WAITAOF ? waitaof(s, errstr, n) : MOEQ_OK;
+}
+
+moeq_err moeq_store_write_batch(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, size_t n_jobs,
+                                int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, int *written,
+                                char entry_id[64], moeq_store_dup *dup, char *errstr, size_t n) {
+    *written = 0;
+    entry_id[0] = 0;
+    memset(dup, 0, n_jobs * sizeof(*dup));
+    int argc = enqueue_args(s, priority, jobs, n_jobs, shared_prefix, closed_ms, now_ms, errstr, n);
+    if (!argc) return MOEQ_ERR_LIMIT;
+    moeq_redis_reply *r = NULL;
+    moeq_err err = evalsha(s, s->enqueue_sha, argc, &r, errstr, n);
+    if (!err) err = parse_enqueue_reply(r, n_jobs, written, entry_id, dup, errstr, n);
+    moeq_redis_reply_free(r);
+    if (!err && *written) err = moeq_store_sync(s, errstr, n);
     return err;
 }
 

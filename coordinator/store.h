@@ -74,6 +74,23 @@ moeq_err moeq_store_write_batch(moeq_store *store, int priority, const moeq_batc
                                 char entry_id[64], moeq_store_dup *dup, char *errstr, size_t errstr_size);
 
 /*
+ * The same, pipelined: append queues one batch write (no I/O; the
+ * arguments are copied), read_batch reads the replies in the order the
+ * batches were appended — call it exactly once per append, even after an
+ * error (a lost connection fails every unread reply with TRANSIENT). With
+ * `appendfsync always` the server fsyncs once per event-loop pass, so the
+ * batches of one pipeline share one fsync (group commit). After the last
+ * read, moeq_store_sync performs WAITAOF when durability=waitaof (no-op
+ * otherwise) and must succeed before the batches count as durable.
+ */
+moeq_err moeq_store_append_batch(moeq_store *store, int priority, const moeq_batch_entry_job *jobs, size_t n,
+                                 int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, char *errstr,
+                                 size_t errstr_size);
+moeq_err moeq_store_read_batch(moeq_store *store, size_t n, int *written, char entry_id[64], moeq_store_dup *dup,
+                               char *errstr, size_t errstr_size);
+moeq_err moeq_store_sync(moeq_store *store, char *errstr, size_t errstr_size);
+
+/*
  * Cancel job id wherever it is in Redis: no record yet -> a `cancelled`
  * record is written (the job will be refused when it arrives); batched or
  * running -> `cancel=1` is set for the worker to stop it. state_out

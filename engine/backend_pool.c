@@ -21,7 +21,7 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define SPIN_ITERS 20000
+#define SPIN_ITERS 2000
 
 typedef struct worker_arg {
     moeq_pool *pool;

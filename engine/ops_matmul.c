@@ -123,20 +123,28 @@ void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int
 /* ---- AVX-512 ---------------------------------------------------------------- */
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#define PREFETCH_BYTES 1024 /* per weight row stream; hardware prefetch alone left decode latency bound */
 
 static ALWAYS_INLINE __m512 wload(moeq_dtype dt, const uint8_t *p, const float *srow, int64_t k, __mmask16 m) {
+    const int full = m == (__mmask16)0xFFFF; /* a constant in the main loop: plain loads */
     switch (dt) {
-    case MOEQ_DTYPE_F32: return _mm512_maskz_loadu_ps(m, (const float *)p + k);
+    case MOEQ_DTYPE_F32: return full ? _mm512_loadu_ps((const float *)p + k) : _mm512_maskz_loadu_ps(m, (const float *)p + k);
     case MOEQ_DTYPE_BF16: {
-        __m256i v = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + k);
+        __m256i v = full ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + k))
+                         : _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + k);
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
     }
-    case MOEQ_DTYPE_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + k));
+    case MOEQ_DTYPE_F16:
+        return _mm512_cvtph_ps(full ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + k))
+                                    : _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + k));
     case MOEQ_DTYPE_F8_E4M3: {
-        __m512i i = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p + k));
-        __m512i s = _mm512_slli_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x80)), 24);
-        __m512i em = _mm512_slli_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x7f)), 20);
-        __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(s, em)), _mm512_set1_ps(0x1p120f));
+        /* e4m3 -> f16 by bit placement (sign to bit 15, exponent+mantissa to bits 7..14): the f16 value is
+         * the f8 value / 256 for normals and subnormals alike, widened by vcvtph2ps without denormal stalls */
+        __m128i b = full ? _mm_loadu_si128((const __m128i *)(p + k)) : _mm_maskz_loadu_epi8(m, p + k);
+        __m256i h = _mm256_cvtepu8_epi16(b);
+        h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8),
+                            _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7f)), 7));
+        __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
         return _mm512_mul_ps(f, _mm512_set1_ps(srow ? srow[k / MOEQ_F8_BLOCK] : 1.0f));
     }
     }
@@ -163,7 +171,21 @@ static ALWAYS_INLINE void nt_tile(const int mr, const int nr, const moeq_dtype d
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += LANES) {
+    const size_t esz = dt == MOEQ_DTYPE_F32 ? 4 : (dt == MOEQ_DTYPE_F8_E4M3 ? 1 : 2);
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES) { /* full chunks: unmasked loads, weights prefetched ahead */
+        __m512 xv[TILE_T];
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) {
+            _mm_prefetch((const char *)wp[j] + (size_t)k * esz + PREFETCH_BYTES, _MM_HINT_T0);
+            __m512 wv = wload(dt, wp[j], sp[j], k, (__mmask16)0xFFFF);
+#pragma GCC unroll 4
+            for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
+        }
+    }
+    if (k < K) { /* the tail: zero lanes add nothing, so the order per element is unchanged */
         __mmask16 m = tail_mask(K - k);
         __m512 xv[TILE_T];
 #pragma GCC unroll 4

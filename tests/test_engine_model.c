@@ -1,1 +1,364 @@
-int main(void){return 0;}
+/*
+ * test_engine_model.c — the forward pass on tiny checkpoints written by the
+ * built `moeq gen-model` ($MOEQ_BUILD_DIR/cli/moeq) into a temporary
+ * directory: absorbed vs naive MLA, batch invariance, prefill == decode,
+ * cache rollback, MoE gather vs a per-token loop, bf16 and f8 checkpoints,
+ * generation and step limits.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forward.h"
+#include "moeq/engine.h"
+
+static char g_dir[256];
+static moeq_model *g_tiny, *g_tiny_f8, *g_tiny_v2;
+
+static moeq_model *gen_and_load(const char *preset, const char *dtype, const char *name) {
+    const char *build = getenv("MOEQ_BUILD_DIR");
+    char cmd[1024], path[512], err[512] = "";
+    snprintf(path, sizeof(path), "%s/%s", g_dir, name);
+    snprintf(cmd, sizeof(cmd), "'%s/cli/moeq' gen-model --preset %s --dtype %s --out '%s' >/dev/null 2>&1",
+             build ? build : ".", preset, dtype, path);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "gen-model failed: %s\n", cmd);
+        return NULL;
+    }
+    moeq_model *m = NULL;
+    if (moeq_model_load(path, NULL, &m, err, sizeof(err)) != MOEQ_OK) fprintf(stderr, "load %s: %s\n", path, err);
+    return m;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof(g_dir), "/tmp/moeq-test-engine-XXXXXX");
+    if (!mkdtemp(g_dir)) return -1;
+    g_tiny = gen_and_load("tiny", "bf16", "tiny");
+    g_tiny_f8 = gen_and_load("tiny", "f8", "tiny-f8");
+    g_tiny_v2 = gen_and_load("tiny-v2", "bf16", "tiny-v2");
+    return g_tiny && g_tiny_f8 && g_tiny_v2 ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    moeq_model_destroy(g_tiny);
+    moeq_model_destroy(g_tiny_f8);
+    moeq_model_destroy(g_tiny_v2);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static moeq_engine *engine_for(const moeq_model *m, int n_threads, int max_step_tokens) {
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = n_threads;
+    p.max_seqs = 16;
+    p.max_step_tokens = max_step_tokens;
+    p.kv_cache_tokens = 1024;
+    p.kv_block_tokens = 4; /* small blocks: sequences cross many */
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    moeq_err rc = moeq_engine_new(m, &p, &e, err, sizeof(err));
+    if (rc) fprintf(stderr, "engine: %s\n", err);
+    assert_int_equal(rc, MOEQ_OK);
+    return e;
+}
+
+static int V(const moeq_model *m) { return moeq_model_get_config(m)->vocab_size; }
+
+static void prompt(int32_t *ids, int n, int salt, int vocab) {
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + salt * 101 + 5) % vocab);
+}
+
+/* Prefill `n` tokens of seq in one step, all logits into out (n, vocab). */
+static void run_all(moeq_engine *e, int seq, const int32_t *ids, int n, float *out, int vocab) {
+    moeq_step_item it = {seq, ids, n, 1};
+    char err[256] = "";
+    moeq_err rc = moeq_engine_step(e, &it, 1, out, (size_t)n, err, sizeof(err));
+    if (rc) fprintf(stderr, "step: %s\n", err);
+    assert_int_equal(rc, MOEQ_OK);
+    (void)vocab;
+}
+
+static void absorbed_and_naive_mla_agree(void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_tiny, g_tiny_v2};
+    for (int mi = 0; mi < 2; mi++) {
+        const moeq_model *m = models[mi];
+        int n = 40, vocab = V(m), a, b;
+        int32_t ids[40];
+        prompt(ids, n, 1, vocab);
+        float *la = malloc((size_t)n * vocab * 4), *lb = malloc((size_t)n * vocab * 4);
+        moeq_engine *e = engine_for(m, 2, 64);
+        assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+        run_all(e, a, ids, n, la, vocab);
+        moeq_engine_set_naive_attention(e, 1);
+        assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+        run_all(e, b, ids, n, lb, vocab);
+        float maxabs = 0, maxdiff = 0;
+        for (int i = 0; i < n * vocab; i++) {
+            maxabs = fmaxf(maxabs, fabsf(la[i]));
+            maxdiff = fmaxf(maxdiff, fabsf(la[i] - lb[i]));
+        }
+        assert_true(maxdiff <= 1e-4f * fmaxf(1, maxabs));
+        moeq_engine_destroy(e);
+        free(la), free(lb);
+    }
+}
+
+static void prefill_equals_token_by_token_decode_bit_for_bit(void **state) {
+    (void)state;
+    int n = 30, vocab = V(g_tiny), a, b, c;
+    int32_t ids[30];
+    prompt(ids, n, 2, vocab);
+    float *pre = malloc((size_t)n * vocab * 4), *dec = malloc((size_t)n * vocab * 4), *chk = malloc((size_t)n * vocab * 4);
+    moeq_engine *e = engine_for(g_tiny, 2, 64);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    run_all(e, a, ids, n, pre, vocab);
+    assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+    for (int i = 0; i < n; i++) run_all(e, b, ids + i, 1, dec + (size_t)i * vocab, vocab);
+    assert_memory_equal(pre, dec, (size_t)n * vocab * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &c), MOEQ_OK); /* chunks of 7 */
+    for (int i = 0; i < n; i += 7) run_all(e, c, ids + i, n - i < 7 ? n - i : 7, chk + (size_t)i * vocab, vocab);
+    assert_memory_equal(pre, chk, (size_t)n * vocab * 4);
+    moeq_engine_destroy(e);
+    free(pre), free(dec), free(chk);
+}
+
+/*
+ * Sequence A (prefill 9, then 4 decode steps) alone, then inside steps with
+ * 0..9 other sequences whose items are prefill chunks of various lengths or
+ * decode tokens; A's logits must be bit-identical every time.
+ */
+static void logits_are_bit_identical_alone_and_in_mixed_batches(void **state) {
+    (void)state;
+    int vocab = V(g_tiny), na = 9, steps = 4;
+    int32_t a_ids[13];
+    prompt(a_ids, na + steps, 3, vocab);
+    size_t row = (size_t)vocab;
+    float *ref = malloc((1 + steps) * row * 4 * na), *got = malloc(64 * row * 4);
+    moeq_engine *e = engine_for(g_tiny, 2, 128);
+    int a;
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    run_all(e, a, a_ids, na, ref, vocab); /* na rows */
+    for (int s = 0; s < steps; s++) run_all(e, a, a_ids + na + s, 1, ref + (na + s) * row, vocab);
+    moeq_engine_seq_free(e, a);
+    for (int others = 0; others <= 9; others++) {
+        int seqs[10];
+        int32_t other_ids[10][64];
+        assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+        for (int o = 0; o < others; o++) {
+            assert_int_equal(moeq_engine_seq_new(e, &seqs[o]), MOEQ_OK);
+            prompt(other_ids[o], 64, 10 + o, vocab);
+            if (o % 2) run_all(e, seqs[o], other_ids[o], 3 + o, got, vocab); /* odd ones are already decoding */
+        }
+        for (int s = 0; s <= steps; s++) {
+            moeq_step_item items[11];
+            int n = 0, a_row = 0, rows = 0;
+            for (int o = 0; o < others; o++) { /* others first half, A in the middle, others after */
+                if (o == others / 2) {
+                    a_row = rows;
+                    items[n++] = (moeq_step_item){a, s == 0 ? a_ids : a_ids + na + s - 1, s == 0 ? na : 1, 1};
+                    rows += s == 0 ? na : 1;
+                }
+                int len = (o % 2) ? 1 : 2 + (o + s) % 5, pos = moeq_engine_seq_len(e, seqs[o]);
+                items[n++] = (moeq_step_item){seqs[o], other_ids[o] + pos, len, o % 3 == 0};
+                rows += o % 3 == 0 ? len : 1;
+            }
+            if (others == 0) {
+                items[n++] = (moeq_step_item){a, s == 0 ? a_ids : a_ids + na + s - 1, s == 0 ? na : 1, 1};
+                rows += s == 0 ? na : 1;
+            }
+            char err[256] = "";
+            assert_int_equal(moeq_engine_step(e, items, n, got, 64, err, sizeof(err)), MOEQ_OK);
+            if (s == 0) assert_memory_equal(got + a_row * row, ref, na * row * 4);
+            else assert_memory_equal(got + a_row * row, ref + (na + s - 1) * row, row * 4);
+        }
+        moeq_engine_seq_free(e, a);
+        for (int o = 0; o < others; o++) moeq_engine_seq_free(e, seqs[o]);
+    }
+    moeq_engine_destroy(e);
+    free(ref), free(got);
+}
+
+static void truncate_then_reappend_gives_identical_logits(void **state) {
+    (void)state;
+    int vocab = V(g_tiny), n = 20, a;
+    int32_t ids[20], junk[5] = {7, 8, 9, 10, 11};
+    prompt(ids, n, 4, vocab);
+    float *first = malloc((size_t)n * vocab * 4), *again = malloc((size_t)n * vocab * 4);
+    moeq_engine *e = engine_for(g_tiny, 2, 64);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    run_all(e, a, ids, n, first, vocab);
+    run_all(e, a, junk, 5, again, vocab); /* rejected draft tokens */
+    assert_int_equal(moeq_engine_seq_len(e, a), 25);
+    assert_int_equal(moeq_engine_seq_truncate(e, a, 13), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_len(e, a), 13);
+    run_all(e, a, ids + 13, n - 13, again, vocab);
+    assert_memory_equal(again, first + (size_t)13 * vocab, (size_t)(n - 13) * vocab * 4);
+    moeq_engine_destroy(e);
+    free(first), free(again);
+}
+
+/* Per-token loop in double with widened weights: route, each chosen expert's SwiGLU, weighted sum, + shared. */
+static void mlp_ref(const moeq_expert *x, const float *h, int D, double w, double *acc) {
+    int I = (int)moeq_tensor_rows(x->gate_proj);
+    float *g = malloc((size_t)I * D * 4), *u = malloc((size_t)I * D * 4), *d = malloc((size_t)D * I * 4);
+    moeq_tensor_rows_to_f32(x->gate_proj, 0, I, g);
+    moeq_tensor_rows_to_f32(x->up_proj, 0, I, u);
+    moeq_tensor_rows_to_f32(x->down_proj, 0, D, d);
+    double *act = malloc((size_t)I * sizeof(double));
+    for (int i = 0; i < I; i++) {
+        double sg = 0, su = 0;
+        for (int k = 0; k < D; k++) sg += (double)g[(size_t)i * D + k] * h[k], su += (double)u[(size_t)i * D + k] * h[k];
+        act[i] = sg / (1 + exp(-sg)) * su;
+    }
+    for (int o = 0; o < D; o++) {
+        double s = 0;
+        for (int i = 0; i < I; i++) s += (double)d[(size_t)o * I + i] * act[i];
+        acc[o] += w * s;
+    }
+    free(g), free(u), free(d), free(act);
+}
+
+static void moe_gather_scatter_equals_a_per_token_loop(void **state) {
+    (void)state;
+    moeq_engine *e = engine_for(g_tiny, 2, 64);
+    const moeq_model_config *c = moeq_model_get_config(g_tiny);
+    int layer = c->first_k_dense_replace, D = c->hidden_size, T = 23, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const moeq_layer *L = &g_tiny->layers[layer];
+    assert_true(L->is_moe);
+    for (int i = 0; i < T * D; i++) e->s.h[i] = sinf((float)i * 0.37f) * 2.0f;
+    moeq_forward_moe(e, layer, T);
+    float *gate = malloc((size_t)E * D * 4), logits[64], w[16], scratch[256];
+    int32_t ids[16];
+    moeq_tensor_rows_to_f32(L->gate, 0, E, gate);
+    double *acc = malloc((size_t)D * sizeof(double));
+    for (int t = 0; t < T; t++) {
+        const float *h = e->s.h + (size_t)t * D;
+        for (int x = 0; x < E; x++) {
+            double s = 0;
+            for (int k = 0; k < D; k++) s += (double)gate[(size_t)x * D + k] * h[k];
+            logits[x] = (float)s;
+        }
+        moeq_moe_route(&e->router, logits, e->vecs[layer].bias, ids, w, scratch);
+        for (int o = 0; o < D; o++) acc[o] = 0;
+        for (int k = 0; k < K; k++) mlp_ref(&L->experts[ids[k]], h, D, w[k], acc);
+        if (L->shared.gate_proj) mlp_ref(&L->shared, h, D, 1.0, acc);
+        for (int o = 0; o < D; o++) assert_true(fabs(e->s.tmp[(size_t)t * D + o] - acc[o]) <= 1e-4 * (1 + fabs(acc[o])));
+    }
+    free(gate), free(acc);
+    moeq_engine_destroy(e);
+}
+
+static void bf16_and_f8_checkpoints_both_run(void **state) {
+    (void)state;
+    int vocab = V(g_tiny), n = 16, a;
+    int32_t ids[16];
+    prompt(ids, n, 5, vocab);
+    float *lb = malloc((size_t)n * vocab * 4), *l8 = malloc((size_t)n * vocab * 4);
+    moeq_engine *e = engine_for(g_tiny, 2, 64), *e8 = engine_for(g_tiny_f8, 2, 64);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    run_all(e, a, ids, n, lb, vocab);
+    assert_int_equal(moeq_engine_seq_new(e8, &a), MOEQ_OK);
+    run_all(e8, a, ids, n, l8, vocab);
+    int same_argmax = 0;
+    for (int t = 0; t < n; t++) {
+        int bb = 0, b8 = 0;
+        for (int i = 0; i < vocab; i++) {
+            assert_true(isfinite(lb[t * vocab + i]) && isfinite(l8[t * vocab + i]));
+            bb = lb[t * vocab + i] > lb[t * vocab + bb] ? i : bb;
+            b8 = l8[t * vocab + i] > l8[t * vocab + b8] ? i : b8;
+        }
+        same_argmax += bb == b8;
+    }
+    print_message("bf16 vs f8 argmax agreement: %d/%d\n", same_argmax, n);
+    moeq_engine_destroy(e);
+    moeq_engine_destroy(e8);
+    free(lb), free(l8);
+}
+
+static void greedy_generation_follows_argmax_and_stops(void **state) {
+    (void)state;
+    int vocab = V(g_tiny), a;
+    int32_t ids[8];
+    prompt(ids, 8, 6, vocab);
+    moeq_engine *e = engine_for(g_tiny, 2, 64);
+    moeq_generate_params gp = {moeq_sampling_default_params(), 6, NULL, 0};
+    int32_t *out = NULL;
+    int n_out = 0;
+    assert_int_equal(moeq_generate(e, ids, 8, &gp, &out, &n_out, NULL, 0), MOEQ_OK);
+    assert_int_equal(n_out, 6);
+    float *l = malloc((size_t)8 * vocab * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    moeq_step_item it = {a, ids, 8, 0};
+    assert_int_equal(moeq_engine_step(e, &it, 1, l, 1, NULL, 0), MOEQ_OK);
+    for (int i = 0; i < n_out; i++) {
+        int best = 0;
+        for (int v = 1; v < vocab; v++) best = l[v] > l[best] ? v : best;
+        assert_int_equal(out[i], best);
+        it = (moeq_step_item){a, &out[i], 1, 0};
+        assert_int_equal(moeq_engine_step(e, &it, 1, l, 1, NULL, 0), MOEQ_OK);
+    }
+    int32_t stop = out[2];
+    gp.stop_ids = &stop;
+    gp.n_stop_ids = 1;
+    int32_t *out2 = NULL;
+    assert_int_equal(moeq_generate(e, ids, 8, &gp, &out2, &n_out, NULL, 0), MOEQ_OK);
+    assert_true(n_out <= 3 && out2[n_out - 1] == stop);
+    free(out), free(out2), free(l);
+    moeq_engine_destroy(e);
+}
+
+static void a_step_that_does_not_fit_appends_nothing(void **state) {
+    (void)state;
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = 1;
+    p.max_step_tokens = 16;
+    p.kv_cache_tokens = 24;
+    p.kv_block_tokens = 8;
+    moeq_engine *e = NULL;
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_engine_kv_bytes_per_token(e),
+                     (size_t)3 * (32 + 8) * sizeof(float)); /* layers x (kv_lora + rope) floats */
+    int a, b;
+    int32_t ids[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    float *l = malloc((size_t)16 * V(g_tiny) * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+    moeq_step_item it[2] = {{a, ids, 16, 0}, {b, ids, 9, 0}};
+    char err[256] = "";
+    assert_int_equal(moeq_engine_step(e, it, 1, l, 16, err, sizeof(err)), MOEQ_OK);
+    it[0].n_tokens = 1;
+    assert_int_equal(moeq_engine_step(e, it, 2, l, 16, err, sizeof(err)), MOEQ_ERR_LIMIT); /* needs 3 blocks, 1 free */
+    assert_int_equal(moeq_engine_seq_len(e, a), 16);
+    assert_int_equal(moeq_engine_seq_len(e, b), 0);
+    moeq_step_item big = {b, ids, 16, 0};
+    moeq_step_item two[2] = {{a, ids, 1, 0}, big};
+    assert_int_equal(moeq_engine_step(e, two, 2, l, 16, err, sizeof(err)), MOEQ_ERR_LIMIT); /* 17 > max_step_tokens */
+    free(l);
+    moeq_engine_destroy(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(absorbed_and_naive_mla_agree),
+        cmocka_unit_test(prefill_equals_token_by_token_decode_bit_for_bit),
+        cmocka_unit_test(logits_are_bit_identical_alone_and_in_mixed_batches),
+        cmocka_unit_test(truncate_then_reappend_gives_identical_logits),
+        cmocka_unit_test(moe_gather_scatter_equals_a_per_token_loop),
+        cmocka_unit_test(bf16_and_f8_checkpoints_both_run),
+        cmocka_unit_test(greedy_generation_follows_argmax_and_stops),
+        cmocka_unit_test(a_step_that_does_not_fit_appends_nothing),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

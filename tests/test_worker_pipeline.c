@@ -414,7 +414,7 @@ static void sigterm_drains_without_losing_a_job(void **state) {
     scenario_open(&s, "wk-drain");
     make_jobs(&s, 16, "dr");
     for (int b = 0; b < 4; b++) add_batch(&s, 2, 4 * b, 4 * b + 4, NULL, 0);
-    pid_t w1 = start_worker(&s, "dr-w1", "--max_batches_held=2");
+    pid_t w1 = start_worker(&s, "dr-w1", "--max_batches_held=2 --max_seqs=1");
     int64_t deadline = moeq_now_ms() + 20000;
     while (collect(&s, 50) == 0 && moeq_now_ms() < deadline) {}
     int64_t t0 = moeq_now_ms();

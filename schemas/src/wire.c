@@ -463,7 +463,7 @@ int wrd_iter_begin(wrd *r, const wval *c, int depth, witer *it) {
     if (depth > r->max_depth)
         return wrd_fail(r, MOEQ_JOB_REJECT_TOO_DEEP, FIELD_FMT "nesting deeper than %d levels at byte %zu",
                         FIELD_ARGS(r), r->max_depth, (size_t)(c->start - r->base));
-    it->left = c->type == WV_MAP ? c->count : c->count;
+    it->left = c->count; /* msgpack; JSON finds the end by its ']' or '}' */
     it->first = 1;
     it->close = c->type == WV_MAP ? '}' : ']';
     return 0;
@@ -477,10 +477,7 @@ int wrd_iter_next(wrd *r, witer *it) {
         return 1;
     }
     js_ws(r);
-    if (r->p < r->end && *r->p == it->close) {
-        if (!it->first) {
-            /* fine: "[1]" — but "[1,]" never gets here, the ',' branch reads a value next */
-        }
+    if (r->p < r->end && *r->p == it->close) { /* "[1,]" never gets here: after ',' a value is read */
         r->p++;
         return 0;
     }

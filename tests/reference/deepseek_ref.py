@@ -149,7 +149,10 @@ def yarn_linear_ramp_mask(lo, hi, dim):
 class Rope:
     """inv_freq [rope_dim/2], cos/sin multiplier, and the softmax scale."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, correction="hf"):
+        """correction "hf": floor/ceil correction range and HF's ramp (what we
+        follow); "round": inference/model.py's rounded range and (x - lo) /
+        (hi - lo + 1e-3) ramp, kept only so tests can show the two differ."""
         dim, base = cfg.qk_rope_head_dim, cfg.rope_theta
         exps = np.arange(0, dim, 2, dtype=np.float64) / dim
         self.softmax_scale = cfg.q_head_dim ** -0.5
@@ -171,8 +174,14 @@ class Rope:
         mscale_all_dim = rs.get("mscale_all_dim", 0)
         freq_extra = 1.0 / base ** exps
         freq_inter = 1.0 / (factor * base ** exps)
-        low, high = yarn_find_correction_range(beta_fast, beta_slow, dim, base, orig)
-        inv_freq_mask = 1.0 - yarn_linear_ramp_mask(low, high, dim // 2)
+        if correction == "hf":
+            low, high = yarn_find_correction_range(beta_fast, beta_slow, dim, base, orig)
+            inv_freq_mask = 1.0 - yarn_linear_ramp_mask(low, high, dim // 2)
+        else:
+            low, high = (min(max(round(yarn_find_correction_dim(r, dim, base, orig)), 0), dim - 1)
+                         for r in (beta_fast, beta_slow))
+            ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low + 1e-3), 0.0, 1.0)
+            inv_freq_mask = 1.0 - ramp
         self.inv_freq = freq_inter * (1 - inv_freq_mask) + freq_extra * inv_freq_mask
         self.low, self.high = low, high
         self.mscale = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)

@@ -22,7 +22,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from safetensors_np import f64_to_bf16_bits, quantize_f8_blocks, save_file  # noqa: E402
+from safetensors_np import (apply_block_scale, f8_e4m3_to_f64, f64_to_bf16_bits, quantize_f8_blocks,  # noqa: E402
+                            save_file)
 
 CONFIGS = {
     "v3": {
@@ -163,7 +164,6 @@ def encode(weights, dtype):
             q, scale = quantize_f8_blocks(arr)
             out[name] = ("F8_E4M3", q)
             out[name + "_scale_inv"] = ("F32", scale)
-            from safetensors_np import apply_block_scale, f8_e4m3_to_f64
             held[name] = apply_block_scale(f8_e4m3_to_f64(q), scale.astype(np.float64))
         else:
             raise ValueError(dtype)

@@ -128,6 +128,16 @@ class Rope(unittest.TestCase):
         r3 = dr.Rope(dr.Config(make_ckpt.CONFIGS["v2-lite"]))
         self.assertFalse(r3.yarn)
 
+    def test_hf_and_inference_correction_ranges_differ_where_expected(self):
+        # dim 8, base 1e4, original 64 (gen-model's tiny): correction dims -0.497 and 1.008
+        cfg = dr.Config(dict(make_ckpt.CONFIGS["v3"], rope_scaling={
+            "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+            "mscale": 1.0, "mscale_all_dim": 1.0}))
+        hf, rd = dr.Rope(cfg), dr.Rope(cfg, correction="round")
+        self.assertEqual((hf.low, hf.high), (0, 2))   # floor / ceil
+        self.assertEqual((rd.low, rd.high), (0, 1))   # round
+        self.assertAlmostEqual(hf.inv_freq[1], 0.5 * (0.1 + 0.1 / 4), places=15)  # ramp 0.5 at dim 1
+
     def test_hf_layout_gives_the_same_scores_as_complex_pair_rotation(self):
         """inference/model.py rotates (x[2i], x[2i+1]) as a complex number;
         HF de-interleaves then rotate_half. q.k must agree."""

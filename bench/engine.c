@@ -1,0 +1,207 @@
+/*
+ * bench/engine.c — `bench-engine --model DIR`: load time, prefill and decode
+ * throughput (batch 1, 8, 32, 128) in both batch_invariant modes, peak RSS,
+ * KV bytes per token, and the decode roofline: active weight bytes per token
+ * over the memory bandwidth measured here (STREAM triad, same thread count).
+ * Prints one JSON document. A program, not a test: numbers depend on the
+ * machine and on what else runs on it.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "moeq/engine.h"
+#include "moeq/util.h"
+
+typedef struct bench_args {
+    const char *model_dir;
+    int n_threads, prefill_tokens, decode_prompt, batches[8], n_batches;
+    double min_seconds;
+} bench_args;
+
+/* ---- STREAM triad ------------------------------------------------------------ */
+
+typedef struct triad_arg {
+    float *a, *b, *c;
+    size_t n;
+} triad_arg;
+
+static void *triad_part(void *p) {
+    triad_arg *t = p;
+    for (size_t i = 0; i < t->n; i++) t->a[i] = t->b[i] + 3.0f * t->c[i];
+    return NULL;
+}
+
+/* Best of 5 triads over 3 x 256 MiB, split over n_threads; bytes counted as STREAM does (3 per element). */
+static double stream_triad_gbs(int n_threads) {
+    size_t n = (size_t)64 << 20;
+    float *a = malloc(n * 4), *b = malloc(n * 4), *c = malloc(n * 4);
+    if (!a || !b || !c) return 0;
+    for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = 1, c[i] = 2;
+    double best = 0;
+    pthread_t th[64];
+    triad_arg args[64];
+    if (n_threads > 64) n_threads = 64;
+    for (int rep = 0; rep < 5; rep++) {
+        int64_t t0 = moeq_mono_ns();
+        for (int i = 0; i < n_threads; i++) {
+            size_t lo = n * i / n_threads, hi = n * (i + 1) / n_threads;
+            args[i] = (triad_arg){a + lo, b + lo, c + lo, hi - lo};
+            pthread_create(&th[i], NULL, triad_part, &args[i]);
+        }
+        for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
+        double s = (moeq_mono_ns() - t0) * 1e-9, gbs = 3.0 * n * 4 / s / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(a), free(b), free(c);
+    return best;
+}
+
+/* ---- engine runs -------------------------------------------------------------- */
+
+static void ids_for(int32_t *ids, int n, int salt, int vocab) {
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(((int64_t)i * 7919 + salt * 104729 + 3) % (vocab - 2) + 2);
+}
+
+static double prefill_tps(moeq_engine *e, int vocab, int n, float *logits) {
+    int seq;
+    int32_t *ids = malloc((size_t)n * sizeof(int32_t));
+    ids_for(ids, n, 1, vocab);
+    if (moeq_engine_seq_new(e, &seq)) return 0;
+    moeq_step_item it = {seq, ids, n, 0};
+    int64_t t0 = moeq_mono_ns();
+    moeq_err rc = moeq_engine_step(e, &it, 1, logits, 1, NULL, 0);
+    double s = (moeq_mono_ns() - t0) * 1e-9;
+    moeq_engine_seq_free(e, seq);
+    free(ids);
+    return rc ? 0 : n / s;
+}
+
+/* B sequences with short prompts, then decode steps of B tokens until min_seconds. */
+static double decode_tps(moeq_engine *e, int vocab, int B, int prompt, double min_seconds, float *logits,
+                         int *steps_out) {
+    int seqs[128];
+    int32_t ids[4096], next[128];
+    moeq_step_item items[128];
+    for (int b = 0; b < B; b++) {
+        if (moeq_engine_seq_new(e, &seqs[b])) return 0;
+        ids_for(ids + b * prompt, prompt, 10 + b, vocab);
+        items[b] = (moeq_step_item){seqs[b], ids + b * prompt, prompt, 0};
+    }
+    int per_step = 2048 / prompt; /* prefill the prompts in steps that fit max_step_tokens */
+    for (int b = 0; b < B; b += per_step)
+        if (moeq_engine_step(e, items + b, B - b < per_step ? B - b : per_step, logits, 128, NULL, 0)) return 0;
+    for (int b = 0; b < B; b++) next[b] = (int32_t)(b + 2);
+    int steps = 0;
+    int64_t t0 = 0;
+    for (;;) {
+        for (int b = 0; b < B; b++) items[b] = (moeq_step_item){seqs[b], &next[b], 1, 0};
+        if (moeq_engine_step(e, items, B, logits, 128, NULL, 0)) return 0;
+        if (steps == 0) t0 = moeq_mono_ns(); /* the first step is warm-up */
+        steps++;
+        double s = (moeq_mono_ns() - t0) * 1e-9;
+        if (steps > 1 && (s >= min_seconds || steps >= 200)) {
+            for (int b = 0; b < B; b++) moeq_engine_seq_free(e, seqs[b]);
+            *steps_out = steps - 1;
+            return (double)B * (steps - 1) / s;
+        }
+    }
+}
+
+static long peak_rss_kb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+static void run_mode(const moeq_model *model, const bench_args *a, int invariant, double bw_gbs, size_t active,
+                     int first) {
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = a->n_threads;
+    p.batch_invariant = invariant;
+    p.max_seqs = 128;
+    p.max_step_tokens = a->prefill_tokens > 2048 ? a->prefill_tokens : 2048;
+    p.kv_cache_tokens = 128 * (a->decode_prompt + 256) + a->prefill_tokens;
+    int vocab = moeq_model_get_config(model)->vocab_size;
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    if (moeq_engine_new(model, &p, &e, err, sizeof(err))) {
+        fprintf(stderr, "bench-engine: %s\n", err);
+        return;
+    }
+    float *logits = malloc((size_t)128 * vocab * sizeof(float));
+    double pre = prefill_tps(e, vocab, a->prefill_tokens, logits);
+    printf("%s    \"batch_invariant_%d\": {\"prefill_tokens\": %d, \"prefill_tokens_per_s\": %.2f, \"decode\": [",
+           first ? "" : ",\n", invariant, a->prefill_tokens, pre);
+    for (int i = 0; i < a->n_batches; i++) {
+        int steps = 0, B = a->batches[i];
+        double tps = decode_tps(e, vocab, B, a->decode_prompt, a->min_seconds, logits, &steps);
+        double step_s = tps > 0 ? B / tps : 0;
+        printf("%s\n      {\"batch\": %d, \"steps\": %d, \"tokens_per_s\": %.2f, \"step_ms\": %.2f", i ? "," : "", B,
+               steps, tps, step_s * 1e3);
+        if (B == 1 && bw_gbs > 0)
+            printf(", \"roofline_tokens_per_s\": %.2f, \"fraction_of_roofline\": %.3f", bw_gbs * 1e9 / active,
+                   tps * active / (bw_gbs * 1e9));
+        printf("}");
+        fflush(stdout);
+    }
+    printf("]}");
+    free(logits);
+    moeq_engine_destroy(e);
+}
+
+static int parse(int argc, char **argv, bench_args *a) {
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (!strcmp(k, "--model")) a->model_dir = v;
+        else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
+        else if (!strcmp(k, "--prefill-tokens")) a->prefill_tokens = atoi(v);
+        else if (!strcmp(k, "--min-seconds")) a->min_seconds = atof(v);
+        else if (!strcmp(k, "--batches")) {
+            a->n_batches = 0;
+            for (char *s = (char *)v; *s && a->n_batches < 8;) {
+                int b = (int)strtol(s, &s, 10);
+                if (b < 1 || b > 128) return -1;
+                a->batches[a->n_batches++] = b;
+                if (*s == ',') s++;
+            }
+        } else return -1;
+    }
+    return a->model_dir && (argc % 2) ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    bench_args a = {.prefill_tokens = 512, .decode_prompt = 16, .batches = {1, 8, 32, 128}, .n_batches = 4,
+                    .min_seconds = 5.0};
+    if (parse(argc, argv, &a)) {
+        fprintf(stderr, "usage: bench-engine --model DIR [--threads N] [--prefill-tokens N] [--batches 1,8,32,128]\n"
+                        "                    [--min-seconds S]\n");
+        return 2;
+    }
+    int n_threads = a.n_threads ? a.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    double bw = stream_triad_gbs(n_threads);
+    char err[512] = "";
+    moeq_model *model = NULL;
+    int64_t t0 = moeq_mono_ns();
+    moeq_err rc = moeq_model_load(a.model_dir, NULL, &model, err, sizeof(err));
+    double load_s = (moeq_mono_ns() - t0) * 1e-9;
+    if (rc) {
+        fprintf(stderr, "bench-engine: %s\n", err);
+        return 1;
+    }
+    size_t active = moeq_model_active_bytes_per_token(model);
+    const moeq_model_config *c = moeq_model_get_config(model);
+    printf("{\n  \"model\": \"%s\", \"total_params\": %zu, \"threads\": %d, \"load_s\": %.4f,\n", a.model_dir,
+           moeq_model_total_params(model), n_threads, load_s);
+    printf("  \"kv_bytes_per_token\": %zu, \"active_weight_bytes_per_token\": %zu, \"stream_triad_gb_s\": %.2f,\n",
+           (size_t)c->num_hidden_layers * (c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(float), active, bw);
+    printf("  \"modes\": {\n");
+    run_mode(model, &a, 1, bw, active, 1);
+    run_mode(model, &a, 0, bw, active, 0);
+    printf("\n  },\n  \"peak_rss_mb\": %.1f\n}\n", peak_rss_kb() / 1024.0);
+    moeq_model_destroy(model);
+    return 0;
+}
