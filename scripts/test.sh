@@ -32,7 +32,7 @@ if [ $run_asan = 1 ]; then
   cmake -S . -B build-asan -DMOEQ_SANITIZE=ON -DMOEQ_CUDA=OFF -DMOEQ_NATIVE=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
   cmake --build build-asan -j"$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest -L unit -LE slow --output-on-failure -j"$jobs") || status=1
+     ctest -L unit -LE "slow|python" --output-on-failure -j"$jobs") || status=1
 fi
 
 if [ $run_fuzz = 1 ]; then

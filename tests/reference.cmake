@@ -27,7 +27,7 @@ set(MOEQ_REFERENCE_DIR ${CMAKE_CURRENT_SOURCE_DIR}/reference)
 add_test(NAME reference_model_passes_its_float64_self_checks
   COMMAND ${MOEQ_REFERENCE_RUN} ${MOEQ_REFERENCE_DIR}/test_reference_self.py)
 set_tests_properties(reference_model_passes_its_float64_self_checks PROPERTIES
-  LABELS unit SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 300)
+  LABELS "unit;python" SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 300)
 
 # The engine's logits (moeq gen-model + moeq logits --top 0) match the
 # reference at every position: tiny (bf16, f8), tiny-v2, small. Tolerance and
