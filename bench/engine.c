@@ -134,8 +134,9 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     }
     float *logits = malloc((size_t)128 * vocab * sizeof(float));
     double pre = prefill_tps(e, vocab, a->prefill_tokens, logits);
-    printf("%s    \"batch_invariant_%d\": {\"prefill_tokens\": %d, \"prefill_tokens_per_s\": %.2f, \"decode\": [",
-           first ? "" : ",\n", invariant, a->prefill_tokens, pre);
+    printf("%s    \"batch_invariant_%d\": {\"kv_bytes_per_token\": %zu, \"prefill_tokens\": %d, "
+           "\"prefill_tokens_per_s\": %.2f, \"decode\": [",
+           first ? "" : ",\n", invariant, moeq_engine_kv_bytes_per_token(e), a->prefill_tokens, pre);
     for (int i = 0; i < a->n_batches; i++) {
         int steps = 0, B = a->batches[i];
         double tps = decode_tps(e, vocab, B, a->decode_prompt, a->min_seconds, logits, &steps);
@@ -196,8 +197,8 @@ int main(int argc, char **argv) {
     const moeq_model_config *c = moeq_model_get_config(model);
     printf("{\n  \"model\": \"%s\", \"total_params\": %zu, \"threads\": %d, \"load_s\": %.4f,\n", a.model_dir,
            moeq_model_total_params(model), n_threads, load_s);
-    printf("  \"kv_bytes_per_token\": %zu, \"active_weight_bytes_per_token\": %zu, \"stream_triad_gb_s\": %.2f,\n",
-           (size_t)c->num_hidden_layers * (c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(float), active, bw);
+    printf("  \"layers\": %d, \"active_weight_bytes_per_token\": %zu, \"stream_triad_gb_s\": %.2f,\n",
+           c->num_hidden_layers, active, bw);
     printf("  \"modes\": {\n");
     run_mode(model, &a, 1, bw, active, 1);
     run_mode(model, &a, 0, bw, active, 0);

@@ -16,7 +16,9 @@
  */
 #include "coordinator.h"
 
+#include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -76,6 +78,7 @@ struct moeq_coordinator {
     uint64_t *rem;
     int paused, reapply_pause, stored_since_commit;
     size_t n_resend;      /* slots with a failed delivery to produce again */
+    int redis_fail_streak; /* consecutive failed write rounds */
     moeq_err fatal;       /* set when the loop must stop (out of memory)   */
     char topics_buf[1024 + 256];
     int64_t next_commit_ms, next_pending_ms;
@@ -155,7 +158,7 @@ static int produce_out(moeq_coordinator *c, slot *s, int which) {
     char err[256];
     moeq_kafka_out out = {.partition = MOEQ_KAFKA_PARTITION_ANY, .key = s->id, .key_len = s->id_len,
                           .opaque = opaque_of(c, s, which)};
-    moeq_kafka_header h[7];
+    moeq_kafka_header h[8];
     char part[16], off[24];
     if (which == OUT_RESULT) {
         const char *ct = moeq_wire_content_type(s->format);
@@ -188,6 +191,14 @@ static int produce_out(moeq_coordinator *c, slot *s, int which) {
         out.n_headers = n;
     }
     moeq_err e = moeq_kafka_produce(c->producer, &out, err, sizeof(err));
+    if (e == MOEQ_ERR_LIMIT && which == OUT_DLQ) { /* larger than message.max.bytes: dead-letter the reason alone */
+        char size[24];
+        snprintf(size, sizeof(size), "%zu", out.value_len);
+        h[out.n_headers++] = (moeq_kafka_header){"moeq-original-bytes", size, strlen(size)};
+        out.value = NULL;
+        out.value_len = 0;
+        e = moeq_kafka_produce(c->producer, &out, err, sizeof(err));
+    }
     if (e) {
         c->st.kafka_errors++;
         if (!s->resend) c->n_resend++;
@@ -254,11 +265,15 @@ static void track(moeq_coordinator *c, const moeq_kafka_msg *m) {
     const char *t = moeq_kafka_msg_topic(m);
     int32_t p = moeq_kafka_msg_partition(m);
     if (moeq_offsets_track(c->offsets, t, p, moeq_kafka_msg_offset(m)) == MOEQ_OK) return;
-    /* an earlier offset again: the client re-fetched (reset/rebalance); start the partition over */
-    moeq_log(MOEQ_LOG_INFO, COMP, "offset_rewind", "topic=%s partition=%d offset=%lld", t, (int)p,
+    /*
+     * An offset at or below one already tracked: the client re-fetched without
+     * a revoke (offset reset). The earlier copy's entry still gates the
+     * low-water mark, and whichever copy becomes durable first makes the job
+     * at that offset durable, so this copy is simply not tracked again.
+     * (Dropping the partition here could let the mark pass an earlier job.)
+     */
+    moeq_log(MOEQ_LOG_INFO, COMP, "offset_refetch", "topic=%s partition=%d offset=%lld", t, (int)p,
              (long long)moeq_kafka_msg_offset(m));
-    moeq_offsets_drop(c->offsets, t, p);
-    moeq_offsets_track(c->offsets, t, p, moeq_kafka_msg_offset(m));
 }
 
 static void accept_job(moeq_coordinator *c, slot *s) {
@@ -525,9 +540,14 @@ static int write_round(moeq_coordinator *c) {
         batch_written(c, plan, plan_remaining(c, plan), "-");
         done[i] = 1;
     }
-    if (!ok) {
+    if (!ok) { /* logged on the first failure of a streak, then every 25th (one line per ~5 s) */
         c->st.redis_errors++;
-        moeq_log(MOEQ_LOG_WARN, COMP, "redis_error", "op=write_batches batches=%zu err=\"%s\"", m, err);
+        if (c->redis_fail_streak++ % 25 == 0)
+            moeq_log(MOEQ_LOG_WARN, COMP, "redis_error", "op=write_batches batches=%zu failures=%d err=\"%s\"", m,
+                     c->redis_fail_streak, err);
+    } else if (c->redis_fail_streak) {
+        moeq_log(MOEQ_LOG_INFO, COMP, "redis_recovered", "failures=%d", c->redis_fail_streak);
+        c->redis_fail_streak = 0;
     }
     size_t keep = 0;
     for (size_t i = 0; i < c->n_todo; i++) {
@@ -697,13 +717,13 @@ static enum MHD_Result http_handler(void *cls, struct MHD_Connection *conn, cons
 void moeq_coordinator_destroy(moeq_coordinator *c) {
     if (!c) return;
     if (c->http) MHD_stop_daemon(c->http);
-    moeq_kafka_consumer_destroy(c->consumer);
-    moeq_kafka_producer_destroy(c->producer); /* before the slots: its reports look them up */
-    for (uint32_t i = 0; i < c->n_slots; i++) {
+    moeq_kafka_producer_destroy(c->producer); /* first: its last reports look up slots and free messages */
+    for (uint32_t i = 0; i < c->n_slots; i++) { /* every message before its consumer */
         moeq_kafka_msg_destroy(c->slots[i].msg);
         moeq_tokens_free(&c->slots[i].toks);
         moeq_buf_free(&c->slots[i].result);
     }
+    moeq_kafka_consumer_destroy(c->consumer);
     free(c->slots);
     moeq_store_destroy(c->store);
     moeq_batcher_destroy(c->batcher);
@@ -716,6 +736,20 @@ void moeq_coordinator_destroy(moeq_coordinator *c) {
     free(c->rem);
     pthread_mutex_destroy(&c->snap_mu);
     free(c);
+}
+
+static moeq_err start_http(moeq_coordinator *c, char *errstr, size_t n) {
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)c->p.http_port);
+    if (inet_pton(AF_INET, c->p.http_addr, &addr.sin_addr) != 1)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "http_addr: '%s' is not an IPv4 address", c->p.http_addr);
+    c->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)c->p.http_port, NULL, NULL, http_handler, c,
+                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_END);
+    if (!c->http)
+        return moeq_errf(MOEQ_ERR_IO, errstr, n, "http %s:%lld: cannot listen", c->p.http_addr, (long long)c->p.http_port);
+    return MOEQ_OK;
 }
 
 static moeq_err connect_store(moeq_coordinator *c, const moeq_kvlist *redis, char *errstr, size_t n) {
@@ -776,11 +810,7 @@ moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_
     c->ictx.tokenizer = c->tok;
     if (!e) e = connect_store(c, redis, errstr, n);
     if (!e) e = connect_kafka(c, kafka, errstr, n);
-    if (!e && params->http_port > 0) {
-        c->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)params->http_port, NULL, NULL,
-                                   http_handler, c, MHD_OPTION_END);
-        if (!c->http) e = moeq_errf(MOEQ_ERR_IO, errstr, n, "http_port %lld: cannot listen", (long long)params->http_port);
-    }
+    if (!e && params->http_port > 0) e = start_http(c, errstr, n);
     if (e) {
         moeq_coordinator_destroy(c);
         return e;
@@ -813,19 +843,14 @@ static moeq_err consume_burst(moeq_coordinator *c, volatile sig_atomic_t *stop, 
         moeq_err e = moeq_kafka_consumer_poll(c->consumer, k == 0 ? (int)wait : 0, &m, errstr, n);
         if (e) return e;
         if (!m) break;
-        int64_t tp = moeq_now_ms();
         if (c->p.cancel_topic[0] && !strcmp(moeq_kafka_msg_topic(m), c->p.cancel_topic)) on_cancel(c, m, stop);
         else on_job(c, m);
         now = moeq_now_ms();
-        if (now - tp > 20) moeq_log(MOEQ_LOG_WARN, COMP, "slow_job", "ms=%lld", (long long)(now - tp));
         moeq_batcher_poll(c->batcher, now);
         if (moeq_batcher_ready_batches(c->batcher) >= PIPELINE_MAX / 2 ||
             (moeq_batcher_ready_batches(c->batcher) && now - last_write >= c->p.poll_interval_ms / 2)) {
-            size_t nb = moeq_batcher_ready_batches(c->batcher);
             write_ready(c);
             last_write = now;
-            int64_t tw = moeq_now_ms();
-            if (tw - now > 20) moeq_log(MOEQ_LOG_WARN, COMP, "slow_write", "ms=%lld batches=%zu", (long long)(tw - now), nb);
         }
         if ((int64_t)c->used >= c->p.max_open_jobs) break;
     }
@@ -854,8 +879,8 @@ moeq_err moeq_coordinator_run(moeq_coordinator *c, volatile sig_atomic_t *stop, 
             c->next_commit_ms = now + c->p.commit_interval_ms;
         }
         int64_t t4 = moeq_now_ms();
-        if (t4 - t0 > c->p.poll_interval_ms + 20)
-            moeq_log(MOEQ_LOG_WARN, COMP, "slow_tick", "consume_ms=%lld write_ms=%lld backpressure_ms=%lld commit_ms=%lld",
+        if (t4 - t0 > c->p.poll_interval_ms + 100)
+            moeq_log(MOEQ_LOG_DEBUG, COMP, "slow_tick", "consume_ms=%lld write_ms=%lld backpressure_ms=%lld commit_ms=%lld",
                      (long long)(t1 - t0), (long long)(t2 - t1), (long long)(t3 - t2), (long long)(t4 - t3));
         publish_stats(c, now);
     }

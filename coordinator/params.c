@@ -27,13 +27,12 @@ static const moeq_prop own_props[] = {
     P_STR(dlq_topic, "moeq.dlq", "dead-letter topic: original bytes, reason in headers"),
     P_STR(cancel_topic, "moeq.cancel", "topic of job ids to cancel; empty = off"),
     P_STR(redis_url, "127.0.0.1:6379", "Redis: host:port, redis://[user:password@]host:port or unix:/path"),
-    P_STR(redis_prefix, "moeq", "prefix of every Redis key (moeq:batches:p0, moeq:job:{id})"),
+    P_STR(redis_prefix, "moeq", "prefix of every Redis key (moeq:batches:p0, moeq:job:<id>)"),
     P_STR(durability, "fsync_always",
-          "fsync_always (server runs appendfsync always) | waitaof (WAITAOF per batch) | none"),
+          "fsync_always (server runs appendfsync always), waitaof (WAITAOF after each write round, Redis >= 7.2) or none"),
     P_INT(waitaof_timeout_ms, 1, 60000, "1000", "WAITAOF timeout when durability = waitaof, ms"),
-    P_INT(job_record_ttl_s, 0, 31536000, "604800", "TTL of job records moeq:job:{id}, s; 0 = none"),
-    P_INT(dedupe_ttl_s, 0, 31536000, "604800", "how long an enqueued job id is refused again, s; 0 = forever"),
-    P_STR(model, "", "model directory (its tokenizer.json counts prompt tokens); empty = only `tokens` jobs"),
+    P_INT(job_record_ttl_s, 0, 31536000, "604800", "TTL of job records moeq:job:<id>, which are also the dedupe guard: an id is refused this long, s; 0 = forever"),
+    P_STR(model, "", "model directory (its tokenizer.json gives exact prompt token ids); empty = lengths estimated as bytes/4, no ids"),
     P_INT(max_batch_jobs, 1, 4096, "64", "jobs per batch"),
     P_INT(max_batch_tokens, 1, 16777216, "65536", "sum of prompt_len + max_new_tokens per batch, tokens"),
     P_INT(max_wait_ms, 0, 600000, "50", "a batch closes when its oldest job has waited this long, ms"),
@@ -48,8 +47,8 @@ static const moeq_prop own_props[] = {
     P_INT(pending_check_ms, 10, 60000, "500", "how often the streams' pending batches are measured, ms"),
     P_INT(commit_interval_ms, 10, 60000, "1000", "how often stored offsets are committed, ms"),
     P_INT(http_port, 0, 65535, "9464", "port of /metrics and /healthz; 0 = off"),
-    P_STR(http_addr, "0.0.0.0", "bind address of /metrics and /healthz"),
-    P_STR(log_level, "info", "debug | info | warn | error"),
+    P_STR(http_addr, "0.0.0.0", "IPv4 bind address of /metrics and /healthz"),
+    P_STR(log_level, "info", "debug, info, warn or error"),
 };
 
 #define N_OWN (sizeof(own_props) / sizeof(own_props[0]))

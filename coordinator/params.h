@@ -47,8 +47,7 @@ typedef struct moeq_coordinator_params {
     char redis_prefix[64];            /* key prefix ("moeq" -> moeq:batches:p0, moeq:job:{id})    */
     char durability[16];              /* fsync_always | waitaof | none                          */
     int64_t waitaof_timeout_ms;       /* WAITAOF timeout, ms; [1, 60000]; 1000                   */
-    int64_t job_record_ttl_s;         /* TTL of moeq:job:{id} records, s; 0 = none; 604800       */
-    int64_t dedupe_ttl_s;             /* how long a job id stays "seen", s; 0 = forever; 604800  */
+    int64_t job_record_ttl_s;         /* TTL of moeq:job:<id> (the dedupe guard), s; 0 = forever; 604800 */
     /* Tokenizer */
     char model[1024];                 /* model dir (tokenizer.json); "" = only `tokens` jobs      */
     /* Batching (see batcher.h) */
@@ -68,7 +67,7 @@ typedef struct moeq_coordinator_params {
     int64_t commit_interval_ms;       /* how often stored offsets are committed, ms; 1000        */
     /* Observability */
     int64_t http_port;                /* /metrics and /healthz; 0 = off; 9464                     */
-    char http_addr[64];               /* bind address; "0.0.0.0"                                 */
+    char http_addr[64];               /* IPv4 bind address; "0.0.0.0"                            */
     char log_level[16];               /* debug | info | warn | error                             */
     /* Job codec limits (schemas/include/moeq/job.h) */
     moeq_job_limits limits;

@@ -406,15 +406,123 @@ static moeq_err check_normalizer(const cJSON *norm, char *errstr, size_t errstr_
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/* ---- regex rewriting: the reference's Unicode classes ------------------------------ */
+
+typedef struct patbuf {
+    char *s;
+    size_t len, cap;
+} patbuf;
+
+static int pat_add(patbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = 2 * (b->len + n + 1) + 256;
+        char *p = realloc(b->s, cap);
+        if (!p) return -1;
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+    return 0;
+}
+
+static int pat_ranges(patbuf *b, const moeq_tok_range *r) {
+    for (; r->lo || r->hi; r++) {
+        char tmp[40];
+        int n = snprintf(tmp, sizeof tmp, "\\x{%X}-\\x{%X}", (unsigned)r->lo, (unsigned)r->hi);
+        if (pat_add(b, tmp, (size_t)n) < 0) return -1;
+    }
+    return 0;
+}
+
+/* One escape at p[0] == '\\' of a pattern; returns the pattern bytes consumed,
+ * 0 to copy the escape as it is, -1 when it cannot be expressed. */
+static int rewrite_escape(patbuf *b, const char *p, int in_class, int *oom) {
+    int rc = 0;
+    if ((p[1] == 'p' || p[1] == 'P') && p[2] == '{' && p[3] && strchr("LMNPS", p[3]) && p[4] == '}') {
+        if (p[1] == 'P' && in_class) return -1;
+        char prop[8] = "\\p{X}";
+        prop[3] = p[3];
+        const char *open = in_class ? "" : p[1] == 'P' ? "[^" : "[";
+        rc = pat_add(b, open, strlen(open)) | pat_add(b, prop, 5) |
+             pat_ranges(b, moeq_tok_unicode_extra(p[3])) | pat_add(b, in_class ? "" : "]", !in_class);
+        *oom = rc < 0;
+        return 5;
+    }
+    if (p[1] == 's' || p[1] == 'S') {
+        if (p[1] == 'S' && in_class) return -1;
+        const char *open = in_class ? "" : p[1] == 'S' ? "[^" : "[";
+        rc = pat_add(b, open, strlen(open)) | pat_ranges(b, moeq_tok_unicode_space()) |
+             pat_add(b, in_class ? "" : "]", !in_class);
+        *oom = rc < 0;
+        return 2;
+    }
+    if (p[1] == 'Q') return -1; /* \Q..\E quoting: not scanned */
+    return 0;
+}
+
+/*
+ * Rewrite a pre_tokenizer regex so that PCRE2 classifies code points as the
+ * reference (Oniguruma, newer Unicode tables) does: \p{L|M|N|P|S} gain the
+ * code points PCRE2's tables lack, \s and \S become the reference's
+ * whitespace set (PCRE2's \s also has U+180E). Other syntax is copied.
+ */
+static moeq_err rewrite_pattern(const char *in, char **out, const char *where, char *errstr,
+                                size_t errstr_size) {
+    patbuf b = {0};
+    int in_class = 0, oom = pat_add(&b, "", 0) < 0;
+    for (size_t i = 0; in[i] && !oom;) {
+        if (in[i] == '\\' && in[i + 1]) {
+            int n = rewrite_escape(&b, in + i, in_class, &oom);
+            if (n < 0) {
+                free(b.s);
+                return E(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                         "tokenizer.json: %s: regex escape \\%c %s is not supported", where, in[i + 1],
+                         in_class ? "inside a class" : "");
+            }
+            if (n == 0) oom = pat_add(&b, in + i, 2) < 0, n = 2;
+            i += (size_t)n;
+            continue;
+        }
+        size_t n = 1;
+        if (in[i] == '[' && !in_class) {
+            in_class = 1;
+            if (in[i + 1] == '^') n++;
+            if (in[i + n] == ']') n++; /* a leading ] is literal */
+        } else if (in[i] == '[' && in_class && in[i + 1] == ':') {
+            const char *end = strstr(in + i, ":]"); /* POSIX [:name:] */
+            n = end ? (size_t)(end - (in + i)) + 2 : 1;
+        } else if (in[i] == ']' && in_class) {
+            in_class = 0;
+        }
+        oom = pat_add(&b, in + i, n) < 0;
+        i += n;
+    }
+    if (oom) {
+        free(b.s);
+        return E(MOEQ_ERR_NOMEM, errstr, errstr_size, "tokenizer: out of memory");
+    }
+    *out = b.s;
+    return MOEQ_OK;
+}
+
 static moeq_err add_split(moeq_tokenizer *tok, const char *pattern, int literal, int behavior,
                           const char *where, char *errstr, size_t errstr_size) {
     if (tok->n_splits == TOK_MAX_SPLITS)
         return E(MOEQ_ERR_LIMIT, errstr, errstr_size, "tokenizer.json: %s: more than %d Split steps",
                  where, TOK_MAX_SPLITS);
+    char *rewritten = NULL;
+    if (!literal) {
+        moeq_err err = rewrite_pattern(pattern, &rewritten, where, errstr, errstr_size);
+        if (err) return err;
+        pattern = rewritten;
+    }
     int rc;
     PCRE2_SIZE at;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &rc, &at, NULL);
+    free(rewritten);
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(rc, msg, sizeof msg);

@@ -160,8 +160,9 @@ static uint64_t heap_pop(uint64_t *heap, size_t *n) {
 
 /* Queue the pair starting at symbol pos when it has a merge. */
 static void queue_pair(enc_ctx *ctx, size_t *n_heap, int32_t pos) {
+    if (pos < 0) return;
     int32_t next = ctx->sym[pos].next, merged;
-    if (pos < 0 || next < 0) return;
+    if (next < 0) return;
     int32_t rank = moeq_tok_merge_find(ctx->tok, ctx->sym[pos].id, ctx->sym[next].id, &merged);
     if (rank >= 0) heap_push(ctx->heap, n_heap, ((uint64_t)rank << 32) | (uint32_t)pos);
 }

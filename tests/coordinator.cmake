@@ -12,3 +12,9 @@ moeq_add_test(NAME test_coordinator_intake SOURCES test_coordinator_intake.c
 moeq_add_test(NAME test_coordinator_e2e SOURCES test_coordinator_e2e.c
   LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 240)
 add_dependencies(test_coordinator_e2e moeq)
+moeq_add_test(NAME test_coordinator_crash SOURCES test_coordinator_crash.c
+  LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 180)
+add_dependencies(test_coordinator_crash moeq)
+moeq_add_test(NAME test_coordinator_redis_restart SOURCES test_coordinator_redis_restart.c
+  LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 180)
+add_dependencies(test_coordinator_redis_restart moeq)

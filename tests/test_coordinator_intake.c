@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "batch_entry.h"
+#include "metrics.h"
 #include "intake.h"
 #include "moeq/result.h"
 #include "moeq/tokenizer.h"
@@ -232,6 +233,33 @@ static void batch_entries_round_trip(void **state) {
     moeq_buf_free(&buf);
 }
 
+static void metrics_render_as_prometheus_text(void **state) {
+    (void)state;
+    moeq_coord_stats st;
+    memset(&st, 0, sizeof(st));
+    st.jobs_consumed = 10;
+    st.jobs_rejected[MOEQ_JOB_REJECT_MALFORMED] = 2;
+    st.batches_written[3] = 4;
+    st.batch_jobs = 8;
+    st.batch_job_slots = 16;
+    st.batch_pad_tokens = 5;
+    st.batch_padded_tokens = 100;
+    moeq_buf out = {0};
+    assert_int_equal(moeq_coord_metrics_render(&st, &out), MOEQ_OK);
+    const char *t = (const char *)out.data;
+    assert_non_null(strstr(t, "# TYPE moeq_coordinator_jobs_consumed_total counter\nmoeq_coordinator_jobs_consumed_total 10\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_jobs_rejected_total{reason=\"malformed\"} 2\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_batches_written_total{priority=\"3\"} 4\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_batch_fill_ratio 0.5000\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_bucket_waste_ratio 0.0500\n"));
+    /* every sample line is `name[{labels}] value` */
+    for (const char *line = t; *line; line = strchr(line, '\n') + 1) {
+        if (*line != '#') assert_true(strncmp(line, "moeq_coordinator_", 17) == 0);
+        if (!strchr(line, '\n')) break;
+    }
+    moeq_buf_free(&out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_prompt_job_is_accepted_with_its_exact_token_ids),
@@ -244,6 +272,7 @@ int main(void) {
         cmocka_unit_test(a_job_longer_than_a_batch_is_rejected_too_large),
         cmocka_unit_test(chat_messages_are_rendered_or_rejected_when_the_model_has_no_chat_format),
         cmocka_unit_test(batch_entries_round_trip),
+        cmocka_unit_test(metrics_render_as_prometheus_text),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -69,7 +69,8 @@ for (const k of ['L', 'M', 'N', 'P', 'S']) {
   body += `static const moeq_tok_range EXTRA_${k}[] = {\n` +
     extra.map(([a, b]) => `    {${hex(a)}, ${hex(b)}},\n`).join('') + '    {0, 0},\n};\n';
 }
-const space = toRanges((c) => referenceClass('\\s')[c]);
+const spaceMember = referenceClass("\\s");
+const space = toRanges((c) => spaceMember[c]);
 body += 'static const moeq_tok_range SPACE[] = {\n' +
   space.map(([a, b]) => `    {${hex(a)}, ${hex(b)}},\n`).join('') + '    {0, 0},\n};\n';
 

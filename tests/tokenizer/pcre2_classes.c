@@ -1,4 +1,4 @@
-/* Prints PCRE2's (UTF + UCP) members of \\p{L,M,N,P,S} and \\s as JSON code point
+/* Prints PCRE2's (UTF + UCP) members of \p{L,M,N,P,S} and \s as JSON code point
  * ranges. Used by gen_unicode.js only; not part of the build. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
