@@ -18,3 +18,6 @@ add_dependencies(test_coordinator_crash moeq)
 moeq_add_test(NAME test_coordinator_redis_restart SOURCES test_coordinator_redis_restart.c
   LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 180)
 add_dependencies(test_coordinator_redis_restart moeq)
+moeq_add_test(NAME test_coordinator_broker_restart SOURCES test_coordinator_broker_restart.c
+  LIBS moeq_coordinator LABELS integration slow FIXTURES services TIMEOUT 300)
+add_dependencies(test_coordinator_broker_restart moeq)

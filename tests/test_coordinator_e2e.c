@@ -18,7 +18,7 @@
 #define POLL_MS 10
 #define MAX_JOBS 16
 #define MAX_TOKENS 4096
-#define JITTER_MS 100
+#define JITTER_MS 200
 
 static uint64_t rng = 0x9E3779B97F4A7C15ULL;
 static uint64_t rnd(void) {

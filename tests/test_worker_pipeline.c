@@ -46,8 +46,8 @@ static moeq_engine *g_engine;
 #define MAX_JOBS 64
 
 typedef struct tjob {
-    char id[64];
-    char json[512];
+    char id[192];
+    char json[768];
     int32_t tokens[256];
     int n_tokens;
     int max_new, with_tokens;
@@ -101,6 +101,8 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
+    for (int i = 0; i < g_n_pids; i++) /* workers of a failed test (already reaped ones: ESRCH) */
+        if (g_pids[i] > 0 && kill(g_pids[i], SIGKILL) == 0) waitpid(g_pids[i], NULL, 0);
     moeq_engine_destroy(g_engine);
     moeq_tokenizer_destroy(g_tok);
     moeq_model_destroy(g_mdl);
@@ -108,7 +110,11 @@ static int group_teardown(void **state) {
 }
 
 /* Jobs with varied prompts, lengths and sampling; expectations from generate alone. */
-static void make_jobs(scenario *s, int n, const char *tag) {
+static void make_jobs(scenario *s, int n, const char *tag_in) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "%s.%s", tag_in, s->prefix); /* ids unique per run: records outlive runs */
+    char *colon = strchr(tag, ':');
+    if (colon) *colon = 0;
     static const char *docs[] = {"The quick brown fox jumps over the lazy dog.", "Summarise: sales rose 4% in May.",
                                  "Translate to French: good morning", "List three prime numbers.",
                                  "Kafka stores records in partitions; Redis streams hold entries."};
@@ -116,7 +122,7 @@ static void make_jobs(scenario *s, int n, const char *tag) {
     for (int i = 0; i < n; i++) {
         tjob *j = &s->jobs[i];
         memset(j, 0, sizeof *j);
-        snprintf(j->id, sizeof j->id, "%s-%d", tag, i);
+        snprintf(j->id, sizeof j->id, "%.150s-%d", tag, i);
         j->max_new = 4 + (i * 7) % 20;
         j->temperature = i % 3 == 0 ? 0.0 : 0.9;
         j->seed = 1000 + (uint64_t)i;
@@ -194,7 +200,7 @@ static void add_batch(scenario *s, int p, int from, int to, char *id_out, size_t
     }
     moeq_buf blob = {0};
     assert_int_equal(moeq_batch_entry_encode_jobs(bj, (size_t)(to - from), &blob), MOEQ_OK);
-    char stream[128], n[16], closed[24], err[256];
+    char stream[160], n[16], closed[24], err[256];
     snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
     snprintf(n, sizeof n, "%d", to - from);
     snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
@@ -212,6 +218,9 @@ static void add_batch(scenario *s, int p, int from, int to, char *id_out, size_t
     moeq_buf_free(&blob);
 }
 
+static pid_t g_pids[16];
+static int g_n_pids;
+
 static pid_t start_worker(const scenario *s, const char *id, const char *extra) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
@@ -226,10 +235,17 @@ static pid_t start_worker(const scenario *s, const char *id, const char *extra) 
         _exit(127);
     }
     assert_true(pid > 0);
+    if (g_n_pids < 16) g_pids[g_n_pids++] = pid;
     return pid;
 }
 
+static void forget_pid(pid_t pid) {
+    for (int i = 0; i < g_n_pids; i++)
+        if (g_pids[i] == pid) g_pids[i] = 0;
+}
+
 static int wait_exit(pid_t pid, int timeout_ms) {
+    forget_pid(pid);
     for (int t = 0; t < timeout_ms; t += 20) {
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -316,7 +332,7 @@ static void wait_no_pending(scenario *s, int timeout_ms) {
 }
 
 static void assert_record_state(scenario *s, const char *id, const char *want) {
-    char key[128], err[256];
+    char key[256], err[256];
     snprintf(key, sizeof key, "moeq:job:%s", id);
     const char *argv[] = {"HGET", key, "state"};
     moeq_redis_reply *r = NULL;
@@ -342,8 +358,8 @@ static void every_job_gets_what_generate_gives_alone_and_the_batch_is_acked(void
     assert_int_equal(collect(&s, 45000), s.n_jobs);
     assert_results_equal_generate(&s);
     wait_no_pending(&s, 10000);
-    assert_record_state(&s, "e2e-0", "done");
-    assert_record_state(&s, "e2e-23", "done");
+    assert_record_state(&s, s.jobs[0].id, "done");
+    assert_record_state(&s, s.jobs[23].id, "done");
     kill(w, SIGTERM);
     assert_int_equal(wait_exit(w, 15000), 0);
     assert_int_equal(s.duplicates, 0);
@@ -369,6 +385,7 @@ static void a_batch_left_by_a_dead_worker_is_reclaimed_and_finished(void **state
     while (collect(&s, 50) == 0 && moeq_now_ms() < deadline) {}
     kill(w1, SIGKILL);
     waitpid(w1, NULL, 0);
+    forget_pid(w1);
     pid_t w2 = start_worker(&s, "rc-w2", NULL);
     assert_int_equal(collect(&s, 45000), s.n_jobs);
     assert_results_equal_generate(&s);
@@ -401,7 +418,7 @@ static void a_batch_delivered_too_often_is_dead_lettered_with_error_results(void
         assert_string_equal(s.jobs[i].error_code, "dead_letter");
     }
     wait_no_pending(&s, 10000);
-    assert_record_state(&s, "dl-0", "failed");
+    assert_record_state(&s, s.jobs[0].id, "failed");
     kill(w, SIGTERM);
     assert_int_equal(wait_exit(w, 15000), 0);
     scenario_close(&s);
