@@ -13,7 +13,7 @@
 
 typedef struct engine_args {
     const char *model_dir, *prompt, *tokens;
-    int max_new_tokens, top, n_threads, batch_invariant;
+    int max_new_tokens, top, n_threads, batch_invariant, mtp_k;
     moeq_sampling_params sampling;
 } engine_args;
 
@@ -26,6 +26,9 @@ static void generate_usage(FILE *out) {
                  "  --top-p P           1 = off (default 1)\n"
                  "  --seed S            (default 0)\n"
                  "  --threads N         0 = all cores (default 0)\n"
+                 "  --mtp K             speculative decoding with the model's MTP layer, K drafts per\n"
+                 "                      step (1..8; default 0 = off); same output, adds \"mtp\":\n"
+                 "                      {\"k\",\"drafted\",\"accepted\",\"acceptance\",\"steps\"}\n"
                  "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}.\n");
 }
 
@@ -55,6 +58,7 @@ static int parse_args(int argc, char **argv, engine_args *a) {
         else if (!strcmp(k, "--seed")) a->sampling.seed = strtoull(v, NULL, 0);
         else if (!strcmp(k, "--top")) a->top = atoi(v);
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
+        else if (!strcmp(k, "--mtp")) a->mtp_k = atoi(v);
         else return -1;
     }
     return a->model_dir ? 0 : -1;
@@ -137,7 +141,7 @@ static int session_open(session *s, const engine_args *a, int extra_tokens, cons
     if (s->n_ids < 1) return fprintf(stderr, "moeq %s: empty prompt\n", cmd), 2;
     moeq_engine_params p = moeq_engine_default_params();
     p.max_seqs = 1;
-    p.kv_cache_tokens = s->n_ids + extra_tokens + 1;
+    p.kv_cache_tokens = s->n_ids + extra_tokens + 1 + MOEQ_MTP_MAX_K; /* + drafts being verified */
     p.n_threads = a->n_threads;
     p.batch_invariant = a->batch_invariant;
     p.max_step_tokens = s->n_ids < 512 ? s->n_ids : 512;
@@ -150,13 +154,16 @@ int moeq_cmd_generate(int argc, char **argv);
 int moeq_cmd_generate(int argc, char **argv) {
     engine_args a = {.max_new_tokens = 32, .batch_invariant = 1, .sampling = moeq_sampling_default_params()};
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return generate_usage(stdout), 0;
-    if (parse_args(argc, argv, &a) || a.max_new_tokens < 0) return generate_usage(stderr), 2;
+    if (parse_args(argc, argv, &a) || a.max_new_tokens < 0 || a.mtp_k < 0 || a.mtp_k > MOEQ_MTP_MAX_K)
+        return generate_usage(stderr), 2;
     session s = {0};
     int rc = session_open(&s, &a, a.max_new_tokens, "generate");
     if (rc) return session_close(&s), rc;
     int32_t stop = s.tok && moeq_tokenizer_eos_id(s.tok) >= 0 ? moeq_tokenizer_eos_id(s.tok)
                                                                 : moeq_model_get_config(s.model)->eos_token_id;
-    moeq_generate_params gp = {a.sampling, a.max_new_tokens, &stop, stop >= 0 ? 1 : 0};
+    moeq_generate_stats stats = {0};
+    moeq_generate_params gp = {.sampling = a.sampling, .max_new_tokens = a.max_new_tokens, .stop_ids = &stop,
+                               .n_stop_ids = stop >= 0 ? 1 : 0, .mtp_k = a.mtp_k, .stats = &stats};
     int32_t *out = NULL;
     int n_out = 0;
     char err[512] = "";
@@ -170,6 +177,10 @@ int moeq_cmd_generate(int argc, char **argv) {
     print_ids("prompt_tokens", s.ids, s.n_ids);
     putchar(',');
     print_ids("tokens", out, n_out);
+    if (a.mtp_k > 0)
+        printf(",\"mtp\":{\"k\":%d,\"drafted\":%lld,\"accepted\":%lld,\"acceptance\":%.4f,\"steps\":%lld}", a.mtp_k,
+               (long long)stats.drafted, (long long)stats.accepted,
+               stats.drafted ? (double)stats.accepted / (double)stats.drafted : 0.0, (long long)stats.rounds);
     char *text = NULL;
     if (s.tok && moeq_tokenizer_decode(s.tok, out, (size_t)n_out, 0, &text, NULL, err, sizeof(err)) == MOEQ_OK) {
         fputs(",\"text\":", stdout);

@@ -14,7 +14,7 @@
 
 static void gen_model_usage(FILE *out) {
     fprintf(out,
-            "usage: moeq gen-model --preset tiny|tiny-v2|small|bench --out DIR [options]\n"
+            "usage: moeq gen-model --preset tiny|tiny-v2|small|bench|tiny-mtp|bench-mtp --out DIR [options]\n"
             "\n"
             "Writes config.json, safetensors (HF tensor names) and, when sharded,\n"
             "model.safetensors.index.json. Same seed, same bytes.\n"
@@ -25,7 +25,9 @@ static void gen_model_usage(FILE *out) {
             "  --shard-mb N    split into shards of about N MiB (default 1024)\n"
             "  --shards N      exactly N shards; 1 = a single model.safetensors (default: auto,\n"
             "                  at least 2 for tiny, tiny-v2 and small)\n"
-            "  --no-tokenizer  do not write tokenizer.json / tokenizer_config.json\n");
+            "  --no-tokenizer  do not write tokenizer.json / tokenizer_config.json\n"
+            "  --mtp-damp X    tiny-mtp, bench-mtp: scale of the damped main blocks' outputs (default\n"
+            "                  0.02; larger = MTP drafts accepted less often; docs/MTP.md)\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -61,6 +63,8 @@ static int gen_model_args(int argc, char **argv, const char **preset, const char
         } else if (!strcmp(a, "--dtype") && !moeq_genmodel_dtype_parse(v, &params->dtype)) {
         } else if (!strcmp(a, "--shard-mb") && !parse_u64(v, &n) && n >= 1 && n <= (1u << 20)) {
             params->shard_bytes = (size_t)n << 20;
+        } else if (!strcmp(a, "--mtp-damp") && strtod(v, NULL) >= 0) {
+            params->mtp_agree_damp = strtod(v, NULL);
         } else if (!strcmp(a, "--shards") && !parse_u64(v, &n) && n >= 1 && n <= 9999) {
             params->n_shards = (int)n;
         } else {
@@ -90,6 +94,7 @@ int moeq_cmd_gen_model(int argc, char **argv) {
     char errstr[512];
     moeq_model_config config;
     moeq_err err = moeq_genmodel_preset(preset, &config, &params.min_shards, errstr, sizeof errstr);
+    params.mtp_agree = moeq_genmodel_preset_mtp_agree(preset);
     moeq_genmodel_stats stats;
     int64_t t0 = moeq_mono_ns();
     if (!err) err = moeq_genmodel_write(out_dir, &config, &params, &stats, errstr, sizeof errstr);

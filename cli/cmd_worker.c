@@ -303,9 +303,9 @@ done:
 
 /* ---- moeq status ------------------------------------------------------------------ */
 
-static void status_job(moeq_redis *redis, const char *id) {
-    char key[600];
-    snprintf(key, sizeof key, "moeq:job:%s", id);
+static void status_job(moeq_redis *redis, const char *prefix, const char *id) {
+    char key[700];
+    snprintf(key, sizeof key, "%s:job:%s", prefix, id);
     const char *argv[] = {"HGETALL", key};
     moeq_redis_reply *r = NULL;
     char err[256];
@@ -335,13 +335,14 @@ static void json_field(const char *json, const char *key, char *out, size_t size
     out[n] = 0;
 }
 
-static void status_workers(moeq_redis *redis) {
-    char cursor[32] = "0", err[256];
+static void status_workers(moeq_redis *redis, const char *prefix) {
+    char cursor[32] = "0", err[256], match[96];
+    snprintf(match, sizeof match, "%s:worker:*", prefix);
     printf("%-28s %-16s %6s %6s %7s %7s %10s %8s\n", "WORKER", "MODEL", "SLOTS", "FREE", "RUNNING", "BATCHES",
            "TOKENS/S", "DONE");
     int n = 0;
     do {
-        const char *argv[] = {"SCAN", cursor, "MATCH", "moeq:worker:*", "COUNT", "200"};
+        const char *argv[] = {"SCAN", cursor, "MATCH", match, "COUNT", "200"};
         moeq_redis_reply *r = NULL;
         if (moeq_redis_command_argv(redis, 6, argv, NULL, &r, err, sizeof err)) break;
         snprintf(cursor, sizeof cursor, "%s", moeq_redis_reply_str(moeq_redis_reply_at(r, 0), NULL));
@@ -385,7 +386,7 @@ static void status_streams(moeq_redis *redis, const char *prefix, const char *gr
     printf("\n%-20s %8s %8s %8s\n", "STREAM", "LENGTH", "PENDING", "LAG");
     for (int p = 0; p < 4; p++) {
         char stream[96];
-        snprintf(stream, sizeof stream, "%s%d", prefix, p);
+        snprintf(stream, sizeof stream, "%s:batches:p%d", prefix, p);
         const char *xlen[] = {"XLEN", stream};
         long long len = int_reply(redis, 2, xlen);
         long long pending = -1, lag = -1;
@@ -416,11 +417,11 @@ static void status_streams(moeq_redis *redis, const char *prefix, const char *gr
 }
 
 int moeq_cmd_status(int argc, char **argv) {
-    const char *url = getenv("MOEQ_REDIS_URL"), *job = NULL, *prefix = "moeq:batches:p", *group = "workers";
+    const char *url = getenv("MOEQ_REDIS_URL"), *job = NULL, *prefix = "moeq", *group = "workers";
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
-            printf("usage: moeq status [--redis URL] [--job ID]\n\n"
+            printf("usage: moeq status [--redis URL] [--prefix moeq] [--group workers] [--job ID]\n\n"
                    "Live workers (heartbeats), batch streams (length, pending, lag) as a table;\n"
                    "--job ID prints that job's record (state, batch, worker, timestamps).\n");
             return 0;
@@ -429,6 +430,8 @@ int moeq_cmd_status(int argc, char **argv) {
         i++;
         if (!strcmp(k, "--redis") || !strcmp(k, "--redis-url")) url = v;
         else if (!strcmp(k, "--job")) job = v;
+        else if (!strcmp(k, "--prefix")) prefix = v;
+        else if (!strcmp(k, "--group")) group = v;
         else return fprintf(stderr, "moeq status: unknown option %s\n", k), 2;
     }
     moeq_redis_params rp;
@@ -437,9 +440,9 @@ int moeq_cmd_status(int argc, char **argv) {
     moeq_err e = moeq_redis_params_parse(url ? url : "localhost:6379", NULL, &rp, err, sizeof err);
     if (!e) e = moeq_redis_new(&rp, &redis, err, sizeof err);
     if (e) return fprintf(stderr, "moeq status: redis: %s: %s\n", moeq_err_str(e), err), 1;
-    if (job) status_job(redis, job);
+    if (job) status_job(redis, prefix, job);
     else {
-        status_workers(redis);
+        status_workers(redis, prefix);
         status_streams(redis, prefix, group);
     }
     moeq_redis_destroy(redis);

@@ -8,15 +8,20 @@
  * or commit, and what to do with a failed delivery, is the caller's choice.
  *
  * Not here: payload decoding, topic administration, retries above librdkafka's.
+ * The mock-cluster section at the end exists for tests: it wraps
+ * librdkafka's experimental rdkafka_mock.h so no test includes librdkafka.
  */
 #include "moeq/kafka.h"
 
 #include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h> /* after rdkafka.h; tests' mock cluster only */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "moeq/log.h"
+#include "moeq/util.h"
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -535,6 +540,77 @@ void moeq_kafka_consumer_destroy(moeq_kafka_consumer *consumer) {
     free(consumer);
 }
 
+/* ---- consumer lag ---------------------------------------------------------- */
+
+static int64_t offset_or_unknown(int64_t offset) { return offset >= 0 ? offset : -1; }
+
+/* Ask the broker within the time left, else use what the last fetch response cached. */
+static void watermarks(rd_kafka_t *rk, moeq_kafka_lag *lag, int64_t end_ms) {
+    int64_t lo = RD_KAFKA_OFFSET_INVALID, hi = RD_KAFKA_OFFSET_INVALID, left = end_ms - moeq_now_ms();
+    if (left <= 0 || rd_kafka_query_watermark_offsets(rk, lag->topic, lag->partition, &lo, &hi, (int)left))
+        rd_kafka_get_watermark_offsets(rk, lag->topic, lag->partition, &lo, &hi);
+    lag->low = offset_or_unknown(lo);
+    lag->high = offset_or_unknown(hi);
+}
+
+/* Position (local) and, time allowing, the group's committed offsets (one OffsetFetch) into lags. */
+static void positions_and_commits(rd_kafka_t *rk, rd_kafka_topic_partition_list_t *list, moeq_kafka_lag *lags,
+                                  int64_t end_ms, int *committed_known) {
+    *committed_known = 0;
+    if (rd_kafka_position(rk, list) == RD_KAFKA_RESP_ERR_NO_ERROR)
+        for (int i = 0; i < list->cnt; i++) lags[i].position = offset_or_unknown(list->elems[i].offset);
+    int64_t left = end_ms - moeq_now_ms();
+    if (left <= 0) return;
+    for (int i = 0; i < list->cnt; i++) list->elems[i].offset = RD_KAFKA_OFFSET_INVALID;
+    if (rd_kafka_committed(rk, list, (int)left)) return;
+    *committed_known = 1;
+    for (int i = 0; i < list->cnt; i++) lags[i].committed = list->elems[i].err ? -1 : offset_or_unknown(list->elems[i].offset);
+}
+
+moeq_err moeq_kafka_consumer_lag(moeq_kafka_consumer *consumer, int timeout_ms, moeq_kafka_lag **lags,
+                                 size_t *n_lags, char *errstr, size_t n) {
+    if (!consumer || !lags || !n_lags || timeout_ms < 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka lag: NULL argument or negative timeout");
+    *lags = NULL;
+    *n_lags = 0;
+    int64_t end = moeq_now_ms() + timeout_ms;
+    rd_kafka_topic_partition_list_t *list = NULL;
+    rd_kafka_resp_err_t rerr = rd_kafka_assignment(consumer->rk, &list);
+    if (rerr) return rd_errf(rerr, errstr, n, "lag");
+    if (list->cnt == 0) {
+        rd_kafka_topic_partition_list_destroy(list);
+        return MOEQ_OK;
+    }
+    /* one allocation as partitions_copy's: the array, then the topic strings */
+    size_t bytes = (size_t)list->cnt * sizeof(moeq_kafka_lag);
+    for (int i = 0; i < list->cnt; i++) bytes += strlen(list->elems[i].topic) + 1;
+    moeq_kafka_lag *out = malloc(bytes);
+    if (!out) {
+        rd_kafka_topic_partition_list_destroy(list);
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "kafka lag: out of memory");
+    }
+    char *strings = (char *)(out + list->cnt);
+    for (int i = 0; i < list->cnt; i++) {
+        size_t len = strlen(list->elems[i].topic) + 1;
+        memcpy(strings, list->elems[i].topic, len);
+        out[i] = (moeq_kafka_lag){.topic = strings, .partition = list->elems[i].partition, .low = -1, .high = -1,
+                                  .position = -1, .committed = -1, .lag = -1};
+        strings += len;
+    }
+    int committed_known = 0;
+    positions_and_commits(consumer->rk, list, out, end, &committed_known);
+    for (int i = 0; i < list->cnt; i++) {
+        moeq_kafka_lag *l = &out[i];
+        watermarks(consumer->rk, l, end);
+        int64_t base = l->committed >= 0 ? l->committed : committed_known && !list->elems[i].err ? l->low : -1;
+        if (l->high >= 0 && base >= 0) l->lag = l->high > base ? l->high - base : 0;
+    }
+    *n_lags = (size_t)list->cnt;
+    *lags = out;
+    rd_kafka_topic_partition_list_destroy(list);
+    return MOEQ_OK;
+}
+
 /* ---- consumed messages: a moeq_kafka_msg is an rd_kafka_message_t ------- */
 
 static const rd_kafka_message_t *rkm_of(const moeq_kafka_msg *msg) { return (const rd_kafka_message_t *)msg; }
@@ -592,4 +668,173 @@ moeq_err moeq_kafka_msg_header_at(const moeq_kafka_msg *msg, size_t i, moeq_kafk
 
 void moeq_kafka_msg_destroy(moeq_kafka_msg *msg) {
     if (msg) rd_kafka_message_destroy((rd_kafka_message_t *)msg);
+}
+
+/* ---- mock cluster (tests only) ------------------------------------------------
+ * A moeq_kafka_mock is an rd_kafka_mock_cluster_t. moeq_kafka_mock_new's is
+ * created by `test.mock.num.brokers` on a private producer handle, so
+ * destroying that handle stops the cluster.
+ */
+
+static rd_kafka_mock_cluster_t *mc_of(const moeq_kafka_mock *mock) { return (rd_kafka_mock_cluster_t *)mock; }
+
+moeq_err moeq_kafka_mock_new(int n_brokers, moeq_kafka_mock **out, char *errstr, size_t n) {
+    if (!out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock: NULL out");
+    *out = NULL;
+    if (n_brokers < 1 || n_brokers > 32)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock: %d brokers (1..32)", n_brokers);
+    char count[16], rd_err[512];
+    snprintf(count, sizeof count, "%d", n_brokers);
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    moeq_err err = conf_set(conf, "test.mock.num.brokers", count, "mock ", errstr, n);
+    if (!err) err = conf_set(conf, "client.id", "moeq-mock", "mock ", errstr, n);
+    if (err) {
+        rd_kafka_conf_destroy(conf);
+        return err;
+    }
+    conf_common_cbs(conf, NULL);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, rd_err, sizeof rd_err);
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        return moeq_errf(MOEQ_ERR_INTERNAL, errstr, n, "kafka mock: %s", rd_err);
+    }
+    rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(rk);
+    if (!mc) {
+        rd_kafka_destroy(rk);
+        return moeq_errf(MOEQ_ERR_INTERNAL, errstr, n, "kafka mock: librdkafka built without the mock cluster");
+    }
+    *out = (moeq_kafka_mock *)mc;
+    return MOEQ_OK;
+}
+
+void moeq_kafka_mock_destroy(moeq_kafka_mock *mock) {
+    if (mock) rd_kafka_destroy(rd_kafka_mock_cluster_handle(mc_of(mock)));
+}
+
+moeq_kafka_mock *moeq_kafka_producer_mock(moeq_kafka_producer *producer) {
+    return producer ? (moeq_kafka_mock *)rd_kafka_handle_mock_cluster(producer->rk) : NULL;
+}
+
+moeq_kafka_mock *moeq_kafka_consumer_mock(moeq_kafka_consumer *consumer) {
+    return consumer ? (moeq_kafka_mock *)rd_kafka_handle_mock_cluster(consumer->rk) : NULL;
+}
+
+const char *moeq_kafka_mock_bootstraps(const moeq_kafka_mock *mock) {
+    return mock ? rd_kafka_mock_cluster_bootstraps(mc_of(mock)) : NULL;
+}
+
+static moeq_err mock_result(rd_kafka_resp_err_t rerr, char *errstr, size_t n, const char *what) {
+    return rerr ? rd_errf(rerr, errstr, n, what) : MOEQ_OK;
+}
+
+moeq_err moeq_kafka_mock_topic_create(moeq_kafka_mock *mock, const char *topic, int partitions, int replication,
+                                      char *errstr, size_t n) {
+    if (!mock || !topic || partitions < 1 || replication < 1)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock topic: bad argument");
+    return mock_result(rd_kafka_mock_topic_create(mc_of(mock), topic, partitions, replication), errstr, n,
+                       "mock topic_create");
+}
+
+moeq_err moeq_kafka_mock_partition_set_leader(moeq_kafka_mock *mock, const char *topic, int32_t partition,
+                                              int32_t broker_id, char *errstr, size_t n) {
+    if (!mock || !topic) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock leader: NULL argument");
+    return mock_result(rd_kafka_mock_partition_set_leader(mc_of(mock), topic, partition, broker_id), errstr, n,
+                       "mock partition_set_leader");
+}
+
+moeq_err moeq_kafka_mock_group_coordinator_set(moeq_kafka_mock *mock, const char *group, int32_t broker_id,
+                                               char *errstr, size_t n) {
+    if (!mock || !group) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock coordinator: NULL argument");
+    return mock_result(rd_kafka_mock_coordinator_set(mc_of(mock), "group", group, broker_id), errstr, n,
+                       "mock coordinator_set");
+}
+
+/* A fault as librdkafka's error code; 0 with *ok 0 for a value outside the enum. */
+static rd_kafka_resp_err_t fault_err(moeq_kafka_fault fault, int *ok) {
+    *ok = 1;
+    switch (fault) {
+    case MOEQ_KAFKA_FAULT_DISCONNECT: return RD_KAFKA_RESP_ERR__TRANSPORT;
+    case MOEQ_KAFKA_FAULT_NONE: return RD_KAFKA_RESP_ERR_NO_ERROR;
+    case MOEQ_KAFKA_FAULT_UNKNOWN_TOPIC_OR_PART: return RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+    case MOEQ_KAFKA_FAULT_LEADER_NOT_AVAILABLE: return RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE;
+    case MOEQ_KAFKA_FAULT_NOT_LEADER: return RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION;
+    case MOEQ_KAFKA_FAULT_REQUEST_TIMED_OUT: return RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT;
+    case MOEQ_KAFKA_FAULT_COORDINATOR_LOADING: return RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS;
+    case MOEQ_KAFKA_FAULT_COORDINATOR_NOT_AVAILABLE: return RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE;
+    case MOEQ_KAFKA_FAULT_NOT_COORDINATOR: return RD_KAFKA_RESP_ERR_NOT_COORDINATOR;
+    case MOEQ_KAFKA_FAULT_NOT_ENOUGH_REPLICAS: return RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS;
+    case MOEQ_KAFKA_FAULT_NOT_ENOUGH_REPLICAS_AFTER_APPEND: return RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND;
+    case MOEQ_KAFKA_FAULT_REBALANCE_IN_PROGRESS: return RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS;
+    }
+    *ok = 0;
+    return RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+static moeq_err faults_check(const moeq_kafka_mock *mock, const moeq_kafka_fault *faults, size_t n_faults,
+                             rd_kafka_resp_err_t *errs, char *errstr, size_t n) {
+    if (!mock || (!faults && n_faults))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock faults: NULL argument");
+    for (size_t i = 0; i < n_faults; i++) {
+        int ok;
+        errs[i] = fault_err(faults[i], &ok);
+        if (!ok) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock faults: fault %zu (%d) unknown", i,
+                                  (int)faults[i]);
+    }
+    return MOEQ_OK;
+}
+
+#define MOCK_FAULTS_MAX 256
+
+moeq_err moeq_kafka_mock_push_faults(moeq_kafka_mock *mock, moeq_kafka_api api, const moeq_kafka_fault *faults,
+                                     size_t n_faults, char *errstr, size_t n) {
+    rd_kafka_resp_err_t errs[MOCK_FAULTS_MAX];
+    if (n_faults > MOCK_FAULTS_MAX)
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, n, "kafka mock faults: %zu at once (max %d)", n_faults, MOCK_FAULTS_MAX);
+    moeq_err err = faults_check(mock, faults, n_faults, errs, errstr, n);
+    if (!err && n_faults) rd_kafka_mock_push_request_errors_array(mc_of(mock), (int16_t)api, n_faults, errs);
+    return err;
+}
+
+moeq_err moeq_kafka_mock_broker_push_faults(moeq_kafka_mock *mock, int32_t broker_id, moeq_kafka_api api,
+                                            const moeq_kafka_fault *faults, size_t n_faults, int rtt_ms,
+                                            char *errstr, size_t n) {
+    rd_kafka_resp_err_t errs[MOCK_FAULTS_MAX];
+    if (n_faults > MOCK_FAULTS_MAX || rtt_ms < 0)
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, n, "kafka mock faults: %zu at once (max %d), rtt %d ms", n_faults,
+                         MOCK_FAULTS_MAX, rtt_ms);
+    moeq_err err = faults_check(mock, faults, n_faults, errs, errstr, n);
+    /* only a va-arg form exists: one (error, rtt) tuple per call, appended in order */
+    for (size_t i = 0; !err && i < n_faults; i++)
+        err = mock_result(rd_kafka_mock_broker_push_request_error_rtts(mc_of(mock), broker_id, (int16_t)api, 1,
+                                                                        errs[i], rtt_ms),
+                          errstr, n, "mock broker_push_request_error_rtts");
+    return err;
+}
+
+moeq_err moeq_kafka_mock_broker_faults_left(moeq_kafka_mock *mock, int32_t broker_id, moeq_kafka_api api,
+                                            size_t *left, char *errstr, size_t n) {
+    if (!mock || !left) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock faults_left: NULL argument");
+    *left = 0;
+    return mock_result(rd_kafka_mock_broker_error_stack_cnt(mc_of(mock), broker_id, (int16_t)api, left), errstr, n,
+                       "mock broker_error_stack_cnt");
+}
+
+void moeq_kafka_mock_clear_faults(moeq_kafka_mock *mock, moeq_kafka_api api) {
+    if (mock) rd_kafka_mock_clear_request_errors(mc_of(mock), (int16_t)api);
+}
+
+moeq_err moeq_kafka_mock_broker_down(moeq_kafka_mock *mock, int32_t broker_id, char *errstr, size_t n) {
+    if (!mock) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock: NULL mock");
+    return mock_result(rd_kafka_mock_broker_set_down(mc_of(mock), broker_id), errstr, n, "mock broker_set_down");
+}
+
+moeq_err moeq_kafka_mock_broker_up(moeq_kafka_mock *mock, int32_t broker_id, char *errstr, size_t n) {
+    if (!mock) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock: NULL mock");
+    return mock_result(rd_kafka_mock_broker_set_up(mc_of(mock), broker_id), errstr, n, "mock broker_set_up");
+}
+
+moeq_err moeq_kafka_mock_broker_set_rtt(moeq_kafka_mock *mock, int32_t broker_id, int rtt_ms, char *errstr,
+                                        size_t n) {
+    if (!mock || rtt_ms < 0) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock rtt: bad argument");
+    return mock_result(rd_kafka_mock_broker_set_rtt(mc_of(mock), broker_id, rtt_ms), errstr, n, "mock broker_set_rtt");
 }

@@ -681,6 +681,23 @@ void moeq_coordinator_stats(moeq_coordinator *c, moeq_coord_stats *out) {
     pthread_mutex_unlock(&c->snap_mu);
 }
 
+/*
+ * Consumer lag is measured here, on the HTTP thread, when scraped: it asks
+ * the broker (committed offsets, watermarks) and may block up to
+ * LAG_TIMEOUT_MS, which the loop must never do. librdkafka's calls are
+ * thread-safe; moeq_coordinator_destroy stops this thread before the consumer.
+ */
+#define LAG_TIMEOUT_MS 1000
+
+static void render_lag(moeq_coordinator *c, moeq_buf *body) {
+    moeq_kafka_lag *lags = NULL;
+    size_t n = 0;
+    char err[256];
+    if (moeq_kafka_consumer_lag(c->consumer, LAG_TIMEOUT_MS, &lags, &n, err, sizeof(err)) == MOEQ_OK)
+        moeq_coord_metrics_render_lag(lags, n, body);
+    free(lags);
+}
+
 static enum MHD_Result http_handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                     const char *version, const char *upload, size_t *upload_size, void **state) {
     (void)version, (void)upload, (void)upload_size, (void)state;
@@ -693,6 +710,7 @@ static enum MHD_Result http_handler(void *cls, struct MHD_Connection *conn, cons
     const char *type = "text/plain; version=0.0.4";
     if (!strcmp(url, "/metrics")) {
         moeq_coord_metrics_render(&st, &body);
+        render_lag(c, &body);
     } else if (!strcmp(url, "/healthz")) {
         int alive = moeq_now_ms() - st.last_tick_ms < 5000;
         code = alive ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;

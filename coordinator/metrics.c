@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static moeq_err put(moeq_buf *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static moeq_err put(moeq_buf *out, const char *fmt, ...) {
@@ -69,5 +70,57 @@ moeq_err moeq_coord_metrics_render(const moeq_coord_stats *s, moeq_buf *out) {
     e = e ? e : one(out, "redis_errors_total", "counter", "Failed Redis calls (retried).", s->redis_errors);
     e = e ? e : one(out, "kafka_errors_total", "counter", "Failed Kafka calls or deliveries.", s->kafka_errors);
     e = e ? e : one(out, "commits_total", "counter", "Offset commits issued.", s->commits);
+    return e;
+}
+
+/* A label value with \, " and newline escaped (topic names never need it; a misconfigured one must not break the page). */
+static const char *label(const char *v, char *out, size_t cap) {
+    size_t k = 0;
+    for (; *v && k + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"') out[k++] = '\\';
+        if (*v == '\n') {
+            out[k++] = '\\';
+            out[k++] = 'n';
+            continue;
+        }
+        out[k++] = *v;
+    }
+    out[k] = 0;
+    return out;
+}
+
+enum { LAG, HIGH, COMMITTED };
+
+static int64_t lag_field(const moeq_kafka_lag *l, int which) {
+    return which == LAG ? l->lag : which == HIGH ? l->high : l->committed;
+}
+
+/* One gauge family over the partitions whose value is known (>= 0). */
+static moeq_err per_partition(moeq_buf *out, const char *name, const char *help, const moeq_kafka_lag *lags,
+                              size_t n, int which) {
+    moeq_err e = put(out, "# HELP moeq_coordinator_%s %s\n# TYPE moeq_coordinator_%s gauge\n", name, help, name);
+    for (size_t i = 0; !e && i < n; i++) {
+        int64_t v = lag_field(&lags[i], which);
+        if (v < 0) continue;
+        char t[256];
+        e = put(out, "moeq_coordinator_%s{topic=\"%s\",partition=\"%d\"} %lld\n", name,
+                label(lags[i].topic, t, sizeof t), (int)lags[i].partition, (long long)v);
+    }
+    return e;
+}
+
+moeq_err moeq_coord_metrics_render_lag(const moeq_kafka_lag *lags, size_t n, moeq_buf *out) {
+    int64_t total = 0, unknown = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (lags[i].lag >= 0) total += lags[i].lag;
+        else unknown++;
+    }
+    moeq_err e = per_partition(out, "consumer_lag", "Messages between the committed offset and the high watermark.",
+                               lags, n, LAG);
+    e = e ? e : per_partition(out, "consumer_high_watermark", "Next offset the broker will write.", lags, n, HIGH);
+    e = e ? e : per_partition(out, "consumer_committed_offset", "The group's committed offset.", lags, n, COMMITTED);
+    e = e ? e : one(out, "consumer_lag_total", "gauge", "Sum of consumer_lag over the assigned partitions.", total);
+    e = e ? e : one(out, "consumer_lag_unknown", "gauge", "Assigned partitions whose lag could not be measured.",
+                    unknown);
     return e;
 }

@@ -2,7 +2,8 @@
  * metrics.h — the coordinator's counters and their Prometheus text
  * rendering (pure). The loop owns a moeq_coord_stats and publishes a copy
  * for the HTTP thread once per tick (coordinator.c), so the hot path takes
- * no lock per job.
+ * no lock per job. Consumer lag is measured by the HTTP thread itself when
+ * scraped (it asks the broker) and rendered from plain moeq_kafka_lag rows.
  */
 #ifndef MOEQ_COORD_METRICS_H
 #define MOEQ_COORD_METRICS_H
@@ -12,6 +13,7 @@
 
 #include "batcher.h"
 #include "moeq/job.h"
+#include "moeq/kafka.h"
 #include "moeq/wire.h"
 
 #ifdef __cplusplus
@@ -41,6 +43,15 @@ typedef struct moeq_coord_stats {
 
 /* Append the Prometheus text exposition of s to out. */
 moeq_err moeq_coord_metrics_render(const moeq_coord_stats *s, moeq_buf *out);
+
+/*
+ * Append the consumer's position against the broker, per assigned partition:
+ * consumer_lag{topic,partition} (high watermark - committed offset),
+ * high_watermark, committed_offset, and consumer_lag_total (the sum of the
+ * known lags) with consumer_lag_unknown (partitions that could not be
+ * measured: left out of the sum). lags as moeq_kafka_consumer_lag gives them.
+ */
+moeq_err moeq_coord_metrics_render_lag(const moeq_kafka_lag *lags, size_t n_lags, moeq_buf *out);
 
 #ifdef __cplusplus
 }

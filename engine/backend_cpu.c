@@ -2,8 +2,12 @@
  * backend_cpu.c — the CPU backend: the kernels of ops_matmul.c and
  * attention.c split into tasks over the persistent pool (backend_pool.c).
  *
- * Tasks: NT matmul = (job, 32 output rows, 64 tokens); NN = (job, 64 columns,
- * 64 tokens); attention = (token, 8 heads); the BLAS path = (job, 128 rows).
+ * Tasks: NT matmul = (job, rows, 64 tokens) with 32 rows, or for jobs of at
+ * most 16 tokens (decode) about 256 KiB of weights (the kernel's prefetch
+ * stream stops at a task's last row, so a short task spends much of its time
+ * ramping up); NN = (job, 64 columns, 64 tokens), for few tokens again
+ * sized by bytes (columns in multiples of 64); attention = (token, 8
+ * heads); the BLAS path = (job, 128 rows).
  * A task's outputs do not depend on which thread runs it, nor on the other
  * tasks. Per-thread scratch (widened weight tile, attention scores) is
  * allocated at creation.
@@ -15,6 +19,9 @@
 #include "backend_pool.h"
 
 #define NT_ROWS 32
+#define NT_SMALL_TOKS 16             /* jobs this small get tasks sized by bytes */
+#define NT_TASK_BYTES (256 << 10)    /* weight bytes per task for those         */
+#define NT_ROWS_MAX 1024
 #define NT_TOKS 64
 #define NN_COLS 64
 #define BLAS_ROWS 128
@@ -54,6 +61,23 @@ static int find_job(const cpu_backend *cb, int64_t task, int64_t *local) {
     return lo;
 }
 
+/* Columns per NN task: 64, or for jobs of few tokens about NT_TASK_BYTES of weights (the whole job when smaller). */
+static int64_t nn_cols(const moeq_mm_job *job) {
+    int64_t cols = moeq_tensor_cols(job->w);
+    if (job->n_tok > NT_SMALL_TOKS) return NN_COLS;
+    int64_t col_bytes = job->n_rows * (int64_t)moeq_dtype_size(job->w->dtype);
+    int64_t n = NT_TASK_BYTES / (col_bytes > 0 ? col_bytes : 1) / NN_COLS * NN_COLS;
+    return n < NN_COLS ? NN_COLS : n > cols ? cols : n;
+}
+
+/* Output rows per NT task: the split decides only which thread computes an element, never its value. */
+static int64_t nt_rows(const moeq_mm_job *job) {
+    if (job->n_tok > NT_SMALL_TOKS) return NT_ROWS;
+    int64_t row_bytes = moeq_tensor_cols(job->w) * (int64_t)moeq_dtype_size(job->w->dtype);
+    int64_t rows = NT_TASK_BYTES / (row_bytes > 0 ? row_bytes : 1) / 16 * 16;
+    return rows < NT_ROWS ? NT_ROWS : rows > NT_ROWS_MAX ? NT_ROWS_MAX : rows;
+}
+
 static void nt_task(void *ctx, int64_t task, int worker) {
     cpu_backend *cb = ctx;
     int64_t local;
@@ -63,9 +87,9 @@ static void nt_task(void *ctx, int64_t task, int worker) {
         moeq_mm_nt_blas_block(job, n0, n1, cb->wbuf[worker]);
         return;
     }
-    int64_t n_tb = ceil_div(job->n_tok, NT_TOKS);
-    int64_t n0 = (local / n_tb) * NT_ROWS, t0 = (local % n_tb) * NT_TOKS;
-    int64_t n1 = n0 + NT_ROWS < job->n_rows ? n0 + NT_ROWS : job->n_rows;
+    int64_t n_tb = ceil_div(job->n_tok, NT_TOKS), rows = nt_rows(job);
+    int64_t n0 = (local / n_tb) * rows, t0 = (local % n_tb) * NT_TOKS;
+    int64_t n1 = n0 + rows < job->n_rows ? n0 + rows : job->n_rows;
     int64_t t1 = t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok;
     moeq_mm_nt_block(job, n0, n1, t0, t1);
 }
@@ -75,9 +99,9 @@ static void nn_task(void *ctx, int64_t task, int worker) {
     cpu_backend *cb = ctx;
     int64_t local;
     const moeq_mm_job *job = &cb->jobs[find_job(cb, task, &local)];
-    int64_t cols = moeq_tensor_cols(job->w), n_tb = ceil_div(job->n_tok, NT_TOKS);
-    int64_t c0 = (local / n_tb) * NN_COLS, t0 = (local % n_tb) * NT_TOKS;
-    int64_t c1 = c0 + NN_COLS < cols ? c0 + NN_COLS : cols;
+    int64_t cols = moeq_tensor_cols(job->w), n_tb = ceil_div(job->n_tok, NT_TOKS), per = nn_cols(job);
+    int64_t c0 = (local / n_tb) * per, t0 = (local % n_tb) * NT_TOKS;
+    int64_t c1 = c0 + per < cols ? c0 + per : cols;
     int64_t t1 = t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok;
     moeq_mm_nn_block(job, c0, c1, t0, t1);
 }
@@ -99,7 +123,7 @@ static void cpu_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
     int64_t total = 0;
     for (int i = 0; i < n_jobs; i++) {
         int64_t n = cb->use_blas ? ceil_div(jobs[i].n_rows, BLAS_ROWS)
-                                 : ceil_div(jobs[i].n_rows, NT_ROWS) * ceil_div(jobs[i].n_tok, NT_TOKS);
+                                 : ceil_div(jobs[i].n_rows, nt_rows(&jobs[i])) * ceil_div(jobs[i].n_tok, NT_TOKS);
         total += jobs[i].n_tok > 0 ? n : 0;
         cb->task_end[i] = total;
     }
@@ -113,7 +137,7 @@ static void cpu_matmul_nn(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) 
     cb->n_jobs = n_jobs;
     int64_t total = 0;
     for (int i = 0; i < n_jobs; i++) {
-        total += ceil_div(moeq_tensor_cols(jobs[i].w), NN_COLS) * ceil_div(jobs[i].n_tok, NT_TOKS);
+        total += ceil_div(moeq_tensor_cols(jobs[i].w), nn_cols(&jobs[i])) * ceil_div(jobs[i].n_tok, NT_TOKS);
         cb->task_end[i] = total;
     }
     moeq_pool_run(cb->pool, nn_task, cb, total);

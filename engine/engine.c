@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "forward.h"
+#include "mtp.h"
 
 moeq_engine_params moeq_engine_default_params(void) {
     return (moeq_engine_params){.max_seqs = 64,
@@ -104,6 +105,9 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     s->tok_seq = take(a, T * sizeof(int32_t));
     s->tok_pos = take(a, T * sizeof(int64_t));
     s->logit_tok = take(a, T * sizeof(int64_t));
+    int mtp = e->model->n_mtp_layers > 0;
+    s->hid = mtp ? take(a, T * D * f) : NULL;
+    s->eh = mtp ? take(a, T * 2 * D * f) : NULL;
     s->max_jobs = (int)(2 * H + 2 * E + 8);
     s->jobs = take(a, (size_t)s->max_jobs * sizeof(moeq_mm_job));
 }
@@ -133,6 +137,7 @@ static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
     moeq_kv_cache_params kp = {c->num_hidden_layers, c->kv_lora_rank + c->qk_rope_head_dim, e->params.kv_block_tokens,
                                e->params.kv_cache_tokens, e->params.max_seqs};
     if ((err = moeq_kv_cache_new(&kp, &e->cache, errstr, errstr_size))) return err;
+    if ((err = moeq_mtp_state_new(e, &e->mtp, errstr, errstr_size))) return err;
     arena a = {0};
     layout_scratch(e, &a);
     if (!(e->arena = aligned_alloc(64, a.off)))
@@ -174,6 +179,7 @@ void moeq_engine_destroy(moeq_engine *engine) {
     if (!engine) return;
     moeq_backend_destroy(engine->backend);
     moeq_kv_cache_destroy(engine->cache);
+    moeq_mtp_state_destroy(engine->mtp);
     if (engine->vecs)
         for (int l = 0; l < engine->cfg->num_hidden_layers; l++) {
             moeq_layer_vecs *v = &engine->vecs[l];
@@ -193,11 +199,15 @@ size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine) { return moeq_k
 
 moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id) {
     if (!engine || !seq_id) return MOEQ_ERR_INVALID_ARG;
-    return moeq_kv_cache_seq_new(engine->cache, seq_id);
+    moeq_err err = moeq_kv_cache_seq_new(engine->cache, seq_id);
+    if (!err) moeq_mtp_seq_opened(engine, *seq_id);
+    return err;
 }
 
 void moeq_engine_seq_free(moeq_engine *engine, int seq_id) {
-    if (engine) moeq_kv_cache_seq_free(engine->cache, seq_id);
+    if (!engine) return;
+    moeq_kv_cache_seq_free(engine->cache, seq_id);
+    moeq_mtp_seq_freed(engine, seq_id);
 }
 
 int moeq_engine_seq_len(const moeq_engine *engine, int seq_id) {
@@ -206,7 +216,9 @@ int moeq_engine_seq_len(const moeq_engine *engine, int seq_id) {
 
 moeq_err moeq_engine_seq_truncate(moeq_engine *engine, int seq_id, int n_tokens) {
     if (!engine) return MOEQ_ERR_INVALID_ARG;
-    return moeq_kv_cache_truncate(engine->cache, seq_id, n_tokens);
+    moeq_err err = moeq_kv_cache_truncate(engine->cache, seq_id, n_tokens);
+    if (!err) moeq_mtp_seq_truncated(engine, seq_id, n_tokens);
+    return err;
 }
 
 void moeq_engine_set_naive_attention(moeq_engine *engine, int on) { engine->naive_attention = on; }
@@ -214,7 +226,7 @@ void moeq_engine_set_naive_attention(moeq_engine *engine, int on) { engine->naiv
 /* Everything that can fail is checked before anything is appended. */
 static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_items, size_t logits_rows,
                            int64_t *n_tok, int64_t *n_rows, char *errstr, size_t errstr_size) {
-    int64_t toks = 0, rows = 0, blocks = 0;
+    int64_t toks = 0, rows = 0, blocks = 0, mtp_blocks = 0;
     for (int i = 0; i < n_items; i++) {
         const moeq_step_item *it = &items[i];
         if (!moeq_kv_cache_seq_alive(e->cache, it->seq_id) || it->n_tokens < 1 || !it->tokens)
@@ -233,6 +245,8 @@ static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_it
             return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "item %d: sequence of %lld tokens exceeds the cache",
                              i, (long long)len);
         blocks += moeq_kv_cache_blocks_needed(e->cache, it->seq_id, len);
+        moeq_err err = moeq_mtp_seq_on(e, it->seq_id) ? moeq_mtp_check_item(e, it, i, &mtp_blocks, errstr, errstr_size) : MOEQ_OK;
+        if (err) return err;
         toks += it->n_tokens;
         rows += it->all_logits ? it->n_tokens : 1;
     }
@@ -242,6 +256,10 @@ static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_it
     if (blocks > moeq_kv_cache_free_blocks(e->cache))
         return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "kv cache full: %lld blocks needed, %lld free",
                          (long long)blocks, (long long)moeq_kv_cache_free_blocks(e->cache));
+    if (mtp_blocks > 0) {
+        moeq_err err = moeq_mtp_check_blocks(e, mtp_blocks, errstr, errstr_size);
+        if (err) return err;
+    }
     if ((size_t)rows > logits_rows)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "logits buffer of %zu rows, step needs %lld",
                          logits_rows, (long long)rows);
@@ -252,12 +270,21 @@ static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_it
 
 moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
                           size_t logits_rows, char *errstr, size_t errstr_size) {
+    return moeq_engine_step_hidden(engine, items, n_items, logits, logits_rows, NULL, 0, errstr, errstr_size);
+}
+
+moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
+                                 size_t logits_rows, float *hidden, size_t hidden_rows, char *errstr,
+                                 size_t errstr_size) {
     if (!engine || (n_items > 0 && !items) || n_items < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine and items are required");
     int64_t n_tok = 0, n_rows = 0;
     moeq_err err = check_step(engine, items, n_items, logits_rows, &n_tok, &n_rows, errstr, errstr_size);
     if (err || n_tok == 0) return err;
     if (n_rows > 0 && !logits) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "logits is NULL");
+    if (hidden && (size_t)n_rows > hidden_rows)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "hidden buffer of %zu rows, step needs %lld",
+                         hidden_rows, (long long)n_rows);
     moeq_scratch *s = &engine->s;
     int64_t t = 0, r = 0;
     for (int i = 0; i < n_items; i++) {
@@ -273,6 +300,10 @@ moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int 
         }
     }
     moeq_forward_tokens(engine, n_tok);
-    moeq_forward_logits(engine, n_rows, logits);
+    moeq_forward_logits(engine, n_rows, logits); /* leaves the normed rows in s.h */
+    if (hidden) memcpy(hidden, s->h, (size_t)(n_rows * engine->cfg->hidden_size) * sizeof(float));
+    int any_mtp = 0;
+    for (int i = 0; i < n_items; i++) any_mtp |= moeq_mtp_seq_on(engine, items[i].seq_id);
+    if (any_mtp) moeq_mtp_after_step(engine, items, n_items, n_tok);
     return MOEQ_OK;
 }

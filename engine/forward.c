@@ -35,7 +35,9 @@ static void rmsnorm_rows(float *out, const float *x, const float *w, int64_t n_t
 }
 
 /* q (T, H, nope+rope) and the layer's latents written to the cache. */
-static void mla_project(moeq_engine *e, const moeq_layer *L, const moeq_layer_vecs *v, int layer, int64_t T) {
+static void mla_project(moeq_engine *e, const moeq_block *b, int64_t T) {
+    const moeq_layer *L = b->layer;
+    const moeq_layer_vecs *v = b->vecs;
     const moeq_model_config *c = e->cfg;
     moeq_scratch *s = &e->s;
     int64_t Lr = c->kv_lora_rank, R = c->qk_rope_head_dim, H = c->num_attention_heads;
@@ -55,7 +57,7 @@ static void mla_project(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
     }
     for (int64_t t = 0; t < T; t++) {
         const float *cs = s->cos_v + t * R / 2, *sn = s->sin_v + t * R / 2;
-        float *entry = moeq_kv_cache_entry(e->cache, s->tok_seq[t], layer, s->tok_pos[t]);
+        float *entry = moeq_kv_cache_entry(b->cache, s->tok_seq[t], b->cache_layer, s->tok_pos[t]);
         const float *kva = s->kva + t * (Lr + R);
         moeq_ops_rmsnorm(entry, kva, v->kv_a_norm, Lr, MOEQ_LORA_NORM_EPS);
         moeq_rope_apply(&e->rope, kva + Lr, cs, sn, entry + Lr);
@@ -65,7 +67,8 @@ static void mla_project(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
 }
 
 /* Absorbed attention: q_nope through W_UK, scores on latents, out latent through W_UV. ov (T, H, v). */
-static void mla_absorbed(moeq_engine *e, const moeq_layer *L, int layer, int64_t T) {
+static void mla_absorbed(moeq_engine *e, const moeq_block *b, int64_t T) {
+    const moeq_layer *L = b->layer;
     const moeq_model_config *c = e->cfg;
     moeq_scratch *s = &e->s;
     int64_t Lr = c->kv_lora_rank, R = c->qk_rope_head_dim, H = c->num_attention_heads, nope = c->qk_nope_head_dim;
@@ -73,7 +76,7 @@ static void mla_absorbed(moeq_engine *e, const moeq_layer *L, int layer, int64_t
     for (int64_t h = 0; h < H; h++)
         s->jobs[h] = job(L->kv_b_proj, h * (nope + V), nope, s->q + h * QH, H * QH, s->qlat + h * Lr, H * Lr, T);
     e->backend->matmul_nn(e->backend, s->jobs, (int)H);
-    moeq_attn_args a = {e->cache, layer, T, s->tok_seq, s->tok_pos, (int)H, (int)Lr, (int)R,
+    moeq_attn_args a = {b->cache, b->cache_layer, T, s->tok_seq, s->tok_pos, (int)H, (int)Lr, (int)R,
                         s->qlat, s->qpe, s->olat, (float)e->rope.softmax_scale};
     e->backend->attention(e->backend, &a);
     for (int64_t h = 0; h < H; h++)
@@ -82,7 +85,8 @@ static void mla_absorbed(moeq_engine *e, const moeq_layer *L, int layer, int64_t
 }
 
 /* Naive attention (tests): expanded K/V per token; allocates, slow, never on the serving path. */
-static void mla_naive(moeq_engine *e, const moeq_layer *L, int layer, int64_t T) {
+static void mla_naive(moeq_engine *e, const moeq_block *b, int64_t T) {
+    const moeq_layer *L = b->layer;
     const moeq_model_config *c = e->cfg;
     moeq_scratch *s = &e->s;
     int64_t H = c->num_attention_heads, nope = c->qk_nope_head_dim, R = c->qk_rope_head_dim, V = c->v_head_dim;
@@ -91,7 +95,7 @@ static void mla_naive(moeq_engine *e, const moeq_layer *L, int layer, int64_t T)
         float *scratch = malloc((size_t)((s->tok_pos[t] + 1) * (H * (nope + V) + 1)) * sizeof(float));
         if (!scratch) break;
         for (int64_t h = 0; h < H; h++) memcpy(qn + h * nope, s->q + (t * H + h) * (nope + R), (size_t)nope * sizeof(float));
-        moeq_attention_naive_token(e->cache, layer, s->tok_seq[t], s->tok_pos[t], L->kv_b_proj, (int)H, (int)nope,
+        moeq_attention_naive_token(b->cache, b->cache_layer, s->tok_seq[t], s->tok_pos[t], L->kv_b_proj, (int)H, (int)nope,
                                    (int)V, c->kv_lora_rank, (int)R, (float)e->rope.softmax_scale, qn,
                                    s->qpe + t * H * R, s->ov + t * H * V, scratch);
         free(scratch);
@@ -99,16 +103,15 @@ static void mla_naive(moeq_engine *e, const moeq_layer *L, int layer, int64_t T)
     free(qn);
 }
 
-static void attention_sublayer(moeq_engine *e, int layer, int64_t T) {
+static void attention_sublayer(moeq_engine *e, const moeq_block *b, int64_t T) {
     const moeq_model_config *c = e->cfg;
-    const moeq_layer *L = &e->model->layers[layer];
     moeq_scratch *s = &e->s;
     int64_t D = c->hidden_size;
-    rmsnorm_rows(s->h, s->x, e->vecs[layer].in_norm, T, D, D, (float)c->rms_norm_eps);
-    mla_project(e, L, &e->vecs[layer], layer, T);
-    if (e->naive_attention) mla_naive(e, L, layer, T);
-    else mla_absorbed(e, L, layer, T);
-    moeq_mm_job o = linear(L->o_proj, s->ov, s->tmp, T);
+    rmsnorm_rows(s->h, s->x, b->vecs->in_norm, T, D, D, (float)c->rms_norm_eps);
+    mla_project(e, b, T);
+    if (e->naive_attention) mla_naive(e, b, T);
+    else mla_absorbed(e, b, T);
+    moeq_mm_job o = linear(b->layer->o_proj, s->ov, s->tmp, T);
     e->backend->matmul(e->backend, &o, 1);
     for (int64_t i = 0; i < T * D; i++) s->x[i] += s->tmp[i];
 }
@@ -187,43 +190,70 @@ static void moe_combine(moeq_engine *e, int has_shared, int64_t T) {
     }
 }
 
-void moeq_forward_moe(moeq_engine *e, int layer, int64_t T) {
-    const moeq_layer *L = &e->model->layers[layer];
-    moe_route_and_gather(e, L, &e->vecs[layer], T);
-    moe_experts(e, L, T);
-    moe_combine(e, L->shared.gate_proj != NULL, T);
+static void block_moe(moeq_engine *e, const moeq_block *b, int64_t T) {
+    moe_route_and_gather(e, b->layer, b->vecs, T);
+    moe_experts(e, b->layer, T);
+    moe_combine(e, b->layer->shared.gate_proj != NULL, T);
 }
 
-static void mlp_sublayer(moeq_engine *e, int layer, int64_t T) {
-    const moeq_layer *L = &e->model->layers[layer];
+moeq_block moeq_forward_main_block(moeq_engine *e, int layer) {
+    return (moeq_block){&e->model->layers[layer], &e->vecs[layer], e->cache, layer};
+}
+
+void moeq_forward_moe(moeq_engine *e, int layer, int64_t T) {
+    moeq_block b = moeq_forward_main_block(e, layer);
+    block_moe(e, &b, T);
+}
+
+static void mlp_sublayer(moeq_engine *e, const moeq_block *b, int64_t T) {
     int64_t D = e->cfg->hidden_size;
-    rmsnorm_rows(e->s.h, e->s.x, e->vecs[layer].post_norm, T, D, D, (float)e->cfg->rms_norm_eps);
-    if (!L->is_moe) {
-        dense_mlp(e, L, T);
+    rmsnorm_rows(e->s.h, e->s.x, b->vecs->post_norm, T, D, D, (float)e->cfg->rms_norm_eps);
+    if (!b->layer->is_moe) {
+        dense_mlp(e, b->layer, T);
         return;
     }
-    moeq_forward_moe(e, layer, T);
+    block_moe(e, b, T);
     for (int64_t i = 0; i < T * D; i++) e->s.x[i] += e->s.tmp[i];
+}
+
+void moeq_forward_block(moeq_engine *e, const moeq_block *b, int64_t T) {
+    attention_sublayer(e, b, T);
+    mlp_sublayer(e, b, T);
+}
+
+void moeq_forward_rope(moeq_engine *e, int64_t T) {
+    moeq_scratch *s = &e->s;
+    int64_t half = e->cfg->qk_rope_head_dim / 2;
+    for (int64_t t = 0; t < T; t++)
+        moeq_rope_cos_sin(&e->rope, s->tok_pos[t], s->cos_v + t * half, s->sin_v + t * half);
 }
 
 void moeq_forward_tokens(moeq_engine *e, int64_t T) {
     moeq_scratch *s = &e->s;
-    int64_t D = e->cfg->hidden_size, half = e->cfg->qk_rope_head_dim / 2;
-    for (int64_t t = 0; t < T; t++) {
-        moeq_tensor_rows_to_f32(e->model->embed_tokens, s->tok_id[t], 1, s->x + t * D);
-        moeq_rope_cos_sin(&e->rope, s->tok_pos[t], s->cos_v + t * half, s->sin_v + t * half);
-    }
+    int64_t D = e->cfg->hidden_size;
+    for (int64_t t = 0; t < T; t++) moeq_tensor_rows_to_f32(e->model->embed_tokens, s->tok_id[t], 1, s->x + t * D);
+    moeq_forward_rope(e, T);
     for (int l = 0; l < e->cfg->num_hidden_layers; l++) {
-        attention_sublayer(e, l, T);
-        mlp_sublayer(e, l, T);
+        moeq_block b = moeq_forward_main_block(e, l);
+        moeq_forward_block(e, &b, T);
     }
 }
 
 void moeq_forward_logits(moeq_engine *e, int64_t n_rows, float *logits) {
+    moeq_forward_head(e, e->final_norm, e->model->lm_head, n_rows, logits);
+}
+
+void moeq_forward_head(moeq_engine *e, const float *norm, const moeq_tensor *head, int64_t n_rows, float *logits) {
     moeq_scratch *s = &e->s;
     int64_t D = e->cfg->hidden_size;
     for (int64_t r = 0; r < n_rows; r++)
-        moeq_ops_rmsnorm(s->h + r * D, s->x + s->logit_tok[r] * D, e->final_norm, D, (float)e->cfg->rms_norm_eps);
-    moeq_mm_job head = linear(e->model->lm_head, s->h, logits, n_rows);
-    e->backend->matmul(e->backend, &head, 1);
+        moeq_ops_rmsnorm(s->h + r * D, s->x + s->logit_tok[r] * D, norm, D, (float)e->cfg->rms_norm_eps);
+    if (n_rows == 0) return;
+    moeq_mm_job j = linear(head, s->h, logits, n_rows);
+    e->backend->matmul(e->backend, &j, 1);
+}
+
+void moeq_forward_linear(moeq_engine *e, const moeq_tensor *w, const float *x, float *y, int64_t n_tok) {
+    moeq_mm_job j = linear(w, x, y, n_tok);
+    e->backend->matmul(e->backend, &j, 1);
 }

@@ -50,6 +50,8 @@ typedef struct moeq_scratch {
     int32_t *tok_id, *tok_seq; /* (T)                          */
     int64_t *tok_pos;          /* (T)                          */
     int64_t *logit_tok;        /* (T) token index of each logits row */
+    float *hid;      /* (T, D) main hidden after the final norm (MTP input); NULL without MTP */
+    float *eh;       /* (T, 2D) MTP: [enorm(embed) ; hnorm(hidden)]; NULL without MTP     */
     moeq_mm_job *jobs;
     int max_jobs;
 } moeq_scratch;
@@ -67,7 +69,31 @@ struct moeq_engine {
     moeq_scratch s;
     void *arena;
     int naive_attention;     /* tests: expanded K/V instead of absorption */
+    struct moeq_mtp_state *mtp; /* MTP layers' caches and per-sequence state (mtp.c); NULL without MTP */
 };
+
+/* One decoder block as the forward runs it: weights, widened vectors, and the cache layer it writes. */
+typedef struct moeq_block {
+    const moeq_layer *layer;
+    const moeq_layer_vecs *vecs;
+    moeq_kv_cache *cache;
+    int cache_layer;
+} moeq_block;
+
+/* Main-model layer l as a block (cache = engine->cache, cache layer l). */
+moeq_block moeq_forward_main_block(moeq_engine *engine, int layer);
+
+/* cos/sin of s.tok_pos[0..n_tok) into s.cos_v/s.sin_v. */
+void moeq_forward_rope(moeq_engine *engine, int64_t n_tok);
+
+/* One block over the residual stream s.x (T, D): x += MLA(norm x); x += MLP/MoE(norm x). Needs rope set. */
+void moeq_forward_block(moeq_engine *engine, const moeq_block *block, int64_t n_tok);
+
+/* rmsnorm(s.x row s.logit_tok[r], norm) -> head, for r < n_rows, into logits (n_rows, vocab). Uses s.h. */
+void moeq_forward_head(moeq_engine *engine, const float *norm, const moeq_tensor *head, int64_t n_rows, float *logits);
+
+/* y (T, rows) = x (T, cols) W^T through the backend. */
+void moeq_forward_linear(moeq_engine *engine, const moeq_tensor *w, const float *x, float *y, int64_t n_tok);
 
 /* Run the layers over the step's tokens already placed in s.tok_* (forward.c). */
 void moeq_forward_tokens(moeq_engine *engine, int64_t n_tok);

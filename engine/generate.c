@@ -1,7 +1,8 @@
 /*
  * generate.c — moeq_generate: one prompt through engine + sampler (prefill in
  * chunks of max_step_tokens, then decode one token per step) until a stop id
- * or max_new_tokens. A convenience for `moeq generate` and tests; the worker
+ * or max_new_tokens; with mtp_k, speculative rounds (mtp_spec.c) after the
+ * first token. A convenience for `moeq generate` and tests; the worker
  * drives moeq_engine_step itself to batch many sequences.
  */
 #include <stdlib.h>
@@ -26,9 +27,30 @@ static moeq_err prefill(moeq_engine *engine, int seq, const int32_t *prompt, int
     return MOEQ_OK;
 }
 
+/* Speculative rounds after the first token: each appends 1..k+1 tokens to ids (stops honoured). */
+static moeq_err generate_mtp(moeq_engine *engine, int seq, const moeq_generate_params *params, uint64_t draws,
+                             int32_t *ids, int *n, char *errstr, size_t errstr_size) {
+    moeq_mtp_decoder *dec = NULL;
+    moeq_err err = moeq_mtp_decoder_new(engine, 1, params->mtp_k, &dec, errstr, errstr_size);
+    if (err) return err;
+    moeq_spec_seq ss = {.seq_id = seq, .next_token = ids[*n - 1], .sampling = params->sampling, .draws = draws};
+    int64_t rounds = 0;
+    while (*n < params->max_new_tokens && !is_stop(params, ids[*n - 1])) {
+        int room = params->max_new_tokens - *n - 1;
+        ss.k = params->mtp_k < room ? params->mtp_k : room;
+        if ((err = moeq_mtp_decode_step(dec, &ss, 1, errstr, errstr_size))) break;
+        rounds++;
+        for (int j = 0; j < ss.n_out && !is_stop(params, ids[*n - 1]); j++) ids[(*n)++] = ss.out[j];
+    }
+    if (params->stats) *params->stats = (moeq_generate_stats){ss.drafted, ss.accepted, rounds};
+    moeq_mtp_decoder_destroy(dec);
+    return err;
+}
+
 moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt, const moeq_generate_params *params,
                        int32_t **out, int *n_out, char *errstr, size_t errstr_size) {
-    if (!engine || !prompt || n_prompt < 1 || !params || !out || !n_out || params->max_new_tokens < 0)
+    if (!engine || !prompt || n_prompt < 1 || !params || !out || !n_out || params->max_new_tokens < 0 ||
+        params->mtp_k < 0 || params->mtp_k > MOEQ_MTP_MAX_K)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "generate: engine, prompt, params, out required");
     *out = NULL;
     *n_out = 0;
@@ -46,8 +68,16 @@ moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt,
         moeq_errf(err, errstr, errstr_size, "no free sequence slot");
         goto free_all;
     }
+    if (params->mtp_k > 0 && (err = moeq_engine_seq_set_mtp(engine, seq, 1))) {
+        moeq_errf(err, errstr, errstr_size, "mtp_k %d: the model has no MTP layer", params->mtp_k);
+        goto free_all;
+    }
     if ((err = prefill(engine, seq, prompt, n_prompt, logits, errstr, errstr_size))) goto free_all;
-    while (n < params->max_new_tokens) {
+    if (params->mtp_k > 0 && n < params->max_new_tokens) {
+        ids[n++] = moeq_sampler_sample(sampler, logits);
+        if ((err = generate_mtp(engine, seq, params, 1, ids, &n, errstr, errstr_size))) goto free_all;
+    }
+    while (params->mtp_k <= 0 && n < params->max_new_tokens) {
         int32_t id = moeq_sampler_sample(sampler, logits);
         ids[n++] = id;
         if (is_stop(params, id) || n == params->max_new_tokens) break;

@@ -29,7 +29,8 @@
 
 moeq_genmodel_params moeq_genmodel_default_params(void) {
     return (moeq_genmodel_params){.seed = 1, .dtype = MOEQ_GENMODEL_BF16, .shard_bytes = (size_t)1 << 30,
-                                  .n_shards = 0, .min_shards = 1, .write_tokenizer = 1};
+                                  .n_shards = 0, .min_shards = 1, .write_tokenizer = 1, .mtp_agree = 0,
+                                  .mtp_agree_damp = 0.02};
 }
 
 int moeq_genmodel_dtype_parse(const char *name, moeq_genmodel_dtype *dtype) {
@@ -114,6 +115,26 @@ static void preset_bench(moeq_model_config *c) {
     c->num_experts_per_tok = 8;
 }
 
+/* tiny with an MTP layer that agrees with the main model (values: agree_rows). */
+static void preset_tiny_mtp(moeq_model_config *c) { preset_tiny(c); }
+
+/*
+ * bench-shaped but dense and deep, with a small vocabulary: the share of a
+ * step spent in one extra block and the head is near DeepSeek-V3's (about
+ * 1/25 each), and a multi-token verify step reads the same weights as one
+ * token (no expert union), so the speedup measured is the machinery's.
+ */
+static void preset_bench_mtp(moeq_model_config *c) {
+    preset_bench(c);
+    c->vocab_size = 16384;
+    c->num_hidden_layers = 24;
+    c->first_k_dense_replace = 1000; /* every layer dense, the MTP layer too */
+}
+
+int moeq_genmodel_preset_mtp_agree(const char *name) {
+    return name && (!strcmp(name, "tiny-mtp") || !strcmp(name, "bench-mtp"));
+}
+
 moeq_err moeq_genmodel_preset(const char *name, moeq_model_config *config, int *min_shards, char *errstr,
                               size_t errstr_size) {
     static const struct {
@@ -121,15 +142,16 @@ moeq_err moeq_genmodel_preset(const char *name, moeq_model_config *config, int *
         void (*fill)(moeq_model_config *);
         int min_shards;
     } presets[] = {{"tiny", preset_tiny, 2}, {"tiny-v2", preset_tiny_v2, 2}, {"small", preset_small, 2},
-                   {"bench", preset_bench, 1}};
+                   {"bench", preset_bench, 1}, {"tiny-mtp", preset_tiny_mtp, 2},
+                   {"bench-mtp", preset_bench_mtp, 1}};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (!strcmp(name, presets[i].name)) {
             presets[i].fill(config);
             if (min_shards) *min_shards = presets[i].min_shards;
             return MOEQ_OK;
         }
-    return moeq_errf(MOEQ_ERR_NOT_FOUND, errstr, errstr_size, "unknown preset '%s' (tiny, tiny-v2, small, bench)",
-                     name);
+    return moeq_errf(MOEQ_ERR_NOT_FOUND, errstr, errstr_size,
+                     "unknown preset '%s' (tiny, tiny-v2, small, bench, tiny-mtp, bench-mtp)", name);
 }
 
 /* ---- values --------------------------------------------------------------- */
@@ -155,7 +177,8 @@ typedef struct value_gen {
 static value_gen value_gen_for(const moeq_model_config *c, const moeq_tensor_spec *spec, uint64_t seed) {
     const char *src = spec->values_of ? spec->values_of : spec->name;
     moeq_tensor_role role = spec->role;
-    if (spec->values_of) role = strcmp(spec->values_of, "lm_head.weight") ? MOEQ_ROLE_EMBED : MOEQ_ROLE_HEAD;
+    if (spec->values_of && (!strcmp(spec->values_of, "lm_head.weight") || !strcmp(spec->values_of, "model.embed_tokens.weight")))
+        role = strcmp(spec->values_of, "lm_head.weight") ? MOEQ_ROLE_EMBED : MOEQ_ROLE_HEAD;
     int64_t cols = spec->ndim == 2 ? spec->shape[1] : spec->shape[0];
     float mean = 0, std = 1;
     switch (role) {
@@ -326,10 +349,71 @@ static void quantize_f8(const float *vals, int64_t n_rows, int64_t cols, const f
             out[r * cols + c] = moeq_f32_to_f8_e4m3(vals[r * cols + c] / scales[c / MOEQ_F8_BLOCK]);
 }
 
+/*
+ * mtp_agree: an MTP layer that approximately recomputes the main model.
+ * The main model is made "embedding -> last block's MLP -> norm -> head":
+ * every other block's o_proj and down_proj, and every o_proj (the MTP
+ * block's too), are scaled by damp, so they add little to the residual
+ * stream. The MTP block is a copy of the last main block, eh_proj = [I | 0] passes enorm(embed(t_{i+1})) and ignores the
+ * hidden half, enorm = 1 and embedding rows have RMS 1 (so enorm(e) = e), and
+ * shared_head.norm copies model.norm. MTP entry i then sees token t_{i+1} at
+ * position i where the main block sees it at i+1: RoPE scores depend on
+ * relative positions only, so the draft is the main model's next-token
+ * choice up to the damped terms (attention everywhere, the other blocks'
+ * MLPs) — high but not perfect agreement; larger damp, lower acceptance.
+ */
+static void regen_as(const moeq_model_config *c, const moeq_tensor_spec *spec, const char *src, uint64_t seed,
+                     int64_t r0, int64_t n, float *vals) {
+    moeq_tensor_spec s = *spec;
+    snprintf(s.name, sizeof s.name, "%s", src);
+    s.values_of = NULL;
+    value_gen g = value_gen_for(c, &s, seed);
+    gen_rows(&g, r0, n, vals);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static void agree_rows(const moeq_model_config *c, const moeq_tensor_spec *spec, uint64_t seed, double damp,
+                       int64_t r0, int64_t n, float *vals) {
+    int L = c->num_hidden_layers, li = -1, off = 0;
+    int64_t cols = spec->ndim == 2 ? spec->shape[1] : spec->shape[0], D = c->hidden_size;
+    const char *rest = "";
+    if (sscanf(spec->name, "model.layers.%d.%n", &li, &off) == 1 && off > 0) rest = spec->name + off;
+    if (!strcmp(spec->name, "model.embed_tokens.weight") || (li == L && !strcmp(rest, "embed_tokens.weight"))) {
+        for (int64_t r = 0; r < n; r++) {
+            double ss = 0;
+            for (int64_t k = 0; k < cols; k++) ss += (double)vals[r * cols + k] * vals[r * cols + k];
+            float inv = (float)(1.0 / sqrt(ss / (double)cols));
+            for (int64_t k = 0; k < cols; k++) vals[r * cols + k] *= inv;
+        }
+    } else if (li == L && !strcmp(rest, "eh_proj.weight")) {
+        memset(vals, 0, (size_t)(n * cols) * sizeof(float));
+        for (int64_t r = 0; r < n; r++)
+            if (r0 + r < D) vals[r * cols + r0 + r] = 1.0f;
+    } else if (li == L && !strcmp(rest, "enorm.weight")) {
+        for (int64_t k = 0; k < n * cols; k++) vals[k] = 1.0f;
+    } else if (li == L && !strcmp(rest, "shared_head.norm.weight")) {
+        regen_as(c, spec, "model.norm.weight", seed, r0, n, vals);
+    } else if (li == L && strcmp(rest, "hnorm.weight") && strncmp(rest, "shared_head.", 12)) {
+        char src[128];
+        snprintf(src, sizeof src, "model.layers.%d.%s", L - 1, rest);
+        regen_as(c, spec, src, seed, r0, n, vals);
+        if (ends_with(rest, "o_proj.weight"))
+            for (int64_t k = 0; k < n * cols; k++) vals[k] *= (float)damp;
+    } else if (li >= 0 && (ends_with(rest, "o_proj.weight") || (li < L - 1 && ends_with(rest, "down_proj.weight")))) {
+        for (int64_t k = 0; k < n * cols; k++) vals[k] *= (float)damp;
+    }
+}
+
 typedef struct writer {
     const moeq_model_config *config;
     const gen_list *list;
     uint64_t seed;
+    int mtp_agree;
+    double damp;
     FILE *f;
     const char *path;
     char *errstr;
@@ -349,6 +433,7 @@ static moeq_err write_tensor(writer *w, const gen_tensor *t) {
     for (int64_t r0 = 0; !err && r0 < rows; r0 += MOEQ_F8_BLOCK) {
         int64_t n = rows - r0 < MOEQ_F8_BLOCK ? rows - r0 : MOEQ_F8_BLOCK;
         gen_rows(&g, r0, n, vals);
+        if (w->mtp_agree) agree_rows(w->config, &src->spec, w->seed, w->damp, r0, n, vals);
         const void *bytes = out;
         size_t len;
         if (t->scale_of >= 0 || t->dtype == MOEQ_DTYPE_F8_E4M3) f8_block_scales(vals, n, cols, scales);
@@ -628,7 +713,8 @@ moeq_err moeq_genmodel_write(const char *out_dir, const moeq_model_config *confi
         return moeq_errf(err, errstr, errstr_size, "out of memory");
     }
     int n_shards = assign_shards(&list, shard_count(&list, params));
-    writer w = {config, &list, params->seed, NULL, NULL, errstr, errstr_size};
+    writer w = {config, &list, params->seed, params->mtp_agree, params->mtp_agree_damp, NULL, NULL, errstr,
+                errstr_size};
     err = write_shards(out_dir, &w, n_shards);
     char *json = err ? NULL : moeq_genmodel_config_json(config, params->dtype);
     if (!err && !json) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "out of memory");

@@ -34,7 +34,14 @@ typedef struct moeq_genmodel_params {
                                    1 = a single model.safetensors                               */
     int min_shards;             /* auto mode's minimum (tiny: 2, so tests exercise sharding)    */
     int write_tokenizer;        /* also write tokenizer.json + tokenizer_config.json (default 1) */
+    int mtp_agree;              /* MTP layer agrees with the main model by construction (presets
+                                   tiny-mtp, bench-mtp; docs/MTP.md) (default 0)                */
+    double mtp_agree_damp;      /* with mtp_agree: scale of the other main layers' output
+                                   projections (default 0.02; larger = lower acceptance)         */
 } moeq_genmodel_params;
+
+/* 1 for presets written with mtp_agree (tiny-mtp, bench-mtp). */
+int moeq_genmodel_preset_mtp_agree(const char *name);
 
 moeq_genmodel_params moeq_genmodel_default_params(void);
 
@@ -42,7 +49,8 @@ moeq_genmodel_params moeq_genmodel_default_params(void);
 int moeq_genmodel_dtype_parse(const char *name, moeq_genmodel_dtype *dtype);
 
 /*
- * The config of a named preset: tiny, tiny-v2, small, bench (docs/MODEL_FORMAT.md).
+ * The config of a named preset: tiny, tiny-v2, small, bench (docs/MODEL_FORMAT.md), tiny-mtp,
+ * bench-mtp (docs/MTP.md).
  * *min_shards (may be NULL) receives the preset's minimum shard count.
  * NOT_FOUND for an unknown name.
  */

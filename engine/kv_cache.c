@@ -77,6 +77,12 @@ moeq_err moeq_kv_cache_seq_new(moeq_kv_cache *cache, int *seq_id) {
     return MOEQ_ERR_LIMIT;
 }
 
+moeq_err moeq_kv_cache_seq_open(moeq_kv_cache *cache, int seq_id) {
+    if (seq_id < 0 || seq_id >= cache->p.max_seqs || cache->lens[seq_id] >= 0) return MOEQ_ERR_INVALID_ARG;
+    cache->lens[seq_id] = 0;
+    return MOEQ_OK;
+}
+
 int moeq_kv_cache_seq_alive(const moeq_kv_cache *cache, int seq_id) {
     return seq_id >= 0 && seq_id < cache->p.max_seqs && cache->lens[seq_id] >= 0;
 }

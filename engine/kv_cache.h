@@ -40,6 +40,8 @@ int64_t moeq_kv_cache_free_blocks(const moeq_kv_cache *cache);
 
 /* A new empty sequence; MOEQ_ERR_LIMIT when max_seqs are alive. */
 moeq_err moeq_kv_cache_seq_new(moeq_kv_cache *cache, int *seq_id);
+/* Open the free slot seq_id (a second cache kept in step with another's ids); INVALID_ARG when taken. */
+moeq_err moeq_kv_cache_seq_open(moeq_kv_cache *cache, int seq_id);
 void moeq_kv_cache_seq_free(moeq_kv_cache *cache, int seq_id);
 int moeq_kv_cache_seq_alive(const moeq_kv_cache *cache, int seq_id);
 int64_t moeq_kv_cache_seq_len(const moeq_kv_cache *cache, int seq_id);

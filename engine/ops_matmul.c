@@ -1,11 +1,27 @@
 /*
  * ops_matmul.c — the CPU matrix kernels (see ops_matmul.h for the contract).
  *
- * AVX-512 path: 4x4 register tiles (4 tokens x 4 weight rows, 16 zmm
- * accumulators) for NT, 4 tokens x 64 columns for NN; weights widened in
- * registers (bf16: shift, f16: vcvtph2ps, f8 e4m3: bit placement * 2^120 *
- * block scale). Without AVX-512 a scalar emulation of the same 16 lanes runs
- * (identical results, slowly); tests compare the two bit for bit.
+ * Three implementations of one reduction order, chosen at run time from what
+ * the CPU has (so a portable build is fast everywhere):
+ *   AVX-512  4x4 register tiles (4 tokens x 4 weight rows, 16 zmm
+ *            accumulators) for NT, 8 rows when a block has <= 2 tokens;
+ *            4 tokens x 64 columns for NN.
+ *   AVX2     each 16-lane accumulator held as two ymm halves (lanes 0-7 and
+ *            8-15); 2 tokens x 3 rows (1 token x 4 rows); NN 4 tokens x 16
+ *            columns. The tree's first level adds the two halves, which is
+ *            exactly tree16()'s first level.
+ *   scalar   the emulation: 16 float lanes, one fmaf per lane, the same tree.
+ * All three give bit-identical results; the tests compare every one the CPU
+ * can run against the emulation. Weights are widened in registers (bf16:
+ * shift, f16: vcvtph2ps, f8 e4m3: bit placement into an f16, x256, x the
+ * block scale). The K tail is zero padded (masked loads on AVX-512, a copy
+ * into a zeroed buffer on AVX2, explicit zeros in the emulation).
+ *
+ * Batch-1 decode streams every weight once, so the NT kernels prefetch the
+ * same rows one or more tiles ahead (PF_BYTES of weights), clamped to the
+ * block's rows: prefetching inside the tile being read (the previous scheme,
+ * 1 KiB ahead in each row) fetched lines already in flight and left the
+ * stream latency bound.
  *
  * Not here: threading (backend_cpu.c), activation quantisation (activations
  * stay float32 so the CPU path is the exact reference).
@@ -14,27 +30,51 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <string.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define MOEQ_MM_AVX512 1
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define MOEQ_MM_X86 1
 #include <immintrin.h>
 #endif
 
 #define LANES 16
-#define TILE_T 4 /* tokens per register tile              */
-#define TILE_N 4 /* weight rows per NT tile               */
-#define TILE_V 4 /* 16-column vectors per NN tile (64 cols) */
+#define TILE_T 4   /* tokens per AVX-512 register tile                       */
+#define TILE_N 4   /* weight rows per AVX-512 NT tile (8 when <= 2 tokens)    */
+#define TILE_N1 8  /* rows per AVX-512 NT tile for blocks of 1-2 tokens       */
+#define TILE_V 4   /* 16-column vectors per AVX-512 NN tile (64 columns)      */
+#define PF_BYTES 8192 /* weight bytes the NT prefetch runs ahead (>= one tile) */
 
 static inline const uint8_t *row_ptr(const moeq_tensor *w, int64_t row) {
     return (const uint8_t *)w->data + (size_t)row * (size_t)moeq_tensor_cols(w) * moeq_dtype_size(w->dtype);
 }
+
+static inline size_t esize(moeq_dtype dt) { return dt == MOEQ_DTYPE_F32 ? 4 : (dt == MOEQ_DTYPE_F8_E4M3 ? 1 : 2); }
 
 /* F8 block scales of the 128-row block holding `row` (NULL for other dtypes). */
 static inline const float *scale_row(const moeq_tensor *w, int64_t row) {
     if (w->dtype != MOEQ_DTYPE_F8_E4M3 || !w->scale_inv) return NULL;
     int64_t ncb = (moeq_tensor_cols(w) + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK;
     return (const float *)w->scale_inv->data + (row / MOEQ_F8_BLOCK) * ncb;
+}
+
+/*
+ * The tile rows' pointers, and where each row's prefetch goes: the same row
+ * `ahead` tiles on (ahead * tn rows; at least PF_BYTES of weights), clamped
+ * to the last row of the block so a task never pulls in another's rows.
+ * base: row 0 of the job; row_bytes: one weight row.
+ */
+static inline __attribute__((always_inline)) void tile_rows(const moeq_mm_job *job, const uint8_t *base,
+                                                           int64_t row_bytes, int64_t n, int nr, int tn, int64_t n1,
+                                                           const uint8_t **wp, const float **sp, const uint8_t **pp) {
+    int64_t ahead = (PF_BYTES + tn * row_bytes - 1) / (tn * row_bytes);
+    for (int j = 0; j < tn; j++) {
+        int64_t row = n + (j < nr ? j : 0), pf = n + ahead * tn + (j < nr ? j : 0);
+        wp[j] = base + row * row_bytes;
+        sp[j] = scale_row(job->w, job->row0 + row);
+        pp[j] = base + (pf < n1 ? pf : n1 - 1) * row_bytes;
+    }
 }
 
 /* ---- scalar emulation (also the fallback) --------------------------------- */
@@ -53,7 +93,7 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* One weight element widened exactly as the vector path does. */
+/* One weight element widened exactly as the vector paths do. */
 static inline float wscalar(moeq_dtype dt, const uint8_t *p, const float *srow, int64_t k) {
     uint32_t bits;
     float f;
@@ -89,6 +129,7 @@ static inline float tree16(const float *l) {
     return c[0] + c[1];
 }
 
+/* Lanes past K get fma(0, 0, lane), as the vector paths' zero padding does (it turns a -0 lane into +0). */
 void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     const moeq_tensor *w = job->w;
     int64_t K = moeq_tensor_cols(w);
@@ -99,8 +140,9 @@ void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int
             const float *x = job->x + t * job->ldx;
             float lanes[LANES] = {0};
             for (int64_t k = 0; k < K; k += LANES)
-                for (int l = 0; l < LANES && k + l < K; l++)
-                    lanes[l] = fmaf(x[k + l], wscalar(w->dtype, p, srow, k + l), lanes[l]);
+                for (int l = 0; l < LANES; l++)
+                    lanes[l] = k + l < K ? fmaf(x[k + l], wscalar(w->dtype, p, srow, k + l), lanes[l])
+                                         : fmaf(0.0f, 0.0f, lanes[l]);
             job->y[t * job->ldy + n] = tree16(lanes);
         }
     }
@@ -119,13 +161,23 @@ void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int
         }
 }
 
-#ifdef MOEQ_MM_AVX512
+static float dot_scalar(const float *a, const float *b, int64_t n) {
+    float lanes[LANES] = {0};
+    for (int64_t k = 0; k < n; k += LANES)
+        for (int l = 0; l < LANES; l++)
+            lanes[l] = k + l < n ? fmaf(a[k + l], b[k + l], lanes[l]) : fmaf(0.0f, 0.0f, lanes[l]);
+    return tree16(lanes);
+}
+
+#ifdef MOEQ_MM_X86
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define T256 __attribute__((target("avx2,fma,f16c")))
+
 /* ---- AVX-512 ---------------------------------------------------------------- */
 
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#define PREFETCH_BYTES 1024 /* per weight row stream; hardware prefetch alone left decode latency bound */
-
-static ALWAYS_INLINE __m512 wload(moeq_dtype dt, const uint8_t *p, const float *srow, int64_t k, __mmask16 m) {
+static T512 ALWAYS_INLINE __m512 wload512(moeq_dtype dt, const uint8_t *p, const float *srow, int64_t k,
+                                          __mmask16 m) {
     const int full = m == (__mmask16)0xFFFF; /* a constant in the main loop: plain loads */
     switch (dt) {
     case MOEQ_DTYPE_F32: return full ? _mm512_loadu_ps((const float *)p + k) : _mm512_maskz_loadu_ps(m, (const float *)p + k);
@@ -152,7 +204,7 @@ static ALWAYS_INLINE __m512 wload(moeq_dtype dt, const uint8_t *p, const float *
 }
 
 /* The fixed tree: halves 16->8->4->2->1, as tree16(). */
-static ALWAYS_INLINE float hsum(__m512 v) {
+static T512 ALWAYS_INLINE float hsum512(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
@@ -162,89 +214,87 @@ static ALWAYS_INLINE float hsum(__m512 v) {
 
 static inline __mmask16 tail_mask(int64_t left) { return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
 
-/* (mr tokens) x (nr weight rows) dot products over the whole K. */
-static ALWAYS_INLINE void nt_tile(const int mr, const int nr, const moeq_dtype dt, const float *x, int64_t ldx,
-                                  const uint8_t *const *wp, const float *const *sp, int64_t K, float *y,
-                                  int64_t ldy) {
-    __m512 acc[TILE_T][TILE_N];
-#pragma GCC unroll 4
+/* (mr tokens) x (nr weight rows) dot products over the whole K; pp: where each row's prefetch stream runs. */
+static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq_dtype dt, const float *x,
+                                          int64_t ldx, const uint8_t *const *wp, const float *const *sp,
+                                          const uint8_t *const *pp, int64_t K, float *y, int64_t ldy) {
+    __m512 acc[TILE_T][TILE_N1];
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
-    const size_t esz = dt == MOEQ_DTYPE_F32 ? 4 : (dt == MOEQ_DTYPE_F8_E4M3 ? 1 : 2);
+    const size_t esz = esize(dt);
     int64_t k = 0;
     for (; k + LANES <= K; k += LANES) { /* full chunks: unmasked loads, weights prefetched ahead */
         __m512 xv[TILE_T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            _mm_prefetch((const char *)wp[j] + (size_t)k * esz + PREFETCH_BYTES, _MM_HINT_T0);
-            __m512 wv = wload(dt, wp[j], sp[j], k, (__mmask16)0xFFFF);
-#pragma GCC unroll 4
+            _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
+            __m512 wv = wload512(dt, wp[j], sp[j], k, (__mmask16)0xFFFF);
+#pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
         }
     }
-    if (k < K) { /* the tail: zero lanes add nothing, so the order per element is unchanged */
+    if (k < K) { /* the tail: zero lanes add +0, as the emulation does */
         __mmask16 m = tail_mask(K - k);
         __m512 xv[TILE_T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            __m512 wv = wload(dt, wp[j], sp[j], k, m);
-#pragma GCC unroll 4
+            __m512 wv = wload512(dt, wp[j], sp[j], k, m);
+#pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
-#pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) y[i * ldy + j] = hsum(acc[i][j]);
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++) y[i * ldy + j] = hsum512(acc[i][j]);
 }
 
-#define NT_CASE(MR, NR)                                                                   \
-    case (MR)*8 + (NR): nt_tile(MR, NR, dt, x, ldx, wp, sp, K, y, ldy); break;
+#define NT512(MR, NR)                                                                                        \
+    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy); break;
 
-static ALWAYS_INLINE void nt_block_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
-                                      int64_t t0, int64_t t1) {
-    const moeq_tensor *w = job->w;
-    int64_t K = moeq_tensor_cols(w), ldx = job->ldx, ldy = job->ldy;
-    for (int64_t n = n0; n < n1; n += TILE_N) {
-        int nr = (int)(n1 - n < TILE_N ? n1 - n : TILE_N);
-        const uint8_t *wp[TILE_N];
-        const float *sp[TILE_N];
-        for (int j = 0; j < TILE_N; j++) {
-            int64_t row = job->row0 + n + (j < nr ? j : 0);
-            wp[j] = row_ptr(w, row);
-            sp[j] = scale_row(w, row);
-        }
+/* Row tiles of 4 (8 for blocks of 1-2 tokens: more weight streams in flight), token tiles of 4. */
+static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
+                                              int64_t t0, int64_t t1) {
+    int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
+    const uint8_t *base = row_ptr(job->w, job->row0);
+    const int tn = t1 - t0 <= 2 ? TILE_N1 : TILE_N;
+    for (int64_t n = n0; n < n1; n += tn) {
+        int nr = (int)(n1 - n < tn ? n1 - n : tn);
+        const uint8_t *wp[TILE_N1], *pp[TILE_N1];
+        const float *sp[TILE_N1];
+        tile_rows(job, base, row_bytes, n, nr, tn, n1, wp, sp, pp);
         for (int64_t t = t0; t < t1; t += TILE_T) {
             int mr = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
             const float *x = job->x + t * ldx;
             float *y = job->y + t * ldy + n;
-            switch (mr * 8 + nr) {
-                NT_CASE(1, 1) NT_CASE(1, 2) NT_CASE(1, 3) NT_CASE(1, 4)
-                NT_CASE(2, 1) NT_CASE(2, 2) NT_CASE(2, 3) NT_CASE(2, 4)
-                NT_CASE(3, 1) NT_CASE(3, 2) NT_CASE(3, 3) NT_CASE(3, 4)
-                NT_CASE(4, 1) NT_CASE(4, 2) NT_CASE(4, 3) NT_CASE(4, 4)
+            switch (mr * 16 + nr) {
+                NT512(1, 1) NT512(1, 2) NT512(1, 3) NT512(1, 4) NT512(1, 5) NT512(1, 6) NT512(1, 7) NT512(1, 8)
+                NT512(2, 1) NT512(2, 2) NT512(2, 3) NT512(2, 4) NT512(2, 5) NT512(2, 6) NT512(2, 7) NT512(2, 8)
+                NT512(3, 1) NT512(3, 2) NT512(3, 3) NT512(3, 4)
+                NT512(4, 1) NT512(4, 2) NT512(4, 3) NT512(4, 4)
             }
         }
     }
 }
 
-void moeq_mm_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
+static T512 void nt_block512(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     switch (job->w->dtype) {
-    case MOEQ_DTYPE_F32: nt_block_dt(MOEQ_DTYPE_F32, job, n0, n1, t0, t1); break;
-    case MOEQ_DTYPE_BF16: nt_block_dt(MOEQ_DTYPE_BF16, job, n0, n1, t0, t1); break;
-    case MOEQ_DTYPE_F16: nt_block_dt(MOEQ_DTYPE_F16, job, n0, n1, t0, t1); break;
-    case MOEQ_DTYPE_F8_E4M3: nt_block_dt(MOEQ_DTYPE_F8_E4M3, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_F32: nt_block512_dt(MOEQ_DTYPE_F32, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_BF16: nt_block512_dt(MOEQ_DTYPE_BF16, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_F16: nt_block512_dt(MOEQ_DTYPE_F16, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_F8_E4M3: nt_block512_dt(MOEQ_DTYPE_F8_E4M3, job, n0, n1, t0, t1); break;
     }
 }
 
 /* (mr tokens) x (nv 16-column vectors starting at column c): y = x W, r ascending. */
-static ALWAYS_INLINE void nn_tile(const int mr, const int nv, const moeq_dtype dt, const moeq_mm_job *job,
-                                  int64_t t, int64_t c, int64_t c1) {
+static T512 ALWAYS_INLINE void nn_tile512(const int mr, const int nv, const moeq_dtype dt, const moeq_mm_job *job,
+                                          int64_t t, int64_t c, int64_t c1) {
     const moeq_tensor *w = job->w;
     __m512 acc[TILE_T][TILE_V];
     __mmask16 m[TILE_V];
@@ -259,7 +309,7 @@ static ALWAYS_INLINE void nn_tile(const int mr, const int nv, const moeq_dtype d
         const float *srow = scale_row(w, job->row0 + r);
         __m512 wv[TILE_V];
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) wv[v] = wload(dt, p, srow, c + v * LANES, m[v]);
+        for (int v = 0; v < nv; v++) wv[v] = wload512(dt, p, srow, c + v * LANES, m[v]);
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             __m512 xb = _mm512_set1_ps(job->x[(t + i) * job->ldx + r]);
@@ -273,59 +323,369 @@ static ALWAYS_INLINE void nn_tile(const int mr, const int nv, const moeq_dtype d
         for (int v = 0; v < nv; v++) _mm512_mask_storeu_ps(job->y + (t + i) * job->ldy + c + v * LANES, m[v], acc[i][v]);
 }
 
-#define NN_CASE(MR, NV)                                                                   \
-    case (MR)*8 + (NV): nn_tile(MR, NV, dt, job, t, c, c1); break;
+#define NN512(MR, NV)                                                                                        \
+    case (MR)*8 + (NV): nn_tile512(MR, NV, dt, job, t, c, c1); break;
 
-static ALWAYS_INLINE void nn_block_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t c0, int64_t c1,
-                                      int64_t t0, int64_t t1) {
+static T512 ALWAYS_INLINE void nn_block512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t c0, int64_t c1,
+                                              int64_t t0, int64_t t1) {
     for (int64_t c = c0; c < c1; c += TILE_V * LANES) {
         int nv = (int)((c1 - c + LANES - 1) / LANES);
         if (nv > TILE_V) nv = TILE_V;
         for (int64_t t = t0; t < t1; t += TILE_T) {
             int mr = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
             switch (mr * 8 + nv) {
-                NN_CASE(1, 1) NN_CASE(1, 2) NN_CASE(1, 3) NN_CASE(1, 4)
-                NN_CASE(2, 1) NN_CASE(2, 2) NN_CASE(2, 3) NN_CASE(2, 4)
-                NN_CASE(3, 1) NN_CASE(3, 2) NN_CASE(3, 3) NN_CASE(3, 4)
-                NN_CASE(4, 1) NN_CASE(4, 2) NN_CASE(4, 3) NN_CASE(4, 4)
+                NN512(1, 1) NN512(1, 2) NN512(1, 3) NN512(1, 4)
+                NN512(2, 1) NN512(2, 2) NN512(2, 3) NN512(2, 4)
+                NN512(3, 1) NN512(3, 2) NN512(3, 3) NN512(3, 4)
+                NN512(4, 1) NN512(4, 2) NN512(4, 3) NN512(4, 4)
             }
         }
     }
 }
 
-void moeq_mm_nn_block(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1) {
+static T512 void nn_block512(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1) {
     switch (job->w->dtype) {
-    case MOEQ_DTYPE_F32: nn_block_dt(MOEQ_DTYPE_F32, job, c0, c1, t0, t1); break;
-    case MOEQ_DTYPE_BF16: nn_block_dt(MOEQ_DTYPE_BF16, job, c0, c1, t0, t1); break;
-    case MOEQ_DTYPE_F16: nn_block_dt(MOEQ_DTYPE_F16, job, c0, c1, t0, t1); break;
-    case MOEQ_DTYPE_F8_E4M3: nn_block_dt(MOEQ_DTYPE_F8_E4M3, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_F32: nn_block512_dt(MOEQ_DTYPE_F32, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_BF16: nn_block512_dt(MOEQ_DTYPE_BF16, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_F16: nn_block512_dt(MOEQ_DTYPE_F16, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_F8_E4M3: nn_block512_dt(MOEQ_DTYPE_F8_E4M3, job, c0, c1, t0, t1); break;
     }
 }
 
-float moeq_dot_f32(const float *a, const float *b, int64_t n) {
+static T512 float dot512(const float *a, const float *b, int64_t n) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t k = 0; k < n; k += LANES) {
         __mmask16 m = tail_mask(n - k);
         acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), acc);
     }
-    return hsum(acc);
+    return hsum512(acc);
 }
 
-#else /* no AVX-512: the scalar emulation is the kernel */
+/* ---- AVX2 + FMA + F16C: 16 lanes as two ymm halves ---------------------------- */
+
+#define TILE_T2 2  /* tokens per AVX2 NT tile                        */
+#define TILE_N2 3  /* weight rows per AVX2 NT tile (4 for one token)  */
+#define TILE_N21 4
+#define TILE_T2N 4 /* tokens per AVX2 NN tile                        */
+#define TILE_V2 2  /* 8-column vectors per AVX2 NN tile              */
+
+/* 8 bytes (f8) or 8 halves (bf16/f16) widened; the f8 path as in wload512. */
+static T256 ALWAYS_INLINE __m256 widen8(moeq_dtype dt, __m128i v, float scale) {
+    switch (dt) {
+    case MOEQ_DTYPE_BF16: return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    case MOEQ_DTYPE_F16: return _mm256_cvtph_ps(v);
+    case MOEQ_DTYPE_F8_E4M3: {
+        __m128i h = _mm_cvtepu8_epi16(v);
+        h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8),
+                         _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7));
+        __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+        return _mm256_mul_ps(f, _mm256_set1_ps(scale));
+    }
+    default: return _mm256_setzero_ps();
+    }
+}
+
+/* 16 weights at p (element 0 of the chunk) as lanes 0-7 and 8-15. */
+static T256 ALWAYS_INLINE void wload256(moeq_dtype dt, const uint8_t *p, float scale, __m256 *lo, __m256 *hi) {
+    switch (dt) {
+    case MOEQ_DTYPE_F32:
+        *lo = _mm256_loadu_ps((const float *)p);
+        *hi = _mm256_loadu_ps((const float *)p + 8);
+        return;
+    case MOEQ_DTYPE_BF16:
+    case MOEQ_DTYPE_F16:
+        *lo = widen8(dt, _mm_loadu_si128((const __m128i *)p), scale);
+        *hi = widen8(dt, _mm_loadu_si128((const __m128i *)p + 1), scale);
+        return;
+    case MOEQ_DTYPE_F8_E4M3: {
+        __m128i b = _mm_loadu_si128((const __m128i *)p);
+        *lo = widen8(dt, b, scale);
+        *hi = widen8(dt, _mm_unpackhi_epi64(b, b), scale);
+        return;
+    }
+    }
+}
+
+static T256 ALWAYS_INLINE float hsum256(__m256 lo, __m256 hi) {
+    __m256 a = _mm256_add_ps(lo, hi); /* a[i] = l[i] + l[i+8] */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
+    return _mm_cvtss_f32(d);
+}
+
+/* One 16-wide k step of an (mr x nr) tile; x and weight pointers already at the chunk. */
+static T256 ALWAYS_INLINE void nt_step256(const int mr, const int nr, const moeq_dtype dt, const float *const *xk,
+                                          const uint8_t *const *wk, const float *scale, __m256 (*acc)[TILE_N21][2]) {
+    __m256 xl[TILE_T2], xh[TILE_T2];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) xl[i] = _mm256_loadu_ps(xk[i]), xh[i] = _mm256_loadu_ps(xk[i] + 8);
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++) {
+        __m256 wl, wh;
+        wload256(dt, wk[j], scale[j], &wl, &wh);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            acc[i][j][0] = _mm256_fmadd_ps(xl[i], wl, acc[i][j][0]);
+            acc[i][j][1] = _mm256_fmadd_ps(xh[i], wh, acc[i][j][1]);
+        }
+    }
+}
+
+static T256 ALWAYS_INLINE void nt_tile256(const int mr, const int nr, const moeq_dtype dt, const float *x,
+                                          int64_t ldx, const uint8_t *const *wp, const float *const *sp,
+                                          const uint8_t *const *pp, int64_t K, float *y, int64_t ldy) {
+    __m256 acc[TILE_T2][TILE_N21][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    const size_t esz = esize(dt);
+    const float *xk[TILE_T2];
+    const uint8_t *wk[TILE_N21];
+    float scale[TILE_N21];
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES) {
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) xk[i] = x + i * ldx + k;
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) {
+            _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
+            wk[j] = wp[j] + (size_t)k * esz;
+            scale[j] = dt == MOEQ_DTYPE_F8_E4M3 && sp[j] ? sp[j][k / MOEQ_F8_BLOCK] : 1.0f;
+        }
+        nt_step256(mr, nr, dt, xk, wk, scale, acc);
+    }
+    if (k < K) { /* the tail, copied into zeroed chunks: zero lanes add +0 as in the emulation */
+        float xt[TILE_T2][LANES];
+        uint8_t wt[TILE_N21][LANES * 4];
+        size_t left = (size_t)(K - k);
+        for (int i = 0; i < mr; i++) {
+            memset(xt[i], 0, sizeof(xt[i]));
+            memcpy(xt[i], x + i * ldx + k, left * sizeof(float));
+            xk[i] = xt[i];
+        }
+        for (int j = 0; j < nr; j++) {
+            memset(wt[j], 0, sizeof(wt[j]));
+            memcpy(wt[j], wp[j] + (size_t)k * esz, left * esz);
+            wk[j] = wt[j];
+            scale[j] = dt == MOEQ_DTYPE_F8_E4M3 && sp[j] ? sp[j][k / MOEQ_F8_BLOCK] : 1.0f;
+        }
+        nt_step256(mr, nr, dt, xk, wk, scale, acc);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) y[i * ldy + j] = hsum256(acc[i][j][0], acc[i][j][1]);
+}
+
+#define NT256(MR, NR)                                                                                        \
+    case (MR)*8 + (NR): nt_tile256(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy); break;
+
+static T256 ALWAYS_INLINE void nt_block256_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
+                                              int64_t t0, int64_t t1) {
+    int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
+    const uint8_t *base = row_ptr(job->w, job->row0);
+    const int tn = t1 - t0 <= 1 ? TILE_N21 : TILE_N2;
+    for (int64_t n = n0; n < n1; n += tn) {
+        int nr = (int)(n1 - n < tn ? n1 - n : tn);
+        const uint8_t *wp[TILE_N21], *pp[TILE_N21];
+        const float *sp[TILE_N21];
+        tile_rows(job, base, row_bytes, n, nr, tn, n1, wp, sp, pp);
+        for (int64_t t = t0; t < t1; t += TILE_T2) {
+            int mr = (int)(t1 - t < TILE_T2 ? t1 - t : TILE_T2);
+            const float *x = job->x + t * ldx;
+            float *y = job->y + t * ldy + n;
+            switch (mr * 8 + nr) {
+                NT256(1, 1) NT256(1, 2) NT256(1, 3) NT256(1, 4)
+                NT256(2, 1) NT256(2, 2) NT256(2, 3)
+            }
+        }
+    }
+}
+
+static T256 void nt_block256(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
+    switch (job->w->dtype) {
+    case MOEQ_DTYPE_F32: nt_block256_dt(MOEQ_DTYPE_F32, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_BF16: nt_block256_dt(MOEQ_DTYPE_BF16, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_F16: nt_block256_dt(MOEQ_DTYPE_F16, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_F8_E4M3: nt_block256_dt(MOEQ_DTYPE_F8_E4M3, job, n0, n1, t0, t1); break;
+    }
+}
+
+/* 8 weights of row p from column c. */
+static T256 ALWAYS_INLINE __m256 wload256_8(moeq_dtype dt, const uint8_t *p, const float *srow, int64_t c) {
+    float scale = dt == MOEQ_DTYPE_F8_E4M3 && srow ? srow[c / MOEQ_F8_BLOCK] : 1.0f;
+    switch (dt) {
+    case MOEQ_DTYPE_F32: return _mm256_loadu_ps((const float *)p + c);
+    case MOEQ_DTYPE_BF16:
+    case MOEQ_DTYPE_F16: return widen8(dt, _mm_loadu_si128((const __m128i *)((const uint16_t *)p + c)), scale);
+    case MOEQ_DTYPE_F8_E4M3: return widen8(dt, _mm_loadl_epi64((const __m128i *)(p + c)), scale);
+    }
+    return _mm256_setzero_ps();
+}
+
+/* (mr tokens) x (nv full 8-column vectors from column c), r ascending: each element is the emulation's fmaf chain. */
+static T256 ALWAYS_INLINE void nn_tile256(const int mr, const int nv, const moeq_dtype dt, const moeq_mm_job *job,
+                                          int64_t t, int64_t c) {
+    const moeq_tensor *w = job->w;
+    __m256 acc[TILE_T2N][TILE_V2];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) acc[i][v] = _mm256_setzero_ps();
+    for (int64_t r = 0; r < job->n_rows; r++) {
+        const uint8_t *p = row_ptr(w, job->row0 + r);
+        const float *srow = scale_row(w, job->row0 + r);
+        __m256 wv[TILE_V2];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) wv[v] = wload256_8(dt, p, srow, c + v * 8);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            __m256 xb = _mm256_set1_ps(job->x[(t + i) * job->ldx + r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) acc[i][v] = _mm256_fmadd_ps(xb, wv[v], acc[i][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(job->y + (t + i) * job->ldy + c + v * 8, acc[i][v]);
+}
+
+#define NN256(MR, NV)                                                                                        \
+    case (MR)*8 + (NV): nn_tile256(MR, NV, dt, job, t, c); break;
+
+/* Full 8-column vectors here; the last < 8 columns through the emulation (the same chain per element). */
+static T256 ALWAYS_INLINE void nn_block256_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t c0, int64_t c1,
+                                              int64_t t0, int64_t t1) {
+    int64_t cv = c0 + (c1 - c0) / 8 * 8;
+    for (int64_t c = c0; c < cv; c += TILE_V2 * 8) {
+        int nv = (int)((cv - c) / 8 < TILE_V2 ? (cv - c) / 8 : TILE_V2);
+        for (int64_t t = t0; t < t1; t += TILE_T2N) {
+            int mr = (int)(t1 - t < TILE_T2N ? t1 - t : TILE_T2N);
+            switch (mr * 8 + nv) {
+                NN256(1, 1) NN256(1, 2) NN256(2, 1) NN256(2, 2) NN256(3, 1) NN256(3, 2) NN256(4, 1) NN256(4, 2)
+            }
+        }
+    }
+    if (cv < c1) moeq_mm_nn_block_scalar(job, cv, c1, t0, t1);
+}
+
+static T256 void nn_block256(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1) {
+    switch (job->w->dtype) {
+    case MOEQ_DTYPE_F32: nn_block256_dt(MOEQ_DTYPE_F32, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_BF16: nn_block256_dt(MOEQ_DTYPE_BF16, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_F16: nn_block256_dt(MOEQ_DTYPE_F16, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_F8_E4M3: nn_block256_dt(MOEQ_DTYPE_F8_E4M3, job, c0, c1, t0, t1); break;
+    }
+}
+
+static T256 float dot256(const float *a, const float *b, int64_t n) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + LANES <= n; k += LANES) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), hi);
+    }
+    if (k < n) {
+        float at[LANES] = {0}, bt[LANES] = {0};
+        memcpy(at, a + k, (size_t)(n - k) * sizeof(float));
+        memcpy(bt, b + k, (size_t)(n - k) * sizeof(float));
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(at), _mm256_loadu_ps(bt), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(at + 8), _mm256_loadu_ps(bt + 8), hi);
+    }
+    return hsum256(lo, hi);
+}
+#endif /* MOEQ_MM_X86 */
+
+/* ---- dispatch --------------------------------------------------------------- */
+
+int moeq_mm_isa_supported(moeq_mm_isa isa) {
+    switch (isa) {
+    case MOEQ_MM_ISA_SCALAR: return 1;
+#ifdef MOEQ_MM_X86
+    case MOEQ_MM_ISA_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case MOEQ_MM_ISA_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               moeq_mm_isa_supported(MOEQ_MM_ISA_AVX2);
+#else
+    default: return 0;
+#endif
+    }
+    return 0;
+}
+
+static _Atomic int isa_best = -1; /* detected once; a relaxed load on every call after */
+
+moeq_mm_isa moeq_mm_isa_best(void) {
+    int b = atomic_load_explicit(&isa_best, memory_order_relaxed);
+    if (b < 0) {
+        b = moeq_mm_isa_supported(MOEQ_MM_ISA_AVX512) ? MOEQ_MM_ISA_AVX512
+            : moeq_mm_isa_supported(MOEQ_MM_ISA_AVX2) ? MOEQ_MM_ISA_AVX2
+                                                       : MOEQ_MM_ISA_SCALAR;
+        atomic_store_explicit(&isa_best, b, memory_order_relaxed);
+    }
+    return (moeq_mm_isa)b;
+}
+
+const char *moeq_mm_isa_name(moeq_mm_isa isa) {
+    switch (isa) {
+    case MOEQ_MM_ISA_SCALAR: return "scalar";
+    case MOEQ_MM_ISA_AVX2: return "avx2";
+    case MOEQ_MM_ISA_AVX512: return "avx512";
+    }
+    return "?";
+}
+
+void moeq_mm_nt_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
+    switch (isa) {
+#ifdef MOEQ_MM_X86
+    case MOEQ_MM_ISA_AVX512: nt_block512(job, n0, n1, t0, t1); return;
+    case MOEQ_MM_ISA_AVX2: nt_block256(job, n0, n1, t0, t1); return;
+#endif
+    default: moeq_mm_nt_block_scalar(job, n0, n1, t0, t1); return;
+    }
+}
+
+void moeq_mm_nn_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1) {
+    switch (isa) {
+#ifdef MOEQ_MM_X86
+    case MOEQ_MM_ISA_AVX512: nn_block512(job, c0, c1, t0, t1); return;
+    case MOEQ_MM_ISA_AVX2: nn_block256(job, c0, c1, t0, t1); return;
+#endif
+    default: moeq_mm_nn_block_scalar(job, c0, c1, t0, t1); return;
+    }
+}
+
+float moeq_dot_f32_isa(moeq_mm_isa isa, const float *a, const float *b, int64_t n) {
+    switch (isa) {
+#ifdef MOEQ_MM_X86
+    case MOEQ_MM_ISA_AVX512: return dot512(a, b, n);
+    case MOEQ_MM_ISA_AVX2: return dot256(a, b, n);
+#endif
+    default: return dot_scalar(a, b, n);
+    }
+}
 
 void moeq_mm_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
-    moeq_mm_nt_block_scalar(job, n0, n1, t0, t1);
+    moeq_mm_nt_block_isa(moeq_mm_isa_best(), job, n0, n1, t0, t1);
 }
+
 void moeq_mm_nn_block(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1) {
-    moeq_mm_nn_block_scalar(job, c0, c1, t0, t1);
+    moeq_mm_nn_block_isa(moeq_mm_isa_best(), job, c0, c1, t0, t1);
 }
+
+/* Called per (context token, head) by attention: the common case is a load, a compare and a direct call. */
 float moeq_dot_f32(const float *a, const float *b, int64_t n) {
-    float lanes[LANES] = {0};
-    for (int64_t k = 0; k < n; k += LANES)
-        for (int l = 0; l < LANES && k + l < n; l++) lanes[l] = fmaf(a[k + l], b[k + l], lanes[l]);
-    return tree16(lanes);
-}
+#ifdef MOEQ_MM_X86
+    if (__builtin_expect(atomic_load_explicit(&isa_best, memory_order_relaxed) == MOEQ_MM_ISA_AVX512, 1))
+        return dot512(a, b, n);
 #endif
+    return moeq_dot_f32_isa(moeq_mm_isa_best(), a, b, n);
+}
 
 /* ---- OpenBLAS path -------------------------------------------------------- */
 

@@ -8,6 +8,10 @@
  * number of tokens — 16 float32 lanes, k ascending in steps of 16 with one
  * fused multiply-add per lane, the tail masked with zeros, then one fixed
  * reduction tree. Tiling only decides which elements are computed together.
+ * The order is a function of K alone, the same on every instruction set:
+ * AVX-512 holds the 16 lanes in one register, AVX2 in two halves of 8 whose
+ * sum is the tree's first level, the emulation in an array; all three are
+ * bit-identical (the tests check each one the CPU runs against the emulation).
  *
  * They do not thread (backend_cpu.c splits work over its pool) and do not
  * allocate.
@@ -36,11 +40,12 @@ typedef struct moeq_mm_job {
     int64_t n_tok;
 } moeq_mm_job;
 
-/* The fixed-order kernels over a sub-block: output columns [n0, n1), tokens [t0, t1). */
+/* The fixed-order kernels over a sub-block: output columns [n0, n1), tokens [t0, t1),
+ * on the best instruction set this CPU has (moeq_mm_isa_best()). NN: c0 a multiple of 16. */
 void moeq_mm_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
 void moeq_mm_nn_block(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
 
-/* The scalar emulation of the same lanes and tree: the fallback without AVX-512, and the tests' oracle. */
+/* The scalar emulation of the same lanes and tree: the fallback without AVX2, and the tests' oracle. */
 void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
 void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
 
@@ -53,6 +58,24 @@ void moeq_mm_nt_blas_block(const moeq_mm_job *job, int64_t n0, int64_t n1, float
 
 /* The fixed-order dot product of two float vectors (the same lanes and tree as the kernels). */
 float moeq_dot_f32(const float *a, const float *b, int64_t n);
+
+/* The kernels' implementations; every one gives the same bits. */
+typedef enum moeq_mm_isa {
+    MOEQ_MM_ISA_SCALAR = 0, /* the emulation, any CPU                        */
+    MOEQ_MM_ISA_AVX2,       /* AVX2 + FMA + F16C (x86-64 without AVX-512)    */
+    MOEQ_MM_ISA_AVX512,     /* AVX-512 F/BW/VL/DQ                            */
+} moeq_mm_isa;
+
+/* 1 when this CPU (and this build) can run isa. Thread-safe. */
+int moeq_mm_isa_supported(moeq_mm_isa isa);
+/* The fastest supported isa: what moeq_mm_nt_block() and friends run. Thread-safe. */
+moeq_mm_isa moeq_mm_isa_best(void);
+const char *moeq_mm_isa_name(moeq_mm_isa isa); /* "scalar", "avx2", "avx512" */
+
+/* The same kernels on a given isa (which must be supported): for the tests and benchmarks. */
+void moeq_mm_nt_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
+void moeq_mm_nn_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
+float moeq_dot_f32_isa(moeq_mm_isa isa, const float *a, const float *b, int64_t n);
 
 /* Set OpenBLAS to one thread (the pool threads); idempotent. */
 void moeq_mm_blas_init(void);

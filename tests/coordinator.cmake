@@ -21,3 +21,14 @@ add_dependencies(test_coordinator_redis_restart moeq)
 moeq_add_test(NAME test_coordinator_broker_restart SOURCES test_coordinator_broker_restart.c
   LIBS moeq_coordinator LABELS integration slow FIXTURES services TIMEOUT 300)
 add_dependencies(test_coordinator_broker_restart moeq)
+# The Kafka adapter against librdkafka's in-process mock cluster (consumer lag,
+# injected request errors, a broker outage); needs no service. Registered here
+# with the coordinator's mock-fault test that relies on the same adapter calls.
+moeq_add_test(NAME test_kafka_mock SOURCES test_kafka_mock.c LIBS moeq_io
+  LABELS integration TIMEOUT 60)
+# Injected Kafka request errors and a broker outage through librdkafka's mock
+# cluster (in the test process; the `moeq` child reaches it over loopback), in
+# addition to the real broker restart above; Redis from the `services` fixture.
+moeq_add_test(NAME test_coordinator_mock_faults SOURCES test_coordinator_mock_faults.c
+  LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 120)
+add_dependencies(test_coordinator_mock_faults moeq)

@@ -1,7 +1,8 @@
 /*
  * test_engine_ops.c — the engine's parts that need no model: matrix kernels
  * (vs their scalar emulation, vs OpenBLAS, batch invariance, exact
- * widening), RoPE/YaRN, routing, the gather plan, the paged cache, the
+ * widening, every instruction set against the emulation), the engine
+ * params' property table, RoPE/YaRN, routing, the gather plan, the paged cache, the
  * sampler and the worker pool.
  */
 #include <setjmp.h>
@@ -15,6 +16,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "moeq/config.h"
+#include "moeq/engine.h"
 
 #include "backend.h"
 #include "backend_pool.h"
@@ -179,6 +183,133 @@ static void kernel_output_of_a_token_never_depends_on_the_other_tokens(void **st
     moeq_backend_destroy(b);
     free(x), free(all), free(one);
     fake_weight_free(&f);
+}
+
+static const moeq_mm_isa all_isas[] = {MOEQ_MM_ISA_SCALAR, MOEQ_MM_ISA_AVX2, MOEQ_MM_ISA_AVX512};
+
+/* NT, NN and dot on isa against the emulation, bit for bit, for every dtype and the tile shapes of 1..9 tokens. */
+static void check_isa_against_emulation(moeq_mm_isa isa) {
+    for (int d = 0; d < 4; d++) {
+        int rows = 141, cols = 301; /* odd: K tails, partial tiles, F8 partial blocks, NN column tails */
+        fake_weight f;
+        fake_weight_make(&f, all_dtypes[d], rows, cols);
+        for (int T = 1; T <= 9; T += (T < 5 ? 1 : 4)) {
+            float *x = rand_floats((size_t)T * cols), *y1 = calloc((size_t)T * rows, 4), *y2 = calloc((size_t)T * rows, 4);
+            moeq_mm_job j = {&f.t, 0, rows, x, cols, y1, rows, T};
+            moeq_mm_nt_block_isa(isa, &j, 0, rows, 0, T);
+            j.y = y2;
+            moeq_mm_nt_block_scalar(&j, 0, rows, 0, T);
+            assert_memory_equal(y1, y2, (size_t)T * rows * 4);
+            float *z1 = calloc((size_t)T * cols, 4), *z2 = calloc((size_t)T * cols, 4);
+            moeq_mm_job n = {&f.t, 9, 131, x, cols, z1, cols, T}; /* NN through 131 rows from row 9 */
+            moeq_mm_nn_block_isa(isa, &n, 0, cols, 0, T);
+            n.y = z2;
+            moeq_mm_nn_block_scalar(&n, 0, cols, 0, T);
+            assert_memory_equal(z1, z2, (size_t)T * cols * 4);
+            free(x), free(y1), free(y2), free(z1), free(z2);
+        }
+        fake_weight_free(&f);
+    }
+    for (int n = 0; n <= 70; n++) {
+        float *a = rand_floats((size_t)n + 1), *b = rand_floats((size_t)n + 1);
+        float u = moeq_dot_f32_isa(isa, a, b, n), v = moeq_dot_f32_isa(MOEQ_MM_ISA_SCALAR, a, b, n);
+        assert_memory_equal(&u, &v, 4);
+        free(a), free(b);
+    }
+}
+
+static void every_instruction_set_this_cpu_runs_matches_the_emulation_bit_for_bit(void **state) {
+    (void)state;
+    int ran = 0;
+    for (int i = 0; i < 3; i++)
+        if (moeq_mm_isa_supported(all_isas[i])) check_isa_against_emulation(all_isas[i]), ran++;
+    assert_true(ran >= 1 && moeq_mm_isa_supported(moeq_mm_isa_best()));
+    print_message("kernels checked on %d instruction sets; best here: %s\n", ran, moeq_mm_isa_name(moeq_mm_isa_best()));
+}
+
+/* An element's bits do not depend on the sub-block it is computed in (row tiles of 4 or 8, token tiles, tails). */
+static void kernel_output_of_an_element_never_depends_on_its_block(void **state) {
+    (void)state;
+    int rows = 77, cols = 1030, T = 11;
+    fake_weight f;
+    fake_weight_make(&f, MOEQ_DTYPE_F8_E4M3, rows, cols);
+    float *x = rand_floats((size_t)T * cols), *all = malloc((size_t)T * rows * 4), *y = malloc((size_t)T * rows * 4);
+    for (int i = 0; i < 3; i++) {
+        if (!moeq_mm_isa_supported(all_isas[i])) continue;
+        moeq_mm_job j = {&f.t, 0, rows, x, cols, all, rows, T};
+        moeq_mm_nt_block_isa(MOEQ_MM_ISA_SCALAR, &j, 0, rows, 0, T);
+        j.y = y;
+        static const int cuts[][2] = {{1, 1}, {3, 2}, {13, 1}, {5, 3}, {30, 11}, {77, 4}, {9, 7}};
+        for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++) {
+            memset(y, 0xff, (size_t)T * rows * 4);
+            for (int n0 = 0; n0 < rows; n0 += cuts[c][0])
+                for (int t0 = 0; t0 < T; t0 += cuts[c][1])
+                    moeq_mm_nt_block_isa(all_isas[i], &j, n0, n0 + cuts[c][0] < rows ? n0 + cuts[c][0] : rows, t0,
+                                         t0 + cuts[c][1] < T ? t0 + cuts[c][1] : T);
+            assert_memory_equal(y, all, (size_t)T * rows * 4);
+        }
+    }
+    free(x), free(all), free(y);
+    fake_weight_free(&f);
+}
+
+/* Decode-sized calls (tasks of ~256 KiB of weights) give the bits of prefill-sized ones (32 rows, 64 columns). */
+static void backend_task_split_for_few_tokens_keeps_the_bits(void **state) {
+    (void)state;
+    int rows = 1500, cols = 1030, T = 40;
+    for (int d = 1; d < 4; d += 2) { /* BF16, F8 */
+        fake_weight f;
+        fake_weight_make(&f, all_dtypes[d], rows, cols);
+        float *x = rand_floats((size_t)T * cols), *all = malloc((size_t)T * rows * 4), *y = malloc((size_t)T * rows * 4);
+        moeq_backend_cpu_params bp = {.n_threads = 3, .batch_invariant = 1, .max_k = cols, .max_ctx = 16, .max_jobs = 4};
+        moeq_backend *b = moeq_backend_cpu_new(&bp);
+        assert_non_null(b);
+        moeq_mm_job j = {&f.t, 0, rows, x, cols, all, rows, T};
+        b->matmul(b, &j, 1);
+        float *nall = malloc((size_t)T * cols * 4), *ny = malloc((size_t)T * cols * 4);
+        moeq_mm_job nn = {&f.t, 100, 200, x, cols, nall, cols, T}; /* NN through 200 rows: 2 tasks of columns at T <= 16 */
+        b->matmul_nn(b, &nn, 1);
+        static const int sizes[] = {1, 2, 3, 16, 17};
+        for (int s = 0; s < 5; s++)
+            for (int t = 0; t + sizes[s] <= T; t += sizes[s] + 5) {
+                moeq_mm_job one = {&f.t, 0, rows, x + (size_t)t * cols, cols, y, rows, sizes[s]};
+                b->matmul(b, &one, 1);
+                assert_memory_equal(y, all + (size_t)t * rows, (size_t)sizes[s] * rows * 4);
+                moeq_mm_job none = {&f.t, 100, 200, x + (size_t)t * cols, cols, ny, cols, sizes[s]};
+                b->matmul_nn(b, &none, 1);
+                assert_memory_equal(ny, nall + (size_t)t * cols, (size_t)sizes[s] * cols * 4);
+            }
+        free(nall), free(ny);
+        moeq_backend_destroy(b);
+        free(x), free(all), free(y);
+        fake_weight_free(&f);
+    }
+}
+
+/* ---- engine params table --------------------------------------------------------- */
+
+extern const moeq_prop moeq_engine_params_props[]; /* engine_props.c */
+
+static void engine_params_table_defaults_equal_the_default_params(void **state) {
+    (void)state;
+    moeq_engine_params want = moeq_engine_default_params(), got;
+    memset(&got, 0x5a, sizeof(got));
+    char err[256] = "";
+    assert_int_equal(moeq_props_defaults(moeq_engine_params_props, &got, err, sizeof(err)), MOEQ_OK);
+    assert_int_equal(got.max_seqs, want.max_seqs);
+    assert_int_equal(got.max_step_tokens, want.max_step_tokens);
+    assert_int_equal(got.kv_block_tokens, want.kv_block_tokens);
+    assert_int_equal(got.kv_cache_tokens, want.kv_cache_tokens);
+    assert_int_equal(got.n_threads, want.n_threads);
+    assert_int_equal(got.batch_invariant, want.batch_invariant);
+    int n = 0; /* every field is in the table, each with its own size, a unit/meaning and a range holding its default */
+    for (const moeq_prop *p = moeq_engine_params_props; p->name; p++, n++) {
+        assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max);
+        assert_true(p->size == sizeof(int) || p->size == sizeof(int64_t));
+        assert_true(p->offset + p->size <= sizeof(moeq_engine_params));
+        if (p->type == MOEQ_PROP_INT) assert_true(atof(p->def) >= p->min && atof(p->def) <= p->max);
+    }
+    assert_int_equal(n, 6);
 }
 
 /* ---- rope, ops ---------------------------------------------------------------- */
@@ -456,6 +587,10 @@ int main(void) {
         cmocka_unit_test(kernel_widens_weights_exactly_as_the_loader_does),
         cmocka_unit_test(kernel_matches_openblas_within_tolerance),
         cmocka_unit_test(kernel_output_of_a_token_never_depends_on_the_other_tokens),
+        cmocka_unit_test(every_instruction_set_this_cpu_runs_matches_the_emulation_bit_for_bit),
+        cmocka_unit_test(kernel_output_of_an_element_never_depends_on_its_block),
+        cmocka_unit_test(backend_task_split_for_few_tokens_keeps_the_bits),
+        cmocka_unit_test(engine_params_table_defaults_equal_the_default_params),
         cmocka_unit_test(yarn_mscale_and_frequencies_follow_the_formulas),
         cmocka_unit_test(rope_rotates_interleaved_pairs_into_halves),
         cmocka_unit_test(rmsnorm_and_softmax_are_right),

@@ -39,6 +39,8 @@
 #include "services_env.h"
 
 static char g_kafka[128], g_redis[128], g_model[512], g_moeq[512];
+static pid_t g_pids[16]; /* workers started and not yet reaped */
+static int g_n_pids;
 static moeq_model *g_mdl;
 static moeq_tokenizer *g_tok;
 static moeq_engine *g_engine;
@@ -53,17 +55,17 @@ typedef struct tjob {
     int max_new, with_tokens;
     double temperature;
     uint64_t seed;
-    int32_t expect[128];
+    int32_t expect[512];
     int n_expect;
     int n_results;
-    char first[4096]; /* first result as JSON, duplicates must equal it modulo timings */
+    char first[8192]; /* first result as JSON, duplicates must equal it modulo timings */
     char status[16], error_code[32];
-    int32_t got[128];
+    int32_t got[512];
     int n_got;
 } tjob;
 
 typedef struct scenario {
-    char prefix[128], results[128], group[128];
+    char ns[128], prefix[160], results[160], group[160]; /* ns = the worker's redis_prefix */
     tjob jobs[MAX_JOBS];
     int n_jobs;
     moeq_redis *redis;
@@ -110,8 +112,9 @@ static int group_teardown(void **state) {
 }
 
 /* Jobs with varied prompts, lengths and sampling; expectations from generate alone. */
-static void make_jobs(scenario *s, int n, const char *tag_in) {
-    char tag[160];
+/* Jobs from long_from on generate 400 tokens (slow enough to be killed mid-batch); -1: none. */
+static void make_jobs(scenario *s, int n, const char *tag_in, int long_from) {
+    char tag[512];
     snprintf(tag, sizeof tag, "%s.%s", tag_in, s->prefix); /* ids unique per run: records outlive runs */
     char *colon = strchr(tag, ':');
     if (colon) *colon = 0;
@@ -123,7 +126,7 @@ static void make_jobs(scenario *s, int n, const char *tag_in) {
         tjob *j = &s->jobs[i];
         memset(j, 0, sizeof *j);
         snprintf(j->id, sizeof j->id, "%.150s-%d", tag, i);
-        j->max_new = 4 + (i * 7) % 20;
+        j->max_new = long_from >= 0 && i >= long_from ? 400 : 4 + (i * 7) % 20;
         j->temperature = i % 3 == 0 ? 0.0 : 0.9;
         j->seed = 1000 + (uint64_t)i;
         j->with_tokens = i % 5 != 4; /* some jobs come without ids: the worker tokenizes */
@@ -141,7 +144,8 @@ static void make_jobs(scenario *s, int n, const char *tag_in) {
         j->n_tokens = (int)t.n;
         moeq_tokens_free(&t);
         int32_t eos = moeq_tokenizer_eos_id(g_tok);
-        moeq_generate_params gp = {moeq_sampling_default_params(), j->max_new, &eos, eos >= 0};
+        moeq_generate_params gp = {.sampling = moeq_sampling_default_params(), .max_new_tokens = j->max_new,
+                                   .stop_ids = &eos, .n_stop_ids = eos >= 0};
         gp.sampling.temperature = j->temperature;
         gp.sampling.seed = j->seed;
         int32_t *out = NULL;
@@ -156,13 +160,14 @@ static void make_jobs(scenario *s, int n, const char *tag_in) {
 static void scenario_open(scenario *s, const char *tag) {
     char name[96], err[512];
     moeq_test_unique_name(name, sizeof name, tag);
+    snprintf(s->ns, sizeof s->ns, "%s", name);
     snprintf(s->prefix, sizeof s->prefix, "%s:batches:p", name);
     snprintf(s->results, sizeof s->results, "%s.results", name);
     moeq_redis_params rp;
     assert_int_equal(moeq_redis_params_parse(g_redis, NULL, &rp, err, sizeof err), MOEQ_OK);
     assert_int_equal(moeq_redis_new(&rp, &s->redis, err, sizeof err), MOEQ_OK);
     for (int p = 0; p < 4; p++) {
-        char stream[128];
+        char stream[512];
         snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
         const char *argv[] = {"XGROUP", "CREATE", stream, "workers", "0", "MKSTREAM"};
         assert_int_equal(moeq_redis_command_argv(s->redis, 6, argv, NULL, NULL, err, sizeof err), MOEQ_OK);
@@ -180,6 +185,17 @@ static void scenario_open(scenario *s, const char *tag) {
     snprintf(s->group, sizeof s->group, "%s.g", name);
     moeq_kafka_consumer_params cp = {.brokers = g_kafka, .group_id = s->group, .topics = topics, .n_topics = 1};
     assert_int_equal(moeq_kafka_consumer_new(&cp, NULL, &s->consumer, err, sizeof err), MOEQ_OK);
+    /* join the group now, so results are seen as they come (the kill tests time on them) */
+    for (int t = 0; t < 300; t++) {
+        moeq_kafka_msg *m = NULL;
+        assert_int_equal(moeq_kafka_consumer_poll(s->consumer, 100, &m, err, sizeof err), MOEQ_OK);
+        moeq_kafka_msg_destroy(m);
+        moeq_kafka_partition *parts = NULL;
+        size_t n = 0;
+        assert_int_equal(moeq_kafka_consumer_assignment(s->consumer, &parts, &n, err, sizeof err), MOEQ_OK);
+        free(parts);
+        if (n > 0) break;
+    }
 }
 
 static void scenario_close(scenario *s) {
@@ -200,7 +216,7 @@ static void add_batch(scenario *s, int p, int from, int to, char *id_out, size_t
     }
     moeq_buf blob = {0};
     assert_int_equal(moeq_batch_entry_encode_jobs(bj, (size_t)(to - from), &blob), MOEQ_OK);
-    char stream[160], n[16], closed[24], err[256];
+    char stream[512], n[16], closed[24], err[256];
     snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
     snprintf(n, sizeof n, "%d", to - from);
     snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
@@ -218,16 +234,13 @@ static void add_batch(scenario *s, int p, int from, int to, char *id_out, size_t
     moeq_buf_free(&blob);
 }
 
-static pid_t g_pids[16];
-static int g_n_pids;
-
 static pid_t start_worker(const scenario *s, const char *id, const char *extra) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
-             "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --stream_prefix=%s --results_topic=%s "
+             "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
              "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 %s 2>>%s/worker-%s.log",
-             g_moeq, g_model, g_redis, g_kafka, s->prefix, s->results, id, extra ? extra : "",
+             g_moeq, g_model, g_redis, g_kafka, s->ns, s->results, id, extra ? extra : "",
              getenv("MOEQ_BUILD_DIR") ? getenv("MOEQ_BUILD_DIR") : "/tmp", id);
     pid_t pid = fork();
     if (pid == 0) {
@@ -237,6 +250,22 @@ static pid_t start_worker(const scenario *s, const char *id, const char *extra) 
     assert_true(pid > 0);
     if (g_n_pids < 16) g_pids[g_n_pids++] = pid;
     return pid;
+}
+
+/* A worker is up once its heartbeat key exists (signals before that kill it by default). */
+static void wait_heartbeat(scenario *s, const char *worker_id) {
+    char key[512], err[256];
+    snprintf(key, sizeof key, "%s:worker:%s", s->ns, worker_id);
+    for (int t = 0; t < 300; t++) {
+        const char *argv[] = {"EXISTS", key};
+        moeq_redis_reply *r = NULL;
+        assert_int_equal(moeq_redis_command_argv(s->redis, 2, argv, NULL, &r, err, sizeof err), MOEQ_OK);
+        long long v = moeq_redis_reply_int(r);
+        moeq_redis_reply_free(r);
+        if (v == 1) return;
+        usleep(50000);
+    }
+    fail_msg("worker %s sent no heartbeat within 15 s", worker_id);
 }
 
 static void forget_pid(pid_t pid) {
@@ -279,15 +308,15 @@ static int collect(scenario *s, int timeout_ms) {
             tjob *j = find(s, r.id);
             assert_non_null(j);
             /* the identity of a result: status, tokens, text (timings and worker differ by design) */
-            char ident[4096];
+            char ident[8192];
             int off = snprintf(ident, sizeof ident, "%s|%s|%s|", moeq_result_status_name(r.status),
                                moeq_finish_reason_name(r.finish_reason), r.text ? r.text : "");
-            for (size_t k = 0; k < r.n_tokens && off < 4000; k++) off += snprintf(ident + off, sizeof ident - off, "%d,", r.tokens[k]);
+            for (size_t k = 0; k < r.n_tokens && off < 8000; k++) off += snprintf(ident + off, sizeof ident - off, "%d,", r.tokens[k]);
             if (j->n_results == 0) {
                 snprintf(j->first, sizeof j->first, "%s", ident);
                 snprintf(j->status, sizeof j->status, "%s", moeq_result_status_name(r.status));
                 snprintf(j->error_code, sizeof j->error_code, "%s", r.error.code ? r.error.code : "");
-                j->n_got = (int)(r.n_tokens < 128 ? r.n_tokens : 128);
+                j->n_got = (int)(r.n_tokens < 512 ? r.n_tokens : 512);
                 memcpy(j->got, r.tokens, (size_t)j->n_got * sizeof *r.tokens);
                 have++;
             } else {
@@ -314,7 +343,7 @@ static void assert_results_equal_generate(scenario *s) {
 static long long pending_count(scenario *s) {
     long long total = 0;
     for (int p = 0; p < 4; p++) {
-        char stream[128], err[256];
+        char stream[512], err[256];
         snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
         const char *argv[] = {"XPENDING", stream, "workers"};
         moeq_redis_reply *r = NULL;
@@ -332,8 +361,8 @@ static void wait_no_pending(scenario *s, int timeout_ms) {
 }
 
 static void assert_record_state(scenario *s, const char *id, const char *want) {
-    char key[256], err[256];
-    snprintf(key, sizeof key, "moeq:job:%s", id);
+    char key[512], err[256];
+    snprintf(key, sizeof key, "%s:job:%s", s->ns, id);
     const char *argv[] = {"HGET", key, "state"};
     moeq_redis_reply *r = NULL;
     assert_int_equal(moeq_redis_command_argv(s->redis, 3, argv, NULL, &r, err, sizeof err), MOEQ_OK);
@@ -350,7 +379,7 @@ static void every_job_gets_what_generate_gives_alone_and_the_batch_is_acked(void
     static scenario s;
     memset(&s, 0, sizeof s);
     scenario_open(&s, "wk-e2e");
-    make_jobs(&s, 24, "e2e");
+    make_jobs(&s, 24, "e2e", -1);
     add_batch(&s, 2, 0, 10, NULL, 0);
     add_batch(&s, 0, 10, 17, NULL, 0);
     add_batch(&s, 3, 17, 24, NULL, 0);
@@ -360,6 +389,7 @@ static void every_job_gets_what_generate_gives_alone_and_the_batch_is_acked(void
     wait_no_pending(&s, 10000);
     assert_record_state(&s, s.jobs[0].id, "done");
     assert_record_state(&s, s.jobs[23].id, "done");
+    wait_heartbeat(&s, "e2e-w1");
     kill(w, SIGTERM);
     assert_int_equal(wait_exit(w, 15000), 0);
     assert_int_equal(s.duplicates, 0);
@@ -371,18 +401,29 @@ static void a_batch_left_by_a_dead_worker_is_reclaimed_and_finished(void **state
     static scenario s;
     memset(&s, 0, sizeof s);
     scenario_open(&s, "wk-reclaim");
-    make_jobs(&s, 12, "rc");
+    make_jobs(&s, 12, "rc", 6);
     add_batch(&s, 1, 0, 6, NULL, 0);
     /* a consumer takes it and dies without a trace: the entry stays pending */
-    char stream[128], err[256];
+    char stream[512], err[256];
     snprintf(stream, sizeof stream, "%s1", s.prefix);
     const char *rd[] = {"XREADGROUP", "GROUP", "workers", "ghost", "COUNT", "1", "STREAMS", stream, ">"};
     assert_int_equal(moeq_redis_command_argv(s.redis, 9, rd, NULL, NULL, err, sizeof err), MOEQ_OK);
     /* a real worker killed with -9 mid-run */
     add_batch(&s, 2, 6, 12, NULL, 0);
     pid_t w1 = start_worker(&s, "rc-w1", "--max_seqs=1");
+    /* kill it as soon as it has taken its batch (records say running), before any ack */
     int64_t deadline = moeq_now_ms() + 20000;
-    while (collect(&s, 50) == 0 && moeq_now_ms() < deadline) {}
+    for (;;) {
+        char key[512];
+        snprintf(key, sizeof key, "%s:job:%s", s.ns, s.jobs[6].id);
+        const char *hg[] = {"HGET", key, "state"};
+        moeq_redis_reply *r = NULL;
+        assert_int_equal(moeq_redis_command_argv(s.redis, 3, hg, NULL, &r, err, sizeof err), MOEQ_OK);
+        int running = moeq_redis_reply_str(r, NULL) && !strcmp(moeq_redis_reply_str(r, NULL), "running");
+        moeq_redis_reply_free(r);
+        if (running || moeq_now_ms() > deadline) break;
+        usleep(2000);
+    }
     kill(w1, SIGKILL);
     waitpid(w1, NULL, 0);
     forget_pid(w1);
@@ -390,6 +431,7 @@ static void a_batch_left_by_a_dead_worker_is_reclaimed_and_finished(void **state
     assert_int_equal(collect(&s, 45000), s.n_jobs);
     assert_results_equal_generate(&s);
     wait_no_pending(&s, 15000);
+    wait_heartbeat(&s, "rc-w2");
     kill(w2, SIGTERM);
     assert_int_equal(wait_exit(w2, 15000), 0);
     print_message("reclaim: %d duplicate results (identical)\n", s.duplicates);
@@ -401,8 +443,8 @@ static void a_batch_delivered_too_often_is_dead_lettered_with_error_results(void
     static scenario s;
     memset(&s, 0, sizeof s);
     scenario_open(&s, "wk-dlq");
-    make_jobs(&s, 3, "dl");
-    char id[64], stream[128], err[256];
+    make_jobs(&s, 3, "dl", -1);
+    char id[64], stream[512], err[256];
     add_batch(&s, 0, 0, 3, id, sizeof id);
     snprintf(stream, sizeof stream, "%s0", s.prefix);
     const char *rd[] = {"XREADGROUP", "GROUP", "workers", "ghost", "COUNT", "1", "STREAMS", stream, ">"};
@@ -419,6 +461,31 @@ static void a_batch_delivered_too_often_is_dead_lettered_with_error_results(void
     }
     wait_no_pending(&s, 10000);
     assert_record_state(&s, s.jobs[0].id, "failed");
+    wait_heartbeat(&s, "dl-w1");
+    kill(w, SIGTERM);
+    assert_int_equal(wait_exit(w, 15000), 0);
+    scenario_close(&s);
+}
+
+static void a_job_cancelled_in_its_record_gets_a_cancelled_result(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-cancel");
+    make_jobs(&s, 3, "cx", -1);
+    add_batch(&s, 2, 0, 3, NULL, 0);
+    /* what `moeq cancel` does for a batched job: the record gets cancel=1 */
+    char key[512], err[256];
+    snprintf(key, sizeof key, "%s:job:%s", s.ns, s.jobs[1].id);
+    const char *argv[] = {"HSET", key, "state", "batched", "cancel", "1"};
+    assert_int_equal(moeq_redis_command_argv(s.redis, 6, argv, NULL, NULL, err, sizeof err), MOEQ_OK);
+    pid_t w = start_worker(&s, "cx-w1", NULL);
+    assert_int_equal(collect(&s, 30000), s.n_jobs);
+    assert_string_equal(s.jobs[0].status, "ok");
+    assert_string_equal(s.jobs[1].status, "cancelled");
+    assert_string_equal(s.jobs[2].status, "ok");
+    wait_no_pending(&s, 10000);
+    wait_heartbeat(&s, "cx-w1");
     kill(w, SIGTERM);
     assert_int_equal(wait_exit(w, 15000), 0);
     scenario_close(&s);
@@ -429,11 +496,12 @@ static void sigterm_drains_without_losing_a_job(void **state) {
     static scenario s;
     memset(&s, 0, sizeof s);
     scenario_open(&s, "wk-drain");
-    make_jobs(&s, 16, "dr");
+    make_jobs(&s, 16, "dr", -1);
     for (int b = 0; b < 4; b++) add_batch(&s, 2, 4 * b, 4 * b + 4, NULL, 0);
     pid_t w1 = start_worker(&s, "dr-w1", "--max_batches_held=2 --max_seqs=1");
     int64_t deadline = moeq_now_ms() + 20000;
     while (collect(&s, 50) == 0 && moeq_now_ms() < deadline) {}
+    wait_heartbeat(&s, "dr-w1");
     int64_t t0 = moeq_now_ms();
     kill(w1, SIGTERM);
     assert_int_equal(wait_exit(w1, 25000), 0);
@@ -442,6 +510,7 @@ static void sigterm_drains_without_losing_a_job(void **state) {
     assert_int_equal(collect(&s, 45000), s.n_jobs);
     assert_results_equal_generate(&s);
     wait_no_pending(&s, 10000);
+    wait_heartbeat(&s, "dr-w2");
     kill(w2, SIGTERM);
     assert_int_equal(wait_exit(w2, 15000), 0);
     scenario_close(&s);
@@ -452,6 +521,7 @@ int main(void) {
         cmocka_unit_test(every_job_gets_what_generate_gives_alone_and_the_batch_is_acked),
         cmocka_unit_test(a_batch_left_by_a_dead_worker_is_reclaimed_and_finished),
         cmocka_unit_test(a_batch_delivered_too_often_is_dead_lettered_with_error_results),
+        cmocka_unit_test(a_job_cancelled_in_its_record_gets_a_cancelled_result),
         cmocka_unit_test(sigterm_drains_without_losing_a_job),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -6,6 +6,17 @@ moeq_add_test(NAME test_worker_params SOURCES test_worker_params.c LIBS moeq_wor
 get_target_property(_moeq_worker_defs moeq_worker INTERFACE_COMPILE_DEFINITIONS)
 if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
   # Runs `moeq worker` processes (build the moeq target first) against the private services.
+  moeq_add_test(NAME test_worker_metrics SOURCES test_worker_metrics.c LIBS moeq_worker LABELS unit)
   moeq_add_test(NAME test_worker_pipeline SOURCES test_worker_pipeline.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 240)
+endif()
+
+# The whole pipeline through the real coordinator: Kafka -> coordinator -> Redis -> 2 workers -> Kafka,
+# every result checked against `moeq generate` for the job alone (scripts/demo-pipeline.sh, verify mode).
+if(TARGET test_worker_pipeline)
+  add_test(NAME test_worker_end_to_end COMMAND sh -c
+    ". \"$MOEQ_TEST_ENV_FILE\" && MOEQ_DEMO_KAFKA=$MOEQ_TEST_KAFKA MOEQ_DEMO_REDIS=$MOEQ_TEST_REDIS MOEQ_DEMO_VERIFY=1 MOEQ_DEMO_NAMESPACE=wktest$$ MOEQ_DEMO_TIMEOUT_S=90 MOEQ_BIN=${CMAKE_BINARY_DIR}/cli/moeq ${CMAKE_SOURCE_DIR}/scripts/demo-pipeline.sh ${CMAKE_BINARY_DIR}/test-worker-model ${CMAKE_BINARY_DIR}/test-worker-e2e")
+  set_tests_properties(test_worker_end_to_end PROPERTIES LABELS integration FIXTURES_REQUIRED services TIMEOUT 240
+    DEPENDS test_worker_pipeline
+    ENVIRONMENT "MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
 endif()

@@ -318,7 +318,7 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
         return MOEQ_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++) ids[i] = job_id(&b->entry.jobs[i]);
-    moeq_err err = worker_io_job_states(w->redis, ids, n, b->states, errstr, errstr_size);
+    moeq_err err = worker_io_job_states(w->redis, w->params.redis_prefix, ids, n, b->states, errstr, errstr_size);
     if (err) goto out;
     int dead = b->entry.deliveries > w->params.max_deliveries;
     size_t n_specs = 0;
@@ -412,7 +412,9 @@ static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
     int block = idle ? (int)w->params.block_ms : 0;
     int64_t until_reclaim = w->next_reclaim_ms - now;
     if (block > until_reclaim) block = until_reclaim > 1 ? (int)until_reclaim : 1;
-    if ((err = worker_io_take(w->redis, &w->params, block, entries, MAX_TAKE, &n, errstr, errstr_size))) return err;
+    size_t room = (size_t)(w->params.max_batches_held - w->n_held);
+    if (room > MAX_TAKE) room = MAX_TAKE;
+    if ((err = worker_io_take(w->redis, &w->params, block, entries, room, &n, errstr, errstr_size))) return err;
     for (size_t i = 0; i < n; i++) {
         if (!err) err = admit_entry(w, &entries[i], 0, errstr, errstr_size);
         worker_entry_free(&entries[i]);
@@ -604,7 +606,7 @@ static void heartbeat(moeq_worker *w, int64_t now) {
              st.pending, w->n_held, w->tokens_per_s, (long long)st.jobs_finished, (int)w->stop,
              (long long)w->started_ms, (long long)now);
     char err[256];
-    moeq_err e = worker_io_heartbeat(w->redis, w->params.worker_id, json, 3 * w->params.heartbeat_interval_ms, err,
+    moeq_err e = worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, json, 3 * w->params.heartbeat_interval_ms, err,
                                      sizeof err);
     atomic_store(&w->metrics.healthy, e == MOEQ_OK);
     atomic_store(&w->metrics.sequences_active, st.running);
@@ -621,7 +623,7 @@ static void poll_cancels(moeq_worker *w, int64_t now) {
         char states[256];
         if (n > 256) n = 256;
         for (size_t i = 0; i < n; i++) ids[i] = job_id(&b->entry.jobs[i]);
-        if (n == 0 || worker_io_job_states(w->redis, ids, n, states, NULL, 0) != MOEQ_OK) continue;
+        if (n == 0 || worker_io_job_states(w->redis, w->params.redis_prefix, ids, n, states, NULL, 0) != MOEQ_OK) continue;
         for (size_t i = 0; i < n; i++)
             if (states[i] == 'C' && moeq_sched_cancel(w->sched, ids[i]) == MOEQ_OK)
                 moeq_log(MOEQ_LOG_INFO, COMP, "job_cancelled", "job=%s", ids[i]);
@@ -677,7 +679,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
     moeq_kafka_producer_flush(w->producer, 5000, NULL, 0);
     ack_batches(w);
     char err[256];
-    worker_io_heartbeat(w->redis, w->params.worker_id, NULL, 0, err, sizeof err);
+    worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, NULL, 0, err, sizeof err);
     moeq_log(MOEQ_LOG_INFO, COMP, "stopped", "id=%s", w->params.worker_id);
     return MOEQ_OK;
 }

@@ -32,7 +32,7 @@ typedef struct moeq_worker_params {
     char worker_id[128];          /* consumer name and heartbeat key; "" = hostname-pid          */
     char kafka_brokers[512];      /* bootstrap servers                                          */
     char redis_url[512];          /* redis://host:port[/db] or host:port                          */
-    char stream_prefix[64];       /* batch streams are <prefix>0 .. <prefix>3                     */
+    char redis_prefix[64];        /* keys: <prefix>:batches:p0..p3, <prefix>:job:<id>, <prefix>:worker:<id> */
     char group[64];               /* consumer group shared by all workers                         */
     char results_topic[256];      /* default results topic (jobs without reply_to)               */
     char allowed_topics[1024];    /* comma-separated topics a reply_to may name; "" = results_topic only */

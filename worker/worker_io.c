@@ -13,7 +13,7 @@
 #include "moeq/log.h"
 #include "moeq/util.h"
 
-#define JOB_KEY_MAX (MOEQ_JOB_ID_HARD_MAX + 32)
+#define JOB_KEY_MAX (MOEQ_JOB_ID_HARD_MAX + 96)
 
 void worker_entry_free(worker_entry *entry) {
     if (!entry) return;
@@ -261,13 +261,15 @@ moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, 
 
 /* ---- job records ------------------------------------------------------------ */
 
-static void job_key(const char *id, char *out, size_t out_size) { snprintf(out, out_size, "moeq:job:%s", id); }
+static void job_key(const char *prefix, const char *id, char *out, size_t out_size) {
+    snprintf(out, out_size, "%s:job:%s", prefix, id);
+}
 
-moeq_err worker_io_job_states(moeq_redis *redis, const char *const *ids, size_t n, char *states, char *errstr,
+moeq_err worker_io_job_states(moeq_redis *redis, const char *prefix, const char *const *ids, size_t n, char *states, char *errstr,
                               size_t errstr_size) {
     char key[JOB_KEY_MAX];
     for (size_t i = 0; i < n; i++) {
-        job_key(ids[i], key, sizeof key);
+        job_key(prefix, ids[i], key, sizeof key);
         const char *argv[] = {"HMGET", key, "state", "cancel"};
         moeq_err err = moeq_redis_append_argv(redis, 4, argv, NULL, errstr, errstr_size);
         if (err) return err;
@@ -304,10 +306,9 @@ static moeq_err drain_replies(moeq_redis *redis, size_t n, char *errstr, size_t 
 
 moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                                 const char *const *ids, size_t n, char *errstr, size_t errstr_size) {
-    (void)params;
     char key[JOB_KEY_MAX];
     for (size_t i = 0; i < n; i++) {
-        job_key(ids[i], key, sizeof key);
+        job_key(params->redis_prefix, ids[i], key, sizeof key);
         const char *argv[] = {"HSET", key, "state", "running", "worker", worker_id};
         moeq_err err = moeq_redis_append_argv(redis, 6, argv, NULL, errstr, errstr_size);
         if (err) return err;
@@ -325,7 +326,7 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
         const worker_entry_job *wj = &entry->jobs[i];
         const char *id = wj->job.id ? wj->job.id : NULL;
         if (!id) continue;
-        job_key(id, key, sizeof key);
+        job_key(params->redis_prefix, id, key, sizeof key);
         const char *st = states && states[i] == 'F' ? "failed" : "done";
         const char *argv[] = {"HSET", key, "state", st, "worker", worker_id, "finished_ms", now};
         moeq_err err = moeq_redis_append_argv(redis, 8, argv, NULL, errstr, errstr_size);
@@ -351,10 +352,10 @@ moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params
     return moeq_redis_command_argv(redis, 9, argv, NULL, NULL, errstr, errstr_size);
 }
 
-moeq_err worker_io_heartbeat(moeq_redis *redis, const char *worker_id, const char *json, int64_t ttl_ms,
+moeq_err worker_io_heartbeat(moeq_redis *redis, const char *prefix, const char *worker_id, const char *json, int64_t ttl_ms,
                              char *errstr, size_t errstr_size) {
     char key[256], px[24];
-    snprintf(key, sizeof key, "moeq:worker:%s", worker_id);
+    snprintf(key, sizeof key, "%s:worker:%s", prefix, worker_id);
     if (!json) {
         const char *argv[] = {"DEL", key};
         return moeq_redis_command_argv(redis, 2, argv, NULL, NULL, errstr, errstr_size);

@@ -3,9 +3,10 @@
  * acknowledge, hand back), job records and heartbeats, as thin functions
  * over moeq/redis.h, plus the decoding of one batch entry.
  *
- * Keys (see docs/WORKER.md and schemas/): streams <stream_prefix>0..3 with
- * consumer group `group`; job record hash moeq:job:{id} (field `state`);
- * heartbeat string moeq:worker:{id} (JSON, expires after 3 intervals).
+ * Keys (see docs/WORKER.md): streams <redis_prefix>:batches:p0..3 with
+ * consumer group `group`; job record hash <redis_prefix>:job:<id> (fields
+ * `state`, `cancel`); heartbeat string <redis_prefix>:worker:<id> (JSON,
+ * expires after 3 intervals).
  *
  * Not thread-safe: one connection, the worker loop's.
  */
@@ -74,11 +75,11 @@ moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, 
                            char *errstr, size_t errstr_size);
 
 /*
- * Job record states for ids[0..n) (pipelined HGET moeq:job:{id} state and
+ * Job record states for ids[0..n) (pipelined HMGET <prefix>:job:<id> state and
  * cancel): states[i] receives 'D' done/failed, 'C' cancelled, '-' other or
  * none.
  */
-moeq_err worker_io_job_states(moeq_redis *redis, const char *const *ids, size_t n, char *states, char *errstr,
+moeq_err worker_io_job_states(moeq_redis *redis, const char *prefix, const char *const *ids, size_t n, char *states, char *errstr,
                               size_t errstr_size);
 
 /* Mark ids running on this worker (pipelined HSET). */
@@ -97,8 +98,8 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
 moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                              const worker_entry *entry, char *errstr, size_t errstr_size);
 
-/* SET moeq:worker:{id} json PX ttl_ms; DEL when json is NULL. */
-moeq_err worker_io_heartbeat(moeq_redis *redis, const char *worker_id, const char *json, int64_t ttl_ms,
+/* SET <prefix>:worker:<id> json PX ttl_ms; DEL when json is NULL. */
+moeq_err worker_io_heartbeat(moeq_redis *redis, const char *prefix, const char *worker_id, const char *json, int64_t ttl_ms,
                              char *errstr, size_t errstr_size);
 
 #endif

@@ -15,8 +15,8 @@ const moeq_prop moeq_worker_props[] = {
     {"worker_id", MOEQ_PROP_STR, P(worker_id), 0, 0, "", "consumer name and heartbeat id; empty = <hostname>-<pid>"},
     {"kafka_brokers", MOEQ_PROP_STR, P(kafka_brokers), 0, 0, "localhost:9092", "Kafka bootstrap servers"},
     {"redis_url", MOEQ_PROP_STR, P(redis_url), 0, 0, "redis://localhost:6379", "Redis server"},
-    {"stream_prefix", MOEQ_PROP_STR, P(stream_prefix), 0, 0, "moeq:batches:p",
-     "batch streams are <prefix>0 (highest priority) .. <prefix>3"},
+    {"redis_prefix", MOEQ_PROP_STR, P(redis_prefix), 0, 0, "moeq",
+     "Redis key prefix (as the coordinator's): <prefix>:batches:p0..p3, <prefix>:job:<id>, <prefix>:worker:<id>"},
     {"group", MOEQ_PROP_STR, P(group), 0, 0, "workers", "consumer group shared by all workers"},
     {"results_topic", MOEQ_PROP_STR, P(results_topic), 0, 0, "moeq.results", "results of jobs without reply_to"},
     {"allowed_topics", MOEQ_PROP_STR, P(allowed_topics), 0, 0, "",
@@ -59,9 +59,9 @@ moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, siz
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "max_step_tokens: %lld is below max_seqs %lld", (long long)p->max_step_tokens,
                          (long long)p->max_seqs);
-    if (!p->stream_prefix[0] || !p->group[0] || !p->results_topic[0])
+    if (!p->redis_prefix[0] || !p->group[0] || !p->results_topic[0])
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
-                         "stream_prefix, group and results_topic must not be empty");
+                         "redis_prefix, group and results_topic must not be empty");
     if (p->visibility_timeout_ms < 3 * p->heartbeat_interval_ms)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "visibility_timeout_ms: %lld is shorter than 3 heartbeat intervals (%lld)",
@@ -87,7 +87,7 @@ int moeq_worker_topic_allowed(const moeq_worker_params *params, const char *topi
 }
 
 void moeq_worker_stream_name(const moeq_worker_params *params, int p, char *out, size_t out_size) {
-    snprintf(out, out_size, "%s%d", params->stream_prefix, p);
+    snprintf(out, out_size, "%s:batches:p%d", params->redis_prefix, p);
 }
 
 uint64_t moeq_worker_seed_for_id(const char *id, size_t id_len) {

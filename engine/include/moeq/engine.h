@@ -139,6 +139,55 @@ typedef struct moeq_step_item {
 moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
                           size_t logits_rows, char *errstr, size_t errstr_size);
 
+/*
+ * moeq_engine_step plus the main model's last hidden state (after the final
+ * norm: what the MTP module takes) of every logits row: hidden receives
+ * hidden_size floats per logits row, in the same order; hidden_rows is its
+ * capacity. hidden may be NULL (then this is moeq_engine_step).
+ */
+moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
+                                 size_t logits_rows, float *hidden, size_t hidden_rows, char *errstr,
+                                 size_t errstr_size);
+
+/* ---- multi-token prediction (speculative decoding; docs/MTP.md) ----------- */
+
+/* Most draft tokens per sequence and round. */
+#define MOEQ_MTP_MAX_K 8
+
+/* 1 when the model's MTP layer was loaded (the engine can draft), else 0. */
+int moeq_engine_mtp_available(const moeq_engine *engine);
+
+/*
+ * Mark a new sequence (seq_len 0) as speculative: every step then also runs
+ * the MTP module over its tokens to keep the MTP layer's own cache (what
+ * drafting needs). INVALID_ARG when the sequence already has tokens,
+ * UNSUPPORTED without an MTP layer. seq_free clears the mark.
+ */
+moeq_err moeq_engine_seq_set_mtp(moeq_engine *engine, int seq_id, int on);
+
+/* Entries in the sequence's MTP cache (position i: from main hidden h_i and token i+1); -1 when not alive. */
+int moeq_engine_mtp_seq_len(const moeq_engine *engine, int seq_id);
+
+typedef struct moeq_mtp_item {
+    int seq_id;
+    int32_t token;  /* the token after the MTP position: the pending (sampled, not yet cached) token on
+                       the first call of a round, then the previous draft */
+} moeq_mtp_item;
+
+/*
+ * Run the MTP module one position further for each item, all in one batch,
+ * and write one row of draft logits (vocab_size floats) per item. The first
+ * call after a main step works at position seq_len - 1
+ * from the main model's hidden state there; each further call continues the
+ * chain from the MTP module's own output hidden state (as vLLM chains one
+ * MTP layer). Draft entries are dropped by the sequence's next main step
+ * or by moeq_engine_seq_truncate. INVALID_ARG when the sequence has no MTP
+ * state at that position (not marked with moeq_engine_seq_set_mtp, or
+ * truncated below its last step), LIMIT when the MTP cache is full. Nothing changes on error.
+ */
+moeq_err moeq_engine_mtp_step(moeq_engine *engine, const moeq_mtp_item *items, int n_items, float *logits,
+                              size_t logits_rows, char *errstr, size_t errstr_size);
+
 /* ---- sampling ------------------------------------------------------------- */
 
 typedef struct moeq_sampling_params {
@@ -157,13 +206,60 @@ void moeq_sampler_destroy(moeq_sampler *sampler);
 /* Pick the next token from one row of logits. Deterministic given the seed and call count. */
 int32_t moeq_sampler_sample(moeq_sampler *sampler, const float *logits);
 
+/* ---- speculative decoding with the MTP module (batched; docs/MTP.md) ------- */
+
+/*
+ * One speculative sequence, plain data owned by the caller. Before the first
+ * round: the sequence was marked with moeq_engine_seq_set_mtp, its prompt stepped, and next_token sampled from its
+ * last logits (it is output already, but not yet in the cache).
+ */
+typedef struct moeq_spec_seq {
+    int seq_id;
+    int32_t next_token;              /* in/out: the last output token, not yet cached             */
+    int k;                           /* in: drafts this round, 0..max_k (0 = one plain decode step) */
+    moeq_sampling_params sampling;   /* in: greedy when temperature == 0                          */
+    uint64_t draws;                  /* in/out: random draws used (counter-based, per sequence)   */
+    int32_t out[MOEQ_MTP_MAX_K + 1]; /* out: new tokens: the accepted drafts, then the main model's */
+    int n_out;                       /* out: 1..k+1                                               */
+    int64_t drafted, accepted;       /* in/out: running totals                                    */
+} moeq_spec_seq;
+
+typedef struct moeq_mtp_decoder moeq_mtp_decoder;
+
+/* Buffers for rounds of up to max_seqs sequences and max_k drafts each (sized here, reused). */
+moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq_mtp_decoder **out, char *errstr,
+                              size_t errstr_size);
+void moeq_mtp_decoder_destroy(moeq_mtp_decoder *decoder); /* NULL is safe */
+
+/*
+ * One round for every sequence, batched: chain the MTP module k times
+ * (drafts), verify [next_token, drafts] in one main-model step with all
+ * logits, accept the longest agreeing prefix plus one token of the main
+ * model (greedy: on equality; sampling: speculative rejection sampling, so
+ * the output distribution is exactly the model's), and roll both caches back
+ * to the accepted tokens. Sequences may each accept a different number of
+ * tokens. Errors leave the caches as before the round (LIMIT: the step did
+ * not fit; retry with fewer sequences or smaller k).
+ */
+moeq_err moeq_mtp_decode_step(moeq_mtp_decoder *decoder, moeq_spec_seq *seqs, int n_seqs, char *errstr,
+                              size_t errstr_size);
+
 /* ---- generation (convenience over engine + sampler, used by `moeq generate`) */
+
+typedef struct moeq_generate_stats {
+    int64_t drafted, accepted;    /* MTP draft tokens proposed / accepted (0 without mtp_k) */
+    int64_t rounds;               /* main-model decode steps                                */
+} moeq_generate_stats;
 
 typedef struct moeq_generate_params {
     moeq_sampling_params sampling;
     int max_new_tokens;            /* default 64                                  */
     const int32_t *stop_ids;       /* generation ends after any of these          */
     int n_stop_ids;
+    int mtp_k;                     /* MTP drafts per round, 0 = off (default), 1..MOEQ_MTP_MAX_K;
+                                      the output is the same tokens (greedy) or the same
+                                      distribution (sampling) as without            */
+    moeq_generate_stats *stats;    /* optional out                                 */
 } moeq_generate_params;
 
 /* Generate for one prompt; *out (malloc'd, caller frees) receives the new ids. */

@@ -1,0 +1,235 @@
+/*
+ * bench/pipeline.c — the worker pipeline end to end on the tiny model:
+ * batch entries in Redis (as the coordinator writes them) -> `moeq worker`
+ * processes -> results on Kafka, read back here.
+ *
+ *   throughput: a backlog of jobs pre-filled in the streams, then 1 and 2
+ *               workers started; jobs/s and generated tokens/s from the first
+ *               worker start to the last result;
+ *   overhead:   one job at a time through one warm worker; end-to-end time
+ *               (XADD -> result consumed) minus the engine time the result
+ *               reports (prefill_ms + decode_ms), p50 and p99.
+ *
+ * Needs Kafka and Redis: MOEQ_TEST_KAFKA / MOEQ_TEST_REDIS, or the file named
+ * by MOEQ_TEST_ENV_FILE (scripts/test-services.sh start DIR writes DIR/env).
+ * Usage: bench-pipeline [--jobs N] [--moeq PATH] [--model DIR]. Prints JSON.
+ * Coordinator throughput has its own benchmark (bench/coordinator).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "batch_entry.h"
+#include "moeq/kafka.h"
+#include "moeq/redis.h"
+#include "moeq/result.h"
+#include "moeq/util.h"
+
+static char g_kafka[128], g_redis[128], g_moeq[512] = "build/cli/moeq", g_model[512] = "build/bench-model";
+static moeq_redis *g_rd;
+
+static int env_get(const char *key, char *out, size_t size) {
+    const char *v = getenv(key);
+    if (v && *v) return snprintf(out, size, "%s", v), 0;
+    const char *path = getenv("MOEQ_TEST_ENV_FILE");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f) return -1;
+    char line[512];
+    int rc = -1;
+    while (rc && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, strlen(key)) && line[strlen(key)] == '=') {
+            line[strcspn(line, "\r\n")] = 0;
+            snprintf(out, size, "%s", line + strlen(key) + 1);
+            rc = 0;
+        }
+    fclose(f);
+    return rc;
+}
+
+static void die(const char *what, const char *err) {
+    fprintf(stderr, "bench-pipeline: %s: %s\n", what, err);
+    exit(1);
+}
+
+static void cmd(int argc, const char **argv, const size_t *lens) {
+    char err[256];
+    if (moeq_redis_command_argv(g_rd, argc, argv, lens, NULL, err, sizeof err)) die(argv[0], err);
+}
+
+typedef struct run {
+    char ns[96], prefix[128], topic[96];
+    moeq_kafka_consumer *consumer;
+} run;
+
+static void run_open(run *r, const char *tag) {
+    char err[256];
+    snprintf(r->ns, sizeof r->ns, "bench.%s.%d.%lld", tag, (int)getpid(), (long long)moeq_now_ms());
+    snprintf(r->prefix, sizeof r->prefix, "%s:batches:p", r->ns);
+    snprintf(r->topic, sizeof r->topic, "bench.%s.%d.%lld.results", tag, (int)getpid(), (long long)moeq_now_ms());
+    for (int p = 0; p < 4; p++) {
+        char s[256];
+        snprintf(s, sizeof s, "%s%d", r->prefix, p);
+        const char *a[] = {"XGROUP", "CREATE", s, "workers", "0", "MKSTREAM"};
+        cmd(6, a, NULL);
+    }
+    moeq_kafka_producer *prod = NULL;
+    moeq_kafka_producer_params pp = {.brokers = g_kafka};
+    if (moeq_kafka_producer_new(&pp, NULL, &prod, err, sizeof err)) die("producer", err);
+    moeq_kafka_out m = {.topic = r->topic, .partition = MOEQ_KAFKA_PARTITION_ANY, .value = "init", .value_len = 4};
+    moeq_kafka_produce(prod, &m, err, sizeof err);
+    moeq_kafka_producer_flush(prod, 30000, err, sizeof err);
+    moeq_kafka_producer_destroy(prod);
+    char group[256];
+    snprintf(group, sizeof group, "%s.g", r->topic);
+    const char *topics[] = {r->topic};
+    moeq_kafka_consumer_params cp = {.brokers = g_kafka, .group_id = group, .topics = topics, .n_topics = 1};
+    if (moeq_kafka_consumer_new(&cp, NULL, &r->consumer, err, sizeof err)) die("consumer", err);
+}
+
+static void add_batch(run *r, int first, int n, const char *tag) {
+    static char ids[64][64], json[64][256];
+    moeq_batch_entry_job bj[64];
+    for (int i = 0; i < n; i++) {
+        int k = first + i;
+        snprintf(ids[i], sizeof ids[i], "%s-%d-%lld", tag, k, (long long)moeq_now_ms());
+        snprintf(json[i], sizeof json[i],
+                 "{\"v\":1,\"id\":\"%s\",\"prompt\":\"Summarise document %d: the quarterly report shows growth.\","
+                 "\"max_new_tokens\":32,\"temperature\":0.7,\"seed\":%d}",
+                 ids[i], k, k);
+        bj[i] = (moeq_batch_entry_job){.id = ids[i], .id_len = strlen(ids[i]), .job = json[i],
+                                       .job_len = strlen(json[i]), .kafka_ts_ms = moeq_now_ms(),
+                                       .arrival_ms = moeq_now_ms()};
+    }
+    moeq_buf blob = {0};
+    if (moeq_batch_entry_encode_jobs(bj, (size_t)n, &blob)) die("encode", "batch");
+    char s[256], nn[16], closed[24];
+    snprintf(s, sizeof s, "%s2", r->prefix);
+    snprintf(nn, sizeof nn, "%d", n);
+    snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
+    const char *a[] = {"XADD", s, "*", "v", "1", "priority", "2", "n", nn, "prefix", "0", "closed_ms", closed, "jobs",
+                       (const char *)blob.data};
+    size_t lens[15];
+    for (int i = 0; i < 14; i++) lens[i] = strlen(a[i]);
+    lens[14] = blob.len;
+    cmd(15, a, lens);
+    moeq_buf_free(&blob);
+}
+
+static pid_t start_worker(const run *r, int k) {
+    char c[2048];
+    snprintf(c, sizeof c,
+             "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
+             "--worker_id=bench-%d-%d --max_seqs=16 --max_step_tokens=256 --kv_cache_tokens=16384 --n_threads=1 "
+             "--block_ms=20 2>/dev/null",
+             g_moeq, g_model, g_redis, g_kafka, r->ns, r->topic, (int)getpid(), k);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", c, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void stop_workers(pid_t *pids, int n) {
+    for (int i = 0; i < n; i++) kill(pids[i], SIGTERM);
+    for (int i = 0; i < n; i++) waitpid(pids[i], NULL, 0);
+}
+
+/* Consume up to want results; returns how many; sums tokens; optional per-result engine ms. */
+static int consume(run *r, int want, int timeout_ms, long long *tokens, int64_t *engine_ms) {
+    int got = 0;
+    int64_t deadline = moeq_now_ms() + timeout_ms;
+    while (got < want && moeq_now_ms() < deadline) {
+        moeq_kafka_msg *m = NULL;
+        char err[256];
+        if (moeq_kafka_consumer_poll(r->consumer, 20, &m, err, sizeof err)) die("poll", err);
+        if (!m) continue;
+        size_t len;
+        const void *v = moeq_kafka_msg_value(m, &len);
+        moeq_result res;
+        if (v && moeq_result_decode(v, len, NULL, 0, &res, err, sizeof err) == MOEQ_OK) {
+            got++;
+            if (tokens) *tokens += (long long)res.n_tokens;
+            if (engine_ms) *engine_ms = res.timings.prefill_ms + res.timings.decode_ms;
+            moeq_result_free(&res);
+        }
+        moeq_kafka_msg_destroy(m);
+    }
+    return got;
+}
+
+static void throughput(int n_workers, int n_jobs) {
+    run r;
+    run_open(&r, n_workers == 1 ? "t1" : "t2");
+    for (int j = 0; j < n_jobs; j += 16) add_batch(&r, j, n_jobs - j < 16 ? n_jobs - j : 16, r.topic);
+    pid_t pids[2];
+    int64_t t0 = moeq_now_ms();
+    for (int k = 0; k < n_workers; k++) pids[k] = start_worker(&r, k);
+    long long tokens = 0;
+    int got = consume(&r, n_jobs, 300000, &tokens, NULL);
+    double s = (double)(moeq_now_ms() - t0) / 1000.0;
+    stop_workers(pids, n_workers);
+    printf("  \"workers_%d\": {\"jobs\": %d, \"results\": %d, \"seconds\": %.2f, \"jobs_per_s\": %.1f, "
+           "\"tokens_per_s\": %.1f},\n",
+           n_workers, n_jobs, got, s, got / s, (double)tokens / s);
+    fflush(stdout);
+    moeq_kafka_consumer_destroy(r.consumer);
+}
+
+static int cmp64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void overhead(int n) {
+    run r;
+    run_open(&r, "o1");
+    pid_t pid = start_worker(&r, 9);
+    add_batch(&r, 0, 1, "warm");
+    consume(&r, 1, 60000, NULL, NULL); /* model loaded, group joined */
+    int64_t *over = calloc((size_t)n, sizeof *over);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t t0 = moeq_now_ms(), engine = 0;
+        add_batch(&r, i + 1, 1, "o");
+        if (consume(&r, 1, 30000, NULL, &engine) != 1) break;
+        over[m++] = moeq_now_ms() - t0 - engine;
+    }
+    stop_workers(&pid, 1);
+    qsort(over, (size_t)m, sizeof *over, cmp64);
+    printf("  \"overhead_ms\": {\"jobs\": %d, \"p50\": %lld, \"p99\": %lld, \"max\": %lld}\n", m,
+           m ? (long long)over[m / 2] : -1, m ? (long long)over[(m * 99) / 100 < m ? (m * 99) / 100 : m - 1] : -1,
+           m ? (long long)over[m - 1] : -1);
+    free(over);
+    moeq_kafka_consumer_destroy(r.consumer);
+}
+
+int main(int argc, char **argv) {
+    int n_jobs = 256;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--jobs")) n_jobs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--moeq")) snprintf(g_moeq, sizeof g_moeq, "%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--model")) snprintf(g_model, sizeof g_model, "%s", argv[i + 1]);
+    }
+    if (env_get("MOEQ_TEST_KAFKA", g_kafka, sizeof g_kafka) || env_get("MOEQ_TEST_REDIS", g_redis, sizeof g_redis))
+        die("services", "set MOEQ_TEST_KAFKA/MOEQ_TEST_REDIS or MOEQ_TEST_ENV_FILE (scripts/test-services.sh start DIR)");
+    char c[2048];
+    snprintf(c, sizeof c, "test -f %s/config.json || %s gen-model --preset tiny --out %s >/dev/null", g_model, g_moeq,
+             g_model);
+    if (system(c) != 0) die("gen-model", g_model);
+    moeq_redis_params rp;
+    char err[256];
+    if (moeq_redis_params_parse(g_redis, NULL, &rp, err, sizeof err) || moeq_redis_new(&rp, &g_rd, err, sizeof err))
+        die("redis", err);
+    printf("{\n  \"model\": \"tiny\", \"max_new_tokens\": 32, \"max_seqs\": 16, \"n_threads_per_worker\": 1,\n");
+    throughput(1, n_jobs);
+    throughput(2, n_jobs);
+    overhead(100);
+    printf("}\n");
+    moeq_redis_destroy(g_rd);
+    return 0;
+}

@@ -1,0 +1,32 @@
+/*
+ * engine_props.c — the property table of moeq_engine_params: name, type,
+ * range, default and unit of every field, for `key = value` configuration,
+ * --help and docs/CONFIGURATION.md (see moeq/config.h).
+ *
+ * The defaults here are the ones moeq_engine_default_params() returns; a test
+ * keeps the two equal. The ranges are what moeq_engine_new() accepts, bounded
+ * above by what fits the field. Data only: no parsing, no I/O.
+ *
+ * The int fields are INT properties of size sizeof(int); the table parser
+ * must store an INT by its `size` (4 or 8 bytes).
+ */
+#include <stddef.h>
+
+#include "moeq/config.h"
+#include "moeq/engine.h"
+
+#define P(field) offsetof(moeq_engine_params, field), sizeof(((moeq_engine_params *)0)->field)
+
+const moeq_prop moeq_engine_params_props[] = {
+    {"max_seqs", MOEQ_PROP_INT, P(max_seqs), 1, 1 << 20, "64", "sequences alive at once (slots in the KV cache)"},
+    {"max_step_tokens", MOEQ_PROP_INT, P(max_step_tokens), 1, 1 << 24, "2048",
+     "tokens in one engine step over all items; sizes the per-step scratch arena"},
+    {"kv_block_tokens", MOEQ_PROP_INT, P(kv_block_tokens), 1, 1 << 16, "16", "tokens per KV cache block (page)"},
+    {"kv_cache_tokens", MOEQ_PROP_INT, P(kv_cache_tokens), 1, (double)(1LL << 40), "65536",
+     "KV cache capacity in tokens over all sequences"},
+    {"n_threads", MOEQ_PROP_INT, P(n_threads), 0, 4096, "0", "compute threads, the caller's included; 0 = all cores"},
+    {"batch_invariant", MOEQ_PROP_BOOL, P(batch_invariant), 0, 1, "true",
+     "fixed reduction order per output element (logits independent of the batch); false: OpenBLAS sgemm for "
+     "matmuls of >= 16 tokens"},
+    MOEQ_PROP_END,
+};

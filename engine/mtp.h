@@ -1,0 +1,51 @@
+/*
+ * mtp.h — internal: the MTP (multi-token prediction) module inside the
+ * engine: its own paged cache (same sequence ids as the main cache), the
+ * main model's last hidden rows retained per sequence, and the module's
+ * forward (enorm/hnorm/eh_proj, one decoder block run by forward.c's block
+ * code, shared_head norm + head). engine.c calls these hooks; the public
+ * entry points (moeq_engine_mtp_*) are in mtp.c, speculative decoding is in
+ * mtp_spec.c.
+ *
+ * MTP cache entry i is the block's latent for input (h_i, t_{i+1}): h_i the
+ * main model's hidden at position i after its final norm, t_{i+1} the next
+ * token. After a main step a marked sequence holds entries
+ * 0 .. seq_len - 2; drafting appends entries seq_len - 1, seq_len, ...
+ *
+ * Only MTP layer 0 is used (DeepSeek-V3 ships one); chaining reuses it.
+ */
+#ifndef MOEQ_ENGINE_MTP_H
+#define MOEQ_ENGINE_MTP_H
+
+#include "forward.h"
+
+typedef struct moeq_mtp_state moeq_mtp_state;
+
+/* NULL state (no error) when the model has no MTP layer. */
+moeq_err moeq_mtp_state_new(moeq_engine *engine, moeq_mtp_state **out, char *errstr, size_t errstr_size);
+void moeq_mtp_state_destroy(moeq_mtp_state *state);
+
+void moeq_mtp_seq_opened(moeq_engine *engine, int seq_id);
+void moeq_mtp_seq_freed(moeq_engine *engine, int seq_id);
+/* 1 when the sequence was marked speculative (its steps advance the MTP cache). */
+int moeq_mtp_seq_on(const moeq_engine *engine, int seq_id);
+/* The main cache was truncated to n_tokens: drop MTP entries >= n_tokens - 1 and hidden rows past it. */
+void moeq_mtp_seq_truncated(moeq_engine *engine, int seq_id, int64_t n_tokens);
+
+/* Validation of a step's items of marked sequences before anything changes; adds the MTP cache blocks they need. */
+moeq_err moeq_mtp_check_item(moeq_engine *engine, const moeq_step_item *item, int index, int64_t *mtp_blocks,
+                             char *errstr, size_t errstr_size);
+moeq_err moeq_mtp_check_blocks(moeq_engine *engine, int64_t mtp_blocks, char *errstr, size_t errstr_size);
+
+/*
+ * After the main forward of a step (s.x holds the residuals of its n_tok
+ * tokens, s.tok_* their ids/sequences/positions): retain the hidden rows of
+ * the marked sequences' items and run the MTP block over their new entries. Overwrites the
+ * step scratch.
+ */
+void moeq_mtp_after_step(moeq_engine *engine, const moeq_step_item *items, int n_items, int64_t n_tok);
+
+/* Tests: the MTP cache entry of (seq, pos) (kv_lora + rope floats), pos < moeq_engine_mtp_seq_len. */
+const float *moeq_mtp_cache_entry(const moeq_engine *engine, int seq_id, int64_t pos);
+
+#endif

@@ -1,0 +1,334 @@
+/*
+ * test_coordinator_mock_faults.c — the coordinator keeps its promise through
+ * Kafka request errors injected with librdkafka's mock cluster
+ * (`test.mock.num.brokers`, through moeq/kafka.h's mock section): failed and
+ * dropped Fetch requests, failed OffsetCommits at the group coordinator,
+ * failed Produce requests of its error results and dead letters, and a
+ * broker (partition leader and group coordinator) going down and up while
+ * jobs flow. Every valid job ends up in exactly one batch, every invalid one
+ * is dead-lettered, and — sampled all along from /metrics — the committed
+ * offset of a partition never passes a job that is not in Redis. Finally the
+ * consumer lag in /metrics drops to 0.
+ *
+ * This is in addition to test_coordinator_broker_restart (a real broker
+ * killed and restarted); the mock brokers live in this process, the
+ * coordinator runs as the `moeq` child process and reaches them over
+ * loopback. Redis comes from the `services` fixture.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "coordinator_harness.h"
+
+#define N_PARTITIONS 4
+#define N_CHUNKS 3
+#define VALID_PER_CHUNK 500
+#define BAD_PER_CHUNK 15
+#define N_VALID (N_CHUNKS * VALID_PER_CHUNK)
+#define N_BAD (N_CHUNKS * BAD_PER_CHUNK)
+#define N_ALL (N_VALID + N_BAD)
+
+/* Brokers: 1 leads job partitions 0 and 2 and coordinates the group; 2 leads
+ * partitions 1 and 3 and the cancel topic; 3 leads results and dead letters,
+ * so Produce faults pushed on broker 3 hit only the coordinator's producer. */
+enum { B_JOBS_AND_GROUP = 1, B_JOBS = 2, B_OUTPUT = 3 };
+
+typedef struct mock_run {
+    harness h;
+    moeq_kafka_mock *mock;
+    int32_t partition[N_ALL]; /* where each job landed (delivery reports) */
+    int64_t offset[N_ALL];
+    int port;
+    /* the committed-offset invariant, sampled while faults are injected */
+    size_t samples, jobs_checked, violations;
+    int64_t committed[N_PARTITIONS], high[N_PARTITIONS], lag_total;
+} mock_run;
+
+static void on_delivery(const moeq_kafka_delivery *d, void *opaque) {
+    mock_run *r = opaque;
+    int i = (int)(intptr_t)d->opaque - 1;
+    if (d->err) {
+        r->h.failed++;
+        return;
+    }
+    r->h.delivered++;
+    if (i >= 0 && i < N_ALL) {
+        r->partition[i] = d->partition;
+        r->offset[i] = d->offset;
+    }
+}
+
+/* Job i: valid ones are "mf-<i>", invalid ones (temperature out of range) "bad-<i>". */
+static void produce_job(mock_run *r, int i) {
+    char buf[256], key[32], err[256];
+    int n;
+    if (i < N_VALID) {
+        snprintf(key, sizeof key, "mf-%d", i);
+        n = snprintf(buf, sizeof buf, "{\"v\":1,\"id\":\"%s\",\"priority\":%d,\"tokens\":[%d,%d,%d]}", key, i % 4, i,
+                     i + 1, i + 2);
+    } else {
+        snprintf(key, sizeof key, "bad-%d", i);
+        n = snprintf(buf, sizeof buf, "{\"v\":1,\"id\":\"%s\",\"prompt\":\"x\",\"temperature\":9}", key);
+    }
+    moeq_kafka_out m = {.topic = r->h.jobs_topic, .partition = i % N_PARTITIONS, .key = key, .key_len = strlen(key),
+                        .value = buf, .value_len = (size_t)n, .opaque = (void *)(intptr_t)(i + 1)};
+    moeq_err e;
+    while ((e = moeq_kafka_produce(r->h.producer, &m, err, sizeof err)) == MOEQ_ERR_TRANSIENT)
+        moeq_kafka_producer_poll(r->h.producer, 10);
+    if (e) fail_msg("produce: %s", err);
+}
+
+static void produce_chunk(mock_run *r, int chunk) {
+    for (int k = 0; k < VALID_PER_CHUNK; k++) produce_job(r, chunk * VALID_PER_CHUNK + k);
+    for (int k = 0; k < BAD_PER_CHUNK; k++) produce_job(r, N_VALID + chunk * BAD_PER_CHUNK + k);
+    moeq_kafka_producer_poll(r->h.producer, 0);
+}
+
+static void push(mock_run *r, int32_t broker, moeq_kafka_api api, const moeq_kafka_fault *f, size_t n, int rtt_ms) {
+    char err[256];
+    moeq_err e = broker ? moeq_kafka_mock_broker_push_faults(r->mock, broker, api, f, n, rtt_ms, err, sizeof err)
+                        : moeq_kafka_mock_push_faults(r->mock, api, f, n, err, sizeof err);
+    if (e) fail_msg("push faults: %s", err);
+}
+
+/* Value of `name{topic="T",partition="p"} v` in page; -1 when absent. */
+static int64_t metric(const char *page, const char *name, const char *topic, int p) {
+    char key[400];
+    snprintf(key, sizeof key, "%s{topic=\"%s\",partition=\"%d\"} ", name, topic, p);
+    const char *at = strstr(page, key);
+    return at ? atoll(at + strlen(key)) : -1;
+}
+
+/* Scrape /metrics into r (committed, high, lag total); 0 when the page came back. */
+static int scrape(mock_run *r) {
+    static char page[131072];
+    if (h_http_get(r->port, "/metrics", page, sizeof page) <= 0 || !strstr(page, "200 OK")) return -1;
+    for (int p = 0; p < N_PARTITIONS; p++) {
+        r->committed[p] = metric(page, "moeq_coordinator_consumer_committed_offset", r->h.jobs_topic, p);
+        r->high[p] = metric(page, "moeq_coordinator_consumer_high_watermark", r->h.jobs_topic, p);
+    }
+    const char *t = strstr(page, "\nmoeq_coordinator_consumer_lag_total ");
+    r->lag_total = t ? atoll(t + strlen("\nmoeq_coordinator_consumer_lag_total ")) : -1;
+    return 0;
+}
+
+/*
+ * One sample of the invariant: read the committed offsets first, then the
+ * batches. A job is durable before its offset is committed and nothing
+ * removes a batch, so every valid job below a committed offset must be there.
+ */
+static void sample(mock_run *r) {
+    int64_t t0 = moeq_now_ms();
+    if (scrape(r)) return;
+    if (getenv("DBG")) print_message("scrape %lld ms: %lld %lld %lld %lld\n", (long long)(moeq_now_ms() - t0), (long long)r->committed[0], (long long)r->committed[1], (long long)r->committed[2], (long long)r->committed[3]);
+    static h_walk w;
+    if (h_read_batches(&r->h, &w)) fail_msg("unreadable batch entry");
+    static unsigned char present[N_VALID];
+    memset(present, 0, sizeof present);
+    for (size_t k = 0; k < w.n_jobs; k++) {
+        int i = atoi(w.jobs[k].id + 3);
+        if (!strncmp(w.jobs[k].id, "mf-", 3) && i >= 0 && i < N_VALID) present[i] = 1;
+    }
+    int any = 0;
+    for (int i = 0; i < N_VALID; i++) {
+        int p = r->partition[i];
+        if (r->offset[i] < 0 || p < 0 || p >= N_PARTITIONS || r->committed[p] < 0) continue;
+        any = 1;
+        if (r->offset[i] >= r->committed[p]) continue;
+        r->jobs_checked++;
+        if (!present[i]) {
+            r->violations++;
+            print_message("committed %lld on partition %d passes job mf-%d (offset %lld), not in Redis\n",
+                          (long long)r->committed[p], p, i, (long long)r->offset[i]);
+        }
+    }
+    r->samples += any;
+}
+
+/* Sample every ~150 ms for ms, serving the test producer's reports meanwhile. */
+static void watch(mock_run *r, long ms) {
+    int64_t end = moeq_now_ms() + ms;
+    while (moeq_now_ms() < end) {
+        moeq_kafka_producer_poll(r->h.producer, 0);
+        sample(r);
+        h_sleep_ms(150);
+    }
+}
+
+static void setup_cluster(mock_run *r) {
+    char err[256];
+#define OK(call) do { if (call) fail_msg("%s: %s", #call, err); } while (0)
+    OK(moeq_kafka_mock_topic_create(r->mock, r->h.jobs_topic, N_PARTITIONS, 1, err, sizeof err));
+    for (int p = 0; p < N_PARTITIONS; p++)
+        OK(moeq_kafka_mock_partition_set_leader(r->mock, r->h.jobs_topic, p, p % 2 ? B_JOBS : B_JOBS_AND_GROUP, err,
+                                                sizeof err));
+    OK(moeq_kafka_mock_topic_create(r->mock, r->h.results_topic, 1, 1, err, sizeof err));
+    OK(moeq_kafka_mock_partition_set_leader(r->mock, r->h.results_topic, 0, B_OUTPUT, err, sizeof err));
+    OK(moeq_kafka_mock_topic_create(r->mock, r->h.dlq_topic, 1, 1, err, sizeof err));
+    OK(moeq_kafka_mock_partition_set_leader(r->mock, r->h.dlq_topic, 0, B_OUTPUT, err, sizeof err));
+    OK(moeq_kafka_mock_topic_create(r->mock, r->h.cancel_topic, 1, 1, err, sizeof err));
+    OK(moeq_kafka_mock_partition_set_leader(r->mock, r->h.cancel_topic, 0, B_JOBS, err, sizeof err));
+    OK(moeq_kafka_mock_group_coordinator_set(r->mock, r->h.group, B_JOBS_AND_GROUP, err, sizeof err));
+#undef OK
+}
+
+static size_t faults_left(mock_run *r, int32_t broker, moeq_kafka_api api) {
+    size_t left = 0;
+    char err[256];
+    if (moeq_kafka_mock_broker_faults_left(r->mock, broker, api, &left, err, sizeof err)) fail_msg("%s", err);
+    return left;
+}
+
+static void no_job_is_lost_or_doubled_through_injected_kafka_request_errors(void **state) {
+    (void)state;
+    static mock_run r;
+    memset(&r, 0, sizeof r);
+    for (int i = 0; i < N_ALL; i++) r.partition[i] = -1, r.offset[i] = -1;
+    int rc = h_init(&r.h, "coord_mock_faults");
+    if (rc == MOEQ_TEST_SKIP) skip();
+    assert_int_equal(rc, 0);
+    char err[256];
+    assert_int_equal(moeq_kafka_mock_new(3, &r.mock, err, sizeof err), MOEQ_OK);
+    snprintf(r.h.kafka, sizeof r.h.kafka, "%s", moeq_kafka_mock_bootstraps(r.mock));
+    setup_cluster(&r);
+    /* the harness's producer talked to the real broker: one for the mock cluster instead */
+    moeq_kafka_producer_destroy(r.h.producer);
+    moeq_kafka_producer_params pp = {.brokers = r.h.kafka, .client_id = "moeq-test", .on_delivery = on_delivery,
+                                     .cb_opaque = &r};
+    /* A down mock broker may leave a request unanswered on an open connection, as
+     * a network partition does: the socket timeout notices, kept short here. */
+    moeq_kvlist *kv = moeq_kvlist_new();
+    moeq_kvlist_set(kv, "socket.timeout.ms", "3000");
+    moeq_kvlist_set(kv, "reconnect.backoff.max.ms", "500");
+    assert_int_equal(moeq_kafka_producer_new(&pp, kv, &r.h.producer, err, sizeof err), MOEQ_OK);
+    moeq_kvlist_destroy(kv);
+
+    produce_chunk(&r, 0);
+    assert_int_equal(h_flush(&r.h), 0);
+    /* Fetch: errors that send the consumer back to metadata, a timeout, dropped connections */
+    const moeq_kafka_fault fetch[] = {
+        MOEQ_KAFKA_FAULT_NOT_LEADER,   MOEQ_KAFKA_FAULT_REQUEST_TIMED_OUT, MOEQ_KAFKA_FAULT_DISCONNECT,
+        MOEQ_KAFKA_FAULT_LEADER_NOT_AVAILABLE, MOEQ_KAFKA_FAULT_DISCONNECT, MOEQ_KAFKA_FAULT_UNKNOWN_TOPIC_OR_PART,
+    };
+    push(&r, 0, MOEQ_KAFKA_API_FETCH, fetch, 6, 0);
+    push(&r, B_JOBS, MOEQ_KAFKA_API_FETCH, fetch, 6, 50);
+    r.port = h_free_port();
+    char hp[32];
+    snprintf(hp, sizeof hp, "--http_port=%d", r.port);
+    const char *extra[] = {"--max_wait_ms=20", "--commit_interval_ms=200", "--kafka.topic.metadata.refresh.interval.ms=500",
+                           "--kafka.reconnect.backoff.max.ms=500", "--kafka.socket.timeout.ms=3000", hp, NULL};
+    pid_t pid = h_start(&r.h, extra);
+    /* the faults below must meet a running consumer: wait until batches appear (the group has formed) */
+    h_walk w = {0};
+    int64_t end = moeq_now_ms() + 20000;
+    while (moeq_now_ms() < end && w.n_jobs == 0) {
+        watch(&r, 150);
+        assert_int_equal(h_read_batches(&r.h, &w), 0);
+    }
+    assert_true(w.n_jobs > 0);
+
+    /* OffsetCommit at the group coordinator, Produce of results and dead letters */
+    const moeq_kafka_fault commit[] = {
+        MOEQ_KAFKA_FAULT_REQUEST_TIMED_OUT, MOEQ_KAFKA_FAULT_COORDINATOR_LOADING, MOEQ_KAFKA_FAULT_DISCONNECT,
+        MOEQ_KAFKA_FAULT_REBALANCE_IN_PROGRESS, MOEQ_KAFKA_FAULT_COORDINATOR_NOT_AVAILABLE,
+    };
+    push(&r, B_JOBS_AND_GROUP, MOEQ_KAFKA_API_OFFSET_COMMIT, commit, 5, 0);
+    const moeq_kafka_fault produce[] = {
+        MOEQ_KAFKA_FAULT_NOT_ENOUGH_REPLICAS, MOEQ_KAFKA_FAULT_REQUEST_TIMED_OUT, MOEQ_KAFKA_FAULT_NOT_LEADER,
+        MOEQ_KAFKA_FAULT_DISCONNECT, MOEQ_KAFKA_FAULT_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    };
+    push(&r, B_OUTPUT, MOEQ_KAFKA_API_PRODUCE, produce, 5, 20);
+    produce_chunk(&r, 1);
+    assert_int_equal(h_flush(&r.h), 0);
+    watch(&r, 1500);
+
+    /* broker 1 (two job partitions' leader, group coordinator) down while chunk 2 is produced */
+    assert_int_equal(moeq_kafka_mock_broker_down(r.mock, B_JOBS_AND_GROUP, err, sizeof err), MOEQ_OK);
+    produce_chunk(&r, 2);
+    watch(&r, 2000);
+    assert_int_equal(moeq_kafka_mock_broker_up(r.mock, B_JOBS_AND_GROUP, err, sizeof err), MOEQ_OK);
+    push(&r, 0, MOEQ_KAFKA_API_FETCH, fetch, 6, 0);
+    assert_int_equal(h_flush(&r.h), 0);
+    assert_int_equal(r.h.delivered, N_ALL);
+
+    /* every valid job reaches Redis ... */
+    end = moeq_now_ms() + 30000;
+    while (moeq_now_ms() < end) {
+        sample(&r);
+        assert_int_equal(h_read_batches(&r.h, &w), 0);
+        if (w.n_jobs >= N_VALID) break;
+        h_sleep_ms(200);
+    }
+    /* ... and the commits catch up: committed = high watermark, lag 0 */
+    int caught_up = 0;
+    end = moeq_now_ms() + 15000;
+    while (!caught_up && moeq_now_ms() < end) {
+        sample(&r);
+        caught_up = r.lag_total == 0;
+        for (int p = 0; p < N_PARTITIONS; p++)
+            caught_up = caught_up && r.committed[p] >= 0 && r.committed[p] == r.high[p];
+        if (!caught_up) h_sleep_ms(200);
+    }
+    int64_t want_high[N_PARTITIONS] = {0};
+    for (int i = 0; i < N_ALL; i++)
+        if (r.partition[i] >= 0 && r.offset[i] + 1 > want_high[r.partition[i]]) want_high[r.partition[i]] = r.offset[i] + 1;
+    print_message("lag %lld; committed %lld %lld %lld %lld of %lld %lld %lld %lld\n", (long long)r.lag_total,
+                  (long long)r.committed[0], (long long)r.committed[1], (long long)r.committed[2],
+                  (long long)r.committed[3], (long long)want_high[0], (long long)want_high[1], (long long)want_high[2],
+                  (long long)want_high[3]);
+    assert_true(caught_up);
+    for (int p = 0; p < N_PARTITIONS; p++) assert_int_equal(r.high[p], want_high[p]);
+
+    /* the injected answers were all given */
+    assert_int_equal(faults_left(&r, B_JOBS, MOEQ_KAFKA_API_FETCH), 0);
+    assert_int_equal(faults_left(&r, B_JOBS_AND_GROUP, MOEQ_KAFKA_API_OFFSET_COMMIT), 0);
+    assert_int_equal(faults_left(&r, B_OUTPUT, MOEQ_KAFKA_API_PRODUCE), 0);
+
+    assert_int_equal(h_stop(pid), 0);
+    assert_int_equal(h_read_batches(&r.h, &w), 0);
+    qsort(w.jobs, w.n_jobs, sizeof(*w.jobs), h_cmp_id);
+    size_t doubled = 0, bad_batched = 0;
+    for (size_t i = 0; i < w.n_jobs; i++) {
+        doubled += i > 0 && !strcmp(w.jobs[i].id, w.jobs[i - 1].id);
+        bad_batched += !strncmp(w.jobs[i].id, "bad-", 4);
+    }
+    print_message("%zu jobs in %zu batches, %zu doubled; %zu samples checked %zu jobs below a committed offset, "
+                  "%zu not in Redis\n", w.n_jobs, w.n_batches, doubled, r.samples, r.jobs_checked, r.violations);
+    assert_int_equal(doubled, 0);
+    assert_int_equal(bad_batched, 0);
+    assert_int_equal(w.n_jobs, N_VALID);
+    assert_int_equal(r.violations, 0);
+    assert_true(r.samples > 0 && r.jobs_checked > 0);
+
+    /* every invalid job was dead-lettered (at least once: a redelivered one is answered again) */
+    static h_msg dlq[2 * N_BAD];
+    int missing = 0;
+    for (int round = 0; round < 2; round++) { /* the second read, longer, only when duplicates hid some */
+        size_t n_dlq = h_collect(&r.h, r.h.dlq_topic, round ? 2 * N_BAD : N_BAD, round ? 4000 : 15000, dlq);
+        missing = 0;
+        for (int i = N_VALID; i < N_ALL; i++) {
+            char key[32];
+            snprintf(key, sizeof key, "bad-%d", i);
+            int found = 0;
+            for (size_t k = 0; k < n_dlq && !found; k++) found = !strcmp(dlq[k].key, key);
+            missing += !found;
+        }
+        for (size_t k = 0; k < n_dlq; k++) free(dlq[k].value);
+        if (!missing) break;
+    }
+    assert_int_equal(missing, 0);
+    free(w.jobs);
+    free(w.batches);
+    h_destroy(&r.h);
+    moeq_kafka_mock_destroy(r.mock);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(no_job_is_lost_or_doubled_through_injected_kafka_request_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

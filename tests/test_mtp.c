@@ -1,0 +1,432 @@
+/*
+ * test_mtp.c — speculative decoding with the MTP layer (engine/mtp*.c) on
+ * checkpoints written by the built `moeq gen-model`: tiny (random MTP layer:
+ * drafts almost always rejected), tiny-mtp (MTP layer agreeing with the main
+ * model by construction: most drafts accepted) and small.
+ *
+ * Greedy output equals plain decoding token for token (batch 1 and mixed
+ * batches, k = 1..3); rollback leaves both caches bit-identical to a
+ * sequence that never drafted; sampling follows the model's distribution
+ * (chi-square, stated significance); errors change nothing.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forward.h"
+#include "kv_cache.h"
+#include "moeq/engine.h"
+#include "mtp.h"
+
+static char g_dir[256];
+static moeq_model *g_tiny, *g_agree, *g_small, *g_v2;
+
+static moeq_model *gen_and_load(const char *preset, const char *name) {
+    const char *build = getenv("MOEQ_BUILD_DIR");
+    char cmd[1024], path[512], err[512] = "";
+    snprintf(path, sizeof(path), "%s/%s", g_dir, name);
+    snprintf(cmd, sizeof(cmd), "'%s/cli/moeq' gen-model --preset %s --out '%s' >/dev/null 2>&1", build ? build : ".",
+             preset, path);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "gen-model failed: %s\n", cmd);
+        return NULL;
+    }
+    moeq_model *m = NULL;
+    if (moeq_model_load(path, NULL, &m, err, sizeof(err)) != MOEQ_OK) fprintf(stderr, "load %s: %s\n", path, err);
+    return m;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof(g_dir), "/tmp/moeq-test-mtp-XXXXXX");
+    if (!mkdtemp(g_dir)) return -1;
+    g_tiny = gen_and_load("tiny", "tiny");
+    g_agree = gen_and_load("tiny-mtp", "tiny-mtp");
+    g_small = gen_and_load("small", "small");
+    g_v2 = gen_and_load("tiny-v2", "tiny-v2");
+    return g_tiny && g_agree && g_small && g_v2 ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    moeq_model_destroy(g_tiny);
+    moeq_model_destroy(g_agree);
+    moeq_model_destroy(g_small);
+    moeq_model_destroy(g_v2);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static moeq_engine *engine_for(const moeq_model *m, int max_step_tokens) {
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = 2;
+    p.max_seqs = 16;
+    p.max_step_tokens = max_step_tokens;
+    p.kv_cache_tokens = 2048;
+    p.kv_block_tokens = 4; /* small blocks: rollbacks cross block edges */
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    moeq_err rc = moeq_engine_new(m, &p, &e, err, sizeof(err));
+    if (rc) fprintf(stderr, "engine: %s\n", err);
+    assert_int_equal(rc, MOEQ_OK);
+    return e;
+}
+
+static int V(const moeq_model *m) { return moeq_model_get_config(m)->vocab_size; }
+
+static void prompt(int32_t *ids, int n, int salt, int vocab) {
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + salt * 101 + 5) % vocab);
+}
+
+static void generate(moeq_engine *e, const int32_t *ids, int n, int k, moeq_sampling_params sp, int max_new,
+                     int32_t **out, int *n_out, moeq_generate_stats *stats) {
+    moeq_generate_params gp = {.sampling = sp, .max_new_tokens = max_new, .mtp_k = k, .stats = stats};
+    char err[256] = "";
+    moeq_err rc = moeq_generate(e, ids, n, &gp, out, n_out, err, sizeof(err));
+    if (rc) fprintf(stderr, "generate: %s\n", err);
+    assert_int_equal(rc, MOEQ_OK);
+}
+
+static void greedy_with_mtp_gives_the_same_tokens_as_without(void **state) {
+    (void)state;
+    const moeq_model *models[3] = {g_tiny, g_agree, g_small};
+    const char *names[3] = {"tiny", "tiny-mtp", "small"};
+    for (int mi = 0; mi < 3; mi++) {
+        moeq_engine *e = engine_for(models[mi], 64);
+        int64_t drafted = 0, accepted = 0, max_new = mi == 2 ? 24 : 48;
+        for (int salt = 0; salt < (mi == 2 ? 2 : 4); salt++) {
+            int32_t ids[20], *plain = NULL;
+            int n_plain = 0, n_p = 3 + 5 * salt;
+            prompt(ids, n_p, salt, V(models[mi]));
+            generate(e, ids, n_p, 0, moeq_sampling_default_params(), (int)max_new, &plain, &n_plain, NULL);
+            for (int k = 1; k <= 3; k++) {
+                int32_t *spec = NULL;
+                int n_spec = 0;
+                moeq_generate_stats st = {0};
+                generate(e, ids, n_p, k, moeq_sampling_default_params(), (int)max_new, &spec, &n_spec, &st);
+                assert_int_equal(n_spec, n_plain);
+                assert_memory_equal(spec, plain, (size_t)n_plain * sizeof(int32_t));
+                assert_true(st.accepted <= st.drafted && st.rounds >= (n_plain - 1) / (k + 1));
+                drafted += st.drafted, accepted += st.accepted;
+                free(spec);
+            }
+            free(plain);
+        }
+        print_message("%s: greedy, k = 1..3: %lld of %lld drafts accepted\n", names[mi], (long long)accepted,
+                      (long long)drafted);
+        if (models[mi] == g_agree) assert_true(accepted * 10 > drafted * 6); /* the agreeing checkpoint agrees */
+        moeq_engine_destroy(e);
+    }
+}
+
+/*
+ * Eight sequences with prompts of different lengths and k = 0..3 (k changes
+ * every round) in one decoder: each must produce exactly what plain greedy
+ * decoding produces alone, although the sequences accept different numbers
+ * of tokens in the same rounds.
+ */
+static void mixed_batches_accept_different_counts_and_match_plain_decoding(void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_agree, g_tiny};
+    for (int mi = 0; mi < 2; mi++) {
+        const moeq_model *m = models[mi];
+        enum { S = 8, N = 40 };
+        int vocab = V(m);
+        moeq_engine *e = engine_for(m, 256);
+        int32_t ids[S][24], *plain[S], got[S][N + 16];
+        int n_plain[S], n_got[S], lens[S];
+        moeq_spec_seq seqs[S];
+        moeq_step_item items[S];
+        for (int i = 0; i < S; i++) {
+            lens[i] = 1 + (i * 7) % 20;
+            prompt(ids[i], lens[i], 20 + i, vocab);
+            generate(e, ids[i], lens[i], 0, moeq_sampling_default_params(), N, &plain[i], &n_plain[i], NULL);
+        }
+        float *logits = malloc((size_t)S * vocab * sizeof(float));
+        for (int i = 0; i < S; i++) {
+            memset(&seqs[i], 0, sizeof seqs[i]);
+            seqs[i].sampling = moeq_sampling_default_params();
+            assert_int_equal(moeq_engine_seq_new(e, &seqs[i].seq_id), MOEQ_OK);
+            assert_int_equal(moeq_engine_seq_set_mtp(e, seqs[i].seq_id, 1), MOEQ_OK);
+            items[i] = (moeq_step_item){seqs[i].seq_id, ids[i], lens[i], 0};
+        }
+        assert_int_equal(moeq_engine_step(e, items, S, logits, S, NULL, 0), MOEQ_OK); /* one batched prefill */
+        for (int i = 0; i < S; i++) {
+            int best = 0;
+            for (int v = 1; v < vocab; v++) best = logits[(size_t)i * vocab + v] > logits[(size_t)i * vocab + best] ? v : best;
+            seqs[i].next_token = best;
+            got[i][0] = best;
+            n_got[i] = 1;
+        }
+        moeq_mtp_decoder *dec = NULL;
+        assert_int_equal(moeq_mtp_decoder_new(e, S, 3, &dec, NULL, 0), MOEQ_OK);
+        int differing_rounds = 0;
+        for (int round = 0; round < N; round++) {
+            for (int i = 0; i < S; i++) seqs[i].k = (i + round) % 4;
+            char err[256] = "";
+            moeq_err rc = moeq_mtp_decode_step(dec, seqs, S, err, sizeof err);
+            if (rc) fprintf(stderr, "round %d: %s\n", round, err);
+            assert_int_equal(rc, MOEQ_OK);
+            int first = seqs[0].n_out, differ = 0;
+            for (int i = 0; i < S; i++) {
+                differ |= seqs[i].n_out != first;
+                for (int j = 0; j < seqs[i].n_out; j++) got[i][n_got[i]++] = seqs[i].out[j];
+                assert_int_equal(moeq_engine_seq_len(e, seqs[i].seq_id), lens[i] + n_got[i] - 1);
+                assert_int_equal(moeq_engine_mtp_seq_len(e, seqs[i].seq_id), lens[i] + n_got[i] - 2);
+            }
+            differing_rounds += differ;
+            int done = 1;
+            for (int i = 0; i < S; i++) done &= n_got[i] >= N;
+            if (done) break;
+        }
+        for (int i = 0; i < S; i++) {
+            assert_true(n_got[i] >= N);
+            assert_memory_equal(got[i], plain[i], (size_t)N * sizeof(int32_t));
+            free(plain[i]);
+            moeq_engine_seq_free(e, seqs[i].seq_id);
+        }
+        if (m == g_agree) assert_true(differing_rounds > 0);
+        moeq_mtp_decoder_destroy(dec);
+        free(logits);
+        moeq_engine_destroy(e);
+    }
+}
+
+/* Every main-cache entry (all layers) and MTP-cache entry of a and b, bit for bit. */
+static void assert_caches_equal(const moeq_engine *e, int a, int b) {
+    const moeq_model_config *c = e->cfg;
+    size_t ef = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(float);
+    int len = moeq_engine_seq_len(e, a), mlen = moeq_engine_mtp_seq_len(e, a);
+    assert_int_equal(len, moeq_engine_seq_len(e, b));
+    assert_int_equal(mlen, moeq_engine_mtp_seq_len(e, b));
+    assert_int_equal(mlen, len - 1);
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        for (int p = 0; p < len; p++)
+            assert_memory_equal(moeq_kv_cache_entry(e->cache, a, l, p), moeq_kv_cache_entry(e->cache, b, l, p), ef);
+    for (int p = 0; p < mlen; p++) assert_memory_equal(moeq_mtp_cache_entry(e, a, p), moeq_mtp_cache_entry(e, b, p), ef);
+}
+
+/*
+ * Sequence a decodes speculatively (k = 3, rejections happen); sequence b
+ * gets the same tokens one plain step at a time and never drafts. After
+ * every round both caches — main (all layers) and MTP — hold the same bits,
+ * and the next step's logits and draft logits are identical.
+ */
+static void rollback_leaves_both_caches_as_if_rejected_tokens_were_never_drafted(void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_tiny, g_agree};
+    for (int mi = 0; mi < 2; mi++) {
+        const moeq_model *m = models[mi];
+        int vocab = V(m), a, b, n_p = 11;
+        moeq_engine *e = engine_for(m, 64);
+        int32_t ids[11];
+        prompt(ids, n_p, 7, vocab);
+        float *la = malloc((size_t)2 * vocab * 4), *lb = malloc((size_t)2 * vocab * 4);
+        assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, a, 1), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, b, 1), MOEQ_OK);
+        moeq_step_item both[2] = {{a, ids, n_p, 0}, {b, ids, 5, 0}}; /* b: its prompt in two chunks */
+        assert_int_equal(moeq_engine_step(e, both, 2, la, 2, NULL, 0), MOEQ_OK);
+        moeq_step_item rest = {b, ids + 5, n_p - 5, 0};
+        assert_int_equal(moeq_engine_step(e, &rest, 1, lb, 1, NULL, 0), MOEQ_OK);
+        moeq_spec_seq sa = {.seq_id = a, .next_token = 3, .k = 3, .sampling = moeq_sampling_default_params()};
+        moeq_mtp_decoder *dec = NULL;
+        assert_int_equal(moeq_mtp_decoder_new(e, 1, 3, &dec, NULL, 0), MOEQ_OK);
+        int32_t pending = 3;
+        for (int round = 0; round < 12; round++) {
+            assert_int_equal(moeq_mtp_decode_step(dec, &sa, 1, NULL, 0), MOEQ_OK);
+            for (int j = 0; j < sa.n_out; j++) { /* b: pending, then all but the last new token */
+                moeq_step_item it = {b, &pending, 1, 0};
+                assert_int_equal(moeq_engine_step(e, &it, 1, lb, 1, NULL, 0), MOEQ_OK);
+                pending = sa.out[j];
+            }
+            assert_caches_equal(e, a, b);
+        }
+        assert_true(sa.accepted < sa.drafted); /* some rejections were rolled back */
+        moeq_mtp_item ma = {a, pending}, mb = {b, pending};
+        assert_int_equal(moeq_engine_mtp_step(e, &ma, 1, la, 1, NULL, 0), MOEQ_OK);
+        assert_int_equal(moeq_engine_mtp_step(e, &mb, 1, lb, 1, NULL, 0), MOEQ_OK);
+        assert_memory_equal(la, lb, (size_t)vocab * 4);
+        moeq_step_item ia = {a, &pending, 1, 0}, ib = {b, &pending, 1, 0};
+        assert_int_equal(moeq_engine_step(e, &ia, 1, la, 1, NULL, 0), MOEQ_OK);
+        assert_int_equal(moeq_engine_step(e, &ib, 1, lb, 1, NULL, 0), MOEQ_OK);
+        assert_memory_equal(la, lb, (size_t)vocab * 4);
+        assert_caches_equal(e, a, b);
+        print_message("%s: %lld of %lld drafts accepted\n", mi ? "tiny-mtp" : "tiny", (long long)sa.accepted,
+                      (long long)sa.drafted);
+        moeq_mtp_decoder_destroy(dec);
+        free(la), free(lb);
+        moeq_engine_destroy(e);
+    }
+}
+
+/* ---- sampling ------------------------------------------------------------- */
+
+/* Upper alpha = 0.001 point of chi-square with df degrees (Wilson-Hilferty). */
+static double chi2_critical_001(int df) {
+    double z = 3.0902, a = 2.0 / (9.0 * df), t = 1.0 - a + z * sqrt(a);
+    return df * t * t * t;
+}
+
+/*
+ * Two-sample chi-square homogeneity test of counts x and y over n_bins
+ * (bins with fewer than 10 observations in total are pooled). Returns
+ * statistic / critical value at alpha = 0.001 (< 1: same distribution).
+ */
+static double two_sample_chi2_ratio(const int *x, const int *y, int n_bins, const char *what) {
+    double nx = 0, ny = 0, stat = 0, px = 0, py = 0;
+    for (int i = 0; i < n_bins; i++) nx += x[i], ny += y[i];
+    int df = -1;
+    for (int i = 0; i <= n_bins; i++) {
+        double a = i < n_bins ? x[i] : px, b = i < n_bins ? y[i] : py;
+        if (i < n_bins && a + b < 10) {
+            px += a, py += b;
+            continue;
+        }
+        if (a + b == 0) continue;
+        double ea = (a + b) * nx / (nx + ny), eb = (a + b) * ny / (nx + ny);
+        stat += (a - ea) * (a - ea) / ea + (b - eb) * (b - eb) / eb;
+        df++;
+    }
+    double ratio = df > 0 ? stat / chi2_critical_001(df) : 0;
+    print_message("%s: chi2 %.2f, df %d, critical (alpha 0.001) %.2f\n", what, stat, df,
+                  df > 0 ? chi2_critical_001(df) : 0);
+    return ratio;
+}
+
+/*
+ * 1500 seeded generations of 4 tokens with MTP (k = 2: one round of two drafts) against 1500 without,
+ * at temperature 2 with top-k 4 (a handful of plausible tokens per step) and
+ * at temperature 1.5 with top-p 0.9: the second and third tokens (the ones
+ * drafts decide) have the same distribution at significance 0.001, on the
+ * agreeing checkpoint (most drafts accepted) and on tiny (most rejected:
+ * the residual max(0, p - q) path).
+ */
+static void sampling_with_mtp_follows_the_model_distribution(void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_agree, g_tiny};
+    moeq_sampling_params cases[2] = {{.temperature = 2.0, .top_k = 4, .top_p = 1.0},
+                                     {.temperature = 1.5, .top_k = 0, .top_p = 0.9}};
+    for (int mi = 0; mi < 2; mi++)
+        for (int ci = 0; ci < 2; ci++) {
+            const moeq_model *m = models[mi];
+            int vocab = V(m), runs = 1500;
+            moeq_engine *e = engine_for(m, 64);
+            int32_t ids[6];
+            prompt(ids, 6, 9, vocab);
+            int *cnt[2][2];
+            for (int s = 0; s < 2; s++)
+                for (int pos = 0; pos < 2; pos++) cnt[s][pos] = calloc((size_t)vocab, sizeof(int));
+            int64_t drafted = 0, accepted = 0;
+            for (int s = 0; s < 2; s++)
+                for (int r = 0; r < runs; r++) {
+                    moeq_sampling_params sp = cases[ci];
+                    sp.seed = (uint64_t)(s * runs + r + 1);
+                    int32_t *out = NULL;
+                    int n_out = 0;
+                    moeq_generate_stats st = {0};
+                    generate(e, ids, 6, s ? 0 : 2, sp, 4, &out, &n_out, &st);
+                    assert_int_equal(n_out, 4);
+                    cnt[s][0][out[1]]++;
+                    cnt[s][1][out[2]]++;
+                    drafted += st.drafted, accepted += st.accepted;
+                    free(out);
+                }
+            char what[96];
+            for (int pos = 0; pos < 2; pos++) {
+                snprintf(what, sizeof what, "%s, case %d, token %d (drafts: %lld/%lld accepted)",
+                         mi ? "tiny" : "tiny-mtp", ci, pos + 2, (long long)accepted, (long long)drafted);
+                assert_true(two_sample_chi2_ratio(cnt[0][pos], cnt[1][pos], vocab, what) < 1.0);
+            }
+            for (int s = 0; s < 2; s++)
+                for (int pos = 0; pos < 2; pos++) free(cnt[s][pos]);
+            moeq_engine_destroy(e);
+        }
+}
+
+/* The test of the test: a sampler with the wrong temperature is caught. */
+static void the_chi_square_check_rejects_a_different_distribution(void **state) {
+    (void)state;
+    int vocab = V(g_agree), runs = 1500;
+    moeq_engine *e = engine_for(g_agree, 64);
+    int32_t ids[6];
+    prompt(ids, 6, 9, vocab);
+    int *x = calloc((size_t)vocab, sizeof(int)), *y = calloc((size_t)vocab, sizeof(int));
+    for (int s = 0; s < 2; s++)
+        for (int r = 0; r < runs; r++) {
+            moeq_sampling_params sp = {.temperature = s ? 2.0 : 1.2, .top_k = 4, .top_p = 1.0,
+                                       .seed = (uint64_t)(s * runs + r + 1)};
+            int32_t *out = NULL;
+            int n_out = 0;
+            generate(e, ids, 6, s ? 0 : 2, sp, 3, &out, &n_out, NULL);
+            (s ? y : x)[out[1]]++;
+            free(out);
+        }
+    assert_true(two_sample_chi2_ratio(x, y, vocab, "temperature 1.2 vs 2.0") > 1.0);
+    free(x), free(y);
+    moeq_engine_destroy(e);
+}
+
+/* ---- errors --------------------------------------------------------------- */
+
+static void mtp_calls_fail_cleanly_without_state_or_layer(void **state) {
+    (void)state;
+    moeq_engine *e = engine_for(g_v2, 64); /* tiny-v2 has no MTP layer */
+    int a;
+    assert_int_equal(moeq_engine_mtp_available(e), 0);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_set_mtp(e, a, 1), MOEQ_ERR_UNSUPPORTED);
+    moeq_mtp_decoder *dec = NULL;
+    assert_int_equal(moeq_mtp_decoder_new(e, 1, 1, &dec, NULL, 0), MOEQ_ERR_UNSUPPORTED);
+    int32_t ids[3] = {1, 2, 3}, *out = NULL;
+    int n_out = 0;
+    moeq_generate_params gp = {.sampling = moeq_sampling_default_params(), .max_new_tokens = 4, .mtp_k = 1};
+    assert_int_equal(moeq_generate(e, ids, 3, &gp, &out, &n_out, NULL, 0), MOEQ_ERR_UNSUPPORTED);
+    moeq_engine_destroy(e);
+
+    e = engine_for(g_tiny, 64);
+    assert_int_equal(moeq_engine_mtp_available(e), 1);
+    float *l = malloc((size_t)V(g_tiny) * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    moeq_step_item it = {a, ids, 3, 0};
+    assert_int_equal(moeq_engine_step(e, &it, 1, l, 1, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_set_mtp(e, a, 1), MOEQ_ERR_INVALID_ARG); /* only before the first token */
+    moeq_mtp_item mi = {a, 4};
+    char err[256] = "";
+    assert_int_equal(moeq_engine_mtp_step(e, &mi, 1, l, 1, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    int b;
+    assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_set_mtp(e, b, 1), MOEQ_OK);
+    moeq_step_item ib = {b, ids, 3, 0};
+    assert_int_equal(moeq_engine_step(e, &ib, 1, l, 1, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_engine_mtp_seq_len(e, b), 2);
+    assert_int_equal(moeq_engine_seq_truncate(e, b, 1), MOEQ_OK); /* below the last step's first token: no h_0 */
+    mi.seq_id = b;
+    assert_int_equal(moeq_engine_mtp_step(e, &mi, 1, l, 1, err, sizeof err), MOEQ_OK); /* h_0 is retained */
+    assert_int_equal(moeq_engine_seq_truncate(e, b, 0), MOEQ_OK);
+    assert_int_equal(moeq_engine_mtp_seq_len(e, b), 0);
+    free(l);
+    moeq_engine_destroy(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(greedy_with_mtp_gives_the_same_tokens_as_without),
+        cmocka_unit_test(mixed_batches_accept_different_counts_and_match_plain_decoding),
+        cmocka_unit_test(rollback_leaves_both_caches_as_if_rejected_tokens_were_never_drafted),
+        cmocka_unit_test(sampling_with_mtp_follows_the_model_distribution),
+        cmocka_unit_test(the_chi_square_check_rejects_a_different_distribution),
+        cmocka_unit_test(mtp_calls_fail_cleanly_without_state_or_layer),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
