@@ -33,8 +33,9 @@ static void generate_usage(FILE *out) {
 }
 
 static void logits_usage(FILE *out) {
-    fprintf(out, "usage: moeq logits --model DIR --tokens 1,2,3 [--top K] [--threads N]\n"
+    fprintf(out, "usage: moeq logits --model DIR --tokens 1,2,3 [--top K] [--threads N] [--mtp 1]\n"
                  "\n"
+                 "--mtp 1 adds \"mtp_positions\": the MTP layer's logits at every position but the last.\n"
                  "Prints every position's K best ids and logits (default 5), best first;\n"
                  "--top 0 prints all vocab_size logits of every position in id order (%%.9g).\n");
 }
@@ -140,8 +141,8 @@ static int session_open(session *s, const engine_args *a, int extra_tokens, cons
     }
     if (s->n_ids < 1) return fprintf(stderr, "moeq %s: empty prompt\n", cmd), 2;
     moeq_engine_params p = moeq_engine_default_params();
-    p.max_seqs = 1;
-    p.kv_cache_tokens = s->n_ids + extra_tokens + 1 + MOEQ_MTP_MAX_K; /* + drafts being verified */
+    p.max_seqs = a->mtp_k > 0 ? 2 : 1; /* logits --mtp: a second, speculative sequence */
+    p.kv_cache_tokens = (int64_t)p.max_seqs * (s->n_ids + extra_tokens + 1 + MOEQ_MTP_MAX_K + 16); /* + drafts */
     p.n_threads = a->n_threads;
     p.batch_invariant = a->batch_invariant;
     p.max_step_tokens = s->n_ids < 512 ? s->n_ids : 512;
@@ -222,6 +223,29 @@ static void print_position(int pos, int32_t token, const float *row, int vocab, 
     fputs("]}", stdout);
 }
 
+/*
+ * --mtp 1: also the MTP layer's logits of every position i < n-1 (predicting
+ * token i+2 from the main hidden at i and token i+1), computed on a second,
+ * speculative sequence one token at a time: step t_i, then one MTP step with
+ * t_{i+1}. What tests/reference/compare_mtp.py checks.
+ */
+static int print_mtp_positions(session *s, float *logits, int vocab, int top, int32_t *best) {
+    int seq = -1;
+    char err[512] = "";
+    moeq_err e = moeq_engine_seq_new(s->engine, &seq);
+    if (!e) e = moeq_engine_seq_set_mtp(s->engine, seq, 1);
+    fputs("\n],\"mtp_positions\":[", stdout);
+    for (int i = 0; !e && i + 1 < s->n_ids; i++) {
+        moeq_step_item item = {seq, s->ids + i, 1, 0};
+        moeq_mtp_item draft = {seq, s->ids[i + 1]};
+        e = moeq_engine_step(s->engine, &item, 1, logits, 1, err, sizeof(err));
+        if (!e) e = moeq_engine_mtp_step(s->engine, &draft, 1, logits, 1, err, sizeof(err));
+        if (!e) print_position(i, s->ids[i + 1], logits, vocab, top, best);
+    }
+    if (e) fprintf(stderr, "moeq logits --mtp: %s: %s\n", moeq_err_str(e), err);
+    return e ? 1 : 0;
+}
+
 int moeq_cmd_logits(int argc, char **argv);
 int moeq_cmd_logits(int argc, char **argv) {
     engine_args a = {.top = 5, .batch_invariant = 1, .sampling = moeq_sampling_default_params()};
@@ -250,6 +274,7 @@ int moeq_cmd_logits(int argc, char **argv) {
         }
         for (int i = 0; i < n; i++) print_position(off + i, s.ids[off + i], logits + (size_t)i * vocab, vocab, a.top, best);
     }
+    if (!rc && a.mtp_k > 0) rc = print_mtp_positions(&s, logits, vocab, a.top, best);
     puts("\n]}");
     free(logits);
     free(best);

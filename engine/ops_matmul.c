@@ -65,6 +65,13 @@ static inline const float *scale_row(const moeq_tensor *w, int64_t row) {
  * to the last row of the block so a task never pulls in another's rows.
  * base: row 0 of the job; row_bytes: one weight row.
  */
+/* The first PF_BYTES of a block, requested up front: the tiles' prefetch streams start that far ahead. */
+static inline void prefetch_head(const uint8_t *base, int64_t row_bytes, int64_t n0, int64_t n1) {
+    int64_t bytes = (n1 - n0) * row_bytes;
+    const char *p = (const char *)(base + n0 * row_bytes);
+    for (int64_t off = 0; off < bytes && off < PF_BYTES; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 static inline __attribute__((always_inline)) void tile_rows(const moeq_mm_job *job, const uint8_t *base,
                                                            int64_t row_bytes, int64_t n, int nr, int tn, int64_t n1,
                                                            const uint8_t **wp, const float **sp, const uint8_t **pp) {
@@ -264,6 +271,7 @@ static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
     const int tn = t1 - t0 <= 2 ? TILE_N1 : TILE_N;
+    prefetch_head(base, row_bytes, n0, n1);
     for (int64_t n = n0; n < n1; n += tn) {
         int nr = (int)(n1 - n < tn ? n1 - n : tn);
         const uint8_t *wp[TILE_N1], *pp[TILE_N1];
@@ -487,6 +495,7 @@ static T256 ALWAYS_INLINE void nt_block256_dt(const moeq_dtype dt, const moeq_mm
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
     const int tn = t1 - t0 <= 1 ? TILE_N21 : TILE_N2;
+    prefetch_head(base, row_bytes, n0, n1);
     for (int64_t n = n0; n < n1; n += tn) {
         int nr = (int)(n1 - n < tn ? n1 - n : tn);
         const uint8_t *wp[TILE_N21], *pp[TILE_N21];

@@ -293,7 +293,7 @@ static void greedy_generation_follows_argmax_and_stops(void **state) {
     int32_t ids[8];
     prompt(ids, 8, 6, vocab);
     moeq_engine *e = engine_for(g_tiny, 2, 64);
-    moeq_generate_params gp = {moeq_sampling_default_params(), 6, NULL, 0};
+    moeq_generate_params gp = {.sampling = moeq_sampling_default_params(), .max_new_tokens = 6};
     int32_t *out = NULL;
     int n_out = 0;
     assert_int_equal(moeq_generate(e, ids, 8, &gp, &out, &n_out, NULL, 0), MOEQ_OK);
