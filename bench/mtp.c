@@ -5,10 +5,17 @@
  * tokens each round yields (= the speedup drafting and verifying would give
  * at zero overhead); and the measured speedup over k = 0. Prints JSON.
  *
- * Each run: B sequences with 16-token prompts, one batched prefill, then
- * rounds until every sequence has `--tokens` new tokens; timed from the
- * first round (a warm-up round before). Use a checkpoint with an MTP layer:
- * `moeq gen-model --preset bench-mtp` (agrees by construction) or `bench`.
+ * Each batch size B: one engine per k ("lane"), each with B sequences with
+ * 16-token prompts and one batched prefill; then the lanes run in lockstep,
+ * one round (k = 0: one plain step) of each lane in turn, each round timed
+ * on its own, until every sequence of every lane has `--tokens` new tokens
+ * (round 0 of each lane is a warm-up, not timed). Interleaving round by
+ * round makes every k see the same machine load, so the speedups (ratios
+ * of tokens/s within a batch size) hold on a shared, noisy machine even
+ * when the absolute figures do not. `--repeat R` runs the whole comparison
+ * R times and reports the median of each figure. Use a checkpoint with an
+ * MTP layer: `moeq gen-model --preset bench-mtp` (agrees by construction)
+ * or `bench`.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +26,7 @@
 
 typedef struct args {
     const char *model;
-    int n_threads, tokens, prompt;
+    int n_threads, tokens, prompt, repeat;
     int batches[8], n_batches, ks[8], n_ks;
 } args;
 
@@ -33,23 +40,39 @@ static int parse_list(const char *s, int *out, int max) {
 }
 
 static int parse(int argc, char **argv, args *a) {
-    *a = (args){.tokens = 48, .prompt = 16, .batches = {1, 8, 32}, .n_batches = 3, .ks = {0, 1, 2, 3}, .n_ks = 4};
+    *a = (args){.tokens = 128, .prompt = 16, .batches = {1, 8, 32}, .n_batches = 3, .ks = {0, 1, 2, 3}, .n_ks = 4,
+              .repeat = 1};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--model")) a->model = v;
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--tokens")) a->tokens = atoi(v);
+        else if (!strcmp(k, "--repeat")) a->repeat = atoi(v);
         else if (!strcmp(k, "--batches")) a->n_batches = parse_list(v, a->batches, 8);
         else if (!strcmp(k, "--ks")) a->n_ks = parse_list(v, a->ks, 8);
         else return -1;
     }
-    return a->model && a->n_batches > 0 && a->n_ks > 0 && a->tokens > 0 ? 0 : -1;
+    return a->model && a->n_batches > 0 && a->n_ks > 0 && a->tokens > 0 && a->repeat >= 1 && a->repeat <= 15 ? 0 : -1;
 }
 
 typedef struct result {
     double tps, tokens_per_round;
-    int64_t drafted, accepted, tokens, rounds;
+    int64_t drafted, accepted, tokens, rounds, ns;
 } result;
+
+/* One k at batch B on its own engine. */
+typedef struct lane {
+    int B, k;
+    moeq_engine *engine;
+    moeq_mtp_decoder *dec;
+    moeq_spec_seq *seqs;
+    moeq_step_item *items;
+    int32_t *ids;
+    float *logits;
+    int64_t *got;
+    int vocab, round;
+    result r;
+} lane;
 
 static int32_t argmax(const float *row, int n) {
     int32_t b = 0;
@@ -57,78 +80,145 @@ static int32_t argmax(const float *row, int n) {
     return b;
 }
 
-/* One (batch, k) run on a fresh engine. */
-static int run(const moeq_model *model, const args *a, int B, int k, result *r) {
+static void lane_close(lane *l) {
+    moeq_mtp_decoder_destroy(l->dec);
+    moeq_engine_destroy(l->engine);
+    free(l->seqs), free(l->items), free(l->ids), free(l->logits), free(l->got);
+    memset(l, 0, sizeof *l);
+}
+
+/* Engine, sequences, prefill, first token. */
+static int lane_open(const moeq_model *model, const args *a, int B, int k, lane *l, char *err, size_t err_size) {
     const moeq_model_config *c = moeq_model_get_config(model);
     moeq_engine_params p = moeq_engine_default_params();
     p.n_threads = a->n_threads;
     p.max_seqs = B;
     p.max_step_tokens = B * (a->prompt > MOEQ_MTP_MAX_K + 1 ? a->prompt : MOEQ_MTP_MAX_K + 1);
     p.kv_cache_tokens = (int64_t)B * (a->prompt + a->tokens + 2 * MOEQ_MTP_MAX_K + 16);
-    moeq_engine *e = NULL;
-    moeq_mtp_decoder *dec = NULL;
-    char err[512] = "";
-    int rc = 1;
-    moeq_spec_seq *seqs = calloc((size_t)B, sizeof *seqs);
-    moeq_step_item *items = calloc((size_t)B, sizeof *items);
-    int32_t *ids = malloc((size_t)B * a->prompt * sizeof(int32_t));
-    float *logits = malloc((size_t)B * c->vocab_size * sizeof(float));
-    int64_t *got = calloc((size_t)B, sizeof(int64_t));
-    if (!seqs || !items || !ids || !logits || !got) goto free_all;
-    if (moeq_engine_new(model, &p, &e, err, sizeof err)) goto fail;
-    if (k > 0 && moeq_mtp_decoder_new(e, B, k, &dec, err, sizeof err)) goto fail;
+    *l = (lane){.B = B, .k = k, .vocab = c->vocab_size};
+    l->seqs = calloc((size_t)B, sizeof *l->seqs);
+    l->items = calloc((size_t)B, sizeof *l->items);
+    l->ids = malloc((size_t)B * a->prompt * sizeof(int32_t));
+    l->logits = malloc((size_t)B * c->vocab_size * sizeof(float));
+    l->got = calloc((size_t)B, sizeof(int64_t));
+    if (!l->seqs || !l->items || !l->ids || !l->logits || !l->got) return snprintf(err, err_size, "out of memory"), 1;
+    if (moeq_engine_new(model, &p, &l->engine, err, err_size)) return 1;
+    if (k > 0 && moeq_mtp_decoder_new(l->engine, B, k, &l->dec, err, err_size)) return 1;
     for (int b = 0; b < B; b++) {
-        if (moeq_engine_seq_new(e, &seqs[b].seq_id)) goto fail;
-        if (k > 0 && moeq_engine_seq_set_mtp(e, seqs[b].seq_id, 1)) goto fail;
-        for (int i = 0; i < a->prompt; i++) ids[b * a->prompt + i] = (int32_t)((i * 37 + b * 101 + 5) % c->vocab_size);
-        items[b] = (moeq_step_item){seqs[b].seq_id, ids + b * a->prompt, a->prompt, 0};
-        seqs[b].sampling = moeq_sampling_default_params();
+        if (moeq_engine_seq_new(l->engine, &l->seqs[b].seq_id)) return snprintf(err, err_size, "seq_new"), 1;
+        if (k > 0 && moeq_engine_seq_set_mtp(l->engine, l->seqs[b].seq_id, 1))
+            return snprintf(err, err_size, "the model has no MTP layer"), 1;
+        for (int i = 0; i < a->prompt; i++)
+            l->ids[b * a->prompt + i] = (int32_t)((i * 37 + b * 101 + 5) % c->vocab_size);
+        l->items[b] = (moeq_step_item){l->seqs[b].seq_id, l->ids + b * a->prompt, a->prompt, 0};
+        l->seqs[b].sampling = moeq_sampling_default_params();
     }
-    if (moeq_engine_step(e, items, B, logits, (size_t)B, err, sizeof err)) goto fail;
-    for (int b = 0; b < B; b++) seqs[b].next_token = argmax(logits + (size_t)b * c->vocab_size, c->vocab_size);
-    int64_t t0 = 0;
-    for (int round = 0;; round++) {
-        if (round == 1) { /* round 0 warms up */
-            t0 = moeq_mono_ns();
-            memset(r, 0, sizeof *r);
-            for (int b = 0; b < B; b++) got[b] = 0, seqs[b].drafted = seqs[b].accepted = 0;
-        }
-        int done = round > 0;
-        for (int b = 0; b < B; b++) done &= got[b] >= a->tokens;
-        if (done) break;
-        if (k == 0) {
-            for (int b = 0; b < B; b++) items[b] = (moeq_step_item){seqs[b].seq_id, &seqs[b].next_token, 1, 0};
-            if (moeq_engine_step(e, items, B, logits, (size_t)B, err, sizeof err)) goto fail;
-            for (int b = 0; b < B; b++) {
-                seqs[b].next_token = argmax(logits + (size_t)b * c->vocab_size, c->vocab_size);
-                got[b]++;
-            }
-        } else {
-            for (int b = 0; b < B; b++) seqs[b].k = k;
-            if (moeq_mtp_decode_step(dec, seqs, B, err, sizeof err)) goto fail;
-            for (int b = 0; b < B; b++) got[b] += seqs[b].n_out;
-        }
-        r->rounds++;
+    if (moeq_engine_step(l->engine, l->items, B, l->logits, (size_t)B, err, err_size)) return 1;
+    for (int b = 0; b < B; b++) l->seqs[b].next_token = argmax(l->logits + (size_t)b * l->vocab, l->vocab);
+    return 0;
+}
+
+static int lane_done(const lane *l, int tokens) {
+    int done = l->round > 0;
+    for (int b = 0; b < l->B; b++) done &= l->got[b] >= tokens;
+    return done;
+}
+
+/* One round of the lane (one plain step at k = 0); round 0 is the untimed warm-up. */
+static int lane_round(lane *l, char *err, size_t err_size) {
+    if (l->round == 1) {
+        memset(&l->r, 0, sizeof l->r);
+        for (int b = 0; b < l->B; b++) l->got[b] = 0, l->seqs[b].drafted = l->seqs[b].accepted = 0;
     }
-    double s = (double)(moeq_mono_ns() - t0) / 1e9;
-    for (int b = 0; b < B; b++) r->tokens += got[b], r->drafted += seqs[b].drafted, r->accepted += seqs[b].accepted;
-    r->tps = (double)r->tokens / s;
-    r->tokens_per_round = (double)r->tokens / (double)(r->rounds * B);
+    int64_t t0 = moeq_mono_ns();
+    if (l->k == 0) {
+        for (int b = 0; b < l->B; b++) l->items[b] = (moeq_step_item){l->seqs[b].seq_id, &l->seqs[b].next_token, 1, 0};
+        if (moeq_engine_step(l->engine, l->items, l->B, l->logits, (size_t)l->B, err, err_size)) return 1;
+        for (int b = 0; b < l->B; b++) {
+            l->seqs[b].next_token = argmax(l->logits + (size_t)b * l->vocab, l->vocab);
+            l->got[b]++;
+        }
+    } else {
+        for (int b = 0; b < l->B; b++) l->seqs[b].k = l->k;
+        if (moeq_mtp_decode_step(l->dec, l->seqs, l->B, err, err_size)) return 1;
+        for (int b = 0; b < l->B; b++) l->got[b] += l->seqs[b].n_out;
+    }
+    l->r.ns += moeq_mono_ns() - t0;
+    l->r.rounds++;
+    l->round++;
+    return 0;
+}
+
+static void lane_result(lane *l) {
+    result *r = &l->r;
+    for (int b = 0; b < l->B; b++)
+        r->tokens += l->got[b], r->drafted += l->seqs[b].drafted, r->accepted += l->seqs[b].accepted;
+    r->tps = (double)r->tokens / ((double)r->ns / 1e9);
+    r->tokens_per_round = (double)r->tokens / (double)(r->rounds * l->B);
+}
+
+/* Every k at batch B in lockstep; res[ki] per k. 0 when all worked. */
+static int run_batch(const moeq_model *model, const args *a, int B, result *res) {
+    lane lanes[8] = {0};
+    char err[512] = "";
+    int rc = 1, ki = 0, busy = 1;
+    for (ki = 0; ki < a->n_ks; ki++)
+        if (lane_open(model, a, B, a->ks[ki], &lanes[ki], err, sizeof err)) goto fail;
+    while (busy) {
+        busy = 0;
+        for (ki = 0; ki < a->n_ks; ki++) {
+            if (lane_done(&lanes[ki], a->tokens)) continue;
+            busy = 1;
+            if (lane_round(&lanes[ki], err, sizeof err)) goto fail;
+        }
+    }
+    for (ki = 0; ki < a->n_ks; ki++) lane_result(&lanes[ki]), res[ki] = lanes[ki].r;
     rc = 0;
-    goto free_all;
+    goto close_all;
 fail:
-    fprintf(stderr, "bench-mtp: batch %d k %d: %s\n", B, k, err);
-free_all:
-    moeq_mtp_decoder_destroy(dec);
-    moeq_engine_destroy(e);
-    free(seqs), free(items), free(ids), free(logits), free(got);
+    fprintf(stderr, "bench-mtp: batch %d k %d: %s\n", B, ki < a->n_ks ? a->ks[ki] : -1, err);
+close_all:
+    for (ki = 0; ki < a->n_ks; ki++) lane_close(&lanes[ki]);
     return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void print_batch(int B, const args *a, result res[][8], int *first) {
+    for (int ki = 0; ki < a->n_ks; ki++) {
+        double tps[15], speedup[15];
+        for (int rep = 0; rep < a->repeat; rep++) {
+            double base = 0;
+            for (int j = 0; j < a->n_ks; j++)
+                if (a->ks[j] == 0) base = res[rep][j].tps;
+            tps[rep] = res[rep][ki].tps;
+            speedup[rep] = base > 0 ? res[rep][ki].tps / base : 0.0;
+            if (getenv("BENCH_MTP_DEBUG")) fprintf(stderr, "rep %d k %d tps %.2f speedup %.3f\n", rep, a->ks[ki], tps[rep], speedup[rep]);
+        }
+        const result *r = &res[0][ki]; /* greedy: acceptance is the same every repetition */
+        double acc = r->drafted ? (double)r->accepted / (double)r->drafted : 0.0;
+        printf("%s\n  {\"batch\": %d, \"k\": %d, \"tokens_per_s\": %.2f, \"acceptance\": %.4f, "
+               "\"tokens_per_step\": %.3f, \"zero_overhead_speedup\": %.3f, \"speedup\": %.3f}",
+               *first ? "" : ",", B, a->ks[ki], median(tps, a->repeat), acc, r->tokens_per_round,
+               r->tokens_per_round, median(speedup, a->repeat));
+        *first = 0;
+    }
+    fflush(stdout);
 }
 
 int main(int argc, char **argv) {
     args a;
     if (parse(argc, argv, &a)) {
-        fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3] [--tokens N]\n");
+        fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3] [--tokens N] "
+                        "[--repeat R (1-15)]\n");
         return 2;
     }
     moeq_model *model = NULL;
@@ -137,23 +227,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench-mtp: %s\n", err);
         return 1;
     }
-    printf("{\"model\": \"%s\", \"tokens_per_seq\": %d, \"runs\": [", a.model, a.tokens);
+    printf("{\"model\": \"%s\", \"tokens_per_seq\": %d, \"repeat\": %d, \"runs\": [", a.model, a.tokens, a.repeat);
     int first = 1;
+    static result res[15][8];
     for (int bi = 0; bi < a.n_batches; bi++) {
-        double base = 0;
-        for (int ki = 0; ki < a.n_ks; ki++) {
-            result r;
-            int B = a.batches[bi], k = a.ks[ki];
-            if (run(model, &a, B, k, &r)) continue;
-            if (k == 0) base = r.tps;
-            double acc = r.drafted ? (double)r.accepted / (double)r.drafted : 0.0;
-            printf("%s\n  {\"batch\": %d, \"k\": %d, \"tokens_per_s\": %.2f, \"acceptance\": %.4f, "
-                   "\"tokens_per_step\": %.3f, \"zero_overhead_speedup\": %.3f, \"speedup\": %.3f}",
-                   first ? "" : ",", B, k, r.tps, acc, r.tokens_per_round, r.tokens_per_round,
-                   base > 0 ? r.tps / base : 0.0);
-            first = 0;
-            fflush(stdout);
-        }
+        int ok = 1;
+        for (int rep = 0; ok && rep < a.repeat; rep++) ok = !run_batch(model, &a, a.batches[bi], res[rep]);
+        if (ok) print_batch(a.batches[bi], &a, res, &first);
     }
     printf("\n]}\n");
     moeq_model_destroy(model);

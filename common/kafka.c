@@ -544,27 +544,65 @@ void moeq_kafka_consumer_destroy(moeq_kafka_consumer *consumer) {
 
 static int64_t offset_or_unknown(int64_t offset) { return offset >= 0 ? offset : -1; }
 
-/* Ask the broker within the time left, else use what the last fetch response cached. */
-static void watermarks(rd_kafka_t *rk, moeq_kafka_lag *lag, int64_t end_ms) {
-    int64_t lo = RD_KAFKA_OFFSET_INVALID, hi = RD_KAFKA_OFFSET_INVALID, left = end_ms - moeq_now_ms();
-    if (left <= 0 || rd_kafka_query_watermark_offsets(rk, lag->topic, lag->partition, &lo, &hi, (int)left))
-        rd_kafka_get_watermark_offsets(rk, lag->topic, lag->partition, &lo, &hi);
-    lag->low = offset_or_unknown(lo);
-    lag->high = offset_or_unknown(hi);
-}
-
 /* Position (local) and, time allowing, the group's committed offsets (one OffsetFetch) into lags. */
 static void positions_and_commits(rd_kafka_t *rk, rd_kafka_topic_partition_list_t *list, moeq_kafka_lag *lags,
-                                  int64_t end_ms, int *committed_known) {
-    *committed_known = 0;
+                                  int64_t end_ms, int *none_committed) {
     if (rd_kafka_position(rk, list) == RD_KAFKA_RESP_ERR_NO_ERROR)
         for (int i = 0; i < list->cnt; i++) lags[i].position = offset_or_unknown(list->elems[i].offset);
     int64_t left = end_ms - moeq_now_ms();
     if (left <= 0) return;
     for (int i = 0; i < list->cnt; i++) list->elems[i].offset = RD_KAFKA_OFFSET_INVALID;
     if (rd_kafka_committed(rk, list, (int)left)) return;
-    *committed_known = 1;
-    for (int i = 0; i < list->cnt; i++) lags[i].committed = list->elems[i].err ? -1 : offset_or_unknown(list->elems[i].offset);
+    for (int i = 0; i < list->cnt; i++) {
+        lags[i].committed = list->elems[i].err ? -1 : offset_or_unknown(list->elems[i].offset);
+        none_committed[i] = !list->elems[i].err && lags[i].committed < 0;
+    }
+}
+
+/*
+ * Ask the leaders for one watermark (which: RD_KAFKA_OFFSET_END, the high
+ * one, or _BEGINNING, the low one) of the partitions marked in want[]: one
+ * ListOffsets per leader for all of them (rd_kafka_offsets_for_times with
+ * the protocol's special timestamps), instead of a round trip per partition
+ * that would each queue behind the consumer's own Fetch long-poll. Answers
+ * overwrite the cached values.
+ */
+static void list_offsets(rd_kafka_t *rk, moeq_kafka_lag *lags, size_t n, const int *want, int64_t which,
+                         int64_t end_ms) {
+    int64_t left = end_ms - moeq_now_ms();
+    if (left <= 0) return;
+    rd_kafka_topic_partition_list_t *q = rd_kafka_topic_partition_list_new((int)n);
+    for (size_t i = 0; i < n; i++)
+        if (want[i]) rd_kafka_topic_partition_list_add(q, lags[i].topic, lags[i].partition)->offset = which;
+    if (q->cnt && rd_kafka_offsets_for_times(rk, q, (int)left) == RD_KAFKA_RESP_ERR_NO_ERROR)
+        for (size_t i = 0; i < n; i++) {
+            const rd_kafka_topic_partition_t *e = rd_kafka_topic_partition_list_find(q, lags[i].topic, lags[i].partition);
+            if (!want[i] || !e || e->err || e->offset < 0) continue;
+            if (which == RD_KAFKA_OFFSET_END) lags[i].high = e->offset;
+            else lags[i].low = e->offset;
+        }
+    rd_kafka_topic_partition_list_destroy(q);
+}
+
+/* One allocation as partitions_copy's: the rows, then the topic strings; offsets -1, the cached watermarks. */
+static moeq_kafka_lag *lags_new(rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *list) {
+    size_t bytes = (size_t)list->cnt * sizeof(moeq_kafka_lag);
+    for (int i = 0; i < list->cnt; i++) bytes += strlen(list->elems[i].topic) + 1;
+    moeq_kafka_lag *lags = malloc(bytes);
+    if (!lags) return NULL;
+    char *strings = (char *)(lags + list->cnt);
+    for (int i = 0; i < list->cnt; i++) {
+        size_t len = strlen(list->elems[i].topic) + 1;
+        memcpy(strings, list->elems[i].topic, len);
+        lags[i] = (moeq_kafka_lag){.topic = strings, .partition = list->elems[i].partition, .low = -1, .high = -1,
+                                   .position = -1, .committed = -1, .lag = -1};
+        int64_t lo = RD_KAFKA_OFFSET_INVALID, hi = RD_KAFKA_OFFSET_INVALID;
+        rd_kafka_get_watermark_offsets(rk, strings, lags[i].partition, &lo, &hi); /* from the last fetch response */
+        lags[i].low = offset_or_unknown(lo);
+        lags[i].high = offset_or_unknown(hi);
+        strings += len;
+    }
+    return lags;
 }
 
 moeq_err moeq_kafka_consumer_lag(moeq_kafka_consumer *consumer, int timeout_ms, moeq_kafka_lag **lags,
@@ -577,37 +615,30 @@ moeq_err moeq_kafka_consumer_lag(moeq_kafka_consumer *consumer, int timeout_ms, 
     rd_kafka_topic_partition_list_t *list = NULL;
     rd_kafka_resp_err_t rerr = rd_kafka_assignment(consumer->rk, &list);
     if (rerr) return rd_errf(rerr, errstr, n, "lag");
-    if (list->cnt == 0) {
-        rd_kafka_topic_partition_list_destroy(list);
-        return MOEQ_OK;
-    }
-    /* one allocation as partitions_copy's: the array, then the topic strings */
-    size_t bytes = (size_t)list->cnt * sizeof(moeq_kafka_lag);
-    for (int i = 0; i < list->cnt; i++) bytes += strlen(list->elems[i].topic) + 1;
-    moeq_kafka_lag *out = malloc(bytes);
-    if (!out) {
+    size_t cnt = (size_t)list->cnt;
+    moeq_kafka_lag *out = cnt ? lags_new(consumer->rk, list) : NULL;
+    int *none_committed = calloc(cnt + 1, sizeof(int)), *all = calloc(cnt + 1, sizeof(int));
+    if ((cnt && !out) || !none_committed || !all) {
+        free(out), free(none_committed), free(all);
         rd_kafka_topic_partition_list_destroy(list);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "kafka lag: out of memory");
     }
-    char *strings = (char *)(out + list->cnt);
-    for (int i = 0; i < list->cnt; i++) {
-        size_t len = strlen(list->elems[i].topic) + 1;
-        memcpy(strings, list->elems[i].topic, len);
-        out[i] = (moeq_kafka_lag){.topic = strings, .partition = list->elems[i].partition, .low = -1, .high = -1,
-                                  .position = -1, .committed = -1, .lag = -1};
-        strings += len;
+    if (cnt) {
+        positions_and_commits(consumer->rk, list, out, end, none_committed);
+        for (size_t i = 0; i < cnt; i++) all[i] = 1;
+        list_offsets(consumer->rk, out, cnt, all, RD_KAFKA_OFFSET_END, end);
+        list_offsets(consumer->rk, out, cnt, none_committed, RD_KAFKA_OFFSET_BEGINNING, end);
     }
-    int committed_known = 0;
-    positions_and_commits(consumer->rk, list, out, end, &committed_known);
-    for (int i = 0; i < list->cnt; i++) {
+    for (size_t i = 0; i < cnt; i++) {
         moeq_kafka_lag *l = &out[i];
-        watermarks(consumer->rk, l, end);
-        int64_t base = l->committed >= 0 ? l->committed : committed_known && !list->elems[i].err ? l->low : -1;
+        int64_t base = l->committed >= 0 ? l->committed : none_committed[i] ? l->low : -1;
         if (l->high >= 0 && base >= 0) l->lag = l->high > base ? l->high - base : 0;
     }
-    *n_lags = (size_t)list->cnt;
-    *lags = out;
+    free(none_committed);
+    free(all);
     rd_kafka_topic_partition_list_destroy(list);
+    *lags = out;
+    *n_lags = cnt;
     return MOEQ_OK;
 }
 

@@ -682,12 +682,13 @@ void moeq_coordinator_stats(moeq_coordinator *c, moeq_coord_stats *out) {
 }
 
 /*
- * Consumer lag is measured here, on the HTTP thread, when scraped: it asks
- * the broker (committed offsets, watermarks) and may block up to
- * LAG_TIMEOUT_MS, which the loop must never do. librdkafka's calls are
- * thread-safe; moeq_coordinator_destroy stops this thread before the consumer.
+ * Consumer lag is measured here, on the connection's HTTP thread, when
+ * scraped: it asks the broker (committed offsets, watermarks; typically
+ * < fetch.wait.max.ms) and may block up to LAG_TIMEOUT_MS, which the loop
+ * must never do. librdkafka's calls are thread-safe;
+ * moeq_coordinator_destroy stops the HTTP threads before the consumer goes.
  */
-#define LAG_TIMEOUT_MS 1000
+#define LAG_TIMEOUT_MS 2000
 
 static void render_lag(moeq_coordinator *c, moeq_buf *body) {
     moeq_kafka_lag *lags = NULL;
@@ -763,8 +764,10 @@ static moeq_err start_http(moeq_coordinator *c, char *errstr, size_t n) {
     addr.sin_port = htons((uint16_t)c->p.http_port);
     if (inet_pton(AF_INET, c->p.http_addr, &addr.sin_addr) != 1)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "http_addr: '%s' is not an IPv4 address", c->p.http_addr);
-    c->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)c->p.http_port, NULL, NULL, http_handler, c,
-                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_END);
+    /* a thread per connection: a /metrics scrape waits on the broker (render_lag), /healthz must not */
+    c->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, (uint16_t)c->p.http_port,
+                               NULL, NULL, http_handler, c, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                               MHD_OPTION_END);
     if (!c->http)
         return moeq_errf(MOEQ_ERR_IO, errstr, n, "http %s:%lld: cannot listen", c->p.http_addr, (long long)c->p.http_port);
     return MOEQ_OK;

@@ -14,6 +14,17 @@
  * further draft. The block is forward.c's block code run on the MTP layer's
  * weights and cache; nothing here repeats the layer math.
  *
+ * Entries are computed lazily. A main step only keeps the hidden rows and
+ * tokens of a marked sequence's new positions (a ring of `ring` rows); the
+ * entries they feed are "pending" and are computed by the sequence's next
+ * draft, in the same block pass as the draft entry itself (or by a later main
+ * step when the ring would overflow). So a speculative round runs the MTP
+ * block once per accepted token plus once per draft, never on rejected
+ * positions, and the first draft entry of a round (true hidden, true next
+ * token) is kept by the verify step when its token is confirmed instead of
+ * being recomputed. Batch invariance makes an entry the same bits whichever
+ * pass computes it.
+ *
  * Not here: choosing or verifying drafts (mtp_spec.c).
  */
 #include <stdlib.h>
@@ -28,13 +39,16 @@ struct moeq_mtp_state {
     float *enorm, *hnorm, *head_norm; /* [D] widened                       */
     const moeq_tensor *head;   /* shared_head.head or lm_head               */
     moeq_kv_cache *cache;      /* one layer, same sequence ids as the main  */
-    int ring;                  /* main hidden rows kept per sequence        */
-    float *ring_h;             /* [max_seqs][ring][D]                       */
-    int64_t *ring_pos0;        /* [max_seqs] position of ring row 0         */
-    int *ring_n;               /* [max_seqs] valid rows                     */
+    int ring;                  /* rows kept per sequence: min(MAX_K + 1, max_step_tokens) */
+    float *ring_h;             /* [max_seqs][ring][D] main hidden of pos at slot pos % ring */
+    int32_t *ring_tok;         /* [max_seqs][ring] main token of pos at slot pos % ring     */
+    int64_t *ring_lo;          /* [max_seqs] rows cover [ring_lo, seq_len)                  */
+    int64_t *done;             /* [max_seqs] entries 0..done-1 computed from true inputs    */
+    int64_t *guess_pos;        /* [max_seqs] first draft entry, its token unconfirmed; -1   */
+    int32_t *guess_tok;        /* [max_seqs] the token it was drafted with                  */
     float *chain_h;            /* [max_seqs][D] the module's last output    */
-    unsigned char *on;         /* [max_seqs] moeq_engine_seq_set_mtp        */
     int64_t *chain_pos;        /* [max_seqs] its position, -1 = none        */
+    unsigned char *on;         /* [max_seqs] moeq_engine_seq_set_mtp        */
 };
 
 static float *widen(const moeq_tensor *t) {
@@ -62,15 +76,20 @@ static moeq_err widen_all(moeq_engine *e, moeq_mtp_state *m) {
 
 static moeq_err alloc_seq_state(moeq_engine *e, moeq_mtp_state *m) {
     size_t S = (size_t)e->params.max_seqs, D = (size_t)e->cfg->hidden_size;
-    m->ring = MOEQ_MTP_MAX_K + 1;
+    m->ring = MOEQ_MTP_MAX_K + 1 < e->params.max_step_tokens ? MOEQ_MTP_MAX_K + 1 : e->params.max_step_tokens;
     m->ring_h = malloc(S * (size_t)m->ring * D * sizeof(float));
-    m->ring_pos0 = calloc(S, sizeof(int64_t));
-    m->ring_n = calloc(S, sizeof(int));
+    m->ring_tok = malloc(S * (size_t)m->ring * sizeof(int32_t));
+    m->ring_lo = calloc(S, sizeof(int64_t));
+    m->done = calloc(S, sizeof(int64_t));
+    m->guess_pos = malloc(S * sizeof(int64_t));
+    m->guess_tok = calloc(S, sizeof(int32_t));
     m->chain_h = malloc(S * D * sizeof(float));
     m->chain_pos = malloc(S * sizeof(int64_t));
     m->on = calloc(S, 1);
-    if (!m->on || !m->ring_h || !m->ring_pos0 || !m->ring_n || !m->chain_h || !m->chain_pos) return MOEQ_ERR_NOMEM;
-    for (size_t i = 0; i < S; i++) m->chain_pos[i] = -1;
+    if (!m->on || !m->ring_h || !m->ring_tok || !m->ring_lo || !m->done || !m->guess_pos || !m->guess_tok ||
+        !m->chain_h || !m->chain_pos)
+        return MOEQ_ERR_NOMEM;
+    for (size_t i = 0; i < S; i++) m->chain_pos[i] = m->guess_pos[i] = -1;
     return MOEQ_OK;
 }
 
@@ -112,8 +131,11 @@ void moeq_mtp_state_destroy(moeq_mtp_state *m) {
     free(m->hnorm);
     free(m->head_norm);
     free(m->ring_h);
-    free(m->ring_pos0);
-    free(m->ring_n);
+    free(m->ring_tok);
+    free(m->ring_lo);
+    free(m->done);
+    free(m->guess_pos);
+    free(m->guess_tok);
     free(m->chain_h);
     free(m->chain_pos);
     free(m->on);
@@ -122,13 +144,19 @@ void moeq_mtp_state_destroy(moeq_mtp_state *m) {
 
 /* ---- per-sequence state --------------------------------------------------- */
 
+static void reset_seq(moeq_mtp_state *m, int seq) {
+    m->ring_lo[seq] = 0;
+    m->done[seq] = 0;
+    m->guess_pos[seq] = -1;
+    m->chain_pos[seq] = -1;
+}
+
 void moeq_mtp_seq_opened(moeq_engine *e, int seq) {
     moeq_mtp_state *m = e->mtp;
     if (!m) return;
     moeq_kv_cache_seq_free(m->cache, seq); /* stale slot (cannot happen: ids move in step) */
     moeq_kv_cache_seq_open(m->cache, seq);
-    m->ring_n[seq] = 0;
-    m->chain_pos[seq] = -1;
+    reset_seq(m, seq);
     m->on[seq] = 0;
 }
 
@@ -142,20 +170,30 @@ int moeq_mtp_seq_on(const moeq_engine *e, int seq) {
     return e->mtp && seq >= 0 && seq < e->params.max_seqs && e->mtp->on[seq];
 }
 
+/* Truncation to n keeps the true entries below n - 1 and drops every draft entry. */
 void moeq_mtp_seq_truncated(moeq_engine *e, int seq, int64_t n) {
     moeq_mtp_state *m = e->mtp;
     if (!m || !moeq_kv_cache_seq_alive(m->cache, seq)) return;
-    moeq_kv_cache_truncate(m->cache, seq, n > 0 ? n - 1 : 0);
-    int64_t keep = n - m->ring_pos0[seq];
-    m->ring_n[seq] = keep <= 0 ? 0 : (keep < m->ring_n[seq] ? (int)keep : m->ring_n[seq]);
+    int64_t keep = n > 0 ? n - 1 : 0;
+    if (m->done[seq] > keep) m->done[seq] = keep;
+    moeq_kv_cache_truncate(m->cache, seq, m->done[seq]);
+    if (m->ring_lo[seq] > n) m->ring_lo[seq] = n; /* rows cover [ring_lo, n): maybe none */
+    m->guess_pos[seq] = -1;
     m->chain_pos[seq] = -1;
 }
 
-/* The retained main hidden row of position pos, or NULL. */
-static const float *ring_row(const moeq_mtp_state *m, int seq, int64_t pos, int64_t D) {
-    int64_t j = pos - m->ring_pos0[seq];
-    if (j < 0 || j >= m->ring_n[seq]) return NULL;
-    return m->ring_h + ((size_t)seq * m->ring + (size_t)j) * D;
+static float *ring_row(const moeq_mtp_state *m, int seq, int64_t pos, int64_t D) {
+    return m->ring_h + ((size_t)seq * m->ring + (size_t)(pos % m->ring)) * D;
+}
+
+static int32_t *ring_tok(const moeq_mtp_state *m, int seq, int64_t pos) {
+    return m->ring_tok + (size_t)seq * m->ring + (size_t)(pos % m->ring);
+}
+
+/* A marked sequence of len tokens has what its pending entries and its next draft read: rows done .. len - 1. */
+static int state_ok(const moeq_engine *e, int seq, int64_t len) {
+    const moeq_mtp_state *m = e->mtp;
+    return len == 0 || (m->ring_lo[seq] <= m->done[seq] && m->done[seq] <= len - 1);
 }
 
 /* ---- the module's forward ------------------------------------------------- */
@@ -182,20 +220,48 @@ static void mtp_forward(moeq_engine *e, int64_t T) {
     moeq_forward_block(e, &b, T);
 }
 
+/* Entry row t of the next MTP pass: hidden input h, next token tok, at (seq, pos). */
+static void lay_entry(moeq_engine *e, int64_t t, const float *h, int32_t tok, int seq, int64_t pos) {
+    moeq_scratch *s = &e->s;
+    int64_t D = e->cfg->hidden_size;
+    memcpy(s->eh + t * 2 * D + D, h, (size_t)D * sizeof(float));
+    s->tok_id[t] = tok;
+    s->tok_seq[t] = seq;
+    s->tok_pos[t] = pos;
+}
+
 /* ---- inside a main step --------------------------------------------------- */
+
+/*
+ * What a main step of item (at position p) does to its sequence's MTP state:
+ * the first draft entry (p - 1) is confirmed when the step's first token is
+ * the one it was drafted with; entries done .. target - 1 are computed in the
+ * step, only as many as keep the pending rows within the ring.
+ */
+typedef struct catch_up {
+    int64_t done, target;
+} catch_up;
+
+static catch_up plan_item(const moeq_engine *e, const moeq_step_item *it, int64_t p) {
+    const moeq_mtp_state *m = e->mtp;
+    int seq = it->seq_id;
+    int64_t done = m->done[seq], first = p + it->n_tokens - m->ring;
+    if (p > 0 && m->guess_pos[seq] == p - 1 && m->guess_tok[seq] == it->tokens[0]) done = p;
+    return (catch_up){done, first > done ? first : done};
+}
 
 moeq_err moeq_mtp_check_item(moeq_engine *e, const moeq_step_item *it, int i, int64_t *blocks, char *errstr,
                              size_t errstr_size) {
     moeq_mtp_state *m = e->mtp;
     int64_t p = moeq_kv_cache_seq_len(e->cache, it->seq_id);
-    if (p > 0 && (moeq_kv_cache_seq_len(m->cache, it->seq_id) < p - 1 ||
-                  !ring_row(m, it->seq_id, p - 1, e->cfg->hidden_size)))
+    if (!state_ok(e, it->seq_id, p))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "item %d: seq %d has no MTP state at position %lld (truncated below its last step)",
                          i, it->seq_id, (long long)(p - 1));
-    /* entries [p - 1, p + n - 1) after truncating to p - 1: net blocks = blocks(end) - blocks(now) */
-    int64_t end = p + it->n_tokens - 1, have = moeq_kv_cache_seq_len(m->cache, it->seq_id);
-    int64_t bt = e->params.kv_block_tokens, used = (have + bt - 1) / bt, want = (end + bt - 1) / bt;
+    /* truncated to plan.done, then grown to plan.target: net blocks = blocks(target) - blocks(now) */
+    catch_up c = plan_item(e, it, p);
+    int64_t have = moeq_kv_cache_seq_len(m->cache, it->seq_id), bt = e->params.kv_block_tokens;
+    int64_t used = (have + bt - 1) / bt, want = (c.target + bt - 1) / bt;
     *blocks += want > used ? want - used : 0;
     return MOEQ_OK;
 }
@@ -208,57 +274,49 @@ moeq_err moeq_mtp_check_blocks(moeq_engine *e, int64_t blocks, char *errstr, siz
 }
 
 /*
- * Lay the MTP entries of the mtp items over s.tok_* in place: entry m never
- * comes after the main token it reads (an item of n tokens adds at most n
- * entries), so reading index >= writing index is safe in ascending order.
+ * One marked item of a main step whose hidden rows are in s.hid from row t0:
+ * lay out its forced catch-up entries from row n_mtp on (hidden from the ring
+ * below p, else from s.hid; tokens likewise from the ring or the item), then
+ * keep its last rows and tokens. Returns the entries laid out (<= n_tokens:
+ * before the step at most `ring` rows were pending, so the MTP rows never
+ * outnumber the step's).
  */
-static int64_t lay_out_catch_up(moeq_engine *e, const moeq_step_item *items, int n_items) {
+static int64_t catch_up_item(moeq_engine *e, const moeq_step_item *it, int64_t t0, int64_t n_mtp) {
     moeq_mtp_state *m = e->mtp;
-    moeq_scratch *s = &e->s;
-    int64_t D = e->cfg->hidden_size, t0 = 0, n_mtp = 0;
-    for (int i = 0; i < n_items; t0 += items[i++].n_tokens) {
-        const moeq_step_item *it = &items[i];
-        if (!moeq_mtp_seq_on(e, it->seq_id)) continue;
-        int seq = it->seq_id;
-        int64_t n = it->n_tokens, p = moeq_kv_cache_seq_len(e->cache, seq) - n, start = p > 0 ? p - 1 : 0;
-        moeq_kv_cache_truncate(m->cache, seq, start);
-        m->chain_pos[seq] = -1;
-        for (int64_t pos = start; pos <= p + n - 2; pos++, n_mtp++) {
-            int64_t j = pos - p; /* -1: the row retained from the previous step */
-            const float *h = j < 0 ? ring_row(m, seq, pos, D) : s->hid + (t0 + j) * D;
-            memcpy(s->eh + n_mtp * 2 * D + D, h, (size_t)D * sizeof(float));
-            s->tok_id[n_mtp] = s->tok_id[t0 + j + 1];
-            s->tok_seq[n_mtp] = seq;
-            s->tok_pos[n_mtp] = pos;
-        }
-        moeq_kv_cache_grow(m->cache, seq, p + n - 1); /* checked by moeq_mtp_check_item */
+    const float *hid = e->s.hid;
+    int seq = it->seq_id;
+    int64_t D = e->cfg->hidden_size, n = it->n_tokens, L = moeq_kv_cache_seq_len(e->cache, seq), p = L - n;
+    catch_up c = plan_item(e, it, p);
+    moeq_kv_cache_truncate(m->cache, seq, c.done);
+    m->guess_pos[seq] = m->chain_pos[seq] = -1;
+    for (int64_t pos = c.done; pos < c.target; pos++) {
+        const float *h = pos < p ? ring_row(m, seq, pos, D) : hid + (t0 + pos - p) * D;
+        int32_t tok = pos + 1 < p ? *ring_tok(m, seq, pos + 1) : it->tokens[pos + 1 - p];
+        lay_entry(e, n_mtp + pos - c.done, h, tok, seq, pos);
     }
-    return n_mtp;
-}
-
-/* Keep the last rows of each mtp item: a later truncation to any of them still finds h_{len-1}. */
-static void retain_rows(moeq_engine *e, const moeq_step_item *items, int n_items) {
-    moeq_mtp_state *m = e->mtp;
-    int64_t D = e->cfg->hidden_size, t0 = 0;
-    for (int i = 0; i < n_items; t0 += items[i++].n_tokens) {
-        const moeq_step_item *it = &items[i];
-        if (!moeq_mtp_seq_on(e, it->seq_id)) continue;
-        int64_t n = it->n_tokens, r = n < m->ring ? n : m->ring;
-        int64_t len = moeq_kv_cache_seq_len(e->cache, it->seq_id);
-        memcpy(m->ring_h + (size_t)it->seq_id * m->ring * D, e->s.hid + (t0 + n - r) * D,
-               (size_t)(r * D) * sizeof(float));
-        m->ring_pos0[it->seq_id] = len - r;
-        m->ring_n[it->seq_id] = (int)r;
+    moeq_kv_cache_grow(m->cache, seq, c.target); /* checked by moeq_mtp_check_item */
+    int64_t keep = L - m->ring > p ? L - m->ring : p;
+    for (int64_t pos = keep; pos < L; pos++) {
+        memcpy(ring_row(m, seq, pos, D), hid + (t0 + pos - p) * D, (size_t)D * sizeof(float));
+        *ring_tok(m, seq, pos) = it->tokens[pos - p];
     }
+    if (m->ring_lo[seq] < L - m->ring) m->ring_lo[seq] = L - m->ring;
+    m->done[seq] = c.target;
+    return c.target - c.done;
 }
 
 void moeq_mtp_after_step(moeq_engine *e, const moeq_step_item *items, int n_items, int64_t n_tok) {
     moeq_scratch *s = &e->s;
-    int64_t D = e->cfg->hidden_size;
-    for (int64_t t = 0; t < n_tok; t++)
-        moeq_ops_rmsnorm(s->hid + t * D, s->x + t * D, e->final_norm, D, (float)e->cfg->rms_norm_eps);
-    int64_t n_mtp = lay_out_catch_up(e, items, n_items);
-    retain_rows(e, items, n_items);
+    int64_t D = e->cfg->hidden_size, t0 = 0, n_mtp = 0;
+    (void)n_tok;
+    for (int i = 0; i < n_items; t0 += items[i++].n_tokens) {
+        if (!moeq_mtp_seq_on(e, items[i].seq_id)) continue;
+        for (int64_t t = t0; t < t0 + items[i].n_tokens; t++)
+            moeq_ops_rmsnorm(s->hid + t * D, s->x + t * D, e->final_norm, D, (float)e->cfg->rms_norm_eps);
+    }
+    t0 = 0;
+    for (int i = 0; i < n_items; t0 += items[i++].n_tokens)
+        if (moeq_mtp_seq_on(e, items[i].seq_id)) n_mtp += catch_up_item(e, &items[i], t0, n_mtp);
     if (n_mtp > 0) mtp_forward(e, n_mtp);
 }
 
@@ -270,38 +328,47 @@ moeq_err moeq_engine_seq_set_mtp(moeq_engine *engine, int seq_id, int on) {
     if (!engine) return MOEQ_ERR_INVALID_ARG;
     if (!engine->mtp) return on ? MOEQ_ERR_UNSUPPORTED : MOEQ_OK;
     if (moeq_kv_cache_seq_len(engine->cache, seq_id) != 0) return MOEQ_ERR_INVALID_ARG;
+    reset_seq(engine->mtp, seq_id);
     engine->mtp->on[seq_id] = on ? 1 : 0;
     return MOEQ_OK;
 }
 
 int moeq_engine_mtp_seq_len(const moeq_engine *engine, int seq_id) {
     if (!engine || !engine->mtp) return -1;
-    return (int)moeq_kv_cache_seq_len(engine->mtp->cache, seq_id);
+    int64_t q = moeq_kv_cache_seq_len(engine->mtp->cache, seq_id), len = moeq_kv_cache_seq_len(engine->cache, seq_id);
+    return (int)(moeq_mtp_seq_on(engine, seq_id) && len - 1 > q ? len - 1 : q); /* pending entries count */
 }
 
-const float *moeq_mtp_cache_entry(const moeq_engine *engine, int seq_id, int64_t pos) {
-    return moeq_kv_cache_entry(engine->mtp->cache, seq_id, 0, pos);
-}
+enum { DRAFT_NONE, DRAFT_FIRST, DRAFT_CHAINED };
 
-/* The hidden input of the next draft of seq, or NULL when it has none. */
-static const float *draft_input(const moeq_engine *e, int seq) {
+/*
+ * The entries the next draft of seq computes: [*start, *end). DRAFT_FIRST
+ * (the first after a main step or truncation): the pending entries
+ * done .. len - 2 and the draft entry len - 1, from the ring; DRAFT_CHAINED:
+ * one entry from the module's last output; DRAFT_NONE: seq cannot draft.
+ */
+static int draft_span(const moeq_engine *e, int seq, int64_t *start, int64_t *end) {
     const moeq_mtp_state *m = e->mtp;
+    if (!moeq_mtp_seq_on(e, seq)) return DRAFT_NONE;
     int64_t q = moeq_kv_cache_seq_len(m->cache, seq), len = moeq_kv_cache_seq_len(e->cache, seq);
-    if (len < 1 || q < len - 1) return NULL;
-    if (q == len - 1) return ring_row(m, seq, q, e->cfg->hidden_size);
-    return m->chain_pos[seq] == q - 1 ? m->chain_h + (size_t)seq * e->cfg->hidden_size : NULL;
+    if (len >= 1 && m->chain_pos[seq] >= 0 && m->chain_pos[seq] == q - 1) {
+        *start = q, *end = q + 1;
+        return DRAFT_CHAINED;
+    }
+    if (len < 1 || q != m->done[seq] || !state_ok(e, seq, len)) return DRAFT_NONE;
+    *start = q, *end = len;
+    return DRAFT_FIRST;
 }
 
 static moeq_err check_draft(moeq_engine *e, const moeq_mtp_item *items, int n, size_t logits_rows, char *errstr,
                             size_t errstr_size) {
-    moeq_mtp_state *m = e->mtp;
-    int64_t blocks = 0, bt = e->params.kv_block_tokens;
-    if (n > e->params.max_step_tokens || (size_t)n > logits_rows)
-        return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "mtp step of %d items: max_step_tokens %d, logits rows %zu",
-                         n, e->params.max_step_tokens, logits_rows);
+    int64_t blocks = 0, bt = e->params.kv_block_tokens, start, end;
+    if ((size_t)n > logits_rows)
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "mtp step of %d items: logits rows %zu", n,
+                         logits_rows);
     for (int i = 0; i < n; i++) {
         int seq = items[i].seq_id;
-        if (!moeq_kv_cache_seq_alive(e->cache, seq) || !draft_input(e, seq))
+        if (!moeq_kv_cache_seq_alive(e->cache, seq) || !draft_span(e, seq, &start, &end))
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                              "mtp item %d: seq %d not alive or without MTP state (moeq_engine_seq_set_mtp)", i, seq);
         if (items[i].token < 0 || items[i].token >= e->cfg->vocab_size)
@@ -310,13 +377,51 @@ static moeq_err check_draft(moeq_engine *e, const moeq_mtp_item *items, int n, s
         for (int j = 0; j < i; j++)
             if (items[j].seq_id == seq)
                 return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp item %d: seq %d twice", i, seq);
-        int64_t q = moeq_kv_cache_seq_len(m->cache, seq);
-        if (q + 1 > moeq_kv_cache_max_seq_tokens(e->cache))
-            return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "mtp item %d: position %lld past the cache", i,
-                             (long long)q);
-        blocks += (q + bt) / bt - (q + bt - 1) / bt;
+        if (end > moeq_kv_cache_max_seq_tokens(e->cache) || end - start > e->params.max_step_tokens)
+            return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
+                             "mtp item %d: entries %lld..%lld past the cache or max_step_tokens", i,
+                             (long long)start, (long long)end);
+        blocks += (end + bt - 1) / bt - (start + bt - 1) / bt;
     }
     return moeq_mtp_check_blocks(e, blocks, errstr, errstr_size);
+}
+
+/* Lay out item's draft entries from row t on; returns how many. */
+static int64_t lay_draft(moeq_engine *e, const moeq_mtp_item *item, int64_t t) {
+    moeq_mtp_state *m = e->mtp;
+    int seq = item->seq_id;
+    int64_t D = e->cfg->hidden_size, start, end, len = moeq_kv_cache_seq_len(e->cache, seq);
+    if (draft_span(e, seq, &start, &end) == DRAFT_CHAINED) { /* checked: not DRAFT_NONE */
+        lay_entry(e, t, m->chain_h + (size_t)seq * D, item->token, seq, start);
+    } else {
+        for (int64_t pos = start; pos < end; pos++)
+            lay_entry(e, t + pos - start, ring_row(m, seq, pos, D),
+                      pos + 1 < len ? *ring_tok(m, seq, pos + 1) : item->token, seq, pos);
+        m->done[seq] = len - 1;
+        m->guess_pos[seq] = len - 1;
+        m->guess_tok[seq] = item->token;
+    }
+    moeq_kv_cache_grow(m->cache, seq, end); /* checked */
+    return end - start;
+}
+
+/*
+ * Items [i0, i1) laid out in one pass of T rows, s.logit_tok[r] the last row
+ * of item i0 + r (its draft entry): run the block, keep the chain rows, and
+ * only those rows go through the head.
+ */
+static void draft_pass(moeq_engine *e, const moeq_mtp_item *items, int i0, int i1, int64_t T, float *logits) {
+    moeq_mtp_state *m = e->mtp;
+    moeq_scratch *s = &e->s;
+    int64_t D = e->cfg->hidden_size;
+    mtp_forward(e, T);
+    for (int i = i0, r = 0; i < i1; i++, r++) {
+        int seq = items[i].seq_id;
+        int64_t last = s->logit_tok[r];
+        memcpy(m->chain_h + (size_t)seq * D, s->x + last * D, (size_t)D * sizeof(float));
+        m->chain_pos[seq] = s->tok_pos[last];
+    }
+    moeq_forward_head(e, m->head_norm, m->head, i1 - i0, logits + (size_t)i0 * e->cfg->vocab_size);
 }
 
 moeq_err moeq_engine_mtp_step(moeq_engine *engine, const moeq_mtp_item *items, int n_items, float *logits,
@@ -326,24 +431,33 @@ moeq_err moeq_engine_mtp_step(moeq_engine *engine, const moeq_mtp_item *items, i
     if (!engine->mtp) return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "the model has no MTP layer");
     moeq_err err = check_draft(engine, items, n_items, logits_rows, errstr, errstr_size);
     if (err || n_items == 0) return err;
-    moeq_mtp_state *m = engine->mtp;
-    moeq_scratch *s = &engine->s;
-    int64_t D = engine->cfg->hidden_size;
-    for (int i = 0; i < n_items; i++) {
-        int seq = items[i].seq_id;
-        int64_t q = moeq_kv_cache_seq_len(m->cache, seq);
-        memcpy(s->eh + (size_t)i * 2 * D + D, draft_input(engine, seq), (size_t)D * sizeof(float));
-        s->tok_id[i] = items[i].token;
-        s->tok_seq[i] = seq;
-        s->tok_pos[i] = q;
-        s->logit_tok[i] = i;
-        moeq_kv_cache_grow(m->cache, seq, q + 1); /* checked */
+    int64_t T_max = engine->params.max_step_tokens, start, end;
+    for (int i0 = 0, i1; i0 < n_items; i0 = i1) { /* passes of at most max_step_tokens rows, whole items */
+        int64_t T = 0;
+        for (i1 = i0; i1 < n_items; i1++) {
+            draft_span(engine, items[i1].seq_id, &start, &end);
+            if (T + end - start > T_max) break;
+            T += lay_draft(engine, &items[i1], T);
+            engine->s.logit_tok[i1 - i0] = T - 1;
+        }
+        draft_pass(engine, items, i0, i1, T, logits);
     }
-    mtp_forward(engine, n_items);
-    for (int i = 0; i < n_items; i++) {
-        memcpy(m->chain_h + (size_t)items[i].seq_id * D, s->x + (size_t)i * D, (size_t)D * sizeof(float));
-        m->chain_pos[items[i].seq_id] = s->tok_pos[i];
-    }
-    moeq_forward_head(engine, m->head_norm, m->head, n_items, logits);
     return MOEQ_OK;
+}
+
+/* Compute seq's pending entries now (tests compare caches entry by entry). */
+static void flush(moeq_engine *e, int seq) {
+    moeq_mtp_state *m = e->mtp;
+    int64_t D = e->cfg->hidden_size, len = moeq_kv_cache_seq_len(e->cache, seq), q = moeq_kv_cache_seq_len(m->cache, seq);
+    if (!moeq_mtp_seq_on(e, seq) || !state_ok(e, seq, len) || q != m->done[seq] || q >= len - 1) return;
+    if (moeq_kv_cache_grow(m->cache, seq, len - 1)) return;
+    for (int64_t pos = q; pos < len - 1; pos++)
+        lay_entry(e, pos - q, ring_row(m, seq, pos, D), *ring_tok(m, seq, pos + 1), seq, pos);
+    mtp_forward(e, len - 1 - q);
+    m->done[seq] = len - 1;
+}
+
+const float *moeq_mtp_cache_entry(moeq_engine *engine, int seq_id, int64_t pos) {
+    flush(engine, seq_id);
+    return moeq_kv_cache_entry(engine->mtp->cache, seq_id, 0, pos);
 }

@@ -9,8 +9,10 @@
  *
  * MTP cache entry i is the block's latent for input (h_i, t_{i+1}): h_i the
  * main model's hidden at position i after its final norm, t_{i+1} the next
- * token. After a main step a marked sequence holds entries
- * 0 .. seq_len - 2; drafting appends entries seq_len - 1, seq_len, ...
+ * token. After a main step a marked sequence has entries 0 .. seq_len - 2:
+ * computed ones 0 .. done - 1 and pending ones, whose inputs (hidden rows,
+ * tokens) are kept until the next draft computes them together with the
+ * draft entry seq_len - 1; further drafts append seq_len, seq_len + 1, ...
  *
  * Only MTP layer 0 is used (DeepSeek-V3 ships one); chaining reuses it.
  */
@@ -39,13 +41,18 @@ moeq_err moeq_mtp_check_blocks(moeq_engine *engine, int64_t mtp_blocks, char *er
 
 /*
  * After the main forward of a step (s.x holds the residuals of its n_tok
- * tokens, s.tok_* their ids/sequences/positions): retain the hidden rows of
- * the marked sequences' items and run the MTP block over their new entries. Overwrites the
- * step scratch.
+ * tokens): keep the hidden rows and tokens of the marked sequences' items,
+ * confirm a first draft entry whose token the step appended, and run the MTP
+ * block only over entries that would otherwise leave the ring of kept rows
+ * (none in a speculative round). Overwrites the step scratch.
  */
 void moeq_mtp_after_step(moeq_engine *engine, const moeq_step_item *items, int n_items, int64_t n_tok);
 
-/* Tests: the MTP cache entry of (seq, pos) (kv_lora + rope floats), pos < moeq_engine_mtp_seq_len. */
-const float *moeq_mtp_cache_entry(const moeq_engine *engine, int seq_id, int64_t pos);
+/*
+ * Tests: the MTP cache entry of (seq, pos) (kv_lora + rope floats), pos <
+ * moeq_engine_mtp_seq_len. Computes the sequence's pending entries first
+ * (what its next draft would do), so it overwrites the step scratch.
+ */
+const float *moeq_mtp_cache_entry(moeq_engine *engine, int seq_id, int64_t pos);
 
 #endif

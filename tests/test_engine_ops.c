@@ -290,26 +290,30 @@ static void backend_task_split_for_few_tokens_keeps_the_bits(void **state) {
 
 extern const moeq_prop moeq_engine_params_props[]; /* engine_props.c */
 
+/* A field of the params as the table describes it (offset, size). */
+static long long prop_field(const moeq_prop *p, const void *params) {
+    const char *f = (const char *)params + p->offset;
+    if (p->size == sizeof(int64_t)) return (long long)*(const int64_t *)f;
+    return (long long)*(const int *)f;
+}
+
 static void engine_params_table_defaults_equal_the_default_params(void **state) {
     (void)state;
-    moeq_engine_params want = moeq_engine_default_params(), got;
-    memset(&got, 0x5a, sizeof(got));
-    char err[256] = "";
-    assert_int_equal(moeq_props_defaults(moeq_engine_params_props, &got, err, sizeof(err)), MOEQ_OK);
-    assert_int_equal(got.max_seqs, want.max_seqs);
-    assert_int_equal(got.max_step_tokens, want.max_step_tokens);
-    assert_int_equal(got.kv_block_tokens, want.kv_block_tokens);
-    assert_int_equal(got.kv_cache_tokens, want.kv_cache_tokens);
-    assert_int_equal(got.n_threads, want.n_threads);
-    assert_int_equal(got.batch_invariant, want.batch_invariant);
-    int n = 0; /* every field is in the table, each with its own size, a unit/meaning and a range holding its default */
+    moeq_engine_params want = moeq_engine_default_params();
+    int n = 0, seen[6] = {0};
+    static const char *const names[6] = {"max_seqs",  "max_step_tokens", "kv_block_tokens",
+                                         "kv_cache_tokens", "n_threads", "batch_invariant"};
     for (const moeq_prop *p = moeq_engine_params_props; p->name; p++, n++) {
-        assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max);
-        assert_true(p->size == sizeof(int) || p->size == sizeof(int64_t));
+        assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max); /* a meaning/unit and a range */
         assert_true(p->offset + p->size <= sizeof(moeq_engine_params));
-        if (p->type == MOEQ_PROP_INT) assert_true(atof(p->def) >= p->min && atof(p->def) <= p->max);
+        long long def = p->type == MOEQ_PROP_BOOL ? !strcmp(p->def, "true") : strtoll(p->def, NULL, 0);
+        assert_true(p->type == MOEQ_PROP_BOOL || !strcmp(p->def, "0") || def != 0);
+        assert_true((double)def >= p->min && (double)def <= p->max);
+        assert_int_equal(def, prop_field(p, &want)); /* the table's default is moeq_engine_default_params()'s */
+        for (int i = 0; i < 6; i++) seen[i] += !strcmp(p->name, names[i]);
     }
     assert_int_equal(n, 6);
+    for (int i = 0; i < 6; i++) assert_int_equal(seen[i], 1);
 }
 
 /* ---- rope, ops ---------------------------------------------------------------- */

@@ -4,7 +4,8 @@
  * idempotent producer (one delivery report each, with its opaque), come back
  * through a cooperative-sticky group consumer, offsets are stored and
  * committed by hand, pause holds messages back, and a later member of the
- * same group starts after the commit.
+ * same group starts after the commit; consumer lag is the distance from the
+ * committed offset to the high watermark.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -244,11 +245,59 @@ static void a_message_over_the_size_limit_is_refused_at_once(void **state) {
     moeq_kafka_producer_destroy(producer);
 }
 
+/* Consumer lag against the real broker: the distance from the committed offset to the high watermark. */
+static void consumer_lag_counts_what_the_group_has_not_committed(void **state) {
+    (void)state;
+    enum { LAG_N = 40, LAG_READ = 15 };
+    char topic[160], group[160], errstr[512];
+    moeq_test_unique_name(topic, sizeof topic, "moeq.test.lag");
+    moeq_test_unique_name(group, sizeof group, "moeq-test-lag");
+    static sent msgs[LAG_N];
+    int reports = 0;
+    moeq_kafka_producer *producer = new_producer(&reports);
+    for (int i = 0; i < LAG_N; i++) {
+        msgs[i] = (sent){.index = i, .offset = -1};
+        produce(producer, topic, &msgs[i]);
+    }
+    assert_int_equal(moeq_kafka_producer_flush(producer, 60000, errstr, sizeof errstr), MOEQ_OK);
+    assert_int_equal(reports, LAG_N);
+
+    group_state g = {0};
+    moeq_kafka_consumer *consumer = new_consumer(topic, group, &g);
+    static consumed c;
+    memset(&c, 0, sizeof c);
+    consume(consumer, topic, &c, LAG_READ, moeq_now_ms() + 60000); /* offsets stored, not committed */
+    assert_int_equal(c.count, LAG_READ);
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) assert_int_equal(moeq_kafka_consumer_commit(consumer, 0, errstr, sizeof errstr), MOEQ_OK);
+        moeq_kafka_lag *lags = NULL;
+        size_t n = 0;
+        assert_int_equal(moeq_kafka_consumer_lag(consumer, 10000, &lags, &n, errstr, sizeof errstr), MOEQ_OK);
+        assert_int_equal((int)n, g.assigned);
+        int64_t total = 0, high = 0;
+        for (size_t i = 0; i < n; i++) {
+            assert_string_equal(lags[i].topic, topic);
+            assert_true(lags[i].lag >= 0 && lags[i].partition < MAX_PARTITIONS);
+            int64_t next = c.next_offset[lags[i].partition];
+            assert_int_equal(lags[i].committed, round == 1 && next ? next : -1);
+            assert_int_equal(lags[i].position, next ? next : -1);
+            total += lags[i].lag;
+            high += lags[i].high;
+        }
+        free(lags);
+        assert_int_equal(high, LAG_N);
+        assert_int_equal(total, round == 0 ? LAG_N : LAG_N - LAG_READ); /* before and after the commit */
+    }
+    moeq_kafka_consumer_destroy(consumer);
+    moeq_kafka_producer_destroy(producer);
+}
+
 int main(void) {
     if (moeq_test_service("MOEQ_TEST_KAFKA", brokers, sizeof brokers)) return MOEQ_TEST_SKIP;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(keyed_messages_with_headers_make_a_full_round_trip_and_commits_stick),
         cmocka_unit_test(a_message_over_the_size_limit_is_refused_at_once),
+        cmocka_unit_test(consumer_lag_counts_what_the_group_has_not_committed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -202,7 +202,7 @@ static void mixed_batches_accept_different_counts_and_match_plain_decoding(void 
 }
 
 /* Every main-cache entry (all layers) and MTP-cache entry of a and b, bit for bit. */
-static void assert_caches_equal(const moeq_engine *e, int a, int b) {
+static void assert_caches_equal(moeq_engine *e, int a, int b) {
     const moeq_model_config *c = e->cfg;
     size_t ef = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(float);
     int len = moeq_engine_seq_len(e, a), mlen = moeq_engine_mtp_seq_len(e, a);

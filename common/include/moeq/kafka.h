@@ -247,12 +247,16 @@ typedef struct moeq_kafka_lag {
 
 /*
  * For every partition assigned now: watermarks, position, committed offset,
- * lag. Asks the broker: the group's committed offsets (one OffsetFetch) and
- * each partition's watermarks (one ListOffsets each; when that fails or the
- * time is spent, the values cached from the last fetch response are used).
- * Blocks for about timeout_ms at most, so never call it from the poll loop
- * (the coordinator calls it from its HTTP thread); timeout_ms 0 asks nothing
- * (cached watermarks only, committed and lag -1). The caller frees *lags (one
+ * lag. Asks the broker: the group's committed offsets (one OffsetFetch to
+ * the group coordinator), the high watermarks (one ListOffsets per partition
+ * leader), and the low ones of partitions the group never committed (a second
+ * ListOffsets). Where an answer is missing or the time is spent, the values
+ * cached from the last fetch response are used. A ListOffsets waits behind
+ * the consumer's own Fetch long-poll on that connection (up to
+ * fetch.wait.max.ms, 500 by default), so this blocks for up to about
+ * timeout_ms: never call it from the poll loop (the coordinator calls it
+ * from its HTTP threads); timeout_ms 0 asks nothing (cached watermarks only,
+ * committed and lag -1). The caller frees *lags (one
  * allocation, strings inside; NULL when nothing is assigned). Thread-safe
  * with moeq_kafka_consumer_poll.
  */
