@@ -289,6 +289,10 @@ struct moeq_kafka_consumer {
     moeq_kafka_rebalance_fn on_rebalance;
     void *cb_opaque;
     int closed;
+    /* Failed commits reported by offset_commit_cb (served from consumer_poll): an
+     * async commit returns before the broker answers, so this is how a caller
+     * learns that the offsets it thought committed are still to be committed. */
+    uint64_t commit_failures;
 };
 
 /* Hand a partition list to the caller's callback as plain structs. */
@@ -341,7 +345,11 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topi
 
 static void offset_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topic_partition_list_t *offsets,
                              void *opaque) {
-    (void)offsets, (void)opaque;
+    (void)offsets;
+    if (rerr && rerr != RD_KAFKA_RESP_ERR__NO_OFFSET) {
+        moeq_kafka_consumer *consumer = opaque;
+        if (consumer) consumer->commit_failures++;
+    }
     if (rerr && rerr != RD_KAFKA_RESP_ERR__NO_OFFSET)
         moeq_log(MOEQ_LOG_WARN, "kafka", "commit_failed", "client=%s code=%s", rd_kafka_name(rk),
                  rd_kafka_err2name(rerr));
@@ -459,6 +467,10 @@ moeq_err moeq_kafka_consumer_commit(moeq_kafka_consumer *consumer, int async, ch
     rd_kafka_resp_err_t rerr = rd_kafka_commit(consumer->rk, NULL, async);
     if (rerr == RD_KAFKA_RESP_ERR__NO_OFFSET) return MOEQ_OK;
     return rerr ? rd_errf(rerr, errstr, n, "commit") : MOEQ_OK;
+}
+
+uint64_t moeq_kafka_consumer_commit_failures(const moeq_kafka_consumer *consumer) {
+    return consumer ? consumer->commit_failures : 0;
 }
 
 moeq_err moeq_kafka_consumer_committed(moeq_kafka_consumer *consumer, const char *topic, int32_t partition,

@@ -77,6 +77,7 @@ struct moeq_coordinator {
     moeq_store_dup *dups;
     uint64_t *rem;
     int paused, reapply_pause, stored_since_commit;
+    uint64_t commit_failures_seen; /* moeq_kafka_consumer_commit_failures at the last commit */
     size_t n_resend;      /* slots with a failed delivery to produce again */
     int redis_fail_streak; /* consecutive failed write rounds */
     moeq_err fatal;       /* set when the loop must stop (out of memory)   */
@@ -602,6 +603,13 @@ static void commit(moeq_coordinator *c, int sync) {
             if (e == MOEQ_OK) c->stored_since_commit = 1;
             else if (e != MOEQ_ERR_NOT_FOUND) moeq_offsets_uncollect(c->offsets, v[i].topic, v[i].partition);
         }
+    /* An async commit that failed after returning OK leaves its offsets uncommitted:
+     * retry on the next tick even when idle, so lag and redelivery stay bounded. */
+    uint64_t failures = moeq_kafka_consumer_commit_failures(c->consumer);
+    if (failures != c->commit_failures_seen) {
+        c->commit_failures_seen = failures;
+        c->stored_since_commit = 1;
+    }
     if (!c->stored_since_commit) return;
     moeq_err e = moeq_kafka_consumer_commit(c->consumer, !sync, err, sizeof(err));
     if (e) {

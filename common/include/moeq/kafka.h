@@ -206,6 +206,13 @@ moeq_err moeq_kafka_consumer_store(moeq_kafka_consumer *consumer, const char *to
 moeq_err moeq_kafka_consumer_commit(moeq_kafka_consumer *consumer, int async, char *errstr,
                                     size_t errstr_size);
 
+/*
+ * Commits (sync or async) the broker refused so far, as reported to the
+ * offset-commit callback during moeq_kafka_consumer_poll. A caller that sees
+ * it grow must commit again even when it has stored nothing new.
+ */
+uint64_t moeq_kafka_consumer_commit_failures(const moeq_kafka_consumer *consumer);
+
 /* The group's committed offset of a partition, -1 when none (asks the broker). */
 moeq_err moeq_kafka_consumer_committed(moeq_kafka_consumer *consumer, const char *topic, int32_t partition,
                                        int timeout_ms, int64_t *offset, char *errstr, size_t errstr_size);
