@@ -49,6 +49,7 @@ struct moeq_mtp_state {
     float *chain_h;            /* [max_seqs][D] the module's last output    */
     int64_t *chain_pos;        /* [max_seqs] its position, -1 = none        */
     unsigned char *on;         /* [max_seqs] moeq_engine_seq_set_mtp        */
+    int64_t rows_run;          /* MTP block rows computed (tests)           */
 };
 
 static float *widen(const moeq_tensor *t) {
@@ -218,6 +219,7 @@ static void mtp_forward(moeq_engine *e, int64_t T) {
     moeq_forward_linear(e, m->layer->eh_proj, s->eh, s->x, T);
     moeq_block b = {m->layer, &m->vecs, m->cache, 0};
     moeq_forward_block(e, &b, T);
+    m->rows_run += T;
 }
 
 /* Entry row t of the next MTP pass: hidden input h, next token tok, at (seq, pos). */
@@ -461,3 +463,5 @@ const float *moeq_mtp_cache_entry(moeq_engine *engine, int seq_id, int64_t pos) 
     flush(engine, seq_id);
     return moeq_kv_cache_entry(engine->mtp->cache, seq_id, 0, pos);
 }
+
+int64_t moeq_mtp_rows_run(const moeq_engine *engine) { return engine->mtp ? engine->mtp->rows_run : 0; }

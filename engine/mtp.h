@@ -55,4 +55,7 @@ void moeq_mtp_after_step(moeq_engine *engine, const moeq_step_item *items, int n
  */
 const float *moeq_mtp_cache_entry(moeq_engine *engine, int seq_id, int64_t pos);
 
+/* Tests: MTP block rows computed since the engine was created (drafts, pending entries, catch-up). */
+int64_t moeq_mtp_rows_run(const moeq_engine *engine);
+
 #endif

@@ -19,9 +19,9 @@
  *
  * Batch-1 decode streams every weight once, so the NT kernels prefetch the
  * same rows one or more tiles ahead (PF_BYTES of weights), clamped to the
- * block's rows: prefetching inside the tile being read (the previous scheme,
- * 1 KiB ahead in each row) fetched lines already in flight and left the
- * stream latency bound.
+ * block's rows, and a block requests its first PF_BYTES up front: prefetching
+ * inside the tile being read (the previous scheme, 1 KiB ahead in each row)
+ * fetched lines already in flight and left one core at ~20 GB/s.
  *
  * Not here: threading (backend_cpu.c), activation quantisation (activations
  * stay float32 so the CPU path is the exact reference).
@@ -59,12 +59,6 @@ static inline const float *scale_row(const moeq_tensor *w, int64_t row) {
     return (const float *)w->scale_inv->data + (row / MOEQ_F8_BLOCK) * ncb;
 }
 
-/*
- * The tile rows' pointers, and where each row's prefetch goes: the same row
- * `ahead` tiles on (ahead * tn rows; at least PF_BYTES of weights), clamped
- * to the last row of the block so a task never pulls in another's rows.
- * base: row 0 of the job; row_bytes: one weight row.
- */
 /* The first PF_BYTES of a block, requested up front: the tiles' prefetch streams start that far ahead. */
 static inline void prefetch_head(const uint8_t *base, int64_t row_bytes, int64_t n0, int64_t n1) {
     int64_t bytes = (n1 - n0) * row_bytes;
@@ -72,6 +66,12 @@ static inline void prefetch_head(const uint8_t *base, int64_t row_bytes, int64_t
     for (int64_t off = 0; off < bytes && off < PF_BYTES; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
+/*
+ * The tile rows' pointers, and where each row's prefetch goes: the same row
+ * `ahead` tiles on (ahead * tn rows; at least PF_BYTES of weights), clamped
+ * to the last row of the block so a task never pulls in another's rows.
+ * base: row 0 of the job; row_bytes: one weight row.
+ */
 static inline __attribute__((always_inline)) void tile_rows(const moeq_mm_job *job, const uint8_t *base,
                                                            int64_t row_bytes, int64_t n, int nr, int tn, int64_t n1,
                                                            const uint8_t **wp, const float **sp, const uint8_t **pp) {

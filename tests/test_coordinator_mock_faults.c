@@ -207,8 +207,16 @@ static int read_dead_letters(mock_run *r, int *copies) {
         snprintf(key, sizeof key, "%.*s", (int)kl, k ? k : "");
         int i = !strncmp(key, "bad-", 4) ? atoi(key + 4) - N_VALID : -1;
         if (i >= 0 && i < N_BAD) missing -= seen[i]++ == 0;
+        if (getenv("DIAG")) print_message("DIAG letter %s at %lld t=%lld\n", key, (long long)moeq_kafka_msg_offset(m), (long long)moeq_now_ms());
         (*copies)++;
         moeq_kafka_msg_destroy(m);
+    }
+    if (missing) { /* DIAG */
+        for (int i = 0; i < N_BAD; i++) if (!seen[i]) print_message("DIAG missing bad-%d partition %d offset %lld\n", N_VALID + i, r->partition[N_VALID + i], (long long)r->offset[N_VALID + i]);
+        moeq_kafka_lag *lags = NULL; size_t nl = 0;
+        if (!moeq_kafka_consumer_lag(c, 3000, &lags, &nl, err, sizeof err))
+            for (size_t k = 0; k < nl; k++) print_message("DIAG dlq %s[%d] low %lld high %lld position %lld committed %lld\n", lags[k].topic, lags[k].partition, (long long)lags[k].low, (long long)lags[k].high, (long long)lags[k].position, (long long)lags[k].committed);
+        free(lags);
     }
     for (end += 10000; !assigned && moeq_now_ms() < end;) { /* see above */
         moeq_kafka_msg *m = NULL;

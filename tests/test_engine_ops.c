@@ -194,7 +194,8 @@ static void check_isa_against_emulation(moeq_mm_isa isa) {
         fake_weight f;
         fake_weight_make(&f, all_dtypes[d], rows, cols);
         for (int T = 1; T <= 9; T += (T < 5 ? 1 : 4)) {
-            float *x = rand_floats((size_t)T * cols), *y1 = calloc((size_t)T * rows, 4), *y2 = calloc((size_t)T * rows, 4);
+            float *x = rand_floats((size_t)T * cols);
+            float *y1 = calloc((size_t)T * rows, 4), *y2 = calloc((size_t)T * rows, 4);
             moeq_mm_job j = {&f.t, 0, rows, x, cols, y1, rows, T};
             moeq_mm_nt_block_isa(isa, &j, 0, rows, 0, T);
             j.y = y2;
@@ -260,14 +261,17 @@ static void backend_task_split_for_few_tokens_keeps_the_bits(void **state) {
     for (int d = 1; d < 4; d += 2) { /* BF16, F8 */
         fake_weight f;
         fake_weight_make(&f, all_dtypes[d], rows, cols);
-        float *x = rand_floats((size_t)T * cols), *all = malloc((size_t)T * rows * 4), *y = malloc((size_t)T * rows * 4);
-        moeq_backend_cpu_params bp = {.n_threads = 3, .batch_invariant = 1, .max_k = cols, .max_ctx = 16, .max_jobs = 4};
+        float *x = rand_floats((size_t)T * cols);
+        float *all = malloc((size_t)T * rows * 4), *y = malloc((size_t)T * rows * 4);
+        moeq_backend_cpu_params bp = {
+            .n_threads = 3, .batch_invariant = 1, .max_k = cols, .max_ctx = 16, .max_jobs = 4};
         moeq_backend *b = moeq_backend_cpu_new(&bp);
         assert_non_null(b);
         moeq_mm_job j = {&f.t, 0, rows, x, cols, all, rows, T};
         b->matmul(b, &j, 1);
         float *nall = malloc((size_t)T * cols * 4), *ny = malloc((size_t)T * cols * 4);
-        moeq_mm_job nn = {&f.t, 100, 200, x, cols, nall, cols, T}; /* NN through 200 rows: 2 tasks of columns at T <= 16 */
+        /* NN through 200 rows: 2 tasks of columns at T <= 16 */
+        moeq_mm_job nn = {&f.t, 100, 200, x, cols, nall, cols, T};
         b->matmul_nn(b, &nn, 1);
         static const int sizes[] = {1, 2, 3, 16, 17};
         for (int s = 0; s < 5; s++)

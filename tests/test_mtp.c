@@ -419,6 +419,144 @@ static void mtp_calls_fail_cleanly_without_state_or_layer(void **state) {
     moeq_engine_destroy(e);
 }
 
+/* ---- cost and lazy entries ------------------------------------------------ */
+
+/*
+ * Regression (bench-mtp 1.52x): a round used to run the MTP block twice per
+ * sequence — over all k + 1 verified positions inside the verify step, and
+ * again for the drafts. Now a round's MTP work is the previous round's
+ * accepted tokens (their entries were pending) plus the k drafts: nothing
+ * on rejected positions, nothing twice.
+ */
+static void a_round_runs_the_mtp_block_once_per_accepted_token_and_draft(void **state) {
+    (void)state;
+    enum { S = 4, ROUNDS = 12 };
+    int vocab = V(g_agree);
+    moeq_engine *e = engine_for(g_agree, 64);
+    moeq_spec_seq seqs[S];
+    moeq_step_item items[S];
+    int32_t ids[S][12];
+    float *logits = malloc((size_t)S * vocab * sizeof(float));
+    for (int i = 0; i < S; i++) {
+        memset(&seqs[i], 0, sizeof seqs[i]);
+        seqs[i].sampling = moeq_sampling_default_params();
+        prompt(ids[i], 4 + i, 40 + i, vocab); /* shorter than the ring: nothing computed in the step */
+        assert_int_equal(moeq_engine_seq_new(e, &seqs[i].seq_id), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, seqs[i].seq_id, 1), MOEQ_OK);
+        items[i] = (moeq_step_item){seqs[i].seq_id, ids[i], 4 + i, 0};
+    }
+    assert_int_equal(moeq_engine_step(e, items, S, logits, S, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_mtp_rows_run(e), 0); /* a step only keeps rows: its entries are pending */
+    for (int i = 0; i < S; i++) seqs[i].next_token = 1 + i;
+    moeq_mtp_decoder *dec = NULL;
+    assert_int_equal(moeq_mtp_decoder_new(e, S, 3, &dec, NULL, 0), MOEQ_OK);
+    int64_t rejected = 0, prev_accepted[S];
+    for (int round = 0; round < ROUNDS; round++) {
+        int64_t expect = 0, before = moeq_mtp_rows_run(e);
+        for (int i = 0; i < S; i++) {
+            seqs[i].k = 1 + (i + round) % 3;
+            /* pending: the prompt's entries 0 .. len - 2 in round 0, then the accepted drafts */
+            expect += (round == 0 ? moeq_engine_seq_len(e, seqs[i].seq_id) - 1 : prev_accepted[i]) + seqs[i].k;
+        }
+        assert_int_equal(moeq_mtp_decode_step(dec, seqs, S, NULL, 0), MOEQ_OK);
+        assert_int_equal(moeq_mtp_rows_run(e) - before, expect);
+        for (int i = 0; i < S; i++) {
+            prev_accepted[i] = seqs[i].n_out - 1;
+            rejected += seqs[i].k - (seqs[i].n_out - 1);
+        }
+    }
+    assert_true(rejected > 0); /* rejected positions were never run through the MTP block */
+    moeq_mtp_decoder_destroy(dec);
+    free(logits);
+    moeq_engine_destroy(e);
+}
+
+/*
+ * A draft keeps its first entry (true hidden, pending token) for the next
+ * step; when that step appends another token the entry must be recomputed:
+ * caches and the next draft equal a sequence that never drafted.
+ */
+static void a_draft_entry_is_recomputed_when_the_step_appends_another_token(void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_agree, g_tiny};
+    for (int mi = 0; mi < 2; mi++) {
+        int vocab = V(models[mi]), a, b;
+        moeq_engine *e = engine_for(models[mi], 64);
+        int32_t ids[7], y = 11, x = 12;
+        prompt(ids, 7, 3, vocab);
+        float *la = malloc((size_t)2 * vocab * 4), *lb = malloc((size_t)vocab * 4);
+        assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, a, 1), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, b, 1), MOEQ_OK);
+        moeq_step_item both[2] = {{a, ids, 7, 0}, {b, ids, 7, 0}};
+        assert_int_equal(moeq_engine_step(e, both, 2, la, 2, NULL, 0), MOEQ_OK);
+        for (int round = 0; round < 3; round++) {
+            moeq_mtp_item ma = {a, x};
+            assert_int_equal(moeq_engine_mtp_step(e, &ma, 1, la, 1, NULL, 0), MOEQ_OK); /* drafted with x */
+            ma.token = 13;
+            assert_int_equal(moeq_engine_mtp_step(e, &ma, 1, la, 1, NULL, 0), MOEQ_OK); /* and chained */
+            moeq_step_item sa = {a, &y, 1, 0}, sb = {b, &y, 1, 0};                       /* but y comes */
+            assert_int_equal(moeq_engine_step(e, &sa, 1, la, 1, NULL, 0), MOEQ_OK);
+            assert_int_equal(moeq_engine_step(e, &sb, 1, lb, 1, NULL, 0), MOEQ_OK);
+            assert_memory_equal(la, lb, (size_t)vocab * 4);
+            assert_caches_equal(e, a, b);
+        }
+        moeq_mtp_item ma = {a, x}, mb = {b, x};
+        assert_int_equal(moeq_engine_mtp_step(e, &ma, 1, la, 1, NULL, 0), MOEQ_OK);
+        assert_int_equal(moeq_engine_mtp_step(e, &mb, 1, lb, 1, NULL, 0), MOEQ_OK);
+        assert_memory_equal(la, lb, (size_t)vocab * 4);
+        free(la), free(lb);
+        moeq_engine_destroy(e);
+    }
+}
+
+/*
+ * Pending entries pile up across steps (prompts in chunks, longer than the
+ * ring of kept rows), and a draft of many such sequences has more rows than
+ * max_step_tokens: it runs in several passes. Every draft row equals the
+ * same sequence's draft made alone after a one-step prefill.
+ */
+static void drafts_with_many_pending_entries_match_drafts_after_a_plain_prefill(void **state) {
+    (void)state;
+    enum { S = 5 };
+    int vocab = V(g_agree);
+    moeq_engine *e = engine_for(g_agree, 12), *ref = engine_for(g_agree, 64);
+    int lens[S] = {3, 9, 11, 20, 31}, seq[S], rseq[S];
+    int32_t ids[S][31];
+    float *logits = malloc((size_t)S * vocab * 4), *one = malloc((size_t)vocab * 4);
+    moeq_mtp_item items[S];
+    for (int i = 0; i < S; i++) {
+        prompt(ids[i], lens[i], 60 + i, vocab);
+        assert_int_equal(moeq_engine_seq_new(e, &seq[i]), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, seq[i], 1), MOEQ_OK);
+        for (int t = 0, n; t < lens[i]; t += n) { /* chunks of 1..5 tokens */
+            n = 1 + (t + i) % 5 < lens[i] - t ? 1 + (t + i) % 5 : lens[i] - t;
+            moeq_step_item it = {seq[i], ids[i] + t, n, 0};
+            assert_int_equal(moeq_engine_step(e, &it, 1, logits, 1, NULL, 0), MOEQ_OK);
+        }
+        assert_int_equal(moeq_engine_mtp_seq_len(e, seq[i]), lens[i] - 1);
+        items[i] = (moeq_mtp_item){seq[i], 100 + i};
+        assert_int_equal(moeq_engine_seq_new(ref, &rseq[i]), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(ref, rseq[i], 1), MOEQ_OK);
+        moeq_step_item it = {rseq[i], ids[i], lens[i], 0};
+        assert_int_equal(moeq_engine_step(ref, &it, 1, one, 1, NULL, 0), MOEQ_OK);
+    }
+    char err[256] = "";
+    moeq_err rc = moeq_engine_mtp_step(e, items, S, logits, S, err, sizeof err);
+    if (rc) fprintf(stderr, "mtp step: %s\n", err);
+    assert_int_equal(rc, MOEQ_OK);
+    for (int i = 0; i < S; i++) {
+        moeq_mtp_item r = {rseq[i], 100 + i};
+        assert_int_equal(moeq_engine_mtp_step(ref, &r, 1, one, 1, NULL, 0), MOEQ_OK);
+        assert_memory_equal(logits + (size_t)i * vocab, one, (size_t)vocab * 4);
+        assert_int_equal(moeq_engine_mtp_seq_len(e, seq[i]), lens[i]);
+    }
+    free(logits), free(one);
+    moeq_engine_destroy(e);
+    moeq_engine_destroy(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(greedy_with_mtp_gives_the_same_tokens_as_without),
@@ -427,6 +565,9 @@ int main(void) {
         cmocka_unit_test(sampling_with_mtp_follows_the_model_distribution),
         cmocka_unit_test(the_chi_square_check_rejects_a_different_distribution),
         cmocka_unit_test(mtp_calls_fail_cleanly_without_state_or_layer),
+        cmocka_unit_test(a_round_runs_the_mtp_block_once_per_accepted_token_and_draft),
+        cmocka_unit_test(a_draft_entry_is_recomputed_when_the_step_appends_another_token),
+        cmocka_unit_test(drafts_with_many_pending_entries_match_drafts_after_a_plain_prefill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -317,7 +317,7 @@ static int collect(scenario *s, int timeout_ms) {
                 snprintf(j->status, sizeof j->status, "%s", moeq_result_status_name(r.status));
                 snprintf(j->error_code, sizeof j->error_code, "%s", r.error.code ? r.error.code : "");
                 j->n_got = (int)(r.n_tokens < 512 ? r.n_tokens : 512);
-                memcpy(j->got, r.tokens, (size_t)j->n_got * sizeof *r.tokens);
+                if (j->n_got) memcpy(j->got, r.tokens, (size_t)j->n_got * sizeof *r.tokens);
                 have++;
             } else {
                 assert_string_equal(ident, j->first); /* a duplicate is identical to the first */

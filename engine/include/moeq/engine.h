@@ -158,14 +158,19 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
 int moeq_engine_mtp_available(const moeq_engine *engine);
 
 /*
- * Mark a new sequence (seq_len 0) as speculative: every step then also runs
- * the MTP module over its tokens to keep the MTP layer's own cache (what
- * drafting needs). INVALID_ARG when the sequence already has tokens,
- * UNSUPPORTED without an MTP layer. seq_free clears the mark.
+ * Mark a new sequence (seq_len 0) as speculative: every step then also keeps
+ * what the MTP layer's own cache needs (the main hidden rows and tokens of
+ * its new positions); the MTP entries they feed are computed by the next
+ * draft, in the same pass as the draft (or by a later step when more than
+ * MOEQ_MTP_MAX_K are pending). INVALID_ARG when the sequence already has
+ * tokens, UNSUPPORTED without an MTP layer. seq_free clears the mark.
  */
 moeq_err moeq_engine_seq_set_mtp(moeq_engine *engine, int seq_id, int on);
 
-/* Entries in the sequence's MTP cache (position i: from main hidden h_i and token i+1); -1 when not alive. */
+/*
+ * Entries in the sequence's MTP cache (position i: from main hidden h_i and token i+1), counting the pending
+ * ones not yet computed: seq_len - 1 after a step, more after drafts; -1 when not alive.
+ */
 int moeq_engine_mtp_seq_len(const moeq_engine *engine, int seq_id);
 
 typedef struct moeq_mtp_item {
@@ -180,8 +185,11 @@ typedef struct moeq_mtp_item {
  * call after a main step works at position seq_len - 1
  * from the main model's hidden state there; each further call continues the
  * chain from the MTP module's own output hidden state (as vLLM chains one
- * MTP layer). Draft entries are dropped by the sequence's next main step
- * or by moeq_engine_seq_truncate. INVALID_ARG when the sequence has no MTP
+ * MTP layer). The first call also computes the sequence's pending entries
+ * (one batch; split into passes of at most max_step_tokens rows, whole
+ * sequences each). Draft entries are dropped by the sequence's next main
+ * step (except the first, kept when that step appends the token it was
+ * drafted with) or by moeq_engine_seq_truncate. INVALID_ARG when the sequence has no MTP
  * state at that position (not marked with moeq_engine_seq_set_mtp, or
  * truncated below its last step), LIMIT when the MTP cache is full. Nothing changes on error.
  */
