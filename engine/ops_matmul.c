@@ -36,6 +36,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define MOEQ_MM_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -610,12 +611,20 @@ static T256 float dot256(const float *a, const float *b, int64_t n) {
 
 /* ---- dispatch --------------------------------------------------------------- */
 
+#ifdef MOEQ_MM_X86
+/* CPUID leaf 1, ECX bit 29. Asked directly: clang 14's __builtin_cpu_supports has no "f16c". */
+static int cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 int moeq_mm_isa_supported(moeq_mm_isa isa) {
     switch (isa) {
     case MOEQ_MM_ISA_SCALAR: return 1;
 #ifdef MOEQ_MM_X86
     case MOEQ_MM_ISA_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case MOEQ_MM_ISA_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

@@ -29,17 +29,25 @@ status=0
 
 if [ $run_asan = 1 ]; then
   echo "== sanitizers: unit tests under ASan + UBSan"
-  cmake -S . -B build-asan -DMOEQ_SANITIZE=ON -DMOEQ_CUDA=OFF -DMOEQ_NATIVE=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
-  cmake --build build-asan -j"$jobs"
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest -L unit -LE "slow|python" --output-on-failure -j"$jobs") || status=1
+  # Each stage runs in a subshell so that a failing stage is reported and the
+  # next still runs: the main suite's summary always closes the log.
+  ( set -e
+    cmake -S . -B build-asan -DMOEQ_SANITIZE=ON -DMOEQ_CUDA=OFF -DMOEQ_NATIVE=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
+    cmake --build build-asan -j"$jobs"
+    cd build-asan
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      ctest -L unit -LE "slow|python" --output-on-failure -j"$jobs" ) || { status=1; echo "== sanitizers: FAILED"; }
 fi
 
 if [ $run_fuzz = 1 ]; then
   echo "== fuzz: each libFuzzer target for ${fuzz_seconds}s"
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMOEQ_FUZZ=ON -DMOEQ_CUDA=OFF -DMOEQ_NATIVE=OFF \
-    -DCMAKE_BUILD_TYPE=Debug >/dev/null
-  cmake --build build-fuzz -j"$jobs"
+  ( set -e
+    CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMOEQ_FUZZ=ON -DMOEQ_CUDA=OFF -DMOEQ_NATIVE=OFF \
+      -DCMAKE_BUILD_TYPE=Debug >/dev/null
+    # Only the fuzz targets (and what they link) are built here.
+    targets=$(cmake --build build-fuzz --target help | sed -n 's/^\.\.\. \(fuzz_[A-Za-z0-9_]*\).*/\1/p')
+    [ -n "$targets" ]
+    cmake --build build-fuzz -j"$jobs" --target $targets ) || { status=1; echo "== fuzz: build FAILED"; }
   for f in build-fuzz/tests/fuzz_*; do
     [ -x "$f" ] || continue
     name=$(basename "$f")
@@ -56,8 +64,9 @@ fi
 # The main suite runs last so that its ctest summary closes the log.
 if [ $run_main = 1 ]; then
   echo "== build and run the whole suite"
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build build -j"$jobs"
+  ( set -e
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    cmake --build build -j"$jobs" ) || { status=1; echo "== build FAILED"; }
   (cd build && ctest --output-on-failure -j"$jobs" --timeout 900) || status=1
   # Skipped tests (gpu without a device, ...) print a line starting with SKIP
   # saying why; show those reasons so a skip is never silent.
