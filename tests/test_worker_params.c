@@ -46,6 +46,19 @@ static void params_check_names_the_key_at_fault(void **state) {
                      MOEQ_ERR_INVALID_ARG);
 }
 
+static void mtp_k_defaults_to_one_draft_and_stays_within_zero_to_three(void **state) {
+    (void)state;
+    moeq_worker_params p;
+    char err[256];
+    moeq_worker_default_params(&p, NULL, 0);
+    assert_int_equal(p.mtp_k, 1);
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "0", err, sizeof err), MOEQ_OK);
+    assert_int_equal(p.mtp_k, 0);
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "3", err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "4", err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "mtp_k"));
+}
+
 static void reply_to_must_be_on_the_allow_list(void **state) {
     (void)state;
     moeq_worker_params p;
@@ -71,6 +84,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_are_the_documented_names),
         cmocka_unit_test(params_check_names_the_key_at_fault),
+        cmocka_unit_test(mtp_k_defaults_to_one_draft_and_stays_within_zero_to_three),
         cmocka_unit_test(reply_to_must_be_on_the_allow_list),
         cmocka_unit_test(the_default_seed_depends_only_on_the_id),
     };

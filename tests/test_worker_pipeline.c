@@ -25,6 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,6 +49,7 @@ static moeq_tokenizer *g_tok;
 static moeq_engine *g_engine;
 
 #define MAX_JOBS 64
+static int g_long_new = 400; /* max_new_tokens of make_jobs' long jobs */
 
 typedef struct tjob {
     char id[192];
@@ -62,6 +66,9 @@ typedef struct tjob {
     char status[16], error_code[32];
     int32_t got[512];
     int n_got;
+    size_t text_len;
+    int n_result_tokens; /* of the first result, unclamped */
+    char finish[16];
 } tjob;
 
 typedef struct scenario {
@@ -126,7 +133,7 @@ static void make_jobs(scenario *s, int n, const char *tag_in, int long_from) {
         tjob *j = &s->jobs[i];
         memset(j, 0, sizeof *j);
         snprintf(j->id, sizeof j->id, "%.150s-%d", tag, i);
-        j->max_new = long_from >= 0 && i >= long_from ? 400 : 4 + (i * 7) % 20;
+        j->max_new = long_from >= 0 && i >= long_from ? g_long_new : 4 + (i * 7) % 20;
         j->temperature = i % 3 == 0 ? 0.0 : 0.9;
         j->seed = 1000 + (uint64_t)i;
         j->with_tokens = i % 5 != 4; /* some jobs come without ids: the worker tokenizes */
@@ -151,7 +158,7 @@ static void make_jobs(scenario *s, int n, const char *tag_in, int long_from) {
         int32_t *out = NULL;
         int n_out = 0;
         assert_int_equal(moeq_generate(g_engine, j->tokens, j->n_tokens, &gp, &out, &n_out, err, sizeof err), MOEQ_OK);
-        memcpy(j->expect, out, (size_t)n_out * sizeof *out);
+        memcpy(j->expect, out, (size_t)(n_out < 512 ? n_out : 512) * sizeof *out); /* long jobs: the first 512 */
         j->n_expect = n_out;
         free(out);
     }
@@ -317,6 +324,9 @@ static int collect(scenario *s, int timeout_ms) {
                 snprintf(j->status, sizeof j->status, "%s", moeq_result_status_name(r.status));
                 snprintf(j->error_code, sizeof j->error_code, "%s", r.error.code ? r.error.code : "");
                 j->n_got = (int)(r.n_tokens < 512 ? r.n_tokens : 512);
+                j->text_len = r.text ? strlen(r.text) : 0;
+                j->n_result_tokens = (int)r.n_tokens;
+                snprintf(j->finish, sizeof j->finish, "%s", moeq_finish_reason_name(r.finish_reason));
                 if (j->n_got) memcpy(j->got, r.tokens, (size_t)j->n_got * sizeof *r.tokens);
                 have++;
             } else {
@@ -516,6 +526,216 @@ static void sigterm_drains_without_losing_a_job(void **state) {
     scenario_close(&s);
 }
 
+/* Create a topic with a small max.message.bytes (the C adapter creates no topics: Python's admin client does). */
+static void create_small_topic(const char *topic, int max_bytes) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c \"import sys; from confluent_kafka.admin import AdminClient, NewTopic; "
+             "a = AdminClient({'bootstrap.servers': sys.argv[1]}); "
+             "[f.result(30) for f in a.create_topics([NewTopic(sys.argv[2], 1, 1, config={'max.message.bytes': sys.argv[3]})]).values()]\" "
+             "%s %s %d",
+             g_kafka, topic, max_bytes);
+    if (run_cmd(cmd)) skip(); /* no python3-confluent-kafka: scripts/setup.sh installs it */
+}
+
+/* Messages on topic (from the start) whose key is one of the scenario's job ids and that carry moeq-reason. */
+static int count_dlq(scenario *s, const char *topic, int want, int timeout_ms, char *reason, size_t reason_size) {
+    char group[192], err[256];
+    snprintf(group, sizeof group, "%s.dlq", s->group);
+    const char *topics[] = {topic};
+    moeq_kafka_consumer_params cp = {.brokers = g_kafka, .group_id = group, .topics = topics, .n_topics = 1};
+    moeq_kafka_consumer *c = NULL;
+    assert_int_equal(moeq_kafka_consumer_new(&cp, NULL, &c, err, sizeof err), MOEQ_OK);
+    int n = 0;
+    int64_t deadline = moeq_now_ms() + timeout_ms;
+    while (n < want && moeq_now_ms() < deadline) {
+        moeq_kafka_msg *m = NULL;
+        assert_int_equal(moeq_kafka_consumer_poll(c, 100, &m, err, sizeof err), MOEQ_OK);
+        if (!m) continue;
+        size_t klen = 0, rlen = 0;
+        const char *key = moeq_kafka_msg_key(m, &klen);
+        const void *rv = NULL;
+        char id[192];
+        snprintf(id, sizeof id, "%.*s", (int)(klen < 191 ? klen : 191), key ? key : "");
+        if (find(s, id) && moeq_kafka_msg_header(m, "moeq-reason", &rv, &rlen) == MOEQ_OK) {
+            n++;
+            if (reason) snprintf(reason, reason_size, "%.*s", (int)rlen, (const char *)rv);
+        }
+        moeq_kafka_msg_destroy(m);
+    }
+    moeq_kafka_consumer_destroy(c);
+    return n;
+}
+
+/* Rewrite a job's JSON with a reply_to topic. */
+static void set_reply_to(tjob *j, const char *topic) {
+    char json[sizeof j->json];
+    snprintf(json, sizeof json, "{\"reply_to\":\"%s\",%s", topic, j->json + 1);
+    snprintf(j->json, sizeof j->json, "%s", json);
+}
+
+static void dead_letter_copies_are_on_the_dlq_when_the_batch_is_acked(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-dlqcopy");
+    make_jobs(&s, 3, "dq", -1);
+    char id[64], stream[512], err[256], dlq[256], extra[512];
+    snprintf(dlq, sizeof dlq, "%s.dlq", s.ns);
+    add_batch(&s, 0, 0, 3, id, sizeof id);
+    snprintf(stream, sizeof stream, "%s0", s.prefix);
+    const char *rd[] = {"XREADGROUP", "GROUP", "workers", "ghost", "COUNT", "1", "STREAMS", stream, ">"};
+    assert_int_equal(moeq_redis_command_argv(s.redis, 9, rd, NULL, NULL, err, sizeof err), MOEQ_OK);
+    for (int k = 0; k < 2; k++) {
+        const char *cl[] = {"XCLAIM", stream, "workers", "ghost", "0", id};
+        assert_int_equal(moeq_redis_command_argv(s.redis, 6, cl, NULL, NULL, err, sizeof err), MOEQ_OK);
+    }
+    snprintf(extra, sizeof extra, "--max_deliveries=2 --visibility_timeout_ms=1500 --dlq_topic=%s", dlq);
+    pid_t w = start_worker(&s, "dq-w1", extra);
+    assert_int_equal(collect(&s, 30000), s.n_jobs);
+    wait_no_pending(&s, 10000);
+    /* acknowledged: so every copy was acknowledged by the broker before, and is there to read */
+    char reason[256] = "";
+    assert_int_equal(count_dlq(&s, dlq, 3, 20000, reason, sizeof reason), 3);
+    assert_non_null(strstr(reason, "delivered"));
+    for (int i = 0; i < s.n_jobs; i++) assert_string_equal(s.jobs[i].error_code, "dead_letter");
+    wait_heartbeat(&s, "dq-w1");
+    kill(w, SIGTERM);
+    assert_int_equal(wait_exit(w, 15000), 0);
+    scenario_close(&s);
+}
+
+static void a_result_the_broker_refuses_for_good_becomes_an_error_result_and_a_dead_letter(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-toolarge");
+    char small[256], dlq[256], extra[1024];
+    snprintf(small, sizeof small, "%s.small", s.ns);
+    snprintf(dlq, sizeof dlq, "%s.dlq", s.ns);
+    create_small_topic(small, 512);
+    g_long_new = 200;
+    make_jobs(&s, 3, "tl", 2); /* jobs 0, 1: short results to results; job 2: 200 tokens to the small topic */
+    g_long_new = 400;
+    assert_true(s.jobs[2].n_expect >= 100); /* a result well over 512 bytes */
+    set_reply_to(&s.jobs[2], small);
+    add_batch(&s, 1, 0, 3, NULL, 0);
+    snprintf(extra, sizeof extra, "--allowed_topics=%s --dlq_topic=%s", small, dlq);
+    pid_t w = start_worker(&s, "tl-w1", extra);
+    assert_int_equal(collect(&s, 60000), s.n_jobs);
+    assert_string_equal(s.jobs[0].status, "ok");
+    assert_string_equal(s.jobs[1].status, "ok");
+    assert_string_equal(s.jobs[2].status, "error");
+    assert_string_equal(s.jobs[2].error_code, "result_undeliverable");
+    wait_no_pending(&s, 20000); /* the batch is not held forever */
+    assert_record_state(&s, s.jobs[2].id, "failed");
+    assert_record_state(&s, s.jobs[0].id, "done");
+    char reason[256] = "";
+    assert_int_equal(count_dlq(&s, dlq, 1, 20000, reason, sizeof reason), 1);
+    assert_non_null(strstr(reason, small));
+    wait_heartbeat(&s, "tl-w1");
+    kill(w, SIGTERM);
+    assert_int_equal(wait_exit(w, 15000), 0);
+    assert_int_equal(s.duplicates, 0);
+    scenario_close(&s);
+}
+
+/* steps_total from the worker's /metrics. */
+static long long worker_steps(int port) {
+    int fd = -1;
+    for (int t = 0; t < 100 && fd < 0; t++) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+            close(fd);
+            fd = -1;
+            usleep(50000);
+        }
+    }
+    assert_true(fd >= 0);
+    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    static char buf[65536];
+    size_t len = 0;
+    ssize_t r;
+    while (len + 1 < sizeof buf && (r = read(fd, buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)r;
+    buf[len] = 0;
+    close(fd);
+    const char *p = strstr(buf, "\nmoeq_worker_steps_total{");
+    assert_non_null(p);
+    p = strchr(p, '}');
+    return strtoll(p + 1, NULL, 10);
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/*
+ * What the coordinator does to cancel a batched or running job: the record's
+ * cancel flag, then a notice on <prefix>:cancels (docs/WORKER.md).
+ */
+static void cancel_job(scenario *s, const char *id) {
+    char key[512], stream[512], err[256];
+    snprintf(key, sizeof key, "%s:job:%s", s->ns, id);
+    snprintf(stream, sizeof stream, "%s:cancels", s->ns);
+    const char *hs[] = {"HSET", key, "cancel", "1"};
+    assert_int_equal(moeq_redis_command_argv(s->redis, 4, hs, NULL, NULL, err, sizeof err), MOEQ_OK);
+    const char *xa[] = {"XADD", stream, "MAXLEN", "~", "10000", "*", "id", id};
+    assert_int_equal(moeq_redis_command_argv(s->redis, 8, xa, NULL, NULL, err, sizeof err), MOEQ_OK);
+}
+
+static void a_running_job_cancelled_stops_within_one_engine_step_with_its_partial_text(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-cxrun");
+    g_long_new = 3000;
+    make_jobs(&s, 4, "cr", 0);
+    g_long_new = 400;
+    int longest = 0; /* the one that runs longest before the model's eos (seeds are fixed: always the same) */
+    for (int i = 1; i < s.n_jobs; i++)
+        if (s.jobs[i].n_expect > s.jobs[longest].n_expect) longest = i;
+    assert_true(s.jobs[longest].n_expect >= 1000);
+    if (longest) memcpy(&s.jobs[0], &s.jobs[longest], sizeof s.jobs[0]);
+    s.n_jobs = 1;
+    int port = free_port();
+    char extra[256];
+    snprintf(extra, sizeof extra, "--kv_cache_tokens=8192 --metrics_port=%d --cancel_poll_ms=600000", port);
+    pid_t w = start_worker(&s, "cr-w1", extra);
+    wait_heartbeat(&s, "cr-w1");
+    long long before = worker_steps(port);
+    add_batch(&s, 1, 0, 1, NULL, 0);
+    /* let it run for a while */
+    int64_t deadline = moeq_now_ms() + 20000;
+    while (worker_steps(port) - before < 50 && moeq_now_ms() < deadline) usleep(20000);
+    cancel_job(&s, s.jobs[0].id);
+    long long at_cancel = worker_steps(port) - before; /* read after the cancel was written */
+    assert_int_equal(collect(&s, 20000), 1);
+    tjob *j = &s.jobs[0];
+    assert_string_equal(j->status, "cancelled");
+    assert_string_equal(j->finish, "cancelled");
+    assert_true(j->n_got > 0 && j->text_len > 0);
+    /* the partial tokens are generate's, and at most the one step in flight ran after the cancel */
+    assert_true(j->n_result_tokens < j->n_expect);
+    assert_memory_equal(j->got, j->expect, (size_t)j->n_got * sizeof *j->got);
+    print_message("cancel: %lld steps when cancelled, %d tokens in the cancelled result\n", at_cancel,
+                  j->n_result_tokens);
+    assert_true(j->n_result_tokens <= at_cancel + 1);
+    wait_no_pending(&s, 10000);
+    kill(w, SIGTERM);
+    assert_int_equal(wait_exit(w, 15000), 0);
+    scenario_close(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_job_gets_what_generate_gives_alone_and_the_batch_is_acked),
@@ -523,6 +743,9 @@ int main(void) {
         cmocka_unit_test(a_batch_delivered_too_often_is_dead_lettered_with_error_results),
         cmocka_unit_test(a_job_cancelled_in_its_record_gets_a_cancelled_result),
         cmocka_unit_test(sigterm_drains_without_losing_a_job),
+        cmocka_unit_test(dead_letter_copies_are_on_the_dlq_when_the_batch_is_acked),
+        cmocka_unit_test(a_result_the_broker_refuses_for_good_becomes_an_error_result_and_a_dead_letter),
+        cmocka_unit_test(a_running_job_cancelled_stops_within_one_engine_step_with_its_partial_text),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -28,6 +28,7 @@ typedef struct fake_job {
     size_t n_held;
     char out[16];
     int flushes;
+    int pushes;    /* tokens detokenized */
 } fake_job;
 
 static size_t fake_detok(void *ctx, void *user, int32_t token, const char **bytes) {
@@ -44,6 +45,7 @@ static size_t fake_detok(void *ctx, void *user, int32_t token, const char **byte
         return n;
     }
     assert_true(token != TOK_EOS);
+    fj->pushes++;
     if (token < 256) buf[n++] = (char)token;
     else if (token == TOK_AB) { buf[n++] = 'a'; buf[n++] = 'b'; }
     memcpy(fj->held + fj->n_held, buf, n);
@@ -528,6 +530,153 @@ static void bad_params_are_rejected_with_the_field_named(void **state) {
     assert_null(s);
 }
 
+/* ---- speculative rounds (MTP) ------------------------------------------------------ */
+
+static moeq_sched_job_spec mtp_spec(fake_job *fj, const char *key, int max_new, int mtp_k) {
+    moeq_sched_job_spec j = spec(fj, key, 2, max_new);
+    j.mtp_k = mtp_k;
+    return j;
+}
+
+/* Plan: expect exactly one round (and no step items) of k drafts after next_token. */
+static void expect_round(moeq_sched *s, int64_t now, int32_t next_token, int k) {
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, now, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 0);
+    assert_int_equal(plan.n_rounds, 1);
+    assert_int_equal(plan.rounds[0].next_token, next_token);
+    assert_int_equal(plan.rounds[0].k, k);
+    assert_int_equal(plan.n_round_tokens, k + 1);
+}
+
+static void commit_round(moeq_sched *s, int64_t now, const int32_t *toks, int n, int drafted, int accepted) {
+    moeq_sched_round_out o = {toks, n, drafted, accepted};
+    assert_int_equal(moeq_sched_commit_mtp(s, NULL, &o, now), MOEQ_OK);
+}
+
+static void a_stop_id_inside_an_accepted_run_ends_the_job_there_and_frees_the_sequence(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job fj = {0};
+    moeq_sched_job_spec j = mtp_spec(&fj, "mtp-eos", 10, 3);
+    add(s, NULL, &j, 1, 0);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 1, 'h', &plan), 1); /* the prompt goes through an ordinary step */
+    assert_int_equal(plan.items[0].mtp, 1);      /* so the worker marks the new sequence */
+    assert_int_equal(plan.items[0].new_seq, 1);
+    expect_round(s, 2, 'h', 3);
+    const int32_t run[] = {'i', TOK_EOS, 'x', 'y'}; /* all 3 drafts accepted, EOS is the 2nd token */
+    commit_round(s, 3, run, 4, 3, 3);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_STOP_TOKEN);
+    assert_string_equal(fin.text, "hi");
+    assert_int_equal(fin.n_tokens, 3); /* h i EOS: x and y are dropped */
+    assert_int_equal(fin.tokens[2], TOK_EOS);
+    assert_int_equal(fj.pushes, 2);    /* x and y never reached the detokenizer */
+    assert_int_equal(fin.mtp, 1);
+    assert_int_equal(fin.mtp_drafted, 3);
+    assert_int_equal(fin.mtp_accepted, 3);
+    /* the sequence holds tokens past the stop: its slot is released, never decoded again */
+    assert_int_equal(moeq_sched_plan(s, 4, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_released, 1);
+    assert_int_equal(plan.n_items + plan.n_rounds, 0);
+    moeq_sched_destroy(s);
+}
+
+static void a_stop_string_completed_inside_an_accepted_run_cuts_the_text_there(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job fj = {0};
+    const char *stops[] = {"ab"};
+    moeq_sched_job_spec j = mtp_spec(&fj, "mtp-stop", 20, 3);
+    j.stop = stops;
+    j.n_stop = 1;
+    add(s, NULL, &j, 1, 0);
+    step(s, 1, 'x', NULL);
+    expect_round(s, 2, 'x', 3);
+    const int32_t run[] = {'a', 'b', 'c'}; /* 2 of 3 drafts accepted; "ab" completes at the 2nd */
+    commit_round(s, 3, run, 3, 3, 2);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_STOP);
+    assert_string_equal(fin.text, "x");
+    assert_int_equal(fin.n_tokens, 3); /* x a b, as single-token decoding would stop */
+    assert_int_equal(fj.pushes, 3);
+    assert_int_equal(fj.flushes, 0);
+    moeq_sched_destroy(s);
+}
+
+static void rounds_never_draft_past_max_new_tokens(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(2, 64, 0);
+    fake_job fj = {0};
+    moeq_sched_job_spec j = mtp_spec(&fj, "mtp-len", 4, 3);
+    add(s, NULL, &j, 1, 0);
+    step(s, 1, 'p', NULL);
+    expect_round(s, 2, 'p', 2); /* 3 tokens left: at most 2 drafts + 1 */
+    const int32_t bad[] = {'q', 'r', 's', 't'};
+    moeq_sched_round_out o = {bad, 4, 2, 2}; /* more than k + 1 tokens: refused, the plan stays open */
+    assert_int_equal(moeq_sched_commit_mtp(s, NULL, &o, 3), MOEQ_ERR_INVALID_ARG);
+    assert_int_equal(moeq_sched_commit(s, NULL, 3), MOEQ_ERR_INVALID_ARG); /* a plan with rounds needs them */
+    commit_round(s, 3, bad, 2, 2, 1);
+    /* 1 token left: no round, one plain decode token (the sequence stays marked) */
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 4, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_rounds, 0);
+    assert_int_equal(plan.n_items, 1);
+    assert_int_equal(plan.items[0].tokens[0], 'r');
+    assert_int_equal(plan.items[0].mtp, 1);
+    int32_t t = 'z';
+    assert_int_equal(moeq_sched_commit(s, &t, 5), MOEQ_OK);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.finish_reason, MOEQ_FINISH_LENGTH);
+    assert_string_equal(fin.text, "pqrz");
+    assert_int_equal(fin.mtp_drafted, 2);
+    assert_int_equal(fin.mtp_accepted, 1);
+    moeq_sched_destroy(s);
+}
+
+static void plain_and_speculative_jobs_share_a_plan_within_the_step_budget(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 5, 0);
+    fake_job f[3];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec jobs[3] = {mtp_spec(&f[0], "m1", 20, 3), mtp_spec(&f[1], "m2", 20, 3),
+                                   spec(&f[2], "plain", 2, 20)};
+    add(s, NULL, jobs, 3, 0);
+    step(s, 1, 'a', NULL); /* 3 prompts of 2 in one 5-token step: m1, m2 and half of plain */
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 3, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_rounds, 1);     /* m1: 3 drafts, 4 of the rounds' 5 tokens */
+    assert_ptr_equal(plan.rounds[0].user, &f[0]);
+    assert_int_equal(plan.rounds[0].k, 3);
+    assert_int_equal(plan.n_items, 2);      /* m2 (no room left for a round: 1 plain token), plain's prefill */
+    assert_ptr_equal(plan.items[0].user, &f[1]);
+    assert_int_equal(plan.items[0].mtp, 1);
+    assert_int_equal(plan.items[0].n_tokens, 1);
+    assert_ptr_equal(plan.items[1].user, &f[2]);
+    assert_int_equal(plan.items[1].mtp, 0);
+    assert_true(plan.n_round_tokens <= 5 && plan.n_tokens <= 5);
+    int32_t sampled[2] = {'c', 'd'};
+    const int32_t run[] = {'x'};
+    moeq_sched_round_out o = {run, 1, 3, 0};
+    assert_int_equal(moeq_sched_commit_mtp(s, sampled, &o, 4), MOEQ_OK);
+    /* a failed round fails the jobs of the plan with their partial text */
+    assert_int_equal(moeq_sched_plan(s, 5, &plan), MOEQ_OK);
+    assert_true(plan.n_rounds >= 1);
+    moeq_sched_abort(s, "engine", "mtp cache full", 6);
+    moeq_sched_finished fin;
+    int n = 0;
+    while (moeq_sched_next_finished(s, &fin)) {
+        assert_int_equal(fin.status, MOEQ_RESULT_ERROR);
+        n++;
+    }
+    assert_int_equal(n, 3);
+    moeq_sched_destroy(s);
+}
+
 /*
  * The fake engine: each slot keeps a hash of the token history it was fed
  * since its last new_seq; the sampled token is a function of that hash,
@@ -546,7 +695,35 @@ static uint64_t key_hash(const char *key) {
     return h;
 }
 
+static int32_t sim_feed(sim_slot *sl, int32_t token) {
+    sl->h = (sl->h ^ (uint64_t)token) * 1099511628211ULL;
+    return (int32_t)('a' + (sl->h >> 33) % 26);
+}
+
+/*
+ * A speculative round on the fake engine: the main model's continuation
+ * after next_token is computed token by token (as plain decoding would give
+ * it); a pseudo-random number of the k drafts is "accepted", and the round
+ * yields that many plus one. The slot's cache then holds next_token and the
+ * accepted drafts, not the last token (it is fed next), as in the engine.
+ */
+static void sim_round(sim_slot *sl, const moeq_sched_round *r, uint64_t *rng, int32_t *out,
+                      moeq_sched_round_out *o) {
+    *rng = *rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    int a = (int)((*rng >> 33) % (uint64_t)(r->k + 1));
+    int32_t next = sim_feed(sl, r->next_token);
+    for (int t = 0; t < a; t++) {
+        out[t] = next;
+        next = sim_feed(sl, next);
+    }
+    out[a] = next;
+    *o = (moeq_sched_round_out){out, a + 1, r->k, a};
+}
+
 static void sim_run(moeq_sched *s, sim_slot *slots, int64_t *now, int max_step_tokens) {
+    static int32_t round_tokens[64][MOEQ_SCHED_MAX_MTP_K + 1];
+    moeq_sched_round_out outs[64];
+    uint64_t rng = 7;
     for (int k = 0; k < 100000; k++) {
         moeq_sched_step plan;
         assert_int_equal(moeq_sched_plan(s, (*now)++, &plan), MOEQ_OK);
@@ -554,8 +731,15 @@ static void sim_run(moeq_sched *s, sim_slot *slots, int64_t *now, int max_step_t
             assert_true(slots[plan.released[r]].live);
             slots[plan.released[r]].live = 0;
         }
-        if (plan.n_items == 0) return;
+        if (plan.n_items == 0 && plan.n_rounds == 0) return;
         assert_true(plan.n_tokens <= max_step_tokens);
+        assert_true(plan.n_round_tokens <= max_step_tokens);
+        for (int i = 0; i < plan.n_rounds; i++) {
+            const moeq_sched_round *r = &plan.rounds[i];
+            assert_true(slots[r->slot].live);
+            assert_true(r->k >= 1);
+            sim_round(&slots[r->slot], r, &rng, round_tokens[i], &outs[i]);
+        }
         int32_t sampled[256];
         for (int i = 0; i < plan.n_items; i++) {
             const moeq_sched_item *it = &plan.items[i];
@@ -566,18 +750,17 @@ static void sim_run(moeq_sched *s, sim_slot *slots, int64_t *now, int max_step_t
                 sl->live = 1;
             }
             assert_true(sl->live);
-            for (int t = 0; t < it->n_tokens; t++) sl->h = (sl->h ^ (uint64_t)it->tokens[t]) * 1099511628211ULL;
-            sampled[i] = (int32_t)('a' + (sl->h >> 33) % 26);
+            for (int t = 0; t < it->n_tokens; t++) sampled[i] = sim_feed(sl, it->tokens[t]);
         }
-        assert_int_equal(moeq_sched_commit(s, sampled, *now), MOEQ_OK);
+        assert_int_equal(moeq_sched_commit_mtp(s, sampled, outs, *now), MOEQ_OK);
     }
     fail_msg("simulation did not finish");
 }
 
 #define SIM_JOBS 60
 
-static void every_job_gets_the_tokens_it_would_get_alone(void **state) {
-    (void)state;
+/* 60 jobs through 4 slots; with_mtp: jobs draft 0..3 tokens per round. Each must equal the job alone, plain. */
+static void sim_compare_with_alone(int with_mtp) {
     static fake_job jobs[SIM_JOBS], alone[SIM_JOBS];
     static char texts[SIM_JOBS][128];
     const char *stops[] = {"qq"};
@@ -611,6 +794,7 @@ static void every_job_gets_the_tokens_it_would_get_alone(void **state) {
         moeq_sched_destroy(s);
     }
     /* all together, in batches of 7, through 4 slots and 16-token steps */
+    for (int i = 0; i < SIM_JOBS && with_mtp; i++) specs[i].mtp_k = i % 4;
     moeq_sched *s = new_sched(4, 16, 0);
     sim_slot slots[4] = {{0}};
     int64_t now = 0;
@@ -623,6 +807,8 @@ static void every_job_gets_the_tokens_it_would_get_alone(void **state) {
         char got[128];
         snprintf(got, sizeof got, "%s/%d/%d", fin.text, fin.n_tokens, (int)fin.finish_reason);
         assert_string_equal(got, texts[i]);
+        assert_int_equal(fin.mtp, specs[i].mtp_k > 0);
+        assert_true(fin.mtp_accepted <= fin.mtp_drafted);
         assert_int_equal(moeq_sched_delivered(s, fin.job, 1), MOEQ_OK);
         seen++;
     }
@@ -632,7 +818,21 @@ static void every_job_gets_the_tokens_it_would_get_alone(void **state) {
     while (moeq_sched_next_ackable(s, &b)) batches++;
     assert_int_equal(batches, (SIM_JOBS + 6) / 7);
     assert_true(moeq_sched_idle(s));
+    moeq_sched_stats st;
+    moeq_sched_get_stats(s, &st);
+    if (with_mtp) assert_true(st.mtp_rounds > 0 && st.mtp_drafted > st.mtp_accepted && st.mtp_accepted > 0);
+    else assert_int_equal(st.mtp_rounds, 0);
     moeq_sched_destroy(s);
+}
+
+static void every_job_gets_the_tokens_it_would_get_alone(void **state) {
+    (void)state;
+    sim_compare_with_alone(0);
+}
+
+static void speculative_jobs_in_a_mixed_batch_get_the_tokens_they_would_get_alone(void **state) {
+    (void)state;
+    sim_compare_with_alone(1);
 }
 
 int main(void) {
@@ -655,7 +855,12 @@ int main(void) {
         cmocka_unit_test(the_kv_cache_reservation_bounds_admission),
         cmocka_unit_test(an_engine_failure_fails_the_jobs_of_the_step),
         cmocka_unit_test(bad_params_are_rejected_with_the_field_named),
+        cmocka_unit_test(a_stop_id_inside_an_accepted_run_ends_the_job_there_and_frees_the_sequence),
+        cmocka_unit_test(a_stop_string_completed_inside_an_accepted_run_cuts_the_text_there),
+        cmocka_unit_test(rounds_never_draft_past_max_new_tokens),
+        cmocka_unit_test(plain_and_speculative_jobs_share_a_plan_within_the_step_budget),
         cmocka_unit_test(every_job_gets_the_tokens_it_would_get_alone),
+        cmocka_unit_test(speculative_jobs_in_a_mixed_batch_get_the_tokens_they_would_get_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

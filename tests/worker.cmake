@@ -9,6 +9,9 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
   moeq_add_test(NAME test_worker_metrics SOURCES test_worker_metrics.c LIBS moeq_worker LABELS unit)
   moeq_add_test(NAME test_worker_pipeline SOURCES test_worker_pipeline.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 240)
+  # MTP inside continuous batching: tiny-mtp and tiny, mtp_k on and off, every result equal to generate alone.
+  moeq_add_test(NAME test_worker_mtp SOURCES test_worker_mtp.c LIBS moeq_worker
+    LABELS integration FIXTURES services TIMEOUT 300)
 endif()
 
 # The whole pipeline through the real coordinator: Kafka -> coordinator -> Redis -> 2 workers -> Kafka,
@@ -19,4 +22,17 @@ if(TARGET test_worker_pipeline)
   set_tests_properties(test_worker_end_to_end PROPERTIES LABELS integration FIXTURES_REQUIRED services TIMEOUT 240
     DEPENDS test_worker_pipeline
     ENVIRONMENT "MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
+endif()
+
+# End to end and chaos through the real coordinator and worker processes (build the moeq target first):
+# test_worker_e2e_harness.h runs them against the fixture's services.
+if(TARGET test_worker_pipeline)
+  # 1,000 jobs from the Python, Node and kcat example producers, each checked against generate alone.
+  moeq_add_test(NAME test_worker_e2e SOURCES test_worker_e2e.c LIBS moeq_worker
+    LABELS integration FIXTURES services TIMEOUT 300)
+  # 5,000 jobs (MOEQ_CHAOS_JOBS) while workers and the coordinator are killed with -9 and Redis is restarted
+  # once; alone, since it restarts the fixture's Redis.
+  moeq_add_test(NAME test_worker_chaos SOURCES test_worker_chaos.c LIBS moeq_worker
+    LABELS integration slow FIXTURES services TIMEOUT 600)
+  set_tests_properties(test_worker_chaos PROPERTIES RUN_SERIAL TRUE)
 endif()

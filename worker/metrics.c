@@ -66,6 +66,13 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
     counter(&o, "slots_free", "free sequence slots", "gauge", wid, LOAD(m->slots_free));
     counter(&o, "ttft_ms_sum", "batch taken to first token, ms, summed", "counter", wid, LOAD(m->ttft_ms_sum));
     counter(&o, "ttft_count", "first tokens observed", "counter", wid, LOAD(m->ttft_count));
+    counter(&o, "mtp_rounds_total", "speculative (MTP) rounds run", "counter", wid, LOAD(m->mtp_rounds));
+    counter(&o, "mtp_drafted_total", "tokens drafted by the MTP layer", "counter", wid, LOAD(m->mtp_drafted));
+    counter(&o, "mtp_accepted_total", "drafted tokens the main model accepted", "counter", wid, LOAD(m->mtp_accepted));
+    long long drafted = LOAD(m->mtp_drafted);
+    emit(&o, "# HELP moeq_worker_mtp_acceptance_rate accepted / drafted since start (0 before any draft)\n"
+             "# TYPE moeq_worker_mtp_acceptance_rate gauge\nmoeq_worker_mtp_acceptance_rate{worker=\"%s\"} %.4f\n",
+         wid, drafted > 0 ? (double)LOAD(m->mtp_accepted) / (double)drafted : 0.0);
     emit(&o, "# HELP moeq_worker_job_latency_ms job latency (Kafka append to result), ms\n"
              "# TYPE moeq_worker_job_latency_ms histogram\n");
     long long cum = 0;

@@ -24,6 +24,7 @@ typedef struct moeq_worker_metrics {
     atomic_llong sequences_active, slots_free;
     atomic_llong engine_ns;                       /* time inside engine steps            */
     atomic_llong ttft_ms_sum, ttft_count;         /* queue (batch taken) to first token  */
+    atomic_llong mtp_rounds, mtp_drafted, mtp_accepted; /* speculative decoding (MTP)     */
     atomic_llong latency_bucket[WORKER_LAT_BUCKETS + 1]; /* job latency, ms, cumulative at render */
     atomic_llong latency_ms_sum, latency_count;
     atomic_int healthy;                           /* 0 while Redis/Kafka are unreachable */

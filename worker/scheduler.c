@@ -5,6 +5,10 @@
  * handle (stable pointers, free list). Pending jobs, the finished queue and
  * the ackable-batch queue are intrusive FIFO lists through the records.
  * Nothing here touches the engine, the network or a clock.
+ *
+ * Speculative jobs (mtp_k > 0) go through the same job_take_token as plain
+ * ones, one token at a time, so stop ids, stop strings and max_new_tokens cut
+ * a multi-token round exactly where single-token decoding would stop.
  */
 #include "scheduler.h"
 
@@ -50,6 +54,9 @@ typedef struct sched_job {
     int32_t *out;             /* generated ids, cap max_new_tokens          */
     int n_out;
     int32_t last;             /* the last sampled token, fed next step      */
+    int mtp_k;                /* drafts per speculative round; 0 = plain    */
+    int admitted;             /* held a slot at some point                  */
+    int64_t mtp_drafted, mtp_accepted;
     char *text;
     size_t text_len, text_cap;
     moeq_result_status status;
@@ -83,11 +90,14 @@ struct moeq_sched {
     int *order;               /* scratch for compose                        */
     moeq_sched_item *items;   /* 2 * max_seqs: decode + prefill items       */
     int n_items;
+    moeq_sched_round *rounds; /* max_seqs: speculative rounds of the plan   */
+    int n_rounds;
     int plan_open;
 
     int n_running, n_pending, n_unpublished, n_batches;
     int64_t kv_reserved;
     int64_t prefill_tokens, decode_tokens, jobs_finished;
+    int64_t mtp_rounds, mtp_drafted, mtp_accepted;
 };
 
 moeq_sched_params moeq_sched_default_params(void) {
@@ -155,8 +165,9 @@ moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn det
     s->released = malloc(sizeof *s->released * n);
     s->order = malloc(sizeof *s->order * n);
     s->items = calloc(2 * (size_t)n, sizeof *s->items);
+    s->rounds = calloc((size_t)n, sizeof *s->rounds);
     s->stop_ids = malloc(sizeof *s->stop_ids * (params->n_stop_ids + 1));
-    if (!s->slots || !s->released || !s->order || !s->items || !s->stop_ids) {
+    if (!s->slots || !s->released || !s->order || !s->items || !s->rounds || !s->stop_ids) {
         moeq_sched_destroy(s);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "scheduler slots");
     }
@@ -192,6 +203,7 @@ void moeq_sched_destroy(moeq_sched *sched) {
     free(sched->released);
     free(sched->order);
     free(sched->items);
+    free(sched->rounds);
     free(sched->stop_ids);
     free(sched);
 }
@@ -297,6 +309,7 @@ static moeq_err job_fill(sched_job *job, const moeq_sched_job_spec *spec) {
     job->priority = spec->priority < 0 ? 0 : spec->priority >= SCHED_PRIORITIES ? SCHED_PRIORITIES - 1 : spec->priority;
     job->max_new_tokens = spec->max_new_tokens < 0 ? 0 : spec->max_new_tokens;
     job->deadline_ms = spec->deadline_ms;
+    job->mtp_k = spec->mtp_k;
     job->slot = -1;
     return MOEQ_OK;
 }
@@ -308,9 +321,13 @@ static int text_append(sched_job *job, const char *bytes, size_t n);
 moeq_err moeq_sched_add_batch(moeq_sched *sched, void *batch_user, const moeq_sched_job_spec *jobs, size_t n_jobs,
                               int64_t now_ms, char *errstr, size_t errstr_size) {
     if (!sched || (n_jobs && !jobs)) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL argument");
-    for (size_t i = 0; i < n_jobs; i++)
+    for (size_t i = 0; i < n_jobs; i++) {
         if (!jobs[i].key || !*jobs[i].key || (jobs[i].n_prompt > 0 && !jobs[i].prompt))
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "jobs[%zu]: missing key or prompt", i);
+        if (jobs[i].mtp_k < 0 || jobs[i].mtp_k > MOEQ_SCHED_MAX_MTP_K)
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "jobs[%zu]: mtp_k %d is outside [0, %d]", i,
+                             jobs[i].mtp_k, MOEQ_SCHED_MAX_MTP_K);
+    }
     int b = batch_alloc(sched);
     if (b < 0) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "batch");
     int *handles = malloc(sizeof *handles * (n_jobs + 1));
@@ -480,6 +497,7 @@ static void admit(moeq_sched *sched, int64_t now_ms) {
         job->state = JOB_RUNNING;
         job->reserve = reserve;
         job->admitted_ms = now_ms;
+        job->admitted = 1;
         job->admit_seq = sched->next_admit_seq++;
         job->n_fed = 0;
         sched->kv_reserved += reserve;
@@ -503,18 +521,44 @@ static int slots_by_age(const moeq_sched *sched, int *order) {
     return n;
 }
 
+/*
+ * Drafts for a speculative job's next round: its mtp_k, at most one less than
+ * the tokens it may still produce (a round yields up to k + 1), and the round
+ * must fit what is left of the rounds' budget. 0: decode it plainly.
+ */
+static int round_k(const sched_job *job, int budget) {
+    int k = job->mtp_k, left = job->max_new_tokens - job->n_out;
+    if (k > left - 1) k = left - 1;
+    if (k > budget - 1) k = budget - 1;
+    return k > 0 ? k : 0;
+}
+
+/* A decode of a job past its prompt: a round when it drafts, else one token in the step. Returns 1 for a round. */
+static int compose_round(moeq_sched *sched, int h, int *round_budget, moeq_sched_step *plan) {
+    sched_job *job = sched->jobs[h];
+    int k = round_k(job, *round_budget);
+    if (k == 0) return 0;
+    sched->rounds[sched->n_rounds++] =
+        (moeq_sched_round){.slot = job->slot, .job = h, .user = job->user, .next_token = job->last, .k = k};
+    *round_budget -= k + 1;
+    plan->n_round_tokens += k + 1;
+    return 1;
+}
+
 static void compose(moeq_sched *sched, moeq_sched_step *plan) {
-    int budget = sched->params.max_step_tokens;
+    int budget = sched->params.max_step_tokens, round_budget = sched->params.max_step_tokens;
     int n = 0;
     int *order_buf = sched->order;
     int n_order = slots_by_age(sched, order_buf);
+    sched->n_rounds = 0;
     for (int k = 0; k < n_order; k++) { /* decode: one token per sequence past its prompt */
         int h = sched->slots[order_buf[k]];
         sched_job *job = sched->jobs[h];
         if (job->n_fed < job->n_prompt) continue;
+        if (compose_round(sched, h, &round_budget, plan)) continue;
         moeq_sched_item *it = &sched->items[n++];
         *it = (moeq_sched_item){.slot = job->slot, .new_seq = 0, .tokens = &job->last, .n_tokens = 1,
-                                .sample = 1, .job = h, .user = job->user};
+                                .sample = 1, .job = h, .user = job->user, .mtp = job->mtp_k > 0};
         plan->n_decode_tokens++;
         budget--;
     }
@@ -527,7 +571,7 @@ static void compose(moeq_sched *sched, moeq_sched_step *plan) {
         moeq_sched_item *it = &sched->items[n++];
         *it = (moeq_sched_item){.slot = job->slot, .new_seq = job->n_fed == 0, .tokens = job->prompt + job->n_fed,
                                 .n_tokens = chunk, .sample = job->n_fed + chunk == job->n_prompt, .job = h,
-                                .user = job->user};
+                                .user = job->user, .mtp = job->mtp_k > 0};
         plan->n_prefill_tokens += chunk;
         budget -= chunk;
     }
@@ -535,6 +579,8 @@ static void compose(moeq_sched *sched, moeq_sched_step *plan) {
     plan->items = sched->items;
     plan->n_items = n;
     plan->n_tokens = plan->n_prefill_tokens + plan->n_decode_tokens;
+    plan->rounds = sched->rounds;
+    plan->n_rounds = sched->n_rounds;
 }
 
 moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *plan) {
@@ -547,7 +593,7 @@ moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *pla
     plan->released = sched->released;
     plan->n_released = sched->n_released;
     sched->n_released = 0; /* handed out; the array stays valid until the next plan (slots only refill in admit) */
-    sched->plan_open = plan->n_items > 0;
+    sched->plan_open = plan->n_items > 0 || plan->n_rounds > 0;
     return MOEQ_OK;
 }
 
@@ -627,9 +673,43 @@ static void job_take_token(moeq_sched *sched, int h, int32_t token, int64_t now_
         job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_LENGTH, NULL, NULL, now_ms);
 }
 
+/* Round i's outcome is usable: 1..k+1 tokens, counts within the round. */
+static int round_out_ok(const moeq_sched_round *r, const moeq_sched_round_out *o) {
+    return o->tokens && o->n_tokens >= 1 && o->n_tokens <= r->k + 1 && o->drafted >= 0 && o->accepted >= 0 &&
+           o->accepted <= o->drafted;
+}
+
+/* Take a round's tokens one by one until the job ends; the rest of the run is dropped. */
+static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moeq_sched_round_out *o,
+                         int64_t now_ms) {
+    sched_job *job = sched->jobs[r->job];
+    if (job->state != JOB_RUNNING) return; /* cannot happen within one plan; defensive */
+    job->mtp_drafted += o->drafted;
+    job->mtp_accepted += o->accepted;
+    sched->mtp_rounds++;
+    sched->mtp_drafted += o->drafted;
+    sched->mtp_accepted += o->accepted;
+    for (int t = 0; t < o->n_tokens && job->state == JOB_RUNNING; t++) {
+        sched->decode_tokens++;
+        job_take_token(sched, r->job, o->tokens[t], now_ms);
+    }
+}
+
 moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms) {
+    return moeq_sched_commit_mtp(sched, sampled, NULL, now_ms);
+}
+
+moeq_err moeq_sched_commit_mtp(moeq_sched *sched, const int32_t *sampled, const moeq_sched_round_out *rounds,
+                               int64_t now_ms) {
     if (!sched || !sched->plan_open) return MOEQ_ERR_INVALID_ARG;
+    if (sched->n_rounds > 0 && !rounds) return MOEQ_ERR_INVALID_ARG;
+    for (int i = 0; i < sched->n_rounds; i++)
+        if (!round_out_ok(&sched->rounds[i], &rounds[i])) return MOEQ_ERR_INVALID_ARG;
+    for (int i = 0; i < sched->n_items; i++)
+        if (sched->items[i].sample && !sampled) return MOEQ_ERR_INVALID_ARG;
     sched->plan_open = 0;
+    for (int i = 0; i < sched->n_rounds; i++) commit_round(sched, &sched->rounds[i], &rounds[i], now_ms);
+    sched->n_rounds = 0;
     for (int i = 0; i < sched->n_items; i++) {
         const moeq_sched_item *it = &sched->items[i];
         sched_job *job = sched->jobs[it->job];
@@ -640,10 +720,7 @@ moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t no
         } else {
             sched->decode_tokens += it->n_tokens;
         }
-        if (it->sample) {
-            if (!sampled) return MOEQ_ERR_INVALID_ARG;
-            job_take_token(sched, it->job, sampled[i], now_ms);
-        }
+        if (it->sample) job_take_token(sched, it->job, sampled[i], now_ms);
     }
     sched->n_items = 0;
     return MOEQ_OK;
@@ -657,7 +734,13 @@ void moeq_sched_abort(moeq_sched *sched, const char *code, const char *message, 
         if (sched->jobs[h]->state == JOB_RUNNING)
             job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, code ? code : "engine", message, now_ms);
     }
+    for (int i = 0; i < sched->n_rounds; i++) {
+        int h = sched->rounds[i].job;
+        if (sched->jobs[h]->state == JOB_RUNNING)
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, code ? code : "engine", message, now_ms);
+    }
     sched->n_items = 0;
+    sched->n_rounds = 0;
 }
 
 /* ---- results and batches --------------------------------------------------------- */
@@ -685,6 +768,9 @@ int moeq_sched_next_finished(moeq_sched *sched, moeq_sched_finished *out) {
         .admitted_ms = job->admitted_ms,
         .first_token_ms = job->first_token_ms,
         .finished_ms = job->finished_ms,
+        .mtp = job->mtp_k > 0 && job->admitted,
+        .mtp_drafted = job->mtp_drafted,
+        .mtp_accepted = job->mtp_accepted,
     };
     return 1;
 }
@@ -730,6 +816,9 @@ void moeq_sched_get_stats(const moeq_sched *sched, moeq_sched_stats *stats) {
     stats->prefill_tokens = sched->prefill_tokens;
     stats->decode_tokens = sched->decode_tokens;
     stats->jobs_finished = sched->jobs_finished;
+    stats->mtp_rounds = sched->mtp_rounds;
+    stats->mtp_drafted = sched->mtp_drafted;
+    stats->mtp_accepted = sched->mtp_accepted;
 }
 
 int moeq_sched_idle(const moeq_sched *sched) {

@@ -12,6 +12,14 @@
  *  - each step is one decode token for every sequence that has finished its
  *    prompt, then prefill chunks of admitted prompts (oldest admission first)
  *    up to max_step_tokens in total;
+ *  - a job with mtp_k > 0 decodes speculatively once its prompt is done: the
+ *    plan lists it as a round (its last token plus up to mtp_k drafts,
+ *    verified in one engine call of its own, separate from the step) and the
+ *    round's accepted tokens come back together. They are taken one by one
+ *    exactly as single decode tokens would be, so a stop id, a stop string or
+ *    max_new_tokens reached inside a run ends the job at that token and the
+ *    rest of the run is dropped; k never exceeds the tokens the job may still
+ *    produce minus one, and the whole round fits max_step_tokens;
  *  - per job it tracks the generated tokens and the detokenized text and
  *    ends the job on a stop token id, a stop string (matched on the text,
  *    across token boundaries; the text is cut where the match begins),
@@ -93,7 +101,12 @@ typedef struct moeq_sched_job_spec {
     const char *error_code;     /* non-NULL: cannot run (dead-lettered, bad entry): finishes at
                                    once with status error and this code / error_message      */
     const char *error_message;
+    int mtp_k;                  /* drafts per speculative round, 0..MOEQ_SCHED_MAX_MTP_K;
+                                   0 = plain decoding (one token per step)                    */
 } moeq_sched_job_spec;
+
+/* Most drafts per round a job may ask for (the engine's MOEQ_MTP_MAX_K). */
+#define MOEQ_SCHED_MAX_MTP_K 8
 
 /*
  * Add a taken batch of n_jobs jobs (n_jobs may be 0: the batch is
@@ -126,7 +139,27 @@ typedef struct moeq_sched_item {
     int sample;             /* 1: sample one token from this item's last logits for commit   */
     int job;                /* job handle                                                    */
     void *user;             /* the job's spec.user                                           */
+    int mtp;                /* 1: the job decodes speculatively (new_seq: mark the sequence)  */
 } moeq_sched_item;
+
+/*
+ * One speculative round: the engine appends next_token and up to k drafts,
+ * verifies them and returns 1..k+1 new tokens (moeq_mtp_decode_step).
+ */
+typedef struct moeq_sched_round {
+    int slot;
+    int job;                /* job handle                                                    */
+    void *user;             /* the job's spec.user                                           */
+    int32_t next_token;     /* the last sampled token, not yet in the engine's cache         */
+    int k;                  /* drafts, 1..the job's mtp_k                                     */
+} moeq_sched_round;
+
+/* What the engine made of round i. */
+typedef struct moeq_sched_round_out {
+    const int32_t *tokens;  /* the new tokens in order (accepted drafts, then the model's)    */
+    int n_tokens;           /* 1..k+1                                                        */
+    int drafted, accepted;  /* this round's drafts and accepted drafts                       */
+} moeq_sched_round_out;
 
 typedef struct moeq_sched_step {
     const moeq_sched_item *items; /* borrowed until the next plan/commit/abort          */
@@ -136,14 +169,19 @@ typedef struct moeq_sched_step {
     const int *released;          /* slots freed since the last plan: free their engine
                                      sequences and samplers before running this plan    */
     int n_released;
+    const moeq_sched_round *rounds; /* speculative rounds, run after (or besides) the step;
+                                       borrowed like items                               */
+    int n_rounds;                 /* 0: none                                            */
+    int n_round_tokens;           /* Σ (k + 1): tokens the rounds verify                */
 } moeq_sched_step;
 
 /*
  * Compose the next step at now_ms: first retire cancelled and expired jobs
  * (their results become available from moeq_sched_next_finished), then admit
- * pending jobs into free slots, then compose the step. A plan with items must
- * be followed by exactly one moeq_sched_commit or moeq_sched_abort before the
- * next plan (MOEQ_ERR_INVALID_ARG otherwise).
+ * pending jobs into free slots, then compose the step and the speculative
+ * rounds. A plan with items or rounds must be followed by exactly one
+ * moeq_sched_commit (moeq_sched_commit_mtp when it has rounds) or
+ * moeq_sched_abort before the next plan (MOEQ_ERR_INVALID_ARG otherwise).
  */
 moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *plan);
 
@@ -155,8 +193,22 @@ moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *pla
 moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms);
 
 /*
- * The engine failed the step: every job in the plan finishes with status
- * error (error code `code`, message `message`, partial text kept).
+ * moeq_sched_commit for a plan with rounds: rounds[i] is what the engine made
+ * of plan.rounds[i]. Each round's tokens are taken one at a time as decode
+ * tokens; a job that ends inside its run (stop id, stop string,
+ * max_new_tokens) ends at that token and the rest is dropped (its slot is
+ * released: the engine sequence, which holds the whole run, must be freed,
+ * never reused). Drafted/accepted counts add up per job and in the stats.
+ * MOEQ_ERR_INVALID_ARG (nothing committed, the plan stays open) when rounds
+ * is NULL for a plan with rounds or a count is out of range.
+ */
+moeq_err moeq_sched_commit_mtp(moeq_sched *sched, const int32_t *sampled, const moeq_sched_round_out *rounds,
+                               int64_t now_ms);
+
+/*
+ * The engine failed the step or a round: every job in the plan (items and
+ * rounds) finishes with status error (error code `code`, message `message`,
+ * partial text kept).
  */
 void moeq_sched_abort(moeq_sched *sched, const char *code, const char *message, int64_t now_ms);
 
@@ -178,6 +230,8 @@ typedef struct moeq_sched_finished {
     int64_t admitted_ms;           /* got a slot; 0 = never                               */
     int64_t first_token_ms;        /* prompt done, first token sampled; 0 = never         */
     int64_t finished_ms;
+    int mtp;                       /* 1: it held a slot with mtp_k > 0 (decoded speculatively) */
+    int64_t mtp_drafted, mtp_accepted; /* over its rounds                               */
 } moeq_sched_finished;
 
 /*
@@ -205,6 +259,7 @@ typedef struct moeq_sched_stats {
     int64_t kv_reserved_tokens;
     int64_t prefill_tokens, decode_tokens; /* totals committed                          */
     int64_t jobs_finished;
+    int64_t mtp_rounds, mtp_drafted, mtp_accepted; /* speculative rounds committed      */
 } moeq_sched_stats;
 
 void moeq_sched_get_stats(const moeq_sched *sched, moeq_sched_stats *stats);

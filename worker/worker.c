@@ -41,7 +41,16 @@ typedef struct wjob {
     moeq_tokenizer_stream *stream; /* created when the job gets a slot           */
     char state;                    /* the result state for the record: 'F' failed, else done */
     int got_first;                 /* first token sampled (for the ttft metric)  */
+    /* Delivery (see on_delivery): the job's messages that the broker must acknowledge
+     * before the scheduler hears "delivered" (MSG_* bits), and the ones it did. */
+    int handle;                    /* scheduler handle of the published result, -1 before */
+    unsigned char need, acked, inflight;
+    unsigned char failures;        /* unclassified (IO) delivery failures of its messages */
+    char *reason;                  /* owned: DLQ `moeq-reason` / undeliverable cause */
 } wjob;
+
+/* The messages of one job, tagged into a delivery report's opaque (a wjob pointer's low bits). */
+enum { MSG_RESULT = 1, MSG_DLQ = 2, MSG_ERROR = 4 };
 
 struct wbatch {
     worker_entry entry;
@@ -74,11 +83,16 @@ struct moeq_worker {
     float *logits;
     int32_t *sampled;
     moeq_buf buf;
+    moeq_mtp_decoder *mtp;         /* NULL: MTP off (mtp_k 0 or no MTP layer)  */
+    moeq_spec_seq *spec;           /* max_seqs: one round's sequences          */
+    moeq_sched_round_out *round_out; /* max_seqs                               */
 
     wbatch *held;                  /* batches taken, not yet acknowledged      */
     int n_held;
     volatile sig_atomic_t stop;
     int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, started_ms;
+    char cancel_cursor[48];        /* last <prefix>:cancels entry read; "" = not yet initialised */
+    int side_dirty;                /* a DLQ copy or replacement error result waits to be produced */
     int64_t last_hb_tokens, last_hb_ms;
     double tokens_per_s;
 };
@@ -107,16 +121,76 @@ static size_t detok(void *ctx, void *user, int32_t token, const char **bytes) {
 
 /* ---- delivery reports --------------------------------------------------------- */
 
+static const char *job_id_of(const wjob *job) { return job->ej->job.id ? job->ej->job.id : job->ej->id_fallback; }
+
+static void *msg_tag(wjob *job, int kind) { return (void *)((uintptr_t)job | (uintptr_t)(kind == MSG_RESULT ? 0 : kind == MSG_DLQ ? 1 : 2)); }
+
+static wjob *msg_untag(void *opaque, int *kind) {
+    uintptr_t v = (uintptr_t)opaque;
+    *kind = (v & 3) == 0 ? MSG_RESULT : (v & 3) == 1 ? MSG_DLQ : MSG_ERROR;
+    return (wjob *)(v & ~(uintptr_t)3);
+}
+
+/* Every message the job needs is acknowledged: the scheduler may count its result delivered. */
+static void job_settle(moeq_worker *w, wjob *job) {
+    if (job->handle < 0 || (job->need & ~job->acked)) return;
+    moeq_sched_delivered(w->sched, job->handle, 1);
+    job->handle = -1;
+    job->need = job->acked = 0;
+}
+
+/*
+ * The broker refused the job's result for good: the job ends with an error
+ * result (`result_undeliverable`) on results_topic and its original bytes on
+ * the DLQ instead; the result itself is no longer needed.
+ */
+static void job_undeliverable(moeq_worker *w, wjob *job, const char *topic, moeq_err err, const char *why) {
+    char cause[384];
+    snprintf(cause, sizeof cause, "the result was refused by topic %s: %s (%s)", topic, why && *why ? why : "-",
+             moeq_err_str(err));
+    free(job->reason);
+    job->reason = strdup(cause);
+    job->need = (unsigned char)((job->need & ~MSG_RESULT) | MSG_ERROR | MSG_DLQ);
+    job->state = 'F';
+    w->side_dirty = 1;
+    moeq_log(MOEQ_LOG_ERROR, COMP, "result_undeliverable", "job=%s topic=%s err=%s reason=\"%s\"", job_id_of(job), topic,
+             moeq_err_str(err), why ? why : "");
+}
+
 static void on_delivery(const moeq_kafka_delivery *d, void *cb_opaque) {
     moeq_worker *w = cb_opaque;
-    if (!d->opaque) return; /* dead-letter copies are not tracked */
-    int handle = (int)((intptr_t)d->opaque - 1);
-    if (d->err) {
-        atomic_fetch_add(&w->metrics.results_failed, 1);
-        moeq_log(MOEQ_LOG_WARN, COMP, "result_failed", "topic=%s err=%s reason=\"%s\"", d->topic,
-                 moeq_err_str(d->err), d->errstr ? d->errstr : "");
+    if (!d->opaque) return;
+    int kind;
+    wjob *job = msg_untag(d->opaque, &kind);
+    job->inflight = (unsigned char)(job->inflight & ~kind);
+    if (!d->err) {
+        job->acked = (unsigned char)(job->acked | kind);
+        job_settle(w, job);
+        return;
     }
-    moeq_sched_delivered(w->sched, handle, d->err == MOEQ_OK);
+    atomic_fetch_add(&w->metrics.results_failed, 1);
+    moeq_log(MOEQ_LOG_WARN, COMP, kind == MSG_DLQ ? "dlq_failed" : "result_failed", "job=%s topic=%s err=%s reason=\"%s\"",
+             job_id_of(job), d->topic, moeq_err_str(d->err), d->errstr ? d->errstr : "");
+    if (d->err == MOEQ_ERR_IO) job->failures++;
+    int permanent = worker_delivery_is_permanent(d->err, job->failures);
+    if (kind == MSG_RESULT) {
+        if (permanent) {
+            job_undeliverable(w, job, d->topic, d->err, d->errstr);
+            job_settle(w, job);
+        } else {
+            moeq_sched_delivered(w->sched, job->handle, 0); /* produced again by publish_finished */
+        }
+        return;
+    }
+    if (permanent) {
+        /* nothing left to fall back on: give this copy up rather than hold the batch forever */
+        job->need = (unsigned char)(job->need & ~kind);
+        moeq_log(MOEQ_LOG_ERROR, COMP, kind == MSG_DLQ ? "dlq_undeliverable" : "error_result_undeliverable",
+                 "job=%s topic=%s err=%s", job_id_of(job), d->topic, moeq_err_str(d->err));
+        job_settle(w, job);
+    } else {
+        w->side_dirty = 1; /* produced again by send_side */
+    }
 }
 
 /* ---- construction ---------------------------------------------------------------- */
@@ -127,6 +201,21 @@ static void default_worker_id(moeq_worker_params *p) {
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = 0;
     snprintf(p->worker_id, sizeof p->worker_id, "%s-%d", host, (int)getpid());
+}
+
+/* The speculative decoder, when mtp_k > 0 and the model has an MTP layer (else MTP stays off, logged). */
+static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
+    if (w->params.mtp_k <= 0) return MOEQ_OK;
+    if (!moeq_engine_mtp_available(w->engine)) {
+        moeq_log(MOEQ_LOG_INFO, COMP, "mtp_off", "model=%s reason=\"the model has no MTP layer\"", w->model_name);
+        return MOEQ_OK;
+    }
+    size_t n = (size_t)w->params.max_seqs;
+    w->spec = calloc(n, sizeof *w->spec);
+    w->round_out = calloc(n, sizeof *w->round_out);
+    if (!w->spec || !w->round_out) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp round buffers");
+    return moeq_mtp_decoder_new(w->engine, (int)w->params.max_seqs, (int)w->params.mtp_k, &w->mtp, errstr,
+                                errstr_size);
 }
 
 static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
@@ -167,7 +256,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     if (!w->slots || !w->items || !w->sampled || !w->logits)
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "step buffers");
     for (size_t i = 0; i < n; i++) w->slots[i].seq = -1;
-    return MOEQ_OK;
+    return open_mtp(w, errstr, errstr_size);
 }
 
 static moeq_err open_io(moeq_worker *w, const moeq_kvlist *kafka, const moeq_kvlist *redis, char *errstr,
@@ -210,7 +299,10 @@ moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *ka
 
 static void batch_free(wbatch *b) {
     if (!b) return;
-    for (size_t i = 0; i < b->entry.n_jobs; i++) moeq_tokenizer_stream_destroy(b->jobs[i].stream);
+    for (size_t i = 0; i < b->entry.n_jobs; i++) {
+        moeq_tokenizer_stream_destroy(b->jobs[i].stream);
+        free(b->jobs[i].reason);
+    }
     free(b->jobs);
     free(b->states);
     worker_entry_free(&b->entry);
@@ -234,6 +326,7 @@ void moeq_worker_destroy(moeq_worker *w) {
         }
     moeq_sched_destroy(w->sched);
     moeq_redis_destroy(w->redis);
+    moeq_mtp_decoder_destroy(w->mtp);
     moeq_engine_destroy(w->engine);
     moeq_tokenizer_destroy(w->tok);
     moeq_model_destroy(w->model);
@@ -241,6 +334,8 @@ void moeq_worker_destroy(moeq_worker *w) {
     free(w->items);
     free(w->sampled);
     free(w->logits);
+    free(w->spec);
+    free(w->round_out);
     moeq_buf_free(&w->buf);
     free(w);
 }
@@ -300,6 +395,17 @@ static moeq_err tokenize_job(moeq_worker *w, worker_entry_job *ej, char *errstr,
 
 static const char *job_id(const worker_entry_job *ej) { return ej->job.id ? ej->job.id : ej->id_fallback; }
 
+/*
+ * Drafts per round for a job: the worker's mtp_k when MTP is on, the job asks
+ * for it (`mtp`, default on) and decodes greedily. Sampled jobs decode
+ * plainly: the engine's speculative sampler keeps the model's distribution
+ * but not the plain sampler's token stream, and a job's result must not
+ * depend on how it was decoded (duplicates after a crash, `moeq generate`).
+ */
+static int job_mtp_k(const moeq_worker *w, const moeq_job *job) {
+    return w->mtp && job->mtp && job->temperature <= 0.0 ? (int)w->params.mtp_k : 0;
+}
+
 /* Read job records, then hand the batch's runnable jobs to the scheduler. */
 static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, char *errstr, size_t errstr_size) {
     int64_t now = moeq_now_ms();
@@ -327,6 +433,7 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
         wjob *job = &b->jobs[i];
         job->batch = b;
         job->ej = ej;
+        job->handle = -1;
         if (b->states[i] == 'D') { /* done before a crash: its result is out; do not run it again */
             atomic_fetch_add(&w->metrics.jobs_skipped_done, 1);
             continue;
@@ -355,17 +462,17 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
         if (s->error_code) job->state = 'F';
         s->prompt = ej->tokens;
         s->n_prompt = ej->n_tokens;
+        s->mtp_k = job_mtp_k(w, &ej->job);
     }
     if (dead) {
+        /* each job's original bytes go to the DLQ; its error result counts as delivered only once
+         * the broker acknowledged that copy too (send_side, on_delivery) */
         atomic_fetch_add(&w->metrics.batches_dead_lettered, 1);
         for (size_t i = 0; i < n; i++) {
-            worker_entry_job *ej = &b->entry.jobs[i];
-            if (b->states[i] == 'D' || !ej->raw) continue;
-            moeq_kafka_header h = {"moeq-reason", why[i], strlen(why[i])};
-            moeq_kafka_out msg = {.topic = w->params.dlq_topic, .partition = MOEQ_KAFKA_PARTITION_ANY,
-                                  .key = job_id(ej), .key_len = strlen(job_id(ej)), .value = ej->raw,
-                                  .value_len = ej->raw_len, .headers = &h, .n_headers = 1};
-            moeq_kafka_produce(w->producer, &msg, NULL, 0);
+            if (b->states[i] == 'D' || !b->entry.jobs[i].raw) continue;
+            b->jobs[i].need |= MSG_DLQ;
+            b->jobs[i].reason = strdup(why[i]);
+            w->side_dirty = 1;
         }
         moeq_log(MOEQ_LOG_WARN, COMP, "dead_letter", "stream=%s entry=%s deliveries=%d jobs=%zu", b->entry.stream,
                  b->entry.id, b->entry.deliveries, n);
@@ -450,33 +557,27 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
     if (err) return moeq_errf(err, errstr, errstr_size, "sampler for job %s", job->ej->job.id);
     if ((err = moeq_engine_seq_new(w->engine, &s->seq)))
         return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
+    if (it->mtp && (err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1))) /* before its first token */
+        return moeq_errf(err, errstr, errstr_size, "mtp for job %s", job->ej->job.id);
     return MOEQ_OK;
 }
 
 /* Plan one step, run it, sample, commit. Returns 1 when a step ran. */
-static int run_step(moeq_worker *w) {
-    char err[512] = "";
-    moeq_sched_step plan;
-    int64_t now = moeq_now_ms();
-    if (moeq_sched_plan(w->sched, now, &plan)) return 0;
-    for (int i = 0; i < plan.n_released; i++) slot_clear(w, plan.released[i]);
-    if (plan.n_items == 0) return 0;
+/* The plan's step: open new sequences, run one engine step over the items, sample. */
+static moeq_err step_items(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
+    if (plan->n_items == 0) return MOEQ_OK;
     moeq_err e = MOEQ_OK;
-    for (int i = 0; i < plan.n_items && !e; i++) {
-        const moeq_sched_item *it = &plan.items[i];
-        if (it->new_seq) e = slot_open(w, it, err, sizeof err);
+    for (int i = 0; i < plan->n_items && !e; i++) {
+        const moeq_sched_item *it = &plan->items[i];
+        if (it->new_seq) e = slot_open(w, it, err, err_size);
         w->items[i] = (moeq_step_item){w->slots[it->slot].seq, it->tokens, it->n_tokens, 0};
     }
     int64_t t0 = moeq_mono_ns();
-    if (!e) e = moeq_engine_step(w->engine, w->items, plan.n_items, w->logits, (size_t)plan.n_items, err, sizeof err);
+    if (!e) e = moeq_engine_step(w->engine, w->items, plan->n_items, w->logits, (size_t)plan->n_items, err, err_size);
     atomic_fetch_add(&w->metrics.engine_ns, moeq_mono_ns() - t0);
-    if (e) {
-        moeq_log(MOEQ_LOG_ERROR, COMP, "step_failed", "err=%s items=%d reason=\"%s\"", moeq_err_str(e), plan.n_items, err);
-        moeq_sched_abort(w->sched, "engine", err, moeq_now_ms());
-        return 1;
-    }
-    for (int i = 0; i < plan.n_items; i++) {
-        const moeq_sched_item *it = &plan.items[i];
+    if (e) return e;
+    for (int i = 0; i < plan->n_items; i++) {
+        const moeq_sched_item *it = &plan->items[i];
         if (!it->sample) continue;
         w->sampled[i] = moeq_sampler_sample(w->slots[it->slot].sampler, w->logits + (size_t)i * w->vocab);
         wjob *job = it->user;
@@ -487,7 +588,52 @@ static int run_step(moeq_worker *w) {
             atomic_fetch_add(&w->metrics.ttft_count, 1);
         }
     }
-    moeq_sched_commit(w->sched, w->sampled, moeq_now_ms());
+    return MOEQ_OK;
+}
+
+/* The plan's speculative rounds, all sequences in one moeq_mtp_decode_step; outcomes into round_out. */
+static moeq_err step_rounds(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
+    if (plan->n_rounds == 0) return MOEQ_OK;
+    if (!w->mtp) return moeq_errf(MOEQ_ERR_INVALID_ARG, err, err_size, "rounds planned without an MTP decoder");
+    for (int i = 0; i < plan->n_rounds; i++) {
+        const moeq_sched_round *r = &plan->rounds[i];
+        const wjob *job = r->user;
+        w->spec[i] = (moeq_spec_seq){.seq_id = w->slots[r->slot].seq, .next_token = r->next_token, .k = r->k,
+                                     .sampling = sampling_for(&job->ej->job)};
+    }
+    int64_t t0 = moeq_mono_ns();
+    moeq_err e = moeq_mtp_decode_step(w->mtp, w->spec, plan->n_rounds, err, err_size);
+    atomic_fetch_add(&w->metrics.engine_ns, moeq_mono_ns() - t0);
+    if (e) return e;
+    int64_t drafted = 0, accepted = 0, emitted = 0;
+    for (int i = 0; i < plan->n_rounds; i++) {
+        const moeq_spec_seq *sq = &w->spec[i];
+        w->round_out[i] = (moeq_sched_round_out){sq->out, sq->n_out, (int)sq->drafted, (int)sq->accepted};
+        drafted += sq->drafted, accepted += sq->accepted, emitted += sq->n_out;
+    }
+    atomic_fetch_add(&w->metrics.mtp_rounds, plan->n_rounds);
+    atomic_fetch_add(&w->metrics.mtp_drafted, drafted);
+    atomic_fetch_add(&w->metrics.mtp_accepted, accepted);
+    atomic_fetch_add(&w->metrics.decode_tokens, emitted);
+    return MOEQ_OK;
+}
+
+/* Plan one step, run it and its speculative rounds, sample, commit. Returns 1 when anything ran. */
+static int run_step(moeq_worker *w) {
+    char err[512] = "";
+    moeq_sched_step plan;
+    if (moeq_sched_plan(w->sched, moeq_now_ms(), &plan)) return 0;
+    for (int i = 0; i < plan.n_released; i++) slot_clear(w, plan.released[i]);
+    if (plan.n_items == 0 && plan.n_rounds == 0) return 0;
+    moeq_err e = step_items(w, &plan, err, sizeof err);
+    if (!e) e = step_rounds(w, &plan, err, sizeof err);
+    if (e) { /* the caches of sequences of a failed round are as before it; all of them are freed anyway */
+        moeq_log(MOEQ_LOG_ERROR, COMP, "step_failed", "err=%s items=%d rounds=%d reason=\"%s\"", moeq_err_str(e),
+                 plan.n_items, plan.n_rounds, err);
+        moeq_sched_abort(w->sched, "engine", err, moeq_now_ms());
+        return 1;
+    }
+    moeq_sched_commit_mtp(w->sched, w->sampled, w->round_out, moeq_now_ms());
     atomic_fetch_add(&w->metrics.steps, 1);
     atomic_fetch_add(&w->metrics.prefill_tokens, plan.n_prefill_tokens);
     atomic_fetch_add(&w->metrics.decode_tokens, plan.n_decode_tokens);
@@ -517,6 +663,9 @@ static void publish_finished(moeq_worker *w) {
         r.finish_reason = fin.finish_reason;
         r.usage.prompt_tokens = fin.n_prompt;
         r.usage.completion_tokens = fin.n_tokens;
+        r.has_mtp = fin.mtp;
+        r.mtp.drafted = fin.mtp_drafted;
+        r.mtp.accepted = fin.mtp_accepted;
         int64_t created = ej->created_ms > 0 ? ej->created_ms : job->batch->entry.batched_ms;
         r.timings.queued_ms = job->batch->entry.batched_ms > created ? job->batch->entry.batched_ms - created : 0;
         r.timings.batched_ms = job->batch->taken_ms > job->batch->entry.batched_ms
@@ -546,18 +695,104 @@ static void publish_finished(moeq_worker *w) {
         moeq_kafka_out msg = {.topic = result_topic(w, &ej->job), .partition = MOEQ_KAFKA_PARTITION_ANY,
                               .key = fin.key, .key_len = strlen(fin.key), .value = w->buf.data,
                               .value_len = w->buf.len, .headers = &h, .n_headers = 1,
-                              .opaque = (void *)(intptr_t)(fin.job + 1)};
+                              .opaque = msg_tag(job, MSG_RESULT)};
+        job->handle = fin.job;
+        job->need |= MSG_RESULT;
         if (!e) e = moeq_kafka_produce(w->producer, &msg, err, sizeof err);
-        if (e) {
+        if (e && worker_delivery_is_permanent(e, WORKER_DELIVERY_MAX_UNCLASSIFIED)) {
+            job_undeliverable(w, job, msg.topic, e, err); /* too large, unknown topic, cannot encode */
+        } else if (e) {
             moeq_log(MOEQ_LOG_WARN, COMP, "produce_failed", "job=%s err=%s reason=\"%s\"", fin.key, moeq_err_str(e), err);
             moeq_sched_delivered(w->sched, fin.job, 0); /* back in the queue; retried after the next poll */
             break;
+        } else {
+            job->inflight |= MSG_RESULT;
         }
         if (fin.status != MOEQ_RESULT_OK && fin.status != MOEQ_RESULT_CANCELLED && fin.status != MOEQ_RESULT_EXPIRED)
             job->state = 'F';
         atomic_fetch_add(&w->metrics.jobs_finished, 1);
         moeq_worker_metrics_observe_latency(&w->metrics, r.timings.total_ms);
     }
+}
+
+/* The replacement error result of a job whose result the broker refused for good. */
+static moeq_err encode_undeliverable(moeq_worker *w, const wjob *job, char *err, size_t err_size) {
+    const worker_entry_job *ej = job->ej;
+    moeq_result r;
+    memset(&r, 0, sizeof r);
+    r.id = (char *)job_id_of(job);
+    r.status = MOEQ_RESULT_ERROR;
+    r.error.code = "result_undeliverable";
+    r.error.message = job->reason ? job->reason : "the result was refused by the broker";
+    r.model = w->model_name;
+    r.worker = w->params.worker_id;
+    int64_t created = ej->created_ms > 0 ? ej->created_ms : job->batch->entry.batched_ms, now = moeq_now_ms();
+    r.timings.total_ms = now > created ? now - created : 0;
+    r.metadata = ej->job.metadata;
+    r.metadata_len = ej->job.metadata_len;
+    r.metadata_format = ej->job.format;
+    moeq_wire_format fmt = ej->job.format ? ej->job.format : MOEQ_WIRE_JSON;
+    moeq_buf_reset(&w->buf);
+    moeq_err e = moeq_result_encode(&r, fmt, &w->buf, err, err_size);
+    if (e && r.metadata) {
+        r.metadata = NULL;
+        r.metadata_len = 0;
+        moeq_buf_reset(&w->buf);
+        e = moeq_result_encode(&r, fmt, &w->buf, err, err_size);
+    }
+    return e;
+}
+
+/* Produce one DLQ copy (MSG_DLQ) or replacement error result (MSG_ERROR) of a job. */
+static moeq_err send_one_side(moeq_worker *w, wjob *job, int kind, const char **topic, char *err, size_t err_size) {
+    const worker_entry_job *ej = job->ej;
+    const char *id = job_id_of(job);
+    const char *reason = job->reason ? job->reason : "dead_letter";
+    moeq_kafka_header h = {"moeq-reason", reason, strlen(reason)};
+    moeq_kafka_out msg = {.partition = MOEQ_KAFKA_PARTITION_ANY, .key = id, .key_len = strlen(id),
+                          .headers = &h, .n_headers = 1, .opaque = msg_tag(job, kind)};
+    if (kind == MSG_DLQ) {
+        msg.topic = w->params.dlq_topic;
+        msg.value = ej->raw;
+        msg.value_len = ej->raw_len;
+    } else {
+        moeq_err e = encode_undeliverable(w, job, err, err_size);
+        if (e) return e;
+        const char *ct = moeq_wire_content_type(ej->job.format ? ej->job.format : MOEQ_WIRE_JSON);
+        h = (moeq_kafka_header){"content-type", ct, strlen(ct)};
+        msg.topic = w->params.results_topic;
+        msg.value = w->buf.data;
+        msg.value_len = w->buf.len;
+    }
+    *topic = msg.topic;
+    return moeq_kafka_produce(w->producer, &msg, err, err_size);
+}
+
+/* Produce every DLQ copy and replacement error result that is needed and not in flight or acknowledged. */
+static void send_side(moeq_worker *w) {
+    if (!w->side_dirty) return;
+    w->side_dirty = 0;
+    for (wbatch *b = w->held; b; b = b->next)
+        for (size_t i = 0; i < b->entry.n_jobs; i++) {
+            wjob *job = &b->jobs[i];
+            for (int kind = MSG_DLQ; kind <= MSG_ERROR; kind <<= 1) {
+                if (!(job->need & kind) || ((job->acked | job->inflight) & kind)) continue;
+                char err[256] = "";
+                const char *topic = kind == MSG_DLQ ? w->params.dlq_topic : w->params.results_topic;
+                moeq_err e = send_one_side(w, job, kind, &topic, err, sizeof err);
+                if (!e) {
+                    job->inflight |= (unsigned char)kind;
+                } else if (worker_delivery_is_permanent(e, WORKER_DELIVERY_MAX_UNCLASSIFIED)) {
+                    job->need = (unsigned char)(job->need & ~kind);
+                    moeq_log(MOEQ_LOG_ERROR, COMP, kind == MSG_DLQ ? "dlq_undeliverable" : "error_result_undeliverable",
+                             "job=%s topic=%s err=%s reason=\"%s\"", job_id_of(job), topic, moeq_err_str(e), err);
+                    job_settle(w, job);
+                } else {
+                    w->side_dirty = 1; /* queue full or the like: next turn */
+                    return;
+                }
+            }
+        }
 }
 
 /* Acknowledge every batch whose results were all delivered. */
@@ -613,8 +848,29 @@ static void heartbeat(moeq_worker *w, int64_t now) {
     atomic_store(&w->metrics.slots_free, st.free_slots);
 }
 
-/* Check held, unfinished jobs' records for a cancel; the scheduler stops them at its next plan. */
+static void on_cancel_notice(const char *id, void *opaque) {
+    moeq_worker *w = opaque;
+    if (moeq_sched_cancel(w->sched, id) == MOEQ_OK) moeq_log(MOEQ_LOG_INFO, COMP, "job_cancelled", "job=%s via=stream", id);
+}
+
+/*
+ * Cancels. Every turn while jobs are pending or running: the cancel stream
+ * (<prefix>:cancels, one non-blocking XREAD after a cursor), so a cancel
+ * written before this turn's engine step stops its job at that step's plan —
+ * the job takes part in at most the one step that was running when the
+ * cancel was written. Every cancel_poll_ms, as a fallback (a coordinator
+ * that does not write the stream, entries trimmed away): the held jobs'
+ * records.
+ */
 static void poll_cancels(moeq_worker *w, int64_t now) {
+    moeq_sched_stats st;
+    moeq_sched_get_stats(w->sched, &st);
+    if (st.running + st.pending > 0 || !w->cancel_cursor[0]) {
+        char err[256];
+        moeq_err e = worker_io_cancels(w->redis, w->params.redis_prefix, w->cancel_cursor, sizeof w->cancel_cursor,
+                                       on_cancel_notice, w, err, sizeof err);
+        if (e) moeq_log(MOEQ_LOG_DEBUG, COMP, "cancel_read_failed", "err=%s reason=\"%s\"", moeq_err_str(e), err);
+    }
     if (now < w->next_cancel_ms) return;
     w->next_cancel_ms = now + w->params.cancel_poll_ms;
     for (wbatch *b = w->held; b; b = b->next) {
@@ -673,6 +929,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
         }
         int ran = run_step(w);
         publish_finished(w);
+        send_side(w);
         moeq_kafka_producer_poll(w->producer, ran ? 0 : (moeq_sched_idle(w->sched) ? 0 : 5));
         ack_batches(w);
     }

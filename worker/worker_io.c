@@ -352,6 +352,66 @@ moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params
     return moeq_redis_command_argv(redis, 9, argv, NULL, NULL, errstr, errstr_size);
 }
 
+/* ---- cancel notices -------------------------------------------------------- */
+
+typedef struct cancel_ctx {
+    worker_io_cancel_fn fn;
+    void *opaque;
+    char *cursor;
+    size_t cursor_size;
+} cancel_ctx;
+
+static int cancel_one(const moeq_redis_entry *entry, void *opaque) {
+    cancel_ctx *c = opaque;
+    const char *id = entry->fields ? moeq_redis_entry_get(entry, "id", NULL) : NULL;
+    if (id && *id && c->fn) c->fn(id, c->opaque);
+    snprintf(c->cursor, c->cursor_size, "%s", entry->id);
+    return 0;
+}
+
+static moeq_err cancels_init(moeq_redis *redis, const char *key, char *cursor, size_t cursor_size, char *errstr,
+                             size_t errstr_size) {
+    const char *argv[] = {"XREVRANGE", key, "+", "-", "COUNT", "1"};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 6, argv, NULL, &reply, errstr, errstr_size);
+    char last[48] = "0-0";
+    cancel_ctx c = {NULL, NULL, last, sizeof last};
+    if (!err) err = moeq_redis_entries_foreach(reply, MOEQ_REDIS_XRANGE, cancel_one, &c, errstr, errstr_size);
+    moeq_redis_reply_free(reply);
+    if (!err) snprintf(cursor, cursor_size, "%s", last);
+    return err;
+}
+
+moeq_err worker_io_cancels(moeq_redis *redis, const char *prefix, char *cursor, size_t cursor_size,
+                           worker_io_cancel_fn fn, void *opaque, char *errstr, size_t errstr_size) {
+    char key[256];
+    snprintf(key, sizeof key, "%s:%s", prefix, WORKER_IO_CANCELS_KEY);
+    if (!cursor[0]) return cancels_init(redis, key, cursor, cursor_size, errstr, errstr_size);
+    const char *argv[] = {"XREAD", "COUNT", "256", "STREAMS", key, cursor};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 6, argv, NULL, &reply, errstr, errstr_size);
+    cancel_ctx c = {fn, opaque, cursor, cursor_size};
+    if (!err && moeq_redis_reply_type_of(reply) != MOEQ_REDIS_NIL)
+        err = moeq_redis_entries_foreach(reply, MOEQ_REDIS_XREAD, cancel_one, &c, errstr, errstr_size);
+    moeq_redis_reply_free(reply);
+    return err;
+}
+
+/* ---- delivery errors ---------------------------------------------------------- */
+
+int worker_delivery_is_permanent(moeq_err err, int failures) {
+    switch (err) {
+    case MOEQ_ERR_LIMIT:
+    case MOEQ_ERR_NOT_FOUND:
+    case MOEQ_ERR_INVALID_ARG:
+    case MOEQ_ERR_FORMAT:
+    case MOEQ_ERR_PARSE:
+    case MOEQ_ERR_UNSUPPORTED: return 1;
+    case MOEQ_ERR_IO: return failures >= WORKER_DELIVERY_MAX_UNCLASSIFIED;
+    default: return 0;
+    }
+}
+
 moeq_err worker_io_heartbeat(moeq_redis *redis, const char *prefix, const char *worker_id, const char *json, int64_t ttl_ms,
                              char *errstr, size_t errstr_size) {
     char key[256], px[24];

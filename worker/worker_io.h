@@ -98,6 +98,34 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
 moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                              const worker_entry *entry, char *errstr, size_t errstr_size);
 
+/*
+ * Cancel notices: the coordinator appends `id <job id>` to the stream
+ * <prefix>:cancels (after setting the record's cancel flag, in the same
+ * script) for every job it cancels while batched or running. Read the
+ * entries after *cursor (XREAD COUNT 256, never blocking), call fn for each
+ * job id, and advance the cursor (at least 48 bytes). An empty cursor is
+ * first set to the stream's last id (XREVRANGE + - COUNT 1, "0-0" when the
+ * stream is empty) without reporting anything: cancels written before that
+ * are in the job records, which admission reads. One round trip.
+ */
+#define WORKER_IO_CANCELS_KEY "cancels"
+typedef void (*worker_io_cancel_fn)(const char *job_id, void *opaque);
+moeq_err worker_io_cancels(moeq_redis *redis, const char *prefix, char *cursor, size_t cursor_size,
+                           worker_io_cancel_fn fn, void *opaque, char *errstr, size_t errstr_size);
+
+/*
+ * How to treat a failed delivery of a message (the Kafka adapter's moeq_err):
+ * 1 when the broker refuses this message for good — too large (LIMIT),
+ * unknown topic (NOT_FOUND), forbidden or invalid (INVALID_ARG, FORMAT,
+ * PARSE, UNSUPPORTED), or an unclassified broker error (IO: invalid record,
+ * policy violation, ...) seen `failures` >= WORKER_DELIVERY_MAX_UNCLASSIFIED
+ * times; 0 when it should be produced again (TRANSIENT, TIMEOUT, and
+ * everything else: a fatal producer state is not the message's fault).
+ * Pure.
+ */
+#define WORKER_DELIVERY_MAX_UNCLASSIFIED 3
+int worker_delivery_is_permanent(moeq_err err, int failures);
+
 /* SET <prefix>:worker:<id> json PX ttl_ms; DEL when json is NULL. */
 moeq_err worker_io_heartbeat(moeq_redis *redis, const char *prefix, const char *worker_id, const char *json, int64_t ttl_ms,
                              char *errstr, size_t errstr_size);
