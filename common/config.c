@@ -41,7 +41,9 @@ static moeq_err prop_set(const moeq_prop *p, void *params, const char *value, ch
         if ((double)v < p->min || (double)v > p->max)
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "%s: %lld is outside [%.0f, %.0f]", p->name, v,
                              p->min, p->max);
-        *(int64_t *)field = v;
+        if (p->size == sizeof(int)) *(int *)field = (int)v; /* an int field; the bounds keep v in range */
+        else if (p->size == sizeof(int64_t)) *(int64_t *)field = v;
+        else return moeq_errf(MOEQ_ERR_INTERNAL, errstr, n, "%s: integer field of %zu bytes", p->name, p->size);
         return MOEQ_OK;
     }
     case MOEQ_PROP_DOUBLE: {
@@ -94,7 +96,10 @@ moeq_err moeq_props_get(const moeq_prop *table, const void *params, const char *
     if (!p) return MOEQ_ERR_NOT_FOUND;
     const char *field = (const char *)params + p->offset;
     switch (p->type) {
-    case MOEQ_PROP_INT: snprintf(out, out_size, "%lld", (long long)*(const int64_t *)field); break;
+    case MOEQ_PROP_INT:
+        snprintf(out, out_size, "%lld",
+                 p->size == sizeof(int) ? (long long)*(const int *)field : (long long)*(const int64_t *)field);
+        break;
     case MOEQ_PROP_DOUBLE: snprintf(out, out_size, "%g", *(const double *)field); break;
     case MOEQ_PROP_BOOL: snprintf(out, out_size, "%s", *(const int *)field ? "true" : "false"); break;
     case MOEQ_PROP_STR: snprintf(out, out_size, "%s", field); break;

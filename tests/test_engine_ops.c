@@ -292,7 +292,7 @@ static void backend_task_split_for_few_tokens_keeps_the_bits(void **state) {
 
 /* ---- engine params table --------------------------------------------------------- */
 
-extern const moeq_prop moeq_engine_params_props[]; /* engine_props.c */
+
 
 /* A field of the params as the table describes it (offset, size). */
 static long long prop_field(const moeq_prop *p, const void *params) {
@@ -318,6 +318,28 @@ static void engine_params_table_defaults_equal_the_default_params(void **state) 
     }
     assert_int_equal(n, 6);
     for (int i = 0; i < 6; i++) assert_int_equal(seen[i], 1);
+}
+
+/* Regression: an int field set through the table must not spill into its neighbour (config.c stored 8 bytes). */
+static void setting_one_engine_param_leaves_the_others_alone(void **state) {
+    (void)state;
+    for (const moeq_prop *p = moeq_engine_params_props; p->name; p++) {
+        moeq_engine_params want = moeq_engine_default_params(), got = want;
+        char err[256] = "", out[32];
+        const char *v = p->type == MOEQ_PROP_BOOL ? "false" : "3";
+        assert_int_equal(moeq_props_set(moeq_engine_params_props, &got, p->name, v, err, sizeof(err)), MOEQ_OK);
+        assert_int_equal(moeq_props_get(moeq_engine_params_props, &got, p->name, out, sizeof(out)), MOEQ_OK);
+        assert_string_equal(out, v);
+        memcpy((char *)&want + p->offset, (const char *)&got + p->offset, p->size);
+        assert_memory_equal(&want, &got, sizeof(want));
+    }
+    moeq_engine_params d;
+    memset(&d, 0x5a, sizeof(d));
+    assert_int_equal(moeq_props_defaults(moeq_engine_params_props, &d, NULL, 0), MOEQ_OK);
+    moeq_engine_params want = moeq_engine_default_params();
+    assert_true(d.max_seqs == want.max_seqs && d.max_step_tokens == want.max_step_tokens &&
+                d.kv_block_tokens == want.kv_block_tokens && d.kv_cache_tokens == want.kv_cache_tokens &&
+                d.n_threads == want.n_threads && d.batch_invariant == want.batch_invariant);
 }
 
 /* ---- rope, ops ---------------------------------------------------------------- */
@@ -599,6 +621,7 @@ int main(void) {
         cmocka_unit_test(kernel_output_of_an_element_never_depends_on_its_block),
         cmocka_unit_test(backend_task_split_for_few_tokens_keeps_the_bits),
         cmocka_unit_test(engine_params_table_defaults_equal_the_default_params),
+        cmocka_unit_test(setting_one_engine_param_leaves_the_others_alone),
         cmocka_unit_test(yarn_mscale_and_frequencies_follow_the_formulas),
         cmocka_unit_test(rope_rotates_interleaved_pairs_into_halves),
         cmocka_unit_test(rmsnorm_and_softmax_are_right),

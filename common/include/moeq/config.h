@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 typedef enum moeq_prop_type {
-    MOEQ_PROP_INT,    /* int64_t field                         */
+    MOEQ_PROP_INT,    /* int64_t field, or int when size == sizeof(int) */
     MOEQ_PROP_DOUBLE, /* double field                          */
     MOEQ_PROP_BOOL,   /* int field, 0/1; true/false/yes/no/on/off */
     MOEQ_PROP_STR,    /* char[size] field, NUL-terminated      */

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moeq/config.h"
 #include "moeq/err.h"
 
 #ifdef __cplusplus
@@ -106,6 +107,10 @@ typedef struct moeq_engine_params {
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
+
+/* Property table of moeq_engine_params (name, type, range, default, doc), for
+ * `key = value` configuration of the engine by the worker and tools. */
+extern const moeq_prop moeq_engine_params_props[];
 
 /* The model is borrowed and must outlive the engine. */
 moeq_err moeq_engine_new(const moeq_model *model, const moeq_engine_params *params, moeq_engine **out,
