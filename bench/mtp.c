@@ -201,14 +201,15 @@ static void print_batch(int B, const args *a, result res[][8], int *first) {
                 if (a->ks[j] == 0) base = res[rep][j].tps;
             tps[rep] = res[rep][ki].tps;
             speedup[rep] = base > 0 ? res[rep][ki].tps / base : 0.0;
-            if (getenv("BENCH_MTP_DEBUG")) fprintf(stderr, "rep %d k %d tps %.2f speedup %.3f\n", rep, a->ks[ki], tps[rep], speedup[rep]);
         }
         const result *r = &res[0][ki]; /* greedy: acceptance is the same every repetition */
         double acc = r->drafted ? (double)r->accepted / (double)r->drafted : 0.0;
+        double sp = median(speedup, a->repeat); /* sorts: [0] and [repeat - 1] are the extremes */
         printf("%s\n  {\"batch\": %d, \"k\": %d, \"tokens_per_s\": %.2f, \"acceptance\": %.4f, "
-               "\"tokens_per_step\": %.3f, \"zero_overhead_speedup\": %.3f, \"speedup\": %.3f}",
+               "\"tokens_per_step\": %.3f, \"zero_overhead_speedup\": %.3f, \"speedup\": %.3f, "
+               "\"speedup_range\": [%.3f, %.3f]}",
                *first ? "" : ",", B, a->ks[ki], median(tps, a->repeat), acc, r->tokens_per_round,
-               r->tokens_per_round, median(speedup, a->repeat));
+               r->tokens_per_round, sp, speedup[0], speedup[a->repeat - 1]);
         *first = 0;
     }
     fflush(stdout);

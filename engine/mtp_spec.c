@@ -17,6 +17,11 @@
  *   4. roll back: moeq_engine_seq_truncate to the accepted tokens, which
  *      also drops the MTP entries built on rejected tokens and the drafts.
  *
+ * A round costs the verify step plus the k draft passes, nothing else: the
+ * verify step runs no MTP block (mtp.c keeps the rows; the accepted
+ * positions' MTP entries are computed by the next round's first draft pass,
+ * and the first draft entry of this round is kept, not recomputed).
+ *
  * Greedy is token-for-token plain decoding because verification rows are
  * bit-identical to single-token decode rows (batch invariance) and argmax
  * breaks ties to the lower id as the sampler does. p and q are the

@@ -30,5 +30,5 @@ moeq_add_test(NAME test_kafka_mock SOURCES test_kafka_mock.c LIBS moeq_io
 # cluster (in the test process; the `moeq` child reaches it over loopback), in
 # addition to the real broker restart above; Redis from the `services` fixture.
 moeq_add_test(NAME test_coordinator_mock_faults SOURCES test_coordinator_mock_faults.c
-  LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 120)
+  LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 180)
 add_dependencies(test_coordinator_mock_faults moeq)
