@@ -45,7 +45,11 @@ static const char CANCEL_LUA[] =
     "  if tonumber(ARGV[2]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end\n"
     "  return 'absent'\n"
     "end\n"
-    "if st == 'batched' or st == 'running' then redis.call('HSET', KEYS[1], 'cancel', '1', 'cancel_ms', ARGV[1]) end\n"
+    "if st == 'batched' or st == 'running' then\n"
+    "  redis.call('HSET', KEYS[1], 'cancel', '1', 'cancel_ms', ARGV[1])\n"
+    /* workers read this stream between engine steps: a running job stops within one step */
+    "  redis.call('XADD', KEYS[2], 'MAXLEN', '~', '10000', '*', 'id', ARGV[3])\n"
+    "end\n"
     "return st\n";
 
 struct moeq_store {
@@ -292,13 +296,14 @@ moeq_err moeq_store_cancel(moeq_store *s, const char *id, int64_t now_ms, char *
     snprintf(now, sizeof(now), "%lld", (long long)now_ms);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)s->params.job_record_ttl_s);
     record_key(s, id, s->keys[0], sizeof(s->keys[0]));
-    const char *args[] = {"1", s->keys[0], now, ttl, id};
-    for (int i = 0; i < 5; i++) {
+    snprintf(s->keys[1], sizeof(s->keys[1]), "%s:cancels", s->params.redis_prefix);
+    const char *args[] = {"2", s->keys[0], s->keys[1], now, ttl, id};
+    for (int i = 0; i < 6; i++) {
         s->argv[2 + i] = args[i];
         s->argv_len[2 + i] = strlen(args[i]);
     }
     moeq_redis_reply *r = NULL;
-    moeq_err err = evalsha(s, s->cancel_sha, 7, &r, errstr, n);
+    moeq_err err = evalsha(s, s->cancel_sha, 8, &r, errstr, n);
     const char *st = r ? moeq_redis_reply_str(r, NULL) : NULL;
     if (!err && state_out && state_size) snprintf(state_out, state_size, "%s", st ? st : "?");
     moeq_redis_reply_free(r);

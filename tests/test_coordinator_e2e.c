@@ -254,8 +254,60 @@ static void a_job_cancelled_before_it_arrives_never_reaches_a_batch(void **state
     h_destroy(&h);
 }
 
+/* HGET key field into out ("" when absent). */
+static void hget(harness *h, const char *key, const char *field, char *out, size_t n) {
+    const char *argv[] = {"HGET", key, field};
+    moeq_redis_reply *r = NULL;
+    char err[256];
+    moeq_redis_command_argv(h->redis, 3, argv, NULL, &r, err, sizeof err);
+    const char *v = r ? moeq_redis_reply_str(r, NULL) : NULL;
+    snprintf(out, n, "%s", v ? v : "");
+    moeq_redis_reply_free(r);
+}
+
+/* Regression: a cancel of an already batched job used to set only the record's
+ * flag, which workers poll slowly; it must also be announced on <prefix>:cancels,
+ * which workers read between engine steps. */
+static void a_job_cancelled_after_batching_is_flagged_and_announced_to_workers(void **state) {
+    (void)state;
+    harness h;
+    int rc = h_init(&h, "coord_cancel_batched");
+    if (rc == MOEQ_TEST_SKIP) skip();
+    assert_int_equal(rc, 0);
+    const char *extra[] = {"--max_wait_ms=20", "--kafka.topic.metadata.refresh.interval.ms=500", NULL};
+    pid_t pid = h_start(&h, extra);
+    const char *j = "{\"v\":1,\"id\":\"b1\",\"tokens\":[1,2,3]}";
+    h_produce(&h, h.jobs_topic, "b1", j, strlen(j));
+    assert_int_equal(h_flush(&h), 0);
+    char key[160], val[64];
+    snprintf(key, sizeof key, "%s:job:b1", h.prefix);
+    int64_t end = moeq_now_ms() + 30000;
+    for (val[0] = 0; strcmp(val, "batched") && moeq_now_ms() < end; h_sleep_ms(100)) hget(&h, key, "state", val, sizeof val);
+    assert_string_equal(val, "batched");
+
+    h_produce(&h, h.cancel_topic, "b1", "b1", 2);
+    assert_int_equal(h_flush(&h), 0);
+    end = moeq_now_ms() + 30000;
+    for (val[0] = 0; strcmp(val, "1") && moeq_now_ms() < end; h_sleep_ms(100)) hget(&h, key, "cancel", val, sizeof val);
+    assert_string_equal(val, "1");
+
+    char stream[160], err[256];
+    snprintf(stream, sizeof stream, "%s:cancels", h.prefix);
+    const char *argv[] = {"XRANGE", stream, "-", "+"};
+    moeq_redis_reply *r = NULL;
+    assert_int_equal(moeq_redis_command_argv(h.redis, 4, argv, NULL, &r, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_redis_reply_len(r), 1);                     /* one entry ... */
+    const moeq_redis_reply *fields = moeq_redis_reply_at(moeq_redis_reply_at(r, 0), 1);
+    assert_string_equal(moeq_redis_reply_str(moeq_redis_reply_at(fields, 0), NULL), "id");
+    assert_string_equal(moeq_redis_reply_str(moeq_redis_reply_at(fields, 1), NULL), "b1"); /* ... naming the job */
+    moeq_redis_reply_free(r);
+    assert_int_equal(h_stop(pid), 0);
+    h_destroy(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_job_cancelled_after_batching_is_flagged_and_announced_to_workers),
         cmocka_unit_test(mixed_jobs_become_batches_that_obey_every_bound),
         cmocka_unit_test(invalid_jobs_are_dead_lettered_with_reasons_and_answered),
         cmocka_unit_test(a_job_cancelled_before_it_arrives_never_reaches_a_batch),
