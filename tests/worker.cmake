@@ -30,6 +30,9 @@ if(TARGET test_worker_pipeline)
   # 1,000 jobs from the Python, Node and kcat example producers, each checked against generate alone.
   moeq_add_test(NAME test_worker_e2e SOURCES test_worker_e2e.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)
+  # A worker started mid-run joins the group, takes batches, and nothing is lost.
+  moeq_add_test(NAME test_worker_scale SOURCES test_worker_scale.c LIBS moeq_worker
+    LABELS integration FIXTURES services TIMEOUT 300)
   # 5,000 jobs (MOEQ_CHAOS_JOBS) while workers and the coordinator are killed with -9 and Redis is restarted
   # once; alone, since it restarts the fixture's Redis.
   moeq_add_test(NAME test_worker_chaos SOURCES test_worker_chaos.c LIBS moeq_worker
