@@ -248,6 +248,14 @@ static inline int h_read_batches(harness *h, h_walk *w) {
 
 static int h_cmp_id(const void *a, const void *b) { return strcmp(((const h_job *)a)->id, ((const h_job *)b)->id); }
 
+/* Sort w's job entries by id; returns how many repeat the id before them (entries for a job batched twice). */
+static inline size_t h_sort_count_doubled(h_walk *w) {
+    qsort(w->jobs, w->n_jobs, sizeof(*w->jobs), h_cmp_id);
+    size_t doubled = 0;
+    for (size_t i = 1; i < w->n_jobs; i++) doubled += !strcmp(w->jobs[i].id, w->jobs[i - 1].id);
+    return doubled;
+}
+
 /* Collected messages of a topic (value + reason header). */
 typedef struct h_msg {
     char key[128];

@@ -98,9 +98,7 @@ static void no_job_is_lost_or_doubled_when_the_broker_crashes_and_restarts(void 
     }
     assert_int_equal(h_stop(pid), 0);
     assert_int_equal(h_read_batches(&h, &w), 0);
-    qsort(w.jobs, w.n_jobs, sizeof(*w.jobs), h_cmp_id);
-    size_t doubled = 0;
-    for (size_t i = 1; i < w.n_jobs; i++) doubled += !strcmp(w.jobs[i].id, w.jobs[i - 1].id);
+    size_t doubled = h_sort_count_doubled(&w);
     print_message("%zu job entries in %zu batches across a broker crash, %zu doubled\n", w.n_jobs, w.n_batches, doubled);
     assert_int_equal(doubled, 0);
     assert_int_equal(w.n_jobs, N_JOBS);

@@ -81,9 +81,7 @@ static void every_job_is_in_exactly_one_batch_across_kill_9_restarts(void **stat
     }
     assert_int_equal(h_stop(pid), 0);
     assert_int_equal(h_read_batches(&h, &w), 0);
-    qsort(w.jobs, w.n_jobs, sizeof(*w.jobs), h_cmp_id);
-    size_t doubled = 0;
-    for (size_t i = 1; i < w.n_jobs; i++) doubled += !strcmp(w.jobs[i].id, w.jobs[i - 1].id);
+    size_t doubled = h_sort_count_doubled(&w);
     size_t refused = 0; /* redelivered jobs the guard refused (from the coordinators' logs) */
     FILE *log = fopen(h.log_path, "r");
     char line[1024];

@@ -19,32 +19,18 @@
 
 #include "forward.h"
 #include "moeq/engine.h"
+#include "engine_test_util.h"
 
 static char g_dir[256];
 static moeq_model *g_tiny, *g_tiny_f8, *g_tiny_v2;
-
-static moeq_model *gen_and_load(const char *preset, const char *dtype, const char *name) {
-    const char *build = getenv("MOEQ_BUILD_DIR");
-    char cmd[1024], path[512], err[512] = "";
-    snprintf(path, sizeof(path), "%s/%s", g_dir, name);
-    snprintf(cmd, sizeof(cmd), "'%s/cli/moeq' gen-model --preset %s --dtype %s --out '%s' >/dev/null 2>&1",
-             build ? build : ".", preset, dtype, path);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "gen-model failed: %s\n", cmd);
-        return NULL;
-    }
-    moeq_model *m = NULL;
-    if (moeq_model_load(path, NULL, &m, err, sizeof(err)) != MOEQ_OK) fprintf(stderr, "load %s: %s\n", path, err);
-    return m;
-}
 
 static int setup(void **state) {
     (void)state;
     snprintf(g_dir, sizeof(g_dir), "/tmp/moeq-test-engine-XXXXXX");
     if (!mkdtemp(g_dir)) return -1;
-    g_tiny = gen_and_load("tiny", "bf16", "tiny");
-    g_tiny_f8 = gen_and_load("tiny", "f8", "tiny-f8");
-    g_tiny_v2 = gen_and_load("tiny-v2", "bf16", "tiny-v2");
+    g_tiny = moeq_test_gen_and_load(g_dir, "tiny", "bf16", "tiny");
+    g_tiny_f8 = moeq_test_gen_and_load(g_dir, "tiny", "f8", "tiny-f8");
+    g_tiny_v2 = moeq_test_gen_and_load(g_dir, "tiny-v2", "bf16", "tiny-v2");
     return g_tiny && g_tiny_f8 && g_tiny_v2 ? 0 : -1;
 }
 
@@ -53,9 +39,7 @@ static int teardown(void **state) {
     moeq_model_destroy(g_tiny);
     moeq_model_destroy(g_tiny_f8);
     moeq_model_destroy(g_tiny_v2);
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return moeq_test_remove_dir(g_dir);
 }
 
 static moeq_engine *engine_for(const moeq_model *m, int n_threads, int max_step_tokens) {
@@ -73,12 +57,6 @@ static moeq_engine *engine_for(const moeq_model *m, int n_threads, int max_step_
     return e;
 }
 
-static int V(const moeq_model *m) { return moeq_model_get_config(m)->vocab_size; }
-
-static void prompt(int32_t *ids, int n, int salt, int vocab) {
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + salt * 101 + 5) % vocab);
-}
-
 /* Prefill `n` tokens of seq in one step, all logits into out (n, vocab). */
 static void run_all(moeq_engine *e, int seq, const int32_t *ids, int n, float *out, int vocab) {
     moeq_step_item it = {seq, ids, n, 1};
@@ -94,9 +72,9 @@ static void absorbed_and_naive_mla_agree(void **state) {
     const moeq_model *models[2] = {g_tiny, g_tiny_v2};
     for (int mi = 0; mi < 2; mi++) {
         const moeq_model *m = models[mi];
-        int n = 40, vocab = V(m), a, b;
+        int n = 40, vocab = moeq_test_vocab(m), a, b;
         int32_t ids[40];
-        prompt(ids, n, 1, vocab);
+        moeq_test_prompt(ids, n, 1, vocab);
         float *la = malloc((size_t)n * vocab * 4), *lb = malloc((size_t)n * vocab * 4);
         moeq_engine *e = engine_for(m, 2, 64);
         assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
@@ -117,9 +95,9 @@ static void absorbed_and_naive_mla_agree(void **state) {
 
 static void prefill_equals_token_by_token_decode_bit_for_bit(void **state) {
     (void)state;
-    int n = 30, vocab = V(g_tiny), a, b, c;
+    int n = 30, vocab = moeq_test_vocab(g_tiny), a, b, c;
     int32_t ids[30];
-    prompt(ids, n, 2, vocab);
+    moeq_test_prompt(ids, n, 2, vocab);
     float *pre = malloc((size_t)n * vocab * 4), *dec = malloc((size_t)n * vocab * 4), *chk = malloc((size_t)n * vocab * 4);
     moeq_engine *e = engine_for(g_tiny, 2, 64);
     assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
@@ -141,9 +119,9 @@ static void prefill_equals_token_by_token_decode_bit_for_bit(void **state) {
  */
 static void logits_are_bit_identical_alone_and_in_mixed_batches(void **state) {
     (void)state;
-    int vocab = V(g_tiny), na = 9, steps = 4;
+    int vocab = moeq_test_vocab(g_tiny), na = 9, steps = 4;
     int32_t a_ids[13];
-    prompt(a_ids, na + steps, 3, vocab);
+    moeq_test_prompt(a_ids, na + steps, 3, vocab);
     size_t row = (size_t)vocab;
     float *ref = malloc((1 + steps) * row * 4 * na), *got = malloc(64 * row * 4);
     moeq_engine *e = engine_for(g_tiny, 2, 128);
@@ -158,7 +136,7 @@ static void logits_are_bit_identical_alone_and_in_mixed_batches(void **state) {
         assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
         for (int o = 0; o < others; o++) {
             assert_int_equal(moeq_engine_seq_new(e, &seqs[o]), MOEQ_OK);
-            prompt(other_ids[o], 64, 10 + o, vocab);
+            moeq_test_prompt(other_ids[o], 64, 10 + o, vocab);
             if (o % 2) run_all(e, seqs[o], other_ids[o], 3 + o, got, vocab); /* odd ones are already decoding */
         }
         for (int s = 0; s <= steps; s++) {
@@ -192,9 +170,9 @@ static void logits_are_bit_identical_alone_and_in_mixed_batches(void **state) {
 
 static void truncate_then_reappend_gives_identical_logits(void **state) {
     (void)state;
-    int vocab = V(g_tiny), n = 20, a;
+    int vocab = moeq_test_vocab(g_tiny), n = 20, a;
     int32_t ids[20], junk[5] = {7, 8, 9, 10, 11};
-    prompt(ids, n, 4, vocab);
+    moeq_test_prompt(ids, n, 4, vocab);
     float *first = malloc((size_t)n * vocab * 4), *again = malloc((size_t)n * vocab * 4);
     moeq_engine *e = engine_for(g_tiny, 2, 64);
     assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
@@ -262,9 +240,9 @@ static void moe_gather_scatter_equals_a_per_token_loop(void **state) {
 
 static void bf16_and_f8_checkpoints_both_run(void **state) {
     (void)state;
-    int vocab = V(g_tiny), n = 16, a;
+    int vocab = moeq_test_vocab(g_tiny), n = 16, a;
     int32_t ids[16];
-    prompt(ids, n, 5, vocab);
+    moeq_test_prompt(ids, n, 5, vocab);
     float *lb = malloc((size_t)n * vocab * 4), *l8 = malloc((size_t)n * vocab * 4);
     moeq_engine *e = engine_for(g_tiny, 2, 64), *e8 = engine_for(g_tiny_f8, 2, 64);
     assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
@@ -289,9 +267,9 @@ static void bf16_and_f8_checkpoints_both_run(void **state) {
 
 static void greedy_generation_follows_argmax_and_stops(void **state) {
     (void)state;
-    int vocab = V(g_tiny), a;
+    int vocab = moeq_test_vocab(g_tiny), a;
     int32_t ids[8];
-    prompt(ids, 8, 6, vocab);
+    moeq_test_prompt(ids, 8, 6, vocab);
     moeq_engine *e = engine_for(g_tiny, 2, 64);
     moeq_generate_params gp = {.sampling = moeq_sampling_default_params(), .max_new_tokens = 6};
     int32_t *out = NULL;
@@ -332,7 +310,7 @@ static void a_step_that_does_not_fit_appends_nothing(void **state) {
                      (size_t)3 * (32 + 8) * sizeof(float)); /* layers x (kv_lora + rope) floats */
     int a, b;
     int32_t ids[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-    float *l = malloc((size_t)16 * V(g_tiny) * 4);
+    float *l = malloc((size_t)16 * moeq_test_vocab(g_tiny) * 4);
     assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
     assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
     moeq_step_item it[2] = {{a, ids, 16, 0}, {b, ids, 9, 0}};

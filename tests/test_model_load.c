@@ -288,6 +288,13 @@ static void bf16_f16_and_f8_checkpoints_dequantise_to_the_f32_values(void **stat
 
 typedef void (*json_edit)(cJSON *root);
 
+/* The JSON header's length: the file's first 8 bytes, little-endian. */
+static uint64_t safetensors_header_len(const char *file_bytes) {
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (uint8_t)file_bytes[i];
+    return hlen;
+}
+
 /* Rewrite dir/file's safetensors header through edit (data bytes kept; offsets are relative to them). */
 static void edit_header(const char *dir, const char *file, json_edit edit) {
     char path[600];
@@ -295,8 +302,7 @@ static void edit_header(const char *dir, const char *file, json_edit edit) {
     char *buf = NULL;
     size_t len = 0;
     assert_int_equal(moeq_read_file(path, 1 << 26, &buf, &len, NULL, 0), MOEQ_OK);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (uint8_t)buf[i];
+    uint64_t hlen = safetensors_header_len(buf);
     cJSON *root = cJSON_ParseWithLength(buf + 8, (size_t)hlen);
     assert_non_null(root);
     edit(root);
@@ -478,37 +484,51 @@ static void index_lists_a_ghost(cJSON *root) {
                             "model-00001-of-00002.safetensors");
 }
 
+/* dir/file must exist; it is removed. */
+static void remove_file(const char *dir, const char *file) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    assert_int_equal(unlink(path), 0);
+}
+
+/* A tiny BF16 checkpoint whose config.json is edited, and the error its load must give. */
+typedef struct config_case {
+    const char *name; /* its directory under root_dir */
+    json_edit edit;
+    moeq_err want;
+    const char *needle1, *needle2;
+} config_case;
+
 static void config_errors_name_the_key_or_model_type(void **state) {
     (void)state;
-    char dir[512], path[600];
-    gen("bad-type", "tiny", MOEQ_GENMODEL_BF16, 1, dir, sizeof dir);
-    edit_json_file(dir, "config.json", llama_model_type);
-    expect_load_error(dir, MOEQ_ERR_UNSUPPORTED, "llama", "config.json");
-    gen("bad-topk", "tiny", MOEQ_GENMODEL_BF16, 1, dir, sizeof dir);
-    edit_json_file(dir, "config.json", topk_group_over_n_group);
-    expect_load_error(dir, MOEQ_ERR_INVALID_ARG, "topk_group", "config.json");
-    gen("bad-layers", "tiny", MOEQ_GENMODEL_BF16, 1, dir, sizeof dir);
-    edit_json_file(dir, "config.json", more_layers_than_stored);
-    expect_load_error(dir, MOEQ_ERR_NOT_FOUND, "model.layers.4.input_layernorm.weight", "missing");
+    static const config_case cases[] = {
+        {"bad-type", llama_model_type, MOEQ_ERR_UNSUPPORTED, "llama", "config.json"},
+        {"bad-topk", topk_group_over_n_group, MOEQ_ERR_INVALID_ARG, "topk_group", "config.json"},
+        {"bad-layers", more_layers_than_stored, MOEQ_ERR_NOT_FOUND, "model.layers.4.input_layernorm.weight",
+         "missing"},
+    };
+    char dir[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gen(cases[i].name, "tiny", MOEQ_GENMODEL_BF16, 1, dir, sizeof dir);
+        edit_json_file(dir, "config.json", cases[i].edit);
+        expect_load_error(dir, cases[i].want, cases[i].needle1, cases[i].needle2);
+    }
     gen("bad-noconfig", "tiny", MOEQ_GENMODEL_BF16, 1, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    assert_int_equal(unlink(path), 0);
+    remove_file(dir, "config.json");
     expect_load_error(dir, MOEQ_ERR_NOT_FOUND, "config.json", NULL);
 }
 
 static void missing_weights_and_index_ghosts_are_not_found(void **state) {
     (void)state;
-    char dir[512], path[600];
+    char dir[512];
     gen("bad-noweights", "tiny", MOEQ_GENMODEL_BF16, 1, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    assert_int_equal(unlink(path), 0);
+    remove_file(dir, "model.safetensors");
     expect_load_error(dir, MOEQ_ERR_NOT_FOUND, "model.safetensors", NULL);
     gen("bad-ghost", "tiny", MOEQ_GENMODEL_BF16, 2, dir, sizeof dir);
     edit_json_file(dir, "model.safetensors.index.json", index_lists_a_ghost);
     expect_load_error(dir, MOEQ_ERR_NOT_FOUND, "model.ghost.weight", "model-00001-of-00002.safetensors");
     gen("bad-shard", "tiny", MOEQ_GENMODEL_BF16, 2, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
-    assert_int_equal(unlink(path), 0);
+    remove_file(dir, "model-00002-of-00002.safetensors");
     expect_load_error(dir, MOEQ_ERR_NOT_FOUND, "model-00002-of-00002.safetensors", NULL);
 }
 
@@ -539,8 +559,7 @@ static void random_header_damage_never_crashes_the_loader(void **state) {
     char *orig = NULL;
     size_t len = 0;
     assert_int_equal(moeq_read_file(path, 1 << 26, &orig, &len, NULL, 0), MOEQ_OK);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (uint8_t)orig[i];
+    uint64_t hlen = safetensors_header_len(orig);
     uint64_t rng = 0x1234567;
     int failures = 0;
     for (int iter = 0; iter < 300; iter++) {
