@@ -14,6 +14,12 @@
  *      normalize(max(0, p - q)) and stop; all kept: draw the bonus from p_k.
  *      This is the standard speculative rejection sampler (Leviathan et al.
  *      2023, Chen et al. 2023): the output distribution is exactly p.
+ *      Exact mode (the sequence brings its moeq_sampler): draft greedily,
+ *      then draw moeq_sampler_sample on verify rows 0, 1, ... in order,
+ *      keep each draw equal to the draft, emit the first differing draw
+ *      (or the bonus draw) and stop. Each emitted token is exactly one
+ *      sampler draw on the same logits as plain decoding, so the tokens are
+ *      the plain sampler's, token for token.
  *   4. roll back: moeq_engine_seq_truncate to the accepted tokens, which
  *      also drops the MTP entries built on rejected tokens and the drafts.
  *
@@ -26,17 +32,18 @@
  * bit-identical to single-token decode rows (batch invariance) and argmax
  * breaks ties to the lower id as the sampler does. p and q are the
  * distributions the sampler draws from (temperature, then top-k, then top-p,
- * sampler.c's rules). Randomness is counter based per sequence:
- * uniform(seed, draws++), so a sequence's output depends only on its seed.
+ * moeq_sampler_weights, the very function the sampler uses). Randomness is
+ * counter based per sequence: moeq_sampler_uniform(seed, draws++), so a
+ * sequence's output depends only on its seed.
  *
  * Buffers are sized in moeq_mtp_decoder_new; a round allocates nothing.
  * Not thread-safe: one decoder per engine, used from the engine's thread.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "forward.h"
+#include "sampler.h"
 
 struct moeq_mtp_decoder {
     moeq_engine *engine;
@@ -51,6 +58,7 @@ struct moeq_mtp_decoder {
     moeq_step_item *items;    /* [max_seqs]                                 */
     double *p, *q;            /* [V] distributions                          */
     int32_t *cand;            /* [V] candidate order                        */
+    float *weight;            /* [V] their unnormalised weights             */
 };
 
 moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq_mtp_decoder **out, char *errstr,
@@ -77,8 +85,10 @@ moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq
     d->p = malloc(V * sizeof(double));
     d->q = malloc(V * sizeof(double));
     d->cand = malloc(V * sizeof(int32_t));
+    d->weight = malloc(V * sizeof(float));
     if (!d->draft_logits || !d->logits || !d->tokens || !d->len0 || !d->row0 || !d->mitems || !d->mseq ||
-        !d->items || !d->p || !d->q || !d->cand) {
+        !d->items || !d->p || !d->q || !d->cand ||
+        !d->weight) {
         moeq_mtp_decoder_destroy(d);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp decoder buffers (%zu seqs, k %zu, vocab %zu)", S,
                          K, V);
@@ -100,83 +110,18 @@ void moeq_mtp_decoder_destroy(moeq_mtp_decoder *d) {
     free(d->p);
     free(d->q);
     free(d->cand);
+    free(d->weight);
     free(d);
 }
 
-/* ---- distributions (sampler.c's rules, as full vectors) ------------------- */
-
-static uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-static double uniform(uint64_t seed, uint64_t n) {
-    return (double)(splitmix64(splitmix64(seed) ^ n) >> 11) * 0x1p-53;
-}
-
-static int32_t argmax(const float *logits, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
-}
-
-static _Thread_local const float *g_logits; /* qsort has no context argument */
-
-static int before(const float *l, int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); }
-
-static int cmp_cand(const void *pa, const void *pb) {
-    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
-    return before(g_logits, a, b) ? -1 : (before(g_logits, b, a) ? 1 : 0);
-}
-
-/* cand[0..m) in sampler order (logit descending, id ascending), m = top_k or all. */
-static int order_candidates(const float *logits, int V, int top_k, int32_t *cand) {
-    int k = top_k > 0 && top_k < V ? top_k : V, m = 0;
-    if (k > 64) {
-        for (int32_t i = 0; i < V; i++) cand[i] = i;
-        g_logits = logits;
-        qsort(cand, (size_t)V, sizeof(int32_t), cmp_cand);
-        return k;
-    }
-    for (int32_t i = 0; i < V; i++) {
-        if (m == k && !before(logits, i, cand[m - 1])) continue;
-        int j = m < k ? m++ : k - 1;
-        while (j > 0 && before(logits, i, cand[j - 1])) {
-            cand[j] = cand[j - 1];
-            j--;
-        }
-        cand[j] = i;
-    }
-    return m;
-}
+/* ---- distributions (sampler.c's, as full vectors) ----------------------- */
 
 /* probs (V) = the distribution moeq_sampler_sample draws from for these logits (temperature > 0). */
-static void distribution(const moeq_sampling_params *sp, const float *logits, int V, int32_t *cand, double *probs) {
-    double inv_t = 1.0 / sp->temperature, top = logits[argmax(logits, V)], sum = 0.0;
-    for (int i = 0; i < V; i++) probs[i] = 0.0;
-    if (sp->top_k <= 0 && sp->top_p >= 1.0) { /* every token: no ordering needed */
-        for (int i = 0; i < V; i++) sum += probs[i] = (float)exp(((double)logits[i] - top) * inv_t);
-    } else {
-        int m = order_candidates(logits, V, sp->top_k, cand);
-        for (int i = 0; i < m; i++) sum += probs[cand[i]] = (float)exp(((double)logits[cand[i]] - top) * inv_t);
-        if (sp->top_p < 1.0) { /* smallest prefix whose mass reaches top_p */
-            double acc = 0.0;
-            int keep = m;
-            for (int i = 0; i < m; i++) {
-                acc += probs[cand[i]];
-                if (acc >= sp->top_p * sum) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            for (int i = keep; i < m; i++) probs[cand[i]] = 0.0;
-            sum = acc;
-        }
-    }
-    for (int i = 0; i < V; i++) probs[i] /= sum;
+static void distribution(moeq_mtp_decoder *d, const moeq_sampling_params *sp, const float *logits, double *probs) {
+    double sum;
+    int m = moeq_sampler_weights(sp, logits, d->vocab, 0, d->cand, d->weight, &sum);
+    for (int i = 0; i < d->vocab; i++) probs[i] = 0.0;
+    for (int i = 0; i < m; i++) probs[d->cand[i]] = d->weight[i] / sum;
 }
 
 /* A draw from probs (sums to ~1) with u in [0, 1); the last positive id when rounding runs past the end. */
@@ -226,13 +171,13 @@ static moeq_err draft_depth(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_seqs
         moeq_spec_seq *sq = &seqs[d->mseq[r]];
         const float *row = d->logits + (size_t)r * V;
         int32_t x;
-        if (sq->sampling.temperature <= 0.0) {
-            x = argmax(row, V);
+        if (sq->sampler || sq->sampling.temperature <= 0.0) { /* exact mode drafts greedily too */
+            x = moeq_sampler_argmax(row, V);
         } else {
             float *keep = d->draft_logits + ((size_t)d->mseq[r] * d->max_k + j) * V;
             memcpy(keep, row, (size_t)V * sizeof(float));
-            distribution(&sq->sampling, keep, V, d->cand, d->q);
-            x = draw(d->q, V, uniform(sq->sampling.seed, sq->draws++));
+            distribution(d, &sq->sampling, keep, d->q);
+            x = draw(d->q, V, moeq_sampler_uniform(sq->sampling.seed, sq->draws++));
         }
         d->tokens[(size_t)d->mseq[r] * K1 + j + 1] = x;
     }
@@ -244,17 +189,25 @@ static void accept(moeq_mtp_decoder *d, moeq_spec_seq *sq, int i) {
     int V = d->vocab, K1 = d->max_k + 1, k = sq->k, a = 0;
     const int32_t *drafts = d->tokens + (size_t)i * K1 + 1;
     const float *P = d->logits + (size_t)d->row0[i] * V;
+    if (sq->sampler) { /* exact: the sampler's own draws, one per emitted token */
+        for (;; a++) { /* the bonus row (a == k) always ends the round */
+            sq->out[a] = moeq_sampler_sample(sq->sampler, P + (size_t)a * V);
+            if (a == k || sq->out[a] != drafts[a]) break;
+        }
+        sq->n_out = a + 1;
+        return;
+    }
     if (sq->sampling.temperature <= 0.0) {
-        while (a < k && argmax(P + (size_t)a * V, V) == drafts[a]) sq->out[a] = drafts[a], a++;
-        sq->out[a] = argmax(P + (size_t)a * V, V);
+        while (a < k && moeq_sampler_argmax(P + (size_t)a * V, V) == drafts[a]) sq->out[a] = drafts[a], a++;
+        sq->out[a] = moeq_sampler_argmax(P + (size_t)a * V, V);
         sq->n_out = a + 1;
         return;
     }
     for (; a < k; a++) {
         int32_t x = drafts[a];
-        distribution(&sq->sampling, P + (size_t)a * V, V, d->cand, d->p);
-        distribution(&sq->sampling, d->draft_logits + ((size_t)i * d->max_k + a) * V, V, d->cand, d->q);
-        if (uniform(sq->sampling.seed, sq->draws++) * d->q[x] < d->p[x]) {
+        distribution(d, &sq->sampling, P + (size_t)a * V, d->p);
+        distribution(d, &sq->sampling, d->draft_logits + ((size_t)i * d->max_k + a) * V, d->q);
+        if (moeq_sampler_uniform(sq->sampling.seed, sq->draws++) * d->q[x] < d->p[x]) {
             sq->out[a] = x;
             continue;
         }
@@ -263,13 +216,13 @@ static void accept(moeq_mtp_decoder *d, moeq_spec_seq *sq, int i) {
         if (sum > 0.0)
             for (int t = 0; t < V; t++) d->p[t] /= sum;
         else
-            distribution(&sq->sampling, P + (size_t)a * V, V, d->cand, d->p);
-        sq->out[a] = draw(d->p, V, uniform(sq->sampling.seed, sq->draws++));
+            distribution(d, &sq->sampling, P + (size_t)a * V, d->p);
+        sq->out[a] = draw(d->p, V, moeq_sampler_uniform(sq->sampling.seed, sq->draws++));
         sq->n_out = a + 1;
         return;
     }
-    distribution(&sq->sampling, P + (size_t)k * V, V, d->cand, d->p);
-    sq->out[k] = draw(d->p, V, uniform(sq->sampling.seed, sq->draws++));
+    distribution(d, &sq->sampling, P + (size_t)k * V, d->p);
+    sq->out[k] = draw(d->p, V, moeq_sampler_uniform(sq->sampling.seed, sq->draws++));
     sq->n_out = k + 1;
 }
 

@@ -6,12 +6,16 @@
  * a sequence's tokens depend only on its seed and how many tokens it has
  * drawn — never on other sequences or threads. Candidate order is total
  * (logit descending, then id ascending), so ties are deterministic too.
+ * Every moeq_sampler_sample call is exactly one draw, greedy or not:
+ * speculative decoding in exact mode (mtp_spec.c) relies on it to reproduce
+ * this stream. The distribution itself is moeq_sampler_weights (sampler.h),
+ * shared with mtp_spec.c's rejection sampler.
  * The candidate buffer is allocated in _new; sampling allocates nothing.
  */
 #include <math.h>
 #include <stdlib.h>
 
-#include "moeq/engine.h"
+#include "sampler.h"
 
 struct moeq_sampler {
     moeq_sampling_params p;
@@ -59,11 +63,11 @@ static uint64_t splitmix64(uint64_t x) {
 }
 
 /* Uniform in [0, 1) from (seed, draw index). */
-static double uniform(uint64_t seed, uint64_t n) {
+double moeq_sampler_uniform(uint64_t seed, uint64_t n) {
     return (double)(splitmix64(splitmix64(seed) ^ n) >> 11) * 0x1p-53;
 }
 
-static int32_t argmax(const float *logits, int n) {
+int32_t moeq_sampler_argmax(const float *logits, int n) {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
         if (logits[i] > logits[best]) best = i;
@@ -75,7 +79,7 @@ static int before(const float *logits, int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
 }
 
-static const float *g_sort_logits; /* qsort has no context argument; sampling is single threaded per sampler */
+static _Thread_local const float *g_sort_logits; /* qsort has no context argument */
 
 static int cmp_cand(const void *pa, const void *pb) {
     int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
@@ -83,48 +87,60 @@ static int cmp_cand(const void *pa, const void *pb) {
 }
 
 /* cand[0..k) = the k best ids in order (selection by a bounded insertion for small k, else full sort). */
-static int select_top(moeq_sampler *s, const float *logits, int k) {
-    int n = s->vocab_size;
+static int select_top(const float *logits, int n, int k, int32_t *cand) {
     if (k <= 0 || k > n) k = n;
     if (k <= 64) {
         int m = 0;
         for (int32_t i = 0; i < n; i++) {
-            if (m == k && !before(logits, i, s->cand[m - 1])) continue;
+            if (m == k && !before(logits, i, cand[m - 1])) continue;
             int j = m < k ? m++ : k - 1;
-            while (j > 0 && before(logits, i, s->cand[j - 1])) {
-                s->cand[j] = s->cand[j - 1];
+            while (j > 0 && before(logits, i, cand[j - 1])) {
+                cand[j] = cand[j - 1];
                 j--;
             }
-            s->cand[j] = i;
+            cand[j] = i;
         }
         return m;
     }
-    for (int32_t i = 0; i < n; i++) s->cand[i] = i;
+    for (int32_t i = 0; i < n; i++) cand[i] = i;
     g_sort_logits = logits;
-    qsort(s->cand, (size_t)n, sizeof(int32_t), cmp_cand);
+    qsort(cand, (size_t)n, sizeof(int32_t), cmp_cand);
     return k;
 }
 
-int32_t moeq_sampler_sample(moeq_sampler *s, const float *logits) {
-    uint64_t draw = s->n_draws++;
-    if (s->p.temperature <= 0.0) return argmax(logits, s->vocab_size);
-    int m = select_top(s, logits, s->p.top_k);
-    double inv_t = 1.0 / s->p.temperature, sum = 0.0, top = logits[s->cand[0]];
-    for (int i = 0; i < m; i++) sum += s->prob[i] = (float)exp(((double)logits[s->cand[i]] - top) * inv_t);
-    if (s->p.top_p < 1.0) { /* smallest prefix whose mass reaches top_p */
+int moeq_sampler_weights(const moeq_sampling_params *p, const float *logits, int vocab, int ordered,
+                         int32_t *cand, float *weight, double *sum) {
+    int m = vocab;
+    if (ordered || p->top_k > 0 || p->top_p < 1.0) {
+        m = select_top(logits, vocab, p->top_k, cand);
+    } else {
+        for (int32_t i = 0; i < vocab; i++) cand[i] = i;
+    }
+    double inv_t = 1.0 / p->temperature, top = logits[moeq_sampler_argmax(logits, vocab)], s = 0.0;
+    for (int i = 0; i < m; i++) s += weight[i] = (float)exp(((double)logits[cand[i]] - top) * inv_t);
+    if (p->top_p < 1.0) { /* smallest prefix whose mass reaches top_p */
         double acc = 0.0;
         int keep = m;
         for (int i = 0; i < m; i++) {
-            acc += s->prob[i];
-            if (acc >= s->p.top_p * sum) {
+            acc += weight[i];
+            if (acc >= p->top_p * s) {
                 keep = i + 1;
                 break;
             }
         }
         m = keep;
-        sum = acc;
+        s = acc;
     }
-    double u = uniform(s->p.seed, draw) * sum, acc = 0.0;
+    *sum = s;
+    return m;
+}
+
+int32_t moeq_sampler_sample(moeq_sampler *s, const float *logits) {
+    uint64_t draw = s->n_draws++;
+    if (s->p.temperature <= 0.0) return moeq_sampler_argmax(logits, s->vocab_size);
+    double sum;
+    int m = moeq_sampler_weights(&s->p, logits, s->vocab_size, 1, s->cand, s->prob, &sum);
+    double u = moeq_sampler_uniform(s->p.seed, draw) * sum, acc = 0.0;
     for (int i = 0; i < m; i++) {
         acc += s->prob[i];
         if (u < acc) return s->cand[i];

@@ -6,8 +6,10 @@
  *
  * Greedy output equals plain decoding token for token (batch 1 and mixed
  * batches, k = 1..3); rollback leaves both caches bit-identical to a
- * sequence that never drafted; sampling follows the model's distribution
- * (chi-square, stated significance); errors change nothing.
+ * sequence that never drafted; sampling in exact mode (the sequence's own
+ * sampler) equals plain seeded sampling token for token; rejection-mode
+ * sampling follows the model's distribution (chi-square, stated
+ * significance); errors change nothing.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -196,6 +198,81 @@ static void mixed_batches_accept_different_counts_and_match_plain_decoding(void 
         }
         if (m == g_agree) assert_true(differing_rounds > 0);
         moeq_mtp_decoder_destroy(dec);
+        free(logits);
+        moeq_engine_destroy(e);
+    }
+}
+
+/*
+ * Exact mode (moeq_spec_seq.sampler set): sampled decoding with MTP gives the
+ * plain seeded sampler's tokens, token for token — four sequences with
+ * different seeds, temperatures 0.8..1.5 and top-k/top-p in one decoder,
+ * k = 1..3, on tiny (drafts mostly rejected) and tiny-mtp (mostly accepted).
+ */
+static void sampled_decoding_with_mtp_in_exact_mode_gives_the_plain_samplers_tokens(void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_tiny, g_agree};
+    const char *names[2] = {"tiny", "tiny-mtp"};
+    enum { S = 4, N = 40 };
+    const moeq_sampling_params sps[S] = {{0.8, 0, 1.0, 1}, {1.0, 8, 1.0, 42}, {1.2, 0, 0.9, 7}, {1.5, 16, 0.8, 9001}};
+    for (int mi = 0; mi < 2; mi++) {
+        const moeq_model *m = models[mi];
+        int vocab = V(m);
+        moeq_engine *e = engine_for(m, 64);
+        float *logits = malloc((size_t)S * vocab * sizeof(float));
+        int64_t drafted = 0, accepted = 0;
+        for (int k = 1; k <= 3; k++) {
+            int32_t ids[S][16], *plain[S], got[S][N + MOEQ_MTP_MAX_K + 1];
+            int n_plain[S], n_got[S], lens[S];
+            moeq_spec_seq seqs[S];
+            moeq_sampler *samplers[S];
+            moeq_step_item items[S];
+            for (int i = 0; i < S; i++) {
+                lens[i] = 2 + 3 * i + k;
+                prompt(ids[i], lens[i], 60 + 10 * k + i, vocab);
+                generate(e, ids[i], lens[i], 0, sps[i], N, &plain[i], &n_plain[i], NULL);
+                assert_int_equal(n_plain[i], N);
+                memset(&seqs[i], 0, sizeof seqs[i]);
+                seqs[i].sampling = sps[i];
+                assert_int_equal(moeq_sampler_new(&sps[i], vocab, &samplers[i]), MOEQ_OK);
+                seqs[i].sampler = samplers[i];
+                assert_int_equal(moeq_engine_seq_new(e, &seqs[i].seq_id), MOEQ_OK);
+                assert_int_equal(moeq_engine_seq_set_mtp(e, seqs[i].seq_id, 1), MOEQ_OK);
+                items[i] = (moeq_step_item){seqs[i].seq_id, ids[i], lens[i], 0};
+            }
+            assert_int_equal(moeq_engine_step(e, items, S, logits, S, NULL, 0), MOEQ_OK);
+            for (int i = 0; i < S; i++) {
+                got[i][0] = seqs[i].next_token = moeq_sampler_sample(samplers[i], logits + (size_t)i * vocab);
+                n_got[i] = 1;
+            }
+            moeq_mtp_decoder *dec = NULL;
+            assert_int_equal(moeq_mtp_decoder_new(e, S, k, &dec, NULL, 0), MOEQ_OK);
+            for (int done = 0; !done;) {
+                for (int i = 0; i < S; i++) seqs[i].k = n_got[i] < N ? k : 0;
+                char err[256] = "";
+                moeq_err rc = moeq_mtp_decode_step(dec, seqs, S, err, sizeof err);
+                if (rc) fprintf(stderr, "round: %s\n", err);
+                assert_int_equal(rc, MOEQ_OK);
+                done = 1;
+                for (int i = 0; i < S; i++) {
+                    for (int j = 0; j < seqs[i].n_out && n_got[i] < N; j++) got[i][n_got[i]++] = seqs[i].out[j];
+                    done &= n_got[i] >= N;
+                }
+            }
+            for (int i = 0; i < S; i++) {
+                assert_memory_equal(got[i], plain[i], (size_t)N * sizeof(int32_t));
+                assert_int_equal(seqs[i].draws, 0); /* exact mode draws from the sampler, not the counter */
+                drafted += seqs[i].drafted, accepted += seqs[i].accepted;
+                free(plain[i]);
+                moeq_sampler_destroy(samplers[i]);
+                moeq_engine_seq_free(e, seqs[i].seq_id);
+            }
+            moeq_mtp_decoder_destroy(dec);
+        }
+        print_message("%s: exact sampling, k = 1..3: %lld of %lld drafts accepted\n", names[mi],
+                      (long long)accepted, (long long)drafted);
+        assert_true(drafted > 0);
+        if (m == g_agree) assert_true(accepted > 0);
         free(logits);
         moeq_engine_destroy(e);
     }
@@ -562,6 +639,7 @@ int main(void) {
         cmocka_unit_test(greedy_with_mtp_gives_the_same_tokens_as_without),
         cmocka_unit_test(mixed_batches_accept_different_counts_and_match_plain_decoding),
         cmocka_unit_test(rollback_leaves_both_caches_as_if_rejected_tokens_were_never_drafted),
+        cmocka_unit_test(sampled_decoding_with_mtp_in_exact_mode_gives_the_plain_samplers_tokens),
         cmocka_unit_test(sampling_with_mtp_follows_the_model_distribution),
         cmocka_unit_test(the_chi_square_check_rejects_a_different_distribution),
         cmocka_unit_test(mtp_calls_fail_cleanly_without_state_or_layer),

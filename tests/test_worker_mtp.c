@@ -7,8 +7,10 @@
  * `tiny` (a random MTP layer: nearly every draft rejected), each with the
  * worker's mtp_k on and off. Every result must carry exactly the tokens
  * moeq_generate gives for that job alone without MTP (same seed), cut where
- * its stop string completes; greedy mtp jobs report drafted/accepted (> 0 on
- * tiny-mtp), others report none; /metrics has the worker's totals.
+ * its stop string completes — sampled jobs too, although with mtp they
+ * decode speculatively (the engine's exact mode); mtp jobs, greedy and
+ * sampled, report drafted/accepted (> 0 on tiny-mtp, for the sampled ones
+ * too), others report none; /metrics has the worker's totals.
  *
  * Needs the `services` fixture (skips with 77 without it).
  */
@@ -174,7 +176,7 @@ static void expect_job(const model_ref *m, tjob *j, uint64_t seed, double temper
 }
 
 /*
- * Jobs: i % 4 == 3 sampled (T 0.9), else greedy; every 5th greedy job with
+ * Jobs: i % 4 == 3 sampled (T 0.9 or 1.3, mtp on), else greedy; every 5th greedy job with
  * mtp off; every 3rd greedy job with a stop string taken from the middle of
  * its own output, so it completes inside a run; lengths 1..40.
  */
@@ -190,7 +192,7 @@ static void make_jobs(scenario *s, const model_ref *m, const char *tag) {
         j->max_new = lens[i];
         j->greedy = i % 4 != 3;
         j->mtp = !(j->greedy && i % 5 == 4);
-        double temperature = j->greedy ? 0.0 : 0.9;
+        double temperature = j->greedy ? 0.0 : i % 8 == 3 ? 0.9 : 1.3;
         uint64_t seed = 500 + (uint64_t)i;
         char prompt[160];
         snprintf(prompt, sizeof prompt, "%s (%d)", docs[i % 5], i);
@@ -382,7 +384,7 @@ static void run_jobs(model_ref *m, int mtp_k, int expect_accepts) {
     int port = 20000 + (int)(getpid() % 20000);
     pid_t w = start_worker(&s, m, mtp_k, port);
     collect(&s, 60000);
-    long long drafted = 0, accepted = 0;
+    long long drafted = 0, accepted = 0, sampled_drafted = 0;
     int stopped = 0;
     for (int i = 0; i < N_JOBS; i++) {
         tjob *j = &s.jobs[i];
@@ -395,17 +397,19 @@ static void run_jobs(model_ref *m, int mtp_k, int expect_accepts) {
             assert_string_equal(j->finish, "stop");
             stopped++;
         }
-        int speculative = mtp_k > 0 && j->greedy && j->mtp; /* sampled jobs decode plainly */
+        int speculative = mtp_k > 0 && j->mtp; /* sampled jobs too: exact mode, the plain sampler's tokens */
         assert_int_equal(j->has_mtp, speculative);
         if (!speculative) continue;
         assert_true(j->accepted <= j->drafted);
         if (j->n_got > mtp_k + 1) assert_true(j->drafted > 0);
         drafted += j->drafted, accepted += j->accepted;
+        if (!j->greedy) sampled_drafted += j->drafted;
     }
-    print_message("%s mtp_k %d: drafted %lld accepted %lld (%.0f%%), %d jobs ended by a stop string\n", m->preset,
-                  mtp_k, drafted, accepted, drafted ? 100.0 * (double)accepted / (double)drafted : 0.0, stopped);
+    print_message("%s mtp_k %d: drafted %lld (sampled jobs %lld) accepted %lld (%.0f%%), %d jobs ended by a stop "
+                  "string\n", m->preset, mtp_k, drafted, sampled_drafted, accepted,
+                  drafted ? 100.0 * (double)accepted / (double)drafted : 0.0, stopped);
     assert_true(stopped >= 2);
-    if (mtp_k > 0) assert_true(drafted > 0);
+    if (mtp_k > 0) assert_true(drafted > 0 && sampled_drafted > 0);
     if (expect_accepts) assert_true(accepted > 0 && accepted * 2 > drafted);
     double m_drafted = metric(port, "moeq_worker_mtp_drafted_total");
     if (m_drafted >= 0) { /* curl reached it */

@@ -396,14 +396,14 @@ static moeq_err tokenize_job(moeq_worker *w, worker_entry_job *ej, char *errstr,
 static const char *job_id(const worker_entry_job *ej) { return ej->job.id ? ej->job.id : ej->id_fallback; }
 
 /*
- * Drafts per round for a job: the worker's mtp_k when MTP is on, the job asks
- * for it (`mtp`, default on) and decodes greedily. Sampled jobs decode
- * plainly: the engine's speculative sampler keeps the model's distribution
- * but not the plain sampler's token stream, and a job's result must not
- * depend on how it was decoded (duplicates after a crash, `moeq generate`).
+ * Drafts per round for a job: the worker's mtp_k when MTP is on and the job
+ * asks for it (`mtp`, default on), greedy or sampled. Rounds run in the
+ * engine's exact mode (step_rounds passes the slot's sampler), so a sampled
+ * job's tokens are its plain sampler's, token for token: a job's result does
+ * not depend on how it was decoded (duplicates after a crash, `moeq generate`).
  */
 static int job_mtp_k(const moeq_worker *w, const moeq_job *job) {
-    return w->mtp && job->mtp && job->temperature <= 0.0 ? (int)w->params.mtp_k : 0;
+    return w->mtp && job->mtp ? (int)w->params.mtp_k : 0;
 }
 
 /* Read job records, then hand the batch's runnable jobs to the scheduler. */
@@ -599,7 +599,8 @@ static moeq_err step_rounds(moeq_worker *w, const moeq_sched_step *plan, char *e
         const moeq_sched_round *r = &plan->rounds[i];
         const wjob *job = r->user;
         w->spec[i] = (moeq_spec_seq){.seq_id = w->slots[r->slot].seq, .next_token = r->next_token, .k = r->k,
-                                     .sampling = sampling_for(&job->ej->job)};
+                                     .sampling = sampling_for(&job->ej->job),
+                                     .sampler = w->slots[r->slot].sampler}; /* exact mode: plain's tokens */
     }
     int64_t t0 = moeq_mono_ns();
     moeq_err e = moeq_mtp_decode_step(w->mtp, w->spec, plan->n_rounds, err, err_size);

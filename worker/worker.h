@@ -50,7 +50,7 @@ typedef struct moeq_worker_params {
     int64_t drain_timeout_ms;     /* on SIGTERM: finish held batches within this, else hand back    */
     int64_t metrics_port;         /* /metrics and /healthz; 0 = off                                  */
     int64_t job_ttl_s;            /* TTL set on a job record when marked done; 0 = keep              */
-    int64_t mtp_k;                /* MTP drafts per speculative round for greedy jobs with mtp on;
+    int64_t mtp_k;                /* MTP drafts per speculative round for jobs with mtp on;
                                      0 = off; used only when the model has an MTP layer; [0, 3]     */
 } moeq_worker_params;
 

@@ -44,7 +44,7 @@ const moeq_prop moeq_worker_props[] = {
     {"job_ttl_s", MOEQ_PROP_INT, P(job_ttl_s), 0, 31536000, "86400",
      "expiry set on a job record once done, s; 0 = keep forever"},
     {"mtp_k", MOEQ_PROP_INT, P(mtp_k), 0, 3, "1",
-     "MTP speculative decoding: draft tokens per round for greedy jobs with mtp on (needs a model with an MTP "
+     "MTP speculative decoding: draft tokens per round for jobs with mtp on (needs a model with an MTP "
      "layer; output unchanged); 0 = off"},
     MOEQ_PROP_END,
 };

@@ -216,7 +216,8 @@ typedef struct moeq_sampler moeq_sampler;
 
 moeq_err moeq_sampler_new(const moeq_sampling_params *params, int vocab_size, moeq_sampler **out);
 void moeq_sampler_destroy(moeq_sampler *sampler);
-/* Pick the next token from one row of logits. Deterministic given the seed and call count. */
+/* Pick the next token from one row of logits. Deterministic given the seed and call count; every call is
+ * one draw (also greedy ones). Not thread-safe per sampler. */
 int32_t moeq_sampler_sample(moeq_sampler *sampler, const float *logits);
 
 /* ---- speculative decoding with the MTP module (batched; docs/MTP.md) ------- */
@@ -225,13 +226,28 @@ int32_t moeq_sampler_sample(moeq_sampler *sampler, const float *logits);
  * One speculative sequence, plain data owned by the caller. Before the first
  * round: the sequence was marked with moeq_engine_seq_set_mtp, its prompt stepped, and next_token sampled from its
  * last logits (it is output already, but not yet in the cache).
+ *
+ * Two ways to sample (temperature > 0):
+ *  - sampler == NULL: rejection mode. Drafts are sampled, then speculative
+ *    rejection sampling; the output is equal in distribution to plain
+ *    sampling with `sampling`, not token for token. `draws` is the counter.
+ *  - sampler set: exact mode. The sequence's own moeq_sampler (the one that
+ *    sampled next_token; `sampling` and `draws` are then unused for
+ *    choosing tokens): drafts are greedy, each verify row in order gets one
+ *    moeq_sampler_sample draw, kept while it equals the draft; the first
+ *    differing draw (or the bonus row's) ends the round. The sampler makes
+ *    exactly one draw per emitted token, so the tokens are those of plain
+ *    decoding with that sampler, token for token. Greedy samplers give
+ *    greedy output in either mode.
  */
 typedef struct moeq_spec_seq {
     int seq_id;
     int32_t next_token;              /* in/out: the last output token, not yet cached             */
     int k;                           /* in: drafts this round, 0..max_k (0 = one plain decode step) */
     moeq_sampling_params sampling;   /* in: greedy when temperature == 0                          */
-    uint64_t draws;                  /* in/out: random draws used (counter-based, per sequence)   */
+    uint64_t draws;                  /* in/out: random draws used (counter-based, per sequence);
+                                        rejection mode only                                       */
+    moeq_sampler *sampler;           /* in, optional, borrowed for the call: exact mode (below)   */
     int32_t out[MOEQ_MTP_MAX_K + 1]; /* out: new tokens: the accepted drafts, then the main model's */
     int n_out;                       /* out: 1..k+1                                               */
     int64_t drafted, accepted;       /* in/out: running totals                                    */
@@ -249,9 +265,10 @@ void moeq_mtp_decoder_destroy(moeq_mtp_decoder *decoder); /* NULL is safe */
  * (drafts), verify [next_token, drafts] in one main-model step with all
  * logits, accept the longest agreeing prefix plus one token of the main
  * model (greedy: on equality; sampling: speculative rejection sampling, so
- * the output distribution is exactly the model's), and roll both caches back
- * to the accepted tokens. Sequences may each accept a different number of
- * tokens. Errors leave the caches as before the round (LIMIT: the step did
+ * the output distribution is exactly the model's; exact mode: the
+ * sequence's sampler's draws, so the tokens are plain decoding's), and roll
+ * both caches back to the accepted tokens. Sequences may each accept a
+ * different number of tokens. Errors leave the caches as before the round (LIMIT: the step did
  * not fit; retry with fewer sequences or smaller k).
  */
 moeq_err moeq_mtp_decode_step(moeq_mtp_decoder *decoder, moeq_spec_seq *seqs, int n_seqs, char *errstr,
