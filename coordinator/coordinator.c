@@ -70,8 +70,8 @@ struct moeq_coordinator {
     moeq_intake in;
     slot *slots;
     uint32_t n_slots, cap_slots, free_head, used;
-    const moeq_batch_plan **todo; /* closed batches not yet written, oldest first */
-    size_t n_todo, cap_todo;
+    const moeq_batch_plan **to_write; /* closed batches not yet written, oldest first */
+    size_t n_to_write, cap_to_write;
     int64_t stuck_retry_ms;       /* after a Redis error, no write before this */
     moeq_batch_entry_job *ejobs;
     moeq_store_dup *dups;
@@ -501,16 +501,16 @@ static void settle_duplicates(moeq_coordinator *c, size_t n) {
 #define PIPELINE_MAX 64
 
 /*
- * One pipelined round over the first plans of c->todo: append every write,
+ * One pipelined round over the first plans of c->to_write: append every write,
  * then read every reply (one fsync for all with appendfsync always). Plans
- * written, or left with no job, leave todo. Returns 0 on a Redis error.
+ * written, or left with no job, leave to_write. Returns 0 on a Redis error.
  */
 static int write_round(moeq_coordinator *c) {
-    size_t m = c->n_todo < PIPELINE_MAX ? c->n_todo : PIPELINE_MAX, appended = 0;
+    size_t m = c->n_to_write < PIPELINE_MAX ? c->n_to_write : PIPELINE_MAX, appended = 0;
     char err[256], entry_id[64];
     moeq_err e = MOEQ_OK;
     for (; appended < m && !e; appended++) {
-        const moeq_batch_plan *plan = c->todo[appended];
+        const moeq_batch_plan *plan = c->to_write[appended];
         size_t n = plan_remaining(c, plan);
         fill_entry_jobs(c, n);
         e = n ? moeq_store_append_batch(c->store, plan->priority, c->ejobs, n, plan->shared_prefix_len,
@@ -520,7 +520,7 @@ static int write_round(moeq_coordinator *c) {
     }
     int ok = e == MOEQ_OK, done[PIPELINE_MAX] = {0}, written_plans[PIPELINE_MAX] = {0};
     for (size_t i = 0; i < appended; i++) {
-        const moeq_batch_plan *plan = c->todo[i];
+        const moeq_batch_plan *plan = c->to_write[i];
         size_t n = plan_remaining(c, plan);
         if (!n) { done[i] = 1; continue; }
         int written = 0;
@@ -537,7 +537,7 @@ static int write_round(moeq_coordinator *c) {
     /* only now (after WAITAOF when configured) are written batches durable */
     for (size_t i = 0; i < appended && ok; i++) {
         if (!written_plans[i]) continue;
-        const moeq_batch_plan *plan = c->todo[i];
+        const moeq_batch_plan *plan = c->to_write[i];
         batch_written(c, plan, plan_remaining(c, plan), "-");
         done[i] = 1;
     }
@@ -551,11 +551,11 @@ static int write_round(moeq_coordinator *c) {
         c->redis_fail_streak = 0;
     }
     size_t keep = 0;
-    for (size_t i = 0; i < c->n_todo; i++) {
-        if (i < appended && done[i]) moeq_batcher_release(c->batcher, c->todo[i]);
-        else c->todo[keep++] = c->todo[i];
+    for (size_t i = 0; i < c->n_to_write; i++) {
+        if (i < appended && done[i]) moeq_batcher_release(c->batcher, c->to_write[i]);
+        else c->to_write[keep++] = c->to_write[i];
     }
-    c->n_todo = keep;
+    c->n_to_write = keep;
     return ok;
 }
 
@@ -563,17 +563,17 @@ static int write_round(moeq_coordinator *c) {
 static int write_ready(moeq_coordinator *c) {
     const moeq_batch_plan *plan;
     while ((plan = moeq_batcher_next(c->batcher))) {
-        if (c->n_todo == c->cap_todo) {
-            size_t cap = c->cap_todo ? 2 * c->cap_todo : 64;
-            const moeq_batch_plan **v = realloc(c->todo, cap * sizeof(*v));
+        if (c->n_to_write == c->cap_to_write) {
+            size_t cap = c->cap_to_write ? 2 * c->cap_to_write : 64;
+            const moeq_batch_plan **v = realloc(c->to_write, cap * sizeof(*v));
             if (!v) { c->fatal = MOEQ_ERR_NOMEM; return 0; }
-            c->todo = v;
-            c->cap_todo = cap;
+            c->to_write = v;
+            c->cap_to_write = cap;
         }
-        c->todo[c->n_todo++] = plan;
+        c->to_write[c->n_to_write++] = plan;
     }
-    if (c->n_todo && moeq_now_ms() < c->stuck_retry_ms) return 0;
-    while (c->n_todo) {
+    if (c->n_to_write && moeq_now_ms() < c->stuck_retry_ms) return 0;
+    while (c->n_to_write) {
         if (!write_round(c)) {
             c->stuck_retry_ms = moeq_now_ms() + 200;
             return 0;
@@ -648,7 +648,7 @@ static void backpressure(moeq_coordinator *c, int64_t now) {
     }
     int over = c->st.pending_batches > c->p.max_pending_batches;
     int full = (int64_t)c->used >= c->p.max_open_jobs;
-    int stuck = c->n_todo > 0 && c->stuck_retry_ms > now;
+    int stuck = c->n_to_write > 0 && c->stuck_retry_ms > now;
     if (stuck || over || full) set_paused(c, 1, stuck ? "redis" : over ? "pending_batches" : "open_jobs");
     else if (c->st.pending_batches <= c->p.resume_pending_batches && (int64_t)c->used * 4 <= c->p.max_open_jobs * 3)
         set_paused(c, 0, "caught_up");
@@ -757,7 +757,7 @@ void moeq_coordinator_destroy(moeq_coordinator *c) {
     moeq_offsets_destroy(c->offsets);
     moeq_intake_free(&c->in);
     moeq_tokenizer_destroy(c->tok);
-    free(c->todo);
+    free(c->to_write);
     free(c->ejobs);
     free(c->dups);
     free(c->rem);
