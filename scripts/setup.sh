@@ -15,27 +15,27 @@ pkgs=(build-essential cmake pkg-config git clang
       redis-server kcat maven default-jdk-headless
       python3 python3-numpy python3-msgpack python3-confluent-kafka
       nodejs npm curl ca-certificates)
+export DEBIAN_FRONTEND=noninteractive
+# Package names that differ between releases are resolved from the apt lists,
+# so a new machine's empty lists are filled first.
+apt-cache show cmake >/dev/null 2>&1 || $SUDO apt-get update -qq
+pick() { for p in "$@"; do apt-cache show "$p" >/dev/null 2>&1 && { echo "$p"; return 0; }; done; return 1; }
 # msgpack-c's dev package was renamed between bookworm and trixie.
-if apt-cache show libmsgpack-c-dev >/dev/null 2>&1; then pkgs+=(libmsgpack-c-dev)
-else pkgs+=(libmsgpack-dev); fi
-# libFuzzer's runtime ships separately from clang on trixie.
-for p in libclang-rt-dev libclang-rt-14-dev; do
-  if apt-cache show "$p" >/dev/null 2>&1; then pkgs+=("$p"); break; fi
-done
+pkgs+=("$(pick libmsgpack-c-dev libmsgpack-dev)")
+# libFuzzer's runtime ships apart from clang (libclang-rt-<major>-dev).
+clang_major=$(apt-cache policy clang | sed -n 's/^ *Candidate: \([0-9]*:\)\{0,1\}\([0-9]*\).*/\2/p')
+if rt=$(pick "libclang-rt-${clang_major}-dev" libclang-rt-dev); then pkgs+=("$rt"); fi
 
 missing=()
 for p in "${pkgs[@]}"; do
+  # node/npm may come from elsewhere (nodesource, nvm): don't fight an existing install.
+  case "$p" in nodejs) command -v node >/dev/null && continue ;; npm) command -v npm >/dev/null && continue ;; esac
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
-  # node/npm may come from elsewhere (nodesource); don't fight an existing install.
-  if command -v node >/dev/null && command -v npm >/dev/null; then
-    missing=("${missing[@]/nodejs}"); missing=("${missing[@]/npm}")
-  fi
-  $SUDO apt-get install -y -qq --no-install-recommends ${missing[@]} >/dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # The Debian redis-server package starts a system instance on 6379; moeq never
 # uses it (scripts/services.sh and the tests start their own).
