@@ -4,8 +4,10 @@
  * Three implementations of one reduction order, chosen at run time from what
  * the CPU has (so a portable build is fast everywhere):
  *   AVX-512  4x4 register tiles (4 tokens x 4 weight rows, 16 zmm
- *            accumulators) for NT, 8 rows when a block has <= 2 tokens;
- *            4 tokens x 64 columns for NN.
+ *            accumulators) for NT; for blocks of few tokens taller tiles
+ *            (every weight vector widened once and used by all the tokens):
+ *            8 rows for 1-3 tokens, 6 rows for exactly 4 (24 accumulators,
+ *            no spills); 4 tokens x 64 columns for NN.
  *   AVX2     each 16-lane accumulator held as two ymm halves (lanes 0-7 and
  *            8-15); 2 tokens x 3 rows (1 token x 4 rows); NN 4 tokens x 16
  *            columns. The tree's first level adds the two halves, which is
@@ -19,7 +21,10 @@
  *
  * Batch-1 decode streams every weight once, so the NT kernels prefetch the
  * same rows one or more tiles ahead (PF_BYTES of weights), clamped to the
- * block's rows, and a block requests its first PF_BYTES up front: prefetching
+ * block's rows, one prefetch per 64 bytes of each row (not one per 16-lane
+ * chunk: half of those hit a line already requested, and at 2 tokens the
+ * kernel is close to compute-bound on cores that split 512-bit ops), and a
+ * block requests its first PF_BYTES up front: prefetching
  * inside the tile being read (the previous scheme, 1 KiB ahead in each row)
  * fetched lines already in flight and left one core at ~20 GB/s.
  *
@@ -43,7 +48,8 @@
 #define LANES 16
 #define TILE_T 4   /* tokens per AVX-512 register tile                       */
 #define TILE_N 4   /* weight rows per AVX-512 NT tile (8 when <= 2 tokens)    */
-#define TILE_N1 8  /* rows per AVX-512 NT tile for blocks of 1-2 tokens       */
+#define TILE_N1 8  /* rows per AVX-512 NT tile for blocks of 1-3 tokens       */
+#define TILE_N4 6  /* rows per AVX-512 NT tile for blocks of exactly 4 tokens */
 #define TILE_V 4   /* 16-column vectors per AVX-512 NN tile (64 columns)      */
 #define PF_BYTES 8192 /* weight bytes the NT prefetch runs ahead (>= one tile) */
 
@@ -239,7 +245,8 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
         for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
+            if (esz >= 4 || ((size_t)k * esz) % 64 == 0) /* one prefetch per 64-byte stride of the row */
+                _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
             __m512 wv = wload512(dt, wp[j], sp[j], k, (__mmask16)0xFFFF);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
@@ -266,12 +273,12 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
 #define NT512(MR, NR)                                                                                        \
     case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy); break;
 
-/* Row tiles of 4 (8 for blocks of 1-2 tokens: more weight streams in flight), token tiles of 4. */
+/* Row tiles of 4 (8 for blocks of 1-3 tokens, 6 for 4: more weight streams in flight, no spills), token tiles of 4. */
 static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
                                               int64_t t0, int64_t t1) {
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
-    const int tn = t1 - t0 <= 2 ? TILE_N1 : TILE_N;
+    const int tn = t1 - t0 <= 3 ? TILE_N1 : t1 - t0 == 4 ? TILE_N4 : TILE_N;
     prefetch_head(base, row_bytes, n0, n1);
     for (int64_t n = n0; n < n1; n += tn) {
         int nr = (int)(n1 - n < tn ? n1 - n : tn);
@@ -285,8 +292,8 @@ static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm
             switch (mr * 16 + nr) {
                 NT512(1, 1) NT512(1, 2) NT512(1, 3) NT512(1, 4) NT512(1, 5) NT512(1, 6) NT512(1, 7) NT512(1, 8)
                 NT512(2, 1) NT512(2, 2) NT512(2, 3) NT512(2, 4) NT512(2, 5) NT512(2, 6) NT512(2, 7) NT512(2, 8)
-                NT512(3, 1) NT512(3, 2) NT512(3, 3) NT512(3, 4)
-                NT512(4, 1) NT512(4, 2) NT512(4, 3) NT512(4, 4)
+                NT512(3, 1) NT512(3, 2) NT512(3, 3) NT512(3, 4) NT512(3, 5) NT512(3, 6) NT512(3, 7) NT512(3, 8)
+                NT512(4, 1) NT512(4, 2) NT512(4, 3) NT512(4, 4) NT512(4, 5) NT512(4, 6)
             }
         }
     }
@@ -459,7 +466,8 @@ static T256 ALWAYS_INLINE void nt_tile256(const int mr, const int nr, const moeq
         for (int i = 0; i < mr; i++) xk[i] = x + i * ldx + k;
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
-            _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
+            if (esz >= 4 || ((size_t)k * esz) % 64 == 0) /* one prefetch per 64-byte stride of the row */
+                _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
             wk[j] = wp[j] + (size_t)k * esz;
             scale[j] = dt == MOEQ_DTYPE_F8_E4M3 && sp[j] ? sp[j][k / MOEQ_F8_BLOCK] : 1.0f;
         }
