@@ -35,6 +35,7 @@
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"
 #include "services_env.h"
+#include "worker_test_util.h"
 
 #define N_JOBS 16
 
@@ -222,42 +223,13 @@ static void make_jobs(scenario *s, const model_ref *m, const char *tag) {
 /* ---- services ---------------------------------------------------------------------- */
 
 static void scenario_open(scenario *s, const char *tag) {
-    char err[512];
+    char group[160];
     moeq_test_unique_name(s->ns, sizeof s->ns, tag);
     snprintf(s->prefix, sizeof s->prefix, "%s:batches:p", s->ns);
     snprintf(s->results, sizeof s->results, "%s.results", s->ns);
-    moeq_redis_params rp;
-    assert_int_equal(moeq_redis_params_parse(g_redis, NULL, &rp, err, sizeof err), MOEQ_OK);
-    assert_int_equal(moeq_redis_new(&rp, &s->redis, err, sizeof err), MOEQ_OK);
-    for (int p = 0; p < 4; p++) {
-        char stream[256];
-        snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
-        const char *argv[] = {"XGROUP", "CREATE", stream, "workers", "0", "MKSTREAM"};
-        assert_int_equal(moeq_redis_command_argv(s->redis, 6, argv, NULL, NULL, err, sizeof err), MOEQ_OK);
-    }
-    moeq_kafka_producer *prod = NULL; /* create the results topic before subscribing */
-    moeq_kafka_producer_params pp = {.brokers = g_kafka};
-    assert_int_equal(moeq_kafka_producer_new(&pp, NULL, &prod, err, sizeof err), MOEQ_OK);
-    moeq_kafka_out m = {.topic = s->results, .partition = MOEQ_KAFKA_PARTITION_ANY, .key = "init", .key_len = 4,
-                        .value = "init", .value_len = 4};
-    assert_int_equal(moeq_kafka_produce(prod, &m, err, sizeof err), MOEQ_OK);
-    assert_int_equal(moeq_kafka_producer_flush(prod, 30000, err, sizeof err), MOEQ_OK);
-    moeq_kafka_producer_destroy(prod);
-    const char *topics[] = {s->results};
-    char group[160];
     snprintf(group, sizeof group, "%s.g", s->ns);
-    moeq_kafka_consumer_params cp = {.brokers = g_kafka, .group_id = group, .topics = topics, .n_topics = 1};
-    assert_int_equal(moeq_kafka_consumer_new(&cp, NULL, &s->consumer, err, sizeof err), MOEQ_OK);
-    for (int t = 0; t < 300; t++) { /* join the group now, so no result is produced before we read */
-        moeq_kafka_msg *m = NULL;
-        assert_int_equal(moeq_kafka_consumer_poll(s->consumer, 100, &m, err, sizeof err), MOEQ_OK);
-        moeq_kafka_msg_destroy(m);
-        moeq_kafka_partition *parts = NULL;
-        size_t n = 0;
-        assert_int_equal(moeq_kafka_consumer_assignment(s->consumer, &parts, &n, err, sizeof err), MOEQ_OK);
-        free(parts);
-        if (n > 0) break;
-    }
+    s->redis = wt_open_streams(g_redis, s->prefix);
+    s->consumer = wt_results_consumer(g_kafka, s->results, group); /* joined before any result is produced */
 }
 
 static void scenario_close(scenario *s) {
@@ -275,19 +247,7 @@ static void add_batch(scenario *s, int from, int to) {
                                               .kafka_ts_ms = moeq_now_ms(), .arrival_ms = moeq_now_ms(),
                                               .tokens = j->prompt, .n_tokens = (size_t)j->n_prompt};
     }
-    moeq_buf blob = {0};
-    assert_int_equal(moeq_batch_entry_encode_jobs(bj, (size_t)(to - from), &blob), MOEQ_OK);
-    char stream[256], n[16], closed[24], err[256];
-    snprintf(stream, sizeof stream, "%s2", s->prefix);
-    snprintf(n, sizeof n, "%d", to - from);
-    snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
-    const char *argv[] = {"XADD", stream, "*", "v", "1", "priority", "2", "n", n, "prefix", "0", "closed_ms", closed,
-                          "jobs", (const char *)blob.data};
-    size_t lens[15];
-    for (int i = 0; i < 14; i++) lens[i] = strlen(argv[i]);
-    lens[14] = blob.len;
-    assert_int_equal(moeq_redis_command_argv(s->redis, 15, argv, lens, NULL, err, sizeof err), MOEQ_OK);
-    moeq_buf_free(&blob);
+    wt_add_batch(s->redis, s->prefix, 2, bj, (size_t)(to - from), NULL, 0);
 }
 
 static pid_t start_worker(const scenario *s, const model_ref *m, int mtp_k, int metrics_port) {

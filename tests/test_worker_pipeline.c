@@ -40,6 +40,7 @@
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"
 #include "services_env.h"
+#include "worker_test_util.h"
 
 static char g_kafka[128], g_redis[128], g_model[512], g_moeq[512];
 static pid_t g_pids[16]; /* workers started and not yet reaped */
@@ -165,44 +166,15 @@ static void make_jobs(scenario *s, int n, const char *tag_in, int long_from) {
 }
 
 static void scenario_open(scenario *s, const char *tag) {
-    char name[96], err[512];
+    char name[96];
     moeq_test_unique_name(name, sizeof name, tag);
     snprintf(s->ns, sizeof s->ns, "%s", name);
     snprintf(s->prefix, sizeof s->prefix, "%s:batches:p", name);
     snprintf(s->results, sizeof s->results, "%s.results", name);
-    moeq_redis_params rp;
-    assert_int_equal(moeq_redis_params_parse(g_redis, NULL, &rp, err, sizeof err), MOEQ_OK);
-    assert_int_equal(moeq_redis_new(&rp, &s->redis, err, sizeof err), MOEQ_OK);
-    for (int p = 0; p < 4; p++) {
-        char stream[512];
-        snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
-        const char *argv[] = {"XGROUP", "CREATE", stream, "workers", "0", "MKSTREAM"};
-        assert_int_equal(moeq_redis_command_argv(s->redis, 6, argv, NULL, NULL, err, sizeof err), MOEQ_OK);
-    }
-    /* create the results topic before subscribing (a produce auto-creates it) */
-    moeq_kafka_producer *prod = NULL;
-    moeq_kafka_producer_params pp = {.brokers = g_kafka};
-    assert_int_equal(moeq_kafka_producer_new(&pp, NULL, &prod, err, sizeof err), MOEQ_OK);
-    moeq_kafka_out m = {.topic = s->results, .partition = MOEQ_KAFKA_PARTITION_ANY, .key = "init", .key_len = 4,
-                        .value = "init", .value_len = 4};
-    assert_int_equal(moeq_kafka_produce(prod, &m, err, sizeof err), MOEQ_OK);
-    assert_int_equal(moeq_kafka_producer_flush(prod, 30000, err, sizeof err), MOEQ_OK);
-    moeq_kafka_producer_destroy(prod);
-    const char *topics[] = {s->results};
     snprintf(s->group, sizeof s->group, "%s.g", name);
-    moeq_kafka_consumer_params cp = {.brokers = g_kafka, .group_id = s->group, .topics = topics, .n_topics = 1};
-    assert_int_equal(moeq_kafka_consumer_new(&cp, NULL, &s->consumer, err, sizeof err), MOEQ_OK);
-    /* join the group now, so results are seen as they come (the kill tests time on them) */
-    for (int t = 0; t < 300; t++) {
-        moeq_kafka_msg *m = NULL;
-        assert_int_equal(moeq_kafka_consumer_poll(s->consumer, 100, &m, err, sizeof err), MOEQ_OK);
-        moeq_kafka_msg_destroy(m);
-        moeq_kafka_partition *parts = NULL;
-        size_t n = 0;
-        assert_int_equal(moeq_kafka_consumer_assignment(s->consumer, &parts, &n, err, sizeof err), MOEQ_OK);
-        free(parts);
-        if (n > 0) break;
-    }
+    s->redis = wt_open_streams(g_redis, s->prefix);
+    /* joined before any result, so results are seen as they come (the kill tests time on them) */
+    s->consumer = wt_results_consumer(g_kafka, s->results, s->group);
 }
 
 static void scenario_close(scenario *s) {
@@ -221,24 +193,7 @@ static void add_batch(scenario *s, int p, int from, int to, char *id_out, size_t
                                               .tokens = j->with_tokens ? j->tokens : NULL,
                                               .n_tokens = j->with_tokens ? (size_t)j->n_tokens : 0};
     }
-    moeq_buf blob = {0};
-    assert_int_equal(moeq_batch_entry_encode_jobs(bj, (size_t)(to - from), &blob), MOEQ_OK);
-    char stream[512], n[16], closed[24], err[256];
-    snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
-    snprintf(n, sizeof n, "%d", to - from);
-    snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
-    char pr[4];
-    snprintf(pr, sizeof pr, "%d", p);
-    const char *argv[] = {"XADD", stream, "*", "v", "1", "priority", pr, "n", n, "prefix", "0", "closed_ms", closed,
-                          "jobs", (const char *)blob.data};
-    size_t lens[15];
-    for (int i = 0; i < 14; i++) lens[i] = strlen(argv[i]);
-    lens[14] = blob.len;
-    moeq_redis_reply *r = NULL;
-    assert_int_equal(moeq_redis_command_argv(s->redis, 15, argv, lens, &r, err, sizeof err), MOEQ_OK);
-    if (id_out) snprintf(id_out, id_size, "%s", moeq_redis_reply_str(r, NULL));
-    moeq_redis_reply_free(r);
-    moeq_buf_free(&blob);
+    wt_add_batch(s->redis, s->prefix, p, bj, (size_t)(to - from), id_out, id_size);
 }
 
 static pid_t start_worker(const scenario *s, const char *id, const char *extra) {
