@@ -19,6 +19,7 @@
 
 #include "kv_cache.h"
 #include "model.h"
+#include "ops_matmul.h"
 
 typedef struct moeq_attn_args {
     const moeq_kv_cache *cache;
@@ -38,6 +39,11 @@ typedef struct moeq_attn_args {
 
 /* Query token t, heads [h0, h1); scores: (h1-h0) * (pos+1) floats of scratch. */
 void moeq_attention_absorbed_block(const moeq_attn_args *args, int64_t t, int h0, int h1, float *scores);
+/* The same on a given instruction set (which must be supported); every one gives the same bits. For tests. */
+void moeq_attention_absorbed_block_isa(moeq_mm_isa isa, const moeq_attn_args *args, int64_t t, int h0, int h1,
+                                       float *scores);
+/* The softmax's exp (x <= 0; about 1 ulp; 0 below -87). For tests. */
+float moeq_attention_exp(float x);
 
 /*
  * Naive form for one query token: q_nope (H, nope) and q_pe (H, rope) → out_v

@@ -21,6 +21,7 @@
 #include "moeq/engine.h"
 
 #include "backend.h"
+#include "attention.h"
 #include "backend_pool.h"
 #include "kv_cache.h"
 #include "moe.h"
@@ -504,6 +505,127 @@ static void kv_cache_pages_truncates_and_refuses_when_full(void **state) {
     moeq_kv_cache_destroy(c);
 }
 
+/* ---- attention ----------------------------------------------------------------------- */
+
+/* A cache of one sequence with n_ctx random entries per layer, and random queries for T tokens ending at n_ctx - 1. */
+typedef struct attn_case {
+    moeq_kv_cache *cache;
+    int seq, H, L, R, T;
+    int32_t seqs[4];
+    int64_t pos[4];
+    float *ql, *qp, *out;
+} attn_case;
+
+static void attn_case_make(attn_case *c, int H, int L, int R, int n_ctx, int block_tokens, int T) {
+    *c = (attn_case){.H = H, .L = L, .R = R, .T = T};
+    moeq_kv_cache_params p = {.n_layers = 2, .entry_floats = L + R, .block_tokens = block_tokens,
+                              .capacity_tokens = n_ctx + 64, .max_seqs = 2};
+    assert_int_equal(moeq_kv_cache_new(&p, &c->cache, NULL, 0), MOEQ_OK);
+    int other;
+    assert_int_equal(moeq_kv_cache_seq_new(c->cache, &other), MOEQ_OK); /* so the sequence's blocks are not the first */
+    assert_int_equal(moeq_kv_cache_grow(c->cache, other, 3), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_seq_new(c->cache, &c->seq), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_grow(c->cache, c->seq, n_ctx), MOEQ_OK);
+    for (int layer = 0; layer < 2; layer++)
+        for (int j = 0; j < n_ctx; j++) {
+            float *e = moeq_kv_cache_entry(c->cache, c->seq, layer, j);
+            for (int d = 0; d < L + R; d++) e[d] = frand() * 2;
+        }
+    for (int t = 0; t < T; t++) c->seqs[t] = c->seq, c->pos[t] = n_ctx - T + t;
+    c->ql = rand_floats((size_t)T * H * L);
+    c->qp = rand_floats((size_t)T * H * R);
+    c->out = calloc((size_t)T * H * L, sizeof(float));
+}
+
+static void attn_case_free(attn_case *c) {
+    moeq_kv_cache_destroy(c->cache);
+    free(c->ql), free(c->qp), free(c->out);
+}
+
+static moeq_attn_args attn_args(const attn_case *c) {
+    return (moeq_attn_args){c->cache, 1, c->T, c->seqs, c->pos, c->H, c->L, c->R, c->ql, c->qp, c->out, 0.17f};
+}
+
+/* Every instruction set, every head split, against the emulation: latent/rope tails, partial tiles, block edges. */
+static void attention_on_every_instruction_set_matches_the_emulation_bit_for_bit(void **state) {
+    (void)state;
+    static const int shapes[][5] = {/* H, L, R, n_ctx, block_tokens */
+                                    {4, 32, 8, 1, 16},   {4, 32, 8, 37, 16},   {8, 64, 16, 50, 16},
+                                    {16, 256, 32, 83, 16}, {5, 40, 24, 19, 5},   {3, 17, 3, 9, 4},
+                                    {16, 512, 64, 130, 16}};
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        attn_case c;
+        int H = shapes[s][0], L = shapes[s][1];
+        attn_case_make(&c, H, L, shapes[s][2], shapes[s][3], shapes[s][4], 2);
+        moeq_attn_args a = attn_args(&c);
+        float *ref = malloc((size_t)c.T * H * L * 4), *scores = malloc((size_t)H * (shapes[s][3] + 1) * 4);
+        for (int t = 0; t < c.T; t++) moeq_attention_absorbed_block_isa(MOEQ_MM_ISA_SCALAR, &a, t, 0, H, scores);
+        memcpy(ref, c.out, (size_t)c.T * H * L * 4);
+        for (int i = 0; i < 3; i++) {
+            if (!moeq_mm_isa_supported(all_isas[i])) continue;
+            for (int hb = 1; hb <= H; hb += (hb < 4 ? 1 : 3)) { /* head blocks of 1, 2, 3, 4, 7, ... */
+                memset(c.out, 0xff, (size_t)c.T * H * L * 4);
+                for (int t = 0; t < c.T; t++)
+                    for (int h0 = 0; h0 < H; h0 += hb)
+                        moeq_attention_absorbed_block_isa(all_isas[i], &a, t, h0, h0 + hb < H ? h0 + hb : H, scores);
+                assert_memory_equal(c.out, ref, (size_t)c.T * H * L * 4);
+            }
+        }
+        free(ref), free(scores);
+        attn_case_free(&c);
+    }
+}
+
+/* The absorbed kernel against the same formula in float64 (scores, softmax with libm's exp, weighted latents). */
+static void attention_matches_a_float64_computation(void **state) {
+    (void)state;
+    attn_case c;
+    int H = 16, L = 256, R = 32, n_ctx = 200;
+    attn_case_make(&c, H, L, R, n_ctx, 16, 1);
+    moeq_attn_args a = attn_args(&c);
+    float *scores = malloc((size_t)H * (n_ctx + 1) * 4);
+    moeq_attention_absorbed_block(&a, 0, 0, H, scores);
+    double *s = malloc((size_t)n_ctx * sizeof(double)), worst = 0;
+    for (int h = 0; h < H; h++) {
+        double m = -INFINITY, sum = 0;
+        for (int j = 0; j < n_ctx; j++) {
+            const float *e = moeq_kv_cache_entry(c.cache, c.seq, 1, j);
+            double acc = 0;
+            for (int d = 0; d < L; d++) acc += (double)c.ql[h * L + d] * e[d];
+            for (int d = 0; d < R; d++) acc += (double)c.qp[h * R + d] * e[L + d];
+            s[j] = acc * 0.17f;
+            m = s[j] > m ? s[j] : m;
+        }
+        for (int j = 0; j < n_ctx; j++) sum += (s[j] = exp(s[j] - m));
+        for (int d = 0; d < L; d++) {
+            double o = 0;
+            for (int j = 0; j < n_ctx; j++) o += s[j] / sum * moeq_kv_cache_entry(c.cache, c.seq, 1, j)[d];
+            double err = fabs(o - c.out[h * L + d]);
+            worst = err > worst ? err : worst;
+        }
+    }
+    assert_true(worst < 1e-5);
+    free(s), free(scores);
+    attn_case_free(&c);
+}
+
+/* The softmax's exp: within 2 ulp of libm's over its whole range, exactly 1 at 0, 0 far below. */
+static void attention_exp_is_within_two_ulp(void **state) {
+    (void)state;
+    assert_true(moeq_attention_exp(0.0f) == 1.0f);
+    assert_true(moeq_attention_exp(-100.0f) == 0.0f && moeq_attention_exp(-INFINITY) == 0.0f);
+    float worst = 0;
+    for (float x = -86.9f; x <= 0.0f; x += 0.00731f) {
+        double want = exp((double)x);
+        float got = moeq_attention_exp(x);
+        float ulp = nextafterf((float)want, INFINITY) - (float)want;
+        float err = (float)(fabs(got - want) / ulp);
+        worst = err > worst ? err : worst;
+    }
+    print_message("attention exp: worst %.2f ulp\n", worst);
+    assert_true(worst <= 2.0f);
+}
+
 /* ---- sampler ---------------------------------------------------------------------- */
 
 #define VOCAB 300
@@ -630,6 +752,9 @@ int main(void) {
         cmocka_unit_test(v2_applies_the_scaling_factor_only_when_not_normalising),
         cmocka_unit_test(gather_plan_groups_slots_by_expert_in_token_order),
         cmocka_unit_test(kv_cache_pages_truncates_and_refuses_when_full),
+        cmocka_unit_test(attention_on_every_instruction_set_matches_the_emulation_bit_for_bit),
+        cmocka_unit_test(attention_matches_a_float64_computation),
+        cmocka_unit_test(attention_exp_is_within_two_ulp),
         cmocka_unit_test(greedy_sampling_is_argmax),
         cmocka_unit_test(seeded_sampling_reproduces_and_seeds_differ),
         cmocka_unit_test(top_k_and_top_p_never_pick_outside_the_allowed_set),
