@@ -118,10 +118,11 @@ static float score_scalar(const float *ql, const float *qp, const float *e, int 
 
 static void block_scalar(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {
     int64_t n_ctx = a->pos[t] + 1;
-    int seq = a->seq[t], L = a->kv_lora, R = a->rope, H = a->n_heads;
+    int L = a->kv_lora, R = a->rope, H = a->n_heads;
+    moeq_kv_view kv = moeq_kv_cache_view(a->cache, a->seq[t], a->layer);
     const float *ql = a->q_lat + t * H * L, *qp = a->q_pe + t * H * R;
     for (int64_t j = 0; j < n_ctx; j++) {
-        const float *e = moeq_kv_cache_entry(a->cache, seq, a->layer, j);
+        const float *e = moeq_kv_view_entry(&kv, j);
         for (int h = h0; h < h1; h++)
             scores[(h - h0) * n_ctx + j] = score_scalar(ql + (int64_t)h * L, qp + (int64_t)h * R, e, L, R) * a->scale;
     }
@@ -130,7 +131,7 @@ static void block_scalar(const moeq_attn_args *a, int64_t t, int h0, int h1, flo
         memset(a->out_lat + (t * H + h) * L, 0, (size_t)L * sizeof(float));
     }
     for (int64_t j = 0; j < n_ctx; j++) {
-        const float *c = moeq_kv_cache_entry(a->cache, seq, a->layer, j);
+        const float *c = moeq_kv_view_entry(&kv, j);
         for (int h = h0; h < h1; h++) {
             float p = scores[(h - h0) * n_ctx + j], *o = a->out_lat + (t * H + h) * L;
             for (int d = 0; d < L; d++) o[d] = fmaf(p, c[d], o[d]);
@@ -195,12 +196,15 @@ static T512 void softmax512(float *x, int64_t n) {
  */
 static T512 ALWAYS_INLINE __m512 reduce16x16(const __m512 A[16]) {
     __m512 S[8], T[4], U[2];
+    #pragma GCC unroll 16
     for (int p = 0; p < 8; p++)
         S[p] = _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * p], A[2 * p + 1], 0x44),
                              _mm512_shuffle_f32x4(A[2 * p], A[2 * p + 1], 0xEE));
+    #pragma GCC unroll 16
     for (int q = 0; q < 4; q++)
         T[q] = _mm512_add_ps(_mm512_shuffle_f32x4(S[2 * q], S[2 * q + 1], 0x88),
                              _mm512_shuffle_f32x4(S[2 * q], S[2 * q + 1], 0xDD));
+    #pragma GCC unroll 16
     for (int u = 0; u < 2; u++)
         U[u] = _mm512_add_ps(_mm512_shuffle_ps(T[2 * u], T[2 * u + 1], 0x44),
                              _mm512_shuffle_ps(T[2 * u], T[2 * u + 1], 0xEE));
@@ -211,57 +215,80 @@ static T512 ALWAYS_INLINE __m512 reduce16x16(const __m512 A[16]) {
 static T512 ALWAYS_INLINE void score_tile512(const float *const ql[4], const float *const qp[4],
                                              const float *const e[4], int L, int R, float out[16]) {
     __m512 A[16];
+    #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) A[i] = _mm512_setzero_ps();
     for (int k = 0; k < L; k += LANES) {
         __mmask16 m = tail_mask(L - k);
         __m512 ev[4], qv[4];
+        #pragma GCC unroll 16
         for (int r = 0; r < 4; r++) ev[r] = _mm512_maskz_loadu_ps(m, e[r] + k);
+        #pragma GCC unroll 16
         for (int h = 0; h < 4; h++) qv[h] = _mm512_maskz_loadu_ps(m, ql[h] + k);
+        #pragma GCC unroll 16
         for (int r = 0; r < 4; r++)
+            #pragma GCC unroll 16
             for (int h = 0; h < 4; h++) A[4 * r + h] = _mm512_fmadd_ps(qv[h], ev[r], A[4 * r + h]);
     }
     for (int k = 0; k < R; k += LANES) {
         __mmask16 m = tail_mask(R - k);
         __m512 ev[4], qv[4];
+        #pragma GCC unroll 16
         for (int r = 0; r < 4; r++) ev[r] = _mm512_maskz_loadu_ps(m, e[r] + L + k);
+        #pragma GCC unroll 16
         for (int h = 0; h < 4; h++) qv[h] = _mm512_maskz_loadu_ps(m, qp[h] + k);
+        #pragma GCC unroll 16
         for (int r = 0; r < 4; r++)
+            #pragma GCC unroll 16
             for (int h = 0; h < 4; h++) A[4 * r + h] = _mm512_fmadd_ps(qv[h], ev[r], A[4 * r + h]);
     }
     _mm512_storeu_ps(out, reduce16x16(A));
 }
 
-/* o[h][c0 .. c0+16*nv) for nh heads: fma chains over every context row. */
-static T512 ALWAYS_INLINE void out_tile512(const int nh, const moeq_attn_args *a, int seq, int64_t n_ctx,
-                                           const float *p, int64_t ldp, float *o, int64_t ldo, int c0, int L) {
+/* o[h][c0 .. c0+64) for nh heads: fma chains over every context row, walked block by block. */
+static T512 ALWAYS_INLINE void out_tile512(const int nh, const moeq_kv_view *kv, int64_t n_ctx, const float *p,
+                                           int64_t ldp, float *o, int64_t ldo, int c0, int L) {
     __m512 acc[4][4];
     __mmask16 m[4];
+#pragma GCC unroll 4
     for (int v = 0; v < 4; v++) m[v] = c0 + v * LANES < L ? tail_mask(L - c0 - v * LANES) : 0;
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 4
         for (int v = 0; v < 4; v++) acc[h][v] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n_ctx; j++) {
-        const float *c = moeq_kv_cache_entry(a->cache, seq, a->layer, j) + c0;
-        __m512 cv[4];
-        for (int v = 0; v < 4; v++) cv[v] = _mm512_maskz_loadu_ps(m[v], c + v * LANES);
-        for (int h = 0; h < nh; h++) {
-            __m512 pv = _mm512_set1_ps(p[h * ldp + j]);
-            for (int v = 0; v < 4; v++) acc[h][v] = _mm512_fmadd_ps(pv, cv[v], acc[h][v]);
+    for (int64_t j0 = 0, blk = 0; j0 < n_ctx; j0 += kv->block_tokens, blk++) {
+        const float *c = moeq_kv_view_block(kv, blk) + c0;
+        int64_t nb = n_ctx - j0 < kv->block_tokens ? n_ctx - j0 : kv->block_tokens;
+        for (int64_t r = 0; r < nb; r++, c += kv->entry_floats) {
+            __m512 cv[4];
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) cv[v] = _mm512_maskz_loadu_ps(m[v], c + v * LANES);
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) {
+                __m512 pv = _mm512_set1_ps(p[h * ldp + j0 + r]);
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) acc[h][v] = _mm512_fmadd_ps(pv, cv[v], acc[h][v]);
+            }
         }
     }
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 4
         for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(o + h * ldo + c0 + v * LANES, m[v], acc[h][v]);
 }
 
 static T512 void block512(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {
     int64_t n_ctx = a->pos[t] + 1;
-    int seq = a->seq[t], L = a->kv_lora, R = a->rope, H = a->n_heads;
+    int L = a->kv_lora, R = a->rope, H = a->n_heads;
+    moeq_kv_view kv = moeq_kv_cache_view(a->cache, a->seq[t], a->layer);
     const float *qlat = a->q_lat + t * H * L, *qpe = a->q_pe + t * H * R;
     for (int64_t j0 = 0; j0 < n_ctx; j0 += 4) {
         const float *e[4];
-        for (int r = 0; r < 4; r++) e[r] = j0 + r < n_ctx ? moeq_kv_cache_entry(a->cache, seq, a->layer, j0 + r) : zeros;
+        #pragma GCC unroll 16
+        for (int r = 0; r < 4; r++) e[r] = j0 + r < n_ctx ? moeq_kv_view_entry(&kv, j0 + r) : zeros;
         for (int hg = h0; hg < h1; hg += 4) {
             const float *ql[4], *qp[4];
             float s[16];
+            #pragma GCC unroll 16
             for (int h = 0; h < 4; h++) {
                 ql[h] = hg + h < h1 ? qlat + (int64_t)(hg + h) * L : zeros;
                 qp[h] = hg + h < h1 ? qpe + (int64_t)(hg + h) * R : zeros;
@@ -277,10 +304,10 @@ static T512 void block512(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
         const float *p = scores + (hg - h0) * n_ctx;
         float *og = o + (int64_t)hg * L;
         for (int c0 = 0; c0 < L; c0 += 4 * LANES) switch (h1 - hg < 4 ? h1 - hg : 4) {
-            case 1: out_tile512(1, a, seq, n_ctx, p, n_ctx, og, L, c0, L); break;
-            case 2: out_tile512(2, a, seq, n_ctx, p, n_ctx, og, L, c0, L); break;
-            case 3: out_tile512(3, a, seq, n_ctx, p, n_ctx, og, L, c0, L); break;
-            default: out_tile512(4, a, seq, n_ctx, p, n_ctx, og, L, c0, L); break;
+            case 1: out_tile512(1, &kv, n_ctx, p, n_ctx, og, L, c0, L); break;
+            case 2: out_tile512(2, &kv, n_ctx, p, n_ctx, og, L, c0, L); break;
+            case 3: out_tile512(3, &kv, n_ctx, p, n_ctx, og, L, c0, L); break;
+            default: out_tile512(4, &kv, n_ctx, p, n_ctx, og, L, c0, L); break;
             }
     }
 }
@@ -307,31 +334,42 @@ static T256 ALWAYS_INLINE float hsum256(__m256 lo, __m256 hi) {
 static T256 void score_tile256(const float *const ql[2], const float *const qp[2], const float *const e[2], int L,
                                int R, float out[4]) {
     __m256 A[4][2];
+    #pragma GCC unroll 16
     for (int i = 0; i < 4; i++) A[i][0] = A[i][1] = _mm256_setzero_ps();
+    #pragma GCC unroll 16
     for (int seg = 0; seg < 2; seg++) {
         int n = seg ? R : L, off = seg ? L : 0;
         for (int k = 0; k < n; k += LANES)
+            #pragma GCC unroll 16
             for (int half = 0; half < 2; half++) {
                 __m256 ev[2], qv[2];
+                #pragma GCC unroll 16
                 for (int r = 0; r < 2; r++) ev[r] = load8z(e[r] + off, k + 8 * half, n);
+                #pragma GCC unroll 16
                 for (int h = 0; h < 2; h++) qv[h] = load8z(seg ? qp[h] : ql[h], k + 8 * half, n);
+                #pragma GCC unroll 16
                 for (int h = 0; h < 2; h++)
+                    #pragma GCC unroll 16
                     for (int r = 0; r < 2; r++) A[2 * h + r][half] = _mm256_fmadd_ps(qv[h], ev[r], A[2 * h + r][half]);
             }
     }
+    #pragma GCC unroll 16
     for (int i = 0; i < 4; i++) out[i] = hsum256(A[i][0], A[i][1]);
 }
 
 static T256 void block256(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {
     int64_t n_ctx = a->pos[t] + 1;
-    int seq = a->seq[t], L = a->kv_lora, R = a->rope, H = a->n_heads;
+    int L = a->kv_lora, R = a->rope, H = a->n_heads;
+    moeq_kv_view kv = moeq_kv_cache_view(a->cache, a->seq[t], a->layer);
     const float *qlat = a->q_lat + t * H * L, *qpe = a->q_pe + t * H * R;
     for (int64_t j0 = 0; j0 < n_ctx; j0 += 2) {
         const float *e[2];
-        for (int r = 0; r < 2; r++) e[r] = j0 + r < n_ctx ? moeq_kv_cache_entry(a->cache, seq, a->layer, j0 + r) : zeros;
+        #pragma GCC unroll 16
+        for (int r = 0; r < 2; r++) e[r] = j0 + r < n_ctx ? moeq_kv_view_entry(&kv, j0 + r) : zeros;
         for (int hg = h0; hg < h1; hg += 2) {
             const float *ql[2], *qp[2];
             float s[4];
+            #pragma GCC unroll 16
             for (int h = 0; h < 2; h++) {
                 ql[h] = hg + h < h1 ? qlat + (int64_t)(hg + h) * L : zeros;
                 qp[h] = hg + h < h1 ? qpe + (int64_t)(hg + h) * R : zeros;
@@ -348,18 +386,25 @@ static T256 void block256(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
         int nh = h1 - h < 2 ? h1 - h : 2;
         for (int c0 = 0; c0 < cv; c0 += 32) {
             __m256 acc[2][4];
+            #pragma GCC unroll 16
             for (int i = 0; i < 2; i++)
+                #pragma GCC unroll 16
                 for (int v = 0; v < 4; v++) acc[i][v] = _mm256_setzero_ps();
             for (int64_t j = 0; j < n_ctx; j++) {
-                const float *c = moeq_kv_cache_entry(a->cache, seq, a->layer, j) + c0;
+                const float *c = moeq_kv_view_entry(&kv, j) + c0;
                 __m256 cvv[4];
+                #pragma GCC unroll 16
                 for (int v = 0; v < 4; v++) cvv[v] = _mm256_loadu_ps(c + 8 * v);
+                #pragma GCC unroll 16
                 for (int i = 0; i < nh; i++) {
                     __m256 pv = _mm256_set1_ps(scores[(h + i - h0) * n_ctx + j]);
+                    #pragma GCC unroll 16
                     for (int v = 0; v < 4; v++) acc[i][v] = _mm256_fmadd_ps(pv, cvv[v], acc[i][v]);
                 }
             }
+            #pragma GCC unroll 16
             for (int i = 0; i < nh; i++)
+                #pragma GCC unroll 16
                 for (int v = 0; v < 4; v++) _mm256_storeu_ps(o + (int64_t)(h + i) * L + c0 + 8 * v, acc[i][v]);
         }
         for (int i = 0; i < nh && cv < L; i++) { /* the columns past the last 32 */
@@ -367,7 +412,7 @@ static T256 void block256(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
             const float *p = scores + (h + i - h0) * n_ctx;
             for (int d = cv; d < L; d++) oh[d] = 0.0f;
             for (int64_t j = 0; j < n_ctx; j++) {
-                const float *c = moeq_kv_cache_entry(a->cache, seq, a->layer, j);
+                const float *c = moeq_kv_view_entry(&kv, j);
                 for (int d = cv; d < L; d++) oh[d] = fmaf(p[j], c[d], oh[d]);
             }
         }

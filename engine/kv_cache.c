@@ -133,3 +133,9 @@ float *moeq_kv_cache_entry(const moeq_kv_cache *cache, int seq_id, int layer, in
     return cache->pool + (size_t)blk * cache->block_floats +
            ((size_t)layer * cache->p.block_tokens + (size_t)off) * cache->p.entry_floats;
 }
+
+moeq_kv_view moeq_kv_cache_view(const moeq_kv_cache *cache, int seq_id, int layer) {
+    return (moeq_kv_view){cache->pool + (size_t)layer * cache->p.block_tokens * cache->p.entry_floats,
+                          cache->tables + (size_t)seq_id * cache->max_blocks_per_seq, cache->block_floats,
+                          cache->p.block_tokens, cache->p.entry_floats};
+}

@@ -58,4 +58,27 @@ moeq_err moeq_kv_cache_truncate(moeq_kv_cache *cache, int seq_id, int64_t n_toke
 /* The entry of (seq, layer, pos): entry_floats floats. pos < seq_len. */
 float *moeq_kv_cache_entry(const moeq_kv_cache *cache, int seq_id, int layer, int64_t pos);
 
+/*
+ * One sequence's entries of one layer, for kernels that walk them without a
+ * call per entry (a call in a register-tiled loop spills every accumulator).
+ * Valid until the sequence grows, is truncated or freed.
+ */
+typedef struct moeq_kv_view {
+    const float *pool;      /* block b of the layer starts at pool + table[b] * block_floats */
+    const int32_t *table;   /* the sequence's block table                                     */
+    size_t block_floats;
+    int block_tokens, entry_floats;
+} moeq_kv_view;
+
+moeq_kv_view moeq_kv_cache_view(const moeq_kv_cache *cache, int seq_id, int layer);
+
+/* The first entry of the sequence's block blk; the block's entries follow, entry_floats apart. */
+static inline const float *moeq_kv_view_block(const moeq_kv_view *v, int64_t blk) {
+    return v->pool + (size_t)v->table[blk] * v->block_floats;
+}
+
+static inline const float *moeq_kv_view_entry(const moeq_kv_view *v, int64_t pos) {
+    return moeq_kv_view_block(v, pos / v->block_tokens) + (size_t)(pos % v->block_tokens) * (size_t)v->entry_floats;
+}
+
 #endif
