@@ -51,6 +51,7 @@
 #define TILE_N1 8  /* rows per AVX-512 NT tile for blocks of 1-3 tokens       */
 #define TILE_N4 6  /* rows per AVX-512 NT tile for blocks of exactly 4 tokens */
 #define TILE_V 4   /* 16-column vectors per AVX-512 NN tile (64 columns)      */
+#define TILE_VMAX 16 /* ... and for one token (two: 8), see nn_tile512          */
 #define PF_BYTES 8192 /* weight bytes the NT prefetch runs ahead (>= one tile) */
 
 static inline const uint8_t *row_ptr(const moeq_tensor *w, int64_t row) {
@@ -308,53 +309,63 @@ static T512 void nt_block512(const moeq_mm_job *job, int64_t n0, int64_t n1, int
     }
 }
 
-/* (mr tokens) x (nv 16-column vectors starting at column c): y = x W, r ascending. */
+/*
+ * (mr tokens) x (nv 16-column vectors starting at column c): y = x W, r ascending. Vectors past c1 get an empty
+ * mask (no load, no store). Few tokens take wide tiles (16 vectors for one token, 8 for two): each weight row is
+ * then read as one contiguous run, which the hardware prefetcher streams; 64-column tiles over a decode-sized
+ * job (MLA absorption: 64 rows of 512 bytes) read 128 bytes per row with a stride and waited on DRAM latency.
+ */
 static T512 ALWAYS_INLINE void nn_tile512(const int mr, const int nv, const moeq_dtype dt, const moeq_mm_job *job,
                                           int64_t t, int64_t c, int64_t c1) {
     const moeq_tensor *w = job->w;
-    __m512 acc[TILE_T][TILE_V];
-    __mmask16 m[TILE_V];
-#pragma GCC unroll 4
+    __m512 acc[TILE_T][TILE_VMAX];
+    __mmask16 m[TILE_VMAX];
+#pragma GCC unroll 16
     for (int v = 0; v < nv; v++) {
-        m[v] = tail_mask(c1 - (c + v * LANES));
+        int64_t left = c1 - (c + v * LANES);
+        m[v] = left > 0 ? tail_mask(left) : 0;
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) acc[i][v] = _mm512_setzero_ps();
     }
+    /* No calls in the row loop: a call clobbers every zmm and spills the tile. */
+    const int64_t rb = moeq_tensor_cols(w) * (int64_t)esize(dt);
+    const uint8_t *base = (const uint8_t *)w->data + job->row0 * rb;
     for (int64_t r = 0; r < job->n_rows; r++) {
-        const uint8_t *p = row_ptr(w, job->row0 + r);
-        const float *srow = scale_row(w, job->row0 + r);
-        __m512 wv[TILE_V];
+        const uint8_t *p = base + r * rb;
+        const float *srow = dt == MOEQ_DTYPE_F8_E4M3 ? scale_row(w, job->row0 + r) : NULL;
+        __m512 xb[TILE_T];
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) wv[v] = wload512(dt, p, srow, c + v * LANES, m[v]);
+        for (int i = 0; i < mr; i++) xb[i] = _mm512_set1_ps(job->x[(t + i) * job->ldx + r]);
+#pragma GCC unroll 16
+        for (int v = 0; v < nv; v++) {
+            __m512 wv = wload512(dt, p, srow, c + v * LANES, m[v]);
 #pragma GCC unroll 4
-        for (int i = 0; i < mr; i++) {
-            __m512 xb = _mm512_set1_ps(job->x[(t + i) * job->ldx + r]);
-#pragma GCC unroll 4
-            for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(xb, wv[v], acc[i][v]);
+            for (int i = 0; i < mr; i++) acc[i][v] = _mm512_fmadd_ps(xb[i], wv, acc[i][v]);
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 16
         for (int v = 0; v < nv; v++) _mm512_mask_storeu_ps(job->y + (t + i) * job->ldy + c + v * LANES, m[v], acc[i][v]);
 }
 
 #define NN512(MR, NV)                                                                                        \
-    case (MR)*8 + (NV): nn_tile512(MR, NV, dt, job, t, c, c1); break;
+    case (MR)*32 + (NV): nn_tile512(MR, NV, dt, job, t, c, c1); break;
 
 static T512 ALWAYS_INLINE void nn_block512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t c0, int64_t c1,
                                               int64_t t0, int64_t t1) {
-    for (int64_t c = c0; c < c1; c += TILE_V * LANES) {
-        int nv = (int)((c1 - c + LANES - 1) / LANES);
-        if (nv > TILE_V) nv = TILE_V;
-        for (int64_t t = t0; t < t1; t += TILE_T) {
-            int mr = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
-            switch (mr * 8 + nv) {
-                NN512(1, 1) NN512(1, 2) NN512(1, 3) NN512(1, 4)
-                NN512(2, 1) NN512(2, 2) NN512(2, 3) NN512(2, 4)
+    for (int64_t t = t0; t < t1; t += TILE_T) {
+        int mr = (int)(t1 - t < TILE_T ? t1 - t : TILE_T), wide = mr == 1 ? 16 : mr == 2 ? 8 : TILE_V;
+        for (int64_t c = c0; c < c1;) {
+            int need = (int)((c1 - c + LANES - 1) / LANES), nv = need <= TILE_V ? need : need <= 8 ? 8 : wide;
+            if (nv > wide) nv = wide;
+            switch (mr * 32 + nv) {
+                NN512(1, 1) NN512(1, 2) NN512(1, 3) NN512(1, 4) NN512(1, 8) NN512(1, 16)
+                NN512(2, 1) NN512(2, 2) NN512(2, 3) NN512(2, 4) NN512(2, 8)
                 NN512(3, 1) NN512(3, 2) NN512(3, 3) NN512(3, 4)
                 NN512(4, 1) NN512(4, 2) NN512(4, 3) NN512(4, 4)
             }
+            c += nv * LANES;
         }
     }
 }
@@ -552,9 +563,11 @@ static T256 ALWAYS_INLINE void nn_tile256(const int mr, const int nv, const moeq
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) acc[i][v] = _mm256_setzero_ps();
+    const int64_t rb = moeq_tensor_cols(w) * (int64_t)esize(dt);
+    const uint8_t *base = (const uint8_t *)w->data + job->row0 * rb;
     for (int64_t r = 0; r < job->n_rows; r++) {
-        const uint8_t *p = row_ptr(w, job->row0 + r);
-        const float *srow = scale_row(w, job->row0 + r);
+        const uint8_t *p = base + r * rb;
+        const float *srow = dt == MOEQ_DTYPE_F8_E4M3 ? scale_row(w, job->row0 + r) : NULL;
         __m256 wv[TILE_V2];
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) wv[v] = wload256_8(dt, p, srow, c + v * 8);
