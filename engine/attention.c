@@ -10,7 +10,7 @@
  *            latent part, zero padded to a multiple of 16), then q_pe[h][d]
  *            * kpe_j[d] the same way (the rope part, padded likewise) —
  *            the lanes and tree of the matmul kernels (ops_matmul.c).
- *   softmax  max; e = exp_fixed(s - max) (a fixed polynomial, below); sum in
+ *   softmax  max; e = moeq_exp_nonpos(s - max) (a fixed polynomial, ops_exp.h); sum in
  *            the same 16 lanes + tree; p = e / sum.
  *   output   o[h][d] = fma chain over j = 0, 1, ... of p[h][j] * c_j[d],
  *            from 0 (each element on its own: vectorises without a tree).
@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "ops_exp.h"
 #include "ops_matmul.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -61,44 +62,11 @@ static inline float tree16(const float *l) {
     return c[0] + c[1];
 }
 
-/*
- * exp for softmax inputs (x <= 0): Cody-Waite reduction by ln 2 and Cephes'
- * expf polynomial, every step one IEEE operation so the vector forms give the
- * same bits (libm's expf may differ between its FMA and non-FMA variants);
- * about 1 ulp; 0 below -87 (where expf goes subnormal).
- */
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_ROUND 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
-#define EXP_LN2_HI 0.693359375f
-#define EXP_LN2_LO -2.12194440e-4f
-#define EXP_P0 1.9875691500e-4f
-#define EXP_P1 1.3981999507e-3f
-#define EXP_P2 8.3334519073e-3f
-#define EXP_P3 4.1665795894e-2f
-#define EXP_P4 1.6666665459e-1f
-#define EXP_P5 5.0000001201e-1f
-#define EXP_MIN -87.0f
-
-static inline float exp_fixed(float x) {
-    if (!(x >= EXP_MIN)) return 0.0f;
-    float n = fmaf(x, EXP_LOG2E, EXP_ROUND) - EXP_ROUND;
-    float r = fmaf(n, -EXP_LN2_HI, x);
-    r = fmaf(n, -EXP_LN2_LO, r);
-    float p = fmaf(EXP_P0, r, EXP_P1);
-    p = fmaf(p, r, EXP_P2);
-    p = fmaf(p, r, EXP_P3);
-    p = fmaf(p, r, EXP_P4);
-    p = fmaf(p, r, EXP_P5);
-    float y = fmaf(p, r * r, r) + 1.0f;
-    union { uint32_t u; float f; } s = {.u = (uint32_t)((int32_t)n + 127) << 23};
-    return y * s.f;
-}
-
 static void softmax_scalar(float *x, int64_t n) {
     float m = -INFINITY, lanes[LANES] = {0};
     for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
     for (int64_t i = 0; i < n; i++) {
-        x[i] = exp_fixed(x[i] - m);
+        x[i] = moeq_exp_nonpos(x[i] - m);
         lanes[i % LANES] += x[i];
     }
     float sum = tree16(lanes);
@@ -147,22 +115,6 @@ static inline __mmask16 tail_mask(int64_t left) {
     return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
 }
 
-static T512 ALWAYS_INLINE __m512 exp512(__m512 x) {
-    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_MIN), _CMP_GE_OQ);
-    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(EXP_ROUND)),
-                             _mm512_set1_ps(EXP_ROUND));
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2_HI), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2_LO), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i s = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(ok, y, _mm512_castsi512_ps(s));
-}
-
 /* tree16 of one vector: halves 16->8->4->2->1. */
 static T512 ALWAYS_INLINE float hsum512(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -178,7 +130,7 @@ static T512 void softmax512(float *x, int64_t n) {
     __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv)), sum = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += LANES) {
         __mmask16 k = tail_mask(n - i);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+        __m512 e = moeq_exp_nonpos512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
         _mm512_mask_storeu_ps(x + i, k, e);
         sum = _mm512_mask_add_ps(sum, k, sum, e);
     }
@@ -438,7 +390,7 @@ void moeq_attention_absorbed_block(const moeq_attn_args *a, int64_t t, int h0, i
     moeq_attention_absorbed_block_isa(moeq_mm_isa_best(), a, t, h0, h1, scores);
 }
 
-float moeq_attention_exp(float x) { return exp_fixed(x); }
+float moeq_attention_exp(float x) { return moeq_exp_nonpos(x); }
 
 void moeq_attention_naive_token(const moeq_kv_cache *cache, int layer, int seq, int64_t pos, const moeq_tensor *kv_b,
                                 int n_heads, int nope, int v_dim, int kv_lora, int rope, float scale,

@@ -12,8 +12,10 @@
 /* out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), as HF DeepseekV3RMSNorm in float32. out may be x. */
 void moeq_ops_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 
-/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate. */
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)) (exp of -|g| only, ops_exp.h). out may alias gate. */
 void moeq_ops_silu_mul(float *out, const float *gate, const float *up, int64_t n);
+/* The same, always the scalar form (the vector form must match it bit for bit; for tests). */
+void moeq_ops_silu_mul_scalar(float *out, const float *gate, const float *up, int64_t n);
 
 /* In place: x = softmax(x) (max-subtracted, ascending sums). */
 void moeq_ops_softmax(float *x, int64_t n);

@@ -28,6 +28,7 @@
 #include "ops.h"
 #include "ops_matmul.h"
 #include "rope.h"
+#include "sampler.h"
 
 /* ---- synthetic weights ----------------------------------------------------- */
 
@@ -626,6 +627,29 @@ static void attention_exp_is_within_two_ulp(void **state) {
     assert_true(worst <= 2.0f);
 }
 
+/* The SiLU product: the vector form gives the scalar form's bits, and both are within 4 ulp of float64. */
+static void silu_product_matches_its_scalar_form_and_float64(void **state) {
+    (void)state;
+    int n = 4099;
+    float *g = malloc((size_t)n * 4), *u = malloc((size_t)n * 4), *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) g[i] = frand() * (i < 4000 ? 12.0f : 200.0f), u[i] = frand();
+    g[0] = 0.0f, g[1] = -0.0f, g[2] = 100.0f, g[3] = -100.0f, g[4] = -87.5f, g[5] = 87.5f;
+    moeq_ops_silu_mul(a, g, u, n);
+    moeq_ops_silu_mul_scalar(b, g, u, n);
+    assert_memory_equal(a, b, (size_t)n * 4);
+    float worst = 0;
+    for (int i = 0; i < n; i++) {
+        double want = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        if (fabs(want) < 1e-30) continue;
+        float ulp = nextafterf(fabsf((float)want), INFINITY) - fabsf((float)want);
+        float err = (float)(fabs(a[i] - want) / ulp);
+        worst = err > worst ? err : worst;
+    }
+    print_message("silu product: worst %.2f ulp\n", worst);
+    assert_true(worst <= 4.0f);
+    free(g), free(u), free(a), free(b);
+}
+
 /* ---- sampler ---------------------------------------------------------------------- */
 
 #define VOCAB 300
@@ -646,6 +670,25 @@ static void greedy_sampling_is_argmax(void **state) {
         assert_int_equal(moeq_sampler_sample(s, l), best);
     }
     moeq_sampler_destroy(s);
+}
+
+/* The vectorised argmax is the first maximum, as the plain loop: ties, tails, signed zeros, -inf, NaN rows. */
+static void argmax_is_the_first_maximum(void **state) {
+    (void)state;
+    float l[VOCAB];
+    for (int r = 0; r < 400; r++) {
+        int n = 1 + r % VOCAB;
+        for (int i = 0; i < n; i++) l[i] = (float)(int)(frand() * 4); /* few values: many ties */
+        if (r % 7 == 1) l[r % n] = 10.0f, l[(r * 3) % n] = 10.0f;
+        if (r % 11 == 2)
+            for (int i = 0; i < n; i++) l[i] = i % 2 ? 0.0f : -0.0f;
+        if (r % 13 == 3)
+            for (int i = 0; i < n; i++) l[i] = -INFINITY;
+        if (r % 17 == 4) l[(r * 5) % n] = NAN;
+        int best = 0;
+        for (int i = 1; i < n; i++) best = l[i] > l[best] ? i : best;
+        assert_int_equal(moeq_sampler_argmax(l, n), best);
+    }
 }
 
 static void seeded_sampling_reproduces_and_seeds_differ(void **state) {
@@ -755,7 +798,9 @@ int main(void) {
         cmocka_unit_test(attention_on_every_instruction_set_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(attention_matches_a_float64_computation),
         cmocka_unit_test(attention_exp_is_within_two_ulp),
+        cmocka_unit_test(silu_product_matches_its_scalar_form_and_float64),
         cmocka_unit_test(greedy_sampling_is_argmax),
+        cmocka_unit_test(argmax_is_the_first_maximum),
         cmocka_unit_test(seeded_sampling_reproduces_and_seeds_differ),
         cmocka_unit_test(top_k_and_top_p_never_pick_outside_the_allowed_set),
         cmocka_unit_test(pool_runs_every_task_exactly_once),
