@@ -3,8 +3,10 @@
  * throughput (batch 1, 8, 32, 128) in both batch_invariant modes, peak RSS,
  * KV bytes per token, and the decode roofline: active weight bytes per token
  * over the memory bandwidth measured here (STREAM triad, same thread count).
- * Prints one JSON document. A program, not a test: numbers depend on the
- * machine and on what else runs on it.
+ * Decode at long context (`--contexts`, batch 1 after a prompt of that many
+ * tokens, prefilled in 2048-token chunks) shows what attention over the
+ * cache adds to a step. Prints one JSON document. A program, not a test:
+ * numbers depend on the machine and on what else runs on it.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 typedef struct bench_args {
     const char *model_dir;
     int n_threads, prefill_tokens, decode_prompt, batches[8], n_batches;
+    int contexts[8], n_contexts; /* batch-1 decode after this many tokens of context */
     double min_seconds;
 } bench_args;
 
@@ -111,6 +114,34 @@ static double decode_tps(moeq_engine *e, int vocab, int B, int prompt, double mi
     }
 }
 
+/* Batch-1 decode steps after a ctx-token prompt (prefilled in chunks), until min_seconds or 100 steps. */
+static double decode_at_context_tps(moeq_engine *e, int vocab, int ctx, double min_seconds, float *logits,
+                                    int *steps_out) {
+    int seq, chunk = 2048;
+    int32_t *ids = malloc((size_t)chunk * sizeof(int32_t)), next = 2;
+    if (!ids || moeq_engine_seq_new(e, &seq)) return free(ids), 0;
+    for (int done = 0, salt = 0; done < ctx; done += chunk, salt++) {
+        int n = ctx - done < chunk ? ctx - done : chunk;
+        ids_for(ids, n, 50 + salt, vocab);
+        moeq_step_item it = {seq, ids, n, 0};
+        if (moeq_engine_step(e, &it, 1, logits, 1, NULL, 0)) return moeq_engine_seq_free(e, seq), free(ids), 0;
+    }
+    free(ids);
+    int steps = 0;
+    int64_t t0 = 0;
+    for (;;) {
+        moeq_step_item it = {seq, &next, 1, 0};
+        if (moeq_engine_step(e, &it, 1, logits, 1, NULL, 0)) return moeq_engine_seq_free(e, seq), 0;
+        if (steps++ == 0) t0 = moeq_mono_ns(); /* the first step is warm-up */
+        double s = (moeq_mono_ns() - t0) * 1e-9;
+        if (steps > 1 && (s >= min_seconds || steps > 100)) {
+            moeq_engine_seq_free(e, seq);
+            *steps_out = steps - 1;
+            return (steps - 1) / s;
+        }
+    }
+}
+
 static long peak_rss_kb(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -125,6 +156,8 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     p.max_seqs = 128;
     p.max_step_tokens = a->prefill_tokens > 2048 ? a->prefill_tokens : 2048;
     p.kv_cache_tokens = 128 * (a->decode_prompt + 256) + a->prefill_tokens;
+    for (int i = 0; i < a->n_contexts; i++)
+        if (p.kv_cache_tokens < a->contexts[i] + 256) p.kv_cache_tokens = a->contexts[i] + 256;
     int vocab = moeq_model_get_config(model)->vocab_size;
     moeq_engine *e = NULL;
     char err[256] = "";
@@ -149,7 +182,19 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
         printf("}");
         fflush(stdout);
     }
-    printf("]}");
+    printf("]");
+    if (invariant && a->n_contexts > 0) {
+        printf(", \"decode_at_context\": [");
+        for (int i = 0; i < a->n_contexts; i++) {
+            int steps = 0;
+            double tps = decode_at_context_tps(e, vocab, a->contexts[i], a->min_seconds, logits, &steps);
+            printf("%s\n      {\"context\": %d, \"batch\": 1, \"steps\": %d, \"tokens_per_s\": %.2f, \"step_ms\": %.2f}",
+                   i ? "," : "", a->contexts[i], steps, tps, tps > 0 ? 1e3 / tps : 0.0);
+            fflush(stdout);
+        }
+        printf("]");
+    }
+    printf("}");
     free(logits);
     moeq_engine_destroy(e);
 }
@@ -169,6 +214,14 @@ static int parse(int argc, char **argv, bench_args *a) {
                 a->batches[a->n_batches++] = b;
                 if (*s == ',') s++;
             }
+        } else if (!strcmp(k, "--contexts")) {
+            a->n_contexts = 0;
+            for (char *s = (char *)v; *s && a->n_contexts < 8;) {
+                int c = (int)strtol(s, &s, 10);
+                if (c < 1 || c > 1 << 20) return -1;
+                a->contexts[a->n_contexts++] = c;
+                if (*s == ',') s++;
+            }
         } else return -1;
     }
     return a->model_dir && (argc % 2) ? 0 : -1;
@@ -176,10 +229,10 @@ static int parse(int argc, char **argv, bench_args *a) {
 
 int main(int argc, char **argv) {
     bench_args a = {.prefill_tokens = 512, .decode_prompt = 16, .batches = {1, 8, 32, 128}, .n_batches = 4,
-                    .min_seconds = 5.0};
+                    .contexts = {1024, 4096}, .n_contexts = 2, .min_seconds = 5.0};
     if (parse(argc, argv, &a)) {
         fprintf(stderr, "usage: bench-engine --model DIR [--threads N] [--prefill-tokens N] [--batches 1,8,32,128]\n"
-                        "                    [--min-seconds S]\n");
+                        "                    [--contexts 1024,4096] [--min-seconds S]\n");
         return 2;
     }
     int n_threads = a.n_threads ? a.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);

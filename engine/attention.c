@@ -48,6 +48,7 @@
 #endif
 
 #define LANES 16
+#define ATTN_SLAB_ROWS 128 /* context rows per output slab: 147 KiB of cache for kv_lora 256, 295 KiB for V3 */
 #define ZERO_FLOATS 2048 /* padding rows for tile tails: covers kv_lora + rope of every DeepSeek model */
 
 static const float zeros[ZERO_FLOATS];
@@ -196,9 +197,12 @@ static T512 ALWAYS_INLINE void score_tile512(const float *const ql[4], const flo
     _mm512_storeu_ps(out, reduce16x16(A));
 }
 
-/* o[h][c0 .. c0+64) for nh heads: fma chains over every context row, walked block by block. */
-static T512 ALWAYS_INLINE void out_tile512(const int nh, const moeq_kv_view *kv, int64_t n_ctx, const float *p,
-                                           int64_t ldp, float *o, int64_t ldo, int c0, int L) {
+/*
+ * o[h][c0 .. c0+64) for nh heads: the fma chains over context rows [j0, j1), walked block by block, continuing
+ * from what o holds unless j0 == 0 (a float32 store and reload is exact, so slabs do not change the bits).
+ */
+static T512 ALWAYS_INLINE void out_tile512(const int nh, const moeq_kv_view *kv, int64_t j0, int64_t j1,
+                                           const float *p, int64_t ldp, float *o, int64_t ldo, int c0, int L) {
     __m512 acc[4][4];
     __mmask16 m[4];
 #pragma GCC unroll 4
@@ -206,21 +210,24 @@ static T512 ALWAYS_INLINE void out_tile512(const int nh, const moeq_kv_view *kv,
 #pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) acc[h][v] = _mm512_setzero_ps();
-    for (int64_t j0 = 0, blk = 0; j0 < n_ctx; j0 += kv->block_tokens, blk++) {
-        const float *c = moeq_kv_view_block(kv, blk) + c0;
-        int64_t nb = n_ctx - j0 < kv->block_tokens ? n_ctx - j0 : kv->block_tokens;
+        for (int v = 0; v < 4; v++)
+            acc[h][v] = j0 ? _mm512_maskz_loadu_ps(m[v], o + h * ldo + c0 + v * LANES) : _mm512_setzero_ps();
+    for (int64_t j = j0; j < j1;) {
+        int64_t blk = j / kv->block_tokens, off = j % kv->block_tokens;
+        int64_t nb = kv->block_tokens - off < j1 - j ? kv->block_tokens - off : j1 - j;
+        const float *c = moeq_kv_view_block(kv, blk) + off * kv->entry_floats + c0;
         for (int64_t r = 0; r < nb; r++, c += kv->entry_floats) {
             __m512 cv[4];
 #pragma GCC unroll 4
             for (int v = 0; v < 4; v++) cv[v] = _mm512_maskz_loadu_ps(m[v], c + v * LANES);
 #pragma GCC unroll 4
             for (int h = 0; h < nh; h++) {
-                __m512 pv = _mm512_set1_ps(p[h * ldp + j0 + r]);
+                __m512 pv = _mm512_set1_ps(p[h * ldp + j + r]);
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) acc[h][v] = _mm512_fmadd_ps(pv, cv[v], acc[h][v]);
             }
         }
+        j += nb;
     }
 #pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
@@ -233,10 +240,17 @@ static T512 void block512(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
     int L = a->kv_lora, R = a->rope, H = a->n_heads;
     moeq_kv_view kv = moeq_kv_cache_view(a->cache, a->seq[t], a->layer);
     const float *qlat = a->q_lat + t * H * L, *qpe = a->q_pe + t * H * R;
+    const int64_t entry_bytes = (int64_t)(L + R) * (int64_t)sizeof(float);
     for (int64_t j0 = 0; j0 < n_ctx; j0 += 4) {
         const float *e[4];
-        #pragma GCC unroll 16
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++) e[r] = j0 + r < n_ctx ? moeq_kv_view_entry(&kv, j0 + r) : zeros;
+        /* The cache was evicted by the step's weight stream and its blocks are scattered, so the hardware
+         * prefetcher restarts every block: request the rows two tiles ahead. */
+        for (int64_t j = j0 + 8; j < j0 + 12 && j < n_ctx; j++) {
+            const char *pe = (const char *)moeq_kv_view_entry(&kv, j);
+            for (int64_t b = 0; b < entry_bytes; b += 64) _mm_prefetch(pe + b, _MM_HINT_T0);
+        }
         for (int hg = h0; hg < h1; hg += 4) {
             const float *ql[4], *qp[4];
             float s[16];
@@ -251,16 +265,21 @@ static T512 void block512(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
         }
     }
     for (int h = h0; h < h1; h++) softmax512(scores + (h - h0) * n_ctx, n_ctx);
+    /* Slabs of context rows small enough to stay in L2 while every (head group, column chunk) tile passes
+     * over them; tiles over the whole context re-read it from L3 or DRAM once per tile at long context. */
     float *o = a->out_lat + (t * H) * L;
-    for (int hg = h0; hg < h1; hg += 4) {
-        const float *p = scores + (hg - h0) * n_ctx;
-        float *og = o + (int64_t)hg * L;
-        for (int c0 = 0; c0 < L; c0 += 4 * LANES) switch (h1 - hg < 4 ? h1 - hg : 4) {
-            case 1: out_tile512(1, &kv, n_ctx, p, n_ctx, og, L, c0, L); break;
-            case 2: out_tile512(2, &kv, n_ctx, p, n_ctx, og, L, c0, L); break;
-            case 3: out_tile512(3, &kv, n_ctx, p, n_ctx, og, L, c0, L); break;
-            default: out_tile512(4, &kv, n_ctx, p, n_ctx, og, L, c0, L); break;
-            }
+    for (int64_t s0 = 0; s0 == 0 || s0 < n_ctx; s0 += ATTN_SLAB_ROWS) { /* n_ctx 0 (never served): zeros */
+        int64_t s1 = s0 + ATTN_SLAB_ROWS < n_ctx ? s0 + ATTN_SLAB_ROWS : n_ctx;
+        for (int hg = h0; hg < h1; hg += 4) {
+            const float *p = scores + (hg - h0) * n_ctx;
+            float *og = o + (int64_t)hg * L;
+            for (int c0 = 0; c0 < L; c0 += 4 * LANES) switch (h1 - hg < 4 ? h1 - hg : 4) {
+                case 1: out_tile512(1, &kv, s0, s1, p, n_ctx, og, L, c0, L); break;
+                case 2: out_tile512(2, &kv, s0, s1, p, n_ctx, og, L, c0, L); break;
+                case 3: out_tile512(3, &kv, s0, s1, p, n_ctx, og, L, c0, L); break;
+                default: out_tile512(4, &kv, s0, s1, p, n_ctx, og, L, c0, L); break;
+                }
+        }
     }
 }
 

@@ -551,9 +551,9 @@ static moeq_attn_args attn_args(const attn_case *c) {
 static void attention_on_every_instruction_set_matches_the_emulation_bit_for_bit(void **state) {
     (void)state;
     static const int shapes[][5] = {/* H, L, R, n_ctx, block_tokens */
-                                    {4, 32, 8, 1, 16},   {4, 32, 8, 37, 16},   {8, 64, 16, 50, 16},
+                                    {4, 32, 8, 2, 16},   {4, 32, 8, 37, 16},   {8, 64, 16, 50, 16},
                                     {16, 256, 32, 83, 16}, {5, 40, 24, 19, 5},   {3, 17, 3, 9, 4},
-                                    {16, 512, 64, 130, 16}};
+                                    {16, 512, 64, 130, 16}, {8, 64, 16, 300, 7}};
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         attn_case c;
         int H = shapes[s][0], L = shapes[s][1];
