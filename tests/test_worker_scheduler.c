@@ -607,6 +607,40 @@ static void a_stop_string_completed_inside_an_accepted_run_cuts_the_text_there(v
     moeq_sched_destroy(s);
 }
 
+/* Above mtp_max_seqs decoding sequences a plan has no rounds (one token each); at or below it, rounds again. */
+static void rounds_pause_while_more_sequences_decode_than_mtp_max_seqs(void **state) {
+    (void)state;
+    static const int32_t eos[] = {TOK_EOS};
+    moeq_sched_params p = moeq_sched_default_params();
+    p.max_seqs = 4, p.max_step_tokens = 64, p.kv_block_tokens = 4, p.stop_ids = eos, p.n_stop_ids = 1;
+    p.mtp_max_seqs = 2;
+    moeq_sched *s = NULL;
+    char err[256];
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
+    fake_job fj[3];
+    memset(fj, 0, sizeof fj);
+    moeq_sched_job_spec j[3] = {mtp_spec(&fj[0], "a", 2, 1), mtp_spec(&fj[1], "b", 20, 1), mtp_spec(&fj[2], "c", 20, 1)};
+    add(s, NULL, j, 3, 0);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 1, 'x', &plan), 3); /* three prompts */
+    assert_int_equal(moeq_sched_plan(s, 2, &plan), MOEQ_OK); /* three decoding > 2: no rounds */
+    assert_int_equal(plan.n_rounds, 0);
+    assert_int_equal(plan.n_items, 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(plan.items[i].mtp, 1); /* still marked */
+    int32_t t[3] = {'y', 'y', 'y'};
+    assert_int_equal(moeq_sched_commit(s, t, 3), MOEQ_OK); /* job a reaches max_new_tokens 2 */
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(moeq_sched_plan(s, 4, &plan), MOEQ_OK); /* two decoding: rounds again */
+    assert_int_equal(plan.n_items, 0);
+    assert_int_equal(plan.n_rounds, 2);
+    p.mtp_max_seqs = -1;
+    moeq_sched *bad = NULL;
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &bad, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "mtp_max_seqs"));
+    moeq_sched_destroy(s);
+}
+
 static void rounds_never_draft_past_max_new_tokens(void **state) {
     (void)state;
     moeq_sched *s = new_sched(2, 64, 0);
@@ -858,6 +892,7 @@ int main(void) {
         cmocka_unit_test(a_stop_id_inside_an_accepted_run_ends_the_job_there_and_frees_the_sequence),
         cmocka_unit_test(a_stop_string_completed_inside_an_accepted_run_cuts_the_text_there),
         cmocka_unit_test(rounds_never_draft_past_max_new_tokens),
+        cmocka_unit_test(rounds_pause_while_more_sequences_decode_than_mtp_max_seqs),
         cmocka_unit_test(plain_and_speculative_jobs_share_a_plan_within_the_step_budget),
         cmocka_unit_test(every_job_gets_the_tokens_it_would_get_alone),
         cmocka_unit_test(speculative_jobs_in_a_mixed_batch_get_the_tokens_they_would_get_alone),

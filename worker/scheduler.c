@@ -149,6 +149,9 @@ moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn det
                          params->max_step_tokens, params->max_seqs);
     if (params->kv_block_tokens < 1 || params->kv_cache_tokens < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "kv_block_tokens/kv_cache_tokens out of range");
+    if (params->mtp_max_seqs < 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp_max_seqs: %d is negative (0 = no limit)",
+                         params->mtp_max_seqs);
     if (params->n_stop_ids < 0 || (params->n_stop_ids > 0 && !params->stop_ids))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "stop_ids: %d ids but no array",
                          params->n_stop_ids);
@@ -547,15 +550,22 @@ static int compose_round(moeq_sched *sched, int h, int *round_budget, moeq_sched
 
 static void compose(moeq_sched *sched, moeq_sched_step *plan) {
     int budget = sched->params.max_step_tokens, round_budget = sched->params.max_step_tokens;
-    int n = 0;
+    int n = 0, n_decoding = 0;
     int *order_buf = sched->order;
     int n_order = slots_by_age(sched, order_buf);
     sched->n_rounds = 0;
+    for (int k = 0; k < n_order; k++) {
+        const sched_job *job = sched->jobs[sched->slots[order_buf[k]]];
+        n_decoding += job->n_fed >= job->n_prompt;
+    }
+    /* Too many decoding for rounds to pay: every sequence decodes one token (marked sequences stay marked and
+     * resume rounds when the batch shrinks; the output is the same either way). */
+    int rounds_on = sched->params.mtp_max_seqs <= 0 || n_decoding <= sched->params.mtp_max_seqs;
     for (int k = 0; k < n_order; k++) { /* decode: one token per sequence past its prompt */
         int h = sched->slots[order_buf[k]];
         sched_job *job = sched->jobs[h];
         if (job->n_fed < job->n_prompt) continue;
-        if (compose_round(sched, h, &round_budget, plan)) continue;
+        if (rounds_on && compose_round(sched, h, &round_budget, plan)) continue;
         moeq_sched_item *it = &sched->items[n++];
         *it = (moeq_sched_item){.slot = job->slot, .new_seq = 0, .tokens = &job->last, .n_tokens = 1,
                                 .sample = 1, .job = h, .user = job->user, .mtp = job->mtp_k > 0};

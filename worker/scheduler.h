@@ -61,9 +61,12 @@ typedef struct moeq_sched_params {
     int kv_block_tokens;      /* reservation granularity; >= 1                               */
     const int32_t *stop_ids;  /* model end-of-sequence ids (copied); may be NULL              */
     int n_stop_ids;
+    int mtp_max_seqs;         /* speculative rounds only in plans where at most this many
+                                 sequences decode (above it a step is compute bound and rounds
+                                 cost more than they yield); 0 = no limit                     */
 } moeq_sched_params;
 
-/* max_seqs 64, max_step_tokens 2048, kv_cache_tokens 0, kv_block_tokens 16, no stop ids. */
+/* max_seqs 64, max_step_tokens 2048, kv_cache_tokens 0, kv_block_tokens 16, no stop ids, mtp_max_seqs 0. */
 moeq_sched_params moeq_sched_default_params(void);
 
 /*

@@ -242,6 +242,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     moeq_sched_params sp = moeq_sched_default_params();
     sp.max_seqs = (int)p->max_seqs;
     sp.max_step_tokens = (int)p->max_step_tokens;
+    sp.mtp_max_seqs = (int)p->mtp_max_batch;
     sp.kv_cache_tokens = p->kv_cache_tokens;
     sp.kv_block_tokens = ep.kv_block_tokens;
     sp.stop_ids = &eos;

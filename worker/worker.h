@@ -52,6 +52,7 @@ typedef struct moeq_worker_params {
     int64_t job_ttl_s;            /* TTL set on a job record when marked done; 0 = keep              */
     int64_t mtp_k;                /* MTP drafts per speculative round for jobs with mtp on;
                                      0 = off; used only when the model has an MTP layer; [0, 3]     */
+    int64_t mtp_max_batch;        /* rounds only while at most this many sequences decode; 0 = always */
 } moeq_worker_params;
 
 /* Property table over moeq_worker_params (keys are the field names). */
