@@ -127,7 +127,10 @@ static T512 ALWAYS_INLINE float hsum512(__m512 v) {
 
 static T512 void softmax512(float *x, int64_t n) {
     __m512 mv = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += LANES) mv = _mm512_mask_max_ps(mv, tail_mask(n - i), mv, _mm512_loadu_ps(x + i));
+    for (int64_t i = 0; i < n; i += LANES) {
+        __mmask16 k = tail_mask(n - i);
+        mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, x + i)); /* masked: never read past the row */
+    }
     __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv)), sum = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += LANES) {
         __mmask16 k = tail_mask(n - i);
