@@ -23,6 +23,9 @@
  *   4. roll back: moeq_engine_seq_truncate to the accepted tokens, which
  *      also drops the MTP entries built on rejected tokens and the drafts.
  *
+ * moeq_mtp_decode_step_with also carries other sequences' ordinary items
+ * (prefill chunks, plain decodes) in the verify step.
+ *
  * A round costs the verify step plus the k draft passes, nothing else: the
  * verify step runs no MTP block (mtp.c keeps the rows; the accepted
  * positions' MTP entries are computed by the next round's first draft pass,
@@ -55,7 +58,8 @@ struct moeq_mtp_decoder {
     int64_t *row0;            /* [max_seqs] first verify row                */
     moeq_mtp_item *mitems;    /* [max_seqs]                                 */
     int *mseq;                /* [max_seqs] which seqs[] entry              */
-    moeq_step_item *items;    /* [max_seqs]                                 */
+    moeq_step_item *items;    /* [max_seqs + engine max_seqs] verify, then ordinary items */
+    int max_extra;            /* ordinary items one step may carry (the engine's max_seqs) */
     double *p, *q;            /* [V] distributions                          */
     int32_t *cand;            /* [V] candidate order                        */
     float *weight;            /* [V] their unnormalised weights             */
@@ -72,16 +76,17 @@ moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq
     moeq_mtp_decoder *d = calloc(1, sizeof(*d));
     if (!d) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp decoder");
     size_t S = (size_t)max_seqs, K = (size_t)max_k, V = (size_t)engine->cfg->vocab_size;
+    size_t X = (size_t)engine->params.max_seqs;
     d->engine = engine;
-    d->max_seqs = max_seqs, d->max_k = max_k, d->vocab = (int)V;
+    d->max_seqs = max_seqs, d->max_k = max_k, d->vocab = (int)V, d->max_extra = (int)X;
     d->draft_logits = malloc(S * (K ? K : 1) * V * sizeof(float));
-    d->logits = malloc(S * (K + 1) * V * sizeof(float));
+    d->logits = malloc((S * (K + 1) + X) * V * sizeof(float));
     d->tokens = malloc(S * (K + 1) * sizeof(int32_t));
     d->len0 = malloc(S * sizeof(int64_t));
     d->row0 = malloc(S * sizeof(int64_t));
     d->mitems = malloc(S * sizeof(moeq_mtp_item));
     d->mseq = malloc(S * sizeof(int));
-    d->items = calloc(S, sizeof(moeq_step_item));
+    d->items = calloc(S + X, sizeof(moeq_step_item));
     d->p = malloc(V * sizeof(double));
     d->q = malloc(V * sizeof(double));
     d->cand = malloc(V * sizeof(int32_t));
@@ -233,9 +238,27 @@ static void undo(moeq_mtp_decoder *d, const moeq_spec_seq *seqs, int n) {
 
 moeq_err moeq_mtp_decode_step(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_seqs, char *errstr,
                               size_t errstr_size) {
+    return moeq_mtp_decode_step_with(d, seqs, n_seqs, NULL, 0, NULL, 0, errstr, errstr_size);
+}
+
+moeq_err moeq_mtp_decode_step_with(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_seqs, const moeq_step_item *extra,
+                                   int n_extra, float *extra_logits, size_t extra_rows, char *errstr,
+                                   size_t errstr_size) {
     if (!d) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "decoder is NULL");
     moeq_err err = check_round(d, seqs, n_seqs, errstr, errstr_size);
-    if (err || n_seqs == 0) return err;
+    if (err) return err;
+    if (n_extra < 0 || n_extra > d->max_extra || (n_extra > 0 && (!extra || !extra_logits)) ||
+        (size_t)n_extra > extra_rows)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "mtp round: %d ordinary items (at most %d, one logits row each; %zu rows given)", n_extra,
+                         d->max_extra, extra_rows);
+    for (int i = 0; i < n_extra; i++)
+        if (extra[i].all_logits)
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                             "mtp round: ordinary item %d asks for all logits (only the last row is kept)", i);
+    if (n_seqs == 0) /* nothing to draft: the ordinary step alone */
+        return n_extra ? moeq_engine_step(d->engine, extra, n_extra, extra_logits, extra_rows, errstr, errstr_size)
+                       : MOEQ_OK;
     int K1 = d->max_k + 1, max_depth = 0;
     int64_t rows = 0;
     for (int i = 0; i < n_seqs; i++) {
@@ -250,9 +273,14 @@ moeq_err moeq_mtp_decode_step(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_se
         d->row0[i] = rows;
         rows += seqs[i].k + 1;
     }
-    if ((err = moeq_engine_step(d->engine, d->items, n_seqs, d->logits, (size_t)d->max_seqs * K1, errstr,
-                                errstr_size)))
+    /* The ordinary items ride in the verify step (batch invariance: the same bits as a step of their own), so
+     * a plan with both reads the weights once, not twice. Their rows follow the verify rows. */
+    for (int i = 0; i < n_extra; i++) d->items[n_seqs + i] = extra[i];
+    if ((err = moeq_engine_step(d->engine, d->items, n_seqs + n_extra, d->logits,
+                                (size_t)d->max_seqs * K1 + (size_t)d->max_extra, errstr, errstr_size)))
         goto undo_round;
+    if (n_extra)
+        memcpy(extra_logits, d->logits + (size_t)rows * d->vocab, (size_t)n_extra * d->vocab * sizeof(float));
     for (int i = 0; i < n_seqs; i++) {
         moeq_spec_seq *sq = &seqs[i];
         accept(d, sq, i);

@@ -27,6 +27,7 @@
 #include "kv_cache.h"
 #include "moeq/engine.h"
 #include "mtp.h"
+#include "sampler.h"
 
 static char g_dir[256];
 static moeq_model *g_tiny, *g_agree, *g_small, *g_v2;
@@ -456,6 +457,71 @@ static void the_chi_square_check_rejects_a_different_distribution(void **state) 
 
 /* ---- errors --------------------------------------------------------------- */
 
+/*
+ * Rounds that carry other sequences' ordinary items in their verify step (moeq_mtp_decode_step_with): the
+ * speculative sequences get the tokens of rounds alone, the ordinary ones (a prompt prefilled in chunks, then
+ * plain decode tokens) the logits of steps of their own, bit for bit; a bad extra item is refused untouched.
+ */
+static void ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps(void **state) {
+    (void)state;
+    const moeq_model *m = g_agree;
+    int v = V(m), n_rounds = 12;
+    moeq_engine *a = engine_for(m, 64), *b = engine_for(m, 64);
+    moeq_mtp_decoder *da = NULL, *db = NULL;
+    char err[256] = "";
+    assert_int_equal(moeq_mtp_decoder_new(a, 2, 2, &da, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_mtp_decoder_new(b, 2, 2, &db, err, sizeof err), MOEQ_OK);
+    moeq_spec_seq sa[2], sb[2];
+    float *la = malloc((size_t)4 * v * sizeof(float)), *lb = malloc((size_t)4 * v * sizeof(float));
+    int32_t ids[24];
+    for (int i = 0; i < 2; i++) { /* two speculative sequences, same prompts on both engines */
+        moeq_engine *e[2] = {a, b};
+        moeq_spec_seq *ss[2] = {sa, sb};
+        prompt(ids, 5 + 4 * i, i, v);
+        for (int x = 0; x < 2; x++) {
+            moeq_spec_seq *q = &ss[x][i];
+            memset(q, 0, sizeof *q);
+            assert_int_equal(moeq_engine_seq_new(e[x], &q->seq_id), MOEQ_OK);
+            assert_int_equal(moeq_engine_seq_set_mtp(e[x], q->seq_id, 1), MOEQ_OK);
+            moeq_step_item it = {q->seq_id, ids, 5 + 4 * i, 0};
+            assert_int_equal(moeq_engine_step(e[x], &it, 1, la, 4, err, sizeof err), MOEQ_OK);
+            q->next_token = moeq_sampler_argmax(la, v);
+            q->sampling = moeq_sampling_default_params();
+        }
+    }
+    int oa, ob; /* the ordinary sequence: a 20-token prompt in chunks of 7, then decode tokens */
+    assert_int_equal(moeq_engine_seq_new(a, &oa), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(b, &ob), MOEQ_OK);
+    prompt(ids, 20, 9, v);
+    int fed = 0;
+    int32_t next = 0;
+    for (int r = 0; r < n_rounds; r++) {
+        for (int i = 0; i < 2; i++) sa[i].k = sb[i].k = 1 + (r + i) % 2;
+        const int32_t *toks = fed < 20 ? ids + fed : &next;
+        int n = fed < 20 ? (20 - fed < 7 ? 20 - fed : 7) : 1;
+        moeq_step_item ia = {oa, toks, n, 0}, ib = {ob, toks, n, 0};
+        assert_int_equal(moeq_mtp_decode_step_with(da, sa, 2, &ia, 1, la, 1, err, sizeof err), MOEQ_OK);
+        assert_int_equal(moeq_mtp_decode_step(db, sb, 2, err, sizeof err), MOEQ_OK);
+        assert_int_equal(moeq_engine_step(b, &ib, 1, lb, 1, err, sizeof err), MOEQ_OK);
+        assert_memory_equal(la, lb, (size_t)v * sizeof(float));
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(sa[i].n_out, sb[i].n_out);
+            assert_memory_equal(sa[i].out, sb[i].out, (size_t)sa[i].n_out * sizeof(int32_t));
+        }
+        fed += n;
+        next = moeq_sampler_argmax(la, v);
+    }
+    assert_true(sa[0].accepted > 0);
+    moeq_step_item bad = {oa, &next, 1, 1}; /* all_logits: refused before anything runs */
+    int len = moeq_engine_seq_len(a, oa), len0 = moeq_engine_seq_len(a, sa[0].seq_id);
+    assert_int_equal(moeq_mtp_decode_step_with(da, sa, 2, &bad, 1, la, 1, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_int_equal(moeq_engine_seq_len(a, oa), len);
+    assert_int_equal(moeq_engine_seq_len(a, sa[0].seq_id), len0);
+    free(la), free(lb);
+    moeq_mtp_decoder_destroy(da), moeq_mtp_decoder_destroy(db);
+    moeq_engine_destroy(a), moeq_engine_destroy(b);
+}
+
 static void mtp_calls_fail_cleanly_without_state_or_layer(void **state) {
     (void)state;
     moeq_engine *e = engine_for(g_v2, 64); /* tiny-v2 has no MTP layer */
@@ -643,6 +709,7 @@ int main(void) {
         cmocka_unit_test(sampling_with_mtp_follows_the_model_distribution),
         cmocka_unit_test(the_chi_square_check_rejects_a_different_distribution),
         cmocka_unit_test(mtp_calls_fail_cleanly_without_state_or_layer),
+        cmocka_unit_test(ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps),
         cmocka_unit_test(a_round_runs_the_mtp_block_once_per_accepted_token_and_draft),
         cmocka_unit_test(a_draft_entry_is_recomputed_when_the_step_appends_another_token),
         cmocka_unit_test(drafts_with_many_pending_entries_match_drafts_after_a_plain_prefill),

@@ -683,20 +683,46 @@ static void plain_and_speculative_jobs_share_a_plan_within_the_step_budget(void 
     step(s, 1, 'a', NULL); /* 3 prompts of 2 in one 5-token step: m1, m2 and half of plain */
     moeq_sched_step plan;
     assert_int_equal(moeq_sched_plan(s, 3, &plan), MOEQ_OK);
-    assert_int_equal(plan.n_rounds, 1);     /* m1: 3 drafts, 4 of the rounds' 5 tokens */
+    /* one step of 5: a token for each of m1 and m2 first; of the 3 left, drafts get half while plain's prompt
+     * waits (m1, the oldest, 1 draft) and plain's prefill the rest */
+    assert_int_equal(plan.n_rounds, 1);
     assert_ptr_equal(plan.rounds[0].user, &f[0]);
-    assert_int_equal(plan.rounds[0].k, 3);
-    assert_int_equal(plan.n_items, 2);      /* m2 (no room left for a round: 1 plain token), plain's prefill */
+    assert_int_equal(plan.rounds[0].k, 1);
+    assert_int_equal(plan.n_items, 2);      /* m2 (the draft budget is spent: 1 plain token), plain's prefill */
     assert_ptr_equal(plan.items[0].user, &f[1]);
     assert_int_equal(plan.items[0].mtp, 1);
     assert_int_equal(plan.items[0].n_tokens, 1);
     assert_ptr_equal(plan.items[1].user, &f[2]);
     assert_int_equal(plan.items[1].mtp, 0);
-    assert_true(plan.n_round_tokens <= 5 && plan.n_tokens <= 5);
+    assert_int_equal(plan.items[1].n_tokens, 1); /* the last token of its prompt (the step has a token spare) */
+    assert_int_equal(plan.n_round_tokens + plan.n_tokens, 4);
     int32_t sampled[2] = {'c', 'd'};
     const int32_t run[] = {'x'};
-    moeq_sched_round_out o = {run, 1, 3, 0};
+    moeq_sched_round_out o = {run, 1, 1, 0};
     assert_int_equal(moeq_sched_commit_mtp(s, sampled, &o, 4), MOEQ_OK);
+    /* nothing waits now: 3 decoding, the 2 tokens left all go to drafts, oldest first */
+    assert_int_equal(moeq_sched_plan(s, 5, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_rounds, 1);
+    assert_int_equal(plan.rounds[0].k, 2);
+    assert_int_equal(plan.n_round_tokens + plan.n_tokens, 5);
+    moeq_sched_abort(s, "engine", "test", 5);
+    int aborted = 0;
+    moeq_sched_finished fin0;
+    while (moeq_sched_next_finished(s, &fin0)) aborted++;
+    assert_int_equal(aborted, 3);
+    moeq_sched_destroy(s);
+}
+
+static void a_failed_round_fails_the_jobs_of_the_plan(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 5, 0);
+    fake_job f[3];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec jobs[3] = {mtp_spec(&f[0], "m1", 20, 3), mtp_spec(&f[1], "m2", 20, 3),
+                                   spec(&f[2], "plain", 2, 20)};
+    add(s, NULL, jobs, 3, 0);
+    step(s, 1, 'a', NULL);
+    moeq_sched_step plan;
     /* a failed round fails the jobs of the plan with their partial text */
     assert_int_equal(moeq_sched_plan(s, 5, &plan), MOEQ_OK);
     assert_true(plan.n_rounds >= 1);
@@ -894,6 +920,7 @@ int main(void) {
         cmocka_unit_test(rounds_never_draft_past_max_new_tokens),
         cmocka_unit_test(rounds_pause_while_more_sequences_decode_than_mtp_max_seqs),
         cmocka_unit_test(plain_and_speculative_jobs_share_a_plan_within_the_step_budget),
+        cmocka_unit_test(a_failed_round_fails_the_jobs_of_the_plan),
         cmocka_unit_test(every_job_gets_the_tokens_it_would_get_alone),
         cmocka_unit_test(speculative_jobs_in_a_mixed_batch_get_the_tokens_they_would_get_alone),
     };

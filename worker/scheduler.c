@@ -526,52 +526,61 @@ static int slots_by_age(const moeq_sched *sched, int *order) {
 
 /*
  * Drafts for a speculative job's next round: its mtp_k, at most one less than
- * the tokens it may still produce (a round yields up to k + 1), and the round
- * must fit what is left of the rounds' budget. 0: decode it plainly.
+ * the tokens it may still produce (a round yields up to k + 1), and no more
+ * than the step's draft budget. 0: decode it plainly.
  */
-static int round_k(const sched_job *job, int budget) {
+static int round_k(const sched_job *job, int draft_budget) {
     int k = job->mtp_k, left = job->max_new_tokens - job->n_out;
     if (k > left - 1) k = left - 1;
-    if (k > budget - 1) k = budget - 1;
+    if (k > draft_budget) k = draft_budget;
     return k > 0 ? k : 0;
 }
 
 /* A decode of a job past its prompt: a round when it drafts, else one token in the step. Returns 1 for a round. */
-static int compose_round(moeq_sched *sched, int h, int *round_budget, moeq_sched_step *plan) {
+static int compose_round(moeq_sched *sched, int h, int *draft_budget, moeq_sched_step *plan) {
     sched_job *job = sched->jobs[h];
-    int k = round_k(job, *round_budget);
+    int k = round_k(job, *draft_budget);
     if (k == 0) return 0;
     sched->rounds[sched->n_rounds++] =
         (moeq_sched_round){.slot = job->slot, .job = h, .user = job->user, .next_token = job->last, .k = k};
-    *round_budget -= k + 1;
+    *draft_budget -= k;
     plan->n_round_tokens += k + 1;
     return 1;
 }
 
+/*
+ * One plan = one engine step: decode tokens, round tokens and prefill chunks together fit max_step_tokens
+ * (the worker runs rounds and ordinary items in one verify step). Every decoding sequence gets its token
+ * first; drafts take from what is left, oldest sequence first (at most half of it while a prompt waits);
+ * prefill chunks take the rest.
+ */
 static void compose(moeq_sched *sched, moeq_sched_step *plan) {
-    int budget = sched->params.max_step_tokens, round_budget = sched->params.max_step_tokens;
     int n = 0, n_decoding = 0;
     int *order_buf = sched->order;
     int n_order = slots_by_age(sched, order_buf);
     sched->n_rounds = 0;
+    int prefill_pending = 0;
     for (int k = 0; k < n_order; k++) {
         const sched_job *job = sched->jobs[sched->slots[order_buf[k]]];
         n_decoding += job->n_fed >= job->n_prompt;
+        prefill_pending |= job->n_fed < job->n_prompt;
     }
     /* Too many decoding for rounds to pay: every sequence decodes one token (marked sequences stay marked and
      * resume rounds when the batch shrinks; the output is the same either way). */
     int rounds_on = sched->params.mtp_max_seqs <= 0 || n_decoding <= sched->params.mtp_max_seqs;
+    int room = sched->params.max_step_tokens - n_decoding; /* >= 0: n_decoding <= max_seqs <= max_step_tokens */
+    int draft_budget = prefill_pending ? room / 2 : room; /* drafts never starve a waiting prompt */
     for (int k = 0; k < n_order; k++) { /* decode: one token per sequence past its prompt */
         int h = sched->slots[order_buf[k]];
         sched_job *job = sched->jobs[h];
         if (job->n_fed < job->n_prompt) continue;
-        if (rounds_on && compose_round(sched, h, &round_budget, plan)) continue;
+        if (rounds_on && compose_round(sched, h, &draft_budget, plan)) continue;
         moeq_sched_item *it = &sched->items[n++];
         *it = (moeq_sched_item){.slot = job->slot, .new_seq = 0, .tokens = &job->last, .n_tokens = 1,
                                 .sample = 1, .job = h, .user = job->user, .mtp = job->mtp_k > 0};
         plan->n_decode_tokens++;
-        budget--;
     }
+    int budget = room - (plan->n_round_tokens - sched->n_rounds); /* what decode tokens and drafts left */
     for (int k = 0; k < n_order && budget > 0; k++) { /* prefill chunks, oldest admission first */
         int h = sched->slots[order_buf[k]];
         sched_job *job = sched->jobs[h];

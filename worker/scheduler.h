@@ -14,12 +14,15 @@
  *    up to max_step_tokens in total;
  *  - a job with mtp_k > 0 decodes speculatively once its prompt is done: the
  *    plan lists it as a round (its last token plus up to mtp_k drafts,
- *    verified in one engine call of its own, separate from the step) and the
+ *    verified in the same engine step as the plan's items) and the
  *    round's accepted tokens come back together. They are taken one by one
  *    exactly as single decode tokens would be, so a stop id, a stop string or
  *    max_new_tokens reached inside a run ends the job at that token and the
  *    rest of the run is dropped; k never exceeds the tokens the job may still
- *    produce minus one, and the whole round fits max_step_tokens;
+ *    produce minus one; decode tokens, rounds and prefill chunks of a plan
+ *    together fit max_step_tokens (every decoding sequence gets its token
+ *    first, drafts come out of what is left — at most half of it while a
+ *    prompt waits — and prefill chunks take the rest);
  *  - per job it tracks the generated tokens and the detokenized text and
  *    ends the job on a stop token id, a stop string (matched on the text,
  *    across token boundaries; the text is cut where the match begins),

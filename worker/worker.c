@@ -399,7 +399,7 @@ static const char *job_id(const worker_entry_job *ej) { return ej->job.id ? ej->
 /*
  * Drafts per round for a job: the worker's mtp_k when MTP is on and the job
  * asks for it (`mtp`, default on), greedy or sampled. Rounds run in the
- * engine's exact mode (step_rounds passes the slot's sampler), so a sampled
+ * engine's exact mode (run_plan passes the slot's sampler), so a sampled
  * job's tokens are its plain sampler's, token for token: a job's result does
  * not depend on how it was decoded (duplicates after a crash, `moeq generate`).
  */
@@ -563,20 +563,21 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
     return MOEQ_OK;
 }
 
-/* Plan one step, run it, sample, commit. Returns 1 when a step ran. */
-/* The plan's step: open new sequences, run one engine step over the items, sample. */
-static moeq_err step_items(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
-    if (plan->n_items == 0) return MOEQ_OK;
-    moeq_err e = MOEQ_OK;
-    for (int i = 0; i < plan->n_items && !e; i++) {
+/* The plan's ordinary items: open new sequences, fill w->items. */
+static moeq_err prepare_items(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
+    for (int i = 0; i < plan->n_items; i++) {
         const moeq_sched_item *it = &plan->items[i];
-        if (it->new_seq) e = slot_open(w, it, err, err_size);
+        if (it->new_seq) {
+            moeq_err e = slot_open(w, it, err, err_size);
+            if (e) return e;
+        }
         w->items[i] = (moeq_step_item){w->slots[it->slot].seq, it->tokens, it->n_tokens, 0};
     }
-    int64_t t0 = moeq_mono_ns();
-    if (!e) e = moeq_engine_step(w->engine, w->items, plan->n_items, w->logits, (size_t)plan->n_items, err, err_size);
-    atomic_fetch_add(&w->metrics.engine_ns, moeq_mono_ns() - t0);
-    if (e) return e;
+    return MOEQ_OK;
+}
+
+/* Sample the items that end in a token (w->logits: one row per item). */
+static void sample_items(moeq_worker *w, const moeq_sched_step *plan) {
     for (int i = 0; i < plan->n_items; i++) {
         const moeq_sched_item *it = &plan->items[i];
         if (!it->sample) continue;
@@ -589,13 +590,18 @@ static moeq_err step_items(moeq_worker *w, const moeq_sched_step *plan, char *er
             atomic_fetch_add(&w->metrics.ttft_count, 1);
         }
     }
-    return MOEQ_OK;
 }
 
-/* The plan's speculative rounds, all sequences in one moeq_mtp_decode_step; outcomes into round_out. */
-static moeq_err step_rounds(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
-    if (plan->n_rounds == 0) return MOEQ_OK;
-    if (!w->mtp) return moeq_errf(MOEQ_ERR_INVALID_ARG, err, err_size, "rounds planned without an MTP decoder");
+/*
+ * The plan in one engine step: its ordinary items alone, or — when it has speculative rounds — the rounds'
+ * drafts and then one verify step that also carries the items (moeq_mtp_decode_step_with: one pass over the
+ * weights, the same bits as separate steps). Round outcomes go to round_out.
+ */
+static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
+    moeq_err e = prepare_items(w, plan, err, err_size);
+    if (e) return e;
+    if (plan->n_rounds > 0 && !w->mtp)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, err, err_size, "rounds planned without an MTP decoder");
     for (int i = 0; i < plan->n_rounds; i++) {
         const moeq_sched_round *r = &plan->rounds[i];
         const wjob *job = r->user;
@@ -604,32 +610,38 @@ static moeq_err step_rounds(moeq_worker *w, const moeq_sched_step *plan, char *e
                                      .sampler = w->slots[r->slot].sampler}; /* exact mode: plain's tokens */
     }
     int64_t t0 = moeq_mono_ns();
-    moeq_err e = moeq_mtp_decode_step(w->mtp, w->spec, plan->n_rounds, err, err_size);
+    if (plan->n_rounds > 0)
+        e = moeq_mtp_decode_step_with(w->mtp, w->spec, plan->n_rounds, w->items, plan->n_items, w->logits,
+                                      (size_t)plan->n_items, err, err_size);
+    else
+        e = moeq_engine_step(w->engine, w->items, plan->n_items, w->logits, (size_t)plan->n_items, err, err_size);
     atomic_fetch_add(&w->metrics.engine_ns, moeq_mono_ns() - t0);
     if (e) return e;
+    sample_items(w, plan);
     int64_t drafted = 0, accepted = 0, emitted = 0;
     for (int i = 0; i < plan->n_rounds; i++) {
         const moeq_spec_seq *sq = &w->spec[i];
         w->round_out[i] = (moeq_sched_round_out){sq->out, sq->n_out, (int)sq->drafted, (int)sq->accepted};
         drafted += sq->drafted, accepted += sq->accepted, emitted += sq->n_out;
     }
-    atomic_fetch_add(&w->metrics.mtp_rounds, plan->n_rounds);
-    atomic_fetch_add(&w->metrics.mtp_drafted, drafted);
-    atomic_fetch_add(&w->metrics.mtp_accepted, accepted);
-    atomic_fetch_add(&w->metrics.decode_tokens, emitted);
+    if (plan->n_rounds > 0) {
+        atomic_fetch_add(&w->metrics.mtp_rounds, plan->n_rounds);
+        atomic_fetch_add(&w->metrics.mtp_drafted, drafted);
+        atomic_fetch_add(&w->metrics.mtp_accepted, accepted);
+        atomic_fetch_add(&w->metrics.decode_tokens, emitted);
+    }
     return MOEQ_OK;
 }
 
-/* Plan one step, run it and its speculative rounds, sample, commit. Returns 1 when anything ran. */
+/* Plan one step, run it with its speculative rounds, sample, commit. Returns 1 when anything ran. */
 static int run_step(moeq_worker *w) {
     char err[512] = "";
     moeq_sched_step plan;
     if (moeq_sched_plan(w->sched, moeq_now_ms(), &plan)) return 0;
     for (int i = 0; i < plan.n_released; i++) slot_clear(w, plan.released[i]);
     if (plan.n_items == 0 && plan.n_rounds == 0) return 0;
-    moeq_err e = step_items(w, &plan, err, sizeof err);
-    if (!e) e = step_rounds(w, &plan, err, sizeof err);
-    if (e) { /* the caches of sequences of a failed round are as before it; all of them are freed anyway */
+    moeq_err e = run_plan(w, &plan, err, sizeof err);
+    if (e) { /* the caches of sequences of a failed step are as before it; all of them are freed anyway */
         moeq_log(MOEQ_LOG_ERROR, COMP, "step_failed", "err=%s items=%d rounds=%d reason=\"%s\"", moeq_err_str(e),
                  plan.n_items, plan.n_rounds, err);
         moeq_sched_abort(w->sched, "engine", err, moeq_now_ms());

@@ -274,6 +274,19 @@ void moeq_mtp_decoder_destroy(moeq_mtp_decoder *decoder); /* NULL is safe */
 moeq_err moeq_mtp_decode_step(moeq_mtp_decoder *decoder, moeq_spec_seq *seqs, int n_seqs, char *errstr,
                               size_t errstr_size);
 
+/*
+ * moeq_mtp_decode_step whose verify step also runs ordinary items of other
+ * sequences (prefill chunks, plain decode tokens; all_logits 0, at most the
+ * engine's max_seqs): one pass over the weights instead of a step of their
+ * own plus the round's. Their last-token logits go to extra_logits, item
+ * after item (extra_rows: its capacity in rows), bit-identical to what
+ * moeq_engine_step would give. With n_seqs 0 this is moeq_engine_step.
+ * On error nothing is appended to any sequence.
+ */
+moeq_err moeq_mtp_decode_step_with(moeq_mtp_decoder *decoder, moeq_spec_seq *seqs, int n_seqs,
+                                   const moeq_step_item *extra, int n_extra, float *extra_logits, size_t extra_rows,
+                                   char *errstr, size_t errstr_size);
+
 /* ---- generation (convenience over engine + sampler, used by `moeq generate`) */
 
 typedef struct moeq_generate_stats {
