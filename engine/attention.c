@@ -5,7 +5,7 @@
  * with one arithmetic order per output element that no ISA, tile or split
  * changes (so prefill == decode and every worker gives the same bits):
  *
- *   scores   s[h][j] = tree16(lanes) * scale, where lane l accumulates, with
+ *   scores   s[h][j] = moeq_tree16(lanes) * scale, where lane l accumulates, with
  *            one fma each, q_lat[h][d] * c_j[d] for d = l, l+16, ... (the
  *            latent part, zero padded to a multiple of 16), then q_pe[h][d]
  *            * kpe_j[d] the same way (the rope part, padded likewise) —
@@ -37,6 +37,7 @@
 
 #include "ops.h"
 #include "ops_exp.h"
+#include "ops_lanes.h"
 #include "ops_matmul.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -55,13 +56,6 @@ static const float zeros[ZERO_FLOATS];
 
 /* ---- the fixed arithmetic, scalar (the emulation every ISA matches) -------- */
 
-static inline float tree16(const float *l) {
-    float a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++) a[i] = l[i] + l[i + 8];
-    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
-    for (int i = 0; i < 2; i++) c[i] = b[i] + b[i + 2];
-    return c[0] + c[1];
-}
 
 static void softmax_scalar(float *x, int64_t n) {
     float m = -INFINITY, lanes[LANES] = {0};
@@ -70,7 +64,7 @@ static void softmax_scalar(float *x, int64_t n) {
         x[i] = moeq_exp_nonpos(x[i] - m);
         lanes[i % LANES] += x[i];
     }
-    float sum = tree16(lanes);
+    float sum = moeq_tree16(lanes);
     for (int64_t i = 0; i < n; i++) x[i] /= sum;
 }
 
@@ -82,7 +76,7 @@ static float score_scalar(const float *ql, const float *qp, const float *e, int 
     for (int k = 0; k < R; k += LANES)
         for (int l = 0; l < LANES; l++)
             lanes[l] = k + l < R ? fmaf(qp[k + l], e[L + k + l], lanes[l]) : fmaf(0.0f, 0.0f, lanes[l]);
-    return tree16(lanes);
+    return moeq_tree16(lanes);
 }
 
 static void block_scalar(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {
@@ -116,14 +110,6 @@ static inline __mmask16 tail_mask(int64_t left) {
     return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
 }
 
-/* tree16 of one vector: halves 16->8->4->2->1. */
-static T512 ALWAYS_INLINE float hsum512(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-    return _mm_cvtss_f32(d);
-}
 
 static T512 void softmax512(float *x, int64_t n) {
     __m512 mv = _mm512_set1_ps(-INFINITY);
@@ -138,7 +124,7 @@ static T512 void softmax512(float *x, int64_t n) {
         _mm512_mask_storeu_ps(x + i, k, e);
         sum = _mm512_mask_add_ps(sum, k, sum, e);
     }
-    __m512 s = _mm512_set1_ps(hsum512(sum));
+    __m512 s = _mm512_set1_ps(moeq_hsum512(sum));
     for (int64_t i = 0; i < n; i += LANES) {
         __mmask16 k = tail_mask(n - i);
         _mm512_mask_storeu_ps(x + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), s));
@@ -148,7 +134,7 @@ static T512 void softmax512(float *x, int64_t n) {
 /*
  * 16 accumulators A[i] (i = 4 * row + head) reduced at once, each along
  * tree16's pairs: lanes i and i+8, then i and i+4, i+2, i+1. The result's lane
- * 4 * head + row holds tree16(A[4 * row + head]).
+ * 4 * head + row holds moeq_tree16(A[4 * row + head]).
  */
 static T512 ALWAYS_INLINE __m512 reduce16x16(const __m512 A[16]) {
     __m512 S[8], T[4], U[2];
@@ -296,13 +282,6 @@ static T256 ALWAYS_INLINE __m256 load8z(const float *x, int64_t k, int64_t n) {
     return _mm256_loadu_ps(tmp);
 }
 
-static T256 ALWAYS_INLINE float hsum256(__m256 lo, __m256 hi) {
-    __m256 a = _mm256_add_ps(lo, hi);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-    return _mm_cvtss_f32(d);
-}
 
 /* Scores of 2 heads x 2 rows; out[2 * head + row]. */
 static T256 void score_tile256(const float *const ql[2], const float *const qp[2], const float *const e[2], int L,
@@ -328,7 +307,7 @@ static T256 void score_tile256(const float *const ql[2], const float *const qp[2
             }
     }
     #pragma GCC unroll 16
-    for (int i = 0; i < 4; i++) out[i] = hsum256(A[i][0], A[i][1]);
+    for (int i = 0; i < 4; i++) out[i] = moeq_hsum256(A[i][0], A[i][1]);
 }
 
 static T256 void block256(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {

@@ -11,7 +11,7 @@
  *   AVX2     each 16-lane accumulator held as two ymm halves (lanes 0-7 and
  *            8-15); 2 tokens x 3 rows (1 token x 4 rows); NN 4 tokens x 16
  *            columns. The tree's first level adds the two halves, which is
- *            exactly tree16()'s first level.
+ *            exactly moeq_tree16()'s first level.
  *   scalar   the emulation: 16 float lanes, one fmaf per lane, the same tree.
  * All three give bit-identical results; the tests compare every one the CPU
  * can run against the emulation. Weights are widened in registers (bf16:
@@ -32,6 +32,8 @@
  * stay float32 so the CPU path is the exact reference).
  */
 #include "ops_matmul.h"
+
+#include "ops_lanes.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -136,13 +138,6 @@ static inline float wscalar(moeq_dtype dt, const uint8_t *p, const float *srow, 
     return 0.0f;
 }
 
-static inline float tree16(const float *l) {
-    float a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++) a[i] = l[i] + l[i + 8];
-    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
-    for (int i = 0; i < 2; i++) c[i] = b[i] + b[i + 2];
-    return c[0] + c[1];
-}
 
 /* Lanes past K get fma(0, 0, lane), as the vector paths' zero padding does (it turns a -0 lane into +0). */
 void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
@@ -158,7 +153,7 @@ void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int
                 for (int l = 0; l < LANES; l++)
                     lanes[l] = k + l < K ? fmaf(x[k + l], wscalar(w->dtype, p, srow, k + l), lanes[l])
                                          : fmaf(0.0f, 0.0f, lanes[l]);
-            job->y[t * job->ldy + n] = tree16(lanes);
+            job->y[t * job->ldy + n] = moeq_tree16(lanes);
         }
     }
 }
@@ -181,7 +176,7 @@ static float dot_scalar(const float *a, const float *b, int64_t n) {
     for (int64_t k = 0; k < n; k += LANES)
         for (int l = 0; l < LANES; l++)
             lanes[l] = k + l < n ? fmaf(a[k + l], b[k + l], lanes[l]) : fmaf(0.0f, 0.0f, lanes[l]);
-    return tree16(lanes);
+    return moeq_tree16(lanes);
 }
 
 #ifdef MOEQ_MM_X86
@@ -218,14 +213,6 @@ static T512 ALWAYS_INLINE __m512 wload512(moeq_dtype dt, const uint8_t *p, const
     return _mm512_setzero_ps();
 }
 
-/* The fixed tree: halves 16->8->4->2->1, as tree16(). */
-static T512 ALWAYS_INLINE float hsum512(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-    return _mm_cvtss_f32(d);
-}
 
 static inline __mmask16 tail_mask(int64_t left) { return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
 
@@ -268,7 +255,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < nr; j++) y[i * ldy + j] = hsum512(acc[i][j]);
+        for (int j = 0; j < nr; j++) y[i * ldy + j] = moeq_hsum512(acc[i][j]);
 }
 
 #define NT512(MR, NR)                                                                                        \
@@ -385,7 +372,7 @@ static T512 float dot512(const float *a, const float *b, int64_t n) {
         __mmask16 m = tail_mask(n - k);
         acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), acc);
     }
-    return hsum512(acc);
+    return moeq_hsum512(acc);
 }
 
 /* ---- AVX2 + FMA + F16C: 16 lanes as two ymm halves ---------------------------- */
@@ -433,13 +420,6 @@ static T256 ALWAYS_INLINE void wload256(moeq_dtype dt, const uint8_t *p, float s
     }
 }
 
-static T256 ALWAYS_INLINE float hsum256(__m256 lo, __m256 hi) {
-    __m256 a = _mm256_add_ps(lo, hi); /* a[i] = l[i] + l[i+8] */
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-    return _mm_cvtss_f32(d);
-}
 
 /* One 16-wide k step of an (mr x nr) tile; x and weight pointers already at the chunk. */
 static T256 ALWAYS_INLINE void nt_step256(const int mr, const int nr, const moeq_dtype dt, const float *const *xk,
@@ -504,7 +484,7 @@ static T256 ALWAYS_INLINE void nt_tile256(const int mr, const int nr, const moeq
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) y[i * ldy + j] = hsum256(acc[i][j][0], acc[i][j][1]);
+        for (int j = 0; j < nr; j++) y[i * ldy + j] = moeq_hsum256(acc[i][j][0], acc[i][j][1]);
 }
 
 #define NT256(MR, NR)                                                                                        \
@@ -626,7 +606,7 @@ static T256 float dot256(const float *a, const float *b, int64_t n) {
         lo = _mm256_fmadd_ps(_mm256_loadu_ps(at), _mm256_loadu_ps(bt), lo);
         hi = _mm256_fmadd_ps(_mm256_loadu_ps(at + 8), _mm256_loadu_ps(bt + 8), hi);
     }
-    return hsum256(lo, hi);
+    return moeq_hsum256(lo, hi);
 }
 #endif /* MOEQ_MM_X86 */
 

@@ -672,15 +672,22 @@ static void rounds_never_draft_past_max_new_tokens(void **state) {
     moeq_sched_destroy(s);
 }
 
-static void plain_and_speculative_jobs_share_a_plan_within_the_step_budget(void **state) {
-    (void)state;
+/* Steps of 5 tokens; jobs m1, m2 (mtp_k 3) and plain, prompts of 2; after the first step (m1, m2 and half of
+ * plain's prompt) m1 and m2 decode. */
+static moeq_sched *two_speculative_and_one_plain(fake_job f[3]) {
     moeq_sched *s = new_sched(4, 5, 0);
-    fake_job f[3];
-    memset(f, 0, sizeof f);
+    memset(f, 0, 3 * sizeof *f);
     moeq_sched_job_spec jobs[3] = {mtp_spec(&f[0], "m1", 20, 3), mtp_spec(&f[1], "m2", 20, 3),
                                    spec(&f[2], "plain", 2, 20)};
     add(s, NULL, jobs, 3, 0);
-    step(s, 1, 'a', NULL); /* 3 prompts of 2 in one 5-token step: m1, m2 and half of plain */
+    step(s, 1, 'a', NULL);
+    return s;
+}
+
+static void plain_and_speculative_jobs_share_a_plan_within_the_step_budget(void **state) {
+    (void)state;
+    fake_job f[3];
+    moeq_sched *s = two_speculative_and_one_plain(f);
     moeq_sched_step plan;
     assert_int_equal(moeq_sched_plan(s, 3, &plan), MOEQ_OK);
     /* one step of 5: a token for each of m1 and m2 first; of the 3 left, drafts get half while plain's prompt
@@ -715,13 +722,8 @@ static void plain_and_speculative_jobs_share_a_plan_within_the_step_budget(void 
 
 static void a_failed_round_fails_the_jobs_of_the_plan(void **state) {
     (void)state;
-    moeq_sched *s = new_sched(4, 5, 0);
     fake_job f[3];
-    memset(f, 0, sizeof f);
-    moeq_sched_job_spec jobs[3] = {mtp_spec(&f[0], "m1", 20, 3), mtp_spec(&f[1], "m2", 20, 3),
-                                   spec(&f[2], "plain", 2, 20)};
-    add(s, NULL, jobs, 3, 0);
-    step(s, 1, 'a', NULL);
+    moeq_sched *s = two_speculative_and_one_plain(f);
     moeq_sched_step plan;
     /* a failed round fails the jobs of the plan with their partial text */
     assert_int_equal(moeq_sched_plan(s, 5, &plan), MOEQ_OK);
