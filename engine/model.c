@@ -433,6 +433,15 @@ size_t moeq_model_active_bytes_per_token(const moeq_model *model) {
     return bytes;
 }
 
+size_t moeq_model_mtp_active_bytes_per_token(const moeq_model *model) {
+    if (!model || model->n_mtp_layers < 1) return 0;
+    const moeq_layer *l = &model->mtp_layers[0];
+    const moeq_tensor *head = l->shared_head_head ? l->shared_head_head : model->lm_head;
+    size_t bytes = layer_active_bytes(&model->config, l) + tensor_bytes(l->enorm) + tensor_bytes(l->hnorm) +
+                   tensor_bytes(l->eh_proj) + tensor_bytes(l->shared_head_norm) + tensor_bytes(head);
+    return bytes + (model->embed_tokens ? model->embed_tokens->nbytes / (size_t)model->config.vocab_size : 0);
+}
+
 /* Weights of the main model as stored (F8 scales and MTP layers excluded, as DeepSeek counts 671B). */
 size_t moeq_model_total_params(const moeq_model *model) {
     if (!model) return 0;

@@ -522,6 +522,18 @@ static void ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps(vo
     moeq_engine_destroy(a), moeq_engine_destroy(b);
 }
 
+/* What one draft reads: more than the head alone, less than a main step (tiny: 3 main blocks, 1 MTP block). */
+static void draft_bytes_count_the_mtp_block_and_its_head(void **state) {
+    (void)state;
+    const moeq_model_config *c = moeq_model_get_config(g_tiny);
+    size_t head = (size_t)c->vocab_size * (size_t)c->hidden_size * 2; /* bf16 */
+    size_t draft = moeq_model_mtp_active_bytes_per_token(g_tiny), step = moeq_model_active_bytes_per_token(g_tiny);
+    assert_true(draft > head + (size_t)2 * c->hidden_size * c->hidden_size * 2); /* head + eh_proj + the block */
+    assert_true(draft < step);
+    assert_int_equal(moeq_model_mtp_active_bytes_per_token(NULL), 0);
+    print_message("tiny: a draft reads %zu bytes, a step %zu (%.2f)\n", draft, step, (double)draft / (double)step);
+}
+
 static void mtp_calls_fail_cleanly_without_state_or_layer(void **state) {
     (void)state;
     moeq_engine *e = engine_for(g_v2, 64); /* tiny-v2 has no MTP layer */
@@ -709,6 +721,7 @@ int main(void) {
         cmocka_unit_test(sampling_with_mtp_follows_the_model_distribution),
         cmocka_unit_test(the_chi_square_check_rejects_a_different_distribution),
         cmocka_unit_test(mtp_calls_fail_cleanly_without_state_or_layer),
+        cmocka_unit_test(draft_bytes_count_the_mtp_block_and_its_head),
         cmocka_unit_test(ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps),
         cmocka_unit_test(a_round_runs_the_mtp_block_once_per_accepted_token_and_draft),
         cmocka_unit_test(a_draft_entry_is_recomputed_when_the_step_appends_another_token),

@@ -641,6 +641,59 @@ static void rounds_pause_while_more_sequences_decode_than_mtp_max_seqs(void **st
     moeq_sched_destroy(s);
 }
 
+/* Run plans of one job until it has n_out tokens; count the plans that were rounds. Rounds accept `acc` of 1. */
+static int drive(moeq_sched *s, int64_t *now, int until, int acc) {
+    int rounds = 0;
+    for (;;) {
+        moeq_sched_step plan;
+        assert_int_equal(moeq_sched_plan(s, (*now)++, &plan), MOEQ_OK);
+        if (plan.n_rounds + plan.n_items == 0) return rounds;
+        if (plan.n_rounds) {
+            assert_int_equal(plan.rounds[0].k, 1);
+            const int32_t run[] = {'r', 'r'};
+            moeq_sched_round_out o = {run, 1 + acc, 1, acc};
+            assert_int_equal(moeq_sched_commit_mtp(s, NULL, &o, *now), MOEQ_OK);
+            rounds++;
+        } else {
+            int32_t t = 'p';
+            assert_int_equal(moeq_sched_commit(s, &t, *now), MOEQ_OK);
+        }
+        moeq_sched_stats st;
+        moeq_sched_get_stats(s, &st);
+        if (st.decode_tokens >= until) return rounds;
+    }
+}
+
+/* Poor acceptance pauses drafting for 32 tokens, then 64 (doubling), a good window resets the pause. */
+static void a_job_with_poor_acceptance_pauses_drafting_and_looks_again(void **state) {
+    (void)state;
+    static const int32_t eos[] = {TOK_EOS};
+    moeq_sched_params p = moeq_sched_default_params();
+    p.max_seqs = 2, p.max_step_tokens = 64, p.kv_block_tokens = 4, p.stop_ids = eos, p.n_stop_ids = 1;
+    p.mtp_min_acceptance = 0.5;
+    moeq_sched *s = NULL;
+    char err[256];
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
+    fake_job fj = {0};
+    moeq_sched_job_spec j = mtp_spec(&fj, "poor", 400, 1);
+    add(s, NULL, &j, 1, 0);
+    int64_t now = 1;
+    step(s, now++, 'x', NULL); /* prompt + first token */
+    assert_int_equal(drive(s, &now, 16, 0), 16);      /* a window of 16 rejected drafts: 16 rounds */
+    assert_int_equal(drive(s, &now, 16 + 32, 0), 0);  /* then 32 plain tokens */
+    assert_int_equal(drive(s, &now, 64, 0), 16);      /* drafting again: another poor window */
+    assert_int_equal(drive(s, &now, 64 + 64, 0), 0);  /* the pause doubled */
+    assert_int_equal(drive(s, &now, 128 + 32, 1), 16); /* a good window (16 rounds of 2 tokens)... */
+    assert_int_equal(drive(s, &now, 160 + 16, 0), 16); /* ...resets the pause: the next poor one gets 32 */
+    assert_int_equal(drive(s, &now, 176 + 32, 0), 0);
+    assert_int_equal(drive(s, &now, 208 + 1, 0), 1);
+    p.mtp_min_acceptance = 1.5;
+    moeq_sched *bad = NULL;
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &bad, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "mtp_min_acceptance"));
+    moeq_sched_destroy(s);
+}
+
 static void rounds_never_draft_past_max_new_tokens(void **state) {
     (void)state;
     moeq_sched *s = new_sched(2, 64, 0);
@@ -921,6 +974,7 @@ int main(void) {
         cmocka_unit_test(a_stop_string_completed_inside_an_accepted_run_cuts_the_text_there),
         cmocka_unit_test(rounds_never_draft_past_max_new_tokens),
         cmocka_unit_test(rounds_pause_while_more_sequences_decode_than_mtp_max_seqs),
+        cmocka_unit_test(a_job_with_poor_acceptance_pauses_drafting_and_looks_again),
         cmocka_unit_test(plain_and_speculative_jobs_share_a_plan_within_the_step_budget),
         cmocka_unit_test(a_failed_round_fails_the_jobs_of_the_plan),
         cmocka_unit_test(every_job_gets_the_tokens_it_would_get_alone),

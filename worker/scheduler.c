@@ -57,6 +57,9 @@ typedef struct sched_job {
     int mtp_k;                /* drafts per speculative round; 0 = plain    */
     int admitted;             /* held a slot at some point                  */
     int64_t mtp_drafted, mtp_accepted;
+    int mtp_win_drafted, mtp_win_accepted; /* since the last acceptance verdict          */
+    int mtp_pause_until;                   /* no rounds while n_out is below this        */
+    int mtp_backoff;                       /* the next pause's length, tokens            */
     char *text;
     size_t text_len, text_cap;
     moeq_result_status status;
@@ -149,6 +152,9 @@ moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn det
                          params->max_step_tokens, params->max_seqs);
     if (params->kv_block_tokens < 1 || params->kv_cache_tokens < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "kv_block_tokens/kv_cache_tokens out of range");
+    if (!(params->mtp_min_acceptance >= 0 && params->mtp_min_acceptance <= 1))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp_min_acceptance: %g is outside [0, 1]",
+                         params->mtp_min_acceptance);
     if (params->mtp_max_seqs < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp_max_seqs: %d is negative (0 = no limit)",
                          params->mtp_max_seqs);
@@ -530,6 +536,7 @@ static int slots_by_age(const moeq_sched *sched, int *order) {
  * than the step's draft budget. 0: decode it plainly.
  */
 static int round_k(const sched_job *job, int draft_budget) {
+    if (job->n_out < job->mtp_pause_until) return 0;
     int k = job->mtp_k, left = job->max_new_tokens - job->n_out;
     if (k > left - 1) k = left - 1;
     if (k > draft_budget) k = draft_budget;
@@ -698,6 +705,31 @@ static int round_out_ok(const moeq_sched_round *r, const moeq_sched_round_out *o
            o->accepted <= o->drafted;
 }
 
+#define MTP_PAUSE_MIN 32   /* tokens decoded plainly after a window of poor acceptance */
+#define MTP_PAUSE_MAX 1024 /* ... doubling while acceptance stays poor                  */
+
+/*
+ * Drafting pays only when enough drafts are accepted: a draft costs the MTP layer's share of a step (its block
+ * and head), so an MTP layer that was not trained for this model, or a job sampled at a high temperature
+ * (exact mode keeps a draft only when the sample equals it), would make every round a loss. After each
+ * MOEQ_SCHED_MTP_WINDOW drafts of a job: below mtp_min_acceptance it decodes plainly for a while (the output
+ * is the same), then drafts again to look; each poor window doubles the pause, a good one resets it.
+ */
+static void judge_acceptance(const moeq_sched *sched, sched_job *job, const moeq_sched_round_out *o) {
+    if (sched->params.mtp_min_acceptance <= 0) return;
+    job->mtp_win_drafted += o->drafted;
+    job->mtp_win_accepted += o->accepted;
+    if (job->mtp_win_drafted < MOEQ_SCHED_MTP_WINDOW) return;
+    if (job->mtp_backoff < MTP_PAUSE_MIN) job->mtp_backoff = MTP_PAUSE_MIN;
+    if (job->mtp_win_accepted < sched->params.mtp_min_acceptance * job->mtp_win_drafted) {
+        job->mtp_pause_until = job->n_out + job->mtp_backoff;
+        job->mtp_backoff = job->mtp_backoff * 2 > MTP_PAUSE_MAX ? MTP_PAUSE_MAX : job->mtp_backoff * 2;
+    } else {
+        job->mtp_backoff = MTP_PAUSE_MIN;
+    }
+    job->mtp_win_drafted = job->mtp_win_accepted = 0;
+}
+
 /* Take a round's tokens one by one until the job ends; the rest of the run is dropped. */
 static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moeq_sched_round_out *o,
                          int64_t now_ms) {
@@ -712,6 +744,7 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
         sched->decode_tokens++;
         job_take_token(sched, r->job, o->tokens[t], now_ms);
     }
+    judge_acceptance(sched, job, o);
 }
 
 moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms) {

@@ -67,9 +67,16 @@ typedef struct moeq_sched_params {
     int mtp_max_seqs;         /* speculative rounds only in plans where at most this many
                                  sequences decode (above it a step is compute bound and rounds
                                  cost more than they yield); 0 = no limit                     */
+    double mtp_min_acceptance;/* a job whose last MOEQ_SCHED_MTP_WINDOW drafts were accepted
+                                 less often than this pauses drafting (decodes plainly) for 32
+                                 tokens, doubling while it stays low, up to 1024; 0 = never   */
 } moeq_sched_params;
 
-/* max_seqs 64, max_step_tokens 2048, kv_cache_tokens 0, kv_block_tokens 16, no stop ids, mtp_max_seqs 0. */
+/* Drafts over which a job's acceptance is judged (mtp_min_acceptance). */
+#define MOEQ_SCHED_MTP_WINDOW 16
+
+/* max_seqs 64, max_step_tokens 2048, kv_cache_tokens 0, kv_block_tokens 16, no stop ids, mtp_max_seqs 0,
+ * mtp_min_acceptance 0. */
 moeq_sched_params moeq_sched_default_params(void);
 
 /*

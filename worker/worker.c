@@ -203,6 +203,19 @@ static void default_worker_id(moeq_worker_params *p) {
     snprintf(p->worker_id, sizeof p->worker_id, "%s-%d", host, (int)getpid());
 }
 
+/*
+ * The acceptance below which a job pauses drafting: the worker param, or (-1, auto) 1.5 x the share of a step's
+ * weight bytes one draft reads. A round of k drafts costs about 1 + k x that share at small batch (the verify
+ * step's extra tokens add a little, hence the margin) and yields 1 + k x acceptance tokens.
+ */
+static double mtp_min_acceptance(const moeq_worker *w) {
+    if (w->params.mtp_min_acceptance >= 0) return w->params.mtp_min_acceptance;
+    double draft = (double)moeq_model_mtp_active_bytes_per_token(w->model);
+    double step = (double)moeq_model_active_bytes_per_token(w->model);
+    double t = step > 0 ? 1.5 * draft / step : 0;
+    return t > 0.9 ? 0.9 : t;
+}
+
 /* The speculative decoder, when mtp_k > 0 and the model has an MTP layer (else MTP stays off, logged). */
 static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
     if (w->params.mtp_k <= 0) return MOEQ_OK;
@@ -214,6 +227,8 @@ static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
     w->spec = calloc(n, sizeof *w->spec);
     w->round_out = calloc(n, sizeof *w->round_out);
     if (!w->spec || !w->round_out) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp round buffers");
+    moeq_log(MOEQ_LOG_INFO, COMP, "mtp_on", "model=%s k=%d max_batch=%d min_acceptance=%.3f", w->model_name,
+             (int)w->params.mtp_k, (int)w->params.mtp_max_batch, mtp_min_acceptance(w));
     return moeq_mtp_decoder_new(w->engine, (int)w->params.max_seqs, (int)w->params.mtp_k, &w->mtp, errstr,
                                 errstr_size);
 }
@@ -243,6 +258,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.max_seqs = (int)p->max_seqs;
     sp.max_step_tokens = (int)p->max_step_tokens;
     sp.mtp_max_seqs = (int)p->mtp_max_batch;
+    sp.mtp_min_acceptance = mtp_min_acceptance(w);
     sp.kv_cache_tokens = p->kv_cache_tokens;
     sp.kv_block_tokens = ep.kv_block_tokens;
     sp.stop_ids = &eos;

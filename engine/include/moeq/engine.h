@@ -91,6 +91,8 @@ const moeq_model_config *moeq_model_get_config(const moeq_model *model);
 
 /* Bytes of weights a decode step reads for one token (attention + dense + k active experts + head). */
 size_t moeq_model_active_bytes_per_token(const moeq_model *model);
+/* The same for one draft of the MTP layer (eh_proj, its block, its head, one embedding row); 0 without one. */
+size_t moeq_model_mtp_active_bytes_per_token(const moeq_model *model);
 size_t moeq_model_total_params(const moeq_model *model);
 
 /* ---- engine --------------------------------------------------------------- */
