@@ -792,6 +792,81 @@ static void a_failed_round_fails_the_jobs_of_the_plan(void **state) {
     moeq_sched_destroy(s);
 }
 
+/* ---- shared prompt prefixes ----------------------------------------------------------- */
+
+/* A new job whose prompt starts like a running job's forks that job's sequence for the shared, fed part. */
+static void a_new_job_forks_the_running_job_that_holds_its_prompt_prefix(void **state) {
+    (void)state;
+    static const int32_t eos[] = {TOK_EOS};
+    static const int32_t pa[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    static const int32_t pb[11] = {1, 2, 3, 4, 5, 6, 7, 8, 90, 91, 92};   /* 8 shared with pa */
+    static const int32_t pc[6] = {1, 2, 3, 4, 5, 6};                        /* all of it shared */
+    static const int32_t pd[5] = {1, 2, 3, 70, 71};                         /* 3: below the minimum */
+    moeq_sched_params p = moeq_sched_default_params();
+    p.max_seqs = 8, p.max_step_tokens = 64, p.kv_block_tokens = 4, p.stop_ids = eos, p.n_stop_ids = 1;
+    p.prefix_share_min = 4;
+    moeq_sched *s = NULL;
+    char err[256];
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
+    fake_job f[6];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec a = spec(&f[0], "a", 12, 50);
+    a.prompt = pa;
+    add(s, NULL, &a, 1, 0);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 1, 'x', &plan), 1); /* a's prompt, nothing to share yet */
+    assert_int_equal(plan.items[0].fork_tokens, 0);
+    moeq_sched_job_spec more[3] = {spec(&f[1], "b", 11, 5), spec(&f[2], "c", 6, 5), spec(&f[3], "d", 5, 5)};
+    more[0].prompt = pb, more[1].prompt = pc, more[2].prompt = pd;
+    add(s, NULL, more, 3, 2);
+    assert_int_equal(moeq_sched_plan(s, 3, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 4); /* a's decode token, then b, c, d */
+    const moeq_sched_item *b = &plan.items[1], *c = &plan.items[2], *d = &plan.items[3];
+    assert_int_equal(b->new_seq, 1);
+    assert_int_equal(b->fork_slot, plan.items[0].slot);
+    assert_int_equal(b->fork_tokens, 8);
+    assert_int_equal(b->tokens[0], 90); /* prompt[8] on */
+    assert_int_equal(b->n_tokens, 3);
+    assert_int_equal(c->fork_tokens, 5); /* never its last prompt token: its logits give the first output */
+    assert_int_equal(c->n_tokens, 1);
+    assert_int_equal(d->fork_tokens, 0);
+    assert_int_equal(d->n_tokens, 5);
+    assert_int_equal(plan.n_prefill_tokens, 3 + 1 + 5);
+    int32_t t[4] = {'y', 'y', 'y', 'y'};
+    assert_int_equal(moeq_sched_commit(s, t, 4), MOEQ_OK);
+    moeq_sched_stats st;
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.prefix_tokens_shared, 13);
+    assert_int_equal(st.prefill_tokens, 12 + 9);
+    /* a speculative job needs a speculative source, and forks one token earlier */
+    moeq_sched_job_spec e = spec(&f[4], "e", 11, 5);
+    e.prompt = pb, e.mtp_k = 1;
+    add(s, NULL, &e, 1, 5);
+    assert_int_equal(moeq_sched_plan(s, 6, &plan), MOEQ_OK);
+    const moeq_sched_item *ie = NULL;
+    for (int i = 0; i < plan.n_items; i++)
+        if (plan.items[i].user == &f[4]) ie = &plan.items[i];
+    assert_non_null(ie);
+    assert_int_equal(ie->fork_tokens, 0); /* a, b, c, d are not speculative */
+    int32_t t2[8] = {'z', 'z', 'z', 'z', 'z', 'z', 'z', 'z'};
+    assert_int_equal(moeq_sched_commit(s, t2, 7), MOEQ_OK);
+    moeq_sched_job_spec g = spec(&f[5], "g", 11, 5);
+    g.prompt = pb, g.mtp_k = 1;
+    add(s, NULL, &g, 1, 8);
+    assert_int_equal(moeq_sched_plan(s, 9, &plan), MOEQ_OK);
+    const moeq_sched_item *ig = NULL;
+    for (int i = 0; i < plan.n_items; i++)
+        if (plan.items[i].user == &f[5]) ig = &plan.items[i];
+    assert_non_null(ig);
+    assert_int_equal(ig->fork_tokens, 9); /* from e (speculative, all 11 fed): 10 may be shared, minus 1 */
+    assert_int_equal(ig->n_tokens, 2);
+    p.prefix_share_min = -1;
+    moeq_sched *bad = NULL;
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &bad, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    moeq_sched_abort(s, "test", "end", 10);
+    moeq_sched_destroy(s);
+}
+
 /*
  * The fake engine: each slot keeps a hash of the token history it was fed
  * since its last new_seq; the sampled token is a function of that hash,
@@ -801,7 +876,9 @@ static void a_failed_round_fails_the_jobs_of_the_plan(void **state) {
  */
 typedef struct sim_slot {
     uint64_t h;
-    int live;
+    int live, mtp;
+    int32_t hist[128]; /* what the slot's cache holds, in order */
+    int n_hist;
 } sim_slot;
 
 static uint64_t key_hash(const char *key) {
@@ -812,6 +889,7 @@ static uint64_t key_hash(const char *key) {
 
 static int32_t sim_feed(sim_slot *sl, int32_t token) {
     sl->h = (sl->h ^ (uint64_t)token) * 1099511628211ULL;
+    if (sl->n_hist < 128) sl->hist[sl->n_hist++] = token;
     return (int32_t)('a' + (sl->h >> 33) % 26);
 }
 
@@ -835,7 +913,7 @@ static void sim_round(sim_slot *sl, const moeq_sched_round *r, uint64_t *rng, in
     *o = (moeq_sched_round_out){out, a + 1, r->k, a};
 }
 
-static void sim_run(moeq_sched *s, sim_slot *slots, int64_t *now, int max_step_tokens) {
+static void sim_run(moeq_sched *s, sim_slot *slots, int64_t *now, int max_step_tokens, int64_t *forked) {
     static int32_t round_tokens[64][MOEQ_SCHED_MAX_MTP_K + 1];
     moeq_sched_round_out outs[64];
     uint64_t rng = 7;
@@ -862,7 +940,17 @@ static void sim_run(moeq_sched *s, sim_slot *slots, int64_t *now, int max_step_t
             if (it->new_seq) {
                 assert_false(sl->live); /* released before reuse */
                 sl->h = key_hash(((const fake_job *)it->user)->key);
-                sl->live = 1;
+                sl->live = 1, sl->mtp = it->mtp, sl->n_hist = 0;
+                if (it->fork_tokens > 0) { /* the source's cache must hold exactly the prompt's start */
+                    const sim_slot *src = &slots[it->fork_slot];
+                    const int32_t *prompt = it->tokens - it->fork_tokens;
+                    assert_true(src != sl && src->live && src->n_hist >= it->fork_tokens);
+                    assert_memory_equal(src->hist, prompt, (size_t)it->fork_tokens * sizeof(int32_t));
+                    if (it->mtp) /* ... and the token after the fork point, for the MTP entry there */
+                        assert_true(src->mtp && src->n_hist > it->fork_tokens && src->hist[it->fork_tokens] == prompt[it->fork_tokens]);
+                    for (int t = 0; t < it->fork_tokens; t++) sim_feed(sl, prompt[t]);
+                    forked[0] += it->fork_tokens;
+                }
             }
             assert_true(sl->live);
             for (int t = 0; t < it->n_tokens; t++) sampled[i] = sim_feed(sl, it->tokens[t]);
@@ -874,8 +962,11 @@ static void sim_run(moeq_sched *s, sim_slot *slots, int64_t *now, int max_step_t
 
 #define SIM_JOBS 60
 
-/* 60 jobs through 4 slots; with_mtp: jobs draft 0..3 tokens per round. Each must equal the job alone, plain. */
-static void sim_compare_with_alone(int with_mtp) {
+/*
+ * 60 jobs through 4 slots; with_mtp: jobs draft 0..3 tokens per round; share: jobs fork running jobs' prompt
+ * prefixes (every prompt here is a start of PROMPT). Each must equal the job alone, plain.
+ */
+static void sim_compare_with_alone(int with_mtp, int share) {
     static fake_job jobs[SIM_JOBS], alone[SIM_JOBS];
     static char texts[SIM_JOBS][128];
     const char *stops[] = {"qq"};
@@ -902,7 +993,8 @@ static void sim_compare_with_alone(int with_mtp) {
         one.key = alone[i].key;
         one.user = &alone[i];
         add(s, NULL, &one, 1, 0);
-        sim_run(s, slots, &now, 7);
+        int64_t forked = 0;
+        sim_run(s, slots, &now, 7, &forked);
         moeq_sched_finished fin;
         assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
         snprintf(texts[i], sizeof texts[i], "%s/%d/%d", fin.text, fin.n_tokens, (int)fin.finish_reason);
@@ -910,11 +1002,18 @@ static void sim_compare_with_alone(int with_mtp) {
     }
     /* all together, in batches of 7, through 4 slots and 16-token steps */
     for (int i = 0; i < SIM_JOBS && with_mtp; i++) specs[i].mtp_k = i % 4;
-    moeq_sched *s = new_sched(4, 16, 0);
-    sim_slot slots[4] = {{0}};
-    int64_t now = 0;
+    static const int32_t eos[] = {TOK_EOS};
+    moeq_sched_params p = moeq_sched_default_params();
+    p.max_seqs = 4, p.max_step_tokens = 16, p.kv_block_tokens = 4, p.stop_ids = eos, p.n_stop_ids = 1;
+    p.prefix_share_min = share ? 2 : 0;
+    moeq_sched *s = NULL;
+    char err[256];
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
+    static sim_slot slots[4];
+    memset(slots, 0, sizeof slots);
+    int64_t now = 0, forked = 0;
     for (int i = 0; i < SIM_JOBS; i += 7) add(s, NULL, &specs[i], SIM_JOBS - i < 7 ? SIM_JOBS - i : 7, now);
-    sim_run(s, slots, &now, 16);
+    sim_run(s, slots, &now, 16, &forked);
     int seen = 0;
     moeq_sched_finished fin;
     while (moeq_sched_next_finished(s, &fin)) {
@@ -937,17 +1036,27 @@ static void sim_compare_with_alone(int with_mtp) {
     moeq_sched_get_stats(s, &st);
     if (with_mtp) assert_true(st.mtp_rounds > 0 && st.mtp_drafted > st.mtp_accepted && st.mtp_accepted > 0);
     else assert_int_equal(st.mtp_rounds, 0);
+    assert_int_equal(st.prefix_tokens_shared, forked);
+    if (share) assert_true(forked > 0);
+    else assert_int_equal(forked, 0);
+    if (share) print_message("prefix sharing: %lld prompt tokens forked\n", (long long)forked);
     moeq_sched_destroy(s);
 }
 
 static void every_job_gets_the_tokens_it_would_get_alone(void **state) {
     (void)state;
-    sim_compare_with_alone(0);
+    sim_compare_with_alone(0, 0);
 }
 
 static void speculative_jobs_in_a_mixed_batch_get_the_tokens_they_would_get_alone(void **state) {
     (void)state;
-    sim_compare_with_alone(1);
+    sim_compare_with_alone(1, 0);
+}
+
+static void jobs_that_fork_a_running_jobs_prompt_prefix_get_the_tokens_they_would_get_alone(void **state) {
+    (void)state;
+    sim_compare_with_alone(0, 1);
+    sim_compare_with_alone(1, 1);
 }
 
 int main(void) {
@@ -975,6 +1084,8 @@ int main(void) {
         cmocka_unit_test(rounds_never_draft_past_max_new_tokens),
         cmocka_unit_test(rounds_pause_while_more_sequences_decode_than_mtp_max_seqs),
         cmocka_unit_test(a_job_with_poor_acceptance_pauses_drafting_and_looks_again),
+        cmocka_unit_test(a_new_job_forks_the_running_job_that_holds_its_prompt_prefix),
+        cmocka_unit_test(jobs_that_fork_a_running_jobs_prompt_prefix_get_the_tokens_they_would_get_alone),
         cmocka_unit_test(plain_and_speculative_jobs_share_a_plan_within_the_step_budget),
         cmocka_unit_test(a_failed_round_fails_the_jobs_of_the_plan),
         cmocka_unit_test(every_job_gets_the_tokens_it_would_get_alone),

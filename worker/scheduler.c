@@ -58,6 +58,7 @@ typedef struct sched_job {
     int admitted;             /* held a slot at some point                  */
     int64_t mtp_drafted, mtp_accepted;
     int mtp_win_drafted, mtp_win_accepted; /* since the last acceptance verdict          */
+    uint64_t first_plan;                   /* the plan that gave it a sequence          */
     int mtp_pause_until;                   /* no rounds while n_out is below this        */
     int mtp_backoff;                       /* the next pause's length, tokens            */
     char *text;
@@ -99,7 +100,8 @@ struct moeq_sched {
 
     int n_running, n_pending, n_unpublished, n_batches;
     int64_t kv_reserved;
-    int64_t prefill_tokens, decode_tokens, jobs_finished;
+    int64_t prefill_tokens, decode_tokens, jobs_finished, prefix_tokens_shared;
+    uint64_t plans;             /* compose calls                                          */
     int64_t mtp_rounds, mtp_drafted, mtp_accepted;
 };
 
@@ -155,6 +157,9 @@ moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn det
     if (!(params->mtp_min_acceptance >= 0 && params->mtp_min_acceptance <= 1))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp_min_acceptance: %g is outside [0, 1]",
                          params->mtp_min_acceptance);
+    if (params->prefix_share_min < 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "prefix_share_min: %d is negative (0 = off)",
+                         params->prefix_share_min);
     if (params->mtp_max_seqs < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp_max_seqs: %d is negative (0 = no limit)",
                          params->mtp_max_seqs);
@@ -556,6 +561,30 @@ static int compose_round(moeq_sched *sched, int h, int *draft_budget, moeq_sched
 }
 
 /*
+ * The running job whose sequence holds the longest start of job's prompt: its slot, and in *n how many of
+ * those tokens job can take by forking it; -1 when none reaches prefix_share_min. Only prompt tokens already
+ * fed count (that is what the source's cache holds), never the job's last prompt token (its logits give the
+ * first output), and for a speculative job one fewer: its MTP entry at the fork point reads the token after
+ * it, so that token must be shared too (and the source must decode speculatively as well).
+ */
+static int shared_prefix(const moeq_sched *sched, const sched_job *job, const int *order, int n_order, int *n) {
+    int best = -1;
+    *n = 0;
+    if (sched->params.prefix_share_min <= 0) return -1;
+    for (int k = 0; k < n_order; k++) {
+        const sched_job *src = sched->jobs[sched->slots[order[k]]];
+        if (src == job || src->n_fed == 0 || src->first_plan == sched->plans) continue; /* no sequence yet */
+        if (job->mtp_k > 0 && src->mtp_k <= 0) continue;
+        int lim = src->n_fed < job->n_prompt - 1 ? src->n_fed : job->n_prompt - 1, l = 0;
+        while (l < lim && src->prompt[l] == job->prompt[l]) l++;
+        if (job->mtp_k > 0 && l > 0) l--; /* tokens 0..l-1 equal: fork at l-1, whose next token is shared */
+        if (l > *n) *n = l, best = src->slot;
+    }
+    if (*n < sched->params.prefix_share_min) *n = 0, best = -1;
+    return best;
+}
+
+/*
  * One plan = one engine step: decode tokens, round tokens and prefill chunks together fit max_step_tokens
  * (the worker runs rounds and ordinary items in one verify step). Every decoding sequence gets its token
  * first; drafts take from what is left, oldest sequence first (at most half of it while a prompt waits);
@@ -592,15 +621,24 @@ static void compose(moeq_sched *sched, moeq_sched_step *plan) {
         int h = sched->slots[order_buf[k]];
         sched_job *job = sched->jobs[h];
         if (job->n_fed >= job->n_prompt) continue;
+        int new_seq = job->n_fed == 0, fork_slot = -1, fork_tokens = 0;
+        if (new_seq) {
+            job->first_plan = sched->plans;
+            fork_slot = shared_prefix(sched, job, order_buf, n_order, &fork_tokens);
+            job->n_fed = fork_tokens; /* the fork holds them */
+            sched->prefix_tokens_shared += fork_tokens;
+        }
         int chunk = job->n_prompt - job->n_fed;
         if (chunk > budget) chunk = budget;
         moeq_sched_item *it = &sched->items[n++];
-        *it = (moeq_sched_item){.slot = job->slot, .new_seq = job->n_fed == 0, .tokens = job->prompt + job->n_fed,
+        *it = (moeq_sched_item){.slot = job->slot, .new_seq = new_seq, .tokens = job->prompt + job->n_fed,
                                 .n_tokens = chunk, .sample = job->n_fed + chunk == job->n_prompt, .job = h,
-                                .user = job->user, .mtp = job->mtp_k > 0};
+                                .user = job->user, .mtp = job->mtp_k > 0, .fork_slot = fork_slot,
+                                .fork_tokens = fork_tokens};
         plan->n_prefill_tokens += chunk;
         budget -= chunk;
     }
+    sched->plans++;
     sched->n_items = n;
     plan->items = sched->items;
     plan->n_items = n;
@@ -866,6 +904,7 @@ void moeq_sched_get_stats(const moeq_sched *sched, moeq_sched_stats *stats) {
     stats->batches = sched->n_batches;
     stats->kv_reserved_tokens = sched->kv_reserved;
     stats->prefill_tokens = sched->prefill_tokens;
+    stats->prefix_tokens_shared = sched->prefix_tokens_shared;
     stats->decode_tokens = sched->decode_tokens;
     stats->jobs_finished = sched->jobs_finished;
     stats->mtp_rounds = sched->mtp_rounds;

@@ -67,6 +67,11 @@ typedef struct moeq_sched_params {
     int mtp_max_seqs;         /* speculative rounds only in plans where at most this many
                                  sequences decode (above it a step is compute bound and rounds
                                  cost more than they yield); 0 = no limit                     */
+    int prefix_share_min;     /* a new job whose prompt starts with at least this many tokens
+                                 of a running job's fed prompt forks that job's sequence instead
+                                 of prefilling them (one token less when it decodes
+                                 speculatively: the MTP entry there reads the next token);
+                                 0 = never                                                    */
     double mtp_min_acceptance;/* a job whose last MOEQ_SCHED_MTP_WINDOW drafts were accepted
                                  less often than this pauses drafting (decodes plainly) for 32
                                  tokens, doubling while it stays low, up to 1024; 0 = never   */
@@ -76,7 +81,7 @@ typedef struct moeq_sched_params {
 #define MOEQ_SCHED_MTP_WINDOW 16
 
 /* max_seqs 64, max_step_tokens 2048, kv_cache_tokens 0, kv_block_tokens 16, no stop ids, mtp_max_seqs 0,
- * mtp_min_acceptance 0. */
+ * prefix_share_min 0, mtp_min_acceptance 0. */
 moeq_sched_params moeq_sched_default_params(void);
 
 /*
@@ -153,6 +158,10 @@ typedef struct moeq_sched_item {
     int job;                /* job handle                                                    */
     void *user;             /* the job's spec.user                                           */
     int mtp;                /* 1: the job decodes speculatively (new_seq: mark the sequence)  */
+    int fork_tokens;        /* new_seq and > 0: the running slot fork_slot's sequence holds this
+                               job's first fork_tokens prompt tokens: start the job's sequence as
+                               a fork of it (moeq_engine_seq_fork); tokens start after them      */
+    int fork_slot;
 } moeq_sched_item;
 
 /*
@@ -271,6 +280,7 @@ typedef struct moeq_sched_stats {
     int batches;                 /* batches held (not yet reported ackable)             */
     int64_t kv_reserved_tokens;
     int64_t prefill_tokens, decode_tokens; /* totals committed                          */
+    int64_t prefix_tokens_shared;          /* prompt tokens taken from a running job's cache */
     int64_t jobs_finished;
     int64_t mtp_rounds, mtp_drafted, mtp_accepted; /* speculative rounds committed      */
 } moeq_sched_stats;
