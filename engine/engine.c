@@ -221,6 +221,51 @@ moeq_err moeq_engine_seq_truncate(moeq_engine *engine, int seq_id, int n_tokens)
     return err;
 }
 
+/* What a fork can refuse before anything changes; the slot and the blocks are checked as they are taken. */
+static moeq_err check_fork(const moeq_engine *e, int src, int n, int mtp, int32_t next_token, char *errstr,
+                           size_t errstr_size) {
+    int64_t len = moeq_kv_cache_seq_len(e->cache, src);
+    if (len < 0) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "fork: seq %d not alive", src);
+    if (mtp != 0 && mtp != 1)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "fork: mtp is %d, must be 0 or 1", mtp);
+    if (mtp && !moeq_mtp_seq_on(e, src))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "fork: mtp = 1 but seq %d is not marked (moeq_engine_seq_set_mtp)", src);
+    int64_t max = mtp ? len - 1 : len; /* mtp = 1: entry n - 1 reads src's token at n */
+    if (n < 1 || n > max)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "fork: n_tokens %d outside 1..%lld (seq %d holds %lld tokens%s)", n, (long long)max, src,
+                         (long long)len, mtp ? "; mtp = 1 needs the token at n_tokens" : "");
+    if (mtp && (next_token < 0 || next_token >= e->cfg->vocab_size))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "fork: next_token %d outside vocab %d",
+                         next_token, e->cfg->vocab_size);
+    return MOEQ_OK;
+}
+
+moeq_err moeq_engine_seq_fork(moeq_engine *engine, int src_seq, int n_tokens, int mtp, int32_t next_token,
+                              int *dst_seq, char *errstr, size_t errstr_size) {
+    if (!engine || !dst_seq)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "fork: engine and dst_seq are required");
+    moeq_err err = check_fork(engine, src_seq, n_tokens, mtp, next_token, errstr, errstr_size);
+    if (err) return err;
+    int dst;
+    if (moeq_engine_seq_new(engine, &dst))
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "fork: no free sequence slot (max_seqs %d)",
+                         engine->params.max_seqs);
+    if ((err = moeq_kv_cache_seq_fork(engine->cache, src_seq, n_tokens, dst))) {
+        moeq_engine_seq_free(engine, dst);
+        return moeq_errf(err, errstr, errstr_size, "fork: kv cache %s of seq %d at %d tokens",
+                         err == MOEQ_ERR_LIMIT ? "full, no block to copy the partial block into" : "refused the fork",
+                         src_seq, n_tokens);
+    }
+    if (mtp && (err = moeq_mtp_seq_forked(engine, src_seq, n_tokens, next_token, dst, errstr, errstr_size))) {
+        moeq_engine_seq_free(engine, dst); /* drops the shared references again: src's blocks as before */
+        return err;
+    }
+    *dst_seq = dst;
+    return MOEQ_OK;
+}
+
 void moeq_engine_set_naive_attention(moeq_engine *engine, int on) { engine->naive_attention = on; }
 
 /* Everything that can fail is checked before anything is appended. */

@@ -8,6 +8,11 @@
  * block table, free blocks sit on a stack. Appending reserves blocks,
  * truncating returns them; nothing is allocated per token.
  *
+ * Blocks are reference counted so that sequences can share a prefix
+ * (moeq_kv_cache_seq_fork): a block returns to the free stack when its last
+ * sequence drops it, and a sequence about to write into a shared block (its
+ * partially filled last block, after a truncation) gets its own copy first.
+ *
  * Block layout: [layer][token in block][entry], float32.
  * Not thread-safe for mutation; concurrent reads of entries are fine.
  */
@@ -46,14 +51,39 @@ void moeq_kv_cache_seq_free(moeq_kv_cache *cache, int seq_id);
 int moeq_kv_cache_seq_alive(const moeq_kv_cache *cache, int seq_id);
 int64_t moeq_kv_cache_seq_len(const moeq_kv_cache *cache, int seq_id);
 
-/* Blocks that growing seq_id to n_tokens would take from the free list. */
+/* Blocks that growing seq_id to n_tokens would take from the free list (counting the copy of a shared last block). */
 int64_t moeq_kv_cache_blocks_needed(const moeq_kv_cache *cache, int seq_id, int64_t n_tokens);
 
-/* Grow the sequence to n_tokens (entries beyond the old length are uninitialised). MOEQ_ERR_LIMIT when full. */
+/*
+ * Blocks that truncating seq_id to keep_tokens and then growing it to
+ * n_tokens would take from the free list, net of the blocks the truncation
+ * frees (shared blocks are not freed by it). 0 when n_tokens <= keep_tokens.
+ */
+int64_t moeq_kv_cache_blocks_needed_after(const moeq_kv_cache *cache, int seq_id, int64_t keep_tokens,
+                                          int64_t n_tokens);
+
+/*
+ * Grow the sequence to n_tokens (entries beyond the old length are
+ * uninitialised). When its partially filled last block is shared it is
+ * copied first (copy-on-write). MOEQ_ERR_LIMIT when full (nothing changed).
+ */
 moeq_err moeq_kv_cache_grow(moeq_kv_cache *cache, int seq_id, int64_t n_tokens);
 
-/* Drop positions >= n_tokens and free their blocks. */
+/* Drop positions >= n_tokens; their blocks go back to the free stack when no other sequence holds them. */
 moeq_err moeq_kv_cache_truncate(moeq_kv_cache *cache, int seq_id, int64_t n_tokens);
+
+/* Blocks a fork of n_tokens takes from the free list: one for the copy of a partial last block, else 0. */
+int64_t moeq_kv_cache_fork_blocks_needed(const moeq_kv_cache *cache, int64_t n_tokens);
+
+/*
+ * Give dst (open and empty: moeq_kv_cache_seq_new / seq_open) the first
+ * n_tokens (0 .. src's length) of src: the full blocks below n_tokens are
+ * shared (reference counted), a partially filled last block is copied into
+ * a fresh block (every layer). src is unchanged. INVALID_ARG: src or dst not
+ * alive, dst not empty or dst == src, n_tokens out of range; LIMIT: no free
+ * block for the copy. Nothing changes on error.
+ */
+moeq_err moeq_kv_cache_seq_fork(moeq_kv_cache *cache, int src, int64_t n_tokens, int dst);
 
 /* The entry of (seq, layer, pos): entry_floats floats. pos < seq_len. */
 float *moeq_kv_cache_entry(const moeq_kv_cache *cache, int seq_id, int layer, int64_t pos);

@@ -252,19 +252,30 @@ static catch_up plan_item(const moeq_engine *e, const moeq_step_item *it, int64_
     return (catch_up){done, first > done ? first : done};
 }
 
+/*
+ * The ring rows a step at p needs: the entries c.done .. p - 1 stay pending
+ * or are computed in the step, and either way read rows from c.done on. A
+ * step that confirms the first draft entry (c.done == p) reads none: that
+ * is how a sequence forked with mtp = 1 (no rows, entry p - 1 a guess)
+ * steps. Sequences truncated below their last step, or forked ones whose
+ * first token is not the guess, have no rows to compute from.
+ */
+static int rows_ok(const moeq_mtp_state *m, int seq, catch_up c, int64_t p) {
+    return c.done == p || (c.done < p && m->ring_lo[seq] <= c.done);
+}
+
 moeq_err moeq_mtp_check_item(moeq_engine *e, const moeq_step_item *it, int i, int64_t *blocks, char *errstr,
                              size_t errstr_size) {
     moeq_mtp_state *m = e->mtp;
     int64_t p = moeq_kv_cache_seq_len(e->cache, it->seq_id);
-    if (!state_ok(e, it->seq_id, p))
-        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
-                         "item %d: seq %d has no MTP state at position %lld (truncated below its last step)",
-                         i, it->seq_id, (long long)(p - 1));
-    /* truncated to plan.done, then grown to plan.target: net blocks = blocks(target) - blocks(now) */
     catch_up c = plan_item(e, it, p);
-    int64_t have = moeq_kv_cache_seq_len(m->cache, it->seq_id), bt = e->params.kv_block_tokens;
-    int64_t used = (have + bt - 1) / bt, want = (c.target + bt - 1) / bt;
-    *blocks += want > used ? want - used : 0;
+    if (!rows_ok(m, it->seq_id, c, p))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "item %d: seq %d has no MTP state at position %lld (truncated below its last step, or "
+                         "forked with another next_token than its first token %d)",
+                         i, it->seq_id, (long long)(p - 1), it->tokens[0]);
+    /* truncated to plan.done, then grown to plan.target (a shared last block is copied first) */
+    *blocks += moeq_kv_cache_blocks_needed_after(m->cache, it->seq_id, c.done, c.target);
     return MOEQ_OK;
 }
 
@@ -364,7 +375,7 @@ static int draft_span(const moeq_engine *e, int seq, int64_t *start, int64_t *en
 
 static moeq_err check_draft(moeq_engine *e, const moeq_mtp_item *items, int n, size_t logits_rows, char *errstr,
                             size_t errstr_size) {
-    int64_t blocks = 0, bt = e->params.kv_block_tokens, start, end;
+    int64_t blocks = 0, start, end;
     if ((size_t)n > logits_rows)
         return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "mtp step of %d items: logits rows %zu", n,
                          logits_rows);
@@ -383,7 +394,7 @@ static moeq_err check_draft(moeq_engine *e, const moeq_mtp_item *items, int n, s
             return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
                              "mtp item %d: entries %lld..%lld past the cache or max_step_tokens", i,
                              (long long)start, (long long)end);
-        blocks += (end + bt - 1) / bt - (start + bt - 1) / bt;
+        blocks += moeq_kv_cache_blocks_needed(e->mtp->cache, seq, end); /* grown from start = its length */
     }
     return moeq_mtp_check_blocks(e, blocks, errstr, errstr_size);
 }
@@ -447,16 +458,56 @@ moeq_err moeq_engine_mtp_step(moeq_engine *engine, const moeq_mtp_item *items, i
     return MOEQ_OK;
 }
 
+/*
+ * Compute seq's pending entries done .. upto - 1 now, in one pass (upto <=
+ * seq_len - 1: entry i reads the token at i + 1, which the ring keeps for
+ * pending entries). At most `ring` - 1 entries are pending, so the pass fits
+ * the step scratch (free outside a step). INVALID_ARG when the ring no longer
+ * holds their rows (truncated below its last step), LIMIT when the MTP cache
+ * is full; nothing changes then.
+ */
+static moeq_err compute_pending(moeq_engine *e, int seq, int64_t upto) {
+    moeq_mtp_state *m = e->mtp;
+    int64_t D = e->cfg->hidden_size, done = m->done[seq];
+    if (done >= upto) return MOEQ_OK;
+    /* pending entries exist only right after a step or truncation: no draft entries past done then */
+    if (moeq_kv_cache_seq_len(m->cache, seq) != done || m->ring_lo[seq] > done) return MOEQ_ERR_INVALID_ARG;
+    if (upto - done > e->params.max_step_tokens || moeq_kv_cache_grow(m->cache, seq, upto)) return MOEQ_ERR_LIMIT;
+    for (int64_t pos = done; pos < upto; pos++)
+        lay_entry(e, pos - done, ring_row(m, seq, pos, D), *ring_tok(m, seq, pos + 1), seq, pos);
+    mtp_forward(e, upto - done);
+    m->done[seq] = upto;
+    return MOEQ_OK;
+}
+
 /* Compute seq's pending entries now (tests compare caches entry by entry). */
 static void flush(moeq_engine *e, int seq) {
+    int64_t len = moeq_kv_cache_seq_len(e->cache, seq);
+    if (moeq_mtp_seq_on(e, seq) && len >= 1) (void)compute_pending(e, seq, len - 1);
+}
+
+moeq_err moeq_mtp_seq_forked(moeq_engine *e, int src, int64_t n, int32_t next_token, int dst, char *errstr,
+                             size_t errstr_size) {
     moeq_mtp_state *m = e->mtp;
-    int64_t D = e->cfg->hidden_size, len = moeq_kv_cache_seq_len(e->cache, seq), q = moeq_kv_cache_seq_len(m->cache, seq);
-    if (!moeq_mtp_seq_on(e, seq) || !state_ok(e, seq, len) || q != m->done[seq] || q >= len - 1) return;
-    if (moeq_kv_cache_grow(m->cache, seq, len - 1)) return;
-    for (int64_t pos = q; pos < len - 1; pos++)
-        lay_entry(e, pos - q, ring_row(m, seq, pos, D), *ring_tok(m, seq, pos + 1), seq, pos);
-    mtp_forward(e, len - 1 - q);
-    m->done[seq] = len - 1;
+    moeq_err err = compute_pending(e, src, n);
+    if (err == MOEQ_ERR_LIMIT)
+        return moeq_errf(err, errstr, errstr_size, "fork: mtp cache full computing seq %d's pending entries below %lld",
+                         src, (long long)n);
+    if (err)
+        return moeq_errf(err, errstr, errstr_size, "fork: seq %d has no MTP state below position %lld (truncated "
+                         "below its last step)", src, (long long)n);
+    if ((err = moeq_kv_cache_seq_fork(m->cache, src, n, dst)))
+        return moeq_errf(err, errstr, errstr_size, "fork: mtp cache %s for entries 0..%lld of seq %d",
+                         err == MOEQ_ERR_LIMIT ? "full, no block to copy the partial block into" : "refused the fork",
+                         (long long)n - 1, src);
+    reset_seq(m, dst);
+    /* entry n - 1 was built with src's token at n: a guess until dst's first step appends next_token */
+    m->done[dst] = n - 1;
+    m->guess_pos[dst] = n - 1;
+    m->guess_tok[dst] = next_token;
+    m->ring_lo[dst] = n; /* no rows: dst's first step must confirm the guess */
+    m->on[dst] = 1;
+    return MOEQ_OK;
 }
 
 const float *moeq_mtp_cache_entry(moeq_engine *engine, int seq_id, int64_t pos) {

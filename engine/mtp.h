@@ -34,6 +34,20 @@ int moeq_mtp_seq_on(const moeq_engine *engine, int seq_id);
 /* The main cache was truncated to n_tokens: drop MTP entries >= n_tokens - 1 and hidden rows past it. */
 void moeq_mtp_seq_truncated(moeq_engine *engine, int seq_id, int64_t n_tokens);
 
+/*
+ * dst was forked from the marked src at n tokens (its main cache already
+ * shares src's first n; 1 <= n <= src's length - 1): compute src's pending
+ * entries below n, fork the MTP cache (entries 0 .. n - 1) and mark dst.
+ * Entry n - 1 was built from src's token at n, so dst holds it as its first
+ * draft entry drafted with next_token (confirmed by a first step that
+ * appends next_token) and keeps no ring rows: a first step appending another
+ * token is refused by moeq_mtp_check_item. LIMIT when the MTP cache is full,
+ * INVALID_ARG when src's pending entries cannot be computed; dst unchanged
+ * then (src's pending entries may have been computed).
+ */
+moeq_err moeq_mtp_seq_forked(moeq_engine *engine, int src, int64_t n, int32_t next_token, int dst, char *errstr,
+                             size_t errstr_size);
+
 /* Validation of a step's items of marked sequences before anything changes; adds the MTP cache blocks they need. */
 moeq_err moeq_mtp_check_item(moeq_engine *engine, const moeq_step_item *item, int index, int64_t *mtp_blocks,
                              char *errstr, size_t errstr_size);

@@ -506,6 +506,125 @@ static void kv_cache_pages_truncates_and_refuses_when_full(void **state) {
     moeq_kv_cache_destroy(c);
 }
 
+/* Every float of the entries [from, to) of seq, all layers: base + 100 * layer + pos. */
+static void kv_fill(moeq_kv_cache *c, int seq, int from, int to, float base) {
+    for (int l = 0; l < 2; l++)
+        for (int pos = from; pos < to; pos++)
+            for (int j = 0; j < 3; j++) moeq_kv_cache_entry(c, seq, l, pos)[j] = base + 100.0f * l + (float)pos;
+}
+
+/* 1 when the entries [from, to) of seq, all layers, hold what kv_fill(base) wrote. */
+static int kv_holds(moeq_kv_cache *c, int seq, int from, int to, float base) {
+    for (int l = 0; l < 2; l++)
+        for (int pos = from; pos < to; pos++)
+            for (int j = 0; j < 3; j++)
+                if (moeq_kv_cache_entry(c, seq, l, pos)[j] != base + 100.0f * l + (float)pos) return 0;
+    return 1;
+}
+
+/*
+ * Forks share the full blocks below n (no block taken), copy a partial last
+ * block (one block taken); a truncated sequence growing into a shared block
+ * copies it first, so the other sequences' entries stay untouched; blocks go
+ * back to the free stack only when their last sequence drops them.
+ */
+static void kv_cache_fork_shares_blocks_and_copies_before_writing_into_them(void **state) {
+    (void)state;
+    moeq_kv_cache_params p = {
+        .n_layers = 2, .entry_floats = 3, .block_tokens = 4, .capacity_tokens = 32, .max_seqs = 4};
+    moeq_kv_cache *c;
+    assert_int_equal(moeq_kv_cache_new(&p, &c, NULL, 0), MOEQ_OK);
+    int a, b, d, x;
+    assert_int_equal(moeq_kv_cache_seq_new(c, &a), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_seq_new(c, &b), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_seq_new(c, &d), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_grow(c, a, 10), MOEQ_OK); /* blocks 0, 1 full, 2 partial */
+    kv_fill(c, a, 0, 10, 0.0f);
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 5);
+
+    assert_int_equal(moeq_kv_cache_fork_blocks_needed(c, 10), 1);
+    assert_int_equal(moeq_kv_cache_seq_fork(c, a, 10, b), MOEQ_OK); /* shares 2, copies the partial one */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 4);
+    assert_int_equal(moeq_kv_cache_seq_len(c, b), 10);
+    assert_true(kv_holds(c, b, 0, 10, 0.0f));
+    assert_ptr_equal(moeq_kv_cache_entry(c, b, 1, 7), moeq_kv_cache_entry(c, a, 1, 7));
+    assert_ptr_not_equal(moeq_kv_cache_entry(c, b, 1, 8), moeq_kv_cache_entry(c, a, 1, 8));
+    assert_int_equal(moeq_kv_cache_fork_blocks_needed(c, 8), 0);
+    assert_int_equal(moeq_kv_cache_seq_fork(c, a, 8, d), MOEQ_OK); /* on a block edge: nothing copied */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 4);
+    assert_int_equal(moeq_kv_cache_seq_fork(c, a, 4, d), MOEQ_ERR_INVALID_ARG); /* d is not empty */
+    assert_int_equal(moeq_kv_cache_seq_fork(c, a, 11, 3), MOEQ_ERR_INVALID_ARG); /* past a; 3 not open */
+
+    /* b writes after its copied block, a's own block is untouched */
+    assert_int_equal(moeq_kv_cache_blocks_needed(c, b, 12), 0);
+    assert_int_equal(moeq_kv_cache_grow(c, b, 12), MOEQ_OK);
+    kv_fill(c, b, 8, 12, 1000.0f);
+    assert_true(kv_holds(c, a, 0, 10, 0.0f));
+
+    /* d truncated into block 1 (held by a, b, d), then grown: copies it first */
+    assert_int_equal(moeq_kv_cache_truncate(c, d, 6), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 4); /* block 1 still held by a and b */
+    assert_int_equal(moeq_kv_cache_blocks_needed(c, d, 7), 1);
+    assert_int_equal(moeq_kv_cache_blocks_needed(c, d, 9), 2);
+    assert_int_equal(moeq_kv_cache_grow(c, d, 8), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 3);
+    assert_true(kv_holds(c, d, 0, 6, 0.0f)); /* the copy kept d's entries */
+    kv_fill(c, d, 6, 8, 2000.0f);
+    assert_true(kv_holds(c, a, 0, 10, 0.0f) && kv_holds(c, b, 0, 8, 0.0f));
+
+    /* the source side: a truncated into block 1 (held by a and b) and regrown */
+    assert_int_equal(moeq_kv_cache_truncate(c, a, 5), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 4); /* a's block 2 was its own */
+    /* b truncated to 5 frees only its own block 2 (block 1 is shared), which then serves the copy of block 1 */
+    assert_int_equal(moeq_kv_cache_blocks_needed_after(c, b, 5, 8), 0);
+    assert_int_equal(moeq_kv_cache_blocks_needed_after(c, b, 5, 12), 1);
+    assert_int_equal(moeq_kv_cache_grow(c, a, 8), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 3);
+    kv_fill(c, a, 5, 8, 3000.0f);
+    assert_true(kv_holds(c, b, 0, 8, 0.0f) && kv_holds(c, b, 8, 12, 1000.0f));
+    assert_true(kv_holds(c, d, 0, 6, 0.0f) && kv_holds(c, d, 6, 8, 2000.0f));
+    assert_true(kv_holds(c, a, 0, 5, 0.0f) && kv_holds(c, a, 5, 8, 3000.0f));
+
+    /* block 0 is held by all three: it returns only with the last */
+    moeq_kv_cache_seq_free(c, a); /* its block 1 copy */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 4);
+    moeq_kv_cache_seq_free(c, d); /* its block 1 copy */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 5);
+    assert_true(kv_holds(c, b, 0, 8, 0.0f) && kv_holds(c, b, 8, 12, 1000.0f));
+    moeq_kv_cache_seq_free(c, b); /* blocks 0, 1 and its copy */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 8);
+    assert_int_equal(moeq_kv_cache_seq_new(c, &x), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_grow(c, x, 32), MOEQ_OK); /* every block is free again, each once */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 0);
+    moeq_kv_cache_destroy(c);
+}
+
+static void kv_cache_fork_and_copy_on_write_refuse_without_a_free_block(void **state) {
+    (void)state;
+    moeq_kv_cache_params p = {.n_layers = 2, .entry_floats = 3, .block_tokens = 4, .capacity_tokens = 8, .max_seqs = 2};
+    moeq_kv_cache *c;
+    assert_int_equal(moeq_kv_cache_new(&p, &c, NULL, 0), MOEQ_OK);
+    int a, b;
+    assert_int_equal(moeq_kv_cache_seq_new(c, &a), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_seq_new(c, &b), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_grow(c, a, 6), MOEQ_OK); /* both blocks */
+    kv_fill(c, a, 0, 6, 0.0f);
+    assert_int_equal(moeq_kv_cache_seq_fork(c, a, 6, b), MOEQ_ERR_LIMIT); /* no block for the partial copy */
+    assert_int_equal(moeq_kv_cache_seq_len(c, b), 0);
+    assert_int_equal(moeq_kv_cache_seq_fork(c, a, 4, b), MOEQ_OK); /* a full block: shared */
+    assert_int_equal(moeq_kv_cache_truncate(c, b, 3), MOEQ_OK);
+    assert_int_equal(moeq_kv_cache_blocks_needed(c, b, 4), 1);
+    assert_int_equal(moeq_kv_cache_grow(c, b, 4), MOEQ_ERR_LIMIT); /* the copy has no block */
+    assert_int_equal(moeq_kv_cache_seq_len(c, b), 3);
+    moeq_kv_cache_seq_free(c, a); /* block 1 returns, block 0 is b's alone now */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 1);
+    assert_int_equal(moeq_kv_cache_blocks_needed(c, b, 4), 0);
+    assert_int_equal(moeq_kv_cache_grow(c, b, 4), MOEQ_OK); /* writes in place: nothing to copy */
+    assert_int_equal(moeq_kv_cache_free_blocks(c), 1);
+    assert_true(kv_holds(c, b, 0, 3, 0.0f));
+    moeq_kv_cache_destroy(c);
+}
+
 /* ---- attention ----------------------------------------------------------------------- */
 
 /* A cache of one sequence with n_ctx random entries per layer, and random queries for T tokens ending at n_ctx - 1. */
@@ -795,6 +914,8 @@ int main(void) {
         cmocka_unit_test(v2_applies_the_scaling_factor_only_when_not_normalising),
         cmocka_unit_test(gather_plan_groups_slots_by_expert_in_token_order),
         cmocka_unit_test(kv_cache_pages_truncates_and_refuses_when_full),
+        cmocka_unit_test(kv_cache_fork_shares_blocks_and_copies_before_writing_into_them),
+        cmocka_unit_test(kv_cache_fork_and_copy_on_write_refuse_without_a_free_block),
         cmocka_unit_test(attention_on_every_instruction_set_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(attention_matches_a_float64_computation),
         cmocka_unit_test(attention_exp_is_within_two_ulp),

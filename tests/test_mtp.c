@@ -712,6 +712,301 @@ static void drafts_with_many_pending_entries_match_drafts_after_a_plain_prefill(
     moeq_engine_destroy(ref);
 }
 
+/* ---- forks (moeq_engine_seq_fork) ---------------------------------------- */
+
+enum { FORK_P = 23 }; /* prompt length: with blocks of 4, forks at block edges and inside blocks */
+
+/* Step seq with toks[0..n) and check success; logits: the last row. */
+static void step_ok(moeq_engine *e, int seq, const int32_t *toks, int n, float *logits) {
+    char err[256] = "";
+    moeq_step_item it = {seq, toks, n, 0};
+    moeq_err rc = moeq_engine_step(e, &it, 1, logits, 1, err, sizeof err);
+    if (rc) fprintf(stderr, "step of seq %d: %s\n", seq, err);
+    assert_int_equal(rc, MOEQ_OK);
+}
+
+static int fork_ok(moeq_engine *e, int src, int n, int mtp, int32_t next_token) {
+    char err[256] = "";
+    int dst = -1;
+    moeq_err rc = moeq_engine_seq_fork(e, src, n, mtp, next_token, &dst, err, sizeof err);
+    if (rc) fprintf(stderr, "fork of seq %d at %d: %s\n", src, n, err);
+    assert_int_equal(rc, MOEQ_OK);
+    return dst;
+}
+
+/* own: src's first `shared` tokens, then another prompt's. */
+static void fork_prompt(int32_t *own, const int32_t *src, int shared, int vocab) {
+    prompt(own, FORK_P, 2, vocab);
+    memcpy(own, src, (size_t)shared * sizeof(int32_t));
+}
+
+/* a and b step the same greedy tokens `steps` times from next; every step's logits equal bit for bit. */
+static void decode_alike(moeq_engine *e, int a, int b, int32_t next, int steps, float *la, float *lb, int vocab) {
+    for (int i = 0; i < steps; i++) {
+        step_ok(e, a, &next, 1, la);
+        step_ok(e, b, &next, 1, lb);
+        assert_memory_equal(la, lb, (size_t)vocab * sizeof(float));
+        next = moeq_sampler_argmax(la, vocab);
+    }
+}
+
+/*
+ * Unmarked forks of a 23-token prompt at n = 1, 4, 7, 8, 16, 22, 23 (block
+ * edges and partial blocks): the fork steps the rest of its own prompt and
+ * decodes; its logits equal a sequence prefilled with that prompt, bit for
+ * bit. src is unchanged by the forks and by the forks' writes; src truncated
+ * into a shared block and regrown (and the fork likewise) leaves the other
+ * untouched; freeing returns every block.
+ */
+static void an_unmarked_fork_continues_like_a_sequence_prefilled_itself(void **state) {
+    (void)state;
+    const moeq_model *m = g_tiny;
+    int vocab = V(m), src, ref, t = 7;
+    moeq_engine *e = engine_for(m, 64);
+    int32_t src_ids[FORK_P], own[FORK_P];
+    prompt(src_ids, FORK_P, 1, vocab);
+    float *l_src = malloc((size_t)vocab * 4), *l_t = malloc((size_t)vocab * 4), *la = malloc((size_t)vocab * 4),
+          *lb = malloc((size_t)vocab * 4), *l_own = malloc((size_t)vocab * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &ref), MOEQ_OK); /* src's logits after token t, for later */
+    step_ok(e, ref, src_ids, FORK_P, l_src);
+    step_ok(e, ref, (int32_t[]){t}, 1, l_t);
+    moeq_engine_seq_free(e, ref);
+    assert_int_equal(moeq_engine_seq_new(e, &src), MOEQ_OK);
+    step_ok(e, src, src_ids, FORK_P, la);
+    assert_memory_equal(la, l_src, (size_t)vocab * 4);
+    int64_t free0 = moeq_kv_cache_free_blocks(e->cache);
+    const int ns[] = {1, 4, 7, 8, 16, 22, 23};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        int n = ns[i];
+        fork_prompt(own, src_ids, n, vocab);
+        int f = fork_ok(e, src, n, 0, 0);
+        assert_int_equal(moeq_engine_seq_len(e, f), n);
+        /* only a partial last block is copied */
+        assert_int_equal(moeq_kv_cache_free_blocks(e->cache), free0 - (n % 4 ? 1 : 0));
+        assert_int_equal(moeq_engine_seq_new(e, &ref), MOEQ_OK);
+        step_ok(e, ref, own, FORK_P, l_own);
+        if (n < FORK_P) step_ok(e, f, own + n, FORK_P - n, la);
+        else memcpy(la, l_src, (size_t)vocab * 4);
+        assert_memory_equal(la, l_own, (size_t)vocab * 4);
+        decode_alike(e, f, ref, moeq_sampler_argmax(l_own, vocab), 3, la, lb, vocab);
+
+        step_ok(e, src, (int32_t[]){t}, 1, la); /* src as before the fork */
+        assert_memory_equal(la, l_t, (size_t)vocab * 4);
+        /* src truncated into a block the fork shares (when n is a block edge) writes another token there */
+        int32_t other[2] = {(src_ids[n - 1] + 1) % vocab, 3};
+        assert_int_equal(moeq_engine_seq_truncate(e, src, n - 1), MOEQ_OK);
+        step_ok(e, src, other, 2, la);
+        decode_alike(e, f, ref, moeq_sampler_argmax(lb, vocab), 1, la, lb, vocab); /* the fork unchanged */
+        assert_int_equal(moeq_engine_seq_truncate(e, src, n - 1), MOEQ_OK);
+        step_ok(e, src, src_ids + n - 1, FORK_P - n + 1, la);
+        assert_memory_equal(la, l_src, (size_t)vocab * 4);
+
+        other[0] = (own[n - 1] + 1) % vocab; /* the fork's side likewise: src unchanged */
+        assert_int_equal(moeq_engine_seq_truncate(e, f, n - 1), MOEQ_OK);
+        step_ok(e, f, other, 2, la);
+        step_ok(e, src, (int32_t[]){t}, 1, la);
+        assert_memory_equal(la, l_t, (size_t)vocab * 4);
+        assert_int_equal(moeq_engine_seq_truncate(e, src, FORK_P), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_truncate(e, f, n - 1), MOEQ_OK);
+        step_ok(e, f, own + n - 1, FORK_P - n + 1, la);
+        assert_memory_equal(la, l_own, (size_t)vocab * 4);
+        moeq_engine_seq_free(e, f);
+        moeq_engine_seq_free(e, ref);
+        assert_int_equal(moeq_kv_cache_free_blocks(e->cache), free0); /* nothing leaked, nothing freed twice */
+    }
+    free(l_src), free(l_t), free(la), free(lb), free(l_own);
+    moeq_engine_destroy(e);
+}
+
+/*
+ * Greedy MTP rounds on a (seq, ref) pair in one decoder until each has n_tokens new tokens: the tokens are
+ * `plain`'s, and after every round both caches (main and MTP) hold the same bits.
+ */
+static void spec_rounds_alike(moeq_engine *e, moeq_spec_seq pair[2], const int32_t *plain, int n_tokens, int k0) {
+    moeq_mtp_decoder *dec = NULL;
+    assert_int_equal(moeq_mtp_decoder_new(e, 2, 3, &dec, NULL, 0), MOEQ_OK);
+    int got = 1; /* next_token is plain[0] */
+    for (int round = 0; got < n_tokens; round++) {
+        pair[0].k = pair[1].k = 1 + (k0 + round) % 3;
+        char err[256] = "";
+        moeq_err rc = moeq_mtp_decode_step(dec, pair, 2, err, sizeof err);
+        if (rc) fprintf(stderr, "round %d: %s\n", round, err);
+        assert_int_equal(rc, MOEQ_OK);
+        assert_int_equal(pair[0].n_out, pair[1].n_out);
+        for (int j = 0; j < pair[0].n_out && got < n_tokens; j++, got++) {
+            assert_int_equal(pair[0].out[j], plain[got]);
+            assert_int_equal(pair[1].out[j], plain[got]);
+        }
+        assert_caches_equal(e, pair[0].seq_id, pair[1].seq_id);
+    }
+    moeq_mtp_decoder_destroy(dec);
+}
+
+/*
+ * Marked forks (mtp = 1) at n = 1 .. 22 of a marked 23-token prompt whose
+ * entries 14..21 are still pending (computed by the fork): the fork steps
+ * the rest of its own prompt (the token at n is src's), its caches equal a
+ * fresh marked sequence prefilled with that prompt, and greedy MTP rounds
+ * (k = 1..3) give plain greedy decoding's tokens with both caches equal
+ * after every round. Then src, truncated into an MTP block a fork still
+ * shares, writes other entries there and is regrown: both sides stay equal
+ * to their references.
+ */
+static void a_marked_fork_drafts_like_a_sequence_prefilled_itself(void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_agree, g_tiny};
+    enum { N = 14 };
+    for (int mi = 0; mi < 2; mi++) {
+        const moeq_model *m = models[mi];
+        int vocab = V(m), src, src_ref, keep_f = -1, keep_r = -1;
+        moeq_engine *e = engine_for(m, 64);
+        int32_t src_ids[FORK_P], own[FORK_P], *plain = NULL;
+        int n_plain = 0;
+        prompt(src_ids, FORK_P, 1, vocab);
+        float *la = malloc((size_t)vocab * 4), *lb = malloc((size_t)vocab * 4);
+        assert_int_equal(moeq_engine_seq_new(e, &src), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, src, 1), MOEQ_OK);
+        step_ok(e, src, src_ids, FORK_P, la);
+        const int ns[] = {1, 4, 7, 8, 14, 16, 21, 22};
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            int n = ns[i], ref;
+            fork_prompt(own, src_ids, n + 1, vocab); /* the token at n is src's: next_token */
+            generate(e, own, FORK_P, 0, moeq_sampling_default_params(), N, &plain, &n_plain, NULL);
+            int f = fork_ok(e, src, n, 1, own[n]);
+            assert_int_equal(moeq_engine_mtp_seq_len(e, f), n);
+            assert_int_equal(moeq_engine_mtp_seq_len(e, src), FORK_P - 1);
+            assert_int_equal(moeq_engine_seq_new(e, &ref), MOEQ_OK);
+            assert_int_equal(moeq_engine_seq_set_mtp(e, ref, 1), MOEQ_OK);
+            step_ok(e, f, own + n, FORK_P - n, la);
+            step_ok(e, ref, own, FORK_P, lb);
+            assert_memory_equal(la, lb, (size_t)vocab * 4);
+            assert_int_equal(moeq_sampler_argmax(la, vocab), plain[0]);
+            assert_caches_equal(e, f, ref);
+            moeq_sampling_params greedy = moeq_sampling_default_params();
+            moeq_spec_seq pair[2] = {{.seq_id = f, .next_token = plain[0], .sampling = greedy},
+                                     {.seq_id = ref, .next_token = plain[0], .sampling = greedy}};
+            spec_rounds_alike(e, pair, plain, N, n);
+            free(plain);
+            if (n == 16) { /* kept: it shares src's MTP blocks 0..3 */
+                keep_f = f, keep_r = ref;
+                continue;
+            }
+            moeq_engine_seq_free(e, f);
+            moeq_engine_seq_free(e, ref);
+        }
+        assert_int_equal(moeq_engine_seq_new(e, &src_ref), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, src_ref, 1), MOEQ_OK);
+        step_ok(e, src_ref, src_ids, FORK_P, lb);
+        assert_caches_equal(e, src, src_ref); /* the forks changed nothing in src */
+        /* src's MTP entries truncated to 14, inside block 3 that the n = 16 fork shares; entries 14, 15 are
+           then computed from other tokens (moeq_mtp_cache_entry computes pending entries) */
+        int32_t other[2] = {(src_ids[15] + 1) % vocab, 5};
+        assert_int_equal(moeq_engine_seq_truncate(e, src, 15), MOEQ_OK);
+        step_ok(e, src, other, 2, la);
+        assert_non_null(moeq_mtp_cache_entry(e, src, 15));
+        assert_caches_equal(e, keep_f, keep_r);
+        assert_int_equal(moeq_engine_seq_truncate(e, src, 15), MOEQ_OK);
+        step_ok(e, src, src_ids + 15, FORK_P - 15, la);
+        assert_memory_equal(la, lb, (size_t)vocab * 4);
+        assert_caches_equal(e, src, src_ref); /* computes entries 14.. into the copied block */
+        assert_caches_equal(e, keep_f, keep_r);
+        generate(e, src_ids, FORK_P, 0, moeq_sampling_default_params(), N, &plain, &n_plain, NULL);
+        moeq_sampling_params greedy = moeq_sampling_default_params();
+        moeq_spec_seq pair[2] = {{.seq_id = src, .next_token = plain[0], .sampling = greedy},
+                                 {.seq_id = src_ref, .next_token = plain[0], .sampling = greedy}};
+        spec_rounds_alike(e, pair, plain, N, 0);
+        free(plain);
+        free(la), free(lb);
+        moeq_engine_destroy(e);
+    }
+}
+
+static void expect_fork_error(moeq_engine *e, int src, int n, int mtp, int32_t next_token, moeq_err want) {
+    char err[256] = "";
+    int dst = -7, probe;
+    int64_t free0 = moeq_kv_cache_free_blocks(e->cache);
+    assert_int_equal(moeq_engine_seq_fork(e, src, n, mtp, next_token, &dst, err, sizeof err), want);
+    assert_true(err[0] != 0); /* names the cause */
+    assert_int_equal(dst, -7);
+    assert_int_equal(moeq_kv_cache_free_blocks(e->cache), free0);
+    if (moeq_engine_seq_new(e, &probe) == MOEQ_OK) { /* no slot was kept */
+        assert_int_equal(moeq_engine_seq_len(e, probe), 0);
+        moeq_engine_seq_free(e, probe);
+    }
+}
+
+/*
+ * Bad forks are refused and change nothing: n out of range, mtp = 1 with n
+ * = src's length, mtp = 1 of an unmarked sequence, a dead src, no free slot,
+ * no block for the copy. A marked fork whose first step appends another
+ * token than next_token is refused at that step, untouched, and then steps
+ * with the right one like a sequence prefilled itself.
+ */
+static void forks_refuse_bad_arguments_and_change_nothing(void **state) {
+    (void)state;
+    const moeq_model *m = g_tiny;
+    int vocab = V(m), plain, marked, f;
+    moeq_engine *e = engine_for(m, 64);
+    int32_t ids[6];
+    prompt(ids, 6, 4, vocab);
+    float *la = malloc((size_t)vocab * 4), *lb = malloc((size_t)vocab * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &plain), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(e, &marked), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_set_mtp(e, marked, 1), MOEQ_OK);
+    step_ok(e, plain, ids, 6, la);
+    step_ok(e, marked, ids, 6, lb);
+    expect_fork_error(e, plain, 0, 0, 0, MOEQ_ERR_INVALID_ARG);
+    expect_fork_error(e, plain, 7, 0, 0, MOEQ_ERR_INVALID_ARG);
+    expect_fork_error(e, marked, 6, 1, ids[5], MOEQ_ERR_INVALID_ARG); /* no token at 6 for entry 5 */
+    expect_fork_error(e, plain, 3, 1, ids[3], MOEQ_ERR_INVALID_ARG);  /* unmarked */
+    expect_fork_error(e, marked, 3, 2, ids[3], MOEQ_ERR_INVALID_ARG);
+    expect_fork_error(e, marked, 3, 1, vocab, MOEQ_ERR_INVALID_ARG);
+    expect_fork_error(e, 9, 1, 0, 0, MOEQ_ERR_INVALID_ARG); /* not alive */
+    assert_int_equal(moeq_engine_seq_fork(e, plain, 3, 0, 0, NULL, NULL, 0), MOEQ_ERR_INVALID_ARG);
+
+    f = fork_ok(e, plain, 6, 0, 0); /* the whole of an unmarked src */
+    moeq_engine_seq_free(e, f);
+    f = fork_ok(e, marked, 4, 0, 0); /* mtp = 0: not marked, whatever src is */
+    assert_false(moeq_mtp_seq_on(e, f));
+    moeq_engine_seq_free(e, f);
+
+    f = fork_ok(e, marked, 3, 1, ids[3]);
+    int32_t wrong[3] = {(ids[3] + 1) % vocab, ids[4], ids[5]};
+    char err[256] = "";
+    int64_t free0 = moeq_kv_cache_free_blocks(e->cache);
+    moeq_step_item it = {f, wrong, 3, 0};
+    assert_int_equal(moeq_engine_step(e, &it, 1, la, 1, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "next_token"));
+    assert_int_equal(moeq_engine_seq_len(e, f), 3);
+    assert_int_equal(moeq_engine_mtp_seq_len(e, f), 3);
+    assert_int_equal(moeq_kv_cache_free_blocks(e->cache), free0);
+    step_ok(e, f, ids + 3, 3, la);
+    assert_memory_equal(la, lb, (size_t)vocab * 4);
+    assert_caches_equal(e, f, marked);
+    moeq_engine_seq_free(e, f);
+
+    int filler[16], n_fill = 0; /* every slot taken */
+    while (moeq_engine_seq_new(e, &filler[n_fill]) == MOEQ_OK) n_fill++;
+    expect_fork_error(e, plain, 3, 0, 0, MOEQ_ERR_LIMIT);
+    for (int i = 0; i < n_fill; i++) moeq_engine_seq_free(e, filler[i]);
+    free(la), free(lb);
+    moeq_engine_destroy(e);
+
+    moeq_engine_params p = moeq_engine_default_params(); /* a cache of two blocks */
+    p.n_threads = 2, p.max_seqs = 4, p.kv_block_tokens = 4, p.kv_cache_tokens = 8;
+    assert_int_equal(moeq_engine_new(m, &p, &e, NULL, 0), MOEQ_OK);
+    la = malloc((size_t)vocab * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &plain), MOEQ_OK);
+    step_ok(e, plain, ids, 6, la);
+    expect_fork_error(e, plain, 5, 0, 0, MOEQ_ERR_LIMIT); /* no block for the copy of positions 4..5 */
+    f = fork_ok(e, plain, 4, 0, 0);                       /* a full block: shared, nothing to copy */
+    moeq_step_item grow = {f, ids + 4, 1, 0};
+    assert_int_equal(moeq_engine_step(e, &grow, 1, la, 1, err, sizeof err), MOEQ_ERR_LIMIT); /* a new block */
+    assert_int_equal(moeq_engine_seq_len(e, f), 4);
+    free(la);
+    moeq_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(greedy_with_mtp_gives_the_same_tokens_as_without),
@@ -726,6 +1021,9 @@ int main(void) {
         cmocka_unit_test(a_round_runs_the_mtp_block_once_per_accepted_token_and_draft),
         cmocka_unit_test(a_draft_entry_is_recomputed_when_the_step_appends_another_token),
         cmocka_unit_test(drafts_with_many_pending_entries_match_drafts_after_a_plain_prefill),
+        cmocka_unit_test(an_unmarked_fork_continues_like_a_sequence_prefilled_itself),
+        cmocka_unit_test(a_marked_fork_drafts_like_a_sequence_prefilled_itself),
+        cmocka_unit_test(forks_refuse_bad_arguments_and_change_nothing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

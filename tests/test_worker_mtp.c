@@ -10,7 +10,10 @@
  * its stop string completes — sampled jobs too, although with mtp they
  * decode speculatively (the engine's exact mode); mtp jobs, greedy and
  * sampled, report drafted/accepted (> 0 on tiny-mtp, for the sampled ones
- * too), others report none; /metrics has the worker's totals.
+ * too), others report none; /metrics has the worker's totals. Half the
+ * prompts share a long instruction, so jobs start as forks of running
+ * jobs' cached prefixes (prefix_share_min) — the results are checked with
+ * that in play.
  *
  * Needs the `services` fixture (skips with 77 without it).
  */
@@ -195,8 +198,10 @@ static void make_jobs(scenario *s, const model_ref *m, const char *tag) {
         j->mtp = !(j->greedy && i % 5 == 4);
         double temperature = j->greedy ? 0.0 : i % 8 == 3 ? 0.9 : 1.3;
         uint64_t seed = 500 + (uint64_t)i;
-        char prompt[160];
-        snprintf(prompt, sizeof prompt, "%s (%d)", docs[i % 5], i);
+        char prompt[256]; /* even jobs share a long instruction: the worker forks a running one's prefix */
+        snprintf(prompt, sizeof prompt, "%s%s (%d)",
+                 i % 2 ? "" : "Instructions: read the document below, then answer in one short sentence. Document: ",
+                 docs[i % 5], i);
         moeq_tokens t = {0};
         char err[256];
         unsigned flags = moeq_tokenizer_add_bos(m->tok) ? MOEQ_TOKENIZE_ADD_BOS : 0;
@@ -377,7 +382,10 @@ static void run_jobs(model_ref *m, int mtp_k, int expect_accepts) {
         assert_true(metric(port, "moeq_worker_mtp_accepted_total") == (double)accepted);
         double rate = metric(port, "moeq_worker_mtp_acceptance_rate");
         assert_true(rate >= 0 && rate <= 1);
-        print_message("/metrics: drafted %.0f, acceptance rate %.4f\n", m_drafted, rate);
+        double shared = metric(port, "moeq_worker_prefix_tokens_shared_total");
+        print_message("/metrics: drafted %.0f, acceptance rate %.4f, prompt tokens forked %.0f\n", m_drafted, rate,
+                      shared);
+        assert_true(shared > 0); /* the results above were checked with forks in play */
     }
     assert_int_equal(stop_worker(w), 0);
     scenario_close(&s);

@@ -60,6 +60,8 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
             LOAD(m->results_failed));
     counter(&o, "prefill_tokens_total", "prompt tokens run", "counter", wid, LOAD(m->prefill_tokens));
     counter(&o, "decode_tokens_total", "generated tokens run", "counter", wid, LOAD(m->decode_tokens));
+    counter(&o, "prefix_tokens_shared_total", "prompt tokens taken from a running job's cache (not prefilled)",
+            "counter", wid, LOAD(m->prefix_tokens_shared));
     counter(&o, "steps_total", "engine steps", "counter", wid, LOAD(m->steps));
     counter(&o, "engine_seconds_total", "seconds inside engine steps (x1e-9: ns)", "counter", wid, LOAD(m->engine_ns));
     counter(&o, "sequences_active", "sequences in the engine", "gauge", wid, LOAD(m->sequences_active));

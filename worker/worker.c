@@ -259,6 +259,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.max_step_tokens = (int)p->max_step_tokens;
     sp.mtp_max_seqs = (int)p->mtp_max_batch;
     sp.mtp_min_acceptance = mtp_min_acceptance(w);
+    sp.prefix_share_min = (int)p->prefix_share_min;
     sp.kv_cache_tokens = p->kv_cache_tokens;
     sp.kv_block_tokens = ep.kv_block_tokens;
     sp.stop_ids = &eos;
@@ -565,6 +566,35 @@ static void slot_clear(moeq_worker *w, int slot) {
     s->sampler = NULL;
 }
 
+/*
+ * A new job's sequence as a fork of the running sequence that holds its prompt's first fork_tokens tokens
+ * (the scheduler compared the prompts). When the fork cannot be made (no free cache block for the copied
+ * partial block), the sequence prefills those tokens itself, in steps of its own: the same cache either way.
+ */
+static moeq_err slot_fork(moeq_worker *w, const moeq_sched_item *it, char *errstr, size_t errstr_size) {
+    slot_state *s = &w->slots[it->slot];
+    const wjob *job = it->user;
+    const int32_t *prompt = it->tokens - it->fork_tokens;
+    moeq_err err = moeq_engine_seq_fork(w->engine, w->slots[it->fork_slot].seq, it->fork_tokens, it->mtp,
+                                        it->tokens[0], &s->seq, errstr, errstr_size);
+    if (err == MOEQ_OK) {
+        atomic_fetch_add(&w->metrics.prefix_tokens_shared, it->fork_tokens);
+        return MOEQ_OK;
+    }
+    moeq_log(MOEQ_LOG_WARN, COMP, "fork_failed", "job=%s tokens=%d reason=\"%s\"", job->ej->job.id, it->fork_tokens,
+             errstr);
+    if ((err = moeq_engine_seq_new(w->engine, &s->seq)))
+        return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
+    if (it->mtp && (err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1)))
+        return moeq_errf(err, errstr, errstr_size, "mtp for job %s", job->ej->job.id);
+    int chunk = (int)w->params.max_step_tokens;
+    for (int done = 0; done < it->fork_tokens; done += chunk) {
+        moeq_step_item one = {s->seq, prompt + done, it->fork_tokens - done < chunk ? it->fork_tokens - done : chunk, 0};
+        if ((err = moeq_engine_step(w->engine, &one, 1, w->logits, 1, errstr, errstr_size))) return err;
+    }
+    return MOEQ_OK;
+}
+
 static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errstr, size_t errstr_size) {
     slot_state *s = &w->slots[it->slot];
     slot_clear(w, it->slot);
@@ -572,6 +602,7 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
     moeq_sampling_params sp = sampling_for(&job->ej->job);
     moeq_err err = moeq_sampler_new(&sp, w->vocab, &s->sampler);
     if (err) return moeq_errf(err, errstr, errstr_size, "sampler for job %s", job->ej->job.id);
+    if (it->fork_tokens > 0) return slot_fork(w, it, errstr, errstr_size);
     if ((err = moeq_engine_seq_new(w->engine, &s->seq)))
         return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
     if (it->mtp && (err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1))) /* before its first token */
@@ -579,7 +610,7 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
     return MOEQ_OK;
 }
 
-/* The plan's ordinary items: open new sequences, fill w->items. */
+/* The plan's ordinary items: open (or fork) new sequences, fill w->items. */
 static moeq_err prepare_items(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
     for (int i = 0; i < plan->n_items; i++) {
         const moeq_sched_item *it = &plan->items[i];

@@ -53,6 +53,8 @@ typedef struct moeq_worker_params {
     int64_t mtp_k;                /* MTP drafts per speculative round for jobs with mtp on;
                                      0 = off; used only when the model has an MTP layer; [0, 3]     */
     int64_t mtp_max_batch;        /* rounds only while at most this many sequences decode; 0 = always */
+    int64_t prefix_share_min;     /* a new job forks a running job's cached prompt prefix when they
+                                     share at least this many tokens; 0 = never                     */
     double mtp_min_acceptance;    /* a job pauses drafting while its acceptance is below this;
                                      -1 = auto (1.5 x a draft's share of a step's weight bytes)     */
 } moeq_worker_params;

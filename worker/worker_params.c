@@ -49,6 +49,9 @@ const moeq_prop moeq_worker_props[] = {
     {"mtp_max_batch", MOEQ_PROP_INT, P(mtp_max_batch), 0, 4096, "16",
      "speculate only while at most this many sequences decode: above it a step is compute bound and a "
      "round costs more than it yields (2 CPU cores, bench-mtp: 1.09x at 8, 0.97x at 32); 0 = always"},
+    {"prefix_share_min", MOEQ_PROP_INT, P(prefix_share_min), 0, 1048576, "16",
+     "a new job whose prompt starts with at least this many tokens of a running job's prompt (already "
+     "prefilled) shares that job's cache for them instead of prefilling them again; 0 = never"},
     {"mtp_min_acceptance", MOEQ_PROP_DOUBLE, P(mtp_min_acceptance), -1, 1, "-1",
      "a job whose last 16 drafts were accepted less often than this decodes plainly for 32 tokens (doubling "
      "while it stays low, up to 1024), then drafts again; -1 = auto: 1.5 x the share of a step's weights one "

@@ -130,6 +130,31 @@ int moeq_engine_seq_len(const moeq_engine *engine, int seq_id);
 /* Drop cached positions >= n_tokens (rollback of rejected draft tokens). */
 moeq_err moeq_engine_seq_truncate(moeq_engine *engine, int seq_id, int n_tokens);
 
+/*
+ * A new sequence (*dst_seq) whose first n_tokens are src_seq's: a shared
+ * prompt prefix, prefilled once. The cache blocks below n_tokens are shared
+ * (reference counted; a block is copied before either sequence writes into
+ * it), a partial last block is copied; nothing is recomputed, so the new
+ * sequence continues bit for bit as if it had been prefilled with those
+ * tokens itself. src_seq is unchanged.
+ *
+ * mtp = 0: the new sequence is not marked for speculative decoding, whatever
+ * src_seq is. mtp = 1: it is marked (src_seq must be marked) and shares
+ * src_seq's MTP entries 0..n_tokens-1 as well; entry n_tokens-1 reads the
+ * token at position n_tokens, so src_seq must hold more than n_tokens tokens
+ * and next_token, the token the new sequence appends first, must be the one
+ * src_seq holds there (the caller compares prompts; a different first token
+ * makes that step fail with INVALID_ARG instead of using a wrong entry).
+ * src_seq's pending MTP entries below n_tokens are computed first.
+ *
+ * INVALID_ARG: n_tokens < 1 or past src_seq's length (mtp = 1: its length -
+ * 1), src_seq not alive, mtp = 1 on an unmarked src_seq. LIMIT: no free
+ * sequence slot or cache block. On error nothing changes (but pending MTP
+ * entries of src_seq may have been computed, which changes no result).
+ */
+moeq_err moeq_engine_seq_fork(moeq_engine *engine, int src_seq, int n_tokens, int mtp, int32_t next_token,
+                              int *dst_seq, char *errstr, size_t errstr_size);
+
 typedef struct moeq_step_item {
     int seq_id;
     const int32_t *tokens;  /* appended at positions seq_len .. seq_len+n_tokens-1 */
