@@ -6,6 +6,8 @@
  *   throughput: a backlog of jobs pre-filled in the streams, then 1 and 2
  *               workers started; jobs/s and generated tokens/s from the first
  *               worker start to the last result;
+ *   shared prefix: every prompt starts with the same long instruction; one
+ *               worker with prefix sharing off, then on (prefix_share_min);
  *   overhead:   one job at a time through one warm worker; end-to-end time
  *               (XADD -> result consumed) minus the engine time the result
  *               reports (prefill_ms + decode_ms), p50 and p99.
@@ -90,16 +92,22 @@ static void run_open(run *r, const char *tag) {
     if (moeq_kafka_consumer_new(&cp, NULL, &r->consumer, err, sizeof err)) die("consumer", err);
 }
 
-static void add_batch(run *r, int first, int n, const char *tag) {
-    static char ids[64][64], json[64][256];
+/* A long instruction shared by every prompt of the shared-prefix runs (~200 tokens on tiny). */
+static const char SHARED_LEAD[] =
+    "You are a careful analyst. Read the document below and answer in one sentence: what changed, by how much, "
+    "and why. Quote numbers exactly, name the period they cover, and do not speculate beyond the text. If the "
+    "document gives no reason, say so. Ignore formatting. Document: ";
+
+static void add_batch_lead(run *r, int first, int n, const char *tag, const char *lead) {
+    static char ids[64][64], json[64][1024];
     moeq_batch_entry_job bj[64];
     for (int i = 0; i < n; i++) {
         int k = first + i;
         snprintf(ids[i], sizeof ids[i], "%s-%d-%lld", tag, k, (long long)moeq_now_ms());
         snprintf(json[i], sizeof json[i],
-                 "{\"v\":1,\"id\":\"%s\",\"prompt\":\"Summarise document %d: the quarterly report shows growth.\","
+                 "{\"v\":1,\"id\":\"%s\",\"prompt\":\"%sSummarise document %d: the quarterly report shows growth.\","
                  "\"max_new_tokens\":32,\"temperature\":0.7,\"seed\":%d}",
-                 ids[i], k, k);
+                 ids[i], lead, k, k);
         bj[i] = (moeq_batch_entry_job){.id = ids[i], .id_len = strlen(ids[i]), .job = json[i],
                                        .job_len = strlen(json[i]), .kafka_ts_ms = moeq_now_ms(),
                                        .arrival_ms = moeq_now_ms()};
@@ -119,13 +127,15 @@ static void add_batch(run *r, int first, int n, const char *tag) {
     moeq_buf_free(&blob);
 }
 
-static pid_t start_worker(const run *r, int k) {
+static void add_batch(run *r, int first, int n, const char *tag) { add_batch_lead(r, first, n, tag, ""); }
+
+static pid_t start_worker_args(const run *r, int k, const char *extra) {
     char c[2048];
     snprintf(c, sizeof c,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=bench-%d-%d --max_seqs=16 --max_step_tokens=256 --kv_cache_tokens=16384 --n_threads=1 "
-             "--block_ms=20 2>/dev/null",
-             g_moeq, g_model, g_redis, g_kafka, r->ns, r->topic, (int)getpid(), k);
+             "--block_ms=20 %s 2>/dev/null",
+             g_moeq, g_model, g_redis, g_kafka, r->ns, r->topic, (int)getpid(), k, extra);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", c, (char *)NULL);
@@ -133,6 +143,8 @@ static pid_t start_worker(const run *r, int k) {
     }
     return pid;
 }
+
+static pid_t start_worker(const run *r, int k) { return start_worker_args(r, k, ""); }
 
 static void stop_workers(pid_t *pids, int n) {
     for (int i = 0; i < n; i++) kill(pids[i], SIGTERM);
@@ -176,6 +188,27 @@ static void throughput(int n_workers, int n_jobs) {
     printf("  \"workers_%d\": {\"jobs\": %d, \"results\": %d, \"seconds\": %.2f, \"jobs_per_s\": %.1f, "
            "\"tokens_per_s\": %.1f},\n",
            n_workers, n_jobs, got, s, got / s, (double)tokens / s);
+    fflush(stdout);
+    moeq_kafka_consumer_destroy(r.consumer);
+}
+
+/*
+ * Every prompt starts with SHARED_LEAD: one worker with prefix sharing off and on (prefix_share_min 0 / 16),
+ * jobs/s and the prompt tokens the worker did not prefill (its /metrics counter is not read here: the
+ * difference in prefill work shows in the throughput).
+ */
+static void shared_prefix(int n_jobs, int share, int last) {
+    run r;
+    run_open(&r, share ? "s1" : "s0");
+    for (int j = 0; j < n_jobs; j += 16) add_batch_lead(&r, j, n_jobs - j < 16 ? n_jobs - j : 16, r.topic, SHARED_LEAD);
+    int64_t t0 = moeq_now_ms();
+    pid_t pid = start_worker_args(&r, share ? 11 : 10, share ? "--prefix_share_min=16" : "--prefix_share_min=0");
+    long long tokens = 0;
+    int got = consume(&r, n_jobs, 300000, &tokens, NULL);
+    double s = (double)(moeq_now_ms() - t0) / 1000.0;
+    stop_workers(&pid, 1);
+    printf("    \"%s\": {\"jobs\": %d, \"results\": %d, \"seconds\": %.2f, \"jobs_per_s\": %.1f}%s\n",
+           share ? "sharing_on" : "sharing_off", n_jobs, got, s, got / s, last ? "" : ",");
     fflush(stdout);
     moeq_kafka_consumer_destroy(r.consumer);
 }
@@ -228,6 +261,10 @@ int main(int argc, char **argv) {
     printf("{\n  \"model\": \"tiny\", \"max_new_tokens\": 32, \"max_seqs\": 16, \"n_threads_per_worker\": 1,\n");
     throughput(1, n_jobs);
     throughput(2, n_jobs);
+    printf("  \"shared_prefix\": {\"lead_chars\": %zu,\n", sizeof SHARED_LEAD - 1);
+    shared_prefix(n_jobs, 0, 0);
+    shared_prefix(n_jobs, 1, 1);
+    printf("  },\n");
     overhead(100);
     printf("}\n");
     moeq_redis_destroy(g_rd);
