@@ -58,7 +58,8 @@ static size_t fake_detok(void *ctx, void *user, int32_t token, const char **byte
     return done;
 }
 
-static moeq_sched *new_sched(int max_seqs, int max_step_tokens, int64_t kv_tokens) {
+/* The tests' parameters: 4-token cache blocks, TOK_EOS as the stop id; the rest as given or default. */
+static moeq_sched_params test_params(int max_seqs, int max_step_tokens, int64_t kv_tokens) {
     static const int32_t eos[] = {TOK_EOS};
     moeq_sched_params p = moeq_sched_default_params();
     p.max_seqs = max_seqs;
@@ -67,10 +68,19 @@ static moeq_sched *new_sched(int max_seqs, int max_step_tokens, int64_t kv_token
     p.kv_block_tokens = 4;
     p.stop_ids = eos;
     p.n_stop_ids = 1;
+    return p;
+}
+
+static moeq_sched *new_sched_with(const moeq_sched_params *p) {
     moeq_sched *s = NULL;
     char err[256];
-    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_sched_new(p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
     return s;
+}
+
+static moeq_sched *new_sched(int max_seqs, int max_step_tokens, int64_t kv_tokens) {
+    moeq_sched_params p = test_params(max_seqs, max_step_tokens, kv_tokens);
+    return new_sched_with(&p);
 }
 
 static const int32_t PROMPT[64] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
@@ -610,13 +620,10 @@ static void a_stop_string_completed_inside_an_accepted_run_cuts_the_text_there(v
 /* Above mtp_max_seqs decoding sequences a plan has no rounds (one token each); at or below it, rounds again. */
 static void rounds_pause_while_more_sequences_decode_than_mtp_max_seqs(void **state) {
     (void)state;
-    static const int32_t eos[] = {TOK_EOS};
-    moeq_sched_params p = moeq_sched_default_params();
-    p.max_seqs = 4, p.max_step_tokens = 64, p.kv_block_tokens = 4, p.stop_ids = eos, p.n_stop_ids = 1;
+    moeq_sched_params p = test_params(4, 64, 0);
     p.mtp_max_seqs = 2;
-    moeq_sched *s = NULL;
+    moeq_sched *s = new_sched_with(&p);
     char err[256];
-    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
     fake_job fj[3];
     memset(fj, 0, sizeof fj);
     moeq_sched_job_spec j[3] = {mtp_spec(&fj[0], "a", 2, 1), mtp_spec(&fj[1], "b", 20, 1), mtp_spec(&fj[2], "c", 20, 1)};
@@ -667,13 +674,10 @@ static int drive(moeq_sched *s, int64_t *now, int until, int acc) {
 /* Poor acceptance pauses drafting for 32 tokens, then 64 (doubling), a good window resets the pause. */
 static void a_job_with_poor_acceptance_pauses_drafting_and_looks_again(void **state) {
     (void)state;
-    static const int32_t eos[] = {TOK_EOS};
-    moeq_sched_params p = moeq_sched_default_params();
-    p.max_seqs = 2, p.max_step_tokens = 64, p.kv_block_tokens = 4, p.stop_ids = eos, p.n_stop_ids = 1;
+    moeq_sched_params p = test_params(2, 64, 0);
     p.mtp_min_acceptance = 0.5;
-    moeq_sched *s = NULL;
+    moeq_sched *s = new_sched_with(&p);
     char err[256];
-    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
     fake_job fj = {0};
     moeq_sched_job_spec j = mtp_spec(&fj, "poor", 400, 1);
     add(s, NULL, &j, 1, 0);
@@ -794,6 +798,14 @@ static void a_failed_round_fails_the_jobs_of_the_plan(void **state) {
 
 /* ---- shared prompt prefixes ----------------------------------------------------------- */
 
+/* The plan's item of the job whose spec.user is user (there must be one). */
+static const moeq_sched_item *item_of(const moeq_sched_step *plan, const void *user) {
+    for (int i = 0; i < plan->n_items; i++)
+        if (plan->items[i].user == user) return &plan->items[i];
+    fail_msg("no item for the job");
+    return NULL;
+}
+
 /* A new job whose prompt starts like a running job's forks that job's sequence for the shared, fed part. */
 static void a_new_job_forks_the_running_job_that_holds_its_prompt_prefix(void **state) {
     (void)state;
@@ -843,10 +855,7 @@ static void a_new_job_forks_the_running_job_that_holds_its_prompt_prefix(void **
     e.prompt = pb, e.mtp_k = 1;
     add(s, NULL, &e, 1, 5);
     assert_int_equal(moeq_sched_plan(s, 6, &plan), MOEQ_OK);
-    const moeq_sched_item *ie = NULL;
-    for (int i = 0; i < plan.n_items; i++)
-        if (plan.items[i].user == &f[4]) ie = &plan.items[i];
-    assert_non_null(ie);
+    const moeq_sched_item *ie = item_of(&plan, &f[4]);
     assert_int_equal(ie->fork_tokens, 0); /* a, b, c, d are not speculative */
     int32_t t2[8] = {'z', 'z', 'z', 'z', 'z', 'z', 'z', 'z'};
     assert_int_equal(moeq_sched_commit(s, t2, 7), MOEQ_OK);
@@ -854,10 +863,7 @@ static void a_new_job_forks_the_running_job_that_holds_its_prompt_prefix(void **
     g.prompt = pb, g.mtp_k = 1;
     add(s, NULL, &g, 1, 8);
     assert_int_equal(moeq_sched_plan(s, 9, &plan), MOEQ_OK);
-    const moeq_sched_item *ig = NULL;
-    for (int i = 0; i < plan.n_items; i++)
-        if (plan.items[i].user == &f[5]) ig = &plan.items[i];
-    assert_non_null(ig);
+    const moeq_sched_item *ig = item_of(&plan, &f[5]);
     assert_int_equal(ig->fork_tokens, 9); /* from e (speculative, all 11 fed): 10 may be shared, minus 1 */
     assert_int_equal(ig->n_tokens, 2);
     p.prefix_share_min = -1;
@@ -1002,13 +1008,9 @@ static void sim_compare_with_alone(int with_mtp, int share) {
     }
     /* all together, in batches of 7, through 4 slots and 16-token steps */
     for (int i = 0; i < SIM_JOBS && with_mtp; i++) specs[i].mtp_k = i % 4;
-    static const int32_t eos[] = {TOK_EOS};
-    moeq_sched_params p = moeq_sched_default_params();
-    p.max_seqs = 4, p.max_step_tokens = 16, p.kv_block_tokens = 4, p.stop_ids = eos, p.n_stop_ids = 1;
+    moeq_sched_params p = test_params(4, 16, 0);
     p.prefix_share_min = share ? 2 : 0;
-    moeq_sched *s = NULL;
-    char err[256];
-    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
+    moeq_sched *s = new_sched_with(&p);
     static sim_slot slots[4];
     memset(slots, 0, sizeof slots);
     int64_t now = 0, forked = 0;
