@@ -132,8 +132,14 @@ static void msgpack_c_reads_what_we_encode(void **state) {
             assert_int_equal(kv->val.via.map.ptr[4].val.via.u64, 4000000000ULL);
             seen++;
         }
+        if (kv->key.via.str.size == 3 && !memcmp(kv->key.via.str.ptr, "mtp", 3)) { /* 7 of 10 drafts kept */
+            assert_int_equal(kv->val.via.map.size, 3);
+            assert_int_equal(kv->val.via.map.ptr[2].val.type, MSGPACK_OBJECT_FLOAT64);
+            assert_true(kv->val.via.map.ptr[2].val.via.f64 == 0.7);
+            seen++;
+        }
     }
-    assert_int_equal(seen, 2);
+    assert_int_equal(seen, 3);
     msgpack_unpacked_destroy(&up);
     moeq_buf_free(&buf);
 }
@@ -149,6 +155,12 @@ static void cjson_reads_what_we_encode(void **state) {
     assert_string_equal(cJSON_GetObjectItem(o, "finish_reason")->valuestring, "stop_token");
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "tokens")), 3);
     assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "mtp"), "accepted")->valueint, 7);
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "mtp"), "acceptance")->valuedouble == 0.7);
+    assert_non_null(strstr((const char *)buf.data, "\"acceptance\":0.7}")); /* the shortest exact form */
+    res.mtp.drafted = 3, res.mtp.accepted = 2; /* rounded to 4 decimals; 0 when nothing was drafted */
+    assert_true(moeq_result_mtp_acceptance(&res) == 0.6667);
+    res.mtp.drafted = 0, res.mtp.accepted = 0;
+    assert_true(moeq_result_mtp_acceptance(&res) == 0.0);
     cJSON_Delete(o);
     moeq_buf_free(&buf);
 }

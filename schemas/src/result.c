@@ -11,6 +11,7 @@
 #include "moeq/result.h"
 
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,11 @@ static uint32_t count_fields(const moeq_result *res) {
     return 4 /* v id status usage */ + (res->text != NULL) + (res->tokens != NULL) +
            (res->finish_reason != MOEQ_FINISH_NONE) + (uint32_t)has_timings(res) + (res->model != NULL) +
            (res->worker != NULL) + (res->error.code != NULL) + (res->metadata != NULL) + (uint32_t)(res->has_mtp != 0);
+}
+
+double moeq_result_mtp_acceptance(const moeq_result *res) {
+    if (!res || res->mtp.drafted <= 0) return 0.0;
+    return round((double)res->mtp.accepted / (double)res->mtp.drafted * 1e4) / 1e4;
 }
 
 static void put_int(ww *w, const char *key, int64_t x) {
@@ -145,9 +151,11 @@ moeq_err moeq_result_encode(const moeq_result *res, moeq_wire_format format, moe
     }
     if (res->has_mtp) {
         ww_key(&w, "mtp");
-        ww_map(&w, 2);
+        ww_map(&w, 3);
         put_int(&w, "drafted", res->mtp.drafted);
         put_int(&w, "accepted", res->mtp.accepted);
+        ww_key(&w, "acceptance"); /* derived, for readers; decoders ignore it */
+        ww_double(&w, moeq_result_mtp_acceptance(res));
         ww_end_map(&w);
     }
     ww_end_map(&w);

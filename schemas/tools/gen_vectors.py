@@ -469,7 +469,7 @@ def gen_results():
         "ok_full": {"v": 1, "id": "doc-42/chunk-7", "status": "ok", "text": "A cat.", "tokens": [32, 8415, 13],
                     "finish_reason": "stop_token", "usage": usage, "timings": timings,
                     "model": "deepseek-v3", "worker": "gpu-node-3/0", "metadata": {"tenant": "acme", "doc": 42},
-                    "mtp": {"drafted": 2, "accepted": 1}},
+                    "mtp": {"drafted": 2, "accepted": 1, "acceptance": 0.5}},
         "ok_length": {"v": 1, "id": "j2", "status": "ok", "text": "é…", "tokens": [5, 6],
                       "finish_reason": "length", "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
         "error_rejected": {"v": 1, "id": "j3", "status": "error",

@@ -86,6 +86,9 @@ typedef struct moeq_result {
     } mtp;
 } moeq_result;
 
+/* accepted / drafted rounded to 4 decimals (0 when nothing was drafted): the `mtp.acceptance` a result carries. */
+double moeq_result_mtp_acceptance(const moeq_result *res);
+
 /* Free every member and zero the struct. NULL is safe. Only for decoded results. */
 void moeq_result_free(moeq_result *result);
 
