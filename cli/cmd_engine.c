@@ -13,7 +13,7 @@
 
 typedef struct engine_args {
     const char *model_dir, *prompt, *tokens;
-    int max_new_tokens, top, n_threads, batch_invariant, mtp_k;
+    int max_new_tokens, top, n_threads, batch_invariant, mtp_k, mtp_rejection;
     moeq_sampling_params sampling;
 } engine_args;
 
@@ -27,8 +27,10 @@ static void generate_usage(FILE *out) {
                  "  --seed S            (default 0)\n"
                  "  --threads N         0 = all cores (default 0)\n"
                  "  --mtp K             speculative decoding with the model's MTP layer, K drafts per\n"
-                 "                      step (1..8; default 0 = off); same output, adds \"mtp\":\n"
+                 "                      step (1..8; default 0 = off); the same tokens, adds \"mtp\":\n"
                  "                      {\"k\",\"drafted\",\"accepted\",\"acceptance\",\"steps\"}\n"
+                 "  --mtp-rejection     with --mtp and sampling: speculative rejection sampling (the\n"
+                 "                      same distribution, other tokens) instead of the exact mode\n"
                  "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}.\n");
 }
 
@@ -45,6 +47,10 @@ static int parse_args(int argc, char **argv, engine_args *a) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--no-batch-invariant")) {
             a->batch_invariant = 0;
+            continue;
+        }
+        if (!strcmp(k, "--mtp-rejection")) {
+            a->mtp_rejection = 1;
             continue;
         }
         if (!v) return -1;
@@ -164,7 +170,8 @@ int moeq_cmd_generate(int argc, char **argv) {
                                                                 : moeq_model_get_config(s.model)->eos_token_id;
     moeq_generate_stats stats = {0};
     moeq_generate_params gp = {.sampling = a.sampling, .max_new_tokens = a.max_new_tokens, .stop_ids = &stop,
-                               .n_stop_ids = stop >= 0 ? 1 : 0, .mtp_k = a.mtp_k, .stats = &stats};
+                               .n_stop_ids = stop >= 0 ? 1 : 0, .mtp_k = a.mtp_k,
+                               .mtp_rejection = a.mtp_rejection, .stats = &stats};
     int32_t *out = NULL;
     int n_out = 0;
     char err[512] = "";

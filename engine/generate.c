@@ -28,12 +28,15 @@ static moeq_err prefill(moeq_engine *engine, int seq, const int32_t *prompt, int
 }
 
 /* Speculative rounds after the first token: each appends 1..k+1 tokens to ids (stops honoured). */
-static moeq_err generate_mtp(moeq_engine *engine, int seq, const moeq_generate_params *params, uint64_t draws,
+static moeq_err generate_mtp(moeq_engine *engine, int seq, const moeq_generate_params *params, moeq_sampler *sampler,
                              int32_t *ids, int *n, char *errstr, size_t errstr_size) {
     moeq_mtp_decoder *dec = NULL;
     moeq_err err = moeq_mtp_decoder_new(engine, 1, params->mtp_k, &dec, errstr, errstr_size);
     if (err) return err;
-    moeq_spec_seq ss = {.seq_id = seq, .next_token = ids[*n - 1], .sampling = params->sampling, .draws = draws};
+    /* exact mode: the sampler that drew the first token goes on drawing, so the tokens are plain decoding's;
+     * rejection mode: its own counter-based draws (one was used by the first token) */
+    moeq_spec_seq ss = {.seq_id = seq, .next_token = ids[*n - 1], .sampling = params->sampling, .draws = 1,
+                        .sampler = params->mtp_rejection ? NULL : sampler};
     int64_t rounds = 0;
     while (*n < params->max_new_tokens && !is_stop(params, ids[*n - 1])) {
         int room = params->max_new_tokens - *n - 1;
@@ -75,7 +78,7 @@ moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt,
     if ((err = prefill(engine, seq, prompt, n_prompt, logits, errstr, errstr_size))) goto free_all;
     if (params->mtp_k > 0 && n < params->max_new_tokens) {
         ids[n++] = moeq_sampler_sample(sampler, logits);
-        if ((err = generate_mtp(engine, seq, params, 1, ids, &n, errstr, errstr_size))) goto free_all;
+        if ((err = generate_mtp(engine, seq, params, sampler, ids, &n, errstr, errstr_size))) goto free_all;
     }
     while (params->mtp_k <= 0 && n < params->max_new_tokens) {
         int32_t id = moeq_sampler_sample(sampler, logits);

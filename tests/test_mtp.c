@@ -90,13 +90,20 @@ static void prompt(int32_t *ids, int n, int salt, int vocab) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + salt * 101 + 5) % vocab);
 }
 
-static void generate(moeq_engine *e, const int32_t *ids, int n, int k, moeq_sampling_params sp, int max_new,
-                     int32_t **out, int *n_out, moeq_generate_stats *stats) {
-    moeq_generate_params gp = {.sampling = sp, .max_new_tokens = max_new, .mtp_k = k, .stats = stats};
+static void generate_mode(moeq_engine *e, const int32_t *ids, int n, int k, int rejection, moeq_sampling_params sp,
+                          int max_new, int32_t **out, int *n_out, moeq_generate_stats *stats) {
+    moeq_generate_params gp = {.sampling = sp, .max_new_tokens = max_new, .mtp_k = k, .mtp_rejection = rejection,
+                               .stats = stats};
     char err[256] = "";
     moeq_err rc = moeq_generate(e, ids, n, &gp, out, n_out, err, sizeof(err));
     if (rc) fprintf(stderr, "generate: %s\n", err);
     assert_int_equal(rc, MOEQ_OK);
+}
+
+/* moeq_generate in its default (exact) mode. */
+static void generate(moeq_engine *e, const int32_t *ids, int n, int k, moeq_sampling_params sp, int max_new,
+                     int32_t **out, int *n_out, moeq_generate_stats *stats) {
+    generate_mode(e, ids, n, k, 0, sp, max_new, out, n_out, stats);
 }
 
 static void greedy_with_mtp_gives_the_same_tokens_as_without(void **state) {
@@ -233,6 +240,12 @@ static void sampled_decoding_with_mtp_in_exact_mode_gives_the_plain_samplers_tok
                 prompt(ids[i], lens[i], 60 + 10 * k + i, vocab);
                 generate(e, ids[i], lens[i], 0, sps[i], N, &plain[i], &n_plain[i], NULL);
                 assert_int_equal(n_plain[i], N);
+                int32_t *via = NULL; /* moeq_generate (and `moeq generate --mtp`) runs the same exact mode */
+                int n_via = 0;
+                generate(e, ids[i], lens[i], k, sps[i], N, &via, &n_via, NULL);
+                assert_int_equal(n_via, N);
+                assert_memory_equal(via, plain[i], (size_t)N * sizeof(int32_t));
+                free(via);
                 memset(&seqs[i], 0, sizeof seqs[i]);
                 seqs[i].sampling = sps[i];
                 assert_int_equal(moeq_sampler_new(&sps[i], vocab, &samplers[i]), MOEQ_OK);
@@ -413,7 +426,7 @@ static void sampling_with_mtp_follows_the_model_distribution(void **state) {
                     int32_t *out = NULL;
                     int n_out = 0;
                     moeq_generate_stats st = {0};
-                    generate(e, ids, 6, s ? 0 : 2, sp, 4, &out, &n_out, &st);
+                    generate_mode(e, ids, 6, s ? 0 : 2, 1, sp, 4, &out, &n_out, &st);
                     assert_int_equal(n_out, 4);
                     cnt[s][0][out[1]]++;
                     cnt[s][1][out[2]]++;
@@ -446,7 +459,7 @@ static void the_chi_square_check_rejects_a_different_distribution(void **state) 
                                        .seed = (uint64_t)(s * runs + r + 1)};
             int32_t *out = NULL;
             int n_out = 0;
-            generate(e, ids, 6, s ? 0 : 2, sp, 3, &out, &n_out, NULL);
+            generate_mode(e, ids, 6, s ? 0 : 2, 1, sp, 3, &out, &n_out, NULL);
             (s ? y : x)[out[1]]++;
             free(out);
         }

@@ -327,8 +327,10 @@ typedef struct moeq_generate_params {
     const int32_t *stop_ids;       /* generation ends after any of these          */
     int n_stop_ids;
     int mtp_k;                     /* MTP drafts per round, 0 = off (default), 1..MOEQ_MTP_MAX_K;
-                                      the output is the same tokens (greedy) or the same
-                                      distribution (sampling) as without            */
+                                      the output is the same tokens as without (exact mode) */
+    int mtp_rejection;             /* sampling with mtp_k: 0 = exact mode (default: the plain
+                                      sampler's tokens, as the worker gives), 1 = speculative
+                                      rejection sampling (the same distribution, other tokens) */
     moeq_generate_stats *stats;    /* optional out                                 */
 } moeq_generate_params;
 
