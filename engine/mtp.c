@@ -94,6 +94,22 @@ static moeq_err alloc_seq_state(moeq_engine *e, moeq_mtp_state *m) {
     return MOEQ_OK;
 }
 
+/*
+ * 1 when a and b hold the same bytes. DeepSeek-V3 stores the MTP layer's head as a copy of lm_head ("shared
+ * head"); drafting through lm_head itself gives the same logits, and the copy's pages (1.85 GB in bf16 for
+ * V3) are never touched again, so they never take memory. Read once at engine creation.
+ */
+static int same_values(const moeq_tensor *a, const moeq_tensor *b) {
+    if (!a || !b || a->dtype != b->dtype || a->nbytes != b->nbytes || a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return 0;
+    if ((a->scale_inv != NULL) != (b->scale_inv != NULL)) return 0;
+    if (a->scale_inv && !same_values(a->scale_inv, b->scale_inv)) return 0;
+    return a->data == b->data || memcmp(a->data, b->data, a->nbytes) == 0;
+}
+
+int moeq_mtp_head_is_lm_head(const moeq_engine *e) { return e->mtp && e->mtp->head == e->model->lm_head; }
+
 moeq_err moeq_mtp_state_new(moeq_engine *e, moeq_mtp_state **out, char *errstr, size_t errstr_size) {
     *out = NULL;
     const moeq_model *model = e->model;
@@ -101,7 +117,9 @@ moeq_err moeq_mtp_state_new(moeq_engine *e, moeq_mtp_state **out, char *errstr, 
     moeq_mtp_state *m = calloc(1, sizeof(*m));
     if (!m) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp state");
     m->layer = &model->mtp_layers[0];
-    m->head = m->layer->shared_head_head ? m->layer->shared_head_head : model->lm_head;
+    m->head = same_values(m->layer->shared_head_head, model->lm_head) ? model->lm_head
+              : m->layer->shared_head_head                                ? m->layer->shared_head_head
+                                                                          : model->lm_head;
     moeq_err err = widen_all(e, m);
     if (!err) err = alloc_seq_state(e, m);
     if (err) {

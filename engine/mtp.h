@@ -72,4 +72,7 @@ const float *moeq_mtp_cache_entry(moeq_engine *engine, int seq_id, int64_t pos);
 /* Tests: MTP block rows computed since the engine was created (drafts, pending entries, catch-up). */
 int64_t moeq_mtp_rows_run(const moeq_engine *engine);
 
+/* 1 when drafts go through lm_head: the MTP layer has no head of its own, or its head holds lm_head's bytes. */
+int moeq_mtp_head_is_lm_head(const moeq_engine *e);
+
 #endif

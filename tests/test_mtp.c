@@ -535,6 +535,14 @@ static void ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps(vo
     moeq_engine_destroy(a), moeq_engine_destroy(b);
 }
 
+/* gen-model writes the MTP head as a copy of lm_head, as DeepSeek-V3 ships it: drafts read lm_head itself. */
+static void an_mtp_head_that_copies_lm_head_is_not_read_twice(void **state) {
+    (void)state;
+    moeq_engine *e = engine_for(g_agree, 64);
+    assert_true(moeq_mtp_head_is_lm_head(e));
+    moeq_engine_destroy(e);
+}
+
 /* What one draft reads: more than the head alone, less than a main step (tiny: 3 main blocks, 1 MTP block). */
 static void draft_bytes_count_the_mtp_block_and_its_head(void **state) {
     (void)state;
@@ -1030,6 +1038,7 @@ int main(void) {
         cmocka_unit_test(the_chi_square_check_rejects_a_different_distribution),
         cmocka_unit_test(mtp_calls_fail_cleanly_without_state_or_layer),
         cmocka_unit_test(draft_bytes_count_the_mtp_block_and_its_head),
+        cmocka_unit_test(an_mtp_head_that_copies_lm_head_is_not_read_twice),
         cmocka_unit_test(ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps),
         cmocka_unit_test(a_round_runs_the_mtp_block_once_per_accepted_token_and_draft),
         cmocka_unit_test(a_draft_entry_is_recomputed_when_the_step_appends_another_token),
