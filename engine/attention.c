@@ -19,12 +19,12 @@
  * accumulators reduced together by a shuffle network that pairs lanes exactly
  * as tree16 does; 4 heads x 64 latent columns per output tile), AVX2 (the
  * 16 lanes as two ymm halves; 2 x 2 score tiles, 2 heads x 32 columns), and
- * the scalar emulation. Before this (session 2) each score was two separate
- * single-accumulator dot products (a 16-deep FMA latency chain per score)
- * and the output an axpy through memory per (head, row): ~180 cycles per
- * (head, context row) on Zen 4 against ~40 now, which at batch 1 made a
- * 2-token verify step cost ~9 % more than a 1-token step at 80 tokens of
- * context (MTP, issue 7) and dominated decode at long context.
+ * the scalar emulation. Why tiles: a score computed as its own dot product
+ * is a 16-deep FMA latency chain, and an output row updated per (head, row)
+ * goes through memory; that form took ~57 ns per (head, context row) on the
+ * Zen 5 development VM against 5.5 ns for the tiles, and made attention
+ * dominate prefill and long-context decode and a 2-token MTP verify step
+ * cost ~9 % more than a 1-token step at 80 tokens of context.
  *
  * The naive form widens kv_b_proj with moeq_tensor_rows_to_f32 and is slow on
  * purpose: it exists to check the absorbed form.
