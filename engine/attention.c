@@ -48,14 +48,13 @@
 #define T256 __attribute__((target("avx2,fma")))
 #endif
 
-#define LANES 16
+#define LANES MOEQ_LANES
 #define ATTN_SLAB_ROWS 128 /* context rows per output slab: 147 KiB of cache for kv_lora 256, 295 KiB for V3 */
 #define ZERO_FLOATS 2048 /* padding rows for tile tails: covers kv_lora + rope of every DeepSeek model */
 
 static const float zeros[ZERO_FLOATS];
 
 /* ---- the fixed arithmetic, scalar (the emulation every ISA matches) -------- */
-
 
 static void softmax_scalar(float *x, int64_t n) {
     float m = -INFINITY, lanes[LANES] = {0};
@@ -106,27 +105,22 @@ static void block_scalar(const moeq_attn_args *a, int64_t t, int h0, int h1, flo
 
 /* ---- AVX-512 ---------------------------------------------------------------- */
 
-static inline __mmask16 tail_mask(int64_t left) {
-    return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-}
-
-
 static T512 void softmax512(float *x, int64_t n) {
     __m512 mv = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < n; i += LANES) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = moeq_tail_mask16(n - i);
         mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, x + i)); /* masked: never read past the row */
     }
     __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv)), sum = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += LANES) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = moeq_tail_mask16(n - i);
         __m512 e = moeq_exp_nonpos512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
         _mm512_mask_storeu_ps(x + i, k, e);
         sum = _mm512_mask_add_ps(sum, k, sum, e);
     }
     __m512 s = _mm512_set1_ps(moeq_hsum512(sum));
     for (int64_t i = 0; i < n; i += LANES) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = moeq_tail_mask16(n - i);
         _mm512_mask_storeu_ps(x + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), s));
     }
 }
@@ -138,15 +132,15 @@ static T512 void softmax512(float *x, int64_t n) {
  */
 static T512 ALWAYS_INLINE __m512 reduce16x16(const __m512 A[16]) {
     __m512 S[8], T[4], U[2];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int p = 0; p < 8; p++)
         S[p] = _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * p], A[2 * p + 1], 0x44),
                              _mm512_shuffle_f32x4(A[2 * p], A[2 * p + 1], 0xEE));
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int q = 0; q < 4; q++)
         T[q] = _mm512_add_ps(_mm512_shuffle_f32x4(S[2 * q], S[2 * q + 1], 0x88),
                              _mm512_shuffle_f32x4(S[2 * q], S[2 * q + 1], 0xDD));
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int u = 0; u < 2; u++)
         U[u] = _mm512_add_ps(_mm512_shuffle_ps(T[2 * u], T[2 * u + 1], 0x44),
                              _mm512_shuffle_ps(T[2 * u], T[2 * u + 1], 0xEE));
@@ -157,30 +151,30 @@ static T512 ALWAYS_INLINE __m512 reduce16x16(const __m512 A[16]) {
 static T512 ALWAYS_INLINE void score_tile512(const float *const ql[4], const float *const qp[4],
                                              const float *const e[4], int L, int R, float out[16]) {
     __m512 A[16];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++) A[i] = _mm512_setzero_ps();
     for (int k = 0; k < L; k += LANES) {
-        __mmask16 m = tail_mask(L - k);
+        __mmask16 m = moeq_tail_mask16(L - k);
         __m512 ev[4], qv[4];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < 4; r++) ev[r] = _mm512_maskz_loadu_ps(m, e[r] + k);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int h = 0; h < 4; h++) qv[h] = _mm512_maskz_loadu_ps(m, ql[h] + k);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < 4; r++)
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int h = 0; h < 4; h++) A[4 * r + h] = _mm512_fmadd_ps(qv[h], ev[r], A[4 * r + h]);
     }
     for (int k = 0; k < R; k += LANES) {
-        __mmask16 m = tail_mask(R - k);
+        __mmask16 m = moeq_tail_mask16(R - k);
         __m512 ev[4], qv[4];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < 4; r++) ev[r] = _mm512_maskz_loadu_ps(m, e[r] + L + k);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int h = 0; h < 4; h++) qv[h] = _mm512_maskz_loadu_ps(m, qp[h] + k);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < 4; r++)
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int h = 0; h < 4; h++) A[4 * r + h] = _mm512_fmadd_ps(qv[h], ev[r], A[4 * r + h]);
     }
     _mm512_storeu_ps(out, reduce16x16(A));
@@ -195,7 +189,7 @@ static T512 ALWAYS_INLINE void out_tile512(const int nh, const moeq_kv_view *kv,
     __m512 acc[4][4];
     __mmask16 m[4];
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; v++) m[v] = c0 + v * LANES < L ? tail_mask(L - c0 - v * LANES) : 0;
+    for (int v = 0; v < 4; v++) m[v] = moeq_tail_mask16(L - c0 - v * LANES);
 #pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 4
@@ -243,7 +237,7 @@ static T512 void block512(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
         for (int hg = h0; hg < h1; hg += 4) {
             const float *ql[4], *qp[4];
             float s[16];
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int h = 0; h < 4; h++) {
                 ql[h] = hg + h < h1 ? qlat + (int64_t)(hg + h) * L : zeros;
                 qp[h] = hg + h < h1 ? qpe + (int64_t)(hg + h) * R : zeros;
@@ -282,31 +276,30 @@ static T256 ALWAYS_INLINE __m256 load8z(const float *x, int64_t k, int64_t n) {
     return _mm256_loadu_ps(tmp);
 }
 
-
 /* Scores of 2 heads x 2 rows; out[2 * head + row]. */
 static T256 void score_tile256(const float *const ql[2], const float *const qp[2], const float *const e[2], int L,
                                int R, float out[4]) {
     __m256 A[4][2];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 4; i++) A[i][0] = A[i][1] = _mm256_setzero_ps();
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int seg = 0; seg < 2; seg++) {
         int n = seg ? R : L, off = seg ? L : 0;
         for (int k = 0; k < n; k += LANES)
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int half = 0; half < 2; half++) {
                 __m256 ev[2], qv[2];
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int r = 0; r < 2; r++) ev[r] = load8z(e[r] + off, k + 8 * half, n);
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int h = 0; h < 2; h++) qv[h] = load8z(seg ? qp[h] : ql[h], k + 8 * half, n);
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int h = 0; h < 2; h++)
-                    #pragma GCC unroll 16
+#pragma GCC unroll 16
                     for (int r = 0; r < 2; r++) A[2 * h + r][half] = _mm256_fmadd_ps(qv[h], ev[r], A[2 * h + r][half]);
             }
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 4; i++) out[i] = moeq_hsum256(A[i][0], A[i][1]);
 }
 
@@ -317,12 +310,12 @@ static T256 void block256(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
     const float *qlat = a->q_lat + t * H * L, *qpe = a->q_pe + t * H * R;
     for (int64_t j0 = 0; j0 < n_ctx; j0 += 2) {
         const float *e[2];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < 2; r++) e[r] = j0 + r < n_ctx ? moeq_kv_view_entry(&kv, j0 + r) : zeros;
         for (int hg = h0; hg < h1; hg += 2) {
             const float *ql[2], *qp[2];
             float s[4];
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int h = 0; h < 2; h++) {
                 ql[h] = hg + h < h1 ? qlat + (int64_t)(hg + h) * L : zeros;
                 qp[h] = hg + h < h1 ? qpe + (int64_t)(hg + h) * R : zeros;
@@ -339,25 +332,25 @@ static T256 void block256(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
         int nh = h1 - h < 2 ? h1 - h : 2;
         for (int c0 = 0; c0 < cv; c0 += 32) {
             __m256 acc[2][4];
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int i = 0; i < 2; i++)
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int v = 0; v < 4; v++) acc[i][v] = _mm256_setzero_ps();
             for (int64_t j = 0; j < n_ctx; j++) {
                 const float *c = moeq_kv_view_entry(&kv, j) + c0;
                 __m256 cvv[4];
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int v = 0; v < 4; v++) cvv[v] = _mm256_loadu_ps(c + 8 * v);
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int i = 0; i < nh; i++) {
                     __m256 pv = _mm256_set1_ps(scores[(h + i - h0) * n_ctx + j]);
-                    #pragma GCC unroll 16
+#pragma GCC unroll 16
                     for (int v = 0; v < 4; v++) acc[i][v] = _mm256_fmadd_ps(pv, cvv[v], acc[i][v]);
                 }
             }
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int i = 0; i < nh; i++)
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int v = 0; v < 4; v++) _mm256_storeu_ps(o + (int64_t)(h + i) * L + c0 + 8 * v, acc[i][v]);
         }
         for (int i = 0; i < nh && cv < L; i++) { /* the columns past the last 32 */

@@ -8,6 +8,8 @@
 #ifndef MOEQ_ENGINE_OPS_LANES_H
 #define MOEQ_ENGINE_OPS_LANES_H
 
+#include <stdint.h>
+
 #define MOEQ_LANES 16
 
 static inline float moeq_tree16(const float *l) {
@@ -20,6 +22,11 @@ static inline float moeq_tree16(const float *l) {
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
+
+/* The lanes of a 16-float chunk that lie before the end, `left` floats away (none when left <= 0). */
+static inline __mmask16 moeq_tail_mask16(int64_t left) {
+    return left >= MOEQ_LANES ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
+}
 
 /* moeq_tree16 of one zmm. */
 static inline __attribute__((always_inline, target("avx512f,avx512dq"))) float moeq_hsum512(__m512 v) {

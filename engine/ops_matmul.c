@@ -47,7 +47,7 @@
 #include <immintrin.h>
 #endif
 
-#define LANES 16
+#define LANES MOEQ_LANES
 #define TILE_T 4   /* tokens per AVX-512 register tile                       */
 #define TILE_N 4   /* weight rows per AVX-512 NT tile (8 when <= 2 tokens)    */
 #define TILE_N1 8  /* rows per AVX-512 NT tile for blocks of 1-3 tokens       */
@@ -138,7 +138,6 @@ static inline float wscalar(moeq_dtype dt, const uint8_t *p, const float *srow, 
     return 0.0f;
 }
 
-
 /* Lanes past K get fma(0, 0, lane), as the vector paths' zero padding does (it turns a -0 lane into +0). */
 void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     const moeq_tensor *w = job->w;
@@ -213,9 +212,6 @@ static T512 ALWAYS_INLINE __m512 wload512(moeq_dtype dt, const uint8_t *p, const
     return _mm512_setzero_ps();
 }
 
-
-static inline __mmask16 tail_mask(int64_t left) { return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
-
 /* (mr tokens) x (nr weight rows) dot products over the whole K; pp: where each row's prefetch stream runs. */
 static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq_dtype dt, const float *x,
                                           int64_t ldx, const uint8_t *const *wp, const float *const *sp,
@@ -241,7 +237,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
         }
     }
     if (k < K) { /* the tail: zero lanes add +0, as the emulation does */
-        __mmask16 m = tail_mask(K - k);
+        __mmask16 m = moeq_tail_mask16(K - k);
         __m512 xv[TILE_T];
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
@@ -309,8 +305,7 @@ static T512 ALWAYS_INLINE void nn_tile512(const int mr, const int nv, const moeq
     __mmask16 m[TILE_VMAX];
 #pragma GCC unroll 16
     for (int v = 0; v < nv; v++) {
-        int64_t left = c1 - (c + v * LANES);
-        m[v] = left > 0 ? tail_mask(left) : 0;
+        m[v] = moeq_tail_mask16(c1 - (c + v * LANES));
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) acc[i][v] = _mm512_setzero_ps();
     }
@@ -369,7 +364,7 @@ static T512 void nn_block512(const moeq_mm_job *job, int64_t c0, int64_t c1, int
 static T512 float dot512(const float *a, const float *b, int64_t n) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t k = 0; k < n; k += LANES) {
-        __mmask16 m = tail_mask(n - k);
+        __mmask16 m = moeq_tail_mask16(n - k);
         acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), acc);
     }
     return moeq_hsum512(acc);
@@ -419,7 +414,6 @@ static T256 ALWAYS_INLINE void wload256(moeq_dtype dt, const uint8_t *p, float s
     }
     }
 }
-
 
 /* One 16-wide k step of an (mr x nr) tile; x and weight pointers already at the chunk. */
 static T256 ALWAYS_INLINE void nt_step256(const int mr, const int nr, const moeq_dtype dt, const float *const *xk,

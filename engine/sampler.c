@@ -18,6 +18,7 @@
 #endif
 #include <stdlib.h>
 
+#include "ops_matmul.h"
 #include "sampler.h"
 
 struct moeq_sampler {
@@ -108,7 +109,7 @@ static __attribute__((target("avx512f"))) int32_t argmax512(const float *logits,
 
 int32_t moeq_sampler_argmax(const float *logits, int n) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-    if (n >= 16 && __builtin_cpu_supports("avx512f")) return argmax512(logits, n);
+    if (n >= 16 && moeq_mm_isa_best() == MOEQ_MM_ISA_AVX512) return argmax512(logits, n);
 #endif
     return argmax_scalar(logits, n);
 }

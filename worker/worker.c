@@ -567,34 +567,11 @@ static void slot_clear(moeq_worker *w, int slot) {
 }
 
 /*
- * A new job's sequence as a fork of the running sequence that holds its prompt's first fork_tokens tokens
- * (the scheduler compared the prompts). When the fork cannot be made (no free cache block for the copied
- * partial block), the sequence prefills those tokens itself, in steps of its own: the same cache either way.
+ * A new job's sequence: a fork of the running sequence that holds its prompt's first fork_tokens tokens (the
+ * scheduler compared the prompts), or a fresh one. When the fork cannot be made (no free cache block for the
+ * copied partial block) the fresh sequence prefills those tokens itself, in steps of its own: the same cache
+ * either way.
  */
-static moeq_err slot_fork(moeq_worker *w, const moeq_sched_item *it, char *errstr, size_t errstr_size) {
-    slot_state *s = &w->slots[it->slot];
-    const wjob *job = it->user;
-    const int32_t *prompt = it->tokens - it->fork_tokens;
-    moeq_err err = moeq_engine_seq_fork(w->engine, w->slots[it->fork_slot].seq, it->fork_tokens, it->mtp,
-                                        it->tokens[0], &s->seq, errstr, errstr_size);
-    if (err == MOEQ_OK) {
-        atomic_fetch_add(&w->metrics.prefix_tokens_shared, it->fork_tokens);
-        return MOEQ_OK;
-    }
-    moeq_log(MOEQ_LOG_WARN, COMP, "fork_failed", "job=%s tokens=%d reason=\"%s\"", job->ej->job.id, it->fork_tokens,
-             errstr);
-    if ((err = moeq_engine_seq_new(w->engine, &s->seq)))
-        return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
-    if (it->mtp && (err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1)))
-        return moeq_errf(err, errstr, errstr_size, "mtp for job %s", job->ej->job.id);
-    int chunk = (int)w->params.max_step_tokens;
-    for (int done = 0; done < it->fork_tokens; done += chunk) {
-        moeq_step_item one = {s->seq, prompt + done, it->fork_tokens - done < chunk ? it->fork_tokens - done : chunk, 0};
-        if ((err = moeq_engine_step(w->engine, &one, 1, w->logits, 1, errstr, errstr_size))) return err;
-    }
-    return MOEQ_OK;
-}
-
 static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errstr, size_t errstr_size) {
     slot_state *s = &w->slots[it->slot];
     slot_clear(w, it->slot);
@@ -602,11 +579,25 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
     moeq_sampling_params sp = sampling_for(&job->ej->job);
     moeq_err err = moeq_sampler_new(&sp, w->vocab, &s->sampler);
     if (err) return moeq_errf(err, errstr, errstr_size, "sampler for job %s", job->ej->job.id);
-    if (it->fork_tokens > 0) return slot_fork(w, it, errstr, errstr_size);
+    if (it->fork_tokens > 0) {
+        err = moeq_engine_seq_fork(w->engine, w->slots[it->fork_slot].seq, it->fork_tokens, it->mtp, it->tokens[0],
+                                   &s->seq, errstr, errstr_size);
+        if (err == MOEQ_OK) {
+            atomic_fetch_add(&w->metrics.prefix_tokens_shared, it->fork_tokens);
+            return MOEQ_OK;
+        }
+        moeq_log(MOEQ_LOG_WARN, COMP, "fork_failed", "job=%s tokens=%d reason=\"%s\"", job->ej->job.id,
+                 it->fork_tokens, errstr);
+    }
     if ((err = moeq_engine_seq_new(w->engine, &s->seq)))
         return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
     if (it->mtp && (err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1))) /* before its first token */
         return moeq_errf(err, errstr, errstr_size, "mtp for job %s", job->ej->job.id);
+    const int32_t *prompt = it->tokens - it->fork_tokens; /* a failed fork's tokens, if any */
+    for (int done = 0, chunk = (int)w->params.max_step_tokens; done < it->fork_tokens; done += chunk) {
+        moeq_step_item one = {s->seq, prompt + done, it->fork_tokens - done < chunk ? it->fork_tokens - done : chunk, 0};
+        if ((err = moeq_engine_step(w->engine, &one, 1, w->logits, 1, errstr, errstr_size))) return err;
+    }
     return MOEQ_OK;
 }
 
