@@ -34,6 +34,7 @@
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"
 #include "offsets.h"
+#include "instance.h"
 #include "store.h"
 
 #define COMP "coordinator"
@@ -64,6 +65,7 @@ struct moeq_coordinator {
     moeq_tokenizer *tok;
     moeq_kafka_consumer *consumer;
     moeq_kafka_producer *producer;
+    moeq_instance *instance;       /* the auto static member slot, held for the process life */
     moeq_store *store;
     moeq_batcher *batcher;
     moeq_offsets *offsets;
@@ -751,6 +753,7 @@ void moeq_coordinator_destroy(moeq_coordinator *c) {
         moeq_buf_free(&c->slots[i].result);
     }
     moeq_kafka_consumer_destroy(c->consumer);
+    moeq_instance_destroy(c->instance); /* after the consumer: the slot outlives the member */
     free(c->slots);
     moeq_store_destroy(c->store);
     moeq_batcher_destroy(c->batcher);
@@ -789,6 +792,29 @@ static moeq_err connect_store(moeq_coordinator *c, const moeq_kvlist *redis, cha
     return e;
 }
 
+/*
+ * Static membership (instance.h): a restarted coordinator rejoins under its
+ * old id and gets its partitions back without waiting for the session
+ * timeout. The session timeout itself is 10 s unless kafka.session.timeout.ms
+ * says otherwise, not librdkafka's 45 s: it is how long a coordinator that
+ * died and stays dead (or a static member stopped on purpose, which does not
+ * leave the group) holds partitions nobody reads.
+ */
+static moeq_err set_membership(moeq_coordinator *c, moeq_kvlist *kv, char *errstr, size_t n) {
+    if (!moeq_kvlist_get(kv, "session.timeout.ms")) moeq_kvlist_set(kv, "session.timeout.ms", "10000");
+    const char *id = moeq_kvlist_get(kv, "group.instance.id");
+    if (!id && !strcmp(c->p.group_instance_id, "auto")) {
+        moeq_err e = moeq_instance_claim(c->p.run_dir, "coordinator", c->p.group_id, NULL, &c->instance, errstr, n);
+        if (e) return e;
+        id = moeq_instance_id(c->instance);
+    } else if (!id && c->p.group_instance_id[0]) {
+        id = c->p.group_instance_id;
+    }
+    if (id && !moeq_kvlist_get(kv, "group.instance.id")) moeq_kvlist_set(kv, "group.instance.id", id);
+    moeq_log(MOEQ_LOG_INFO, COMP, "membership", "group=%s instance=%s", c->p.group_id, id ? id : "(dynamic)");
+    return MOEQ_OK;
+}
+
 static moeq_err connect_kafka(moeq_coordinator *c, const moeq_kvlist *kafka, char *errstr, size_t n) {
     moeq_kafka_producer_params pp = {.brokers = c->p.kafka_brokers, .client_id = "moeq-coordinator",
                                      .on_delivery = on_delivery, .cb_opaque = c};
@@ -806,8 +832,11 @@ static moeq_err connect_kafka(moeq_coordinator *c, const moeq_kvlist *kafka, cha
         moeq_kvlist_at(kafka, i, &k, &v);
         moeq_kvlist_set(kv, k, v);
     }
-    if (c->p.group_instance_id[0] && !moeq_kvlist_get(kv, "group.instance.id"))
-        moeq_kvlist_set(kv, "group.instance.id", c->p.group_instance_id);
+    e = set_membership(c, kv, errstr, n);
+    if (e) {
+        moeq_kvlist_destroy(kv);
+        return e;
+    }
     moeq_kafka_consumer_params cp = {.brokers = c->p.kafka_brokers, .group_id = c->p.group_id,
                                      .client_id = "moeq-coordinator", .topics = (const char *const *)topics,
                                      .n_topics = nt, .on_rebalance = on_rebalance, .cb_opaque = c};

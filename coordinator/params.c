@@ -20,7 +20,10 @@
 static const moeq_prop own_props[] = {
     P_STR(kafka_brokers, "localhost:9092", "Kafka bootstrap servers, host:port[,host:port...]"),
     P_STR(group_id, "moeq-coordinator", "consumer group shared by every coordinator"),
-    P_STR(group_instance_id, "", "static group membership id (group.instance.id); empty = dynamic"),
+    P_STR(group_instance_id, "auto",
+          "static group membership id (group.instance.id): a restarted coordinator gets its partitions back at once; "
+          "auto = <hostname>.<slot>, the lowest slot free on this host (lock files in run_dir); empty = dynamic"),
+    P_STR(run_dir, "/tmp", "directory of this host's lock files (the static member slots of group_instance_id = auto)"),
     P_STR(job_topics, "moeq.jobs", "comma-separated topics jobs are read from"),
     P_STR(results_topic, "moeq.results", "topic for error/expired/cancelled results of jobs without reply_to"),
     P_STR(results_allowed_topics, "", "comma-separated topics a job's reply_to may name (results_topic always may)"),

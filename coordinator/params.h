@@ -36,7 +36,8 @@ typedef struct moeq_coordinator_params {
     /* Kafka */
     char kafka_brokers[512];          /* bootstrap servers "host:port[,...]"                    */
     char group_id[128];               /* consumer group shared by all coordinators               */
-    char group_instance_id[128];      /* static membership id; "" = dynamic membership           */
+    char group_instance_id[128];      /* static membership id; "auto" = <host>.<slot>; "" = dynamic */
+    char run_dir[512];                /* lock files of the auto instance slots; "/tmp"           */
     char job_topics[1024];            /* comma-separated job topics                             */
     char results_topic[256];          /* default result topic                                   */
     char results_allowed_topics[1024];/* comma list a job's reply_to may name (results_topic always) */

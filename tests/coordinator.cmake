@@ -8,6 +8,8 @@ moeq_add_test(NAME test_coordinator_params SOURCES test_coordinator_params.c
   LIBS moeq_coordinator LABELS unit)
 moeq_add_test(NAME test_coordinator_intake SOURCES test_coordinator_intake.c
   LIBS moeq_coordinator LABELS unit)
+moeq_add_test(NAME test_coordinator_instance SOURCES test_coordinator_instance.c
+  LIBS moeq_coordinator LABELS unit)
 # Against the real broker and server; they run the `moeq` binary as a child process.
 moeq_add_test(NAME test_coordinator_e2e SOURCES test_coordinator_e2e.c
   LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 240)
