@@ -2,7 +2,8 @@
 # Installs everything moeq needs to build, test and demo, from Debian packages
 # (Debian 12 bookworm or 13 trixie) plus Maven Central (Kafka jars) and npm
 # (Node producer example, tokenizer reference). Idempotent: a second run does
-# nothing but check. CUDA is optional and never installed here.
+# nothing but check. CUDA is optional: the toolkit is never installed here; where
+# nvcc exists, setup.d/40-cuda-wheels.sh adds the cuBLAS and NCCL wheels.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -13,7 +14,7 @@ pkgs=(build-essential cmake pkg-config git clang
       librdkafka-dev libhiredis-dev libcjson-dev libpcre2-dev libopenblas-dev
       libibverbs-dev libmicrohttpd-dev libcmocka-dev
       redis-server kcat maven default-jdk-headless
-      python3 python3-numpy python3-msgpack python3-confluent-kafka
+      python3 python3-pip python3-numpy python3-msgpack python3-confluent-kafka
       nodejs npm curl ca-certificates)
 export DEBIAN_FRONTEND=noninteractive
 # Package names that differ between releases are resolved from the apt lists,
