@@ -66,7 +66,7 @@ static void file_then_env_then_flags_override_in_order(void **state) {
     demo_params p;
     moeq_props_defaults(demo_props, &p, NULL, 0);
     moeq_kvlist *kafka = moeq_kvlist_new(), *redis = moeq_kvlist_new();
-    moeq_config_src src = {demo_props, &p, kafka, redis};
+    moeq_config_src src = {demo_props, &p, kafka, redis, NULL};
     char err[256];
     assert_int_equal(moeq_config_load_file(&src, path, err, sizeof err), MOEQ_OK);
     assert_int_equal(p.max_jobs, 10);
@@ -105,7 +105,7 @@ static void a_bad_config_line_names_file_and_line(void **state) {
     close(fd);
     demo_params p;
     moeq_props_defaults(demo_props, &p, NULL, 0);
-    moeq_config_src src = {demo_props, &p, NULL, NULL};
+    moeq_config_src src = {demo_props, &p, NULL, NULL, NULL};
     char err[512];
     assert_int_equal(moeq_config_load_file(&src, path, err, sizeof err), MOEQ_ERR_PARSE);
     assert_non_null(strstr(err, ":2:"));
