@@ -1,0 +1,10 @@
+# One configuration vocabulary (tests/test_config.c runs the moeq binary with --print-config:
+# nothing is contacted) and the generated docs/CONFIGURATION.md.
+if(TARGET moeq)
+  moeq_add_test(NAME test_config SOURCES test_config.c LIBS moeq_coordinator moeq_worker LABELS unit TIMEOUT 120)
+  add_dependencies(test_config moeq)
+  # Stale docs/CONFIGURATION.md: regenerate with `cmake --build build --target configuration-md`.
+  add_test(NAME configuration_md_is_current
+           COMMAND sh -c "'$<TARGET_FILE:moeq>' config-docs | diff -u '${CMAKE_SOURCE_DIR}/docs/CONFIGURATION.md' - && echo current || { echo 'docs/CONFIGURATION.md is stale: cmake --build build --target configuration-md'; exit 1; }")
+  set_tests_properties(configuration_md_is_current PROPERTIES LABELS unit)
+endif()
