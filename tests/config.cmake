@@ -8,3 +8,10 @@ if(TARGET moeq)
            COMMAND sh -c "'$<TARGET_FILE:moeq>' config-docs | diff -u '${CMAKE_SOURCE_DIR}/docs/CONFIGURATION.md' - && echo current || { echo 'docs/CONFIGURATION.md is stale: cmake --build build --target configuration-md'; exit 1; }")
   set_tests_properties(configuration_md_is_current PROPERTIES LABELS unit)
 endif()
+# Truthful health: /readyz with the broker (librdkafka's mock, in the test) and a private Redis
+# stopped and restarted, a wrong broker address; both roles run as `moeq` child processes.
+if(TARGET moeq AND TARGET moeq_coordinator)
+  moeq_add_test(NAME test_health SOURCES test_health.c LIBS moeq_coordinator
+    LABELS integration FIXTURES services TIMEOUT 420)
+  add_dependencies(test_health moeq)
+endif()
