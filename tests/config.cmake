@@ -15,3 +15,9 @@ if(TARGET moeq AND TARGET moeq_coordinator)
     LABELS integration FIXTURES services TIMEOUT 420)
   add_dependencies(test_health moeq)
 endif()
+# The worker decodes a coordinator-written entry with the limits of the shared keys (Redis from the fixture).
+get_target_property(_moeq_cfg_worker_defs moeq_worker INTERFACE_COMPILE_DEFINITIONS)
+if(_moeq_cfg_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_cfg_worker_defs)
+  moeq_add_test(NAME test_config_roles SOURCES test_config_roles.c LIBS moeq_worker moeq_coordinator
+    LABELS integration FIXTURES services TIMEOUT 60)
+endif()

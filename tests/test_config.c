@@ -98,36 +98,6 @@ static void a_reply_to_allowed_by_the_shared_allowed_topics_key_reaches_that_top
     unlink(path);
 }
 
-/* Why: job limits existed only on the coordinator: a job allowed there was refused by the worker
- * with an undocumented `invalid_job`. */
-static void a_job_the_coordinator_accepts_is_accepted_by_the_worker(void **state) {
-    (void)state;
-    const char *path = write_file("limits.conf", "max_job_bytes = 4194304\nmax_prompt_bytes = 2097152\n");
-    moeq_coordinator_params cp;
-    moeq_worker_params wp;
-    load_shared(path, &cp, &wp);
-    size_t plen = 1500000; /* above the default max_prompt_bytes (524288) and max_job_bytes (1 MiB) */
-    char *json = malloc(plen + 64);
-    assert_non_null(json);
-    int n = snprintf(json, 64, "{\"v\":1,\"id\":\"big\",\"prompt\":\"");
-    memset(json + n, 'a', plen);
-    snprintf(json + n + plen, 16, "\"}");
-    size_t len = strlen(json);
-    moeq_job job;
-    moeq_job_reject rej;
-    assert_int_equal(moeq_job_decode(json, len, "application/json", &cp.limits, &job, &rej), MOEQ_OK);
-    moeq_job_free(&job);
-    assert_int_equal(moeq_job_decode(json, len, "application/json", &wp.limits, &job, &rej), MOEQ_OK);
-    moeq_job_free(&job);
-    /* and one both refuse is refused with the same documented code */
-    moeq_job_limits tight = wp.limits;
-    tight.max_prompt_bytes = 16;
-    assert_int_not_equal(moeq_job_decode(json, len, "application/json", &tight, &job, &rej), MOEQ_OK);
-    assert_string_equal(moeq_job_reject_code_name(rej.code), "too_large");
-    free(json);
-    unlink(path);
-}
-
 static void print_config(const char *role, const char *args, char *out, size_t size) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s --print-config %s", role, args);
@@ -257,7 +227,6 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_reply_to_allowed_by_the_shared_allowed_topics_key_reaches_that_topic),
-        cmocka_unit_test(a_job_the_coordinator_accepts_is_accepted_by_the_worker),
         cmocka_unit_test(env_overrides_the_file_and_flags_override_env_in_every_role),
         cmocka_unit_test(one_config_file_serves_every_role),
         cmocka_unit_test(every_subcommand_prints_its_configuration),
