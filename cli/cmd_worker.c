@@ -76,6 +76,8 @@ int moeq_cmd_worker(int argc, char **argv) {
         goto done;
     }
     if (!e && rest > 1) e = moeq_errf(MOEQ_ERR_INVALID_ARG, err, sizeof err, "unexpected argument '%s'", argv[1]);
+    moeq_log_level level;
+    if (!e && moeq_log_parse_level(params.log_level, &level)) moeq_log_set_level(level);
     if (!e) e = moeq_worker_new(&params, kafka, redis, &w, err, sizeof err);
     if (e) {
         fprintf(stderr, "moeq worker: %s: %s\n", moeq_err_str(e), err);

@@ -54,6 +54,7 @@ typedef struct moeq_worker_params {
                                      9465; old name metrics_port                                    */
     char http_addr[64];           /* IPv4 bind address of that endpoint; "0.0.0.0"                  */
     int64_t livez_stall_ms;       /* /livez fails when the loop has not ticked for this long          */
+    char log_level[16];           /* debug | info | warn | error (the coordinator's key)             */
     int64_t job_ttl_s;            /* TTL set on a job record when marked done; 0 = keep              */
     int64_t mtp_k;                /* MTP drafts per speculative round for jobs with mtp on;
                                      0 = off; used only when the model has an MTP layer; [0, 3]     */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "moeq/kafka.h"
+#include "moeq/log.h"
 #include "moeq/redis.h"
 #include "worker.h"
 
@@ -50,6 +51,7 @@ const moeq_prop moeq_worker_props[] = {
     {"http_addr", MOEQ_PROP_STR, P(http_addr), 0, 0, "0.0.0.0", "IPv4 bind address of /metrics and the health routes"},
     {"livez_stall_ms", MOEQ_PROP_INT, P(livez_stall_ms), 1000, 86400000, "60000",
      "/livez fails when the loop has not ticked for this long (an engine step included), ms"},
+    {"log_level", MOEQ_PROP_STR, P(log_level), 0, 0, "info", "debug, info, warn or error"},
     {"job_ttl_s", MOEQ_PROP_INT, P(job_ttl_s), 0, 31536000, "86400",
      "expiry set on a job record once done, s; 0 = keep forever"},
     {"mtp_k", MOEQ_PROP_INT, P(mtp_k), 0, 3, "1",
@@ -96,6 +98,10 @@ moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, siz
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "max_step_tokens: %lld is below max_seqs %lld", (long long)p->max_step_tokens,
                          (long long)p->max_seqs);
+    moeq_log_level level;
+    if (!moeq_log_parse_level(p->log_level, &level))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "log_level: '%s' is not debug, info, warn or error",
+                         p->log_level);
     if (!p->redis_prefix[0] || !p->group[0] || !p->results_topic[0])
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "redis_prefix, group and results_topic must not be empty");
