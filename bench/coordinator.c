@@ -118,7 +118,7 @@ static int bench_mode(const char *kafka, const char *redis, const char *mode, co
     snprintf(p.redis_prefix, sizeof p.redis_prefix, "%s", prefix);
     snprintf(p.cancel_topic, sizeof p.cancel_topic, "%s", "");
     snprintf(p.model, sizeof p.model, "%s", model_dir ? model_dir : "");
-    p.http_port = 0;
+    p.http_port = -1; /* no endpoint: the bench measures the loop */
     p.max_pending_batches = 100000000;
     p.resume_pending_batches = 0;
     moeq_coordinator *c = NULL;

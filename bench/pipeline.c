@@ -134,7 +134,7 @@ static pid_t start_worker_args(const run *r, int k, const char *extra) {
     snprintf(c, sizeof c,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=bench-%d-%d --max_seqs=16 --max_step_tokens=256 --kv_cache_tokens=16384 --n_threads=1 "
-             "--block_ms=20 %s 2>/dev/null",
+             "--block_ms=20 --http_port=0 %s 2>/dev/null",
              g_moeq, g_model, g_redis, g_kafka, r->ns, r->topic, (int)getpid(), k, extra);
     pid_t pid = fork();
     if (pid == 0) {

@@ -6,8 +6,10 @@
  */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "coordinator.h"
 #include "moeq/kafka.h"
 #include "moeq/log.h"
@@ -22,7 +24,8 @@ static void on_signal(int sig) {
 
 static void usage(FILE *out) {
     fprintf(out, "usage: moeq coordinator [--config FILE] [--key=value ...] [--kafka.<prop>=v] [--redis.<key>=v]\n"
-                 "       moeq coordinator --print-config   (Markdown table of every key)\n\n");
+                 "       moeq coordinator --print-config [...]   (the effective configuration, as a file)\n"
+                 "Keys (file < MOEQ_<KEY> env < flags; docs/CONFIGURATION.md lists every role's):\n\n");
     moeq_props_print_help(moeq_coordinator_props(), out);
 }
 
@@ -33,23 +36,12 @@ static void usage(FILE *out) {
  * included). Returns 0 or an exit code.
  */
 static int load_config(int argc, char **argv, moeq_coordinator_params *p, moeq_kvlist *kafka, moeq_kvlist *redis,
-                       int *left) {
+                       int *left, int *printed) {
     char err[512] = "";
     *p = moeq_coordinator_default_params();
-    moeq_config_src src = {moeq_coordinator_props(), p, kafka, redis};
-    const char *file = NULL;
-    int m = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--config") && i + 1 < argc) file = argv[++i];
-        else if (!strncmp(argv[i], "--config=", 9)) file = argv[i] + 9;
-        else argv[m++] = argv[i];
-    }
-    argv[m] = NULL;
-    moeq_err e = file ? moeq_config_load_file(&src, file, err, sizeof(err)) : MOEQ_OK;
-    if (!e) e = moeq_config_apply_env(&src, err, sizeof(err));
-    if (!e) e = moeq_config_apply_args(&src, m, argv, left, err, sizeof(err));
-    if (!e) e = moeq_coordinator_params_check(p, err, sizeof(err));
-    if (e) {
+    int rc = moeq_cli_load(argv[0], moeq_coordinator_props(), p, kafka, redis, argc, argv, left, printed);
+    if (rc || *printed) return rc;
+    if (moeq_coordinator_params_check(p, err, sizeof(err))) {
         fprintf(stderr, "moeq %s: %s\n", argv[0], err);
         return 2;
     }
@@ -57,13 +49,12 @@ static int load_config(int argc, char **argv, moeq_coordinator_params *p, moeq_k
 }
 
 int moeq_cmd_coordinator(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
-        if (!strcmp(argv[i], "--print-config")) { moeq_props_print_markdown(moeq_coordinator_props(), stdout); return 0; }
-    }
     moeq_coordinator_params p;
     moeq_kvlist *kafka = moeq_kvlist_new(), *redis = moeq_kvlist_new();
-    int rest = 0, rc = load_config(argc, argv, &p, kafka, redis, &rest);
+    int rest = 0, printed = 0, rc = load_config(argc, argv, &p, kafka, redis, &rest, &printed);
+    if (printed) rc = rc ? rc : -1;
     if (!rc && rest > 1) {
         fprintf(stderr, "moeq coordinator: unexpected argument '%s' (see --help)\n", argv[1]);
         rc = 2;
@@ -94,19 +85,48 @@ int moeq_cmd_coordinator(int argc, char **argv) {
     moeq_coordinator_destroy(c);
     moeq_kvlist_destroy(kafka);
     moeq_kvlist_destroy(redis);
-    return rc;
+    return rc < 0 ? 0 : rc;
+}
+
+static void cancel_usage(FILE *out) {
+    fprintf(out, "usage: moeq cancel [--config FILE] [--key=value ...] [--print-config] JOB_ID...\n"
+                 "writes each id to cancel_topic (default moeq.cancel); an argument starting with '-' is\n"
+                 "never an id (put ids after `--` when one must start with '-')\n");
+}
+
+/* The ids: argv[1..rest) after load_config; before `--` none may start with '-'. Returns 0 or 2. */
+static int cancel_ids(int rest, char **argv, char **ids, int *n) {
+    int dashdash = 0;
+    *n = 0;
+    for (int i = 1; i < rest; i++) {
+        if (!dashdash && !strcmp(argv[i], "--")) { dashdash = 1; continue; }
+        if (!dashdash && argv[i][0] == '-') {
+            fprintf(stderr, "moeq cancel: unknown option '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+        ids[(*n)++] = argv[i];
+    }
+    return 0;
 }
 
 int moeq_cmd_cancel(int argc, char **argv) {
     moeq_coordinator_params p;
     moeq_kvlist *kafka = moeq_kvlist_new(), *redis = moeq_kvlist_new();
-    int rest = 0, rc = 0;
-    if (argc < 2 || !strcmp(argv[1], "--help")) {
-        fprintf(argc < 2 ? stderr : stdout, "usage: moeq cancel [--config FILE] [--key=value ...] JOB_ID...\n"
-                                            "writes each id to cancel_topic (default moeq.cancel)\n");
-        rc = argc < 2 ? 2 : 0;
+    int rest = 0, rc = 0, printed = 0, n_ids = 0;
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            cancel_usage(stdout);
+            rc = -1;
+        }
+    if (!rc && argc < 2) {
+        cancel_usage(stderr);
+        rc = 2;
     }
-    if (!rc) rc = load_config(argc, argv, &p, kafka, redis, &rest);
+    if (!rc) rc = load_config(argc, argv, &p, kafka, redis, &rest, &printed);
+    if (!rc && printed) rc = -1;
+    char **ids = argc > 0 ? calloc((size_t)argc, sizeof *ids) : NULL;
+    if (!rc && !ids) rc = 1;
+    if (!rc) rc = cancel_ids(rest, argv, ids, &n_ids);
     moeq_kafka_producer *prod = NULL;
     char err[512];
     if (!rc && !p.cancel_topic[0]) {
@@ -120,12 +140,11 @@ int moeq_cmd_cancel(int argc, char **argv) {
             rc = 1;
         }
     }
-    if (!rc && rest < 2) {
+    if (!rc && n_ids == 0) {
         fprintf(stderr, "moeq cancel: no job id given\n");
         rc = 2;
     }
-    char **ids = argv; /* after load_config: argv[1..rest) are the ids */
-    for (int i = 1; !rc && i < rest; i++) {
+    for (int i = 0; !rc && i < n_ids; i++) {
         moeq_kafka_out out = {.topic = p.cancel_topic, .partition = MOEQ_KAFKA_PARTITION_ANY, .key = ids[i],
                               .key_len = strlen(ids[i]), .value = ids[i], .value_len = strlen(ids[i])};
         if (moeq_kafka_produce(prod, &out, err, sizeof(err))) {
@@ -140,5 +159,6 @@ int moeq_cmd_cancel(int argc, char **argv) {
     moeq_kafka_producer_destroy(prod);
     moeq_kvlist_destroy(kafka);
     moeq_kvlist_destroy(redis);
-    return rc;
+    free(ids);
+    return rc < 0 ? 0 : rc;
 }

@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "moeq/config.h"
 #include "moeq/job.h"
 #include "moeq/kafka.h"
@@ -50,10 +51,11 @@ static void early_signal(int sig) {
 
 int moeq_cmd_worker(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("usage: moeq worker [--config FILE] [--key=value ...] [--kafka.X=V] [--redis.X=V]\n\n"
+        printf("usage: moeq worker [--config FILE] [--key=value ...] [--kafka.X=V] [--redis.X=V]\n"
+               "       moeq worker --print-config [...]   (the effective configuration, as a file)\n\n"
                "Takes batches from Redis, runs them on the engine, publishes results to Kafka.\n"
-               "Keys (file < MOEQ_<KEY> env < flags):\n\n");
-        moeq_props_print_help(moeq_worker_props, stdout);
+               "Keys (file < MOEQ_<KEY> env < flags; docs/CONFIGURATION.md lists every role's):\n\n");
+        moeq_props_print_help(moeq_worker_config_props(), stdout);
         return 0;
     }
     char err[512] = "";
@@ -62,13 +64,20 @@ int moeq_cmd_worker(int argc, char **argv) {
     moeq_worker *w = NULL;
     int rc = 1;
     moeq_err e = moeq_worker_default_params(&params, err, sizeof err);
-    moeq_config_src src = {moeq_worker_props, &params, kafka, redis};
-    int rest = 0;
+    int rest = 0, printed = 0;
     signal(SIGTERM, early_signal);
     signal(SIGINT, early_signal);
-    if (!e) e = moeq_config_apply_env(&src, err, sizeof err);
-    if (!e) e = moeq_config_apply_args(&src, argc, argv, &rest, err, sizeof err);
+    if (!e && moeq_cli_load("worker", moeq_worker_config_props(), &params, kafka, redis, argc, argv, &rest, &printed)) {
+        rc = 2;
+        goto done;
+    }
+    if (!e && printed) {
+        rc = 0;
+        goto done;
+    }
     if (!e && rest > 1) e = moeq_errf(MOEQ_ERR_INVALID_ARG, err, sizeof err, "unexpected argument '%s'", argv[1]);
+    moeq_log_level level;
+    if (!e && moeq_log_parse_level(params.log_level, &level)) moeq_log_set_level(level);
     if (!e) e = moeq_worker_new(&params, kafka, redis, &w, err, sizeof err);
     if (e) {
         fprintf(stderr, "moeq worker: %s: %s\n", moeq_err_str(e), err);
@@ -416,36 +425,59 @@ static void status_streams(moeq_redis *redis, const char *prefix, const char *gr
     }
 }
 
+/* status reads the worker's keys (redis_url, redis_prefix, group, redis.*): the same file, env and flags. */
+static int status_args(int rest, char **argv, moeq_worker_params *p, const char **job) {
+    for (int i = 1; i < rest; i++) {
+        const char *k = argv[i], *v = i + 1 < rest ? argv[i + 1] : NULL;
+        if (!v) return fprintf(stderr, "moeq status: %s needs a value (see --help)\n", k), 2;
+        i++;
+        if (!strcmp(k, "--job")) *job = v;
+        else if (!strcmp(k, "--redis")) snprintf(p->redis_url, sizeof p->redis_url, "%s", v);
+        else if (!strcmp(k, "--prefix")) snprintf(p->redis_prefix, sizeof p->redis_prefix, "%s", v);
+        else return fprintf(stderr, "moeq status: unknown option %s (see --help)\n", k), 2;
+    }
+    return 0;
+}
+
 int moeq_cmd_status(int argc, char **argv) {
-    const char *url = getenv("MOEQ_REDIS_URL"), *job = NULL, *prefix = "moeq", *group = "workers";
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
-            printf("usage: moeq status [--redis URL] [--prefix moeq] [--group workers] [--job ID]\n\n"
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: moeq status [--config FILE] [--redis_url URL] [--redis_prefix moeq] [--group workers]\n"
+                   "                   [--redis.<key>=v] [--job ID] [--print-config]\n\n"
                    "Live workers (heartbeats), batch streams (length, pending, lag) as a table;\n"
-                   "--job ID prints that job's record (state, batch, worker, timestamps).\n");
+                   "--job ID prints that job's record (state, batch, worker, timestamps).\n"
+                   "Reads the worker's keys (default redis_url %s), file < MOEQ_<KEY> env < flags.\n",
+                   MOEQ_REDIS_URL_DEFAULT);
             return 0;
         }
-        if (!v) return fprintf(stderr, "moeq status: %s needs a value\n", k), 2;
-        i++;
-        if (!strcmp(k, "--redis") || !strcmp(k, "--redis-url")) url = v;
-        else if (!strcmp(k, "--job")) job = v;
-        else if (!strcmp(k, "--prefix")) prefix = v;
-        else if (!strcmp(k, "--group")) group = v;
-        else return fprintf(stderr, "moeq status: unknown option %s\n", k), 2;
-    }
-    moeq_redis_params rp;
+    moeq_worker_params p;
+    moeq_kvlist *rkv = moeq_kvlist_new();
     moeq_redis *redis = NULL;
+    const char *job = NULL;
     char err[512];
-    moeq_err e = moeq_redis_params_parse(url ? url : "localhost:6379", NULL, &rp, err, sizeof err);
+    int rest = 0, printed = 0, rc = 1;
+    moeq_redis_params rp;
+    moeq_err e = moeq_worker_default_params(&p, err, sizeof err);
+    if (e || !rkv) goto done;
+    rc = moeq_cli_load("status", moeq_worker_config_props(), &p, NULL, rkv, argc, argv, &rest, &printed);
+    if (!rc && !printed) rc = status_args(rest, argv, &p, &job);
+    if (rc || printed) goto done;
+    rc = 1;
+    e = moeq_redis_params_parse(p.redis_url, rkv, &rp, err, sizeof err);
     if (!e) e = moeq_redis_new(&rp, &redis, err, sizeof err);
-    if (e) return fprintf(stderr, "moeq status: redis: %s: %s\n", moeq_err_str(e), err), 1;
-    if (job) status_job(redis, prefix, job);
-    else {
-        status_workers(redis, prefix);
-        status_streams(redis, prefix, group);
+    if (e) {
+        fprintf(stderr, "moeq status: redis %s: %s: %s\n", p.redis_url, moeq_err_str(e), err);
+        goto done;
     }
+    if (job) status_job(redis, p.redis_prefix, job);
+    else {
+        status_workers(redis, p.redis_prefix);
+        status_streams(redis, p.redis_prefix, p.group);
+    }
+    rc = 0;
+done:
     moeq_redis_destroy(redis);
-    return 0;
+    moeq_kvlist_destroy(rkv);
+    return rc;
 }
 #endif

@@ -1,6 +1,7 @@
 /* config.c — property tables, key = value files, MOEQ_* env, --flags. */
 #define _POSIX_C_SOURCE 200809L
 #include "moeq/config.h"
+#include "moeq/log.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -197,7 +198,29 @@ void moeq_kvlist_at(const moeq_kvlist *kv, size_t i, const char **key, const cha
 
 /* ---- sources ------------------------------------------------------------ */
 
+/* Old names kept working for one vocabulary: every role now uses the new name. */
+static const struct { const char *old, *key; } deprecated[] = {
+    {"allowed_topics", "results_allowed_topics"}, /* the worker's name until 0.x */
+    {"metrics_port", "http_port"},                /* the worker's name until 0.x */
+};
+
+static const char *resolve_alias(const moeq_prop *table, const char *key) {
+    for (size_t i = 0; i < sizeof deprecated / sizeof deprecated[0]; i++)
+        if (!strcmp(key, deprecated[i].old) && prop_find(table, deprecated[i].key)) {
+            moeq_log(MOEQ_LOG_WARN, "config", "deprecated_key", "key=%s use=%s", key, deprecated[i].key);
+            return deprecated[i].key;
+        }
+    return key;
+}
+
+static int is_alias(const moeq_prop *table, const char *key) {
+    for (size_t i = 0; i < sizeof deprecated / sizeof deprecated[0]; i++)
+        if (!strcmp(key, deprecated[i].old) && prop_find(table, deprecated[i].key)) return 1;
+    return 0;
+}
+
 moeq_err moeq_config_apply(const moeq_config_src *src, const char *key, const char *value, char *errstr, size_t n) {
+    key = resolve_alias(src->table, key);
     if (strncmp(key, "kafka.", 6) == 0 && src->kafka) {
         if (!key[6]) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "empty kafka.* key");
         return moeq_kvlist_set(src->kafka, key + 6, value) ? moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "out of memory")
@@ -209,6 +232,29 @@ moeq_err moeq_config_apply(const moeq_config_src *src, const char *key, const ch
                                                            : MOEQ_OK;
     }
     return moeq_props_set(src->table, src->params, key, value, errstr, n);
+}
+
+/*
+ * A key this role's table lacks, read from a shared file: a key of another
+ * role is parsed into scratch space (a malformed value is an error wherever it
+ * is read) and ignored; a key no role knows is a warning.
+ */
+static moeq_err apply_foreign(const moeq_config_src *src, const char *key, const char *value, const char *where,
+                              char *errstr, size_t n) {
+    if (!strncmp(key, "kafka.", 6) || !strncmp(key, "redis.", 6)) return MOEQ_OK; /* the adapters check them */
+    for (const moeq_prop *const *t = src->others; *t; t++) {
+        const moeq_prop *p = prop_find(*t, key);
+        if (!p) continue;
+        char *scratch = calloc(1, p->offset + p->size);
+        if (!scratch) return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "out of memory");
+        moeq_err err = prop_set(p, scratch, value, errstr, n);
+        free(scratch);
+        if (!err) moeq_log(MOEQ_LOG_DEBUG, "config", "other_role_key", "key=%s at=%s", key, where);
+        return err;
+    }
+    moeq_log(MOEQ_LOG_WARN, "config", "unknown_key", "key=%s at=%s msg=\"no role knows this key; ignored\"", key,
+             where);
+    return MOEQ_OK;
 }
 
 static char *trim(char *s) {
@@ -244,6 +290,11 @@ moeq_err moeq_config_load_file(const moeq_config_src *src, const char *path, cha
         if (vl >= 2 && value[0] == '"' && value[vl - 1] == '"') { value[vl - 1] = 0; value++; }
         char sub[512];
         err = moeq_config_apply(src, key, value, sub, sizeof sub);
+        if (err == MOEQ_ERR_NOT_FOUND && src->others) {
+            char where[300];
+            snprintf(where, sizeof where, "%s:%d", path, lineno);
+            err = apply_foreign(src, key, value, where, sub, sizeof sub);
+        }
         if (err) {
             moeq_errf(err, errstr, n, "config %s:%d: %s", path, lineno, sub);
             break;
@@ -280,6 +331,15 @@ static moeq_err apply_passthrough_env(moeq_kvlist *kv, const char *prefix, char 
 }
 
 moeq_err moeq_config_apply_env(const moeq_config_src *src, char *errstr, size_t n) {
+    for (size_t i = 0; i < sizeof deprecated / sizeof deprecated[0]; i++) { /* before the new names: they win */
+        char name[256];
+        env_name(deprecated[i].old, name, sizeof name);
+        const char *v = getenv(name);
+        if (!v || !is_alias(src->table, deprecated[i].old)) continue;
+        char sub[512];
+        moeq_err err = moeq_config_apply(src, deprecated[i].old, v, sub, sizeof sub);
+        if (err) return moeq_errf(err, errstr, n, "environment %s: %s", name, sub);
+    }
     for (const moeq_prop *p = src->table; p->name; p++) {
         char name[256];
         env_name(p->name, name, sizeof name);
@@ -311,7 +371,7 @@ moeq_err moeq_config_apply_args(const moeq_config_src *src, int argc, char **arg
         for (char *p = key; *p; p++)
             if (*p == '-') *p = '_';
         int is_config = strcmp(key, "config") == 0;
-        int known = is_config || prop_find(src->table, key) || (src->kafka && strncmp(key, "kafka.", 6) == 0) ||
+        int known = is_config || prop_find(src->table, key) || is_alias(src->table, key) || (src->kafka && strncmp(key, "kafka.", 6) == 0) ||
                     (src->redis && strncmp(key, "redis.", 6) == 0);
         if (!known) { argv[out++] = argv[i]; continue; }
         if (eq) value = eq + 1;
@@ -324,4 +384,34 @@ moeq_err moeq_config_apply_args(const moeq_config_src *src, int argc, char **arg
     argv[out] = NULL;
     *argc_out = out;
     return MOEQ_OK;
+}
+
+moeq_err moeq_config_load(const moeq_config_src *src, int argc, char **argv, int *argc_out, char *errstr,
+                          size_t n) {
+    int m = 1;
+    moeq_err err = MOEQ_OK;
+    for (int i = 1; i < argc && !err; i++) {
+        const char *file = NULL;
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "flag --config needs a value");
+            file = argv[++i];
+        } else if (!strncmp(argv[i], "--config=", 9)) {
+            file = argv[i] + 9;
+        } else {
+            argv[m++] = argv[i];
+            continue;
+        }
+        err = moeq_config_load_file(src, file, errstr, n);
+    }
+    if (err) return err;
+    argv[m] = NULL;
+    if ((err = moeq_config_apply_env(src, errstr, n))) return err;
+    return moeq_config_apply_args(src, m, argv, argc_out, errstr, n);
+}
+
+void moeq_props_print_markdown_section(const char *title, const char *intro, const moeq_prop *table, FILE *out) {
+    fprintf(out, "## %s\n\n", title);
+    if (intro && *intro) fprintf(out, "%s\n\n", intro);
+    moeq_props_print_markdown(table, out);
+    fprintf(out, "\n");
 }

@@ -881,3 +881,23 @@ moeq_err moeq_kafka_mock_broker_set_rtt(moeq_kafka_mock *mock, int32_t broker_id
     if (!mock || rtt_ms < 0) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka mock rtt: bad argument");
     return mock_result(rd_kafka_mock_broker_set_rtt(mc_of(mock), broker_id, rtt_ms), errstr, n, "mock broker_set_rtt");
 }
+
+/* ---- readiness ------------------------------------------------------------ */
+
+static moeq_err ping(rd_kafka_t *rk, int timeout_ms, char *errstr, size_t n) {
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t rerr = rd_kafka_metadata(rk, 0, NULL, &md, timeout_ms);
+    if (rerr) return moeq_errf(MOEQ_ERR_TRANSIENT, errstr, n, "kafka metadata: %s", rd_kafka_err2str(rerr));
+    int brokers = md->broker_cnt;
+    rd_kafka_metadata_destroy(md);
+    if (brokers < 1) return moeq_errf(MOEQ_ERR_TRANSIENT, errstr, n, "kafka metadata: no broker listed");
+    return MOEQ_OK;
+}
+
+moeq_err moeq_kafka_producer_ping(moeq_kafka_producer *producer, int timeout_ms, char *errstr, size_t n) {
+    return ping(producer->rk, timeout_ms, errstr, n);
+}
+
+moeq_err moeq_kafka_consumer_ping(moeq_kafka_consumer *consumer, int timeout_ms, char *errstr, size_t n) {
+    return ping(consumer->rk, timeout_ms, errstr, n);
+}

@@ -576,3 +576,41 @@ moeq_err moeq_redis_get_reply(moeq_redis *redis, moeq_redis_reply **reply, char 
     if (redisGetReply(redis->c, &r) != REDIS_OK || !r) return ctx_err(redis, "pipelined reply", errstr, n);
     return finish_reply(r, "pipelined command", 17, reply, errstr, n);
 }
+
+/* ---- readiness probe -------------------------------------------------------- */
+
+struct moeq_redis_probe {
+    moeq_redis_params params;
+    moeq_redis *conn;
+};
+
+moeq_err moeq_redis_probe_new(const moeq_redis_params *params, moeq_redis_probe **out) {
+    moeq_redis_probe *p = calloc(1, sizeof *p);
+    if (!p) return MOEQ_ERR_NOMEM;
+    p->params = *params;
+    if (!p->params.connect_timeout_ms || p->params.connect_timeout_ms > 1000) p->params.connect_timeout_ms = 1000;
+    if (!p->params.command_timeout_ms || p->params.command_timeout_ms > 1000) p->params.command_timeout_ms = 1000;
+    *out = p;
+    return MOEQ_OK;
+}
+
+moeq_err moeq_redis_probe_check(void *opaque, char *errstr, size_t n) {
+    moeq_redis_probe *p = opaque;
+    moeq_err err = p->conn ? MOEQ_OK : moeq_redis_new(&p->params, &p->conn, errstr, n);
+    if (err) return err;
+    const char *argv[] = {"PING"};
+    moeq_redis_reply *reply = NULL;
+    err = moeq_redis_command_argv(p->conn, 1, argv, NULL, &reply, errstr, n);
+    moeq_redis_reply_free(reply);
+    if (err) {
+        moeq_redis_destroy(p->conn);
+        p->conn = NULL;
+    }
+    return err;
+}
+
+void moeq_redis_probe_destroy(moeq_redis_probe *p) {
+    if (!p) return;
+    moeq_redis_destroy(p->conn);
+    free(p);
+}

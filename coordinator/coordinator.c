@@ -29,8 +29,10 @@
 #include "batch_entry.h"
 #include "batcher.h"
 #include "intake.h"
+#include "moeq/health.h"
 #include "moeq/kafka.h"
 #include "moeq/log.h"
+#include "moeq/redis.h"
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"
 #include "offsets.h"
@@ -89,6 +91,8 @@ struct moeq_coordinator {
     moeq_coord_stats snap;
     pthread_mutex_t snap_mu;
     struct MHD_Daemon *http;
+    moeq_health *health;          /* /livez, /readyz: loop ticks, broker and Redis probes */
+    moeq_redis_probe *redis_probe;
 };
 
 /* ---- slots ----------------------------------------------------------------- */
@@ -719,14 +723,14 @@ static enum MHD_Result http_handler(void *cls, struct MHD_Connection *conn, cons
     moeq_buf body = {0};
     unsigned code = MHD_HTTP_OK;
     const char *type = "text/plain; version=0.0.4";
+    char health[600];
+    unsigned hcode = moeq_health_route(c->health, url, moeq_now_ms(), health, sizeof health);
     if (!strcmp(url, "/metrics")) {
         moeq_coord_metrics_render(&st, &body);
         render_lag(c, &body);
-    } else if (!strcmp(url, "/healthz")) {
-        int alive = moeq_now_ms() - st.last_tick_ms < 5000;
-        code = alive ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
-        const char *t = alive ? "ok\n" : "stalled\n";
-        moeq_buf_append(&body, t, strlen(t));
+    } else if (hcode) {
+        code = hcode;
+        moeq_buf_append(&body, health, strlen(health));
         type = "text/plain";
     } else {
         code = MHD_HTTP_NOT_FOUND;
@@ -746,6 +750,8 @@ static enum MHD_Result http_handler(void *cls, struct MHD_Connection *conn, cons
 void moeq_coordinator_destroy(moeq_coordinator *c) {
     if (!c) return;
     if (c->http) MHD_stop_daemon(c->http);
+    moeq_health_destroy(c->health);
+    moeq_redis_probe_destroy(c->redis_probe);
     moeq_kafka_producer_destroy(c->producer); /* first: its last reports look up slots and free messages */
     for (uint32_t i = 0; i < c->n_slots; i++) { /* every message before its consumer */
         moeq_kafka_msg_destroy(c->slots[i].msg);
@@ -780,8 +786,29 @@ static moeq_err start_http(moeq_coordinator *c, char *errstr, size_t n) {
                                NULL, NULL, http_handler, c, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                MHD_OPTION_END);
     if (!c->http)
-        return moeq_errf(MOEQ_ERR_IO, errstr, n, "http %s:%lld: cannot listen", c->p.http_addr, (long long)c->p.http_port);
+        return moeq_errf(MOEQ_ERR_IO, errstr, n, "http_port: cannot listen on %s:%lld (taken? set another port, 0 = "
+                         "ephemeral, -1 = off)", c->p.http_addr, (long long)c->p.http_port);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(c->http, MHD_DAEMON_INFO_BIND_PORT);
+    moeq_log(MOEQ_LOG_INFO, COMP, "http_listening", "addr=%s port=%u routes=/metrics,/livez,/readyz,/healthz",
+             c->p.http_addr, info ? (unsigned)info->port : (unsigned)c->p.http_port);
     return MOEQ_OK;
+}
+
+static moeq_err kafka_probe(void *opaque, char *errstr, size_t n) {
+    moeq_coordinator *c = opaque;
+    return moeq_kafka_consumer_ping(c->consumer, 1000, errstr, n);
+}
+
+/* Readiness: the broker answers metadata requests and Redis answers PING (its own connection). */
+static moeq_err start_health(moeq_coordinator *c, const moeq_kvlist *redis, char *errstr, size_t n) {
+    moeq_redis_params rp;
+    moeq_err e = moeq_redis_params_parse(c->p.redis_url, redis, &rp, errstr, n);
+    if (!e && (moeq_health_new(2000, c->p.livez_stall_ms, &c->health) || moeq_redis_probe_new(&rp, &c->redis_probe)))
+        e = moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "out of memory");
+    if (!e) moeq_health_add_probe(c->health, "kafka", kafka_probe, c);
+    if (!e) moeq_health_add_probe(c->health, "redis", moeq_redis_probe_check, c->redis_probe);
+    if (!e && c->p.http_port >= 0) e = start_http(c, errstr, n);
+    return e;
 }
 
 static moeq_err connect_store(moeq_coordinator *c, const moeq_kvlist *redis, char *errstr, size_t n) {
@@ -868,7 +895,7 @@ moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_
     c->ictx.tokenizer = c->tok;
     if (!e) e = connect_store(c, redis, errstr, n);
     if (!e) e = connect_kafka(c, kafka, errstr, n);
-    if (!e && params->http_port > 0) e = start_http(c, errstr, n);
+    if (!e) e = start_health(c, redis, errstr, n);
     if (e) {
         moeq_coordinator_destroy(c);
         return e;
@@ -880,6 +907,7 @@ moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_
 static void publish_stats(moeq_coordinator *c, int64_t now) {
     c->st.open_jobs = c->used;
     c->st.last_tick_ms = now;
+    moeq_health_tick(c->health, now);
     pthread_mutex_lock(&c->snap_mu);
     c->snap = c->st;
     pthread_mutex_unlock(&c->snap_mu);

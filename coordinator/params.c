@@ -4,7 +4,9 @@
  */
 #include "params.h"
 
+#include "moeq/kafka.h"
 #include "moeq/log.h"
+#include "moeq/redis.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -18,7 +20,7 @@
     {#f, MOEQ_PROP_DOUBLE, offsetof(moeq_coordinator_params, f), sizeof(double), lo, hi, def, doc}
 
 static const moeq_prop own_props[] = {
-    P_STR(kafka_brokers, "localhost:9092", "Kafka bootstrap servers, host:port[,host:port...]"),
+    P_STR(kafka_brokers, MOEQ_KAFKA_BROKERS_DEFAULT, "Kafka bootstrap servers, host:port[,host:port...]"),
     P_STR(group_id, "moeq-coordinator", "consumer group shared by every coordinator"),
     P_STR(group_instance_id, "auto",
           "static group membership id (group.instance.id): a restarted coordinator gets its partitions back at once; "
@@ -29,7 +31,7 @@ static const moeq_prop own_props[] = {
     P_STR(results_allowed_topics, "", "comma-separated topics a job's reply_to may name (results_topic always may)"),
     P_STR(dlq_topic, "moeq.dlq", "dead-letter topic: original bytes, reason in headers"),
     P_STR(cancel_topic, "moeq.cancel", "topic of job ids to cancel; empty = off"),
-    P_STR(redis_url, "127.0.0.1:6379", "Redis: host:port, redis://[user:password@]host:port or unix:/path"),
+    P_STR(redis_url, MOEQ_REDIS_URL_DEFAULT, "Redis: host:port, redis://[user:password@]host:port or unix:/path (the stack of scripts/services.sh)"),
     P_STR(redis_prefix, "moeq", "prefix of every Redis key (moeq:batches:p0, moeq:job:<id>)"),
     P_STR(durability, "fsync_always",
           "fsync_always (server runs appendfsync always), waitaof (WAITAOF after each write round, Redis >= 7.2) or none"),
@@ -49,8 +51,9 @@ static const moeq_prop own_props[] = {
     P_INT(max_open_jobs, 1, 100000000, "100000", "pause consumption when this many consumed jobs are not yet durable"),
     P_INT(pending_check_ms, 10, 60000, "500", "how often the streams' pending batches are measured, ms"),
     P_INT(commit_interval_ms, 10, 60000, "1000", "how often stored offsets are committed, ms"),
-    P_INT(http_port, 0, 65535, "9464", "port of /metrics and /healthz; 0 = off"),
-    P_STR(http_addr, "0.0.0.0", "IPv4 bind address of /metrics and /healthz"),
+    P_INT(http_port, -1, 65535, "9464", "port of /metrics, /livez, /readyz and /healthz; 0 = ephemeral (the port is logged), -1 = off"),
+    P_STR(http_addr, "0.0.0.0", "IPv4 bind address of /metrics and the health routes"),
+    P_INT(livez_stall_ms, 1000, 86400000, "60000", "/livez fails when the loop has not ticked for this long, ms"),
     P_STR(log_level, "info", "debug, info, warn or error"),
 };
 

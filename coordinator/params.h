@@ -67,8 +67,9 @@ typedef struct moeq_coordinator_params {
     int64_t pending_check_ms;         /* how often stream backlogs are measured, ms; 500          */
     int64_t commit_interval_ms;       /* how often stored offsets are committed, ms; 1000        */
     /* Observability */
-    int64_t http_port;                /* /metrics and /healthz; 0 = off; 9464                     */
+    int64_t http_port;                /* /metrics, /livez, /readyz, /healthz; 0 = ephemeral, -1 = off; 9464 */
     char http_addr[64];               /* IPv4 bind address; "0.0.0.0"                            */
+    int64_t livez_stall_ms;           /* /livez fails after the loop stalls this long, ms; 60000  */
     char log_level[16];               /* debug | info | warn | error                             */
     /* Job codec limits (schemas/include/moeq/job.h) */
     moeq_job_limits limits;

@@ -62,6 +62,7 @@ max_seqs = 8
 max_step_tokens = 256
 kv_cache_tokens = 16384
 n_threads = 1
+http_port = 0
 CONF
 
 echo "demo: starting a coordinator and two workers (logs in $out/)"

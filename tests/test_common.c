@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "moeq/config.h"
+#include "moeq/health.h"
 #include "moeq/log.h"
 #include "moeq/util.h"
 
@@ -66,7 +67,7 @@ static void file_then_env_then_flags_override_in_order(void **state) {
     demo_params p;
     moeq_props_defaults(demo_props, &p, NULL, 0);
     moeq_kvlist *kafka = moeq_kvlist_new(), *redis = moeq_kvlist_new();
-    moeq_config_src src = {demo_props, &p, kafka, redis};
+    moeq_config_src src = {demo_props, &p, kafka, redis, NULL};
     char err[256];
     assert_int_equal(moeq_config_load_file(&src, path, err, sizeof err), MOEQ_OK);
     assert_int_equal(p.max_jobs, 10);
@@ -105,7 +106,7 @@ static void a_bad_config_line_names_file_and_line(void **state) {
     close(fd);
     demo_params p;
     moeq_props_defaults(demo_props, &p, NULL, 0);
-    moeq_config_src src = {demo_props, &p, NULL, NULL};
+    moeq_config_src src = {demo_props, &p, NULL, NULL, NULL};
     char err[512];
     assert_int_equal(moeq_config_load_file(&src, path, err, sizeof err), MOEQ_ERR_PARSE);
     assert_non_null(strstr(err, ":2:"));
@@ -136,9 +137,48 @@ static void log_values_with_spaces_are_quoted(void **state) {
     assert_false(moeq_err_is_retriable(MOEQ_ERR_FORMAT));
 }
 
+typedef struct fake_dep {
+    int up, calls;
+} fake_dep;
+
+static moeq_err fake_probe(void *opaque, char *errstr, size_t n) {
+    fake_dep *d = opaque;
+    d->calls++;
+    if (d->up) return MOEQ_OK;
+    snprintf(errstr, n, "down");
+    return MOEQ_ERR_TRANSIENT;
+}
+
+static void readiness_is_every_probe_cached_and_liveness_is_the_loop_ticking(void **state) {
+    (void)state;
+    moeq_health *h = NULL;
+    assert_int_equal(moeq_health_new(2000, 10000, &h), MOEQ_OK);
+    fake_dep broker = {1, 0}, redis = {1, 0};
+    assert_int_equal(moeq_health_add_probe(h, "kafka", fake_probe, &broker), MOEQ_OK);
+    assert_int_equal(moeq_health_add_probe(h, "redis", fake_probe, &redis), MOEQ_OK);
+    char body[256];
+    assert_int_equal(moeq_health_route(h, "/livez", 1000, body, sizeof body), 200); /* starting: live */
+    moeq_health_tick(h, 1000);
+    assert_int_equal(moeq_health_route(h, "/readyz", 1000, body, sizeof body), 200);
+    redis.up = 0;
+    assert_int_equal(moeq_health_route(h, "/readyz", 1500, body, sizeof body), 200); /* cached for 2 s */
+    assert_int_equal(broker.calls, 1);
+    assert_int_equal(moeq_health_route(h, "/healthz", 3000, body, sizeof body), 503);
+    assert_non_null(strstr(body, "redis: down"));
+    redis.up = 1;
+    assert_int_equal(moeq_health_route(h, "/readyz", 5000, body, sizeof body), 200);
+    assert_int_equal(moeq_health_route(h, "/livez", 10999, body, sizeof body), 200);
+    assert_int_equal(moeq_health_route(h, "/livez", 11000, body, sizeof body), 503); /* the loop stalled */
+    assert_non_null(strstr(body, "livez_stall_ms"));
+    assert_int_equal(moeq_health_route(h, "/readyz", 11000, body, sizeof body), 503);
+    assert_int_equal(moeq_health_route(h, "/metrics", 11000, body, sizeof body), 0);
+    moeq_health_destroy(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_come_from_the_table),
+        cmocka_unit_test(readiness_is_every_probe_cached_and_liveness_is_the_loop_ticking),
         cmocka_unit_test(out_of_range_values_are_rejected_with_the_key_named),
         cmocka_unit_test(file_then_env_then_flags_override_in_order),
         cmocka_unit_test(a_bad_config_line_names_file_and_line),

@@ -55,7 +55,7 @@ static void file_then_env_then_flags_each_override_the_last(void **state) {
     (void)state;
     moeq_coordinator_params p = moeq_coordinator_default_params();
     moeq_kvlist *kafka = moeq_kvlist_new(), *redis = moeq_kvlist_new();
-    moeq_config_src src = {moeq_coordinator_props(), &p, kafka, redis};
+    moeq_config_src src = {moeq_coordinator_props(), &p, kafka, redis, NULL};
     char *path = write_tmp("# coordinator\nmax_batch_jobs = 16\nmax_wait_ms = 20\nlength_tolerance = 0.2\n"
                            "kafka.security.protocol = SASL_SSL\nredis.user = moeq\nmax_job_bytes = 4096\n"
                            "job_topics = \"a.jobs, b.jobs\"\n");
@@ -93,7 +93,7 @@ static void file_then_env_then_flags_each_override_the_last(void **state) {
 static void out_of_range_and_unknown_keys_are_errors_naming_the_key(void **state) {
     (void)state;
     moeq_coordinator_params p = moeq_coordinator_default_params();
-    moeq_config_src src = {moeq_coordinator_props(), &p, NULL, NULL};
+    moeq_config_src src = {moeq_coordinator_props(), &p, NULL, NULL, NULL};
     char err[512] = "";
     assert_int_equal(moeq_config_apply(&src, "max_batch_jobs", "0", err, sizeof(err)), MOEQ_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "max_batch_jobs"));

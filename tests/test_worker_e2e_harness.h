@@ -168,7 +168,7 @@ static inline pid_t e2e_start_worker(const e2e *t, const char *worker_id, const 
     snprintf(cmd, sizeof cmd,
              "%s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--dlq_topic=%s.dlq --worker_id=%s --max_seqs=16 --max_step_tokens=256 --kv_cache_tokens=16384 "
-             "--n_threads=1 --block_ms=100 %s",
+             "--n_threads=1 --block_ms=100 --http_port=0 %s",
              t->moeq, t->model, t->redis, t->kafka, t->ns, t->results_topic, t->ns, worker_id, extra ? extra : "");
     char log[256];
     snprintf(log, sizeof log, "%s-%s", t->ns, worker_id);

@@ -63,7 +63,7 @@ static void reply_to_must_be_on_the_allow_list(void **state) {
     (void)state;
     moeq_worker_params p;
     moeq_worker_default_params(&p, NULL, 0);
-    strcpy(p.allowed_topics, "team-a.results, team-b.results");
+    strcpy(p.results_allowed_topics, "team-a.results, team-b.results");
     assert_true(moeq_worker_topic_allowed(&p, "moeq.results"));
     assert_true(moeq_worker_topic_allowed(&p, "team-a.results"));
     assert_true(moeq_worker_topic_allowed(&p, "team-b.results"));

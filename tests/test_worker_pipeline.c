@@ -201,7 +201,7 @@ static pid_t start_worker(const scenario *s, const char *id, const char *extra) 
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
-             "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 %s 2>>%s/worker-%s.log",
+             "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --http_port=0 %s 2>>%s/worker-%s.log",
              g_moeq, g_model, g_redis, g_kafka, s->ns, s->results, id, extra ? extra : "",
              getenv("MOEQ_BUILD_DIR") ? getenv("MOEQ_BUILD_DIR") : "/tmp", id);
     pid_t pid = fork();

@@ -4,11 +4,16 @@
  */
 #include "metrics.h"
 
+#include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "moeq/log.h"
+#include "moeq/util.h"
 
 const int64_t moeq_worker_latency_bounds[WORKER_LAT_BUCKETS] = {50,   100,   250,   500,   1000,  2500,
                                                                  5000, 10000, 30000, 60000, 300000, 900000};
@@ -95,6 +100,7 @@ struct moeq_worker_http {
     struct MHD_Daemon *daemon;
     moeq_worker_metrics *m;
     const char *worker_id;
+    moeq_health *health;
 };
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -103,7 +109,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)version, (void)upload_data, (void)upload_data_size, (void)con_cls;
     moeq_worker_http *h = cls;
     if (strcmp(method, "GET") != 0) return MHD_NO;
-    char *body = NULL;
+    char *body = NULL, text[600];
     size_t len = 0;
     unsigned status = MHD_HTTP_OK;
     if (strcmp(url, "/metrics") == 0) {
@@ -111,12 +117,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         body = malloc(cap);
         if (!body) return MHD_NO;
         len = moeq_worker_metrics_render(h->m, h->worker_id, body, cap);
-    } else if (strcmp(url, "/healthz") == 0) {
-        int ok = atomic_load(&h->m->healthy);
-        body = strdup(ok ? (atomic_load(&h->m->draining) ? "draining\n" : "ok\n") : "unhealthy\n");
+    } else if ((status = moeq_health_route(h->health, url, moeq_now_ms(), text, sizeof text))) {
+        if (status == MHD_HTTP_OK && strcmp(url, "/livez") && atomic_load(&h->m->draining))
+            snprintf(text, sizeof text, "draining\n");
+        body = strdup(text);
         if (!body) return MHD_NO;
         len = strlen(body);
-        status = ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
     } else {
         body = strdup("not found\n");
         if (!body) return MHD_NO;
@@ -134,19 +140,32 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return r;
 }
 
-moeq_err moeq_worker_http_start(moeq_worker_metrics *m, const char *worker_id, int port, moeq_worker_http **out,
-                                char *errstr, size_t errstr_size) {
+moeq_err moeq_worker_http_start(moeq_worker_metrics *m, const char *worker_id, moeq_health *health, const char *addr,
+                                int port, moeq_worker_http **out, char *errstr, size_t errstr_size) {
     *out = NULL;
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "http_addr: '%s' is not an IPv4 address", addr);
     moeq_worker_http *h = calloc(1, sizeof *h);
     if (!h) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "http");
     h->m = m;
     h->worker_id = worker_id;
-    h->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL, on_request, h,
-                                 MHD_OPTION_END);
+    h->health = health;
+    /* a thread per connection: /readyz may wait on the broker (about a second), /livez must not */
+    h->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, (uint16_t)port, NULL,
+                                 NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
     if (!h->daemon) {
         free(h);
-        return moeq_errf(MOEQ_ERR_IO, errstr, errstr_size, "metrics_port: cannot listen on %d", port);
+        return moeq_errf(MOEQ_ERR_IO, errstr, errstr_size,
+                         "http_port: cannot listen on %s:%d (taken? set another port, 0 = ephemeral, -1 = off)", addr,
+                         port);
     }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    moeq_log(MOEQ_LOG_INFO, "worker", "http_listening", "addr=%s port=%u routes=/metrics,/livez,/readyz,/healthz", addr,
+             info ? (unsigned)info->port : (unsigned)port);
     *out = h;
     return MOEQ_OK;
 }

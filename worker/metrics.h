@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "moeq/err.h"
+#include "moeq/health.h"
 
 #define WORKER_LAT_BUCKETS 12
 
@@ -42,9 +43,14 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *work
 
 typedef struct moeq_worker_http moeq_worker_http;
 
-/* Serve /metrics and /healthz on port (borrowing m and worker_id for the server's life). */
-moeq_err moeq_worker_http_start(moeq_worker_metrics *m, const char *worker_id, int port, moeq_worker_http **out,
-                                char *errstr, size_t errstr_size);
+/*
+ * Serve /metrics, /livez, /readyz and /healthz (= ready, "draining" while
+ * draining) on addr:port; port 0 = ephemeral, the bound port logged.
+ * Borrows m, worker_id and health for the server's life. A taken port is
+ * MOEQ_ERR_IO naming http_port.
+ */
+moeq_err moeq_worker_http_start(moeq_worker_metrics *m, const char *worker_id, moeq_health *health, const char *addr,
+                                int port, moeq_worker_http **out, char *errstr, size_t errstr_size);
 void moeq_worker_http_stop(moeq_worker_http *http); /* NULL is safe */
 
 #endif

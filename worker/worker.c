@@ -74,6 +74,9 @@ struct moeq_worker {
     moeq_kafka_producer *producer;
     moeq_sched *sched;
     moeq_worker_http *http;
+    moeq_health *health;           /* /livez, /readyz: loop ticks, model, broker, Redis */
+    moeq_redis_probe *redis_probe;
+    atomic_int model_loaded, io_open; /* set once, read by the HTTP thread's probes */
     moeq_worker_metrics metrics;
     char model_name[128];
     int vocab;
@@ -289,6 +292,33 @@ static moeq_err open_io(moeq_worker *w, const moeq_kvlist *kafka, const moeq_kvl
     return moeq_kafka_producer_new(&kp, kafka, &w->producer, errstr, errstr_size);
 }
 
+static moeq_err model_probe(void *opaque, char *errstr, size_t errstr_size) {
+    moeq_worker *w = opaque;
+    if (atomic_load(&w->model_loaded)) return MOEQ_OK;
+    return moeq_errf(MOEQ_ERR_TRANSIENT, errstr, errstr_size, "the model is still loading");
+}
+
+static moeq_err kafka_probe(void *opaque, char *errstr, size_t errstr_size) {
+    moeq_worker *w = opaque;
+    if (!atomic_load(&w->io_open)) return moeq_errf(MOEQ_ERR_TRANSIENT, errstr, errstr_size, "not connected yet");
+    return moeq_kafka_producer_ping(w->producer, 1000, errstr, errstr_size);
+}
+
+/* Health first: a taken http_port fails before a long model load; /readyz says "loading" meanwhile. */
+static moeq_err open_health(moeq_worker *w, const moeq_kvlist *redis, char *errstr, size_t errstr_size) {
+    moeq_redis_params rp;
+    moeq_err err = moeq_redis_params_parse(w->params.redis_url, redis, &rp, errstr, errstr_size);
+    if (err) return err;
+    if (moeq_health_new(2000, w->params.livez_stall_ms, &w->health) || moeq_redis_probe_new(&rp, &w->redis_probe))
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "out of memory");
+    moeq_health_add_probe(w->health, "model", model_probe, w);
+    moeq_health_add_probe(w->health, "kafka", kafka_probe, w);
+    moeq_health_add_probe(w->health, "redis", moeq_redis_probe_check, w->redis_probe);
+    if (w->params.http_port < 0) return MOEQ_OK;
+    return moeq_worker_http_start(&w->metrics, w->params.worker_id, w->health, w->params.http_addr,
+                                  (int)w->params.http_port, &w->http, errstr, errstr_size);
+}
+
 moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *kafka, const moeq_kvlist *redis,
                          moeq_worker **out, char *errstr, size_t errstr_size) {
     if (!params || !out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL argument");
@@ -300,13 +330,10 @@ moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *ka
     w->params = *params;
     default_worker_id(&w->params);
     atomic_store(&w->metrics.healthy, 1);
-    if ((err = open_engine(w, errstr, errstr_size)) || (err = open_io(w, kafka, redis, errstr, errstr_size))) {
-        moeq_worker_destroy(w);
-        return err;
-    }
-    if (w->params.metrics_port > 0 &&
-        (err = moeq_worker_http_start(&w->metrics, w->params.worker_id, (int)w->params.metrics_port, &w->http, errstr,
-                                      errstr_size))) {
+    if (!(err = open_health(w, redis, errstr, errstr_size)) && !(err = open_engine(w, errstr, errstr_size)))
+        atomic_store(&w->model_loaded, 1);
+    if (!err && !(err = open_io(w, kafka, redis, errstr, errstr_size))) atomic_store(&w->io_open, 1);
+    if (err) {
         moeq_worker_destroy(w);
         return err;
     }
@@ -330,7 +357,9 @@ static void batch_free(wbatch *b) {
 void moeq_worker_destroy(moeq_worker *w) {
     if (!w) return;
     if (g_signal_worker == w) g_signal_worker = NULL;
-    moeq_worker_http_stop(w->http);
+    moeq_worker_http_stop(w->http); /* first: its probes read the producer */
+    moeq_health_destroy(w->health);
+    moeq_redis_probe_destroy(w->redis_probe);
     moeq_kafka_producer_destroy(w->producer); /* flushes; late reports reach the scheduler */
     while (w->held) {
         wbatch *b = w->held;
@@ -471,7 +500,7 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
             s->error_code = "dead_letter";
             s->error_message = why[i];
         } else if (ej->bad) {
-            s->error_code = "invalid_job";
+            s->error_code = ej->bad_code ? ej->bad_code : "malformed"; /* a documented job reject code */
             s->error_message = ej->bad;
         } else if (!ej->tokens && tokenize_job(w, ej, why[i], sizeof why[i]) != MOEQ_OK) {
             s->error_code = "tokenize";
@@ -967,6 +996,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
             hand_back_all(w);
             break;
         }
+        moeq_health_tick(w->health, now);
         heartbeat(w, now);
         poll_cancels(w, now);
         if (want_batch(w)) {

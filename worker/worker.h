@@ -22,6 +22,7 @@
 
 #include "moeq/config.h"
 #include "moeq/err.h"
+#include "moeq/job.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,7 +36,8 @@ typedef struct moeq_worker_params {
     char redis_prefix[64];        /* keys: <prefix>:batches:p0..p3, <prefix>:job:<id>, <prefix>:worker:<id> */
     char group[64];               /* consumer group shared by all workers                         */
     char results_topic[256];      /* default results topic (jobs without reply_to)               */
-    char allowed_topics[1024];    /* comma-separated topics a reply_to may name; "" = results_topic only */
+    char results_allowed_topics[1024]; /* comma-separated topics a reply_to may name (the coordinator's key);
+                                     "" = results_topic only; old name allowed_topics                */
     char dlq_topic[256];          /* dead-letter topic                                            */
     int64_t visibility_timeout_ms;/* a batch pending this long on a silent worker is reclaimed    */
     int64_t max_deliveries;       /* dead-letter a batch delivered more often than this            */
@@ -48,7 +50,11 @@ typedef struct moeq_worker_params {
     int64_t heartbeat_interval_ms;/* heartbeat period; the key's TTL is 3 periods                  */
     int64_t cancel_poll_ms;       /* how often running jobs' records are checked for cancellation  */
     int64_t drain_timeout_ms;     /* on SIGTERM: finish held batches within this, else hand back    */
-    int64_t metrics_port;         /* /metrics and /healthz; 0 = off                                  */
+    int64_t http_port;            /* /metrics, /livez, /readyz, /healthz; 0 = ephemeral (logged), -1 = off;
+                                     9465; old name metrics_port                                    */
+    char http_addr[64];           /* IPv4 bind address of that endpoint; "0.0.0.0"                  */
+    int64_t livez_stall_ms;       /* /livez fails when the loop has not ticked for this long          */
+    char log_level[16];           /* debug | info | warn | error (the coordinator's key)             */
     int64_t job_ttl_s;            /* TTL set on a job record when marked done; 0 = keep              */
     int64_t mtp_k;                /* MTP drafts per speculative round for jobs with mtp on;
                                      0 = off; used only when the model has an MTP layer; [0, 3]     */
@@ -57,10 +63,18 @@ typedef struct moeq_worker_params {
                                      share at least this many tokens; 0 = never                     */
     double mtp_min_acceptance;    /* a job pauses drafting while its acceptance is below this;
                                      -1 = auto (1.5 x a draft's share of a step's weight bytes)     */
+    moeq_job_limits limits;       /* the job codec's limits, the coordinator's keys (max_job_bytes, ...) */
 } moeq_worker_params;
 
-/* Property table over moeq_worker_params (keys are the field names). */
+/* The worker's own keys (the field names), without the job limits. */
 extern const moeq_prop moeq_worker_props[];
+
+/*
+ * The whole table: moeq_worker_props plus moeq_job_limits_props under
+ * their own names (the coordinator's), so one file gives both roles the same
+ * limits. Built on first use (not thread-safe on that first call).
+ */
+const moeq_prop *moeq_worker_config_props(void);
 
 /* Defaults from the table. */
 moeq_err moeq_worker_default_params(moeq_worker_params *params, char *errstr, size_t errstr_size);
@@ -68,7 +82,7 @@ moeq_err moeq_worker_default_params(moeq_worker_params *params, char *errstr, si
 /* Cross-field checks (max_step_tokens >= max_seqs, model set, ...). Message names the key. */
 moeq_err moeq_worker_params_check(const moeq_worker_params *params, char *errstr, size_t errstr_size);
 
-/* 1 when topic may receive results: results_topic or an entry of allowed_topics. Pure. */
+/* 1 when topic may receive results: results_topic or an entry of results_allowed_topics. Pure. */
 int moeq_worker_topic_allowed(const moeq_worker_params *params, const char *topic);
 
 /* Name of the stream of priority p (0..3) into out. */

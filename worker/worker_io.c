@@ -35,7 +35,8 @@ static char *dup_n(const char *s, size_t n) {
     return d;
 }
 
-static moeq_err decode_one(const moeq_batch_entry_job *bj, size_t i, worker_entry_job *wj) {
+static moeq_err decode_one(const moeq_batch_entry_job *bj, size_t i, const moeq_job_limits *limits,
+                           worker_entry_job *wj) {
     snprintf(wj->id_fallback, sizeof wj->id_fallback, "%.*s", bj->id_len < 63 ? (int)bj->id_len : 63,
              bj->id ? bj->id : "");
     if (!wj->id_fallback[0]) snprintf(wj->id_fallback, sizeof wj->id_fallback, "?%zu", i);
@@ -47,12 +48,13 @@ static moeq_err decode_one(const moeq_batch_entry_job *bj, size_t i, worker_entr
     if (bj->content_type && bj->content_type_len)
         snprintf(ct, sizeof ct, "%.*s", bj->content_type_len < 127 ? (int)bj->content_type_len : 127, bj->content_type);
     moeq_job_reject rej;
-    moeq_err err = moeq_job_decode(bj->job, bj->job_len, ct[0] ? ct : NULL, NULL, &wj->job, &rej);
+    moeq_err err = moeq_job_decode(bj->job, bj->job_len, ct[0] ? ct : NULL, limits, &wj->job, &rej);
     if (err == MOEQ_ERR_NOMEM) return err;
     if (err) {
         char msg[320];
         snprintf(msg, sizeof msg, "%s: %s", moeq_job_reject_code_name(rej.code), rej.message);
         wj->bad = dup_n(msg, strlen(msg));
+        wj->bad_code = moeq_job_reject_code_name(rej.code);
         return wj->bad ? MOEQ_OK : MOEQ_ERR_NOMEM;
     }
     if (bj->n_tokens > 0) {
@@ -64,8 +66,8 @@ static moeq_err decode_one(const moeq_batch_entry_job *bj, size_t i, worker_entr
     return MOEQ_OK;
 }
 
-moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, worker_entry *out, char *errstr,
-                             size_t errstr_size) {
+moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, const moeq_job_limits *limits,
+                             worker_entry *out, char *errstr, size_t errstr_size) {
     memset(out, 0, sizeof *out);
     snprintf(out->stream, sizeof out->stream, "%s", stream ? stream : entry->stream ? entry->stream : "");
     snprintf(out->id, sizeof out->id, "%s", entry->id);
@@ -90,7 +92,7 @@ moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, 
     if (!out->jobs) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "entry %s", entry->id);
     out->n_jobs = out->jobs ? n : 0;
     for (size_t i = 0; !err && i < n; i++)
-        if (decode_one(&jobs[i], i, &out->jobs[i])) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "entry %s", entry->id);
+        if (decode_one(&jobs[i], i, limits, &out->jobs[i])) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "entry %s", entry->id);
     free(jobs);
     free(tokens);
     if (err) worker_entry_free(out);
@@ -118,13 +120,14 @@ typedef struct take_ctx {
     worker_entry *out;
     size_t cap, *n;
     moeq_err err;
+    const moeq_job_limits *limits;
 } take_ctx;
 
 static int take_one(const moeq_redis_entry *entry, void *opaque) {
     take_ctx *c = opaque;
     if (*c->n >= c->cap) return 1;
     char e[256];
-    moeq_err err = worker_entry_decode(entry, NULL, &c->out[*c->n], e, sizeof e);
+    moeq_err err = worker_entry_decode(entry, NULL, c->limits, &c->out[*c->n], e, sizeof e);
     if (err == MOEQ_ERR_NOMEM) {
         c->err = err;
         return 1;
@@ -172,7 +175,7 @@ static moeq_err read_group(moeq_redis *redis, const moeq_worker_params *params, 
 moeq_err worker_io_take(moeq_redis *redis, const moeq_worker_params *params, int block_ms, worker_entry *out,
                         size_t cap, size_t *n, char *errstr, size_t errstr_size) {
     *n = 0;
-    take_ctx c = {out, cap, n, MOEQ_OK};
+    take_ctx c = {out, cap, n, MOEQ_OK, &params->limits};
     for (int p = 0; p < 4 && *n == 0; p++) {
         moeq_err err = read_group(redis, params, params->worker_id, p, 1, 0, cap, &c, errstr, errstr_size);
         if (err) return err;
@@ -188,6 +191,7 @@ typedef struct claim_ctx {
     char deleted[8][48];
     size_t n_deleted;
     moeq_err err;
+    const moeq_job_limits *limits;
 } claim_ctx;
 
 static int claim_one(const moeq_redis_entry *entry, void *opaque) {
@@ -198,7 +202,7 @@ static int claim_one(const moeq_redis_entry *entry, void *opaque) {
     }
     if (c->n >= 1) return 1;
     char e[256];
-    moeq_err err = worker_entry_decode(entry, c->stream, c->out, e, sizeof e);
+    moeq_err err = worker_entry_decode(entry, c->stream, c->limits, c->out, e, sizeof e);
     if (err == MOEQ_ERR_NOMEM) {
         c->err = err;
         return 1;
@@ -242,7 +246,7 @@ moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, 
         const char *argv[] = {"XAUTOCLAIM", stream, params->group, params->worker_id, idle, "0-0", "COUNT", "1"};
         moeq_redis_reply *reply = NULL;
         moeq_err err = moeq_redis_command_argv(redis, 8, argv, NULL, &reply, errstr, errstr_size);
-        claim_ctx c = {.out = out, .stream = stream};
+        claim_ctx c = {.out = out, .stream = stream, .limits = &params->limits};
         if (!err) err = moeq_redis_entries_foreach(reply, MOEQ_REDIS_XAUTOCLAIM, claim_one, &c, errstr, errstr_size);
         moeq_redis_reply_free(reply);
         if (!err && c.err) err = moeq_errf(c.err, errstr, errstr_size, "decoding a reclaimed entry");

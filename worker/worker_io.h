@@ -30,6 +30,7 @@ typedef struct worker_entry_job {
     uint8_t *raw;              /* the job's original bytes (owned), for the DLQ       */
     size_t raw_len;
     char *bad;                 /* non-NULL: the job could not be decoded (why)       */
+    const char *bad_code;      /* with bad: the job reject code (schemas/job.md), the result's error.code */
     char id_fallback[64];
 } worker_entry_job;
 
@@ -50,8 +51,8 @@ void worker_entry_free(worker_entry *entry);
  * `jobs` blob) into *out (zeroed first). A job that fails to decode is kept
  * with `bad` set so it gets an error result. Pure.
  */
-moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, worker_entry *out, char *errstr,
-                             size_t errstr_size);
+moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, const moeq_job_limits *limits,
+                             worker_entry *out, char *errstr, size_t errstr_size);
 
 /* XGROUP CREATE ... MKSTREAM on every priority stream (BUSYGROUP is fine). */
 moeq_err worker_io_ensure_groups(moeq_redis *redis, const moeq_worker_params *params, char *errstr,

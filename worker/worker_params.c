@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "moeq/kafka.h"
+#include "moeq/log.h"
+#include "moeq/redis.h"
 #include "worker.h"
 
 #define P(field) offsetof(moeq_worker_params, field), sizeof(((moeq_worker_params *)0)->field)
@@ -13,14 +16,16 @@
 const moeq_prop moeq_worker_props[] = {
     {"model", MOEQ_PROP_STR, P(model), 0, 0, "", "model directory (config.json, *.safetensors, tokenizer.json)"},
     {"worker_id", MOEQ_PROP_STR, P(worker_id), 0, 0, "", "consumer name and heartbeat id; empty = <hostname>-<pid>"},
-    {"kafka_brokers", MOEQ_PROP_STR, P(kafka_brokers), 0, 0, "localhost:9092", "Kafka bootstrap servers"},
-    {"redis_url", MOEQ_PROP_STR, P(redis_url), 0, 0, "redis://localhost:6379", "Redis server"},
+    {"kafka_brokers", MOEQ_PROP_STR, P(kafka_brokers), 0, 0, MOEQ_KAFKA_BROKERS_DEFAULT,
+     "Kafka bootstrap servers, host:port[,host:port...]"},
+    {"redis_url", MOEQ_PROP_STR, P(redis_url), 0, 0, MOEQ_REDIS_URL_DEFAULT,
+     "Redis: host:port, redis://[user:password@]host:port or unix:/path (the stack of scripts/services.sh)"},
     {"redis_prefix", MOEQ_PROP_STR, P(redis_prefix), 0, 0, "moeq",
      "Redis key prefix (as the coordinator's): <prefix>:batches:p0..p3, <prefix>:job:<id>, <prefix>:worker:<id>"},
     {"group", MOEQ_PROP_STR, P(group), 0, 0, "workers", "consumer group shared by all workers"},
     {"results_topic", MOEQ_PROP_STR, P(results_topic), 0, 0, "moeq.results", "results of jobs without reply_to"},
-    {"allowed_topics", MOEQ_PROP_STR, P(allowed_topics), 0, 0, "",
-     "comma-separated topics a job's reply_to may name (results_topic always allowed)"},
+    {"results_allowed_topics", MOEQ_PROP_STR, P(results_allowed_topics), 0, 0, "",
+     "comma-separated topics a job's reply_to may name (results_topic always may); old name allowed_topics"},
     {"dlq_topic", MOEQ_PROP_STR, P(dlq_topic), 0, 0, "moeq.dlq", "dead-letter topic for poison batches"},
     {"visibility_timeout_ms", MOEQ_PROP_INT, P(visibility_timeout_ms), 1000, 86400000, "30000",
      "ms a batch may stay pending on a worker before another reclaims it (XAUTOCLAIM)"},
@@ -40,7 +45,13 @@ const moeq_prop moeq_worker_props[] = {
      "how often running jobs' records are checked for cancellation, ms"},
     {"drain_timeout_ms", MOEQ_PROP_INT, P(drain_timeout_ms), 0, 3600000, "20000",
      "on SIGTERM: finish held batches within this, then hand the rest back, ms"},
-    {"metrics_port", MOEQ_PROP_INT, P(metrics_port), 0, 65535, "0", "/metrics and /healthz port; 0 = off"},
+    {"http_port", MOEQ_PROP_INT, P(http_port), -1, 65535, "9465",
+     "port of /metrics, /livez, /readyz and /healthz; 0 = ephemeral (the port is logged), -1 = off; old name "
+     "metrics_port"},
+    {"http_addr", MOEQ_PROP_STR, P(http_addr), 0, 0, "0.0.0.0", "IPv4 bind address of /metrics and the health routes"},
+    {"livez_stall_ms", MOEQ_PROP_INT, P(livez_stall_ms), 1000, 86400000, "60000",
+     "/livez fails when the loop has not ticked for this long (an engine step included), ms"},
+    {"log_level", MOEQ_PROP_STR, P(log_level), 0, 0, "info", "debug, info, warn or error"},
     {"job_ttl_s", MOEQ_PROP_INT, P(job_ttl_s), 0, 31536000, "86400",
      "expiry set on a job record once done, s; 0 = keep forever"},
     {"mtp_k", MOEQ_PROP_INT, P(mtp_k), 0, 3, "1",
@@ -59,10 +70,25 @@ const moeq_prop moeq_worker_props[] = {
     MOEQ_PROP_END,
 };
 
+#define N_PROPS_MAX 96
+
+const moeq_prop *moeq_worker_config_props(void) {
+    static moeq_prop table[N_PROPS_MAX + 1];
+    if (table[0].name) return table;
+    size_t n = 0;
+    for (const moeq_prop *p = moeq_worker_props; p->name && n < N_PROPS_MAX; p++) table[n++] = *p;
+    for (const moeq_prop *p = moeq_job_limits_props; p->name && n < N_PROPS_MAX; p++) {
+        table[n] = *p;
+        table[n++].offset += offsetof(moeq_worker_params, limits);
+    }
+    memset(&table[n], 0, sizeof table[n]);
+    return table;
+}
+
 moeq_err moeq_worker_default_params(moeq_worker_params *params, char *errstr, size_t errstr_size) {
     if (!params) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL params");
     memset(params, 0, sizeof *params);
-    return moeq_props_defaults(moeq_worker_props, params, errstr, errstr_size);
+    return moeq_props_defaults(moeq_worker_config_props(), params, errstr, errstr_size);
 }
 
 moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, size_t errstr_size) {
@@ -72,6 +98,10 @@ moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, siz
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "max_step_tokens: %lld is below max_seqs %lld", (long long)p->max_step_tokens,
                          (long long)p->max_seqs);
+    moeq_log_level level;
+    if (!moeq_log_parse_level(p->log_level, &level))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "log_level: '%s' is not debug, info, warn or error",
+                         p->log_level);
     if (!p->redis_prefix[0] || !p->group[0] || !p->results_topic[0])
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "redis_prefix, group and results_topic must not be empty");
@@ -79,14 +109,14 @@ moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, siz
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "visibility_timeout_ms: %lld is shorter than 3 heartbeat intervals (%lld)",
                          (long long)p->visibility_timeout_ms, (long long)(3 * p->heartbeat_interval_ms));
-    return MOEQ_OK;
+    return moeq_job_limits_check(&p->limits, errstr, errstr_size);
 }
 
 int moeq_worker_topic_allowed(const moeq_worker_params *params, const char *topic) {
     if (!params || !topic || !*topic) return 0;
     if (strcmp(topic, params->results_topic) == 0) return 1;
     size_t n = strlen(topic);
-    const char *s = params->allowed_topics;
+    const char *s = params->results_allowed_topics;
     while (*s) {
         while (*s == ',' || *s == ' ') s++;
         const char *e = s;

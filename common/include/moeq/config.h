@@ -87,16 +87,28 @@ typedef struct moeq_config_src {
     void *params;            /* the module's params struct, defaults set */
     moeq_kvlist *kafka;      /* receives kafka.* keys (prefix stripped); may be NULL */
     moeq_kvlist *redis;      /* receives redis.* keys (prefix stripped); may be NULL */
+    /*
+     * The other roles' tables (NULL-terminated), or NULL. When set, a config
+     * file is the one shared file of every role: a key of another role is
+     * checked (a malformed value is still an error) and ignored, and a key no
+     * role knows is a warning naming it, not an error. When NULL, a key the
+     * table lacks is an error (a file for this module alone).
+     */
+    const moeq_prop *const *others;
 } moeq_config_src;
 
-/* Apply one key. Unknown keys are an error naming the key (typos must not pass silently). */
+/*
+ * Apply one key. Unknown keys are an error naming the key (typos must not
+ * pass silently). A deprecated name (allowed_topics, metrics_port) is applied
+ * under its new name with a warning.
+ */
 moeq_err moeq_config_apply(const moeq_config_src *src, const char *key, const char *value,
                            char *errstr, size_t errstr_size);
 
 /*
  * Read a `key = value` file: '#' starts a comment, blank lines skipped,
  * whitespace around key and value trimmed, value may be "double-quoted".
- * Errors name the file and line.
+ * Errors name the file and line. Keys the table lacks: see `others` above.
  */
 moeq_err moeq_config_load_file(const moeq_config_src *src, const char *path,
                                char *errstr, size_t errstr_size);
@@ -118,6 +130,21 @@ moeq_err moeq_config_apply_env(const moeq_config_src *src, char *errstr, size_t 
  */
 moeq_err moeq_config_apply_args(const moeq_config_src *src, int argc, char **argv, int *argc_out,
                                 char *errstr, size_t errstr_size);
+
+/*
+ * The one precedence every process uses: every `--config FILE` (or
+ * --config=FILE) of argv first, then MOEQ_* environment, then the other
+ * --key=value flags, each overriding the last. argv and *argc_out as for
+ * moeq_config_apply_args.
+ */
+moeq_err moeq_config_load(const moeq_config_src *src, int argc, char **argv, int *argc_out,
+                          char *errstr, size_t errstr_size);
+
+/*
+ * The configuration reference: for each table a "## title" section with its
+ * Markdown table (docs/CONFIGURATION.md is this output, see `moeq config-docs`).
+ */
+void moeq_props_print_markdown_section(const char *title, const char *intro, const moeq_prop *table, FILE *out);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,9 @@
 #include "moeq/config.h"
 #include "moeq/err.h"
 
+/* Every role's default kafka_brokers: the broker of scripts/services.sh. */
+#define MOEQ_KAFKA_BROKERS_DEFAULT "localhost:9092"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -134,6 +137,13 @@ moeq_err moeq_kafka_producer_flush(moeq_kafka_producer *producer, int timeout_ms
 
 /* Messages queued or in flight (not yet reported). */
 size_t moeq_kafka_producer_outq_len(moeq_kafka_producer *producer);
+
+/*
+ * Readiness: ask a broker for metadata (no topics), waiting up to timeout_ms.
+ * MOEQ_OK when one answered with at least one broker; MOEQ_ERR_TRANSIENT
+ * (errstr: librdkafka's reason) when none did. Thread-safe.
+ */
+moeq_err moeq_kafka_producer_ping(moeq_kafka_producer *producer, int timeout_ms, char *errstr, size_t errstr_size);
 
 /*
  * Flush for up to 10 s, then destroy; undelivered messages are reported with
@@ -238,6 +248,9 @@ moeq_err moeq_kafka_consumer_close(moeq_kafka_consumer *consumer, char *errstr, 
 
 /* Close if needed and free. NULL is safe. Destroy every moeq_kafka_msg first. */
 void moeq_kafka_consumer_destroy(moeq_kafka_consumer *consumer);
+
+/* As moeq_kafka_producer_ping, over the consumer's connection. Thread-safe. */
+moeq_err moeq_kafka_consumer_ping(moeq_kafka_consumer *consumer, int timeout_ms, char *errstr, size_t errstr_size);
 
 /* ---- consumer lag -------------------------------------------------------- */
 

@@ -24,6 +24,9 @@
 #include "moeq/config.h"
 #include "moeq/err.h"
 
+/* Every role's default redis_url: the private stack of scripts/services.sh (6380, not the system 6379). */
+#define MOEQ_REDIS_URL_DEFAULT "127.0.0.1:6380"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -76,6 +79,19 @@ moeq_err moeq_redis_new(const moeq_redis_params *params, moeq_redis **out, char 
 
 /* NULL is safe. Frees the connection; replies already returned stay valid. */
 void moeq_redis_destroy(moeq_redis *redis);
+
+/*
+ * A readiness probe with its own connection (hiredis handles are not
+ * thread-safe, so the HTTP thread must not borrow the loop's): check connects
+ * when needed (connect and command timeouts capped at 1 s) and PINGs; a
+ * failure drops the connection so the next check connects again. params is
+ * copied; new does no I/O.
+ */
+typedef struct moeq_redis_probe moeq_redis_probe;
+moeq_err moeq_redis_probe_new(const moeq_redis_params *params, moeq_redis_probe **out);
+/* A moeq_health_probe_fn: opaque is a moeq_redis_probe. */
+moeq_err moeq_redis_probe_check(void *probe, char *errstr, size_t errstr_size);
+void moeq_redis_probe_destroy(moeq_redis_probe *probe); /* NULL is safe */
 
 /* Reconnect now (done lazily by the next command after a connection error). */
 moeq_err moeq_redis_reconnect(moeq_redis *redis, char *errstr, size_t errstr_size);
