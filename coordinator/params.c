@@ -31,7 +31,12 @@ static const moeq_prop own_props[] = {
     P_STR(durability, "fsync_always",
           "fsync_always (server runs appendfsync always), waitaof (WAITAOF after each write round, Redis >= 7.2) or none"),
     P_INT(waitaof_timeout_ms, 1, 60000, "1000", "WAITAOF timeout when durability = waitaof, ms"),
-    P_INT(job_record_ttl_s, 0, 31536000, "604800", "TTL of job records moeq:job:<id>, which are also the dedupe guard: an id is refused this long, s; 0 = forever"),
+    P_INT(dedupe_window_s, 0, 31536000, "604800",
+          "the dedupe window, the same key for every process: job records moeq:job:<id> live this long after they "
+          "are written and after their job finishes, and while one lives a job with its id is refused (a "
+          "`duplicate` dead letter), s; 0 = forever"),
+    {"job_record_ttl_s", MOEQ_PROP_INT, offsetof(moeq_coordinator_params, dedupe_window_s), sizeof(int64_t), 0,
+     31536000, "604800", "deprecated alias of dedupe_window_s"},
     P_STR(model, "", "model directory (its tokenizer.json gives exact prompt token ids); empty = lengths estimated as bytes/4, no ids"),
     P_INT(max_batch_jobs, 1, 4096, "64", "jobs per batch"),
     P_INT(max_batch_tokens, 1, 16777216, "65536", "sum of prompt_len + max_new_tokens per batch, tokens"),
