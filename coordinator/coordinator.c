@@ -281,6 +281,7 @@ static void answer_plain(moeq_coordinator *c, slot *s, moeq_result_status status
     in.reject.has_id = 1;
     snprintf(in.reject.id, sizeof(in.reject.id), "%s", s->id);
     in.reject.format = s->format;
+    snprintf(in.job_hash, sizeof(in.job_hash), "%s", s->hash);
     answer(c, s, &in, status, msg, 0);
 }
 

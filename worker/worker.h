@@ -49,7 +49,8 @@ typedef struct moeq_worker_params {
     int64_t cancel_poll_ms;       /* how often running jobs' records are checked for cancellation  */
     int64_t drain_timeout_ms;     /* on SIGTERM: finish held batches within this, else hand back    */
     int64_t metrics_port;         /* /metrics and /healthz; 0 = off                                  */
-    int64_t job_ttl_s;            /* TTL set on a job record when marked done; 0 = keep              */
+    int64_t dedupe_window_s;      /* TTL set on a job record when marked done (the dedupe window, as
+                                     the coordinator's key of the same name), s; 0 = keep; 604800 */
     int64_t mtp_k;                /* MTP drafts per speculative round for jobs with mtp on;
                                      0 = off; used only when the model has an MTP layer; [0, 3]     */
     int64_t mtp_max_batch;        /* rounds only while at most this many sequences decode; 0 = always */

@@ -41,8 +41,10 @@ const moeq_prop moeq_worker_props[] = {
     {"drain_timeout_ms", MOEQ_PROP_INT, P(drain_timeout_ms), 0, 3600000, "20000",
      "on SIGTERM: finish held batches within this, then hand the rest back, ms"},
     {"metrics_port", MOEQ_PROP_INT, P(metrics_port), 0, 65535, "0", "/metrics and /healthz port; 0 = off"},
-    {"job_ttl_s", MOEQ_PROP_INT, P(job_ttl_s), 0, 31536000, "86400",
-     "expiry set on a job record once done, s; 0 = keep forever"},
+    {"dedupe_window_s", MOEQ_PROP_INT, P(dedupe_window_s), 0, 31536000, "604800",
+     "the dedupe window, the same key for every process: a job record lives this long after its job finishes "
+     "(the coordinator refuses its id meanwhile), s; 0 = keep forever"},
+    {"job_ttl_s", MOEQ_PROP_INT, P(dedupe_window_s), 0, 31536000, "604800", "deprecated alias of dedupe_window_s"},
     {"mtp_k", MOEQ_PROP_INT, P(mtp_k), 0, 3, "1",
      "MTP speculative decoding: draft tokens per round for jobs with mtp on (needs a model with an MTP "
      "layer; output unchanged); 0 = off"},
