@@ -32,8 +32,8 @@ static const moeq_prop own_props[] = {
           "fsync_always (server runs appendfsync always), waitaof (WAITAOF after each write round, Redis >= 7.2) or none"),
     P_INT(waitaof_timeout_ms, 1, 60000, "1000", "WAITAOF timeout when durability = waitaof, ms"),
     P_INT(dedupe_window_s, 0, 31536000, "604800",
-          "the dedupe window, the same key for every process: job records moeq:job:<id> live this long after they "
-          "are written and after their job finishes, and while one lives a job with its id is refused (a "
+          "the dedupe window, one key for every process: a job record (moeq:job:<id>) lives this long after it is "
+          "written and again after its job finishes; while it lives, a job with its id is not run again (a "
           "`duplicate` dead letter), s; 0 = forever"),
     {"job_record_ttl_s", MOEQ_PROP_INT, offsetof(moeq_coordinator_params, dedupe_window_s), sizeof(int64_t), 0,
      31536000, "604800", "deprecated alias of dedupe_window_s"},

@@ -137,7 +137,9 @@ static void submit_reports_stale_results_and_reads_only_its_own(void **state) {
     /* the edited file: the old results are within reach (clock skew margin), but stale */
     int64_t t0 = moeq_now_ms();
     assert_int_equal(submit(v2, NULL, &err, &out), 1);
-    if (count(err, "skipped a stale result") != 2 || count(err, "was not run") != 2) fail_msg("stderr: %s", err);
+    /* the old results are read as soon as the reader is assigned, before the new jobs are dead-lettered:
+     * normally both are reported; the duplicates settling first is allowed (it ends the wait) */
+    if (count(err, "skipped a stale result") < 1 || count(err, "was not run") != 2) fail_msg("stderr: %s", err);
     assert_non_null(strstr(err, "already accepted"));
     assert_string_equal(out, ""); /* no old result handed over as this submission's */
     assert_true(moeq_now_ms() - t0 < 60000); /* the duplicates settle it, not the 120 s timeout */

@@ -42,8 +42,9 @@ const moeq_prop moeq_worker_props[] = {
      "on SIGTERM: finish held batches within this, then hand the rest back, ms"},
     {"metrics_port", MOEQ_PROP_INT, P(metrics_port), 0, 65535, "0", "/metrics and /healthz port; 0 = off"},
     {"dedupe_window_s", MOEQ_PROP_INT, P(dedupe_window_s), 0, 31536000, "604800",
-     "the dedupe window, the same key for every process: a job record lives this long after its job finishes "
-     "(the coordinator refuses its id meanwhile), s; 0 = keep forever"},
+     "the dedupe window, one key for every process: a job record (moeq:job:<id>) lives this long after it is "
+     "written and again after its job finishes; while it lives, a job with its id is not run again (a "
+     "`duplicate` dead letter), s; 0 = forever"},
     {"job_ttl_s", MOEQ_PROP_INT, P(dedupe_window_s), 0, 31536000, "604800", "deprecated alias of dedupe_window_s"},
     {"mtp_k", MOEQ_PROP_INT, P(mtp_k), 0, 3, "1",
      "MTP speculative decoding: draft tokens per round for jobs with mtp on (needs a model with an MTP "
