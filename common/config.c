@@ -202,6 +202,8 @@ void moeq_kvlist_at(const moeq_kvlist *kv, size_t i, const char **key, const cha
 static const struct { const char *old, *key; } deprecated[] = {
     {"allowed_topics", "results_allowed_topics"}, /* the worker's name until 0.x */
     {"metrics_port", "http_port"},                /* the worker's name until 0.x */
+    {"job_ttl_s", "dedupe_window_s"},             /* the worker's record TTL until 0.x */
+    {"job_record_ttl_s", "dedupe_window_s"},      /* the coordinator's record TTL until 0.x */
 };
 
 static const char *resolve_alias(const moeq_prop *table, const char *key) {

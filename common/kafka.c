@@ -288,6 +288,7 @@ struct moeq_kafka_consumer {
     rd_kafka_t *rk;
     moeq_kafka_rebalance_fn on_rebalance;
     void *cb_opaque;
+    int64_t start_ms; /* > 0: assigned partitions start at this time (params.start_ms) */
     int closed;
     /* Failed commits reported by offset_commit_cb (served from consumer_poll): an
      * async commit returns before the broker answers, so this is how a caller
@@ -323,13 +324,29 @@ static void log_rd_error(rd_kafka_error_t *error, const char *event) {
  * assignment. The caller hears of additions after they happen and of
  * revocations before, so it can store and commit while it still may.
  */
+/* list with each partition's offset at start_ms (a copy to destroy), or NULL: the broker did not say. */
+static rd_kafka_topic_partition_list_t *offsets_at(rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *list,
+                                                   int64_t start_ms) {
+    rd_kafka_topic_partition_list_t *at = rd_kafka_topic_partition_list_copy(list);
+    for (int i = 0; i < at->cnt; i++) at->elems[i].offset = start_ms;
+    rd_kafka_resp_err_t rerr = rd_kafka_offsets_for_times(rk, at, 10000);
+    for (int i = 0; !rerr && i < at->cnt; i++) rerr = at->elems[i].err; /* offset -1 = the end: none that late */
+    if (!rerr) return at;
+    moeq_log(MOEQ_LOG_WARN, "kafka", "offsets_for_times_failed", "code=%s start_ms=%lld", rd_kafka_err2name(rerr),
+             (long long)start_ms);
+    rd_kafka_topic_partition_list_destroy(at);
+    return NULL;
+}
+
 static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topic_partition_list_t *list,
                          void *opaque) {
     moeq_kafka_consumer *consumer = opaque;
     int cooperative = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
     if (rerr == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-        if (cooperative) log_rd_error(rd_kafka_incremental_assign(rk, list), "assign_failed");
-        else rd_kafka_assign(rk, list);
+        rd_kafka_topic_partition_list_t *at = consumer->start_ms > 0 ? offsets_at(rk, list, consumer->start_ms) : NULL;
+        if (cooperative) log_rd_error(rd_kafka_incremental_assign(rk, at ? at : list), "assign_failed");
+        else rd_kafka_assign(rk, at ? at : list);
+        if (at) rd_kafka_topic_partition_list_destroy(at);
         notify_rebalance(consumer, MOEQ_KAFKA_ASSIGNED, list);
     } else if (rerr == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
         notify_rebalance(consumer, rd_kafka_assignment_lost(rk) ? MOEQ_KAFKA_LOST : MOEQ_KAFKA_REVOKED, list);
@@ -387,6 +404,7 @@ moeq_err moeq_kafka_consumer_new(const moeq_kafka_consumer_params *params, const
     if (!consumer) return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "kafka consumer: out of memory");
     consumer->on_rebalance = params->on_rebalance;
     consumer->cb_opaque = params->cb_opaque;
+    consumer->start_ms = params->start_ms;
 
     rd_kafka_conf_t *conf = NULL;
     err = conf_build(MOEQ_KAFKA_CONSUMER, params->brokers, params->client_id, kafka, &conf, errstr, n);

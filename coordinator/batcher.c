@@ -7,6 +7,11 @@
  * the caller and returns to the pool on release, so the steady state
  * allocates nothing. Open buckets per class are kept in opening order (the
  * oldest first), which is also the tie-break when two buckets fit equally.
+ *
+ * Held ids live in an open-addressing table (linear probing, backward-shift
+ * deletion, at most half full), grown only past the most jobs ever held.
+ * An entry leaves by handle, not by id text: once a job is settled the
+ * caller may reuse the id's storage before the batch is released.
  */
 #include "batcher.h"
 
@@ -40,6 +45,12 @@ struct moeq_batcher {
     bucket *free_list;
     bucket_list all; /* every bucket ever made, for destroy */
     size_t open_jobs;
+    struct held {    /* held ids; handle 0 with id NULL = empty */
+        uint64_t hash, handle;
+        const char *id;
+        size_t id_len;
+    } *held;
+    size_t n_held, cap_held; /* cap_held: 0 or a power of two */
 };
 
 moeq_batcher_params moeq_batcher_default_params(void) {
@@ -104,7 +115,75 @@ void moeq_batcher_destroy(moeq_batcher *b) {
     }
     free(b->all.v);
     for (int c = 0; c < MOEQ_BATCHER_CLASSES; c++) free(b->open[c].v);
+    free(b->held);
     free(b);
+}
+
+/* ---- held ids ----------------------------------------------------------- */
+
+static uint64_t id_hash(const char *id, size_t n) {
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)id[i]) * 1099511628211ULL;
+    return h;
+}
+
+static int held_grow(moeq_batcher *b) {
+    size_t cap = b->cap_held ? b->cap_held * 2 : 1024;
+    struct held *v = calloc(cap, sizeof(*v)), *old = b->held;
+    if (!v) return 0;
+    for (size_t i = 0; i < b->cap_held; i++) {
+        if (!old[i].id) continue;
+        size_t k = old[i].hash & (cap - 1);
+        while (v[k].id) k = (k + 1) & (cap - 1);
+        v[k] = old[i];
+    }
+    free(old);
+    b->held = v;
+    b->cap_held = cap;
+    return 1;
+}
+
+static long held_find(const moeq_batcher *b, const char *id, size_t n, uint64_t hash) {
+    if (!b->cap_held) return -1;
+    for (size_t k = hash & (b->cap_held - 1);; k = (k + 1) & (b->cap_held - 1)) {
+        const struct held *e = &b->held[k];
+        if (!e->id) return -1;
+        if (e->hash == hash && e->id_len == n && !memcmp(e->id, id, n)) return (long)k;
+    }
+}
+
+static int held_add(moeq_batcher *b, const moeq_batcher_job *j) {
+    if ((b->n_held + 1) * 2 > b->cap_held && !held_grow(b)) return 0;
+    size_t k = j->id_hash & (b->cap_held - 1);
+    while (b->held[k].id) k = (k + 1) & (b->cap_held - 1);
+    b->held[k] = (struct held){j->id_hash, j->handle, j->id, j->id_len};
+    b->n_held++;
+    return 1;
+}
+
+/* Remove the entry of job j (found by its hash and handle), closing the gap it leaves. */
+static void held_remove(moeq_batcher *b, const moeq_batcher_job *j) {
+    if (!j->id || !b->cap_held) return;
+    size_t mask = b->cap_held - 1, k = j->id_hash & mask;
+    while (b->held[k].id && !(b->held[k].hash == j->id_hash && b->held[k].handle == j->handle)) k = (k + 1) & mask;
+    if (!b->held[k].id) return;
+    for (size_t next = (k + 1) & mask; b->held[next].id; next = (next + 1) & mask) {
+        size_t home = b->held[next].hash & mask;
+        /* move next into the gap unless its home lies cyclically in (k, next] */
+        int stays = k <= next ? (home > k && home <= next) : (home > k || home <= next);
+        if (stays) continue;
+        b->held[k] = b->held[next];
+        k = next;
+    }
+    memset(&b->held[k], 0, sizeof(b->held[k]));
+    b->n_held--;
+}
+
+moeq_err moeq_batcher_holder(const moeq_batcher *b, const char *id, size_t id_len, uint64_t *handle) {
+    long k = b && id ? held_find(b, id, id_len, id_hash(id, id_len)) : -1;
+    if (k < 0) return MOEQ_ERR_NOT_FOUND;
+    if (handle) *handle = b->held[k].handle;
+    return MOEQ_OK;
 }
 
 /* ---- small containers --------------------------------------------------- */
@@ -365,6 +444,10 @@ moeq_err moeq_batcher_add(moeq_batcher *b, const moeq_batcher_job *job, int64_t 
                          (long long)job_budget(job), (long long)b->p.max_batch_tokens);
     moeq_batcher_job j = *job;
     j.arrival_ms = now_ms;
+    j.id_hash = j.id ? id_hash(j.id, j.id_len) : 0;
+    if (j.id && held_find(b, j.id, j.id_len, j.id_hash) >= 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "id '%.*s' is already held by another job",
+                         (int)(j.id_len < 200 ? j.id_len : 200), j.id);
     int cls = moeq_batcher_effective_priority(b, &j, now_ms), grouped = 0;
     long best = best_bucket(b, cls, &j, &grouped);
     size_t i;
@@ -376,6 +459,13 @@ moeq_err moeq_batcher_add(moeq_batcher *b, const moeq_batcher_job *job, int64_t 
         bk = b->open[cls].v[i];
     } else if (!(bk = bucket_open(b, cls, &i))) {
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "batcher: out of memory for a bucket");
+    }
+    if (j.id && !held_add(b, &j)) {
+        if (bk->n == 0) { /* just opened for j: give it back */
+            list_remove_at(&b->open[cls], i);
+            bucket_put(b, bk);
+        }
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "batcher: out of memory for the id index");
     }
     bucket_append(bk, &j);
     b->open_jobs++;
@@ -423,6 +513,7 @@ const moeq_batch_plan *moeq_batcher_next(moeq_batcher *b) {
 
 void moeq_batcher_release(moeq_batcher *b, const moeq_batch_plan *plan) {
     if (!b || !plan) return;
+    for (size_t k = 0; k < plan->n_jobs; k++) held_remove(b, &plan->jobs[k]);
     bucket_put(b, (bucket *)(void *)plan); /* plan is the first member of its bucket */
 }
 
@@ -433,6 +524,7 @@ moeq_err moeq_batcher_cancel(moeq_batcher *b, uint64_t handle, moeq_batcher_job 
             for (size_t k = 0; k < bk->n; k++) {
                 if (bk->jobs[k].handle != handle) continue;
                 if (out) *out = bk->jobs[k];
+                held_remove(b, &bk->jobs[k]);
                 memmove(&bk->jobs[k], &bk->jobs[k + 1], (bk->n - k - 1) * sizeof(bk->jobs[0]));
                 bk->n--;
                 b->open_jobs--;

@@ -17,6 +17,11 @@
  *    batcher (by its producer timestamp) is promoted one class per `aging_ms`,
  *    so a backlog of low-priority jobs cannot be starved behind fresh
  *    high-priority ones;
+ *  - one id, one job: a job whose id is held by a job already in the
+ *    batcher (in an open bucket, or in a closed batch not yet released) is
+ *    refused, so no bucket, and no two unreleased batches, carry one id
+ *    twice. moeq_batcher_holder says which job holds an id, so the caller
+ *    can settle the newcomer (a duplicate) before adding it;
  *  - jobs whose prompts share a common token prefix of at least
  *    `min_shared_prefix` tokens are preferred together, but only among the
  *    buckets the length tolerance admits (prefix grouping never costs more
@@ -67,7 +72,11 @@ typedef struct moeq_batcher_job {
     const int32_t *tokens;    /* prompt token ids (prompt_len of them) or NULL (no prefix
                                  grouping); borrowed until the job leaves in a released batch */
     int64_t created_ms;       /* producer timestamp (ms since epoch) for aging; <= 0 = unknown */
+    const char *id;           /* the job id (id_len bytes) or NULL (no dedupe); borrowed like tokens,
+                                 and must not move while borrowed */
+    size_t id_len;
     int64_t arrival_ms;       /* set by the batcher: now_ms of moeq_batcher_add */
+    uint64_t id_hash;         /* set by the batcher: hash of id (its index key)  */
 } moeq_batcher_job;
 
 typedef enum moeq_batch_close {
@@ -108,7 +117,8 @@ void moeq_batcher_destroy(moeq_batcher *batcher);
  * Add a job at now_ms. It may close a bucket (full) onto the ready queue.
  * MOEQ_ERR_LIMIT: prompt_len + max_new_tokens exceeds max_batch_tokens (the
  * job can never be batched: the caller rejects it). MOEQ_ERR_INVALID_ARG:
- * priority out of range, prompt_len < 1 or max_new_tokens < 0.
+ * priority out of range, prompt_len < 1 or max_new_tokens < 0, or its id is
+ * already held (moeq_batcher_holder would have said so).
  */
 moeq_err moeq_batcher_add(moeq_batcher *batcher, const moeq_batcher_job *job, int64_t now_ms,
                           char *errstr, size_t errstr_size);
@@ -133,6 +143,13 @@ void moeq_batcher_release(moeq_batcher *batcher, const moeq_batch_plan *plan);
  * MOEQ_ERR_NOT_FOUND when no open bucket holds it (already batched or unknown).
  */
 moeq_err moeq_batcher_cancel(moeq_batcher *batcher, uint64_t handle, moeq_batcher_job *out);
+
+/*
+ * Which job holds id (id_len bytes): MOEQ_OK and *handle (may be NULL) when
+ * a job with that id was added and has not left (released with its batch,
+ * or cancelled); MOEQ_ERR_NOT_FOUND otherwise.
+ */
+moeq_err moeq_batcher_holder(const moeq_batcher *batcher, const char *id, size_t id_len, uint64_t *handle);
 
 /* Earliest now_ms at which poll will close a bucket; INT64_MAX when none is open. */
 int64_t moeq_batcher_next_deadline(const moeq_batcher *batcher);

@@ -13,6 +13,13 @@
  * Jobs live in `slots` (index + generation = the batcher handle) holding
  * the Kafka message itself until the job is durable: the batch entry and the
  * dead letter use its bytes without copying them.
+ *
+ * One id, one job: a job whose id is held by a job still in the batcher, or
+ * already has a record in Redis (the store's guard, which also refuses a
+ * second copy inside one batch write), is a duplicate. A redelivery of the
+ * same message is settled silently; any other reuse of the id is answered
+ * with a `duplicate` dead letter naming the earlier job — never with a
+ * result, which would replace the real one on a compacted results topic.
  */
 #include "coordinator.h"
 
@@ -47,8 +54,10 @@ typedef struct slot {
     uint32_t gen;
     int used;
     moeq_kafka_msg *msg; /* owned until the job is durable or answered */
-    char id[MOEQ_JOB_ID_HARD_MAX + 1];
+    char *id;            /* MOEQ_JOB_ID_HARD_MAX + 1 bytes, kept across reuse: the batcher borrows it,
+                            so it must not move when the slot array grows */
     size_t id_len;
+    char hash[MOEQ_JOB_HASH_SIZE]; /* content hash of the message value */
     moeq_tokens toks;    /* prompt ids (reused); has_tokens 0 = estimated length */
     int has_tokens;
     int64_t kafka_ts, arrival_ms;
@@ -57,7 +66,8 @@ typedef struct slot {
     int outs;            /* OUT_* deliveries outstanding */
     int resend;          /* OUT_* to produce again (a failed delivery) */
     moeq_buf result;     /* encoded result, kept until delivered */
-    char code[32], field[64], reason[256]; /* dead-letter headers */
+    char code[32], field[64], reason[512]; /* dead-letter headers */
+    char dup_src[320], dup_ms[24], dup_same[8]; /* a `duplicate` dead letter's: dup_same "" = not one */
     uint32_t next_free;
 } slot;
 
@@ -80,6 +90,8 @@ struct moeq_coordinator {
     moeq_batch_entry_job *ejobs;
     moeq_store_dup *dups;
     uint64_t *rem;
+    char (*srcs)[320];    /* topic/partition/offset of each job of a write */
+    const char **src_ptrs;
     int paused, reapply_pause, stored_since_commit;
     uint64_t commit_failures_seen; /* moeq_kafka_consumer_commit_failures at the last commit */
     size_t n_resend;      /* slots with a failed delivery to produce again */
@@ -126,8 +138,14 @@ static uint32_t slot_get(moeq_coordinator *c) {
         i = c->n_slots++;
     }
     slot *s = &c->slots[i];
+    if (!s->id && !(s->id = malloc(MOEQ_JOB_ID_HARD_MAX + 1))) {
+        s->next_free = c->free_head;
+        c->free_head = i;
+        return NO_SLOT;
+    }
     s->used = 1;
     s->msg = NULL;
+    s->dup_same[0] = 0;
     s->outs = s->resend = 0;
     s->has_tokens = 0;
     s->toks.n = 0;
@@ -165,7 +183,7 @@ static int produce_out(moeq_coordinator *c, slot *s, int which) {
     char err[256];
     moeq_kafka_out out = {.partition = MOEQ_KAFKA_PARTITION_ANY, .key = s->id, .key_len = s->id_len,
                           .opaque = opaque_of(c, s, which)};
-    moeq_kafka_header h[8];
+    moeq_kafka_header h[12];
     char part[16], off[24];
     if (which == OUT_RESULT) {
         const char *ct = moeq_wire_content_type(s->format);
@@ -191,6 +209,12 @@ static int produce_out(moeq_coordinator *c, slot *s, int which) {
         size_t ct_len;
         if (moeq_kafka_msg_header(m, "content-type", &ct, &ct_len) == MOEQ_OK)
             h[n++] = (moeq_kafka_header){"content-type", ct, ct_len};
+        if (s->dup_same[0]) {
+            h[n++] = (moeq_kafka_header){"moeq-job-hash", s->hash, strlen(s->hash)};
+            h[n++] = (moeq_kafka_header){"moeq-duplicate-of-source", s->dup_src, strlen(s->dup_src)};
+            h[n++] = (moeq_kafka_header){"moeq-duplicate-of-batched-ms", s->dup_ms, strlen(s->dup_ms)};
+            h[n++] = (moeq_kafka_header){"moeq-duplicate-same-content", s->dup_same, strlen(s->dup_same)};
+        }
         out.topic = c->p.dlq_topic;
         out.key = moeq_kafka_msg_key(m, &out.key_len);
         out.value = moeq_kafka_msg_value(m, &out.value_len);
@@ -263,7 +287,79 @@ static void answer_plain(moeq_coordinator *c, slot *s, moeq_result_status status
     in.reject.has_id = 1;
     snprintf(in.reject.id, sizeof(in.reject.id), "%s", s->id);
     in.reject.format = s->format;
+    snprintf(in.job_hash, sizeof(in.job_hash), "%s", s->hash);
     answer(c, s, &in, status, msg, 0);
+}
+
+/* "topic/partition/offset" of m: where a job came from, kept in its record. */
+static void source_of(const moeq_kafka_msg *m, char *out, size_t n) {
+    snprintf(out, n, "%s/%d/%lld", moeq_kafka_msg_topic(m), (int)moeq_kafka_msg_partition(m),
+             (long long)moeq_kafka_msg_offset(m));
+}
+
+static void utc_ms(int64_t ms, char *out, size_t n) {
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    size_t k = strftime(out, n, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + k, n - k, ".%03dZ", (int)(ms % 1000));
+}
+
+/*
+ * Answer s, whose id an earlier job d already has, with a `duplicate` dead
+ * letter (no result: on a compacted results topic it would replace the
+ * earlier job's). `where` says where the earlier job is.
+ */
+static void answer_duplicate(moeq_coordinator *c, slot *s, const moeq_store_dup *d, const char *where) {
+    char when[64] = "", content[96], q[600];
+    if (d->batched_ms >= 0) {
+        char t[40];
+        utc_ms(d->batched_ms, t, sizeof(t));
+        snprintf(when, sizeof(when), "batched at %s", t);
+    }
+    snprintf(s->dup_same, sizeof(s->dup_same), "%s", !d->hash[0] ? "unknown" : strcmp(d->hash, s->hash) ? "false" : "true");
+    if (!d->hash[0]) snprintf(content, sizeof(content), "content unknown");
+    else if (!strcmp(d->hash, s->hash)) snprintf(content, sizeof(content), "with the same content (job_hash %s)", s->hash);
+    else snprintf(content, sizeof(content), "with other content (its job_hash %s, this one %s)", d->hash, s->hash);
+    snprintf(s->code, sizeof(s->code), "duplicate");
+    snprintf(s->field, sizeof(s->field), "id");
+    snprintf(s->reason, sizeof(s->reason),
+             "job id '%.80s' was already accepted (%s%s%s, from %.160s), %s; use a new id, or reuse this one "
+             "after dedupe_window_s", s->id, where, when[0] ? ", " : "", when, d->src[0] ? d->src : "unknown", content);
+    snprintf(s->dup_src, sizeof(s->dup_src), "%s", d->src);
+    s->dup_ms[0] = 0;
+    if (d->batched_ms >= 0) snprintf(s->dup_ms, sizeof(s->dup_ms), "%lld", (long long)d->batched_ms);
+    c->st.jobs_duplicate++;
+    moeq_log(MOEQ_LOG_INFO, COMP, "job_duplicate", "id=%s answer=dead_letter same_content=%s earlier=%s reason=%s",
+             s->id, s->dup_same, d->src[0] ? d->src : "-", moeq_log_quote(s->reason, q, sizeof(q)));
+    s->outs = OUT_DLQ;
+    produce_out(c, s, OUT_DLQ);
+}
+
+/* s's id is held by a job still in the batcher: settle s as a duplicate of it. Returns 0 when not held. */
+static int settle_if_held(moeq_coordinator *c, slot *s) {
+    uint64_t h;
+    if (!s->id_len || moeq_batcher_holder(c->batcher, s->id, s->id_len, &h) != MOEQ_OK) return 0;
+    const slot *first = slot_of(c, h);
+    moeq_store_dup d = {.kind = MOEQ_STORE_DUP_ENQUEUED, .batched_ms = -1, .kafka_ts_ms = -1};
+    char src[320];
+    source_of(s->msg, src, sizeof(src));
+    if (!first) { /* settled already, its batch not yet released: say so rather than guess */
+        answer_duplicate(c, s, &d, "already settled");
+        return 1;
+    }
+    snprintf(d.hash, sizeof(d.hash), "%s", first->hash);
+    source_of(first->msg, d.src, sizeof(d.src));
+    d.kafka_ts_ms = first->kafka_ts;
+    if (!moeq_store_dup_is_redelivery(&d, src)) {
+        answer_duplicate(c, s, &d, "still being batched");
+        return 1;
+    }
+    /* a re-fetch of the same offset: not tracked twice, so the first copy's settling covers it */
+    c->st.jobs_duplicate++;
+    moeq_log(MOEQ_LOG_INFO, COMP, "job_duplicate", "id=%s answer=none why=redelivery source=%s", s->id, src);
+    slot_free(c, s);
+    return 1;
 }
 
 /* ---- consuming ------------------------------------------------------------------ */
@@ -286,6 +382,7 @@ static void track(moeq_coordinator *c, const moeq_kafka_msg *m) {
 static void accept_job(moeq_coordinator *c, slot *s) {
     moeq_intake *in = &c->in;
     char err[256];
+    if (settle_if_held(c, s)) return;
     if (in->prompt && in->prompt == in->tokens.ids) { /* take the tokenizer's buffer, give ours back */
         moeq_tokens t = s->toks;
         s->toks = in->tokens;
@@ -311,6 +408,8 @@ static void accept_job(moeq_coordinator *c, slot *s) {
         .max_new_tokens = in->job.max_new_tokens,
         .tokens = s->has_tokens ? s->toks.ids : NULL,
         .created_ms = s->kafka_ts,
+        .id = s->id_len ? s->id : NULL,
+        .id_len = s->id_len,
     };
     moeq_err e = moeq_batcher_add(c->batcher, &bj, s->arrival_ms, err, sizeof(err));
     if (e == MOEQ_OK) {
@@ -361,6 +460,7 @@ static void on_job(moeq_coordinator *c, moeq_kafka_msg *m) {
     const char *id = moeq_intake_id(in);
     s->id_len = id ? strlen(id) : 0;
     memcpy(s->id, id ? id : "", s->id_len + 1);
+    moeq_job_content_hash(value, len, s->hash);
     snprintf(s->result_topic, sizeof(s->result_topic), "%s", moeq_intake_result_topic(&c->ictx, in));
     switch (in->verdict) {
     case MOEQ_INTAKE_ACCEPT:
@@ -486,6 +586,8 @@ static void fill_entry_jobs(moeq_coordinator *c, size_t n) {
         e->arrival_ms = s->arrival_ms;
         e->tokens = s->has_tokens ? s->toks.ids : NULL;
         e->n_tokens = s->has_tokens ? s->toks.n : 0;
+        source_of(s->msg, c->srcs[k], sizeof(c->srcs[k]));
+        c->src_ptrs[k] = c->srcs[k];
     }
 }
 
@@ -493,12 +595,17 @@ static void fill_entry_jobs(moeq_coordinator *c, size_t n) {
 static void settle_duplicates(moeq_coordinator *c, size_t n) {
     for (size_t k = 0; k < n; k++) {
         slot *s = slot_of(c, c->rem[k]);
-        if (c->dups[k] == MOEQ_STORE_DUP_CANCELLED) {
+        const moeq_store_dup *d = &c->dups[k];
+        char src[320]; /* not c->srcs: those belong to the last batch appended to the pipeline */
+        source_of(s->msg, src, sizeof(src));
+        if (d->kind == MOEQ_STORE_DUP_CANCELLED) {
             c->st.jobs_cancelled++;
             answer_plain(c, s, MOEQ_RESULT_CANCELLED, NULL);
-        } else if (c->dups[k] == MOEQ_STORE_DUP_ENQUEUED) {
+        } else if (d->kind == MOEQ_STORE_DUP_ENQUEUED && !moeq_store_dup_is_redelivery(d, src)) {
+            answer_duplicate(c, s, d, d->in_batch ? "in the same batch" : "already in Redis");
+        } else if (d->kind == MOEQ_STORE_DUP_ENQUEUED) { /* redelivered: the record makes it durable */
             c->st.jobs_duplicate++;
-            moeq_log(MOEQ_LOG_INFO, COMP, "job_duplicate", "id=%s", s->id);
+            moeq_log(MOEQ_LOG_INFO, COMP, "job_duplicate", "id=%s answer=none why=redelivery source=%s", s->id, src);
             job_done(c, s);
         }
     }
@@ -519,7 +626,7 @@ static int write_round(moeq_coordinator *c) {
         const moeq_batch_plan *plan = c->to_write[appended];
         size_t n = plan_remaining(c, plan);
         fill_entry_jobs(c, n);
-        e = n ? moeq_store_append_batch(c->store, plan->priority, c->ejobs, n, plan->shared_prefix_len,
+        e = n ? moeq_store_append_batch(c->store, plan->priority, c->ejobs, c->src_ptrs, n, plan->shared_prefix_len,
                                         plan->closed_ms, moeq_now_ms(), err, sizeof(err))
               : MOEQ_OK;
         if (e) break;
@@ -757,6 +864,7 @@ void moeq_coordinator_destroy(moeq_coordinator *c) {
         moeq_kafka_msg_destroy(c->slots[i].msg);
         moeq_tokens_free(&c->slots[i].toks);
         moeq_buf_free(&c->slots[i].result);
+        free(c->slots[i].id);
     }
     moeq_kafka_consumer_destroy(c->consumer);
     moeq_instance_destroy(c->instance); /* after the consumer: the slot outlives the member */
@@ -770,6 +878,8 @@ void moeq_coordinator_destroy(moeq_coordinator *c) {
     free(c->ejobs);
     free(c->dups);
     free(c->rem);
+    free(c->srcs);
+    free(c->src_ptrs);
     pthread_mutex_destroy(&c->snap_mu);
     free(c);
 }
@@ -887,8 +997,11 @@ moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_
     c->ejobs = calloc(cap, sizeof(*c->ejobs));
     c->dups = calloc(cap, sizeof(*c->dups));
     c->rem = calloc(cap, sizeof(*c->rem));
+    c->srcs = calloc(cap, sizeof(*c->srcs));
+    c->src_ptrs = calloc(cap, sizeof(*c->src_ptrs));
     c->offsets = moeq_offsets_new();
-    if (!c->ejobs || !c->dups || !c->rem || !c->offsets) e = moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "out of memory");
+    if (!c->ejobs || !c->dups || !c->rem || !c->srcs || !c->src_ptrs || !c->offsets)
+        e = moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "out of memory");
     if (!e) e = moeq_batcher_new(&bp, &c->batcher, errstr, n);
     if (!e && params->model[0]) e = moeq_tokenizer_load(params->model, &c->tok, errstr, n);
     c->ictx.params = &c->p;

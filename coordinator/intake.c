@@ -103,6 +103,7 @@ moeq_err moeq_intake_job(const moeq_intake_ctx *ctx, const void *bytes, size_t l
                          int64_t now_ms, moeq_intake *in) {
     if (!ctx || !ctx->params || !in || (!bytes && len)) return MOEQ_ERR_INVALID_ARG;
     moeq_intake_clear(in);
+    moeq_job_content_hash(bytes ? bytes : "", len, in->job_hash);
     const moeq_coordinator_params *p = ctx->params;
     moeq_err e = moeq_job_decode(bytes ? bytes : "", len, content_type, &p->limits, &in->job, &in->reject);
     if (e == MOEQ_ERR_NOMEM || e == MOEQ_ERR_INVALID_ARG) return e;
@@ -173,5 +174,6 @@ moeq_err moeq_intake_result_encode(const moeq_intake *in, moeq_result_status sta
         r.metadata_len = in->job.metadata_len;
         r.metadata_format = in->job.format;
     }
+    r.job_hash = in->job_hash[0] ? (char *)in->job_hash : NULL;
     return moeq_result_encode(&r, moeq_intake_format(in), out, errstr, errstr_size);
 }

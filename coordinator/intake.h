@@ -56,6 +56,7 @@ typedef struct moeq_intake {
     const int32_t *prompt;   /* ACCEPT: prompt ids (job.tokens or tokens.ids); NULL = estimated */
     int32_t prompt_len;      /* ACCEPT/EXPIRED: exact (or estimated) prompt length in tokens   */
     moeq_job_reject reject;  /* REJECT: code, field, message, id (has_id)                      */
+    char job_hash[MOEQ_JOB_HASH_SIZE]; /* content hash of the bytes; results carry it ("" = none) */
 } moeq_intake;
 
 /*

@@ -36,7 +36,10 @@ static const moeq_prop own_props[] = {
     P_STR(durability, "fsync_always",
           "fsync_always (server runs appendfsync always), waitaof (WAITAOF after each write round, Redis >= 7.2) or none"),
     P_INT(waitaof_timeout_ms, 1, 60000, "1000", "WAITAOF timeout when durability = waitaof, ms"),
-    P_INT(job_record_ttl_s, 0, 31536000, "604800", "TTL of job records moeq:job:<id>, which are also the dedupe guard: an id is refused this long, s; 0 = forever"),
+    P_INT(dedupe_window_s, 0, 31536000, "604800",
+          "the dedupe window, one key for every process: a job record (moeq:job:<id>) lives this long after it is "
+          "written and again after its job finishes; while it lives, a job with its id is not run again (a "
+          "`duplicate` dead letter), s; 0 = forever"),
     P_STR(model, "", "model directory (its tokenizer.json gives exact prompt token ids); empty = lengths estimated as bytes/4, no ids"),
     P_INT(max_batch_jobs, 1, 4096, "64", "jobs per batch"),
     P_INT(max_batch_tokens, 1, 16777216, "65536", "sum of prompt_len + max_new_tokens per batch, tokens"),

@@ -48,7 +48,7 @@ typedef struct moeq_coordinator_params {
     char redis_prefix[64];            /* key prefix ("moeq" -> moeq:batches:p0, moeq:job:{id})    */
     char durability[16];              /* fsync_always | waitaof | none                          */
     int64_t waitaof_timeout_ms;       /* WAITAOF timeout, ms; [1, 60000]; 1000                   */
-    int64_t job_record_ttl_s;         /* TTL of moeq:job:<id> (the dedupe guard), s; 0 = forever; 604800 */
+    int64_t dedupe_window_s;          /* TTL of moeq:job:<id> (the dedupe guard), s; 0 = forever; 604800 */
     /* Tokenizer */
     char model[1024];                 /* model dir (tokenizer.json); "" = only `tokens` jobs      */
     /* Batching (see batcher.h) */

@@ -10,20 +10,34 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moeq/job.h"
 #include "moeq/redis.h"
 
 /*
  * KEYS[1] stream, KEYS[1+i] record of job i. ARGV: now_ms, ttl_s, priority,
- * n, prefix, closed_ms, jobs blob, then the n job ids.
+ * n, prefix, closed_ms, jobs blob, then n job ids, n content hashes, n
+ * sources (topic/partition/offset), n Kafka timestamps. A job is a duplicate
+ * when its record exists, or when an earlier job of this same write has its
+ * id (two copies in one batch must not both be written); each duplicate is
+ * reported as index, state, and the earlier job's batched_ms, hash, source,
+ * Kafka timestamp ('' when unknown) so the caller can tell a redelivery from
+ * a reused id.
  */
 static const char ENQUEUE_LUA[] =
     "local n = tonumber(ARGV[4])\n"
-    "local dups = {}\n"
+    "local dups, seen = {}, {}\n"
     "for i = 1, n do\n"
-    "  local st = redis.call('HGET', KEYS[1 + i], 'state')\n"
+    "  local r = redis.call('HMGET', KEYS[1 + i], 'state', 'batch', 'batched_ms', 'hash', 'src', 'kafka_ts')\n"
+    "  local st = r[1]\n"
+    "  local first = seen[KEYS[1 + i]]\n"
     "  if st then\n"
-    "    if st == 'cancelled' and redis.call('HEXISTS', KEYS[1 + i], 'batch') == 0 then st = 'cancelled' else st = 'enqueued' end\n"
-    "    dups[#dups + 1] = i - 1; dups[#dups + 1] = st\n"
+    "    if st == 'cancelled' and not r[2] then st = 'cancelled' else st = 'enqueued' end\n"
+    "    for _, v in ipairs({i - 1, st, r[3] or '', r[4] or '', r[5] or '', r[6] or ''}) do dups[#dups + 1] = v end\n"
+    "  elseif first then\n"
+    "    for _, v in ipairs({i - 1, 'in_batch', ARGV[1], ARGV[7 + n + first], ARGV[7 + 2 * n + first],\n"
+    "                        ARGV[7 + 3 * n + first]}) do dups[#dups + 1] = v end\n"
+    "  else\n"
+    "    seen[KEYS[1 + i]] = i\n"
     "  end\n"
     "end\n"
     "if #dups > 0 then return {'dup', dups} end\n"
@@ -32,7 +46,8 @@ static const char ENQUEUE_LUA[] =
     "local ttl = tonumber(ARGV[2])\n"
     "for i = 1, n do\n"
     "  redis.call('HSET', KEYS[1 + i], 'id', ARGV[7 + i], 'state', 'batched', 'batch', id, 'stream', KEYS[1],\n"
-    "    'priority', ARGV[3], 'batched_ms', ARGV[1], 'attempts', '0')\n"
+    "    'priority', ARGV[3], 'batched_ms', ARGV[1], 'attempts', '0', 'hash', ARGV[7 + n + i],\n"
+    "    'src', ARGV[7 + 2 * n + i], 'kafka_ts', ARGV[7 + 3 * n + i])\n"
     "  if ttl > 0 then redis.call('EXPIRE', KEYS[1 + i], ttl) end\n"
     "end\n"
     "return {'ok', id}\n";
@@ -60,6 +75,7 @@ struct moeq_store {
     const char **argv;
     size_t *argv_len;
     char (*keys)[640];
+    struct job_nums { char hash[MOEQ_JOB_HASH_SIZE], ts[24]; } *jn;
     size_t cap;
     char nums[7][32];
     moeq_buf blob;
@@ -97,6 +113,7 @@ void moeq_store_destroy(moeq_store *s) {
     free(s->argv);
     free(s->argv_len);
     free(s->keys);
+    free(s->jn);
     moeq_buf_free(&s->blob);
     free(s);
 }
@@ -159,7 +176,9 @@ static moeq_err grow(moeq_store *s, size_t need) {
     if (lens) s->argv_len = lens;
     char(*keys)[640] = realloc(s->keys, cap * sizeof(*keys));
     if (keys) s->keys = keys;
-    if (!argv || !lens || !keys) return MOEQ_ERR_NOMEM;
+    struct job_nums *jn = realloc(s->jn, cap * sizeof(*jn));
+    if (jn) s->jn = jn;
+    if (!argv || !lens || !keys || !jn) return MOEQ_ERR_NOMEM;
     s->cap = cap;
     return MOEQ_OK;
 }
@@ -192,6 +211,24 @@ static moeq_err waitaof(moeq_store *s, char *errstr, size_t n) {
     return err;
 }
 
+static int64_t ms_or_unknown(const char *v) { return v && *v ? strtoll(v, NULL, 10) : -1; }
+
+/* One six-tuple of the script's dup list into dup[k]. */
+static int parse_dup(const moeq_redis_reply *v, size_t i, size_t n_jobs, moeq_store_dup *dup) {
+    long long k = moeq_redis_reply_int(moeq_redis_reply_at(v, i));
+    const char *f[5];
+    for (int j = 0; j < 5; j++) f[j] = moeq_redis_reply_str(moeq_redis_reply_at(v, i + 1 + (size_t)j), NULL);
+    if (k < 0 || (size_t)k >= n_jobs || !f[0] || !f[1] || !f[2] || !f[3] || !f[4]) return 0;
+    moeq_store_dup *d = &dup[k];
+    d->kind = !strcmp(f[0], "cancelled") ? MOEQ_STORE_DUP_CANCELLED : MOEQ_STORE_DUP_ENQUEUED;
+    d->in_batch = !strcmp(f[0], "in_batch");
+    d->batched_ms = ms_or_unknown(f[1]);
+    snprintf(d->hash, sizeof(d->hash), "%s", f[2]);
+    snprintf(d->src, sizeof(d->src), "%s", f[3]);
+    d->kafka_ts_ms = ms_or_unknown(f[4]);
+    return 1;
+}
+
 static moeq_err parse_enqueue_reply(const moeq_redis_reply *r, size_t n_jobs, int *written, char entry_id[64],
                                     moeq_store_dup *dup, char *errstr, size_t n) {
     const char *tag = moeq_redis_reply_len(r) == 2 ? moeq_redis_reply_str(moeq_redis_reply_at(r, 0), NULL) : NULL;
@@ -201,29 +238,31 @@ static moeq_err parse_enqueue_reply(const moeq_redis_reply *r, size_t n_jobs, in
         snprintf(entry_id, 64, "%s", moeq_redis_reply_str(v, NULL));
         return MOEQ_OK;
     }
-    if (!tag || strcmp(tag, "dup") || moeq_redis_reply_len(v) % 2)
+    if (!tag || strcmp(tag, "dup") || moeq_redis_reply_len(v) % 6)
         return moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "enqueue script: unexpected reply");
     *written = 0;
-    for (size_t i = 0; i + 1 < moeq_redis_reply_len(v); i += 2) {
-        long long k = moeq_redis_reply_int(moeq_redis_reply_at(v, i));
-        const char *st = moeq_redis_reply_str(moeq_redis_reply_at(v, i + 1), NULL);
-        if (k < 0 || (size_t)k >= n_jobs || !st) return moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "enqueue script: bad dup");
-        dup[k] = !strcmp(st, "cancelled") ? MOEQ_STORE_DUP_CANCELLED : MOEQ_STORE_DUP_ENQUEUED;
-    }
+    for (size_t i = 0; i + 5 < moeq_redis_reply_len(v); i += 6)
+        if (!parse_dup(v, i, n_jobs, dup)) return moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "enqueue script: bad dup");
     return MOEQ_OK;
 }
 
+int moeq_store_dup_is_redelivery(const moeq_store_dup *d, const char *src) {
+    if (!d->src[0] && !d->hash[0]) return 1; /* a record from before hashes: cannot tell, stay silent as then */
+    return d->src[0] && src && !strcmp(d->src, src); /* the same message, consumed again */
+}
+
 /* Fill argv/argv_len for one enqueue EVALSHA; returns argc (0 on error). */
-static int enqueue_args(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, size_t n_jobs,
-                        int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, char *errstr, size_t n) {
-    size_t argc = 3 + (1 + n_jobs) + 7 + n_jobs;
+static int enqueue_args(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, const char *const *sources,
+                        size_t n_jobs, int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, char *errstr,
+                        size_t n) {
+    size_t argc = 3 + (1 + n_jobs) + 7 + 4 * n_jobs;
     if (grow(s, argc)) return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "store: out of memory"), 0;
     moeq_buf_reset(&s->blob);
     if (moeq_batch_entry_encode_jobs(jobs, n_jobs, &s->blob))
         return moeq_errf(MOEQ_ERR_LIMIT, errstr, n, "store: cannot encode the batch entry"), 0;
     snprintf(s->nums[0], 32, "%zu", 1 + n_jobs);
     snprintf(s->nums[1], 32, "%lld", (long long)now_ms);
-    snprintf(s->nums[2], 32, "%lld", (long long)s->params.job_record_ttl_s);
+    snprintf(s->nums[2], 32, "%lld", (long long)s->params.dedupe_window_s);
     snprintf(s->nums[3], 32, "%d", priority);
     snprintf(s->nums[4], 32, "%zu", n_jobs);
     snprintf(s->nums[5], 32, "%d", (int)shared_prefix);
@@ -242,13 +281,26 @@ static int enqueue_args(moeq_store *s, int priority, const moeq_batch_entry_job 
     for (int k = 1; k <= 6; k++) ARG(s->nums[k], strlen(s->nums[k]));
     ARG((const char *)s->blob.data, s->blob.len);
     for (size_t i = 0; i < n_jobs; i++) ARG(jobs[i].id, jobs[i].id_len);
+    for (size_t i = 0; i < n_jobs; i++) {
+        moeq_job_content_hash(jobs[i].job, jobs[i].job_len, s->jn[i].hash);
+        ARG(s->jn[i].hash, strlen(s->jn[i].hash));
+    }
+    for (size_t i = 0; i < n_jobs; i++) {
+        const char *src = sources && sources[i] ? sources[i] : "";
+        ARG(src, strlen(src));
+    }
+    for (size_t i = 0; i < n_jobs; i++) {
+        snprintf(s->jn[i].ts, sizeof(s->jn[i].ts), "%lld", (long long)jobs[i].kafka_ts_ms);
+        ARG(s->jn[i].ts, strlen(s->jn[i].ts));
+    }
 #undef ARG
     return (int)a;
 }
 
-moeq_err moeq_store_append_batch(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, size_t n_jobs,
-                                 int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, char *errstr, size_t n) {
-    int argc = enqueue_args(s, priority, jobs, n_jobs, shared_prefix, closed_ms, now_ms, errstr, n);
+moeq_err moeq_store_append_batch(moeq_store *s, int priority, const moeq_batch_entry_job *jobs,
+                                 const char *const *sources, size_t n_jobs, int32_t shared_prefix, int64_t closed_ms,
+                                 int64_t now_ms, char *errstr, size_t n) {
+    int argc = enqueue_args(s, priority, jobs, sources, n_jobs, shared_prefix, closed_ms, now_ms, errstr, n);
     if (!argc) return MOEQ_ERR_LIMIT;
     return moeq_redis_append_argv(s->redis, argc, s->argv, s->argv_len, errstr, n);
 }
@@ -273,13 +325,14 @@ moeq_err moeq_store_sync(moeq_store *s, char *errstr, size_t n) {
     return moeq_coordinator_durability(&s->params) == MOEQ_DURABILITY_WAITAOF ? waitaof(s, errstr, n) : MOEQ_OK;
 }
 
-moeq_err moeq_store_write_batch(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, size_t n_jobs,
-                                int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, int *written,
-                                char entry_id[64], moeq_store_dup *dup, char *errstr, size_t n) {
+moeq_err moeq_store_write_batch(moeq_store *s, int priority, const moeq_batch_entry_job *jobs,
+                                const char *const *sources, size_t n_jobs, int32_t shared_prefix, int64_t closed_ms,
+                                int64_t now_ms, int *written, char entry_id[64], moeq_store_dup *dup, char *errstr,
+                                size_t n) {
     *written = 0;
     entry_id[0] = 0;
     memset(dup, 0, n_jobs * sizeof(*dup));
-    int argc = enqueue_args(s, priority, jobs, n_jobs, shared_prefix, closed_ms, now_ms, errstr, n);
+    int argc = enqueue_args(s, priority, jobs, sources, n_jobs, shared_prefix, closed_ms, now_ms, errstr, n);
     if (!argc) return MOEQ_ERR_LIMIT;
     moeq_redis_reply *r = NULL;
     moeq_err err = evalsha(s, s->enqueue_sha, argc, &r, errstr, n);
@@ -294,7 +347,7 @@ moeq_err moeq_store_cancel(moeq_store *s, const char *id, int64_t now_ms, char *
     if (grow(s, 8)) return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "store: out of memory");
     char now[32], ttl[32];
     snprintf(now, sizeof(now), "%lld", (long long)now_ms);
-    snprintf(ttl, sizeof(ttl), "%lld", (long long)s->params.job_record_ttl_s);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)s->params.dedupe_window_s);
     record_key(s, id, s->keys[0], sizeof(s->keys[0]));
     snprintf(s->keys[1], sizeof(s->keys[1]), "%s:cancels", s->params.redis_prefix);
     const char *args[] = {"2", s->keys[0], s->keys[1], now, ttl, id};

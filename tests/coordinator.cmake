@@ -34,3 +34,7 @@ moeq_add_test(NAME test_kafka_mock SOURCES test_kafka_mock.c LIBS moeq_io
 moeq_add_test(NAME test_coordinator_mock_faults SOURCES test_coordinator_mock_faults.c
   LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 180)
 add_dependencies(test_coordinator_mock_faults moeq)
+# One id, one job: duplicates inside a batch and across batches, redeliveries.
+moeq_add_test(NAME test_coordinator_dedupe SOURCES test_coordinator_dedupe.c
+  LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 180)
+add_dependencies(test_coordinator_dedupe moeq)

@@ -525,6 +525,116 @@ static void under_steady_load_batches_are_full(void **state) {
     moeq_batcher_destroy(b);
 }
 
+/* ---- one id, one job ------------------------------------------------------ */
+
+static moeq_batcher_job job_id(uint64_t h, const char *id, int32_t len) {
+    moeq_batcher_job j = job(h, 0, len, 8);
+    j.id = id;
+    j.id_len = strlen(id);
+    return j;
+}
+
+/* "The same id sent twice within moments runs twice": the batcher refuses the second. */
+static void a_job_id_sent_twice_within_moments_is_batched_once(void **state) {
+    (void)state;
+    moeq_batcher_params p = moeq_batcher_default_params();
+    moeq_batcher *b = make(&p);
+    char err[256] = "";
+    add(b, job_id(1, "doc-1", 100), 0);
+    uint64_t h = 0;
+    assert_int_equal(moeq_batcher_holder(b, "doc-1", 5, &h), MOEQ_OK);
+    assert_int_equal(h, 1);
+    moeq_batcher_job again = job_id(2, "doc-1", 100);
+    assert_int_equal(moeq_batcher_add(b, &again, 1, err, sizeof(err)), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "doc-1"));
+    moeq_batcher_job other_length = job_id(3, "doc-1", 900); /* another bucket: still refused */
+    assert_int_equal(moeq_batcher_add(b, &other_length, 1, err, sizeof(err)), MOEQ_ERR_INVALID_ARG);
+    add(b, job_id(4, "doc-2", 100), 1);
+    assert_int_equal(moeq_batcher_open_jobs(b), 2);
+    assert_int_equal(moeq_batcher_flush(b, 2), 1);
+    const moeq_batch_plan *x = moeq_batcher_next(b);
+    assert_int_equal(x->n_jobs, 2);
+    /* taken but not released (not yet durable in Redis): the id is still held */
+    assert_int_equal(moeq_batcher_holder(b, "doc-1", 5, NULL), MOEQ_OK);
+    moeq_batcher_release(b, x);
+    assert_int_equal(moeq_batcher_holder(b, "doc-1", 5, NULL), MOEQ_ERR_NOT_FOUND);
+    assert_int_equal(moeq_batcher_holder(b, "doc-2", 5, NULL), MOEQ_ERR_NOT_FOUND);
+    add(b, job_id(5, "doc-1", 100), 3); /* after release the store's guard answers for it */
+    moeq_batcher_destroy(b);
+}
+
+static void a_cancelled_job_no_longer_holds_its_id(void **state) {
+    (void)state;
+    moeq_batcher_params p = moeq_batcher_default_params();
+    moeq_batcher *b = make(&p);
+    add(b, job_id(1, "x", 100), 0);
+    assert_int_equal(moeq_batcher_cancel(b, 1, NULL), MOEQ_OK);
+    assert_int_equal(moeq_batcher_holder(b, "x", 1, NULL), MOEQ_ERR_NOT_FOUND);
+    add(b, job_id(2, "x", 100), 0);
+    moeq_batcher_destroy(b);
+}
+
+/*
+ * Model-based: ids from a small pool, random adds, polls, late releases and
+ * cancels. The batcher's holder always agrees with a model of held ids, no
+ * batch carries an id twice, and no two unreleased batches share one.
+ */
+static void random_streams_with_reused_ids_never_batch_one_id_twice(void **state) {
+    (void)state;
+    enum { POOL = 300, STEPS = 20000, KEEP = 8 };
+    static char ids[POOL][16];
+    for (int i = 0; i < POOL; i++) snprintf(ids[i], sizeof(ids[i]), "id-%d", i);
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        rng_state = seed * 0x9E3779B97F4A7C15ULL + 7;
+        moeq_batcher_params p = moeq_batcher_default_params();
+        p.max_batch_jobs = rnd_in(1, 32);
+        p.max_wait_ms = rnd_in(0, 50);
+        moeq_batcher *b = make(&p);
+        int64_t holder[POOL]; /* model: handle holding id i, or -1 */
+        for (int i = 0; i < POOL; i++) holder[i] = -1;
+        const moeq_batch_plan *taken[KEEP];
+        size_t n_taken = 0;
+        int64_t now = 0;
+        for (uint64_t h = 1; h <= STEPS; h++) {
+            now += rnd_in(0, 2);
+            int i = (int)rnd_in(0, POOL - 1);
+            uint64_t got = 0;
+            moeq_err e = moeq_batcher_holder(b, ids[i], strlen(ids[i]), &got);
+            assert_int_equal(e == MOEQ_OK, holder[i] >= 0);
+            if (e == MOEQ_OK) assert_int_equal(got, (uint64_t)holder[i]);
+            moeq_batcher_job j = job_id(h, ids[i], (int32_t)rnd_in(1, 300));
+            char err[256];
+            e = moeq_batcher_add(b, &j, now, err, sizeof(err));
+            assert_int_equal(e, holder[i] >= 0 ? MOEQ_ERR_INVALID_ARG : MOEQ_OK);
+            if (e == MOEQ_OK) holder[i] = (int64_t)h;
+            if (rnd_in(0, 49) == 0) { /* cancel the holder of a random id, when still open */
+                int c = (int)rnd_in(0, POOL - 1);
+                if (holder[c] >= 0 && moeq_batcher_cancel(b, (uint64_t)holder[c], NULL) == MOEQ_OK) holder[c] = -1;
+            }
+            moeq_batcher_poll(b, now);
+            const moeq_batch_plan *x;
+            while ((x = moeq_batcher_next(b))) {
+                for (size_t k = 0; k < x->n_jobs; k++) {
+                    int id = atoi(x->jobs[k].id + 3);
+                    assert_int_equal(holder[id], (int64_t)x->jobs[k].handle); /* the only holder */
+                }
+                if (n_taken == KEEP || rnd_in(0, 1)) { /* release the oldest taken batch */
+                    const moeq_batch_plan *old = n_taken ? taken[0] : x;
+                    for (size_t k = 0; k < old->n_jobs; k++) holder[atoi(old->jobs[k].id + 3)] = -1;
+                    moeq_batcher_release(b, old);
+                    if (n_taken) {
+                        memmove(taken, taken + 1, (n_taken - 1) * sizeof(taken[0]));
+                        taken[n_taken - 1] = x;
+                    }
+                } else {
+                    taken[n_taken++] = x;
+                }
+            }
+        }
+        moeq_batcher_destroy(b); /* frees the batches still taken */
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_job_joins_a_bucket_whose_mean_is_within_ten_percent),
@@ -543,6 +653,9 @@ int main(void) {
         cmocka_unit_test(invalid_params_are_rejected_naming_the_field),
         cmocka_unit_test(random_streams_put_every_job_in_exactly_one_batch_within_every_bound),
         cmocka_unit_test(under_steady_load_batches_are_full),
+        cmocka_unit_test(a_job_id_sent_twice_within_moments_is_batched_once),
+        cmocka_unit_test(a_cancelled_job_no_longer_holds_its_id),
+        cmocka_unit_test(random_streams_with_reused_ids_never_batch_one_id_twice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -85,11 +85,16 @@ static void every_job_is_in_exactly_one_batch_across_kill_9_restarts(void **stat
     size_t refused = 0; /* redelivered jobs the guard refused (from the coordinators' logs) */
     FILE *log = fopen(h.log_path, "r");
     char line[1024];
-    while (log && fgets(line, sizeof line, log)) refused += strstr(line, "event=job_duplicate") != NULL;
+    size_t told = 0; /* of those, dead-lettered as `duplicate`: a redelivery must stay silent */
+    while (log && fgets(line, sizeof line, log)) {
+        refused += strstr(line, "event=job_duplicate") != NULL;
+        told += strstr(line, "event=job_duplicate") && strstr(line, "answer=dead_letter");
+    }
     if (log) fclose(log);
     print_message("%d kills: %zu job entries in %zu batches, %zu doubled, %zu redelivered jobs refused by the guard\n",
                   kills, w.n_jobs, w.n_batches, doubled, refused);
     assert_int_equal(doubled, 0);
+    assert_int_equal(told, 0);
     assert_int_equal(w.n_jobs, N_JOBS);
     free(w.jobs);
     free(w.batches);

@@ -120,6 +120,24 @@ static void invalid_jobs_get_an_error_result_naming_the_reason(void **state) {
     moeq_intake_free(&in);
 }
 
+/* Results answer this submission: the coordinator's results carry the hash of the job's bytes too. */
+static void coordinator_results_carry_the_hash_of_the_job_they_answer(void **state) {
+    (void)state;
+    const char *json = "{\"v\":1,\"id\":\"bad\",\"prompt\":\"x\",\"temperature\":7}";
+    moeq_intake in = decide(tiny, json, 0);
+    moeq_buf out = {0};
+    char err[128], want[MOEQ_JOB_HASH_SIZE];
+    assert_int_equal(moeq_intake_result_encode(&in, MOEQ_RESULT_ERROR, NULL, 0, &out, err, sizeof(err)), MOEQ_OK);
+    moeq_result r;
+    assert_int_equal(moeq_result_decode(out.data, out.len, NULL, 0, &r, err, sizeof(err)), MOEQ_OK);
+    moeq_job_content_hash(json, strlen(json), want);
+    assert_non_null(r.job_hash);
+    assert_string_equal(r.job_hash, want);
+    moeq_result_free(&r);
+    moeq_buf_free(&out);
+    moeq_intake_free(&in);
+}
+
 static void reply_to_outside_the_allow_list_is_rejected(void **state) {
     (void)state;
     moeq_intake_ctx ctx = {&params, tiny};
@@ -272,6 +290,7 @@ int main(void) {
         cmocka_unit_test(a_job_longer_than_a_batch_is_rejected_too_large),
         cmocka_unit_test(chat_messages_are_rendered_or_rejected_when_the_model_has_no_chat_format),
         cmocka_unit_test(batch_entries_round_trip),
+        cmocka_unit_test(coordinator_results_carry_the_hash_of_the_job_they_answer),
         cmocka_unit_test(metrics_render_as_prometheus_text),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -159,6 +159,19 @@ static void help_and_markdown_list_every_key(void **state) {
     free(buf);
 }
 
+/* "Two record TTLs under two names; the shorter wins": one key, dedupe_window_s, as on the worker. */
+static void the_dedupe_window_is_one_key_as_on_the_worker(void **state) {
+    (void)state;
+    moeq_coordinator_params p = moeq_coordinator_default_params();
+    char err[256];
+    assert_int_equal(p.dedupe_window_s, 604800);
+    assert_int_equal(moeq_props_set(moeq_coordinator_props(), &p, "dedupe_window_s", "3600", err, sizeof err), MOEQ_OK);
+    assert_int_equal(p.dedupe_window_s, 3600);
+    moeq_config_src src = {.table = moeq_coordinator_props(), .params = &p};
+    assert_int_equal(moeq_config_apply(&src, "job_record_ttl_s", "60", err, sizeof err), MOEQ_OK);
+    assert_int_equal(p.dedupe_window_s, 60); /* the old name: a deprecated alias of the same field */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_are_documented_and_valid),
@@ -167,6 +180,7 @@ int main(void) {
         cmocka_unit_test(cross_field_rules_are_checked),
         cmocka_unit_test(reply_to_must_be_the_results_topic_or_allowed),
         cmocka_unit_test(help_and_markdown_list_every_key),
+        cmocka_unit_test(the_dedupe_window_is_one_key_as_on_the_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -259,6 +259,34 @@ static void status_and_finish_reason_names_are_stable(void **state) {
     assert_string_equal(moeq_finish_reason_name(MOEQ_FINISH__COUNT), "unknown");
 }
 
+/* Results answer this submission: the job's content hash travels in the result and back. */
+static void a_result_carries_the_hash_of_the_job_it_answers(void **state) {
+    (void)state;
+    char h[MOEQ_JOB_HASH_SIZE];
+    moeq_job_content_hash("", 0, h);
+    assert_string_equal(h, "cbf29ce484222325"); /* FNV-1a 64 offset basis */
+    const char *job = "{\"v\":1,\"id\":\"j5\",\"prompt\":\"hi\"}";
+    moeq_job_content_hash(job, strlen(job), h);
+    assert_string_equal(h, "bd8bc653a297ca7f"); /* as schemas/tools/gen_vectors.py computes it */
+    moeq_result res = full_result();
+    res.job_hash = h;
+    for (int f = MOEQ_WIRE_MSGPACK; f <= MOEQ_WIRE_JSON; f++) {
+        moeq_buf buf = {0};
+        assert_int_equal(moeq_result_encode(&res, (moeq_wire_format)f, &buf, NULL, 0), MOEQ_OK);
+        moeq_result back;
+        assert_int_equal(moeq_result_decode(buf.data, buf.len, NULL, 0, &back, NULL, 0), MOEQ_OK);
+        assert_non_null(back.job_hash);
+        assert_string_equal(back.job_hash, h);
+        moeq_result_free(&back);
+        moeq_buf_free(&buf);
+    }
+    res.job_hash = NULL; /* absent: decoded as NULL (results of older writers) */
+    moeq_buf buf = {0};
+    assert_int_equal(moeq_result_encode(&res, MOEQ_WIRE_JSON, &buf, NULL, 0), MOEQ_OK);
+    assert_null(strstr((char *)buf.data, "job_hash"));
+    moeq_buf_free(&buf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_result_round_trips_through_both_formats),
@@ -270,6 +298,7 @@ int main(void) {
         cmocka_unit_test(msgpack_metadata_without_a_json_form_fails_naming_metadata),
         cmocka_unit_test(bad_results_are_refused_with_a_reason),
         cmocka_unit_test(status_and_finish_reason_names_are_stable),
+        cmocka_unit_test(a_result_carries_the_hash_of_the_job_it_answers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -80,6 +80,20 @@ static void the_default_seed_depends_only_on_the_id(void **state) {
     assert_true(moeq_worker_seed_for_id("", 0) == 14695981039346656037ULL);
 }
 
+/* "Two record TTLs under two names; the shorter wins": one key, dedupe_window_s, as on the coordinator. */
+static void the_dedupe_window_is_one_key_as_on_the_coordinator(void **state) {
+    (void)state;
+    moeq_worker_params p;
+    char err[256];
+    assert_int_equal(moeq_worker_default_params(&p, NULL, 0), MOEQ_OK);
+    assert_int_equal(p.dedupe_window_s, 604800); /* the coordinator's default: 7 days, not 1 */
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "dedupe_window_s", "3600", err, sizeof err), MOEQ_OK);
+    assert_int_equal(p.dedupe_window_s, 3600);
+    moeq_config_src src = {.table = moeq_worker_props, .params = &p};
+    assert_int_equal(moeq_config_apply(&src, "job_ttl_s", "60", err, sizeof err), MOEQ_OK);
+    assert_int_equal(p.dedupe_window_s, 60); /* the old name: a deprecated alias of the same field */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_are_the_documented_names),
@@ -87,6 +101,7 @@ int main(void) {
         cmocka_unit_test(mtp_k_defaults_to_one_draft_and_stays_within_zero_to_three),
         cmocka_unit_test(reply_to_must_be_on_the_allow_list),
         cmocka_unit_test(the_default_seed_depends_only_on_the_id),
+        cmocka_unit_test(the_dedupe_window_is_one_key_as_on_the_coordinator),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

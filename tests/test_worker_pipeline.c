@@ -34,6 +34,7 @@
 
 #include "batch_entry.h"
 #include "moeq/engine.h"
+#include "moeq/job.h"
 #include "moeq/kafka.h"
 #include "moeq/redis.h"
 #include "moeq/result.h"
@@ -269,6 +270,10 @@ static int collect(scenario *s, int timeout_ms) {
         if (v && moeq_result_decode(v, len, NULL, 0, &r, err, sizeof err) == MOEQ_OK) {
             tjob *j = find(s, r.id);
             assert_non_null(j);
+            char hash[MOEQ_JOB_HASH_SIZE]; /* every result says which job it answers */
+            moeq_job_content_hash(j->json, strlen(j->json), hash);
+            assert_non_null(r.job_hash);
+            assert_string_equal(r.job_hash, hash);
             /* the identity of a result: status, tokens, text (timings and worker differ by design) */
             char ident[8192];
             int off = snprintf(ident, sizeof ident, "%s|%s|%s|", moeq_result_status_name(r.status),

@@ -30,6 +30,9 @@ if(TARGET test_worker_pipeline)
   # 1,000 jobs from the Python, Node and kcat example producers, each checked against generate alone.
   moeq_add_test(NAME test_worker_e2e SOURCES test_worker_e2e.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)
+  # `moeq submit` reads only its own results (job_hash, start by time), reports duplicates and stale results.
+  moeq_add_test(NAME test_submit SOURCES test_submit.c LIBS moeq_worker
+    LABELS integration FIXTURES services TIMEOUT 300)
   # A worker started mid-run joins the group, takes batches, and nothing is lost.
   moeq_add_test(NAME test_worker_scale SOURCES test_worker_scale.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)

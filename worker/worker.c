@@ -761,6 +761,9 @@ static void publish_finished(moeq_worker *w) {
         r.metadata = ej->job.metadata;
         r.metadata_len = ej->job.metadata_len;
         r.metadata_format = ej->job.format;
+        char job_hash[MOEQ_JOB_HASH_SIZE]; /* from the job bytes the entry carries: no second copy of the rule */
+        moeq_job_content_hash(ej->raw, ej->raw_len, job_hash);
+        r.job_hash = job_hash;
         moeq_wire_format fmt = ej->job.format ? ej->job.format : MOEQ_WIRE_JSON;
         char err[256] = "";
         moeq_buf_reset(&w->buf);
@@ -812,6 +815,9 @@ static moeq_err encode_undeliverable(moeq_worker *w, const wjob *job, char *err,
     r.metadata = ej->job.metadata;
     r.metadata_len = ej->job.metadata_len;
     r.metadata_format = ej->job.format;
+    char job_hash[MOEQ_JOB_HASH_SIZE];
+    moeq_job_content_hash(ej->raw, ej->raw_len, job_hash);
+    r.job_hash = job_hash;
     moeq_wire_format fmt = ej->job.format ? ej->job.format : MOEQ_WIRE_JSON;
     moeq_buf_reset(&w->buf);
     moeq_err e = moeq_result_encode(&r, fmt, &w->buf, err, err_size);

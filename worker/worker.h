@@ -55,7 +55,8 @@ typedef struct moeq_worker_params {
     char http_addr[64];           /* IPv4 bind address of that endpoint; "0.0.0.0"                  */
     int64_t livez_stall_ms;       /* /livez fails when the loop has not ticked for this long          */
     char log_level[16];           /* debug | info | warn | error (the coordinator's key)             */
-    int64_t job_ttl_s;            /* TTL set on a job record when marked done; 0 = keep              */
+    int64_t dedupe_window_s;      /* TTL set on a job record when marked done (the dedupe window, as
+                                     the coordinator's key of the same name), s; 0 = keep; 604800 */
     int64_t mtp_k;                /* MTP drafts per speculative round for jobs with mtp on;
                                      0 = off; used only when the model has an MTP layer; [0, 3]     */
     int64_t mtp_max_batch;        /* rounds only while at most this many sequences decode; 0 = always */

@@ -324,7 +324,7 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
                        const worker_entry *entry, const char *states, char *errstr, size_t errstr_size) {
     char key[JOB_KEY_MAX], now[24], ttl[24];
     snprintf(now, sizeof now, "%lld", (long long)moeq_now_ms());
-    snprintf(ttl, sizeof ttl, "%lld", (long long)params->job_ttl_s);
+    snprintf(ttl, sizeof ttl, "%lld", (long long)params->dedupe_window_s);
     size_t queued = 0;
     for (size_t i = 0; i < entry->n_jobs; i++) {
         const worker_entry_job *wj = &entry->jobs[i];
@@ -336,7 +336,7 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
         moeq_err err = moeq_redis_append_argv(redis, 8, argv, NULL, errstr, errstr_size);
         if (err) return err;
         queued++;
-        if (params->job_ttl_s > 0) {
+        if (params->dedupe_window_s > 0) {
             const char *ex[] = {"EXPIRE", key, ttl};
             if ((err = moeq_redis_append_argv(redis, 3, ex, NULL, errstr, errstr_size))) return err;
             queued++;

@@ -90,7 +90,7 @@ moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *par
 /*
  * Acknowledge a finished entry in one round trip: job records -> `state`
  * (done, failed per job: states[i] 'F' failed else done), finished_ms,
- * worker; EXPIRE job_ttl_s; then XACK.
+ * worker; EXPIRE dedupe_window_s; then XACK.
  */
 moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                        const worker_entry *entry, const char *states, char *errstr, size_t errstr_size);

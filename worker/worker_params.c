@@ -52,8 +52,10 @@ const moeq_prop moeq_worker_props[] = {
     {"livez_stall_ms", MOEQ_PROP_INT, P(livez_stall_ms), 1000, 86400000, "60000",
      "/livez fails when the loop has not ticked for this long (an engine step included), ms"},
     {"log_level", MOEQ_PROP_STR, P(log_level), 0, 0, "info", "debug, info, warn or error"},
-    {"job_ttl_s", MOEQ_PROP_INT, P(job_ttl_s), 0, 31536000, "86400",
-     "expiry set on a job record once done, s; 0 = keep forever"},
+    {"dedupe_window_s", MOEQ_PROP_INT, P(dedupe_window_s), 0, 31536000, "604800",
+     "the dedupe window, one key for every process: a job record (moeq:job:<id>) lives this long after it is "
+     "written and again after its job finishes; while it lives, a job with its id is not run again (a "
+     "`duplicate` dead letter), s; 0 = forever"},
     {"mtp_k", MOEQ_PROP_INT, P(mtp_k), 0, 3, "1",
      "MTP speculative decoding: draft tokens per round for jobs with mtp on (needs a model with an MTP "
      "layer; output unchanged); 0 = off"},

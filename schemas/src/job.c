@@ -88,6 +88,16 @@ moeq_job_reject_code moeq_job_reject_code_from_name(const char *name) {
     return MOEQ_JOB_REJECT_NONE;
 }
 
+void moeq_job_content_hash(const void *bytes, size_t len, char out[MOEQ_JOB_HASH_SIZE]) {
+    const unsigned char *p = bytes;
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    snprintf(out, MOEQ_JOB_HASH_SIZE, "%016llx", (unsigned long long)h);
+}
+
 moeq_err moeq_job_reject_err(moeq_job_reject_code code) {
     switch (code) {
     case MOEQ_JOB_REJECT_NONE: return MOEQ_OK;

@@ -40,6 +40,7 @@ void moeq_result_free(moeq_result *result) {
     free(result->error.code);
     free(result->error.message);
     free(result->metadata);
+    free(result->job_hash);
     memset(result, 0, sizeof *result);
 }
 
@@ -53,7 +54,8 @@ static int has_timings(const moeq_result *res) {
 static uint32_t count_fields(const moeq_result *res) {
     return 4 /* v id status usage */ + (res->text != NULL) + (res->tokens != NULL) +
            (res->finish_reason != MOEQ_FINISH_NONE) + (uint32_t)has_timings(res) + (res->model != NULL) +
-           (res->worker != NULL) + (res->error.code != NULL) + (res->metadata != NULL) + (uint32_t)(res->has_mtp != 0);
+           (res->worker != NULL) + (res->error.code != NULL) + (res->metadata != NULL) + (uint32_t)(res->has_mtp != 0) +
+           (res->job_hash != NULL);
 }
 
 double moeq_result_mtp_acceptance(const moeq_result *res) {
@@ -158,6 +160,7 @@ moeq_err moeq_result_encode(const moeq_result *res, moeq_wire_format format, moe
         ww_double(&w, moeq_result_mtp_acceptance(res));
         ww_end_map(&w);
     }
+    if (res->job_hash) put_str(&w, "job_hash", res->job_hash); /* last: results without it encode as before */
     ww_end_map(&w);
     if (w.err != MOEQ_OK) {
         out->len = len0;
@@ -335,6 +338,7 @@ static int r_field(rdec *d, const wval *key, const wval *v) {
     if (wval_str_is(key, "worker")) return r_str(d, v, &res->worker);
     if (wval_str_is(key, "error")) return r_error(d, v);
     if (wval_str_is(key, "metadata")) return r_metadata(d, v);
+    if (wval_str_is(key, "job_hash")) return r_str(d, v, &res->job_hash);
     if (wval_str_is(key, "mtp")) {
         static const char *const keys[] = {"drafted", "accepted"};
         int64_t *const outs[] = {&res->mtp.drafted, &res->mtp.accepted};

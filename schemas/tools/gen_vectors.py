@@ -461,6 +461,14 @@ def gen_invalid():
 results = []
 
 
+def fnv1a64(data):
+    """The job content hash (moeq_job_content_hash): FNV-1a 64, 16 lowercase hex digits."""
+    h = 14695981039346656037
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
 def gen_results():
     """Example results (what workers publish), in both formats: for consumers' tests, and fuzz seeds."""
     usage = {"prompt_tokens": 12, "completion_tokens": 3}
@@ -479,6 +487,10 @@ def gen_results():
         "expired": {"v": 1, "id": "j4", "status": "expired", "finish_reason": "deadline",
                     "usage": {"prompt_tokens": 9, "completion_tokens": 0},
                     "error": {"code": "deadline", "message": "deadline_ms 1767225600000 passed while queued"}},
+        # job_hash = FNV-1a 64 of the job's bytes as produced (here: the JSON text {"v":1,"id":"j5","prompt":"hi"})
+        "ok_job_hash": {"v": 1, "id": "j5", "status": "ok", "text": "hello", "tokens": [7],
+                        "finish_reason": "length", "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                        "job_hash": fnv1a64(b'{"v":1,"id":"j5","prompt":"hi"}')},
     }
     os.makedirs(os.path.join(OUT, "results"))
     for name, r in cases.items():

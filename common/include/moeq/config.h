@@ -99,7 +99,8 @@ typedef struct moeq_config_src {
 
 /*
  * Apply one key. Unknown keys are an error naming the key (typos must not
- * pass silently). A deprecated name (allowed_topics, metrics_port) is applied
+ * pass silently). A deprecated name (allowed_topics, metrics_port, job_ttl_s,
+ * job_record_ttl_s) is applied
  * under its new name with a warning.
  */
 moeq_err moeq_config_apply(const moeq_config_src *src, const char *key, const char *value,

@@ -193,6 +193,17 @@ moeq_err moeq_job_decode(const void *bytes, size_t len, const char *content_type
  */
 moeq_err moeq_job_encode(const moeq_job *job, moeq_wire_format format, moeq_buf *out);
 
+/*
+ * The job's content hash: FNV-1a 64 of the bytes exactly as produced (the
+ * Kafka message value), as 16 lowercase hex digits. The coordinator keeps it
+ * in the job record (to tell a reused id with other content from the same
+ * job again) and results carry it as `job_hash`, so a reader can tell which
+ * submission a result answers. Not a cryptographic hash: it guards against
+ * mistakes (an edited file re-sent with the same ids), not an adversary.
+ */
+#define MOEQ_JOB_HASH_SIZE 17 /* 16 hex digits + NUL */
+void moeq_job_content_hash(const void *bytes, size_t len, char out[MOEQ_JOB_HASH_SIZE]);
+
 /* The moeq_err a reject code is returned as (MOEQ_OK for NONE). */
 moeq_err moeq_job_reject_err(moeq_job_reject_code code);
 

@@ -84,6 +84,8 @@ typedef struct moeq_result {
         int64_t drafted;           /* tokens proposed by the MTP head                  */
         int64_t accepted;          /* of those, accepted by the main model             */
     } mtp;
+    char *job_hash;                /* the job's content hash (moeq_job_content_hash): which
+                                      submission this answers; NULL = absent (older writers) */
 } moeq_result;
 
 /* accepted / drafted rounded to 4 decimals (0 when nothing was drafted): the `mtp.acceptance` a result carries. */
