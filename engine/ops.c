@@ -8,6 +8,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "ops_exp.h"
 #include "ops_matmul.h"
@@ -69,4 +70,15 @@ void moeq_ops_softmax(float *x, int64_t n) {
         sum += x[i];
     }
     for (int64_t i = 0; i < n; i++) x[i] /= sum;
+}
+
+int moeq_ops_finite(const float *x, int64_t n) {
+    uint32_t top = 0; /* the largest exponent field seen: all ones only for NaN and inf */
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        b &= 0x7f800000u;
+        top = b > top ? b : top;
+    }
+    return top != 0x7f800000u;
 }

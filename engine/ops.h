@@ -23,4 +23,8 @@ void moeq_ops_softmax(float *x, int64_t n);
 /* 1 / (1 + exp(-x)). */
 float moeq_ops_sigmoid(float x);
 
+/* 1 when every x[i] is finite, 0 when one is NaN or +-inf. By the exponent bits, so it vectorises: a pass over a
+ * logits row costs a few microseconds next to the lm_head matmul that wrote it. */
+int moeq_ops_finite(const float *x, int64_t n);
+
 #endif
