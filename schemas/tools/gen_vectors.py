@@ -479,6 +479,9 @@ def gen_results():
         "expired": {"v": 1, "id": "j4", "status": "expired", "finish_reason": "deadline",
                     "usage": {"prompt_tokens": 9, "completion_tokens": 0},
                     "error": {"code": "deadline", "message": "deadline_ms 1767225600000 passed while queued"}},
+        # a token that decodes to byte 0x00: text is bytes-exact (msgpack str by length, JSON \u0000)
+        "ok_nul_in_text": {"v": 1, "id": "j5", "status": "ok", "text": "a\x00 bre\x00", "tokens": [64, 0, 1627, 0],
+                           "finish_reason": "length", "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
     }
     os.makedirs(os.path.join(OUT, "results"))
     for name, r in cases.items():
@@ -486,7 +489,10 @@ def gen_results():
             rel = f"results/{name}.{ext}"
             with open(os.path.join(OUT, rel), "wb") as f:
                 f.write(data)
-            results.append({"name": name, "file": rel, "result": r})
+            entry = {"name": name, "file": rel, "result": r}
+            if "\x00" in r.get("text", ""):  # JSON readers in C stop at U+0000: the exact bytes, for them
+                entry["text_hex"] = r["text"].encode().hex()
+            results.append(entry)
 
 
 def main():
