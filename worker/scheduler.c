@@ -13,6 +13,7 @@
 #include "scheduler.h"
 
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -332,6 +333,12 @@ static void job_finish(moeq_sched *sched, int h, moeq_result_status status, moeq
                        const char *code, const char *message, int64_t now_ms);
 static int text_append(sched_job *job, const char *bytes, size_t n);
 
+/* Prompt + max_new_tokens past the context: rejected as OpenAI and vLLM do, never silently clamped. */
+static int too_long(const moeq_sched *sched, const sched_job *job) {
+    return sched->params.max_model_len > 0 &&
+           (int64_t)job->n_prompt + job->max_new_tokens > sched->params.max_model_len;
+}
+
 moeq_err moeq_sched_add_batch(moeq_sched *sched, void *batch_user, const moeq_sched_job_spec *jobs, size_t n_jobs,
                               int64_t now_ms, char *errstr, size_t errstr_size) {
     if (!sched || (n_jobs && !jobs)) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL argument");
@@ -380,6 +387,11 @@ moeq_err moeq_sched_add_batch(moeq_sched *sched, void *batch_user, const moeq_sc
         } else if (job->n_prompt < 1) {
             job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "invalid_input", "job has an empty prompt",
                        now_ms);
+        } else if (too_long(sched, job)) {
+            char why[160];
+            snprintf(why, sizeof why, "prompt of %d tokens + max_new_tokens %d exceeds the model's context of %d tokens",
+                     job->n_prompt, job->max_new_tokens, sched->params.max_model_len);
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "prompt_too_long", why, now_ms);
         } else if (job->max_new_tokens == 0) {
             job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_LENGTH, NULL, NULL, now_ms);
         }
@@ -739,8 +751,20 @@ static void job_take_token(moeq_sched *sched, int h, int32_t token, int64_t now_
 
 /* Round i's outcome is usable: 1..k+1 tokens, counts within the round. */
 static int round_out_ok(const moeq_sched_round *r, const moeq_sched_round_out *o) {
+    if (o->n_tokens == 0) return 1; /* numerical error */
     return o->tokens && o->n_tokens >= 1 && o->n_tokens <= r->k + 1 && o->drafted >= 0 && o->accepted >= 0 &&
            o->accepted <= o->drafted;
+}
+
+/* The job's logits held NaN/inf: it cannot go on; its batch-mates are not affected (batch invariance). */
+static void job_numerical_error(moeq_sched *sched, int h, int64_t now_ms) {
+    sched_job *job = sched->jobs[h];
+    char why[200];
+    snprintf(why, sizeof why,
+             "non-finite logits (NaN or inf) after %d generated tokens: the model's weights hold non-finite or "
+             "overflowing values (moeq model-info --check-weights)",
+             job->n_out);
+    job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, "numerical_error", why, now_ms);
 }
 
 #define MTP_PAUSE_MIN 32   /* tokens decoded plainly after a window of poor acceptance */
@@ -773,6 +797,10 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
                          int64_t now_ms) {
     sched_job *job = sched->jobs[r->job];
     if (job->state != JOB_RUNNING) return; /* cannot happen within one plan; defensive */
+    if (o->n_tokens == 0) {
+        job_numerical_error(sched, r->job, now_ms);
+        return;
+    }
     job->mtp_drafted += o->drafted;
     job->mtp_accepted += o->accepted;
     sched->mtp_rounds++;
@@ -810,7 +838,8 @@ moeq_err moeq_sched_commit_mtp(moeq_sched *sched, const int32_t *sampled, const 
         } else {
             sched->decode_tokens += it->n_tokens;
         }
-        if (it->sample) job_take_token(sched, it->job, sampled[i], now_ms);
+        if (it->sample && sampled[i] < 0) job_numerical_error(sched, it->job, now_ms);
+        else if (it->sample) job_take_token(sched, it->job, sampled[i], now_ms);
     }
     sched->n_items = 0;
     return MOEQ_OK;

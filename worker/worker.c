@@ -247,6 +247,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.max_step_tokens = (int)p->max_step_tokens;
     ep.kv_cache_tokens = p->kv_cache_tokens;
     ep.n_threads = (int)p->n_threads;
+    ep.max_model_len = (int)p->max_model_len;
     if ((err = moeq_engine_new(w->model, &ep, &w->engine, errstr, errstr_size))) return err;
     w->vocab = moeq_model_get_config(w->model)->vocab_size;
     const char *base = strrchr(p->model, '/');
@@ -262,6 +263,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.prefix_share_min = (int)p->prefix_share_min;
     sp.kv_cache_tokens = p->kv_cache_tokens;
     sp.kv_block_tokens = ep.kv_block_tokens;
+    sp.max_model_len = moeq_engine_max_model_len(w->engine);
     sp.stop_ids = &eos;
     sp.n_stop_ids = eos >= 0 ? 1 : 0;
     if ((err = moeq_sched_new(&sp, detok, w, &w->sched, errstr, errstr_size))) return err;
@@ -659,7 +661,8 @@ static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err,
     int64_t drafted = 0, accepted = 0, emitted = 0;
     for (int i = 0; i < plan->n_rounds; i++) {
         const moeq_spec_seq *sq = &w->spec[i];
-        w->round_out[i] = (moeq_sched_round_out){sq->out, sq->n_out, (int)sq->drafted, (int)sq->accepted};
+        w->round_out[i] = (moeq_sched_round_out){sq->out, sq->numerical_error ? 0 : sq->n_out, (int)sq->drafted,
+                                                 (int)sq->accepted}; /* 0 tokens: numerical_error */
         drafted += sq->drafted, accepted += sq->accepted, emitted += sq->n_out;
     }
     if (plan->n_rounds > 0) {
@@ -710,6 +713,7 @@ static void publish_finished(moeq_worker *w) {
         r.id = (char *)fin.key;
         r.status = fin.status;
         r.text = fin.admitted_ms ? (char *)fin.text : NULL;
+        r.text_len = r.text ? fin.text_len : 0; /* bytes-exact: a token may decode to byte 0 */
         r.tokens = fin.n_tokens ? (int32_t *)fin.tokens : NULL;
         r.n_tokens = (size_t)fin.n_tokens;
         r.finish_reason = fin.finish_reason;
