@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../engine/genmodel.h"
+#include "../engine/model.h"
 #include "moeq/engine.h"
 #include "moeq/util.h"
 
@@ -121,22 +122,52 @@ static void print_info(const char *dir, const moeq_model *model, double load_ms)
            c->num_nextn_predict_layers);
 }
 
+#define MODEL_INFO_USAGE                                                                                   \
+    "usage: moeq model-info --model DIR [--no-mtp] [--check-weights]\n"                                        \
+    "\n"                                                                                                       \
+    "  --check-weights  also read every tensor (dequantised as the engine does: FP8 value x scale) and\n"      \
+    "                   report those holding NaN, inf or |x| >= 1e30; exit 1 when any does\n"
+
+/* One bad tensor: a line on stderr, an entry of the "bad_tensors" array on stdout. */
+static void report_issue(void *ctx, const moeq_weight_issue *issue) {
+    int *n = ctx;
+    fprintf(stderr, "moeq model-info: tensor %s: %lld non-finite and %lld huge value(s), the first at index %lld\n",
+            issue->tensor, (long long)issue->nonfinite, (long long)issue->huge, (long long)issue->first);
+    printf("%s{\"tensor\": \"%s\", \"nonfinite\": %lld, \"huge\": %lld, \"first\": %lld}", (*n)++ ? ", " : "",
+           issue->tensor, (long long)issue->nonfinite, (long long)issue->huge, (long long)issue->first);
+}
+
+/* --check-weights: {"checked_tensors": N, "bad_tensors": [...]} on a line of its own; 1 when any is bad. */
+static int check_weights(const moeq_model *model) {
+    char errstr[256];
+    int n_bad = 0, printed = 0;
+    printf("{\"bad_tensors\": [");
+    moeq_err err = moeq_model_check_weights(model, report_issue, &printed, &n_bad, errstr, sizeof errstr);
+    printf("], \"checked_tensors\": %d}\n", model->n_tensors);
+    if (err) fprintf(stderr, "moeq model-info: %s (%s)\n", errstr, moeq_err_str(err));
+    else if (n_bad) fprintf(stderr, "moeq model-info: %d tensor(s) hold non-finite or huge values\n", n_bad);
+    return err || n_bad ? 1 : 0;
+}
+
 int moeq_cmd_model_info(int argc, char **argv) {
     const char *dir = NULL;
+    int check = 0;
     moeq_model_params params = moeq_model_default_params();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             dir = argv[++i];
         } else if (!strcmp(argv[i], "--no-mtp")) {
             params.load_mtp = 0;
+        } else if (!strcmp(argv[i], "--check-weights")) {
+            check = 1;
         } else {
             int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-            fprintf(help ? stdout : stderr, "usage: moeq model-info --model DIR [--no-mtp]\n");
+            fprintf(help ? stdout : stderr, MODEL_INFO_USAGE);
             return help ? 0 : 2;
         }
     }
     if (!dir) {
-        fprintf(stderr, "usage: moeq model-info --model DIR [--no-mtp]\n");
+        fprintf(stderr, MODEL_INFO_USAGE);
         return 2;
     }
     char errstr[512];
@@ -149,6 +180,7 @@ int moeq_cmd_model_info(int argc, char **argv) {
         return 1;
     }
     print_info(dir, model, load_ms);
+    int rc = check ? check_weights(model) : 0;
     moeq_model_destroy(model);
-    return 0;
+    return rc;
 }

@@ -15,7 +15,9 @@
 
 void moeq_ops_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     float var = moeq_dot_f32(x, x, n) / (float)n;
-    float r = 1.0f / sqrtf(var + eps);
+    /* An overflowed sum of squares would make r 0 and the row finite zeros: garbage that looks like numbers
+     * (BF16 weights of 3.4e38 gave `ok` results). NaN instead, so the step's logits say what happened. */
+    float r = isfinite(var) ? 1.0f / sqrtf(var + eps) : NAN;
     for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 

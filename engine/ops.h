@@ -9,7 +9,8 @@
 
 #include <stdint.h>
 
-/* out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), as HF DeepseekV3RMSNorm in float32. out may be x. */
+/* out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), as HF DeepseekV3RMSNorm in float32. out may be x.
+ * A row whose sum of squares overflows (or holds NaN/inf) comes out NaN, never as zeros. */
 void moeq_ops_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)) (exp of -|g| only, ops_exp.h). out may alias gate. */

@@ -233,10 +233,39 @@ static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
                                 errstr_size);
 }
 
+/* check_weights: one log line per bad tensor, the names gathered for the error that refuses to start. */
+typedef struct weight_report {
+    char names[256];
+} weight_report;
+
+static void log_weight_issue(void *ctx, const moeq_weight_issue *issue) {
+    weight_report *r = ctx;
+    moeq_log(MOEQ_LOG_ERROR, COMP, "bad_weights", "tensor=%s nonfinite=%lld huge=%lld first=%lld", issue->tensor,
+             (long long)issue->nonfinite, (long long)issue->huge, (long long)issue->first);
+    size_t n = strlen(r->names);
+    if (n + 2 < sizeof r->names) snprintf(r->names + n, sizeof r->names - n, "%s%s", n ? ", " : "", issue->tensor);
+}
+
+/* A model whose weights hold NaN/inf would answer every job numerical_error (or garbage): refuse to serve it. */
+static moeq_err check_weights(moeq_worker *w, char *errstr, size_t errstr_size) {
+    weight_report r = {""};
+    int n_bad = 0;
+    int64_t t0 = moeq_now_ms();
+    moeq_err err = moeq_model_check_weights(w->model, log_weight_issue, &r, &n_bad, errstr, errstr_size);
+    if (err) return err;
+    moeq_log(MOEQ_LOG_INFO, COMP, "weights_checked", "model=%s bad_tensors=%d ms=%lld", w->params.model, n_bad,
+             (long long)(moeq_now_ms() - t0));
+    if (n_bad)
+        return moeq_errf(MOEQ_ERR_NUMERIC, errstr, errstr_size,
+                         "check_weights: %d tensor(s) hold NaN, inf or huge values: %s", n_bad, r.names);
+    return MOEQ_OK;
+}
+
 static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     const moeq_worker_params *p = &w->params;
     moeq_err err = moeq_model_load(p->model, NULL, &w->model, errstr, errstr_size);
     if (err) return err;
+    if (p->check_weights && (err = check_weights(w, errstr, errstr_size))) return err;
     char e2[256];
     if (moeq_tokenizer_load(p->model, &w->tok, e2, sizeof e2) != MOEQ_OK) {
         w->tok = NULL;

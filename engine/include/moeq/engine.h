@@ -95,6 +95,29 @@ size_t moeq_model_active_bytes_per_token(const moeq_model *model);
 size_t moeq_model_mtp_active_bytes_per_token(const moeq_model *model);
 size_t moeq_model_total_params(const moeq_model *model);
 
+/* A weight this large (in magnitude) is reported by moeq_model_check_weights although finite: no trained
+ * weight comes near, and a product with an ordinary activation, or a sum of a few, overflows float32. */
+#define MOEQ_WEIGHT_HUGE 1e30f
+
+/* One tensor with bad values, as moeq_model_check_weights reports it. */
+typedef struct moeq_weight_issue {
+    const char *tensor;   /* HF name, borrowed from the model                                   */
+    int64_t nonfinite;    /* values that are NaN or inf once dequantised (FP8: value x scale)    */
+    int64_t huge;         /* finite values with |x| >= MOEQ_WEIGHT_HUGE                          */
+    int64_t first;        /* flat index (row * cols + col) of the first bad value               */
+} moeq_weight_issue;
+
+typedef void (*moeq_weight_issue_fn)(void *ctx, const moeq_weight_issue *issue);
+
+/*
+ * Scan every tensor of the model (reads every page: slow on big
+ * checkpoints) for NaN, inf and huge values, dequantised as the forward
+ * pass does; fn (may be NULL) is called once per bad tensor, in name order;
+ * *n_bad counts them. MOEQ_OK whatever was found; MOEQ_ERR_NOMEM.
+ */
+moeq_err moeq_model_check_weights(const moeq_model *model, moeq_weight_issue_fn fn, void *ctx, int *n_bad,
+                                  char *errstr, size_t errstr_size);
+
 /* ---- engine --------------------------------------------------------------- */
 
 typedef struct moeq_engine moeq_engine;
