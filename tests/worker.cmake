@@ -12,6 +12,11 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
   # MTP inside continuous batching: tiny-mtp and tiny, mtp_k on and off, every result equal to generate alone.
   moeq_add_test(NAME test_worker_mtp SOURCES test_worker_mtp.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)
+  # Issue 11 through a worker: a NaN-poisoned job ends numerical_error beside a healthy batch-mate,
+  # prompt_too_long at the model's context and at max_model_len, text with a 0x00 byte whole in both formats.
+  moeq_add_test(NAME test_worker_numerics SOURCES test_worker_numerics.c LIBS moeq_worker
+    LABELS integration FIXTURES services TIMEOUT 240)
+  target_compile_definitions(test_worker_numerics PRIVATE MOEQ_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 endif()
 
 # The whole pipeline through the real coordinator: Kafka -> coordinator -> Redis -> 2 workers -> Kafka,
