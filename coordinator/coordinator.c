@@ -29,6 +29,7 @@
 #include "batch_entry.h"
 #include "batcher.h"
 #include "intake.h"
+#include "moeq/engine.h"
 #include "moeq/kafka.h"
 #include "moeq/log.h"
 #include "moeq/tokenizer.h"
@@ -367,7 +368,7 @@ static void on_job(moeq_coordinator *c, moeq_kafka_msg *m) {
     case MOEQ_INTAKE_REJECT: {
         char q[300];
         c->st.jobs_rejected[in->reject.code < MOEQ_JOB_REJECT__COUNT ? in->reject.code : 0]++;
-        snprintf(s->code, sizeof(s->code), "%s", moeq_job_reject_code_name(in->reject.code));
+        snprintf(s->code, sizeof(s->code), "%s", moeq_intake_code(in));
         snprintf(s->field, sizeof(s->field), "%s", in->reject.field);
         snprintf(s->reason, sizeof(s->reason), "%s", in->reject.message);
         moeq_log(MOEQ_LOG_INFO, COMP, "job_rejected", "topic=%s partition=%d offset=%lld code=%s reason=%s",
@@ -816,6 +817,30 @@ static moeq_err connect_kafka(moeq_coordinator *c, const moeq_kvlist *kafka, cha
     return e;
 }
 
+/*
+ * The context jobs must fit (prompt + max_new_tokens): the model's max_position_embeddings from its config.json,
+ * or max_model_len below it; without a model (or a config.json next to its tokenizer) max_model_len alone, 0 =
+ * unchecked here (the worker still checks).
+ */
+static moeq_err context_len(const moeq_coordinator_params *p, int64_t *out, char *errstr, size_t n) {
+    *out = p->max_model_len;
+    if (!p->model[0]) return MOEQ_OK;
+    moeq_model_config config;
+    char why[512];
+    moeq_err e = moeq_model_config_load(p->model, &config, why, sizeof why);
+    if (e == MOEQ_ERR_NOT_FOUND) {
+        moeq_log(MOEQ_LOG_WARN, COMP, "no_model_config", "model=%s context=%lld reason=\"%s\"", p->model,
+                 (long long)*out, why);
+        return MOEQ_OK;
+    }
+    if (e) return moeq_errf(e, errstr, n, "model: %s", why);
+    if (p->max_model_len > config.max_position_embeddings)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "max_model_len: %lld exceeds the model's max_position_embeddings %d",
+                         (long long)p->max_model_len, config.max_position_embeddings);
+    if (!*out) *out = config.max_position_embeddings;
+    return MOEQ_OK;
+}
+
 moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_kvlist *kafka,
                               const moeq_kvlist *redis, moeq_coordinator **out, char *errstr, size_t n) {
     *out = NULL;
@@ -837,6 +862,7 @@ moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_
     if (!e && params->model[0]) e = moeq_tokenizer_load(params->model, &c->tok, errstr, n);
     c->ictx.params = &c->p;
     c->ictx.tokenizer = c->tok;
+    if (!e) e = context_len(params, &c->p.max_model_len, errstr, n); /* intake reads it from c->p */
     if (!e) e = connect_store(c, redis, errstr, n);
     if (!e) e = connect_kafka(c, kafka, errstr, n);
     if (!e && params->http_port > 0) e = start_http(c, errstr, n);

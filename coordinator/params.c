@@ -33,6 +33,7 @@ static const moeq_prop own_props[] = {
     P_INT(waitaof_timeout_ms, 1, 60000, "1000", "WAITAOF timeout when durability = waitaof, ms"),
     P_INT(job_record_ttl_s, 0, 31536000, "604800", "TTL of job records moeq:job:<id>, which are also the dedupe guard: an id is refused this long, s; 0 = forever"),
     P_STR(model, "", "model directory (its tokenizer.json gives exact prompt token ids); empty = lengths estimated as bytes/4, no ids"),
+    P_INT(max_model_len, 0, 1073741824, "0", "context: a job whose prompt + max_new_tokens exceeds it gets error prompt_too_long; 0 = the model's max_position_embeddings (config.json), which it may not exceed; without a model, 0 = unchecked"),
     P_INT(max_batch_jobs, 1, 4096, "64", "jobs per batch"),
     P_INT(max_batch_tokens, 1, 16777216, "65536", "sum of prompt_len + max_new_tokens per batch, tokens"),
     P_INT(max_wait_ms, 0, 600000, "50", "a batch closes when its oldest job has waited this long, ms"),

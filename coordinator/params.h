@@ -50,6 +50,9 @@ typedef struct moeq_coordinator_params {
     int64_t job_record_ttl_s;         /* TTL of moeq:job:<id> (the dedupe guard), s; 0 = forever; 604800 */
     /* Tokenizer */
     char model[1024];                 /* model dir (tokenizer.json); "" = only `tokens` jobs      */
+    int64_t max_model_len;            /* context: prompt + max_new_tokens at most; 0 = the model's
+                                         max_position_embeddings (never more; moeq_coordinator_new
+                                         resolves it); 0 without a model = unchecked; [0, 2^30]; 0 */
     /* Batching (see batcher.h) */
     int64_t max_batch_jobs;           /* [1, 4096]; 64                                           */
     int64_t max_batch_tokens;         /* Σ prompt + max_new_tokens; [1, 16777216]; 65536          */
