@@ -817,28 +817,19 @@ static moeq_err connect_kafka(moeq_coordinator *c, const moeq_kvlist *kafka, cha
     return e;
 }
 
-/*
- * The context jobs must fit (prompt + max_new_tokens): the model's max_position_embeddings from its config.json,
- * or max_model_len below it; without a model (or a config.json next to its tokenizer) max_model_len alone, 0 =
- * unchecked here (the worker still checks).
- */
+/* The model's context from its config.json (0 when it has none next to the tokenizer), resolved with max_model_len. */
 static moeq_err context_len(const moeq_coordinator_params *p, int64_t *out, char *errstr, size_t n) {
-    *out = p->max_model_len;
-    if (!p->model[0]) return MOEQ_OK;
-    moeq_model_config config;
-    char why[512];
-    moeq_err e = moeq_model_config_load(p->model, &config, why, sizeof why);
+    moeq_model_config config = {.max_position_embeddings = 0};
+    char why[512] = "";
+    moeq_err e = p->model[0] ? moeq_model_config_load(p->model, &config, why, sizeof why) : MOEQ_OK;
     if (e == MOEQ_ERR_NOT_FOUND) {
-        moeq_log(MOEQ_LOG_WARN, COMP, "no_model_config", "model=%s context=%lld reason=\"%s\"", p->model,
-                 (long long)*out, why);
-        return MOEQ_OK;
+        moeq_log(MOEQ_LOG_WARN, COMP, "no_model_config", "model=%s max_model_len=%lld reason=\"%s\"", p->model,
+                 (long long)p->max_model_len, why);
+        config.max_position_embeddings = 0;
+    } else if (e) {
+        return moeq_errf(e, errstr, n, "model: %s", why);
     }
-    if (e) return moeq_errf(e, errstr, n, "model: %s", why);
-    if (p->max_model_len > config.max_position_embeddings)
-        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "max_model_len: %lld exceeds the model's max_position_embeddings %d",
-                         (long long)p->max_model_len, config.max_position_embeddings);
-    if (!*out) *out = config.max_position_embeddings;
-    return MOEQ_OK;
+    return moeq_coordinator_context(p, config.max_position_embeddings, out, errstr, n);
 }
 
 moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_kvlist *kafka,

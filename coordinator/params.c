@@ -169,6 +169,17 @@ size_t moeq_coordinator_split_list(char *buf, char **out, size_t cap) {
     return k;
 }
 
+moeq_err moeq_coordinator_context(const moeq_coordinator_params *p, int model_context, int64_t *out, char *errstr,
+                                  size_t n) {
+    *out = p->max_model_len;
+    if (model_context <= 0) return MOEQ_OK;
+    if (p->max_model_len > model_context)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "max_model_len: %lld exceeds the model's max_position_embeddings %d",
+                         (long long)p->max_model_len, model_context);
+    if (!*out) *out = model_context;
+    return MOEQ_OK;
+}
+
 int moeq_coordinator_reply_allowed(const moeq_coordinator_params *p, const char *topic) {
     if (!topic || !*topic) return 0;
     if (!strcmp(topic, p->results_topic)) return 1;

@@ -106,6 +106,15 @@ moeq_batcher_params moeq_coordinator_batcher_params(const moeq_coordinator_param
  */
 size_t moeq_coordinator_split_list(char *buf, char **out, size_t cap);
 
+/*
+ * The context jobs must fit (prompt + max_new_tokens), from max_model_len and
+ * the model's max_position_embeddings (model_context; 0 = no model or no
+ * config.json: max_model_len alone, 0 = unchecked). INVALID_ARG, naming
+ * max_model_len, when it exceeds the model's.
+ */
+moeq_err moeq_coordinator_context(const moeq_coordinator_params *params, int model_context, int64_t *out,
+                                  char *errstr, size_t errstr_size);
+
 /* 1 when topic may receive results: results_topic or one of results_allowed_topics. */
 int moeq_coordinator_reply_allowed(const moeq_coordinator_params *params, const char *topic);
 
