@@ -28,7 +28,9 @@ static void gen_model_usage(FILE *out) {
             "                  at least 2 for tiny, tiny-v2 and small)\n"
             "  --no-tokenizer  do not write tokenizer.json / tokenizer_config.json\n"
             "  --mtp-damp X    tiny-mtp, bench-mtp: scale of the damped main blocks' outputs (default\n"
-            "                  0.02; larger = MTP drafts accepted less often; docs/MTP.md)\n");
+            "                  0.02; larger = MTP drafts accepted less often; docs/MTP.md)\n"
+            "  --max-position-embeddings N  the context written to config.json (default: the preset's;\n"
+            "                  tiny: 256); the engine refuses sequences longer than it\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -42,7 +44,7 @@ static int parse_u64(const char *s, uint64_t *out) {
 
 /* Returns 0 on success, 2 on a usage error (message printed). */
 static int gen_model_args(int argc, char **argv, const char **preset, const char **out_dir,
-                          moeq_genmodel_params *params) {
+                          moeq_genmodel_params *params, int *context) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t n = 0;
@@ -68,6 +70,8 @@ static int gen_model_args(int argc, char **argv, const char **preset, const char
             params->mtp_agree_damp = strtod(v, NULL);
         } else if (!strcmp(a, "--shards") && !parse_u64(v, &n) && n >= 1 && n <= 9999) {
             params->n_shards = (int)n;
+        } else if (!strcmp(a, "--max-position-embeddings") && !parse_u64(v, &n) && n >= 1 && n <= (1u << 30)) {
+            *context = (int)n;
         } else {
             fprintf(stderr, "moeq gen-model: bad option %s %s\n\n", a, v);
             return 2;
@@ -88,7 +92,8 @@ int moeq_cmd_gen_model(int argc, char **argv) {
         }
     const char *preset = NULL, *out_dir = NULL;
     moeq_genmodel_params params = moeq_genmodel_default_params();
-    if (gen_model_args(argc, argv, &preset, &out_dir, &params) != 0) {
+    int context = 0;
+    if (gen_model_args(argc, argv, &preset, &out_dir, &params, &context) != 0) {
         gen_model_usage(stderr);
         return 2;
     }
@@ -96,6 +101,7 @@ int moeq_cmd_gen_model(int argc, char **argv) {
     moeq_model_config config;
     moeq_err err = moeq_genmodel_preset(preset, &config, &params.min_shards, errstr, sizeof errstr);
     params.mtp_agree = moeq_genmodel_preset_mtp_agree(preset);
+    if (context > 0) config.max_position_embeddings = context;
     moeq_genmodel_stats stats;
     int64_t t0 = moeq_mono_ns();
     if (!err) err = moeq_genmodel_write(out_dir, &config, &params, &stats, errstr, sizeof errstr);
