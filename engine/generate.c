@@ -34,9 +34,9 @@ static moeq_err numerical(const moeq_engine *engine, int seq, int n_out, char *e
     char where[64] = "";
     if (layer >= 0) snprintf(where, sizeof where, "; first seen by the router of layer %d", layer);
     return moeq_errf(MOEQ_ERR_NUMERIC, errstr, errstr_size,
-                     "non-finite logits (NaN or inf) at position %d, after %d generated tokens%s: the weights hold "
-                     "non-finite or overflowing values (moeq model-info --check-weights)",
-                     moeq_engine_seq_len(engine, seq), n_out, where);
+                     "non-finite logits (NaN or inf) after %d generated tokens%s: the weights hold non-finite or "
+                     "overflowing values (moeq model-info --check-weights)",
+                     n_out, where);
 }
 
 /* Speculative rounds after the first token: each appends 1..k+1 tokens to ids (stops honoured). */

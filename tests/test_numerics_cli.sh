@@ -20,6 +20,7 @@ fail() {
 }
 
 "$M" gen-model --preset tiny --out "$W/good" --shards 1 >/dev/null || fail "gen-model"
+good57=$("$M" generate --model "$W/good" --tokens 5,7,9 --max-new-tokens 8 --threads 1) || fail "generate, good"
 cp -r "$W/good" "$W/nan" && python3 "$S/tests/poke_weights.py" "$W/nan" model.embed_tokens.weight 7 nan || fail poke
 cp -r "$W/good" "$W/huge" && python3 "$S/tests/poke_weights.py" "$W/huge" model.embed_tokens.weight 7 3.4e38 0 ||
     fail poke
@@ -44,6 +45,14 @@ good=$("$M" generate --model "$W/good" --tokens 5,9,11 --max-new-tokens 8 --thre
 case "$good" in *',7,'* | *'[7,'* | *',7]'*) fail "the clean prompt reads row 7 after all: $good" ;; esac
 other=$("$M" generate --model "$W/nan" --tokens 5,9,11 --max-new-tokens 8 --threads 1) || fail "clean prompt, NaN model"
 [ "$good" = "$other" ] || fail "a prompt that never reads the NaN row changed: $good vs $other"
+
+# ... and mid-generation, plain and speculative: row R is the third token 5,7,9 generates on the clean model
+R=$(echo "$good57" | sed 's/.*"tokens":\[\([0-9]*\),\([0-9]*\),\([0-9]*\).*/\3/')
+cp -r "$W/good" "$W/late" && python3 "$S/tests/poke_weights.py" "$W/late" model.embed_tokens.weight "$R" nan || fail poke
+refused "generate, NaN row $R generated" "non-finite logits (NaN or inf) after 3 generated tokens" \
+    "$M" generate --model "$W/late" --tokens 5,7,9 --max-new-tokens 8 --threads 1
+refused "generate --mtp 2, NaN row $R generated" "non-finite logits (NaN or inf) after [0-3] generated tokens" \
+    "$M" generate --model "$W/late" --tokens 5,7,9 --max-new-tokens 8 --mtp 2 --threads 1
 
 # overflow gives silent garbage
 refused "generate, 3.4e38 row" "numerical: non-finite logits" "$M" generate --model "$W/huge" --tokens 5,7,9 --threads 1

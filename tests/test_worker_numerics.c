@@ -72,10 +72,8 @@ static int group_setup(void **state) {
     snprintf(g_nan, sizeof g_nan, "%s/test-numerics-model-nan", build);
     snprintf(g_logs, sizeof g_logs, "%s", build);
     char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "rm -rf %s %s && %s gen-model --preset tiny --out %s >/dev/null && cp -r %s %s && "
-             "python3 %s/tests/poke_weights.py %s model.embed_tokens.weight %d nan",
-             g_good, g_nan, g_moeq, g_good, g_good, g_nan, MOEQ_SOURCE_DIR, g_nan, POISON);
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s && %s gen-model --preset tiny --out %s >/dev/null", g_good, g_nan,
+             g_moeq, g_good);
     if (system(cmd) != 0) return fprintf(stderr, "%s: failed\n", cmd), -1;
     char err[512];
     if (moeq_model_load(g_good, NULL, &g_mdl, err, sizeof err)) return fprintf(stderr, "%s\n", err), -1;
@@ -215,17 +213,44 @@ static int generate_alone(const njob *j, int32_t *out, int cap) {
     return n;
 }
 
+static int contains(const int32_t *ids, int n, int32_t id) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == id) return 1;
+    return 0;
+}
+
+/*
+ * Three jobs in one batch on a checkpoint with two NaN embedding rows: POISON, read by one job's prompt
+ * (prefill), and the third token the "late" job generates (read when that token is fed back: mid-decode, in an
+ * MTP round since the worker drafts for tiny's MTP layer). The healthy job reads neither.
+ */
 static void nan_crashes_the_engine_only_the_poisoned_job_gets_numerical_error(void **state) {
     (void)state;
-    njob jobs[2] = {{.name = "poisoned", .tokens = {5, POISON, 9}, .n_tokens = 3, .max_new = 8},
-                    {.name = "healthy", .tokens = {5, 9, 11}, .n_tokens = 3, .max_new = 8}};
-    int32_t want[64];
-    int n_want = generate_alone(&jobs[1], want, 64);
-    for (int i = 0; i < n_want; i++) assert_int_not_equal(want[i], POISON); /* it never reads the row */
-    run("wk-nan", g_nan, "", jobs, 2);
-    assert_string_equal(jobs[0].status, "error");
-    assert_string_equal(jobs[0].code, "numerical_error");
-    assert_non_null(strstr(jobs[0].message, "NaN"));
+    njob jobs[3] = {{.name = "poisoned", .tokens = {5, POISON, 9}, .n_tokens = 3, .max_new = 8},
+                    {.name = "healthy", .tokens = {5, 9, 11}, .n_tokens = 3, .max_new = 8},
+                    {.name = "late", .tokens = {5, 13, 17}, .n_tokens = 3, .max_new = 8}};
+    int32_t want[64], late[64];
+    int n_want = generate_alone(&jobs[1], want, 64), n_late = generate_alone(&jobs[2], late, 64);
+    assert_true(n_late >= 4);
+    int32_t second = late[2];
+    assert_false(contains(want, n_want, POISON) || contains(want, n_want, second)); /* it reads neither row */
+    assert_false(contains(jobs[1].tokens, 3, second) || contains(jobs[2].tokens, 3, second) ||
+                 contains(late, 2, second) || contains(late, n_late, POISON) || second == POISON);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && cp -r %s %s && python3 %s/tests/poke_weights.py %s model.embed_tokens.weight %d nan && "
+             "python3 %s/tests/poke_weights.py %s model.embed_tokens.weight %d nan",
+             g_nan, g_good, g_nan, MOEQ_SOURCE_DIR, g_nan, POISON, MOEQ_SOURCE_DIR, g_nan, (int)second);
+    assert_int_equal(system(cmd), 0);
+    run("wk-nan", g_nan, "", jobs, 3);
+    for (int i = 0; i < 3; i += 2) {
+        assert_string_equal(jobs[i].status, "error");
+        assert_string_equal(jobs[i].code, "numerical_error");
+        assert_non_null(strstr(jobs[i].message, "NaN"));
+    }
+    assert_int_equal(jobs[0].n_got, 0);
+    assert_true(jobs[2].n_got <= 3); /* the tokens before the poisoned one's logits, as generated alone */
+    assert_memory_equal(jobs[2].got, late, (size_t)jobs[2].n_got * sizeof *late);
     assert_string_equal(jobs[1].status, "ok");
     assert_int_equal(jobs[1].n_got, n_want);
     assert_memory_equal(jobs[1].got, want, (size_t)n_want * sizeof *want);
