@@ -247,6 +247,7 @@ static void nan_crashes_the_engine_only_the_poisoned_job_gets_numerical_error(vo
         assert_string_equal(jobs[i].status, "error");
         assert_string_equal(jobs[i].code, "numerical_error");
         assert_non_null(strstr(jobs[i].message, "NaN"));
+        assert_non_null(strstr(jobs[i].message, "first seen by the router of layer "));
     }
     assert_int_equal(jobs[0].n_got, 0);
     assert_true(jobs[2].n_got <= 3); /* the tokens before the poisoned one's logits, as generated alone */

@@ -172,6 +172,8 @@ static void nan_crashes_the_engine_no_more_only_the_poisoned_job_ends_with_numer
     assert_int_equal(plan.n_items, 2);
     int32_t sampled[2];
     for (int i = 0; i < 2; i++) sampled[i] = plan.items[i].user == &a ? -1 : 'x';
+    for (int i = 0; i < 2; i++)
+        if (plan.items[i].user == &a) moeq_sched_note_nonfinite_layer(s, plan.items[i].job, 1);
     assert_int_equal(moeq_sched_commit(s, sampled, 2), MOEQ_OK);
     moeq_sched_finished fin;
     assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
@@ -179,6 +181,7 @@ static void nan_crashes_the_engine_no_more_only_the_poisoned_job_ends_with_numer
     assert_int_equal(fin.status, MOEQ_RESULT_ERROR);
     assert_string_equal(fin.error_code, "numerical_error");
     assert_non_null(strstr(fin.error_message, "NaN"));
+    assert_non_null(strstr(fin.error_message, "first seen by the router of layer 1"));
     assert_int_equal(fin.n_tokens, 0);
     assert_int_equal(moeq_sched_delivered(s, fin.job, 1), MOEQ_OK);
     assert_int_equal(step(s, 3, 'y', NULL), 1);

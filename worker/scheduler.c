@@ -46,6 +46,7 @@ typedef struct sched_job {
     int32_t *prompt;
     int n_prompt, n_fed;      /* prompt tokens fed to the engine so far   */
     int max_new_tokens;
+    int nonfinite_layer;      /* where the engine first saw NaN/inf (the message), -1 unknown */
     int64_t deadline_ms;
     char **stop;
     size_t n_stop, max_stop_len;
@@ -326,6 +327,7 @@ static moeq_err job_fill(sched_job *job, const moeq_sched_job_spec *spec) {
     job->deadline_ms = spec->deadline_ms;
     job->mtp_k = spec->mtp_k;
     job->slot = -1;
+    job->nonfinite_layer = -1;
     return MOEQ_OK;
 }
 
@@ -759,11 +761,13 @@ static int round_out_ok(const moeq_sched_round *r, const moeq_sched_round_out *o
 /* The job's logits held NaN/inf: it cannot go on; its batch-mates are not affected (batch invariance). */
 static void job_numerical_error(moeq_sched *sched, int h, int64_t now_ms) {
     sched_job *job = sched->jobs[h];
-    char why[200];
+    char why[256], where[64] = "";
+    if (job->nonfinite_layer >= 0)
+        snprintf(where, sizeof where, "; first seen by the router of layer %d", job->nonfinite_layer);
     snprintf(why, sizeof why,
-             "non-finite logits (NaN or inf) after %d generated tokens: the model's weights hold non-finite or "
+             "non-finite logits (NaN or inf) after %d generated tokens%s: the model's weights hold non-finite or "
              "overflowing values (moeq model-info --check-weights)",
-             job->n_out);
+             job->n_out, where);
     job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, "numerical_error", why, now_ms);
 }
 
@@ -811,6 +815,10 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
         job_take_token(sched, r->job, o->tokens[t], now_ms);
     }
     judge_acceptance(sched, job, o);
+}
+
+void moeq_sched_note_nonfinite_layer(moeq_sched *sched, int job, int layer) {
+    if (sched && job >= 0 && job < sched->n_jobs_cap) sched->jobs[job]->nonfinite_layer = layer;
 }
 
 moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms) {

@@ -220,6 +220,13 @@ moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *pla
 moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms);
 
 /*
+ * Optional, before the commit that fails it with numerical_error: the layer
+ * where the engine first saw the job's NaN/inf (moeq_engine_seq_nonfinite_
+ * layer), named in the result's message. -1 = unknown.
+ */
+void moeq_sched_note_nonfinite_layer(moeq_sched *sched, int job, int layer);
+
+/*
  * moeq_sched_commit for a plan with rounds: rounds[i] is what the engine made
  * of plan.rounds[i]. Each round's tokens are taken one at a time as decode
  * tokens; a job that ends inside its run (stop id, stop string,

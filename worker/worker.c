@@ -661,6 +661,18 @@ static void sample_items(moeq_worker *w, const moeq_sched_step *plan) {
     }
 }
 
+/* Jobs whose logits held NaN/inf this step: tell the scheduler where the engine first saw it, for the message. */
+static void note_nonfinite(moeq_worker *w, const moeq_sched_step *plan) {
+    for (int i = 0; i < plan->n_items; i++)
+        if (plan->items[i].sample && w->sampled[i] < 0)
+            moeq_sched_note_nonfinite_layer(w->sched, plan->items[i].job,
+                                            moeq_engine_seq_nonfinite_layer(w->engine, w->slots[plan->items[i].slot].seq));
+    for (int i = 0; i < plan->n_rounds; i++)
+        if (w->spec[i].numerical_error)
+            moeq_sched_note_nonfinite_layer(w->sched, plan->rounds[i].job,
+                                            moeq_engine_seq_nonfinite_layer(w->engine, w->spec[i].seq_id));
+}
+
 /*
  * The plan in one engine step: its ordinary items alone, or — when it has speculative rounds — the rounds'
  * drafts and then one verify step that also carries the items (moeq_mtp_decode_step_with: one pass over the
@@ -687,6 +699,7 @@ static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err,
     atomic_fetch_add(&w->metrics.engine_ns, moeq_mono_ns() - t0);
     if (e) return e;
     sample_items(w, plan);
+    note_nonfinite(w, plan);
     int64_t drafted = 0, accepted = 0, emitted = 0;
     for (int i = 0; i < plan->n_rounds; i++) {
         const moeq_spec_seq *sq = &w->spec[i];
