@@ -301,11 +301,38 @@ static void result_text_is_cut_at_the_first_nul_byte_no_more_in_json_or_msgpack(
     free(text);
 }
 
+/* check_weights = on: a worker on a checkpoint with a NaN refuses to start, naming the tensor; a clean one starts. */
+static void a_worker_with_check_weights_refuses_a_checkpoint_holding_nan(void **state) {
+    (void)state;
+    char bad[600], log[700], cmd[8192];
+    snprintf(bad, sizeof bad, "%s-checked", g_nan);
+    snprintf(log, sizeof log, "%s/worker-check-weights.log", g_logs);
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && cp -r %s %s && python3 %s/tests/poke_weights.py %s model.layers.2.mlp.experts.3.up_proj.weight "
+             "5 inf && %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=numerics-cw "
+             "--check_weights=on --n_threads=1 2>%s",
+             bad, g_good, bad, MOEQ_SOURCE_DIR, bad, g_moeq, bad, g_redis, g_kafka, log);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    char text[8192] = "";
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    assert_non_null(strstr(text, "tensor=model.layers.2.mlp.experts.3.up_proj.weight nonfinite=1"));
+    assert_non_null(strstr(text, "check_weights: 1 tensor(s) hold NaN, inf or huge values"));
+    njob jobs[1] = {{.name = "checked", .tokens = {5, 9, 11}, .n_tokens = 3, .max_new = 4}};
+    run("wk-checked", g_good, "--check_weights=on", jobs, 1); /* a clean checkpoint passes and serves */
+    assert_string_equal(jobs[0].status, "ok");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(nan_crashes_the_engine_only_the_poisoned_job_gets_numerical_error),
         cmocka_unit_test(no_context_length_check_prompt_too_long_is_answered_by_the_worker),
         cmocka_unit_test(result_text_is_cut_at_the_first_nul_byte_no_more_in_json_or_msgpack),
+        cmocka_unit_test(a_worker_with_check_weights_refuses_a_checkpoint_holding_nan),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
