@@ -65,6 +65,12 @@ grep -q '"bad_tensors": \[{"tensor": "model.embed_tokens.weight", "nonfinite": 1
 refused "check-weights, 3.4e38" "0 non-finite and 64 huge" "$M" model-info --model "$W/huge" --check-weights
 "$M" model-info --model "$W/good" --check-weights >"$W/out" 2>"$W/err" || fail "check-weights, good: $(cat "$W/err")"
 grep -q '"bad_tensors": \[\]' "$W/out" || fail "check-weights, good: $(cat "$W/out")"
+# FP8: finite E4M3 values times a finite but huge block scale overflow once dequantised, as the engine would
+"$M" gen-model --preset tiny --dtype f8 --out "$W/f8" --shards 1 >/dev/null || fail "gen-model f8"
+python3 "$S/tests/poke_weights.py" "$W/f8" model.layers.0.self_attn.q_a_proj.weight_scale_inv 0 3e38 1 || fail poke
+refused "check-weights, FP8 scale" "tensor model.layers.0.self_attn.q_a_proj.weight: [1-9][0-9]* non-finite" \
+    "$M" model-info --model "$W/f8" --check-weights
+refused "generate, FP8 scale" "numerical: non-finite logits" "$M" generate --model "$W/f8" --tokens 5,7,9 --threads 1
 
 # no context-length check (tiny: max_position_embeddings 256)
 long=$(python3 -c "print(','.join(['5'] * 250))")
