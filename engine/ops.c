@@ -75,12 +75,19 @@ void moeq_ops_softmax(float *x, int64_t n) {
 }
 
 int moeq_ops_finite(const float *x, int64_t n) {
-    uint32_t top = 0; /* the largest exponent field seen: all ones only for NaN and inf */
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t b;
-        memcpy(&b, x + i, sizeof b);
-        b &= 0x7f800000u;
-        top = b > top ? b : top;
+    /* the largest exponent field seen, per lane: all ones only for NaN and inf. Lanes of a fixed count, so the
+     * compiler vectorises the inner loop at -O2 (a plain loop over n stayed scalar: ~8x slower) */
+    uint32_t top[16] = {0}, b[16];
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        memcpy(b, x + i, sizeof b);
+        for (int j = 0; j < 16; j++) top[j] = (b[j] & 0x7f800000u) > top[j] ? b[j] & 0x7f800000u : top[j];
     }
-    return top != 0x7f800000u;
+    for (int j = 0; i < n; i++, j++) {
+        memcpy(b, x + i, sizeof b[0]);
+        top[j] = (b[0] & 0x7f800000u) > top[j] ? b[0] & 0x7f800000u : top[j];
+    }
+    uint32_t m = 0;
+    for (int j = 0; j < 16; j++) m = top[j] > m ? top[j] : m;
+    return m != 0x7f800000u;
 }

@@ -23,7 +23,7 @@ endif()
 # every result checked against `moeq generate` for the job alone (scripts/demo-pipeline.sh, verify mode).
 if(TARGET test_worker_pipeline)
   add_test(NAME test_worker_end_to_end COMMAND sh -c
-    ". \"$MOEQ_TEST_ENV_FILE\" && MOEQ_DEMO_KAFKA=$MOEQ_TEST_KAFKA MOEQ_DEMO_REDIS=$MOEQ_TEST_REDIS MOEQ_DEMO_VERIFY=1 MOEQ_DEMO_NAMESPACE=wktest$$ MOEQ_DEMO_TIMEOUT_S=90 MOEQ_BIN=${CMAKE_BINARY_DIR}/cli/moeq ${CMAKE_SOURCE_DIR}/scripts/demo-pipeline.sh ${CMAKE_BINARY_DIR}/test-worker-model ${CMAKE_BINARY_DIR}/test-worker-e2e")
+    ". \"$MOEQ_TEST_ENV_FILE\" && { test -f ${CMAKE_BINARY_DIR}/test-worker-model/config.json || ${CMAKE_BINARY_DIR}/cli/moeq gen-model --preset tiny --out ${CMAKE_BINARY_DIR}/test-worker-model >/dev/null; } && MOEQ_DEMO_KAFKA=$MOEQ_TEST_KAFKA MOEQ_DEMO_REDIS=$MOEQ_TEST_REDIS MOEQ_DEMO_VERIFY=1 MOEQ_DEMO_NAMESPACE=wktest$$ MOEQ_DEMO_TIMEOUT_S=90 MOEQ_BIN=${CMAKE_BINARY_DIR}/cli/moeq ${CMAKE_SOURCE_DIR}/scripts/demo-pipeline.sh ${CMAKE_BINARY_DIR}/test-worker-model ${CMAKE_BINARY_DIR}/test-worker-e2e")
   set_tests_properties(test_worker_end_to_end PROPERTIES LABELS integration FIXTURES_REQUIRED services TIMEOUT 240
     DEPENDS test_worker_pipeline
     ENVIRONMENT "MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
