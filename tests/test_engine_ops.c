@@ -470,6 +470,19 @@ static void nan_crashes_the_engine_no_more_router_scores_that_are_nan_still_give
     assert_int_equal(moeq_moe_route(&r, logits, bias, ids, w, scratch), 1);
 }
 
+/* Issue 11: BF16 weights of 3.4e38 gave `ok` garbage: an overflowed sum of squares made RMSNorm's scale 0 and
+ * the row finite zeros, so nothing downstream could tell. */
+static void overflow_gives_silent_garbage_no_more_an_overflowed_rmsnorm_row_is_nan(void **state) {
+    (void)state;
+    float x[64], w[64], out[64];
+    for (int i = 0; i < 64; i++) x[i] = 3.3895e38f, w[i] = 1.0f; /* finite; x^2 overflows */
+    moeq_ops_rmsnorm(out, x, w, 64, 1e-6f);
+    for (int i = 0; i < 64; i++) assert_true(isnan(out[i]));
+    for (int i = 0; i < 64; i++) x[i] = 1e18f; /* large but the sum of squares fits: a number */
+    moeq_ops_rmsnorm(out, x, w, 64, 1e-6f);
+    for (int i = 0; i < 64; i++) assert_true(fabsf(out[i] - 1.0f) < 1e-5f);
+}
+
 static void a_logits_row_with_nan_or_inf_gives_no_token(void **state) {
     (void)state;
     enum { n = 1000 };
@@ -965,6 +978,7 @@ int main(void) {
         cmocka_unit_test(v3_groups_are_ranked_by_their_top_two_sum),
         cmocka_unit_test(nan_crashes_the_engine_no_more_router_scores_that_are_nan_still_give_valid_experts),
         cmocka_unit_test(a_logits_row_with_nan_or_inf_gives_no_token),
+        cmocka_unit_test(overflow_gives_silent_garbage_no_more_an_overflowed_rmsnorm_row_is_nan),
         cmocka_unit_test(v2_applies_the_scaling_factor_only_when_not_normalising),
         cmocka_unit_test(gather_plan_groups_slots_by_expert_in_token_order),
         cmocka_unit_test(kv_cache_pages_truncates_and_refuses_when_full),
