@@ -4,6 +4,7 @@
  * tokenizer. Output is one JSON document on stdout; errors go to stderr with
  * exit status 1 (2 for usage).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 
 typedef struct engine_args {
     const char *model_dir, *prompt, *tokens;
-    int max_new_tokens, top, n_threads, batch_invariant, mtp_k, mtp_rejection;
+    int max_new_tokens, top, n_threads, batch_invariant, mtp_k, mtp_rejection, max_model_len;
     moeq_sampling_params sampling;
 } engine_args;
 
@@ -31,7 +32,11 @@ static void generate_usage(FILE *out) {
                  "                      {\"k\",\"drafted\",\"accepted\",\"acceptance\",\"steps\"}\n"
                  "  --mtp-rejection     with --mtp and sampling: speculative rejection sampling (the\n"
                  "                      same distribution, other tokens) instead of the exact mode\n"
-                 "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}.\n");
+                 "  --max-model-len N   context: prompt + max-new-tokens at most N (default 0 = the\n"
+                 "                      model's max_position_embeddings, never more); refused, not cut\n"
+                 "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}; text is\n"
+                 "every decoded byte (a 0x00 byte as \\u0000). NaN/inf in the logits (broken weights):\n"
+                 "exit 1 with numerical: ..., nothing printed on stdout.\n");
 }
 
 static void logits_usage(FILE *out) {
@@ -66,6 +71,7 @@ static int parse_args(int argc, char **argv, engine_args *a) {
         else if (!strcmp(k, "--top")) a->top = atoi(v);
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--mtp")) a->mtp_k = atoi(v);
+        else if (!strcmp(k, "--max-model-len")) a->max_model_len = atoi(v);
         else return -1;
     }
     return a->model_dir ? 0 : -1;
@@ -95,9 +101,10 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
     return 0;
 }
 
-static void print_json_string(const char *s) {
+/* n bytes, 0x00 included (as \u0000): what the tokens decode to, not what strlen sees. */
+static void print_json_string(const char *s, size_t n) {
     putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)s, *end = p + n; p < end; p++) {
         if (*p == '"' || *p == '\\') printf("\\%c", *p);
         else if (*p == '\n') fputs("\\n", stdout);
         else if (*p < 0x20) printf("\\u%04x", *p);
@@ -151,9 +158,17 @@ static int session_open(session *s, const engine_args *a, int extra_tokens, cons
     p.kv_cache_tokens = (int64_t)p.max_seqs * (s->n_ids + extra_tokens + 1 + MOEQ_MTP_MAX_K + 16); /* + drafts */
     p.n_threads = a->n_threads;
     p.batch_invariant = a->batch_invariant;
+    p.max_model_len = a->max_model_len;
     p.max_step_tokens = s->n_ids < 512 ? s->n_ids : 512;
     if ((rc = moeq_engine_new(s->model, &p, &s->engine, err, sizeof(err))))
         return fprintf(stderr, "moeq %s: engine: %s: %s\n", cmd, moeq_err_str(rc), err), 1;
+    int ctx = moeq_engine_max_model_len(s->engine);
+    if ((int64_t)s->n_ids + extra_tokens > ctx) /* refused as the coordinator and the worker refuse it */
+        return fprintf(stderr,
+                       "moeq %s: prompt_too_long: prompt of %d tokens + %d new tokens exceeds the model's context of "
+                       "%d tokens (max_position_embeddings%s)\n",
+                       cmd, s->n_ids, extra_tokens, ctx, a->max_model_len ? " / --max-model-len" : ""),
+               1;
     return 0;
 }
 
@@ -190,9 +205,10 @@ int moeq_cmd_generate(int argc, char **argv) {
                (long long)stats.drafted, (long long)stats.accepted,
                stats.drafted ? (double)stats.accepted / (double)stats.drafted : 0.0, (long long)stats.rounds);
     char *text = NULL;
-    if (s.tok && moeq_tokenizer_decode(s.tok, out, (size_t)n_out, 0, &text, NULL, err, sizeof(err)) == MOEQ_OK) {
+    size_t text_len = 0;
+    if (s.tok && moeq_tokenizer_decode(s.tok, out, (size_t)n_out, 0, &text, &text_len, err, sizeof(err)) == MOEQ_OK) {
         fputs(",\"text\":", stdout);
-        print_json_string(text);
+        print_json_string(text, text_len);
     }
     puts("}");
     free(text);
@@ -253,6 +269,14 @@ static int print_mtp_positions(session *s, float *logits, int vocab, int top, in
     return e ? 1 : 0;
 }
 
+/* The first of n rows holding NaN or inf, or -1. */
+static int first_nonfinite_row(const float *logits, int n, int vocab) {
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < vocab; i++)
+            if (!isfinite(logits[(size_t)r * vocab + i])) return r;
+    return -1;
+}
+
 int moeq_cmd_logits(int argc, char **argv);
 int moeq_cmd_logits(int argc, char **argv) {
     engine_args a = {.top = 5, .batch_invariant = 1, .sampling = moeq_sampling_default_params()};
@@ -276,6 +300,15 @@ int moeq_cmd_logits(int argc, char **argv) {
         moeq_err e = moeq_engine_step(s.engine, &item, 1, logits, (size_t)n, err, sizeof(err));
         if (e) {
             fprintf(stderr, "moeq logits: %s: %s\n", moeq_err_str(e), err);
+            rc = 1;
+            break;
+        }
+        int bad = first_nonfinite_row(logits, n, vocab);
+        if (bad >= 0) {
+            int layer = moeq_engine_seq_nonfinite_layer(s.engine, seq);
+            fprintf(stderr, "moeq logits: numerical: non-finite logits (NaN or inf) at position %d", off + bad);
+            if (layer >= 0) fprintf(stderr, "; first seen by the router of layer %d", layer);
+            fprintf(stderr, ": the weights hold non-finite or overflowing values (moeq model-info --check-weights)\n");
             rc = 1;
             break;
         }

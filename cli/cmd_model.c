@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../engine/genmodel.h"
+#include "../engine/model.h"
 #include "moeq/engine.h"
 #include "moeq/util.h"
 
@@ -27,7 +28,9 @@ static void gen_model_usage(FILE *out) {
             "                  at least 2 for tiny, tiny-v2 and small)\n"
             "  --no-tokenizer  do not write tokenizer.json / tokenizer_config.json\n"
             "  --mtp-damp X    tiny-mtp, bench-mtp: scale of the damped main blocks' outputs (default\n"
-            "                  0.02; larger = MTP drafts accepted less often; docs/MTP.md)\n");
+            "                  0.02; larger = MTP drafts accepted less often; docs/MTP.md)\n"
+            "  --max-position-embeddings N  the context written to config.json (default: the preset's;\n"
+            "                  tiny: 256); the engine refuses sequences longer than it\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -41,7 +44,7 @@ static int parse_u64(const char *s, uint64_t *out) {
 
 /* Returns 0 on success, 2 on a usage error (message printed). */
 static int gen_model_args(int argc, char **argv, const char **preset, const char **out_dir,
-                          moeq_genmodel_params *params) {
+                          moeq_genmodel_params *params, int *context) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t n = 0;
@@ -67,6 +70,8 @@ static int gen_model_args(int argc, char **argv, const char **preset, const char
             params->mtp_agree_damp = strtod(v, NULL);
         } else if (!strcmp(a, "--shards") && !parse_u64(v, &n) && n >= 1 && n <= 9999) {
             params->n_shards = (int)n;
+        } else if (!strcmp(a, "--max-position-embeddings") && !parse_u64(v, &n) && n >= 1 && n <= (1u << 30)) {
+            *context = (int)n;
         } else {
             fprintf(stderr, "moeq gen-model: bad option %s %s\n\n", a, v);
             return 2;
@@ -87,7 +92,8 @@ int moeq_cmd_gen_model(int argc, char **argv) {
         }
     const char *preset = NULL, *out_dir = NULL;
     moeq_genmodel_params params = moeq_genmodel_default_params();
-    if (gen_model_args(argc, argv, &preset, &out_dir, &params) != 0) {
+    int context = 0;
+    if (gen_model_args(argc, argv, &preset, &out_dir, &params, &context) != 0) {
         gen_model_usage(stderr);
         return 2;
     }
@@ -95,6 +101,7 @@ int moeq_cmd_gen_model(int argc, char **argv) {
     moeq_model_config config;
     moeq_err err = moeq_genmodel_preset(preset, &config, &params.min_shards, errstr, sizeof errstr);
     params.mtp_agree = moeq_genmodel_preset_mtp_agree(preset);
+    if (context > 0) config.max_position_embeddings = context;
     moeq_genmodel_stats stats;
     int64_t t0 = moeq_mono_ns();
     if (!err) err = moeq_genmodel_write(out_dir, &config, &params, &stats, errstr, sizeof errstr);
@@ -121,22 +128,52 @@ static void print_info(const char *dir, const moeq_model *model, double load_ms)
            c->num_nextn_predict_layers);
 }
 
+#define MODEL_INFO_USAGE                                                                                   \
+    "usage: moeq model-info --model DIR [--no-mtp] [--check-weights]\n"                                        \
+    "\n"                                                                                                       \
+    "  --check-weights  also read every tensor (dequantised as the engine does: FP8 value x scale) and\n"      \
+    "                   report those holding NaN, inf or |x| >= 1e30; exit 1 when any does\n"
+
+/* One bad tensor: a line on stderr, an entry of the "bad_tensors" array on stdout. */
+static void report_issue(void *ctx, const moeq_weight_issue *issue) {
+    int *n = ctx;
+    fprintf(stderr, "moeq model-info: tensor %s: %lld non-finite and %lld huge value(s), the first at index %lld\n",
+            issue->tensor, (long long)issue->nonfinite, (long long)issue->huge, (long long)issue->first);
+    printf("%s{\"tensor\": \"%s\", \"nonfinite\": %lld, \"huge\": %lld, \"first\": %lld}", (*n)++ ? ", " : "",
+           issue->tensor, (long long)issue->nonfinite, (long long)issue->huge, (long long)issue->first);
+}
+
+/* --check-weights: {"checked_tensors": N, "bad_tensors": [...]} on a line of its own; 1 when any is bad. */
+static int check_weights(const moeq_model *model) {
+    char errstr[256];
+    int n_bad = 0, printed = 0;
+    printf("{\"bad_tensors\": [");
+    moeq_err err = moeq_model_check_weights(model, report_issue, &printed, &n_bad, errstr, sizeof errstr);
+    printf("], \"checked_tensors\": %d}\n", model->n_tensors);
+    if (err) fprintf(stderr, "moeq model-info: %s (%s)\n", errstr, moeq_err_str(err));
+    else if (n_bad) fprintf(stderr, "moeq model-info: %d tensor(s) hold non-finite or huge values\n", n_bad);
+    return err || n_bad ? 1 : 0;
+}
+
 int moeq_cmd_model_info(int argc, char **argv) {
     const char *dir = NULL;
+    int check = 0;
     moeq_model_params params = moeq_model_default_params();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             dir = argv[++i];
         } else if (!strcmp(argv[i], "--no-mtp")) {
             params.load_mtp = 0;
+        } else if (!strcmp(argv[i], "--check-weights")) {
+            check = 1;
         } else {
             int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-            fprintf(help ? stdout : stderr, "usage: moeq model-info --model DIR [--no-mtp]\n");
+            fprintf(help ? stdout : stderr, MODEL_INFO_USAGE);
             return help ? 0 : 2;
         }
     }
     if (!dir) {
-        fprintf(stderr, "usage: moeq model-info --model DIR [--no-mtp]\n");
+        fprintf(stderr, MODEL_INFO_USAGE);
         return 2;
     }
     char errstr[512];
@@ -149,6 +186,7 @@ int moeq_cmd_model_info(int argc, char **argv) {
         return 1;
     }
     print_info(dir, model, load_ms);
+    int rc = check ? check_weights(model) : 0;
     moeq_model_destroy(model);
-    return 0;
+    return rc;
 }

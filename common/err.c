@@ -18,6 +18,7 @@ static const char *const err_names[MOEQ_ERR__COUNT] = {
     [MOEQ_ERR_TRANSIENT] = "transient",
     [MOEQ_ERR_CANCELLED] = "cancelled",
     [MOEQ_ERR_INTERNAL] = "internal",
+    [MOEQ_ERR_NUMERIC] = "numerical",
 };
 
 const char *moeq_err_str(moeq_err err) {

@@ -37,6 +37,7 @@
 #include "batcher.h"
 #include "intake.h"
 #include "moeq/health.h"
+#include "moeq/engine.h"
 #include "moeq/kafka.h"
 #include "moeq/log.h"
 #include "moeq/redis.h"
@@ -473,7 +474,7 @@ static void on_job(moeq_coordinator *c, moeq_kafka_msg *m) {
     case MOEQ_INTAKE_REJECT: {
         char q[300];
         c->st.jobs_rejected[in->reject.code < MOEQ_JOB_REJECT__COUNT ? in->reject.code : 0]++;
-        snprintf(s->code, sizeof(s->code), "%s", moeq_job_reject_code_name(in->reject.code));
+        snprintf(s->code, sizeof(s->code), "%s", moeq_intake_code(in));
         snprintf(s->field, sizeof(s->field), "%s", in->reject.field);
         snprintf(s->reason, sizeof(s->reason), "%s", in->reject.message);
         moeq_log(MOEQ_LOG_INFO, COMP, "job_rejected", "topic=%s partition=%d offset=%lld code=%s reason=%s",
@@ -982,6 +983,21 @@ static moeq_err connect_kafka(moeq_coordinator *c, const moeq_kvlist *kafka, cha
     return e;
 }
 
+/* The model's context from its config.json (0 when it has none next to the tokenizer), resolved with max_model_len. */
+static moeq_err context_len(const moeq_coordinator_params *p, int64_t *out, char *errstr, size_t n) {
+    moeq_model_config config = {.max_position_embeddings = 0};
+    char why[512] = "";
+    moeq_err e = p->model[0] ? moeq_model_config_load(p->model, &config, why, sizeof why) : MOEQ_OK;
+    if (e == MOEQ_ERR_NOT_FOUND) {
+        moeq_log(MOEQ_LOG_WARN, COMP, "no_model_config", "model=%s max_model_len=%lld reason=\"%s\"", p->model,
+                 (long long)p->max_model_len, why);
+        config.max_position_embeddings = 0;
+    } else if (e) {
+        return moeq_errf(e, errstr, n, "model: %s", why);
+    }
+    return moeq_coordinator_context(p, config.max_position_embeddings, out, errstr, n);
+}
+
 moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_kvlist *kafka,
                               const moeq_kvlist *redis, moeq_coordinator **out, char *errstr, size_t n) {
     *out = NULL;
@@ -1006,6 +1022,7 @@ moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_
     if (!e && params->model[0]) e = moeq_tokenizer_load(params->model, &c->tok, errstr, n);
     c->ictx.params = &c->p;
     c->ictx.tokenizer = c->tok;
+    if (!e) e = context_len(params, &c->p.max_model_len, errstr, n); /* intake reads it from c->p */
     if (!e) e = connect_store(c, redis, errstr, n);
     if (!e) e = connect_kafka(c, kafka, errstr, n);
     if (!e) e = start_health(c, redis, errstr, n);

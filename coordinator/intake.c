@@ -123,6 +123,13 @@ moeq_err moeq_intake_job(const moeq_intake_ctx *ctx, const void *bytes, size_t l
     if ((e = count_tokens(ctx, in)) != MOEQ_OK) return e;
     if (in->verdict == MOEQ_INTAKE_REJECT) return MOEQ_OK;
     int64_t budget = (int64_t)in->prompt_len + in->job.max_new_tokens;
+    if (p->max_model_len > 0 && (in->prompt || in->job.input == MOEQ_JOB_INPUT_TOKENS) && budget > p->max_model_len) {
+        reject(in, MOEQ_JOB_REJECT_TOO_LARGE, input_field(&in->job),
+               "field '%s': %d prompt tokens + max_new_tokens %d exceed the model's context of %lld tokens",
+               input_field(&in->job), (int)in->prompt_len, (int)in->job.max_new_tokens, (long long)p->max_model_len);
+        in->code = "prompt_too_long";
+        return MOEQ_OK;
+    }
     if (budget > p->max_batch_tokens)
         return reject(in, MOEQ_JOB_REJECT_TOO_LARGE, input_field(&in->job),
                       "field '%s': %d prompt tokens + max_new_tokens %d exceed max_batch_tokens %lld",
@@ -130,6 +137,10 @@ moeq_err moeq_intake_job(const moeq_intake_ctx *ctx, const void *bytes, size_t l
                       (long long)p->max_batch_tokens);
     in->verdict = MOEQ_INTAKE_ACCEPT;
     return MOEQ_OK;
+}
+
+const char *moeq_intake_code(const moeq_intake *in) {
+    return in->code ? in->code : moeq_job_reject_code_name(in->reject.code);
 }
 
 const char *moeq_intake_id(const moeq_intake *in) {
@@ -160,7 +171,7 @@ moeq_err moeq_intake_result_encode(const moeq_intake *in, moeq_result_status sta
     r.timings.queued_ms = queued_ms > 0 ? queued_ms : 0;
     r.usage.prompt_tokens = in->prompt_len > 0 ? in->prompt_len : 0;
     if (status == MOEQ_RESULT_ERROR) {
-        r.error.code = (char *)moeq_job_reject_code_name(in->reject.code);
+        r.error.code = (char *)moeq_intake_code(in);
         r.error.message = (char *)in->reject.message;
     } else if (status == MOEQ_RESULT_EXPIRED) {
         r.error.code = "expired";

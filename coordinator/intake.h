@@ -12,6 +12,14 @@
  *   prompt + max_new_tokens too long -> too_large, field prompt/messages/tokens
  *   token id outside the vocabulary  -> out_of_range, field tokens[i]
  *   messages without a chat format   -> invalid_value, field messages
+ *   prompt + max_new_tokens past the model's context (max_position_embeddings
+ *   or max_model_len: params->max_model_len, which the coordinator resolves
+ *   at start; 0 = unchecked) -> result code prompt_too_long (moeq_intake_code; the
+ *   codec code underneath, for metrics, is too_large), field prompt/messages/
+ *   tokens. Rejected, not clamped: as OpenAI and vLLM answer prompt +
+ *   max_tokens > context, so a client never gets a shorter completion than it
+ *   asked for without being told. Checked only when the prompt length is
+ *   exact (a tokenizer, or `tokens` jobs); the worker checks it for the rest.
  *
  * Without a tokenizer (`model` empty) prompt and messages jobs are bucketed
  * by an estimate (ceil(bytes / 4) tokens) and carry no token ids: the worker
@@ -57,6 +65,8 @@ typedef struct moeq_intake {
     int32_t prompt_len;      /* ACCEPT/EXPIRED: exact (or estimated) prompt length in tokens   */
     moeq_job_reject reject;  /* REJECT: code, field, message, id (has_id)                      */
     char job_hash[MOEQ_JOB_HASH_SIZE]; /* content hash of the bytes; results carry it ("" = none) */
+    const char *code;        /* REJECT: the result's code when it is not reject.code's name
+                                (prompt_too_long); NULL otherwise. Static.                     */
 } moeq_intake;
 
 /*
@@ -71,6 +81,9 @@ moeq_err moeq_intake_job(const moeq_intake_ctx *ctx, const void *bytes, size_t l
 void moeq_intake_clear(moeq_intake *in);
 /* Free everything. */
 void moeq_intake_free(moeq_intake *in);
+
+/* REJECT: the error code of the result and the dead letter (in->code, else reject.code's name). */
+const char *moeq_intake_code(const moeq_intake *in);
 
 /* The job id to answer (decoded or from the reject); NULL when none could be read. */
 const char *moeq_intake_id(const moeq_intake *in);

@@ -41,6 +41,7 @@ static const moeq_prop own_props[] = {
           "written and again after its job finishes; while it lives, a job with its id is not run again (a "
           "`duplicate` dead letter), s; 0 = forever"),
     P_STR(model, "", "model directory (its tokenizer.json gives exact prompt token ids); empty = lengths estimated as bytes/4, no ids"),
+    P_INT(max_model_len, 0, 1073741824, "0", "context: a job whose prompt + max_new_tokens exceeds it gets error prompt_too_long; 0 = the model's max_position_embeddings (config.json), which it may not exceed; without a model, 0 = unchecked"),
     P_INT(max_batch_jobs, 1, 4096, "64", "jobs per batch"),
     P_INT(max_batch_tokens, 1, 16777216, "65536", "sum of prompt_len + max_new_tokens per batch, tokens"),
     P_INT(max_wait_ms, 0, 600000, "50", "a batch closes when its oldest job has waited this long, ms"),
@@ -175,6 +176,17 @@ size_t moeq_coordinator_split_list(char *buf, char **out, size_t cap) {
         s = comma ? comma + 1 : NULL;
     }
     return k;
+}
+
+moeq_err moeq_coordinator_context(const moeq_coordinator_params *p, int model_context, int64_t *out, char *errstr,
+                                  size_t n) {
+    *out = p->max_model_len;
+    if (model_context <= 0) return MOEQ_OK;
+    if (p->max_model_len > model_context)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "max_model_len: %lld exceeds the model's max_position_embeddings %d",
+                         (long long)p->max_model_len, model_context);
+    if (!*out) *out = model_context;
+    return MOEQ_OK;
 }
 
 int moeq_coordinator_reply_allowed(const moeq_coordinator_params *p, const char *topic) {

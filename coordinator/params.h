@@ -51,6 +51,9 @@ typedef struct moeq_coordinator_params {
     int64_t dedupe_window_s;          /* TTL of moeq:job:<id> (the dedupe guard), s; 0 = forever; 604800 */
     /* Tokenizer */
     char model[1024];                 /* model dir (tokenizer.json); "" = only `tokens` jobs      */
+    int64_t max_model_len;            /* context: prompt + max_new_tokens at most; 0 = the model's
+                                         max_position_embeddings (never more; moeq_coordinator_new
+                                         resolves it); 0 without a model = unchecked; [0, 2^30]; 0 */
     /* Batching (see batcher.h) */
     int64_t max_batch_jobs;           /* [1, 4096]; 64                                           */
     int64_t max_batch_tokens;         /* Σ prompt + max_new_tokens; [1, 16777216]; 65536          */
@@ -104,6 +107,15 @@ moeq_batcher_params moeq_coordinator_batcher_params(const moeq_coordinator_param
  * more than cap when it did not fit (only cap written).
  */
 size_t moeq_coordinator_split_list(char *buf, char **out, size_t cap);
+
+/*
+ * The context jobs must fit (prompt + max_new_tokens), from max_model_len and
+ * the model's max_position_embeddings (model_context; 0 = no model or no
+ * config.json: max_model_len alone, 0 = unchecked). INVALID_ARG, naming
+ * max_model_len, when it exceeds the model's.
+ */
+moeq_err moeq_coordinator_context(const moeq_coordinator_params *params, int model_context, int64_t *out,
+                                  char *errstr, size_t errstr_size);
 
 /* 1 when topic may receive results: results_topic or one of results_allowed_topics. */
 int moeq_coordinator_reply_allowed(const moeq_coordinator_params *params, const char *topic);

@@ -17,7 +17,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .kv_block_tokens = 16,
                                 .kv_cache_tokens = 65536,
                                 .n_threads = 0,
-                                .batch_invariant = 1};
+                                .batch_invariant = 1,
+                                .max_model_len = 0};
 }
 
 static float *widen_vec(const moeq_tensor *t) {
@@ -119,13 +120,23 @@ static int64_t max_weight_cols(const moeq_model *model) {
     return m;
 }
 
-static moeq_err check_params(const moeq_engine_params *p, char *errstr, size_t errstr_size) {
+static moeq_err check_params(const moeq_engine_params *p, const moeq_model_config *c, char *errstr,
+                             size_t errstr_size) {
     if (p->max_seqs < 1 || p->max_step_tokens < 1 || p->kv_block_tokens < 1 || p->kv_cache_tokens < 1 ||
-        p->n_threads < 0)
+        p->n_threads < 0 || p->max_model_len < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "engine params: max_seqs, max_step_tokens, kv_block_tokens, kv_cache_tokens must be >= 1, "
-                         "n_threads >= 0");
+                         "n_threads, max_model_len >= 0");
+    if (p->max_model_len > c->max_position_embeddings)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "max_model_len %d exceeds the model's max_position_embeddings %d", p->max_model_len,
+                         c->max_position_embeddings);
     return MOEQ_OK;
+}
+
+int moeq_engine_max_model_len(const moeq_engine *engine) {
+    if (!engine) return 0;
+    return engine->params.max_model_len > 0 ? engine->params.max_model_len : engine->cfg->max_position_embeddings;
 }
 
 static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -138,6 +149,9 @@ static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
                                e->params.kv_cache_tokens, e->params.max_seqs};
     if ((err = moeq_kv_cache_new(&kp, &e->cache, errstr, errstr_size))) return err;
     if ((err = moeq_mtp_state_new(e, &e->mtp, errstr, errstr_size))) return err;
+    if (!(e->nonfinite_layer = malloc((size_t)e->params.max_seqs * sizeof(int))))
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine sequence flags");
+    for (int i = 0; i < e->params.max_seqs; i++) e->nonfinite_layer[i] = -1;
     arena a = {0};
     layout_scratch(e, &a);
     if (!(e->arena = aligned_alloc(64, a.off)))
@@ -160,7 +174,7 @@ moeq_err moeq_engine_new(const moeq_model *model, const moeq_engine_params *para
     if (!model || !out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "model and out are required");
     *out = NULL;
     moeq_engine_params p = params ? *params : moeq_engine_default_params();
-    moeq_err err = check_params(&p, errstr, errstr_size);
+    moeq_err err = check_params(&p, &model->config, errstr, errstr_size);
     if (err) return err;
     moeq_engine *e = calloc(1, sizeof(*e));
     if (!e) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine");
@@ -192,6 +206,7 @@ void moeq_engine_destroy(moeq_engine *engine) {
     free(engine->vecs);
     free(engine->final_norm);
     free(engine->arena);
+    free(engine->nonfinite_layer);
     free(engine);
 }
 
@@ -201,7 +216,13 @@ moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id) {
     if (!engine || !seq_id) return MOEQ_ERR_INVALID_ARG;
     moeq_err err = moeq_kv_cache_seq_new(engine->cache, seq_id);
     if (!err) moeq_mtp_seq_opened(engine, *seq_id);
+    if (!err) engine->nonfinite_layer[*seq_id] = -1;
     return err;
+}
+
+int moeq_engine_seq_nonfinite_layer(const moeq_engine *engine, int seq_id) {
+    if (!engine || !moeq_kv_cache_seq_alive(engine->cache, seq_id)) return -1;
+    return engine->nonfinite_layer[seq_id];
 }
 
 void moeq_engine_seq_free(moeq_engine *engine, int seq_id) {
@@ -262,6 +283,7 @@ moeq_err moeq_engine_seq_fork(moeq_engine *engine, int src_seq, int n_tokens, in
         moeq_engine_seq_free(engine, dst); /* drops the shared references again: src's blocks as before */
         return err;
     }
+    engine->nonfinite_layer[dst] = engine->nonfinite_layer[src_seq]; /* the shared prefix's record */
     *dst_seq = dst;
     return MOEQ_OK;
 }
@@ -286,6 +308,11 @@ static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_it
                 return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "item %d: token %d outside vocab %d", i,
                                  it->tokens[k], e->cfg->vocab_size);
         int64_t len = moeq_kv_cache_seq_len(e->cache, it->seq_id) + it->n_tokens;
+        if (len > moeq_engine_max_model_len(e))
+            return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
+                             "item %d: sequence of %lld tokens exceeds the model's context of %d tokens "
+                             "(max_position_embeddings / max_model_len)",
+                             i, (long long)len, moeq_engine_max_model_len(e));
         if (len > moeq_kv_cache_max_seq_tokens(e->cache))
             return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "item %d: sequence of %lld tokens exceeds the cache",
                              i, (long long)len);

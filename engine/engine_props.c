@@ -28,5 +28,8 @@ const moeq_prop moeq_engine_params_props[] = {
     {"batch_invariant", MOEQ_PROP_BOOL, P(batch_invariant), 0, 1, "true",
      "fixed reduction order per output element (logits independent of the batch); false: OpenBLAS sgemm for "
      "matmuls of >= 16 tokens"},
+    {"max_model_len", MOEQ_PROP_INT, P(max_model_len), 0, 1 << 30, "0",
+     "context: most tokens (prompt + generated) one sequence may hold; 0 = the model's max_position_embeddings, "
+     "never more"},
     MOEQ_PROP_END,
 };

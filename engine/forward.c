@@ -127,6 +127,21 @@ static void dense_mlp(moeq_engine *e, const moeq_layer *L, int64_t T) {
     for (int64_t i = 0; i < T * D; i++) s->x[i] += s->tmp[i];
 }
 
+/* The layer's number as HF counts it: main layers 0.., then the MTP layers. */
+static int layer_number(const moeq_engine *e, const moeq_layer *L) {
+    const moeq_model *m = e->model;
+    int n_main = e->cfg->num_hidden_layers;
+    for (int i = 0; i < m->n_mtp_layers; i++)
+        if (L == &m->mtp_layers[i]) return n_main + i;
+    return (int)(L - m->layers);
+}
+
+/* A token whose router saw a non-finite score: remember the first such layer of its sequence. */
+static void flag_nonfinite(moeq_engine *e, const moeq_layer *L, int64_t t) {
+    int *first = &e->nonfinite_layer[e->s.tok_seq[t]];
+    if (*first < 0) *first = layer_number(e, L);
+}
+
 /* Route every token, then gather each expert's tokens into contiguous rows. */
 static void moe_route_and_gather(moeq_engine *e, const moeq_layer *L, const moeq_layer_vecs *v, int64_t T) {
     moeq_scratch *s = &e->s;
@@ -134,7 +149,9 @@ static void moe_route_and_gather(moeq_engine *e, const moeq_layer *L, const moeq
     moeq_mm_job r = linear(L->gate, s->h, s->router, T);
     e->backend->matmul(e->backend, &r, 1);
     for (int64_t t = 0; t < T; t++)
-        moeq_moe_route(&e->router, s->router + t * E, v->bias, s->rids + t * K, s->rw + t * K, s->route_scratch);
+        if (!moeq_moe_route(&e->router, s->router + t * E, v->bias, s->rids + t * K, s->rw + t * K,
+                            s->route_scratch))
+            flag_nonfinite(e, L, t);
     moeq_moe_plan(s->rids, T, (int)K, (int)E, s->offsets, s->order);
     for (int64_t i = 0; i < T * K; i++) {
         int64_t slot = s->order[i];

@@ -70,6 +70,7 @@ struct moeq_engine {
     void *arena;
     int naive_attention;     /* tests: expanded K/V instead of absorption */
     struct moeq_mtp_state *mtp; /* MTP layers' caches and per-sequence state (mtp.c); NULL without MTP */
+    int *nonfinite_layer;    /* [max_seqs] first layer whose router saw a non-finite score, -1 none */
 };
 
 /* One decoder block as the forward runs it: weights, widened vectors, and the cache layer it writes. */

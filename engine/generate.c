@@ -5,6 +5,7 @@
  * first token. A convenience for `moeq generate` and tests; the worker
  * drives moeq_engine_step itself to batch many sequences.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "forward.h"
@@ -27,6 +28,17 @@ static moeq_err prefill(moeq_engine *engine, int seq, const int32_t *prompt, int
     return MOEQ_OK;
 }
 
+/* The row held NaN or inf (moeq_sampler_sample gave -1): the sequence cannot go on. */
+static moeq_err numerical(const moeq_engine *engine, int seq, int n_out, char *errstr, size_t errstr_size) {
+    int layer = moeq_engine_seq_nonfinite_layer(engine, seq);
+    char where[64] = "";
+    if (layer >= 0) snprintf(where, sizeof where, "; first seen by the router of layer %d", layer);
+    return moeq_errf(MOEQ_ERR_NUMERIC, errstr, errstr_size,
+                     "non-finite logits (NaN or inf) after %d generated tokens%s: the weights hold non-finite or "
+                     "overflowing values (moeq model-info --check-weights)",
+                     n_out, where);
+}
+
 /* Speculative rounds after the first token: each appends 1..k+1 tokens to ids (stops honoured). */
 static moeq_err generate_mtp(moeq_engine *engine, int seq, const moeq_generate_params *params, moeq_sampler *sampler,
                              int32_t *ids, int *n, char *errstr, size_t errstr_size) {
@@ -42,6 +54,10 @@ static moeq_err generate_mtp(moeq_engine *engine, int seq, const moeq_generate_p
         int room = params->max_new_tokens - *n - 1;
         ss.k = params->mtp_k < room ? params->mtp_k : room;
         if ((err = moeq_mtp_decode_step(dec, &ss, 1, errstr, errstr_size))) break;
+        if (ss.numerical_error) {
+            err = numerical(engine, seq, *n, errstr, errstr_size);
+            break;
+        }
         rounds++;
         for (int j = 0; j < ss.n_out && !is_stop(params, ids[*n - 1]); j++) ids[(*n)++] = ss.out[j];
     }
@@ -77,11 +93,19 @@ moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt,
     }
     if ((err = prefill(engine, seq, prompt, n_prompt, logits, errstr, errstr_size))) goto free_all;
     if (params->mtp_k > 0 && n < params->max_new_tokens) {
-        ids[n++] = moeq_sampler_sample(sampler, logits);
+        if ((ids[n] = moeq_sampler_sample(sampler, logits)) < 0) {
+            err = numerical(engine, seq, n, errstr, errstr_size);
+            goto free_all;
+        }
+        n++;
         if ((err = generate_mtp(engine, seq, params, sampler, ids, &n, errstr, errstr_size))) goto free_all;
     }
     while (params->mtp_k <= 0 && n < params->max_new_tokens) {
         int32_t id = moeq_sampler_sample(sampler, logits);
+        if (id < 0) {
+            err = numerical(engine, seq, n, errstr, errstr_size);
+            goto free_all;
+        }
         ids[n++] = id;
         if (is_stop(params, id) || n == params->max_new_tokens) break;
         moeq_step_item item = {seq, &id, 1, 0};

@@ -293,6 +293,11 @@ static moeq_err read_config(const char *dir, moeq_model_config *config, char *er
     return err;
 }
 
+moeq_err moeq_model_config_load(const char *dir, moeq_model_config *config, char *errstr, size_t errstr_size) {
+    if (!dir || !config) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "dir and config are required");
+    return read_config(dir, config, errstr, errstr_size);
+}
+
 /* All files' tensors in one array sorted by name; a name in two files is an error. */
 static moeq_err gather_tensors(moeq_model *model, char *errstr, size_t errstr_size) {
     int n = 0;

@@ -72,17 +72,28 @@ static void mask_groups(const moeq_moe_router *router, float *choice, float *gsc
     for (int g = 0; g < router->n_group; g++) gscore[g] = group_score(router, choice + g * size, size);
     for (int kept = 0; kept < router->topk_group; kept++) {
         int g = argmax_first(gscore, router->n_group);
-        gscore[g] = NAN; /* kept; argmax_first skips NaN */
+        if (g < 0) break; /* every score left is NaN: those groups stay unmasked (the token is flagged) */
+        gscore[g] = NAN;  /* kept; argmax_first skips NaN */
     }
     for (int g = 0; g < router->n_group; g++)
         if (!isnan(gscore[g]))
             for (int i = 0; i < size; i++) choice[g * size + i] = -INFINITY;
 }
 
-void moeq_moe_route(const moeq_moe_router *router, const float *logits, const float *bias, int32_t *ids,
-                    float *weights, float *scratch) {
-    int n = router->n_experts;
+/* The lowest expert not among ids[0..s): a valid pick when no score compares (all NaN). */
+static int first_unpicked(const int32_t *ids, int s) {
+    for (int e = 0;; e++) {
+        int taken = 0;
+        for (int j = 0; j < s && !taken; j++) taken = ids[j] == e;
+        if (!taken) return e;
+    }
+}
+
+int moeq_moe_route(const moeq_moe_router *router, const float *logits, const float *bias, int32_t *ids,
+                   float *weights, float *scratch) {
+    int n = router->n_experts, finite = 1;
     float *scores = scratch, *choice = scratch + n, *gscore = scratch + 2 * n;
+    for (int i = 0; i < n; i++) finite &= isfinite(logits[i]) != 0;
     if (router->sigmoid)
         for (int i = 0; i < n; i++) scores[i] = moeq_ops_sigmoid(logits[i]);
     else {
@@ -94,6 +105,7 @@ void moeq_moe_route(const moeq_moe_router *router, const float *logits, const fl
     float sum = 0.0f;
     for (int s = 0; s < router->top_k; s++) {
         int e = argmax_first(choice, n);
+        if (e < 0) e = first_unpicked(ids, s); /* NaN scores: never index by -1 */
         choice[e] = -INFINITY;
         ids[s] = e;
         weights[s] = scores[e];
@@ -104,6 +116,7 @@ void moeq_moe_route(const moeq_moe_router *router, const float *logits, const fl
         if (norm) weights[s] /= sum + 1e-20f;
         if (!norm || router->scale_always) weights[s] *= router->scaling;
     }
+    return finite;
 }
 
 void moeq_moe_plan(const int32_t *ids, int64_t n_tok, int top_k, int n_experts, int64_t *offsets, int64_t *order) {

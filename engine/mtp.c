@@ -408,9 +408,10 @@ static moeq_err check_draft(moeq_engine *e, const moeq_mtp_item *items, int n, s
         for (int j = 0; j < i; j++)
             if (items[j].seq_id == seq)
                 return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp item %d: seq %d twice", i, seq);
-        if (end > moeq_kv_cache_max_seq_tokens(e->cache) || end - start > e->params.max_step_tokens)
+        if (end > moeq_kv_cache_max_seq_tokens(e->cache) || end > moeq_engine_max_model_len(e) ||
+            end - start > e->params.max_step_tokens)
             return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
-                             "mtp item %d: entries %lld..%lld past the cache or max_step_tokens", i,
+                             "mtp item %d: entries %lld..%lld past the cache, the context or max_step_tokens", i,
                              (long long)start, (long long)end);
         blocks += moeq_kv_cache_blocks_needed(e->mtp->cache, seq, end); /* grown from start = its length */
     }

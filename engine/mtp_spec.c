@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "forward.h"
+#include "ops.h"
 #include "sampler.h"
 
 struct moeq_mtp_decoder {
@@ -231,6 +232,18 @@ static void accept(moeq_mtp_decoder *d, moeq_spec_seq *sq, int i) {
     sq->n_out = k + 1;
 }
 
+/*
+ * The verify rows the accepted tokens came from (0..n_out-1) are all finite. A draft chosen from a non-finite
+ * draft row needs no check of its own: the main model's row judges it; the rows after the first rejection are
+ * never read, just as plain decoding never computes them.
+ */
+static int rows_finite(const moeq_mtp_decoder *d, const moeq_spec_seq *sq, int i) {
+    const float *P = d->logits + (size_t)d->row0[i] * d->vocab;
+    for (int a = 0; a < sq->n_out; a++)
+        if (!moeq_ops_finite(P + (size_t)a * d->vocab, d->vocab)) return 0;
+    return 1;
+}
+
 /* Drop everything the round appended (error path): main back to len0, MTP drafts gone. */
 static void undo(moeq_mtp_decoder *d, const moeq_spec_seq *seqs, int n) {
     for (int i = 0; i < n; i++) moeq_engine_seq_truncate(d->engine, seqs[i].seq_id, (int)d->len0[i]);
@@ -284,6 +297,12 @@ moeq_err moeq_mtp_decode_step_with(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int
     for (int i = 0; i < n_seqs; i++) {
         moeq_spec_seq *sq = &seqs[i];
         accept(d, sq, i);
+        sq->numerical_error = !rows_finite(d, sq, i);
+        if (sq->numerical_error) { /* nothing of this round is kept; the caller ends the sequence */
+            moeq_engine_seq_truncate(d->engine, sq->seq_id, (int)d->len0[i]);
+            sq->n_out = 0;
+            continue;
+        }
         moeq_engine_seq_truncate(d->engine, sq->seq_id, (int)(d->len0[i] + sq->n_out));
         sq->next_token = sq->out[sq->n_out - 1];
         sq->drafted += sq->k;

@@ -9,7 +9,8 @@
 
 #include <stdint.h>
 
-/* out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), as HF DeepseekV3RMSNorm in float32. out may be x. */
+/* out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), as HF DeepseekV3RMSNorm in float32. out may be x.
+ * A row whose sum of squares overflows (or holds NaN/inf) comes out NaN, never as zeros. */
 void moeq_ops_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)) (exp of -|g| only, ops_exp.h). out may alias gate. */
@@ -22,5 +23,9 @@ void moeq_ops_softmax(float *x, int64_t n);
 
 /* 1 / (1 + exp(-x)). */
 float moeq_ops_sigmoid(float x);
+
+/* 1 when every x[i] is finite, 0 when one is NaN or +-inf. By the exponent bits, so it vectorises: a pass over a
+ * logits row costs a few microseconds next to the lm_head matmul that wrote it. */
+int moeq_ops_finite(const float *x, int64_t n);
 
 #endif

@@ -18,6 +18,7 @@
 #endif
 #include <stdlib.h>
 
+#include "ops.h"
 #include "ops_matmul.h"
 #include "sampler.h"
 
@@ -177,6 +178,7 @@ int moeq_sampler_weights(const moeq_sampling_params *p, const float *logits, int
 
 int32_t moeq_sampler_sample(moeq_sampler *s, const float *logits) {
     uint64_t draw = s->n_draws++;
+    if (!moeq_ops_finite(logits, s->vocab_size)) return -1; /* broken weights or an overflow: no token to give */
     if (s->p.temperature <= 0.0) return moeq_sampler_argmax(logits, s->vocab_size);
     double sum;
     int m = moeq_sampler_weights(&s->p, logits, s->vocab_size, 1, s->cand, s->prob, &sum);

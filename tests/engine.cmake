@@ -12,3 +12,12 @@ if(TARGET moeq_engine)
     add_dependencies(test_engine_model moeq)
   endif()
 endif()
+
+# Issue 11 through the CLI: NaN / overflowing weights (a poisoned copy of a tiny checkpoint), model-info
+# --check-weights, the context bound of `moeq generate`, and text with a 0x00 byte printed whole.
+if(TARGET moeq)
+  add_test(NAME cli_checks_numbers_contexts_and_prints_every_byte
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_numerics_cli.sh ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(cli_checks_numbers_contexts_and_prints_every_byte PROPERTIES LABELS unit TIMEOUT 120
+    REQUIRED_FILES $<TARGET_FILE:moeq>)
+endif()

@@ -138,6 +138,39 @@ static void coordinator_results_carry_the_hash_of_the_job_they_answer(void **sta
     moeq_intake_free(&in);
 }
 
+/* Issue 11: a 4,402-token prompt on a model with max_position_embeddings 256 came back ok. */
+static void no_context_length_check_prompt_and_max_new_tokens_past_the_context_get_prompt_too_long(void **state) {
+    (void)state;
+    params.max_model_len = 16; /* what moeq_coordinator_new resolves from config.json / max_model_len */
+    moeq_intake in = decide(NULL, "{\"v\":1,\"id\":\"t\",\"tokens\":[1,2,3,4,5,6],\"max_new_tokens\":11}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
+    assert_string_equal(moeq_intake_code(&in), "prompt_too_long");
+    assert_string_equal(in.reject.field, "tokens");
+    assert_non_null(strstr(in.reject.message, "6 prompt tokens + max_new_tokens 11"));
+    assert_non_null(strstr(in.reject.message, "context of 16 tokens"));
+    moeq_buf buf = {0};
+    char err[256];
+    assert_int_equal(moeq_intake_result_encode(&in, MOEQ_RESULT_ERROR, NULL, 0, &buf, err, sizeof err), MOEQ_OK);
+    moeq_result r;
+    assert_int_equal(moeq_result_decode(buf.data, buf.len, NULL, 0, &r, err, sizeof err), MOEQ_OK);
+    assert_string_equal(r.error.code, "prompt_too_long");
+    moeq_result_free(&r);
+    moeq_buf_free(&buf);
+    moeq_intake_free(&in);
+    in = decide(NULL, "{\"v\":1,\"id\":\"t\",\"tokens\":[1,2,3,4,5,6],\"max_new_tokens\":10}", 0); /* 16 fits */
+    assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+    moeq_intake_free(&in);
+    in = decide(tiny, "{\"v\":1,\"id\":\"p\",\"prompt\":\"hello world, hello moeq\",\"max_new_tokens\":15}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT); /* exact ids from the tokenizer, plus 15 */
+    assert_string_equal(moeq_intake_code(&in), "prompt_too_long");
+    assert_string_equal(in.reject.field, "prompt");
+    moeq_intake_free(&in);
+    in = decide(NULL, "{\"v\":1,\"id\":\"e\",\"prompt\":\"hello world, hello moeq\",\"max_new_tokens\":15}", 0);
+    assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT); /* an estimate is no ground to refuse: the worker checks */
+    moeq_intake_free(&in);
+    params.max_model_len = 0;
+}
+
 static void reply_to_outside_the_allow_list_is_rejected(void **state) {
     (void)state;
     moeq_intake_ctx ctx = {&params, tiny};
@@ -289,6 +322,7 @@ int main(void) {
         cmocka_unit_test(a_job_past_its_deadline_is_answered_expired),
         cmocka_unit_test(a_job_longer_than_a_batch_is_rejected_too_large),
         cmocka_unit_test(chat_messages_are_rendered_or_rejected_when_the_model_has_no_chat_format),
+        cmocka_unit_test(no_context_length_check_prompt_and_max_new_tokens_past_the_context_get_prompt_too_long),
         cmocka_unit_test(batch_entries_round_trip),
         cmocka_unit_test(coordinator_results_carry_the_hash_of_the_job_they_answer),
         cmocka_unit_test(metrics_render_as_prometheus_text),

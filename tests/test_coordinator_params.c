@@ -172,6 +172,27 @@ static void the_dedupe_window_is_one_key_as_on_the_worker(void **state) {
     assert_int_equal(p.dedupe_window_s, 60); /* the old name: a deprecated alias of the same field */
 }
 
+/* Issue 11, "No context-length check": the coordinator knows the model's context, or a smaller max_model_len. */
+static void no_context_length_check_the_context_is_the_models_or_max_model_len_below_it(void **state) {
+    (void)state;
+    moeq_coordinator_params p = moeq_coordinator_default_params();
+    int64_t ctx = -1;
+    char err[256] = "";
+    assert_int_equal(moeq_coordinator_context(&p, 256, &ctx, err, sizeof err), MOEQ_OK);
+    assert_int_equal(ctx, 256);
+    assert_int_equal(moeq_props_set(moeq_coordinator_props(), &p, "max_model_len", "100", err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_coordinator_context(&p, 256, &ctx, err, sizeof err), MOEQ_OK);
+    assert_int_equal(ctx, 100);
+    assert_int_equal(moeq_coordinator_context(&p, 0, &ctx, err, sizeof err), MOEQ_OK); /* no config.json */
+    assert_int_equal(ctx, 100);
+    p.max_model_len = 300;
+    assert_int_equal(moeq_coordinator_context(&p, 256, &ctx, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "max_model_len: 300 exceeds the model's max_position_embeddings 256"));
+    p.max_model_len = 0;
+    assert_int_equal(moeq_coordinator_context(&p, 0, &ctx, err, sizeof err), MOEQ_OK);
+    assert_int_equal(ctx, 0); /* nothing known: unchecked here, the worker checks */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_are_documented_and_valid),
@@ -181,6 +202,7 @@ int main(void) {
         cmocka_unit_test(reply_to_must_be_the_results_topic_or_allowed),
         cmocka_unit_test(help_and_markdown_list_every_key),
         cmocka_unit_test(the_dedupe_window_is_one_key_as_on_the_worker),
+        cmocka_unit_test(no_context_length_check_the_context_is_the_models_or_max_model_len_below_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

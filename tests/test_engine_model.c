@@ -327,6 +327,85 @@ static void a_step_that_does_not_fit_appends_nothing(void **state) {
     moeq_engine_destroy(e);
 }
 
+/* Issue 11, "No context-length check": `moeq generate` ran 2,602 positions on a 256-position model. */
+static void no_context_length_check_the_engine_refuses_a_step_past_its_context(void **state) {
+    (void)state;
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = 1;
+    p.max_seqs = 2;
+    p.kv_cache_tokens = 1024; /* the cache would hold more: the context is what stops it */
+    p.max_step_tokens = 256;
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_engine_max_model_len(e), 256); /* tiny's max_position_embeddings */
+    int a;
+    int32_t ids[256], one = 5;
+    moeq_test_prompt(ids, 256, 1, moeq_test_vocab(g_tiny));
+    float *l = malloc((size_t)moeq_test_vocab(g_tiny) * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    moeq_step_item fill = {a, ids, 256, 0}, next = {a, &one, 1, 0};
+    assert_int_equal(moeq_engine_step(e, &fill, 1, l, 1, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_engine_step(e, &next, 1, l, 1, err, sizeof err), MOEQ_ERR_LIMIT); /* position 256 */
+    assert_non_null(strstr(err, "exceeds the model's context of 256 tokens"));
+    assert_int_equal(moeq_engine_seq_len(e, a), 256); /* nothing appended */
+    moeq_engine_destroy(e);
+    p.max_model_len = 8; /* a configured context below the model's */
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_engine_max_model_len(e), 8);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    moeq_step_item nine = {a, ids, 9, 0};
+    assert_int_equal(moeq_engine_step(e, &nine, 1, l, 1, err, sizeof err), MOEQ_ERR_LIMIT);
+    nine.n_tokens = 8;
+    assert_int_equal(moeq_engine_step(e, &nine, 1, l, 1, err, sizeof err), MOEQ_OK);
+    moeq_engine_destroy(e);
+    p.max_model_len = 257; /* above the model's: refused at creation */
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "max_model_len 257 exceeds the model's max_position_embeddings 256"));
+    free(l);
+}
+
+/* A sequence whose numbers go NaN names the first MoE layer whose router saw it; its batch-mate's logits keep
+ * their bits (batch invariance). */
+static void nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_its_batch_mate_keeps_its_bits(
+    void **state) {
+    (void)state;
+    moeq_engine *e = engine_for(g_tiny, 1, 64);
+    int vocab = moeq_test_vocab(g_tiny), a, b, c;
+    int32_t ids[6] = {5, 9, 11, 13, 17, 19};
+    float *alone = malloc((size_t)vocab * 4), *both = malloc((size_t)2 * vocab * 4);
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    moeq_step_item it = {a, ids, 6, 0};
+    char err[256] = "";
+    assert_int_equal(moeq_engine_step(e, &it, 1, alone, 1, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_nonfinite_layer(e, a), -1);
+    /* poison the residual stream of one sequence: a hidden-state NaN as a NaN weight would leave it */
+    moeq_tensor *embed = (moeq_tensor *)g_tiny->embed_tokens;
+    const void *keep = embed->data;
+    size_t row = (size_t)moeq_model_get_config(g_tiny)->hidden_size * 2;
+    uint8_t *copy = malloc(embed->nbytes);
+    memcpy(copy, keep, embed->nbytes);
+    copy[row * 3 + 1] = 0x7f, copy[row * 3] = 0xc0; /* row 3, element 0: BF16 NaN (0x7fc0) */
+    embed->data = copy;
+    int32_t bad[2] = {3, 9};
+    assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(e, &c), MOEQ_OK);
+    moeq_step_item two[2] = {{b, bad, 2, 0}, {c, ids, 6, 0}};
+    assert_int_equal(moeq_engine_step(e, two, 2, both, 2, err, sizeof err), MOEQ_OK); /* no crash */
+    embed->data = keep;
+    assert_int_equal(moeq_engine_seq_nonfinite_layer(e, b), moeq_model_get_config(g_tiny)->first_k_dense_replace);
+    assert_int_equal(moeq_engine_seq_nonfinite_layer(e, c), -1);
+    moeq_sampler *s = NULL;
+    assert_int_equal(moeq_sampler_new(NULL, vocab, &s), MOEQ_OK);
+    assert_int_equal(moeq_sampler_sample(s, both), -1);
+    assert_memory_equal(both + vocab, alone, (size_t)vocab * 4);
+    moeq_sampler_destroy(s);
+    free(copy);
+    free(alone);
+    free(both);
+    moeq_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(absorbed_and_naive_mla_agree),
@@ -337,6 +416,8 @@ int main(void) {
         cmocka_unit_test(bf16_and_f8_checkpoints_both_run),
         cmocka_unit_test(greedy_generation_follows_argmax_and_stops),
         cmocka_unit_test(a_step_that_does_not_fit_appends_nothing),
+        cmocka_unit_test(no_context_length_check_the_engine_refuses_a_step_past_its_context),
+        cmocka_unit_test(nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_its_batch_mate_keeps_its_bits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -306,9 +306,9 @@ static long long prop_field(const moeq_prop *p, const void *params) {
 static void engine_params_table_defaults_equal_the_default_params(void **state) {
     (void)state;
     moeq_engine_params want = moeq_engine_default_params();
-    int n = 0, seen[6] = {0};
-    static const char *const names[6] = {"max_seqs",  "max_step_tokens", "kv_block_tokens",
-                                         "kv_cache_tokens", "n_threads", "batch_invariant"};
+    int n = 0, seen[7] = {0};
+    static const char *const names[7] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
+                                         "n_threads", "batch_invariant", "max_model_len"};
     for (const moeq_prop *p = moeq_engine_params_props; p->name; p++, n++) {
         assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max); /* a meaning/unit and a range */
         assert_true(p->offset + p->size <= sizeof(moeq_engine_params));
@@ -316,10 +316,10 @@ static void engine_params_table_defaults_equal_the_default_params(void **state) 
         assert_true(p->type == MOEQ_PROP_BOOL || !strcmp(p->def, "0") || def != 0);
         assert_true((double)def >= p->min && (double)def <= p->max);
         assert_int_equal(def, prop_field(p, &want)); /* the table's default is moeq_engine_default_params()'s */
-        for (int i = 0; i < 6; i++) seen[i] += !strcmp(p->name, names[i]);
+        for (int i = 0; i < 7; i++) seen[i] += !strcmp(p->name, names[i]);
     }
-    assert_int_equal(n, 6);
-    for (int i = 0; i < 6; i++) assert_int_equal(seen[i], 1);
+    assert_int_equal(n, 7);
+    for (int i = 0; i < 7; i++) assert_int_equal(seen[i], 1);
 }
 
 /* Regression: an int field set through the table must not spill into its neighbour (config.c stored 8 bytes). */
@@ -444,6 +444,71 @@ static void v3_groups_are_ranked_by_their_top_two_sum(void **state) {
     /* group {2,3} (sum 1.4) beats group {0,1} (sum 1.0) although expert 0 is the best single expert */
     assert_int_equal(ids[0], 2);
     assert_int_equal(ids[1], 3);
+}
+
+/* Regression (issue 11, "NaN crashes the engine"): all-NaN scores made argmax return -1 and the plan index
+ * offsets[-1]. Now the ids stay distinct valid experts and the token is flagged. */
+static void nan_crashes_the_engine_no_more_router_scores_that_are_nan_still_give_valid_experts(void **state) {
+    (void)state;
+    moeq_moe_router r = v3_router(8, 2, 4, 2); /* grouped: the group pass sees NaN too */
+    float logits[8], bias[8] = {0}, w[2], scratch[32];
+    int32_t ids[2];
+    for (int i = 0; i < 8; i++) logits[i] = NAN;
+    assert_int_equal(moeq_moe_route(&r, logits, bias, ids, w, scratch), 0);
+    assert_true(ids[0] >= 0 && ids[0] < 8 && ids[1] >= 0 && ids[1] < 8 && ids[0] != ids[1]);
+    int64_t off[9], order[2];
+    moeq_moe_plan(ids, 1, 2, 8, off, order);
+    assert_int_equal(off[8], 2);
+    logits[3] = INFINITY; /* one inf among NaN, and one NaN among finite values: flagged, valid ids */
+    assert_int_equal(moeq_moe_route(&r, logits, bias, ids, w, scratch), 0);
+    assert_true(ids[0] >= 0 && ids[0] < 8 && ids[1] >= 0 && ids[1] < 8 && ids[0] != ids[1]);
+    for (int i = 0; i < 8; i++) logits[i] = logit_of(0.1f + 0.1f * i);
+    logits[2] = NAN;
+    assert_int_equal(moeq_moe_route(&r, logits, bias, ids, w, scratch), 0);
+    assert_true(ids[0] >= 0 && ids[0] < 8 && ids[1] >= 0 && ids[1] < 8 && ids[0] != ids[1]);
+    logits[2] = logit_of(0.3f);
+    assert_int_equal(moeq_moe_route(&r, logits, bias, ids, w, scratch), 1);
+}
+
+/* Issue 11: BF16 weights of 3.4e38 gave `ok` garbage: an overflowed sum of squares made RMSNorm's scale 0 and
+ * the row finite zeros, so nothing downstream could tell. */
+static void overflow_gives_silent_garbage_no_more_an_overflowed_rmsnorm_row_is_nan(void **state) {
+    (void)state;
+    float x[64], w[64], out[64];
+    for (int i = 0; i < 64; i++) x[i] = 3.3895e38f, w[i] = 1.0f; /* finite; x^2 overflows */
+    moeq_ops_rmsnorm(out, x, w, 64, 1e-6f);
+    for (int i = 0; i < 64; i++) assert_true(isnan(out[i]));
+    for (int i = 0; i < 64; i++) x[i] = 1e18f; /* large but the sum of squares fits: a number */
+    moeq_ops_rmsnorm(out, x, w, 64, 1e-6f);
+    for (int i = 0; i < 64; i++) assert_true(fabsf(out[i] - 1.0f) < 1e-5f);
+}
+
+static void a_logits_row_with_nan_or_inf_gives_no_token(void **state) {
+    (void)state;
+    enum { n = 1000 };
+    static float l[n];
+    for (int i = 0; i < n; i++) l[i] = (float)(i % 37) - 3.0f;
+    assert_true(moeq_ops_finite(l, n));
+    moeq_sampling_params greedy = moeq_sampling_default_params(), hot = greedy;
+    hot.temperature = 0.8;
+    moeq_sampler *a = NULL, *b = NULL;
+    assert_int_equal(moeq_sampler_new(&greedy, n, &a), MOEQ_OK);
+    assert_int_equal(moeq_sampler_new(&hot, n, &b), MOEQ_OK);
+    assert_true(moeq_sampler_sample(a, l) >= 0 && moeq_sampler_sample(b, l) >= 0);
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (int k = 0; k < 3; k++)
+        for (int at = 0; at < n; at += 333) {
+            float keep = l[at];
+            l[at] = bad[k];
+            assert_false(moeq_ops_finite(l, n));
+            assert_int_equal(moeq_sampler_sample(a, l), -1);
+            assert_int_equal(moeq_sampler_sample(b, l), -1);
+            l[at] = keep;
+        }
+    l[5] = 3.4e38f; /* large but finite is a number */
+    assert_true(moeq_ops_finite(l, n));
+    moeq_sampler_destroy(a);
+    moeq_sampler_destroy(b);
 }
 
 static void v2_applies_the_scaling_factor_only_when_not_normalising(void **state) {
@@ -911,6 +976,9 @@ int main(void) {
         cmocka_unit_test(rmsnorm_and_softmax_are_right),
         cmocka_unit_test(v3_routing_chooses_with_bias_and_weighs_without_it),
         cmocka_unit_test(v3_groups_are_ranked_by_their_top_two_sum),
+        cmocka_unit_test(nan_crashes_the_engine_no_more_router_scores_that_are_nan_still_give_valid_experts),
+        cmocka_unit_test(a_logits_row_with_nan_or_inf_gives_no_token),
+        cmocka_unit_test(overflow_gives_silent_garbage_no_more_an_overflowed_rmsnorm_row_is_nan),
         cmocka_unit_test(v2_applies_the_scaling_factor_only_when_not_normalising),
         cmocka_unit_test(gather_plan_groups_slots_by_expert_in_token_order),
         cmocka_unit_test(kv_cache_pages_truncates_and_refuses_when_full),

@@ -287,6 +287,29 @@ static void a_result_carries_the_hash_of_the_job_it_answers(void **state) {
     moeq_buf_free(&buf);
 }
 
+/* Issue 11: an 18-token result had text ' bre' because the encoder took strlen of text with a 0x00 byte. */
+static void result_text_is_cut_at_the_first_nul_byte_no_more(void **state) {
+    (void)state;
+    static const char text[] = " bre\0ad\0 and \xff more"; /* NULs, then invalid UTF-8 after them */
+    static const char want[] = " bre\0ad\0 and \xef\xbf\xbd more";
+    moeq_result res = full_result();
+    res.text = (char *)text;
+    res.text_len = sizeof text - 1;
+    const moeq_wire_format fmts[] = {MOEQ_WIRE_MSGPACK, MOEQ_WIRE_JSON};
+    for (int f = 0; f < 2; f++) {
+        moeq_buf buf = {0};
+        char err[256];
+        assert_int_equal(moeq_result_encode(&res, fmts[f], &buf, err, sizeof err), MOEQ_OK);
+        if (fmts[f] == MOEQ_WIRE_JSON) assert_non_null(strstr((char *)buf.data, "\" bre\\u0000ad\\u0000 and "));
+        moeq_result back;
+        assert_int_equal(moeq_result_decode(buf.data, buf.len, NULL, 0, &back, err, sizeof err), MOEQ_OK);
+        assert_int_equal(back.text_len, sizeof want - 1);
+        assert_memory_equal(back.text, want, sizeof want - 1);
+        moeq_result_free(&back);
+        moeq_buf_free(&buf);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_result_round_trips_through_both_formats),
@@ -299,6 +322,7 @@ int main(void) {
         cmocka_unit_test(bad_results_are_refused_with_a_reason),
         cmocka_unit_test(status_and_finish_reason_names_are_stable),
         cmocka_unit_test(a_result_carries_the_hash_of_the_job_it_answers),
+        cmocka_unit_test(result_text_is_cut_at_the_first_nul_byte_no_more),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,10 +93,12 @@ static int group_setup(void **state) {
         exit(MOEQ_TEST_SKIP);
     const char *build = getenv("MOEQ_BUILD_DIR");
     snprintf(g_moeq, sizeof g_moeq, "%s/cli/moeq", build ? build : ".");
-    snprintf(g_model, sizeof g_model, "%s/test-worker-model", build ? build : "/tmp");
+    /* the tiny model with a context for the long jobs (400, 3000 tokens): the engine refuses past it */
+    snprintf(g_model, sizeof g_model, "%s/test-worker-model-long", build ? build : "/tmp");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "test -f %s/config.json || %s gen-model --preset tiny --out %s >/dev/null", g_model,
-             g_moeq, g_model);
+    snprintf(cmd, sizeof cmd,
+             "test -f %s/config.json || %s gen-model --preset tiny --max-position-embeddings 8192 --out %s >/dev/null",
+             g_model, g_moeq, g_model);
     if (run_cmd(cmd)) return -1;
     char err[512];
     if (moeq_model_load(g_model, NULL, &g_mdl, err, sizeof err)) return fprintf(stderr, "%s\n", err), -1;

@@ -159,6 +159,77 @@ static void a_job_prefills_then_decodes_one_token_per_step(void **state) {
     moeq_sched_destroy(s);
 }
 
+/* Issue 11, "NaN crashes the engine": a job whose logits held NaN (the worker samples -1) ends alone with
+ * numerical_error; its batch-mate goes on to its normal result. */
+static void nan_crashes_the_engine_no_more_only_the_poisoned_job_ends_with_numerical_error(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 64, 0);
+    fake_job a = {0}, b = {0};
+    moeq_sched_job_spec j[2] = {spec(&a, "poisoned", 5, 3), spec(&b, "healthy", 6, 3)};
+    add(s, NULL, j, 2, 0);
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 1, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 2);
+    int32_t sampled[2];
+    for (int i = 0; i < 2; i++) sampled[i] = plan.items[i].user == &a ? -1 : 'x';
+    for (int i = 0; i < 2; i++)
+        if (plan.items[i].user == &a) moeq_sched_note_nonfinite_layer(s, plan.items[i].job, 1);
+    assert_int_equal(moeq_sched_commit(s, sampled, 2), MOEQ_OK);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.key, "poisoned");
+    assert_int_equal(fin.status, MOEQ_RESULT_ERROR);
+    assert_string_equal(fin.error_code, "numerical_error");
+    assert_non_null(strstr(fin.error_message, "NaN"));
+    assert_non_null(strstr(fin.error_message, "first seen by the router of layer 1"));
+    assert_int_equal(fin.n_tokens, 0);
+    assert_int_equal(moeq_sched_delivered(s, fin.job, 1), MOEQ_OK);
+    assert_int_equal(step(s, 3, 'y', NULL), 1);
+    assert_int_equal(step(s, 4, 'z', NULL), 1);
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.key, "healthy");
+    assert_int_equal(fin.status, MOEQ_RESULT_OK);
+    assert_string_equal(fin.text, "xyz");
+    moeq_sched_destroy(s);
+}
+
+/* Issue 11, "No context-length check": the worker refuses what does not fit the model's context. */
+static void no_context_length_check_a_job_past_max_model_len_gets_prompt_too_long(void **state) {
+    (void)state;
+    moeq_sched_params p = test_params(4, 64, 0);
+    p.max_model_len = 16;
+    moeq_sched *s = new_sched_with(&p);
+    fake_job a = {0}, b = {0};
+    moeq_sched_job_spec j[2] = {spec(&a, "long", 10, 7), spec(&b, "fits", 10, 6)}; /* 17 > 16, 16 fits */
+    add(s, NULL, j, 2, 0);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_string_equal(fin.key, "long");
+    assert_int_equal(fin.status, MOEQ_RESULT_ERROR);
+    assert_string_equal(fin.error_code, "prompt_too_long");
+    assert_non_null(strstr(fin.error_message, "10 tokens"));
+    assert_non_null(strstr(fin.error_message, "context of 16"));
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 0);
+    assert_int_equal(step(s, 1, 'x', NULL), 1); /* the other one runs */
+    moeq_sched_destroy(s);
+}
+
+/* Issue 11, "Result text is cut at the first NUL byte": the text keeps a 0x00 byte and what follows it. */
+static void result_text_is_cut_at_the_first_nul_byte_no_more_in_the_scheduler(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 64, 0);
+    fake_job a = {0};
+    moeq_sched_job_spec j = spec(&a, "nul", 3, 3);
+    add(s, NULL, &j, 1, 0);
+    int32_t toks[3] = {'a', 0, 'b'};
+    for (int i = 0; i < 3; i++) assert_int_equal(step(s, 1 + i, toks[i], NULL), 1);
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.text_len, 3);
+    assert_memory_equal(fin.text, "a\0b", 3);
+    moeq_sched_destroy(s);
+}
+
 static void a_long_prompt_is_prefilled_in_chunks_of_max_step_tokens(void **state) {
     (void)state;
     moeq_sched *s = new_sched(2, 8, 0);
@@ -1092,6 +1163,9 @@ int main(void) {
         cmocka_unit_test(a_failed_round_fails_the_jobs_of_the_plan),
         cmocka_unit_test(every_job_gets_the_tokens_it_would_get_alone),
         cmocka_unit_test(speculative_jobs_in_a_mixed_batch_get_the_tokens_they_would_get_alone),
+        cmocka_unit_test(nan_crashes_the_engine_no_more_only_the_poisoned_job_ends_with_numerical_error),
+        cmocka_unit_test(no_context_length_check_a_job_past_max_model_len_gets_prompt_too_long),
+        cmocka_unit_test(result_text_is_cut_at_the_first_nul_byte_no_more_in_the_scheduler),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

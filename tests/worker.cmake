@@ -12,13 +12,18 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
   # MTP inside continuous batching: tiny-mtp and tiny, mtp_k on and off, every result equal to generate alone.
   moeq_add_test(NAME test_worker_mtp SOURCES test_worker_mtp.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)
+  # Issue 11 through a worker: a NaN-poisoned job ends numerical_error beside a healthy batch-mate,
+  # prompt_too_long at the model's context and at max_model_len, text with a 0x00 byte whole in both formats.
+  moeq_add_test(NAME test_worker_numerics SOURCES test_worker_numerics.c LIBS moeq_worker
+    LABELS integration FIXTURES services TIMEOUT 240)
+  target_compile_definitions(test_worker_numerics PRIVATE MOEQ_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 endif()
 
 # The whole pipeline through the real coordinator: Kafka -> coordinator -> Redis -> 2 workers -> Kafka,
 # every result checked against `moeq generate` for the job alone (scripts/demo-pipeline.sh, verify mode).
 if(TARGET test_worker_pipeline)
   add_test(NAME test_worker_end_to_end COMMAND sh -c
-    ". \"$MOEQ_TEST_ENV_FILE\" && MOEQ_DEMO_KAFKA=$MOEQ_TEST_KAFKA MOEQ_DEMO_REDIS=$MOEQ_TEST_REDIS MOEQ_DEMO_VERIFY=1 MOEQ_DEMO_NAMESPACE=wktest$$ MOEQ_DEMO_TIMEOUT_S=90 MOEQ_BIN=${CMAKE_BINARY_DIR}/cli/moeq ${CMAKE_SOURCE_DIR}/scripts/demo-pipeline.sh ${CMAKE_BINARY_DIR}/test-worker-model ${CMAKE_BINARY_DIR}/test-worker-e2e")
+    ". \"$MOEQ_TEST_ENV_FILE\" && { test -f ${CMAKE_BINARY_DIR}/test-worker-model/config.json || ${CMAKE_BINARY_DIR}/cli/moeq gen-model --preset tiny --out ${CMAKE_BINARY_DIR}/test-worker-model >/dev/null; } && MOEQ_DEMO_KAFKA=$MOEQ_TEST_KAFKA MOEQ_DEMO_REDIS=$MOEQ_TEST_REDIS MOEQ_DEMO_VERIFY=1 MOEQ_DEMO_NAMESPACE=wktest$$ MOEQ_DEMO_TIMEOUT_S=90 MOEQ_BIN=${CMAKE_BINARY_DIR}/cli/moeq ${CMAKE_SOURCE_DIR}/scripts/demo-pipeline.sh ${CMAKE_BINARY_DIR}/test-worker-model ${CMAKE_BINARY_DIR}/test-worker-e2e")
   set_tests_properties(test_worker_end_to_end PROPERTIES LABELS integration FIXTURES_REQUIRED services TIMEOUT 240
     DEPENDS test_worker_pipeline
     ENVIRONMENT "MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")

@@ -13,6 +13,7 @@
 #include "scheduler.h"
 
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,7 @@ typedef struct sched_job {
     int32_t *prompt;
     int n_prompt, n_fed;      /* prompt tokens fed to the engine so far   */
     int max_new_tokens;
+    int nonfinite_layer;      /* where the engine first saw NaN/inf (the message), -1 unknown */
     int64_t deadline_ms;
     char **stop;
     size_t n_stop, max_stop_len;
@@ -325,12 +327,19 @@ static moeq_err job_fill(sched_job *job, const moeq_sched_job_spec *spec) {
     job->deadline_ms = spec->deadline_ms;
     job->mtp_k = spec->mtp_k;
     job->slot = -1;
+    job->nonfinite_layer = -1;
     return MOEQ_OK;
 }
 
 static void job_finish(moeq_sched *sched, int h, moeq_result_status status, moeq_finish_reason reason,
                        const char *code, const char *message, int64_t now_ms);
 static int text_append(sched_job *job, const char *bytes, size_t n);
+
+/* Prompt + max_new_tokens past the context: rejected as OpenAI and vLLM do, never silently clamped. */
+static int too_long(const moeq_sched *sched, const sched_job *job) {
+    return sched->params.max_model_len > 0 &&
+           (int64_t)job->n_prompt + job->max_new_tokens > sched->params.max_model_len;
+}
 
 moeq_err moeq_sched_add_batch(moeq_sched *sched, void *batch_user, const moeq_sched_job_spec *jobs, size_t n_jobs,
                               int64_t now_ms, char *errstr, size_t errstr_size) {
@@ -380,6 +389,11 @@ moeq_err moeq_sched_add_batch(moeq_sched *sched, void *batch_user, const moeq_sc
         } else if (job->n_prompt < 1) {
             job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "invalid_input", "job has an empty prompt",
                        now_ms);
+        } else if (too_long(sched, job)) {
+            char why[160];
+            snprintf(why, sizeof why, "prompt of %d tokens + max_new_tokens %d exceeds the model's context of %d tokens",
+                     job->n_prompt, job->max_new_tokens, sched->params.max_model_len);
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "prompt_too_long", why, now_ms);
         } else if (job->max_new_tokens == 0) {
             job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_LENGTH, NULL, NULL, now_ms);
         }
@@ -739,8 +753,22 @@ static void job_take_token(moeq_sched *sched, int h, int32_t token, int64_t now_
 
 /* Round i's outcome is usable: 1..k+1 tokens, counts within the round. */
 static int round_out_ok(const moeq_sched_round *r, const moeq_sched_round_out *o) {
+    if (o->n_tokens == 0) return 1; /* numerical error */
     return o->tokens && o->n_tokens >= 1 && o->n_tokens <= r->k + 1 && o->drafted >= 0 && o->accepted >= 0 &&
            o->accepted <= o->drafted;
+}
+
+/* The job's logits held NaN/inf: it cannot go on; its batch-mates are not affected (batch invariance). */
+static void job_numerical_error(moeq_sched *sched, int h, int64_t now_ms) {
+    sched_job *job = sched->jobs[h];
+    char why[256], where[64] = "";
+    if (job->nonfinite_layer >= 0)
+        snprintf(where, sizeof where, "; first seen by the router of layer %d", job->nonfinite_layer);
+    snprintf(why, sizeof why,
+             "non-finite logits (NaN or inf) after %d generated tokens%s: the model's weights hold non-finite or "
+             "overflowing values (moeq model-info --check-weights)",
+             job->n_out, where);
+    job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, "numerical_error", why, now_ms);
 }
 
 #define MTP_PAUSE_MIN 32   /* tokens decoded plainly after a window of poor acceptance */
@@ -773,6 +801,10 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
                          int64_t now_ms) {
     sched_job *job = sched->jobs[r->job];
     if (job->state != JOB_RUNNING) return; /* cannot happen within one plan; defensive */
+    if (o->n_tokens == 0) {
+        job_numerical_error(sched, r->job, now_ms);
+        return;
+    }
     job->mtp_drafted += o->drafted;
     job->mtp_accepted += o->accepted;
     sched->mtp_rounds++;
@@ -783,6 +815,10 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
         job_take_token(sched, r->job, o->tokens[t], now_ms);
     }
     judge_acceptance(sched, job, o);
+}
+
+void moeq_sched_note_nonfinite_layer(moeq_sched *sched, int job, int layer) {
+    if (sched && job >= 0 && job < sched->n_jobs_cap) sched->jobs[job]->nonfinite_layer = layer;
 }
 
 moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms) {
@@ -810,7 +846,8 @@ moeq_err moeq_sched_commit_mtp(moeq_sched *sched, const int32_t *sampled, const 
         } else {
             sched->decode_tokens += it->n_tokens;
         }
-        if (it->sample) job_take_token(sched, it->job, sampled[i], now_ms);
+        if (it->sample && sampled[i] < 0) job_numerical_error(sched, it->job, now_ms);
+        else if (it->sample) job_take_token(sched, it->job, sampled[i], now_ms);
     }
     sched->n_items = 0;
     return MOEQ_OK;

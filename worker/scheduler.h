@@ -75,6 +75,8 @@ typedef struct moeq_sched_params {
     double mtp_min_acceptance;/* a job whose last MOEQ_SCHED_MTP_WINDOW drafts were accepted
                                  less often than this pauses drafting (decodes plainly) for 32
                                  tokens, doubling while it stays low, up to 1024; 0 = never   */
+    int max_model_len;        /* the model's context: a job whose prompt + max_new_tokens exceeds
+                                 it finishes at once with error prompt_too_long; 0 = unchecked */
 } moeq_sched_params;
 
 /* Drafts over which a job's acceptance is judged (mtp_min_acceptance). */
@@ -179,7 +181,8 @@ typedef struct moeq_sched_round {
 /* What the engine made of round i. */
 typedef struct moeq_sched_round_out {
     const int32_t *tokens;  /* the new tokens in order (accepted drafts, then the model's)    */
-    int n_tokens;           /* 1..k+1                                                        */
+    int n_tokens;           /* 1..k+1; 0: the round's logits held NaN/inf (moeq_spec_seq's
+                               numerical_error): the job ends with error numerical_error      */
     int drafted, accepted;  /* this round's drafts and accepted drafts                       */
 } moeq_sched_round_out;
 
@@ -210,9 +213,18 @@ moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *pla
 /*
  * The engine ran the plan: sampled[i] is the token sampled for item i (read
  * only where items[i].sample is 1). Appends tokens, advances prefills, ends
- * jobs on stop ids, stop strings and max_new_tokens.
+ * jobs on stop ids, stop strings and max_new_tokens. sampled[i] < 0 means
+ * the item's logits held NaN/inf (moeq_sampler_sample gave -1): that job
+ * alone ends with error numerical_error, the others go on.
  */
 moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t now_ms);
+
+/*
+ * Optional, before the commit that fails it with numerical_error: the layer
+ * where the engine first saw the job's NaN/inf (moeq_engine_seq_nonfinite_
+ * layer), named in the result's message. -1 = unknown.
+ */
+void moeq_sched_note_nonfinite_layer(moeq_sched *sched, int job, int layer);
 
 /*
  * moeq_sched_commit for a plan with rounds: rounds[i] is what the engine made

@@ -236,10 +236,39 @@ static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
                                 errstr_size);
 }
 
+/* check_weights: one log line per bad tensor, the names gathered for the error that refuses to start. */
+typedef struct weight_report {
+    char names[256];
+} weight_report;
+
+static void log_weight_issue(void *ctx, const moeq_weight_issue *issue) {
+    weight_report *r = ctx;
+    moeq_log(MOEQ_LOG_ERROR, COMP, "bad_weights", "tensor=%s nonfinite=%lld huge=%lld first=%lld", issue->tensor,
+             (long long)issue->nonfinite, (long long)issue->huge, (long long)issue->first);
+    size_t n = strlen(r->names);
+    if (n + 2 < sizeof r->names) snprintf(r->names + n, sizeof r->names - n, "%s%s", n ? ", " : "", issue->tensor);
+}
+
+/* A model whose weights hold NaN/inf would answer every job numerical_error (or garbage): refuse to serve it. */
+static moeq_err check_weights(moeq_worker *w, char *errstr, size_t errstr_size) {
+    weight_report r = {""};
+    int n_bad = 0;
+    int64_t t0 = moeq_now_ms();
+    moeq_err err = moeq_model_check_weights(w->model, log_weight_issue, &r, &n_bad, errstr, errstr_size);
+    if (err) return err;
+    moeq_log(MOEQ_LOG_INFO, COMP, "weights_checked", "model=%s bad_tensors=%d ms=%lld", w->params.model, n_bad,
+             (long long)(moeq_now_ms() - t0));
+    if (n_bad)
+        return moeq_errf(MOEQ_ERR_NUMERIC, errstr, errstr_size,
+                         "check_weights: %d tensor(s) hold NaN, inf or huge values: %s", n_bad, r.names);
+    return MOEQ_OK;
+}
+
 static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     const moeq_worker_params *p = &w->params;
     moeq_err err = moeq_model_load(p->model, NULL, &w->model, errstr, errstr_size);
     if (err) return err;
+    if (p->check_weights && (err = check_weights(w, errstr, errstr_size))) return err;
     char e2[256];
     if (moeq_tokenizer_load(p->model, &w->tok, e2, sizeof e2) != MOEQ_OK) {
         w->tok = NULL;
@@ -250,6 +279,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.max_step_tokens = (int)p->max_step_tokens;
     ep.kv_cache_tokens = p->kv_cache_tokens;
     ep.n_threads = (int)p->n_threads;
+    ep.max_model_len = (int)p->max_model_len;
     if ((err = moeq_engine_new(w->model, &ep, &w->engine, errstr, errstr_size))) return err;
     w->vocab = moeq_model_get_config(w->model)->vocab_size;
     const char *base = strrchr(p->model, '/');
@@ -265,6 +295,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.prefix_share_min = (int)p->prefix_share_min;
     sp.kv_cache_tokens = p->kv_cache_tokens;
     sp.kv_block_tokens = ep.kv_block_tokens;
+    sp.max_model_len = moeq_engine_max_model_len(w->engine);
     sp.stop_ids = &eos;
     sp.n_stop_ids = eos >= 0 ? 1 : 0;
     if ((err = moeq_sched_new(&sp, detok, w, &w->sched, errstr, errstr_size))) return err;
@@ -659,6 +690,18 @@ static void sample_items(moeq_worker *w, const moeq_sched_step *plan) {
     }
 }
 
+/* Jobs whose logits held NaN/inf this step: tell the scheduler where the engine first saw it, for the message. */
+static void note_nonfinite(moeq_worker *w, const moeq_sched_step *plan) {
+    for (int i = 0; i < plan->n_items; i++)
+        if (plan->items[i].sample && w->sampled[i] < 0)
+            moeq_sched_note_nonfinite_layer(w->sched, plan->items[i].job,
+                                            moeq_engine_seq_nonfinite_layer(w->engine, w->slots[plan->items[i].slot].seq));
+    for (int i = 0; i < plan->n_rounds; i++)
+        if (w->spec[i].numerical_error)
+            moeq_sched_note_nonfinite_layer(w->sched, plan->rounds[i].job,
+                                            moeq_engine_seq_nonfinite_layer(w->engine, w->spec[i].seq_id));
+}
+
 /*
  * The plan in one engine step: its ordinary items alone, or — when it has speculative rounds — the rounds'
  * drafts and then one verify step that also carries the items (moeq_mtp_decode_step_with: one pass over the
@@ -685,10 +728,12 @@ static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err,
     atomic_fetch_add(&w->metrics.engine_ns, moeq_mono_ns() - t0);
     if (e) return e;
     sample_items(w, plan);
+    note_nonfinite(w, plan);
     int64_t drafted = 0, accepted = 0, emitted = 0;
     for (int i = 0; i < plan->n_rounds; i++) {
         const moeq_spec_seq *sq = &w->spec[i];
-        w->round_out[i] = (moeq_sched_round_out){sq->out, sq->n_out, (int)sq->drafted, (int)sq->accepted};
+        w->round_out[i] = (moeq_sched_round_out){sq->out, sq->numerical_error ? 0 : sq->n_out, (int)sq->drafted,
+                                                 (int)sq->accepted}; /* 0 tokens: numerical_error */
         drafted += sq->drafted, accepted += sq->accepted, emitted += sq->n_out;
     }
     if (plan->n_rounds > 0) {
@@ -739,6 +784,7 @@ static void publish_finished(moeq_worker *w) {
         r.id = (char *)fin.key;
         r.status = fin.status;
         r.text = fin.admitted_ms ? (char *)fin.text : NULL;
+        r.text_len = r.text ? fin.text_len : 0; /* bytes-exact: a token may decode to byte 0 */
         r.tokens = fin.n_tokens ? (int32_t *)fin.tokens : NULL;
         r.n_tokens = (size_t)fin.n_tokens;
         r.finish_reason = fin.finish_reason;

@@ -65,6 +65,10 @@ typedef struct moeq_worker_params {
     double mtp_min_acceptance;    /* a job pauses drafting while its acceptance is below this;
                                      -1 = auto (1.5 x a draft's share of a step's weight bytes)     */
     moeq_job_limits limits;       /* the job codec's limits, the coordinator's keys (max_job_bytes, ...) */
+    int64_t max_model_len;        /* context: prompt + max_new_tokens per job, at most; 0 = the model's
+                                     max_position_embeddings (never more)                           */
+    int check_weights;            /* 1: scan every tensor for non-finite values at start-up (reads
+                                     every page); refuse to start when one has any                  */
 } moeq_worker_params;
 
 /* The worker's own keys (the field names), without the job limits. */

@@ -69,6 +69,12 @@ const moeq_prop moeq_worker_props[] = {
      "a job whose last 16 drafts were accepted less often than this decodes plainly for 32 tokens (doubling "
      "while it stays low, up to 1024), then drafts again; -1 = auto: 1.5 x the share of a step's weights one "
      "draft reads; 0 = never pause"},
+    {"max_model_len", MOEQ_PROP_INT, P(max_model_len), 0, 1 << 30, "0",
+     "context: a job whose prompt + max_new_tokens exceeds it gets error prompt_too_long (as the coordinator "
+     "answers); 0 = the model's max_position_embeddings, which it may not exceed"},
+    {"check_weights", MOEQ_PROP_BOOL, P(check_weights), 0, 1, "off",
+     "scan every weight for NaN/inf (and FP8 values that overflow when scaled) at start-up and refuse to start "
+     "on any, naming the tensors (moeq model-info --check-weights); reads every page of the checkpoint"},
     MOEQ_PROP_END,
 };
 

@@ -124,7 +124,10 @@ moeq_err moeq_result_encode(const moeq_result *res, moeq_wire_format format, moe
     put_int(&w, "v", MOEQ_RESULT_VERSION);
     put_str(&w, "id", res->id);
     ww_key(&w, "status"), ww_str_lossy(&w, status_names[res->status]);
-    if (res->text) put_str(&w, "text", res->text);
+    if (res->text) { /* by its length: a token may decode to byte 0 (JSON: \u0000), the text goes on after it */
+        ww_key(&w, "text");
+        ww_str_lossy_n(&w, res->text, res->text_len ? res->text_len : strlen(res->text));
+    }
     if (res->tokens) {
         ww_key(&w, "tokens");
         ww_array(&w, (uint32_t)res->n_tokens);
@@ -316,7 +319,10 @@ static int r_field(rdec *d, const wval *key, const wval *v) {
         res->status = (moeq_result_status)e;
         return 0;
     }
-    if (wval_str_is(key, "text")) return r_str(d, v, &res->text);
+    if (wval_str_is(key, "text")) {
+        res->text_len = v->type == WV_STR ? v->dec_len : 0;
+        return r_str(d, v, &res->text);
+    }
     if (wval_str_is(key, "tokens")) return r_tokens(d, v);
     if (wval_str_is(key, "finish_reason")) {
         if (r_enum(d, v, finish_names, MOEQ_FINISH__COUNT, &e) < 0) return -1;
@@ -391,6 +397,7 @@ moeq_err moeq_result_decode(const void *bytes, size_t len, const char *content_t
     memset(&d, 0, sizeof d);
     d.res = result;
     wrd_init(&d.r, bytes, len, fmt, MOEQ_JOB_DEPTH_HARD_MAX);
+    d.r.allow_nul = 1; /* results carry decoded text bytes-exact, U+0000 included */
     if (r_document(&d) == 0) return MOEQ_OK;
     moeq_result_free(result);
     if (d.r.nomem) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "result: out of memory");

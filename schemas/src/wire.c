@@ -140,7 +140,7 @@ static int check_text(wrd *r, const uint8_t *s, size_t n, size_t at) {
     if (!moeq_utf8_valid((const char *)s, n, &bad))
         return wrd_fail(r, MOEQ_JOB_REJECT_INVALID_UTF8, FIELD_FMT "invalid UTF-8 at byte %zu", FIELD_ARGS(r),
                         at + bad);
-    const void *nul = memchr(s, 0, n);
+    const void *nul = r->allow_nul ? NULL : memchr(s, 0, n);
     if (nul)
         return wrd_fail(r, MOEQ_JOB_REJECT_INVALID_UTF8, FIELD_FMT "U+0000 (NUL) at byte %zu is not allowed in text",
                         FIELD_ARGS(r), at + (size_t)((const uint8_t *)nul - s));
@@ -331,7 +331,7 @@ static int js_escape(wrd *r, const uint8_t *p, size_t avail, unsigned *cp, size_
     unsigned hi, lo;
     if (p[1] != 'u' || avail < 6 || hex4(p + 2, &hi) < 0)
         return wrd_fail(r, MOEQ_JOB_REJECT_MALFORMED, FIELD_FMT "invalid JSON escape at byte %zu", FIELD_ARGS(r), at);
-    if (hi == 0)
+    if (hi == 0 && !r->allow_nul)
         return wrd_fail(r, MOEQ_JOB_REJECT_INVALID_UTF8, FIELD_FMT "\\u0000 (NUL) at byte %zu is not allowed in text",
                         FIELD_ARGS(r), at);
     if (hi >= 0xDC00 && hi <= 0xDFFF)
@@ -564,6 +564,7 @@ void wval_str_copy(const wval *v, char *dst) {
     /* Already validated by js_str: re-walk without checks. */
     wrd scratch;
     wrd_init(&scratch, v->s, v->n, MOEQ_WIRE_JSON, 0);
+    scratch.allow_nul = 1; /* whatever the reader allowed, it checked */
     const uint8_t *p = v->s, *end = v->s + v->n;
     size_t o = 0;
     while (p < end) {

@@ -55,6 +55,7 @@ typedef struct wrd {
     int max_depth;
     moeq_job_reject_code code; /* NONE until something failed */
     int nomem;                 /* an allocation failed        */
+    int allow_nul;             /* 1: U+0000 is text (results: a token may decode to byte 0); jobs refuse it */
     char path[64];             /* field being read, for messages */
     char msg[256];
 } wrd;
@@ -108,6 +109,7 @@ void ww_end_array(ww *w);
 void ww_key(ww *w, const char *key);
 void ww_str(ww *w, const char *s, size_t len);   /* must be valid UTF-8            */
 void ww_str_lossy(ww *w, const char *s);          /* invalid UTF-8 -> U+FFFD         */
+void ww_str_lossy_n(ww *w, const char *s, size_t len); /* the same, len bytes (NUL kept) */
 void ww_int(ww *w, int64_t x);
 void ww_uint(ww *w, uint64_t x);
 void ww_double(ww *w, double x);

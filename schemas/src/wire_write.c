@@ -141,8 +141,9 @@ static size_t lossy(const char *s, size_t len, char *dst) {
     return o;
 }
 
-void ww_str_lossy(ww *w, const char *s) {
-    size_t len = strlen(s);
+void ww_str_lossy(ww *w, const char *s) { ww_str_lossy_n(w, s, strlen(s)); }
+
+void ww_str_lossy_n(ww *w, const char *s, size_t len) {
     if (moeq_utf8_valid(s, len, NULL)) {
         ww_str(w, s, len);
         return;

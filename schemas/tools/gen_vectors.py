@@ -491,6 +491,9 @@ def gen_results():
         "ok_job_hash": {"v": 1, "id": "j5", "status": "ok", "text": "hello", "tokens": [7],
                         "finish_reason": "length", "usage": {"prompt_tokens": 1, "completion_tokens": 1},
                         "job_hash": fnv1a64(b'{"v":1,"id":"j5","prompt":"hi"}')},
+        # a token that decodes to byte 0x00: text is bytes-exact (msgpack str by length, JSON \u0000)
+        "ok_nul_in_text": {"v": 1, "id": "j5", "status": "ok", "text": "a\x00 bre\x00", "tokens": [64, 0, 1627, 0],
+                           "finish_reason": "length", "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
     }
     os.makedirs(os.path.join(OUT, "results"))
     for name, r in cases.items():
@@ -498,7 +501,10 @@ def gen_results():
             rel = f"results/{name}.{ext}"
             with open(os.path.join(OUT, rel), "wb") as f:
                 f.write(data)
-            results.append({"name": name, "file": rel, "result": r})
+            entry = {"name": name, "file": rel, "result": r}
+            if "\x00" in r.get("text", ""):  # JSON readers in C stop at U+0000: the exact bytes, for them
+                entry["text_hex"] = r["text"].encode().hex()
+            results.append(entry)
 
 
 def main():

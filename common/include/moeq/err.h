@@ -31,6 +31,8 @@ typedef enum moeq_err {
     MOEQ_ERR_TRANSIENT,     /* broker/server temporarily unavailable: retry   */
     MOEQ_ERR_CANCELLED,     /* the operation was cancelled                    */
     MOEQ_ERR_INTERNAL,      /* a bug: an invariant did not hold              */
+    MOEQ_ERR_NUMERIC,       /* a non-finite value (NaN, inf) in the model's numbers:
+                               broken weights or an overflow; not retriable   */
     MOEQ_ERR__COUNT
 } moeq_err;
 

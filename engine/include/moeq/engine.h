@@ -95,6 +95,29 @@ size_t moeq_model_active_bytes_per_token(const moeq_model *model);
 size_t moeq_model_mtp_active_bytes_per_token(const moeq_model *model);
 size_t moeq_model_total_params(const moeq_model *model);
 
+/* A weight this large (in magnitude) is reported by moeq_model_check_weights although finite: no trained
+ * weight comes near, and a product with an ordinary activation, or a sum of a few, overflows float32. */
+#define MOEQ_WEIGHT_HUGE 1e30f
+
+/* One tensor with bad values, as moeq_model_check_weights reports it. */
+typedef struct moeq_weight_issue {
+    const char *tensor;   /* HF name, borrowed from the model                                   */
+    int64_t nonfinite;    /* values that are NaN or inf once dequantised (FP8: value x scale)    */
+    int64_t huge;         /* finite values with |x| >= MOEQ_WEIGHT_HUGE                          */
+    int64_t first;        /* flat index (row * cols + col) of the first bad value               */
+} moeq_weight_issue;
+
+typedef void (*moeq_weight_issue_fn)(void *ctx, const moeq_weight_issue *issue);
+
+/*
+ * Scan every tensor of the model (reads every page: slow on big
+ * checkpoints) for NaN, inf and huge values, dequantised as the forward
+ * pass does; fn (may be NULL) is called once per bad tensor, in name order;
+ * *n_bad counts them. MOEQ_OK whatever was found; MOEQ_ERR_NOMEM.
+ */
+moeq_err moeq_model_check_weights(const moeq_model *model, moeq_weight_issue_fn fn, void *ctx, int *n_bad,
+                                  char *errstr, size_t errstr_size);
+
 /* ---- engine --------------------------------------------------------------- */
 
 typedef struct moeq_engine moeq_engine;
@@ -106,6 +129,8 @@ typedef struct moeq_engine_params {
     int64_t kv_cache_tokens;   /* cache capacity in tokens over all sequences (default 65536) */
     int n_threads;             /* compute threads; 0 = all cores (default 0)          */
     int batch_invariant;       /* fixed reduction order per row (default 1)           */
+    int max_model_len;         /* positions a sequence may hold: 0 = the model's
+                                  max_position_embeddings (default); at most that      */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
@@ -119,6 +144,21 @@ moeq_err moeq_engine_new(const moeq_model *model, const moeq_engine_params *para
                          char *errstr, size_t errstr_size);
 void moeq_engine_destroy(moeq_engine *engine); /* NULL is safe */
 
+/*
+ * The context: the most tokens one sequence may hold (max_model_len, or the
+ * model's max_position_embeddings). A step or MTP draft that would put a
+ * token at a position >= this fails with MOEQ_ERR_LIMIT, nothing appended:
+ * RoPE/YaRN are only defined (trained) below it.
+ */
+int moeq_engine_max_model_len(const moeq_engine *engine);
+
+/*
+ * Read dir/config.json only (no weights): what a process that does not run
+ * the model (the coordinator) needs to know about it, e.g. its context.
+ * Errors as moeq_model_load's (MOEQ_ERR_IO/NOT_FOUND when absent).
+ */
+moeq_err moeq_model_config_load(const char *dir, moeq_model_config *config, char *errstr, size_t errstr_size);
+
 /* Bytes of KV cache per token (compressed latent + rope key, all layers). */
 size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine);
 
@@ -127,6 +167,14 @@ moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id);
 void moeq_engine_seq_free(moeq_engine *engine, int seq_id);
 /* Tokens currently cached for the sequence. */
 int moeq_engine_seq_len(const moeq_engine *engine, int seq_id);
+/*
+ * The first layer whose MoE router saw a non-finite score (NaN, inf) for
+ * one of the sequence's tokens (0-based; MTP layers after the main ones),
+ * or -1. Only routers are watched (cheap: they read every score anyway), so
+ * a NaN in dense layers shows at the next MoE layer; logits are checked by
+ * the caller (moeq_sampler_sample returns -1). -1 for a dead sequence.
+ */
+int moeq_engine_seq_nonfinite_layer(const moeq_engine *engine, int seq_id);
 /* Drop cached positions >= n_tokens (rollback of rejected draft tokens). */
 moeq_err moeq_engine_seq_truncate(moeq_engine *engine, int seq_id, int n_tokens);
 
@@ -244,7 +292,8 @@ typedef struct moeq_sampler moeq_sampler;
 moeq_err moeq_sampler_new(const moeq_sampling_params *params, int vocab_size, moeq_sampler **out);
 void moeq_sampler_destroy(moeq_sampler *sampler);
 /* Pick the next token from one row of logits. Deterministic given the seed and call count; every call is
- * one draw (also greedy ones). Not thread-safe per sampler. */
+ * one draw (also greedy ones). Returns -1 when the row holds a non-finite value (NaN or inf: broken weights
+ * or an overflow), never a token chosen from it; the sequence cannot go on. Not thread-safe per sampler. */
 int32_t moeq_sampler_sample(moeq_sampler *sampler, const float *logits);
 
 /* ---- speculative decoding with the MTP module (batched; docs/MTP.md) ------- */
@@ -278,6 +327,9 @@ typedef struct moeq_spec_seq {
     int32_t out[MOEQ_MTP_MAX_K + 1]; /* out: new tokens: the accepted drafts, then the main model's */
     int n_out;                       /* out: 1..k+1                                               */
     int64_t drafted, accepted;       /* in/out: running totals                                    */
+    int numerical_error;             /* out: 1 when a verify row the round read held a non-finite
+                                        value: n_out is 0, nothing was appended, the sequence must
+                                        end (moeq_engine_seq_nonfinite_layer may say where)        */
 } moeq_spec_seq;
 
 typedef struct moeq_mtp_decoder moeq_mtp_decoder;

@@ -48,14 +48,16 @@ const char *moeq_finish_reason_name(moeq_finish_reason reason);
 
 /*
  * A result. Plain data. For encoding, every pointer is borrowed (may be NULL
- * = absent); strings are NUL-terminated, and any invalid UTF-8 in them is
- * replaced by U+FFFD on the wire. A decoded result owns every pointer:
+ * = absent); strings are NUL-terminated (text is text_len bytes and may hold
+ * U+0000 too), and any invalid UTF-8 in them is replaced by U+FFFD on the wire. A decoded result owns every pointer:
  * release it with moeq_result_free.
  */
 typedef struct moeq_result {
     char *id;                      /* the job's id (required)                          */
     moeq_result_status status;
     char *text;                    /* generated text; NULL = absent                    */
+    size_t text_len;               /* its bytes, U+0000 included (a token may decode to byte 0);
+                                      encode: 0 = strlen(text); decode: always set      */
     int32_t *tokens;               /* generated token ids; NULL = absent               */
     size_t n_tokens;
     moeq_finish_reason finish_reason;
