@@ -75,6 +75,20 @@ moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, 
                            char *errstr, size_t errstr_size);
 
 /*
+ * Entries still pending for this worker's own consumer name — a previous
+ * process with the same worker_id died holding them — read back at once
+ * (XREADGROUP ... STREAMS <stream> <cursor>: the consumer's own pending
+ * list; Redis counts it as a delivery) rather than after the visibility
+ * timeout, highest priority first, each with its delivery count (XPENDING).
+ * cursors[p] starts at "0" and advances past every entry read; it becomes ""
+ * once stream p has nothing more, so a worker reads its history once.
+ * Entries deleted from the stream are acknowledged away. Appends to out[*n]
+ * (capacity cap).
+ */
+moeq_err worker_io_take_own(moeq_redis *redis, const moeq_worker_params *params, char cursors[4][48],
+                            worker_entry *out, size_t cap, size_t *n, char *errstr, size_t errstr_size);
+
+/*
  * Job record states for ids[0..n) (pipelined HMGET <prefix>:job:<id> state and
  * cancel): states[i] receives 'D' done/failed, 'C' cancelled, '-' other or
  * none.
@@ -89,7 +103,10 @@ moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *par
 /*
  * Acknowledge a finished entry in one round trip: job records -> `state`
  * (done, failed per job: states[i] 'F' failed else done), finished_ms,
- * worker; EXPIRE job_ttl_s; then XACK.
+ * worker; EXPIRE job_ttl_s; then XACK and XDEL of the entry in one
+ * MULTI/EXEC (the records, not the entries, are the dedupe guard: an
+ * acknowledged entry is of no further use and holds every job's bytes).
+ * Idempotent: call it again until it returns MOEQ_OK.
  */
 moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                        const worker_entry *entry, const char *states, char *errstr, size_t errstr_size);
