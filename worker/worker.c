@@ -98,7 +98,7 @@ struct moeq_worker {
     int n_ack_failing;             /* held batches whose last acknowledgement failed: take nothing new */
     char own_cursors[4][48];       /* reading back entries pending for our worker_id (worker_io_take_own) */
     volatile sig_atomic_t stop;
-    int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, started_ms;
+    int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, next_sweep_ms, started_ms;
     char cancel_cursor[48];        /* last <prefix>:cancels entry read; "" = not yet initialised */
     int side_dirty;                /* a DLQ copy or replacement error result waits to be produced */
     int64_t last_hb_tokens, last_hb_ms;
@@ -979,6 +979,29 @@ static void heartbeat(moeq_worker *w, int64_t now) {
     atomic_store(&w->metrics.slots_free, st.free_slots);
 }
 
+/*
+ * Every visibility_timeout_ms: trim what is acknowledged but still in the streams and forget consumers idle
+ * for 10 visibility timeouts with nothing pending (worker_io_sweep). Acknowledged entries are deleted as they
+ * are acknowledged; this catches what an older worker or an operator left.
+ */
+static void sweep(moeq_worker *w, int64_t now) {
+    if (now < w->next_sweep_ms) return;
+    w->next_sweep_ms = now + w->params.visibility_timeout_ms;
+    for (int p = 0; p < 4; p++) {
+        char err[256] = "";
+        long long trimmed = 0, forgotten = 0;
+        moeq_err e = worker_io_sweep(w->redis, &w->params, p, 10 * w->params.visibility_timeout_ms, w->params.worker_id,
+                                     &trimmed, &forgotten, err, sizeof err);
+        if (e) {
+            moeq_log(MOEQ_LOG_DEBUG, COMP, "sweep_failed", "err=%s reason=\"%s\"", moeq_err_str(e), err);
+            return;
+        }
+        if (trimmed || forgotten)
+            moeq_log(MOEQ_LOG_INFO, COMP, "swept", "priority=%d trimmed=%lld consumers_forgotten=%lld", p, trimmed,
+                     forgotten);
+    }
+}
+
 static void on_cancel_notice(const char *id, void *opaque) {
     moeq_worker *w = opaque;
     if (moeq_sched_cancel(w->sched, id) == MOEQ_OK) moeq_log(MOEQ_LOG_INFO, COMP, "job_cancelled", "job=%s via=stream", id);
@@ -1053,6 +1076,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
             break;
         }
         heartbeat(w, now);
+        sweep(w, now);
         poll_cancels(w, now);
         if (want_batch(w)) {
             char err[512] = "";

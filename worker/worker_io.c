@@ -422,6 +422,48 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
     return drain_replies(redis, queued, errstr, errstr_size);
 }
 
+/*
+ * KEYS[1] stream; ARGV: group, forget_idle_ms, the consumer to keep. Returns {trimmed, forgotten}. With
+ * nothing pending every entry up to the last delivered one was acknowledged: MINID is the id just after it.
+ */
+static const char SWEEP_LUA[] =
+    "local function field(t, name)\n"
+    "  for i = 1, #t, 2 do if t[i] == name then return t[i + 1] end end\n"
+    "end\n"
+    "local min = redis.call('XPENDING', KEYS[1], ARGV[1])[2]\n"
+    "if not min then\n"
+    "  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do\n"
+    "    if field(g, 'name') == ARGV[1] then\n"
+    "      local ms, seq = string.match(field(g, 'last-delivered-id'), '^(%d+)-(%d+)$')\n"
+    "      if ms and ms ~= '0' then min = ms .. '-' .. string.format('%d', tonumber(seq) + 1) end\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "local trimmed, forgotten = 0, 0\n"
+    "if min then trimmed = redis.call('XTRIM', KEYS[1], 'MINID', min) end\n"
+    "for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do\n"
+    "  local name = field(c, 'name')\n"
+    "  if field(c, 'pending') == 0 and field(c, 'idle') > tonumber(ARGV[2]) and name ~= ARGV[3] then\n"
+    "    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)\n"
+    "    forgotten = forgotten + 1\n"
+    "  end\n"
+    "end\n"
+    "return {trimmed, forgotten}\n";
+
+moeq_err worker_io_sweep(moeq_redis *redis, const moeq_worker_params *params, int priority, int64_t forget_idle_ms,
+                         const char *keep, long long *trimmed, long long *forgotten, char *errstr, size_t errstr_size) {
+    char stream[96], idle[24];
+    moeq_worker_stream_name(params, priority, stream, sizeof stream);
+    snprintf(idle, sizeof idle, "%lld", (long long)forget_idle_ms);
+    const char *argv[] = {"EVAL", SWEEP_LUA, "1", stream, params->group, idle, keep};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 7, argv, NULL, &reply, errstr, errstr_size);
+    *trimmed = err ? 0 : moeq_redis_reply_int(moeq_redis_reply_at(reply, 0));
+    *forgotten = err ? 0 : moeq_redis_reply_int(moeq_redis_reply_at(reply, 1));
+    moeq_redis_reply_free(reply);
+    return err;
+}
+
 moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                              const worker_entry *entry, char *errstr, size_t errstr_size) {
     char idle[24];

@@ -111,6 +111,21 @@ moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *par
 moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                        const worker_entry *entry, const char *states, char *errstr, size_t errstr_size);
 
+/*
+ * The sweep of one stream (one atomic script): XTRIM MINID below the
+ * group's oldest pending entry — or, with nothing pending, up to and
+ * including its last delivered one — so entries acknowledged but never
+ * deleted (by an older
+ * worker, or dropped from the group by hand) go too; pending entries are
+ * never touched. Then consumers of the group with nothing pending, idle
+ * longer than forget_idle_ms and not named keep are deleted (XGROUP
+ * DELCONSUMER: every restart of a worker with a fresh worker_id leaves one).
+ * Assumes the group is the stream's only reader. *trimmed and *forgotten
+ * count what went.
+ */
+moeq_err worker_io_sweep(moeq_redis *redis, const moeq_worker_params *params, int priority, int64_t forget_idle_ms,
+                         const char *keep, long long *trimmed, long long *forgotten, char *errstr, size_t errstr_size);
+
 /* Hand an entry back: XCLAIM to ourselves with IDLE = visibility timeout, so the next reclaim takes it at once. */
 moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                              const worker_entry *entry, char *errstr, size_t errstr_size);
