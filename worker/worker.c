@@ -909,6 +909,7 @@ static int ack_one(moeq_worker *w, wbatch *b, int64_t now) {
     moeq_err e = worker_io_ack(w->redis, &w->params, w->params.worker_id, &b->entry, b->states, err, sizeof err);
     if (e) {
         if (b->ack_failures++ == 0) w->n_ack_failing++;
+        atomic_fetch_add(&w->metrics.ack_failures, 1);
         b->ack_next_ms = now + ack_backoff_ms(b->ack_failures);
         atomic_store(&w->metrics.healthy, 0);
         moeq_log(MOEQ_LOG_WARN, COMP, "ack_failed", "entry=%s err=%s failures=%d retry_in_ms=%lld reason=\"%s\"",
