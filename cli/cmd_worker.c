@@ -573,13 +573,15 @@ static void status_streams(moeq_redis *redis, const char *prefix, const char *gr
                     if (!k) continue;
                     if (!strcmp(k, "name")) ours = moeq_redis_reply_str(v, NULL) && !strcmp(moeq_redis_reply_str(v, NULL), group);
                     if (!strcmp(k, "pending")) pending = moeq_redis_reply_int(v);
-                    if (!strcmp(k, "lag")) lag = moeq_redis_reply_int(v);
+                    if (!strcmp(k, "lag")) /* nil when deletions hide it: length - pending (acked entries are deleted) */
+                        lag = moeq_redis_reply_type_of(v) == MOEQ_REDIS_INTEGER ? moeq_redis_reply_int(v) : -2;
                 }
                 if (ours) break;
                 pending = lag = -1;
             }
         }
         moeq_redis_reply_free(r);
+        if (lag == -2) lag = len >= 0 && pending >= 0 && len > pending ? len - pending : 0;
         char lag_s[24];
         snprintf(lag_s, sizeof lag_s, lag >= 0 ? "%lld" : "-", lag);
         printf("%-20s %8lld %8lld %8s\n", stream, len < 0 ? 0 : len, pending < 0 ? 0 : pending, lag_s);

@@ -363,12 +363,17 @@ moeq_err moeq_store_cancel(moeq_store *s, const char *id, int64_t now_ms, char *
     return err;
 }
 
-/* pending + lag of group `workers` in one XINFO GROUPS reply; -1 when absent. */
+/*
+ * pending + lag of group `workers` in one XINFO GROUPS reply; -1 when absent;
+ * -2 when Redis cannot tell the lag (nil: entries deleted after acknowledgement
+ * leave tombstones around the group's last delivered id). Workers delete
+ * every entry they acknowledge, so the stream's length is then the backlog.
+ */
 static long long group_backlog(const moeq_redis_reply *r) {
     for (size_t g = 0; g < moeq_redis_reply_len(r); g++) {
         const moeq_redis_reply *m = moeq_redis_reply_at(r, g);
         long long pending = 0, lag = -1;
-        int mine = 0;
+        int mine = 0, lag_unknown = 0;
         for (size_t i = 0; i + 1 < moeq_redis_reply_len(m); i += 2) {
             const char *k = moeq_redis_reply_str(moeq_redis_reply_at(m, i), NULL);
             const moeq_redis_reply *v = moeq_redis_reply_at(m, i + 1);
@@ -376,8 +381,9 @@ static long long group_backlog(const moeq_redis_reply *r) {
             if (!strcmp(k, "name")) mine = moeq_redis_reply_str(v, NULL) && !strcmp(moeq_redis_reply_str(v, NULL), MOEQ_STORE_GROUP);
             else if (!strcmp(k, "pending")) pending = moeq_redis_reply_int(v);
             else if (!strcmp(k, "lag") && moeq_redis_reply_type_of(v) == MOEQ_REDIS_INTEGER) lag = moeq_redis_reply_int(v);
+            else if (!strcmp(k, "lag")) lag_unknown = moeq_redis_reply_type_of(v) == MOEQ_REDIS_NIL;
         }
-        if (mine) return pending + (lag >= 0 ? lag : 0);
+        if (mine) return lag_unknown ? -2 : pending + (lag >= 0 ? lag : 0);
     }
     return -1;
 }
@@ -393,7 +399,7 @@ moeq_err moeq_store_pending_batches(moeq_store *s, int64_t *pending, char *errst
         long long b = err ? -1 : group_backlog(r);
         moeq_redis_reply_free(r);
         if (err && err != MOEQ_ERR_INVALID_ARG) return err; /* a missing stream is not an error */
-        if (b < 0) { /* no group (yet): everything in the stream is pending */
+        if (b < 0) { /* no group (yet), or a lag Redis cannot tell: everything in the stream is pending */
             const char *xlen[] = {"XLEN", key};
             r = NULL;
             err = moeq_redis_command_argv(s->redis, 2, xlen, NULL, &r, errstr, n);

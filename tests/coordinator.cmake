@@ -23,6 +23,9 @@ add_dependencies(test_coordinator_redis_restart moeq)
 moeq_add_test(NAME test_coordinator_broker_restart SOURCES test_coordinator_broker_restart.c
   LIBS moeq_coordinator LABELS integration slow FIXTURES services TIMEOUT 300)
 add_dependencies(test_coordinator_broker_restart moeq)
+# The backlog behind max_pending_batches when workers delete what they acknowledge (XINFO's lag nil).
+moeq_add_test(NAME test_coordinator_backlog SOURCES test_coordinator_backlog.c
+  LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 60)
 # The Kafka adapter against librdkafka's in-process mock cluster (consumer lag,
 # injected request errors, a broker outage); needs no service. Registered here
 # with the coordinator's mock-fault test that relies on the same adapter calls.

@@ -41,6 +41,15 @@ if(TARGET test_worker_pipeline)
   # A worker started mid-run joins the group, takes batches, and nothing is lost.
   moeq_add_test(NAME test_worker_scale SOURCES test_worker_scale.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)
+  # Acknowledgements Redis did not take are retried (a proxy drops the connection at the XACK); a worker
+  # restarted with the same id takes its own pending batches at once.
+  moeq_add_test(NAME test_worker_acks SOURCES test_worker_acks.c LIBS moeq_worker Threads::Threads
+    LABELS integration FIXTURES services TIMEOUT 300)
+  # 5,000 jobs (MOEQ_BOUNDED_JOBS): once idle the batch streams are empty and used_memory is back to its start
+  # plus the retained job records; alone, since it reads the server's used_memory.
+  moeq_add_test(NAME test_worker_redis_bounded SOURCES test_worker_redis_bounded.c LIBS moeq_worker
+    LABELS integration slow FIXTURES services TIMEOUT 400)
+  set_tests_properties(test_worker_redis_bounded PROPERTIES RUN_SERIAL TRUE)
   # 5,000 jobs (MOEQ_CHAOS_JOBS) while workers and the coordinator are killed with -9 and Redis is restarted
   # once; alone, since it restarts the fixture's Redis.
   moeq_add_test(NAME test_worker_chaos SOURCES test_worker_chaos.c LIBS moeq_worker

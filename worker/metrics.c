@@ -54,6 +54,8 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
     counter(&o, "batches_taken_total", "batches taken from the streams", "counter", wid, LOAD(m->batches_taken));
     counter(&o, "batches_acked_total", "batches acknowledged after all results were delivered", "counter", wid,
             LOAD(m->batches_acked));
+    counter(&o, "ack_failures_total", "acknowledgements Redis did not take (retried until taken)", "counter", wid,
+            LOAD(m->ack_failures));
     counter(&o, "reclaims_total", "batches reclaimed from silent workers", "counter", wid, LOAD(m->batches_reclaimed));
     counter(&o, "dead_lettered_total", "batches dead-lettered after max_deliveries", "counter", wid,
             LOAD(m->batches_dead_lettered));

@@ -21,6 +21,7 @@
 typedef struct moeq_worker_metrics {
     atomic_llong batches_taken, batches_acked, batches_reclaimed, batches_dead_lettered, batches_handed_back;
     atomic_llong jobs_finished, jobs_skipped_done, results_failed;
+    atomic_llong ack_failures;                    /* acknowledgements Redis did not take (retried) */
     atomic_llong prefill_tokens, decode_tokens, steps;
     atomic_llong prefix_tokens_shared;            /* prompt tokens forked from a running job */
     atomic_llong sequences_active, slots_free;

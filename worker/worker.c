@@ -13,6 +13,7 @@
 #include "worker.h"
 
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,11 @@ struct wbatch {
     wjob *jobs;                    /* entry.n_jobs                               */
     char *states;                  /* per job, for worker_io_ack                 */
     int64_t taken_ms;
+    /* Every result delivered: the batch waits for Redis to take its acknowledgement, still holding its place
+     * in max_batches_held (a batch whose XACK was lost would be reclaimed and run again). */
+    int ack_due;
+    int ack_failures;              /* attempts Redis did not take, in a row      */
+    int64_t ack_next_ms;           /* the next attempt, after a failure          */
     wbatch *next;
 };
 
@@ -92,8 +98,10 @@ struct moeq_worker {
 
     wbatch *held;                  /* batches taken, not yet acknowledged      */
     int n_held;
+    int n_ack_failing;             /* held batches whose last acknowledgement failed: take nothing new */
+    char own_cursors[4][48];       /* reading back entries pending for our worker_id (worker_io_take_own) */
     volatile sig_atomic_t stop;
-    int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, started_ms;
+    int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, next_sweep_ms, started_ms;
     char cancel_cursor[48];        /* last <prefix>:cancels entry read; "" = not yet initialised */
     int side_dirty;                /* a DLQ copy or replacement error result waits to be produced */
     int64_t last_hb_tokens, last_hb_ms;
@@ -368,6 +376,7 @@ moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *ka
         moeq_worker_destroy(w);
         return err;
     }
+    for (int p = 0; p < 4; p++) snprintf(w->own_cursors[p], sizeof w->own_cursors[p], "0");
     w->started_ms = moeq_now_ms();
     *out = w;
     return MOEQ_OK;
@@ -576,7 +585,30 @@ out:
 }
 
 static int want_batch(const moeq_worker *w) {
-    return !w->stop && w->n_held < w->params.max_batches_held && moeq_sched_free_capacity(w->sched) > 0;
+    return !w->stop && w->n_ack_failing == 0 && w->n_held < w->params.max_batches_held &&
+           moeq_sched_free_capacity(w->sched) > 0;
+}
+
+static int own_history_left(const moeq_worker *w) {
+    for (int p = 0; p < 4; p++)
+        if (w->own_cursors[p][0]) return 1;
+    return 0;
+}
+
+/*
+ * First, once: what a previous process with our worker_id left pending (it died), at once rather than after
+ * the visibility timeout. Nothing new or reclaimed is read before that history is through, so no entry of it
+ * can come back twice.
+ */
+static moeq_err take_own(moeq_worker *w, size_t room, char *errstr, size_t errstr_size) {
+    worker_entry entries[MAX_TAKE];
+    size_t n = 0;
+    moeq_err err = worker_io_take_own(w->redis, &w->params, w->own_cursors, entries, room, &n, errstr, errstr_size);
+    for (size_t i = 0; i < n; i++) {
+        if (!err) err = admit_entry(w, &entries[i], 1, errstr, errstr_size);
+        worker_entry_free(&entries[i]);
+    }
+    return err;
 }
 
 static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
@@ -584,6 +616,9 @@ static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
     size_t n = 0;
     moeq_err err = MOEQ_OK;
     int64_t now = moeq_now_ms();
+    size_t room = (size_t)(w->params.max_batches_held - w->n_held);
+    if (room > MAX_TAKE) room = MAX_TAKE;
+    if (own_history_left(w)) return take_own(w, room, errstr, errstr_size);
     if (now >= w->next_reclaim_ms) {
         w->next_reclaim_ms = now + (w->params.visibility_timeout_ms / 4 > 500 ? w->params.visibility_timeout_ms / 4 : 500);
         if ((err = worker_io_reclaim(w->redis, &w->params, &entries[0], &n, errstr, errstr_size))) return err;
@@ -597,8 +632,6 @@ static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
     int block = idle ? (int)w->params.block_ms : 0;
     int64_t until_reclaim = w->next_reclaim_ms - now;
     if (block > until_reclaim) block = until_reclaim > 1 ? (int)until_reclaim : 1;
-    size_t room = (size_t)(w->params.max_batches_held - w->n_held);
-    if (room > MAX_TAKE) room = MAX_TAKE;
     if ((err = worker_io_take(w->redis, &w->params, block, entries, room, &n, errstr, errstr_size))) return err;
     for (size_t i = 0; i < n; i++) {
         if (!err) err = admit_entry(w, &entries[i], 0, errstr, errstr_size);
@@ -928,29 +961,76 @@ static void send_side(moeq_worker *w) {
         }
 }
 
-/* Acknowledge every batch whose results were all delivered. */
+/* Acknowledgements Redis did not take are tried again after 50 ms, doubling to 2 s, while the process lives. */
+#define ACK_RETRY_MIN_MS 50
+#define ACK_RETRY_MAX_MS 2000
+
+static int64_t ack_backoff_ms(int failures) {
+    int64_t ms = ACK_RETRY_MIN_MS;
+    for (int i = 1; i < failures && ms < ACK_RETRY_MAX_MS; i++) ms *= 2;
+    return ms < ACK_RETRY_MAX_MS ? ms : ACK_RETRY_MAX_MS;
+}
+
+static void batch_release(moeq_worker *w, wbatch *b) {
+    for (wbatch **pp = &w->held; *pp; pp = &(*pp)->next)
+        if (*pp == b) {
+            *pp = b->next;
+            break;
+        }
+    w->n_held--;
+    batch_free(b);
+}
+
+/*
+ * One acknowledgement attempt (records, XACK, XDEL). Until Redis took it the batch stays held: its place in
+ * max_batches_held is not reused and, while it fails, nothing new is taken. Returns 1 when it was taken.
+ */
+static int ack_one(moeq_worker *w, wbatch *b, int64_t now) {
+    char err[256] = "";
+    moeq_err e = worker_io_ack(w->redis, &w->params, w->params.worker_id, &b->entry, b->states, err, sizeof err);
+    if (e) {
+        if (b->ack_failures++ == 0) w->n_ack_failing++;
+        atomic_fetch_add(&w->metrics.ack_failures, 1);
+        b->ack_next_ms = now + ack_backoff_ms(b->ack_failures);
+        atomic_store(&w->metrics.healthy, 0);
+        moeq_log(MOEQ_LOG_WARN, COMP, "ack_failed", "entry=%s err=%s failures=%d retry_in_ms=%lld reason=\"%s\"",
+                 b->entry.id, moeq_err_str(e), b->ack_failures, (long long)(b->ack_next_ms - now), err);
+        return 0;
+    }
+    if (b->ack_failures) w->n_ack_failing--;
+    atomic_fetch_add(&w->metrics.batches_acked, 1);
+    moeq_log(MOEQ_LOG_INFO, COMP, "batch_acked", "stream=%s entry=%s jobs=%zu ms=%lld retries=%d", b->entry.stream,
+             b->entry.id, b->entry.n_jobs, (long long)(moeq_now_ms() - b->taken_ms), b->ack_failures);
+    batch_release(w, b);
+    return 1;
+}
+
+/* Acknowledge every batch whose results were all delivered; after a failure, the rest wait for the next turn. */
 static void ack_batches(moeq_worker *w) {
     void *user;
     while (moeq_sched_next_ackable(w->sched, &user)) {
         wbatch *b = user;
         for (size_t i = 0; i < b->entry.n_jobs; i++)
             if (b->states[i] != 'D') b->states[i] = b->jobs[i].state == 'F' ? 'F' : '-';
-        char err[256] = "";
-        moeq_err e = worker_io_ack(w->redis, &w->params, w->params.worker_id, &b->entry, b->states, err, sizeof err);
-        if (e) /* the entry stays pending; after the visibility timeout a worker reclaims it and skips done jobs */
-            moeq_log(MOEQ_LOG_WARN, COMP, "ack_failed", "entry=%s err=%s reason=\"%s\"", b->entry.id, moeq_err_str(e), err);
-        else
-            atomic_fetch_add(&w->metrics.batches_acked, 1);
-        moeq_log(MOEQ_LOG_INFO, COMP, "batch_acked", "stream=%s entry=%s jobs=%zu ms=%lld", b->entry.stream, b->entry.id,
-                 b->entry.n_jobs, (long long)(moeq_now_ms() - b->taken_ms));
-        for (wbatch **pp = &w->held; *pp; pp = &(*pp)->next)
-            if (*pp == b) {
-                *pp = b->next;
-                break;
-            }
-        w->n_held--;
-        batch_free(b);
+        b->ack_due = 1;
     }
+    int64_t now = moeq_now_ms();
+    for (wbatch *b = w->held, *next; b; b = next) {
+        next = b->next;
+        if (b->ack_due && now >= b->ack_next_ms && !ack_one(w, b, now)) break;
+    }
+}
+
+/* How long the loop may wait in the producer's poll: until the next acknowledgement attempt, when one waits. */
+static int poll_wait_ms(const moeq_worker *w, int ran) {
+    if (ran) return 0;
+    if (w->n_ack_failing) {
+        int64_t next = INT64_MAX, now = moeq_now_ms();
+        for (const wbatch *b = w->held; b; b = b->next)
+            if (b->ack_due && b->ack_next_ms < next) next = b->ack_next_ms;
+        return next <= now ? 0 : next - now > 50 ? 50 : (int)(next - now);
+    }
+    return moeq_sched_idle(w->sched) ? 0 : 5;
 }
 
 /* ---- timers ---------------------------------------------------------------------- */
@@ -981,6 +1061,29 @@ static void heartbeat(moeq_worker *w, int64_t now) {
     atomic_store(&w->metrics.slots_free, st.free_slots);
 }
 
+/*
+ * Every visibility_timeout_ms: trim what is acknowledged but still in the streams and forget consumers idle
+ * for 10 visibility timeouts with nothing pending (worker_io_sweep). Acknowledged entries are deleted as they
+ * are acknowledged; this catches what an older worker or an operator left.
+ */
+static void sweep(moeq_worker *w, int64_t now) {
+    if (now < w->next_sweep_ms) return;
+    w->next_sweep_ms = now + w->params.visibility_timeout_ms;
+    for (int p = 0; p < 4; p++) {
+        char err[256] = "";
+        long long trimmed = 0, forgotten = 0;
+        moeq_err e = worker_io_sweep(w->redis, &w->params, p, 10 * w->params.visibility_timeout_ms, w->params.worker_id,
+                                     &trimmed, &forgotten, err, sizeof err);
+        if (e) {
+            moeq_log(MOEQ_LOG_DEBUG, COMP, "sweep_failed", "err=%s reason=\"%s\"", moeq_err_str(e), err);
+            return;
+        }
+        if (trimmed || forgotten)
+            moeq_log(MOEQ_LOG_INFO, COMP, "swept", "priority=%d trimmed=%lld consumers_forgotten=%lld", p, trimmed,
+                     forgotten);
+    }
+}
+
 static void on_cancel_notice(const char *id, void *opaque) {
     moeq_worker *w = opaque;
     if (moeq_sched_cancel(w->sched, id) == MOEQ_OK) moeq_log(MOEQ_LOG_INFO, COMP, "job_cancelled", "job=%s via=stream", id);
@@ -1007,6 +1110,7 @@ static void poll_cancels(moeq_worker *w, int64_t now) {
     if (now < w->next_cancel_ms) return;
     w->next_cancel_ms = now + w->params.cancel_poll_ms;
     for (wbatch *b = w->held; b; b = b->next) {
+        if (b->ack_due) continue; /* every job of it is finished */
         size_t n = b->entry.n_jobs;
         const char *ids[256];
         char states[256];
@@ -1022,6 +1126,11 @@ static void poll_cancels(moeq_worker *w, int64_t now) {
 /* ---- the loop --------------------------------------------------------------------- */
 
 static void hand_back_all(moeq_worker *w) {
+    int64_t now = moeq_now_ms();
+    for (wbatch *b = w->held, *next; b; b = next) {
+        next = b->next;
+        if (b->ack_due) ack_one(w, b, now); /* finished: one last try rather than having it run again */
+    }
     for (wbatch *b = w->held; b; b = b->next) {
         char err[256];
         if (worker_io_hand_back(w->redis, &w->params, w->params.worker_id, &b->entry, err, sizeof err) == MOEQ_OK)
@@ -1050,6 +1159,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
         }
         moeq_health_tick(w->health, now);
         heartbeat(w, now);
+        sweep(w, now);
         poll_cancels(w, now);
         if (want_batch(w)) {
             char err[512] = "";
@@ -1064,7 +1174,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
         int ran = run_step(w);
         publish_finished(w);
         send_side(w);
-        moeq_kafka_producer_poll(w->producer, ran ? 0 : (moeq_sched_idle(w->sched) ? 0 : 5));
+        moeq_kafka_producer_poll(w->producer, poll_wait_ms(w, ran));
         ack_batches(w);
     }
     moeq_kafka_producer_flush(w->producer, 5000, NULL, 0);

@@ -5,8 +5,10 @@
  * Delivery (see docs/WORKER.md): a batch is XACKed and its job records are
  * marked done only after the broker acknowledged every one of its results;
  * a worker that dies leaves its batches pending and a live worker reclaims
- * them (XAUTOCLAIM after visibility_timeout_ms), skipping jobs whose record
- * says done; a batch delivered more than max_deliveries times is
+ * them (XAUTOCLAIM after visibility_timeout_ms; a worker restarted with the
+ * same worker_id takes its own back at once), skipping jobs whose record
+ * says done; an acknowledgement Redis did not take is retried until it is,
+ * and an acknowledged entry is deleted; a batch delivered more than max_deliveries times is
  * dead-lettered with error results. Results are at-least-once, keyed by job
  * id; a duplicate is identical to the first (per-job seeded sampling, a
  * batch-invariant engine).

@@ -263,10 +263,91 @@ moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, 
     return MOEQ_OK;
 }
 
+typedef struct own_ctx {
+    take_ctx take;
+    char *cursor;
+    size_t n_seen;
+    char deleted[8][48];
+    size_t n_deleted;
+} own_ctx;
+
+static int own_one(const moeq_redis_entry *entry, void *opaque) {
+    own_ctx *c = opaque;
+    if (*c->take.n >= c->take.cap) return 1;
+    c->n_seen++;
+    snprintf(c->cursor, 48, "%s", entry->id);
+    if (!entry->fields) {
+        if (c->n_deleted < 8) snprintf(c->deleted[c->n_deleted++], 48, "%s", entry->id);
+        return 0;
+    }
+    return take_one(entry, &c->take);
+}
+
+/* One history read of stream p after cursor; "" once it returned nothing. */
+static moeq_err take_own_stream(moeq_redis *redis, const moeq_worker_params *params, int p, char *cursor,
+                                take_ctx *take, char *errstr, size_t errstr_size) {
+    char stream[96], count[24];
+    moeq_worker_stream_name(params, p, stream, sizeof stream);
+    snprintf(count, sizeof count, "%zu", take->cap - *take->n);
+    const char *argv[] = {"XREADGROUP", "GROUP", params->group, params->worker_id, "COUNT", count, "STREAMS", stream, cursor};
+    moeq_redis_reply *reply = NULL;
+    size_t first = *take->n;
+    own_ctx c = {.take = *take, .cursor = cursor};
+    moeq_err err = moeq_redis_command_argv(redis, 9, argv, NULL, &reply, errstr, errstr_size);
+    if (!err && moeq_redis_reply_type_of(reply) != MOEQ_REDIS_NIL)
+        err = moeq_redis_entries_foreach(reply, MOEQ_REDIS_XREAD, own_one, &c, errstr, errstr_size);
+    moeq_redis_reply_free(reply);
+    if (!err && c.take.err) err = moeq_errf(c.take.err, errstr, errstr_size, "decoding a pending entry");
+    if (!err && c.n_deleted) err = ack_ids(redis, params, stream, c.deleted, c.n_deleted, errstr, errstr_size);
+    for (size_t i = first; !err && i < *take->n; i++) err = delivery_count(redis, params, &take->out[i], errstr, errstr_size);
+    if (!err && c.n_seen == 0) cursor[0] = 0;
+    return err;
+}
+
+moeq_err worker_io_take_own(moeq_redis *redis, const moeq_worker_params *params, char cursors[4][48],
+                            worker_entry *out, size_t cap, size_t *n, char *errstr, size_t errstr_size) {
+    *n = 0;
+    take_ctx take = {out, cap, n, MOEQ_OK};
+    for (int p = 0; p < 4 && *n < cap; p++) {
+        if (!cursors[p][0]) continue;
+        moeq_err err = take_own_stream(redis, params, p, cursors[p], &take, errstr, errstr_size);
+        if (err) {
+            for (size_t i = 0; i < *n; i++) worker_entry_free(&out[i]);
+            *n = 0;
+            return err;
+        }
+    }
+    return MOEQ_OK;
+}
+
 /* ---- job records ------------------------------------------------------------ */
 
 static void job_key(const char *prefix, const char *id, char *out, size_t out_size) {
     snprintf(out, out_size, "%s:job:%s", prefix, id);
+}
+
+/*
+ * Read the replies of n queued commands, all of them even after the
+ * connection was lost (the adapter then answers each at once): a reply left
+ * unread would refuse every later command on the handle. The first error
+ * wins, with its message.
+ */
+static moeq_err drain_replies(moeq_redis *redis, size_t n, char *errstr, size_t errstr_size) {
+    moeq_err first = MOEQ_OK;
+    for (size_t i = 0; i < n; i++) {
+        moeq_redis_reply *reply = NULL;
+        moeq_err err = first ? moeq_redis_get_reply(redis, &reply, NULL, 0)
+                             : moeq_redis_get_reply(redis, &reply, errstr, errstr_size);
+        moeq_redis_reply_free(reply);
+        if (err && !first) first = err;
+    }
+    return first;
+}
+
+/* A command could not be queued after `queued` others: read theirs, return its error. */
+static moeq_err append_failed(moeq_redis *redis, moeq_err err, size_t queued) {
+    drain_replies(redis, queued, NULL, 0);
+    return err;
 }
 
 moeq_err worker_io_job_states(moeq_redis *redis, const char *prefix, const char *const *ids, size_t n, char *states, char *errstr,
@@ -276,7 +357,7 @@ moeq_err worker_io_job_states(moeq_redis *redis, const char *prefix, const char 
         job_key(prefix, ids[i], key, sizeof key);
         const char *argv[] = {"HMGET", key, "state", "cancel"};
         moeq_err err = moeq_redis_append_argv(redis, 4, argv, NULL, errstr, errstr_size);
-        if (err) return err;
+        if (err) return append_failed(redis, err, i);
     }
     moeq_err first = MOEQ_OK;
     for (size_t i = 0; i < n; i++) {
@@ -296,18 +377,6 @@ moeq_err worker_io_job_states(moeq_redis *redis, const char *prefix, const char 
     return first;
 }
 
-static moeq_err drain_replies(moeq_redis *redis, size_t n, char *errstr, size_t errstr_size) {
-    moeq_err first = MOEQ_OK;
-    for (size_t i = 0; i < n; i++) {
-        moeq_redis_reply *reply = NULL;
-        moeq_err err = moeq_redis_get_reply(redis, &reply, errstr, errstr_size);
-        moeq_redis_reply_free(reply);
-        if (err && !first) first = err;
-        if (err == MOEQ_ERR_TRANSIENT) return err; /* the connection is gone: nothing more to read */
-    }
-    return first;
-}
-
 moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                                 const char *const *ids, size_t n, char *errstr, size_t errstr_size) {
     char key[JOB_KEY_MAX];
@@ -315,7 +384,7 @@ moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *par
         job_key(params->redis_prefix, ids[i], key, sizeof key);
         const char *argv[] = {"HSET", key, "state", "running", "worker", worker_id};
         moeq_err err = moeq_redis_append_argv(redis, 6, argv, NULL, errstr, errstr_size);
-        if (err) return err;
+        if (err) return append_failed(redis, err, i);
     }
     return drain_replies(redis, n, errstr, errstr_size);
 }
@@ -334,18 +403,69 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
         const char *st = states && states[i] == 'F' ? "failed" : "done";
         const char *argv[] = {"HSET", key, "state", st, "worker", worker_id, "finished_ms", now};
         moeq_err err = moeq_redis_append_argv(redis, 8, argv, NULL, errstr, errstr_size);
-        if (err) return err;
+        if (err) return append_failed(redis, err, queued);
         queued++;
         if (params->dedupe_window_s > 0) {
             const char *ex[] = {"EXPIRE", key, ttl};
-            if ((err = moeq_redis_append_argv(redis, 3, ex, NULL, errstr, errstr_size))) return err;
+            if ((err = moeq_redis_append_argv(redis, 3, ex, NULL, errstr, errstr_size)))
+                return append_failed(redis, err, queued);
             queued++;
         }
     }
+    /* XACK and XDEL together or not at all: an entry acknowledged but left in the stream would stay forever */
+    const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
     const char *xack[] = {"XACK", entry->stream, params->group, entry->id};
-    moeq_err err = moeq_redis_append_argv(redis, 4, xack, NULL, errstr, errstr_size);
-    if (err) return err;
-    return drain_replies(redis, queued + 1, errstr, errstr_size);
+    const char *xdel[] = {"XDEL", entry->stream, entry->id};
+    const char *const *tx[] = {multi, xack, xdel, exec};
+    const int tx_argc[] = {1, 4, 3, 1};
+    for (int k = 0; k < 4; k++) {
+        moeq_err err = moeq_redis_append_argv(redis, tx_argc[k], tx[k], NULL, errstr, errstr_size);
+        if (err) return append_failed(redis, err, queued);
+        queued++;
+    }
+    return drain_replies(redis, queued, errstr, errstr_size);
+}
+
+/*
+ * KEYS[1] stream; ARGV: group, forget_idle_ms, the consumer to keep. Returns {trimmed, forgotten}. With
+ * nothing pending every entry up to the last delivered one was acknowledged: MINID is the id just after it.
+ */
+static const char SWEEP_LUA[] =
+    "local function field(t, name)\n"
+    "  for i = 1, #t, 2 do if t[i] == name then return t[i + 1] end end\n"
+    "end\n"
+    "local min = redis.call('XPENDING', KEYS[1], ARGV[1])[2]\n"
+    "if not min then\n"
+    "  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do\n"
+    "    if field(g, 'name') == ARGV[1] then\n"
+    "      local ms, seq = string.match(field(g, 'last-delivered-id'), '^(%d+)-(%d+)$')\n"
+    "      if ms and ms ~= '0' then min = ms .. '-' .. string.format('%d', tonumber(seq) + 1) end\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "local trimmed, forgotten = 0, 0\n"
+    "if min then trimmed = redis.call('XTRIM', KEYS[1], 'MINID', min) end\n"
+    "for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do\n"
+    "  local name = field(c, 'name')\n"
+    "  if field(c, 'pending') == 0 and field(c, 'idle') > tonumber(ARGV[2]) and name ~= ARGV[3] then\n"
+    "    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)\n"
+    "    forgotten = forgotten + 1\n"
+    "  end\n"
+    "end\n"
+    "return {trimmed, forgotten}\n";
+
+moeq_err worker_io_sweep(moeq_redis *redis, const moeq_worker_params *params, int priority, int64_t forget_idle_ms,
+                         const char *keep, long long *trimmed, long long *forgotten, char *errstr, size_t errstr_size) {
+    char stream[96], idle[24];
+    moeq_worker_stream_name(params, priority, stream, sizeof stream);
+    snprintf(idle, sizeof idle, "%lld", (long long)forget_idle_ms);
+    const char *argv[] = {"EVAL", SWEEP_LUA, "1", stream, params->group, idle, keep};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 7, argv, NULL, &reply, errstr, errstr_size);
+    *trimmed = err ? 0 : moeq_redis_reply_int(moeq_redis_reply_at(reply, 0));
+    *forgotten = err ? 0 : moeq_redis_reply_int(moeq_redis_reply_at(reply, 1));
+    moeq_redis_reply_free(reply);
+    return err;
 }
 
 moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,

@@ -76,6 +76,20 @@ moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, 
                            char *errstr, size_t errstr_size);
 
 /*
+ * Entries still pending for this worker's own consumer name — a previous
+ * process with the same worker_id died holding them — read back at once
+ * (XREADGROUP ... STREAMS <stream> <cursor>: the consumer's own pending
+ * list; Redis counts it as a delivery) rather than after the visibility
+ * timeout, highest priority first, each with its delivery count (XPENDING).
+ * cursors[p] starts at "0" and advances past every entry read; it becomes ""
+ * once stream p has nothing more, so a worker reads its history once.
+ * Entries deleted from the stream are acknowledged away. Appends to out[*n]
+ * (capacity cap).
+ */
+moeq_err worker_io_take_own(moeq_redis *redis, const moeq_worker_params *params, char cursors[4][48],
+                            worker_entry *out, size_t cap, size_t *n, char *errstr, size_t errstr_size);
+
+/*
  * Job record states for ids[0..n) (pipelined HMGET <prefix>:job:<id> state and
  * cancel): states[i] receives 'D' done/failed, 'C' cancelled, '-' other or
  * none.
@@ -90,10 +104,28 @@ moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *par
 /*
  * Acknowledge a finished entry in one round trip: job records -> `state`
  * (done, failed per job: states[i] 'F' failed else done), finished_ms,
- * worker; EXPIRE dedupe_window_s; then XACK.
+ * worker; EXPIRE dedupe_window_s; then XACK and XDEL of the entry in one
+ * MULTI/EXEC (the records, not the entries, are the dedupe guard: an
+ * acknowledged entry is of no further use and holds every job's bytes).
+ * Idempotent: call it again until it returns MOEQ_OK.
  */
 moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                        const worker_entry *entry, const char *states, char *errstr, size_t errstr_size);
+
+/*
+ * The sweep of one stream (one atomic script): XTRIM MINID below the
+ * group's oldest pending entry — or, with nothing pending, up to and
+ * including its last delivered one — so entries acknowledged but never
+ * deleted (by an older
+ * worker, or dropped from the group by hand) go too; pending entries are
+ * never touched. Then consumers of the group with nothing pending, idle
+ * longer than forget_idle_ms and not named keep are deleted (XGROUP
+ * DELCONSUMER: every restart of a worker with a fresh worker_id leaves one).
+ * Assumes the group is the stream's only reader. *trimmed and *forgotten
+ * count what went.
+ */
+moeq_err worker_io_sweep(moeq_redis *redis, const moeq_worker_params *params, int priority, int64_t forget_idle_ms,
+                         const char *keep, long long *trimmed, long long *forgotten, char *errstr, size_t errstr_size);
 
 /* Hand an entry back: XCLAIM to ourselves with IDLE = visibility timeout, so the next reclaim takes it at once. */
 moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
