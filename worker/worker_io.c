@@ -307,7 +307,7 @@ static moeq_err take_own_stream(moeq_redis *redis, const moeq_worker_params *par
 moeq_err worker_io_take_own(moeq_redis *redis, const moeq_worker_params *params, char cursors[4][48],
                             worker_entry *out, size_t cap, size_t *n, char *errstr, size_t errstr_size) {
     *n = 0;
-    take_ctx take = {out, cap, n, MOEQ_OK};
+    take_ctx take = {out, cap, n, MOEQ_OK, &params->limits};
     for (int p = 0; p < 4 && *n < cap; p++) {
         if (!cursors[p][0]) continue;
         moeq_err err = take_own_stream(redis, params, p, cursors[p], &take, errstr, errstr_size);
