@@ -113,9 +113,12 @@ moeq_err moeq_intake_job(const moeq_intake_ctx *ctx, const void *bytes, size_t l
         return MOEQ_OK;
     }
     in->decoded = 1;
-    if (in->job.reply_to && !moeq_coordinator_reply_allowed(p, in->job.reply_to))
-        return reject(in, MOEQ_JOB_REJECT_INVALID_VALUE, "reply_to",
-                      "field 'reply_to': topic '%.128s' is not in results_allowed_topics", in->job.reply_to);
+    if (in->job.reply_to && !moeq_coordinator_reply_allowed(p, in->job.reply_to)) {
+        reject(in, MOEQ_JOB_REJECT_INVALID_VALUE, "reply_to",
+               "field 'reply_to': topic '%.128s' is not in results_allowed_topics", in->job.reply_to);
+        in->code = MOEQ_CODE_REPLY_TO_NOT_ALLOWED; /* the documented code; the metric stays invalid_value */
+        return MOEQ_OK;
+    }
     if (in->job.deadline_ms > 0 && in->job.deadline_ms <= now_ms) {
         in->verdict = MOEQ_INTAKE_EXPIRED;
         return MOEQ_OK;
@@ -127,7 +130,7 @@ moeq_err moeq_intake_job(const moeq_intake_ctx *ctx, const void *bytes, size_t l
         reject(in, MOEQ_JOB_REJECT_TOO_LARGE, input_field(&in->job),
                "field '%s': %d prompt tokens + max_new_tokens %d exceed the model's context of %lld tokens",
                input_field(&in->job), (int)in->prompt_len, (int)in->job.max_new_tokens, (long long)p->max_model_len);
-        in->code = "prompt_too_long";
+        in->code = MOEQ_CODE_PROMPT_TOO_LONG;
         return MOEQ_OK;
     }
     if (budget > p->max_batch_tokens)
@@ -174,10 +177,10 @@ moeq_err moeq_intake_result_encode(const moeq_intake *in, moeq_result_status sta
         r.error.code = (char *)moeq_intake_code(in);
         r.error.message = (char *)in->reject.message;
     } else if (status == MOEQ_RESULT_EXPIRED) {
-        r.error.code = "expired";
+        r.error.code = MOEQ_CODE_DEADLINE;
         r.error.message = (char *)(message ? message : "deadline_ms passed before the job was batched");
     } else if (status == MOEQ_RESULT_CANCELLED) {
-        r.error.code = "cancelled";
+        r.error.code = MOEQ_CODE_CANCELLED;
         r.error.message = (char *)(message ? message : "cancelled before the job was batched");
     }
     if (in->decoded && in->job.metadata) {

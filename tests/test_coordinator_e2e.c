@@ -156,7 +156,7 @@ static void invalid_jobs_are_dead_lettered_with_reasons_and_answered(void **stat
         {"or", "{\"v\":1,\"id\":\"or\",\"prompt\":\"x\",\"temperature\":9}", "out_of_range", 1},
         {"ci", "{\"v\":1,\"id\":\"ci\",\"prompt\":\"x\",\"tokens\":[1]}", "conflicting_input", 1},
         {"dk", "{\"v\":1,\"id\":\"dk\",\"id\":\"dk\",\"prompt\":\"x\"}", "duplicate_key", 0},
-        {"rt", "{\"v\":1,\"id\":\"rt\",\"prompt\":\"x\",\"reply_to\":\"not.allowed\"}", "invalid_value", 1},
+        {"rt", "{\"v\":1,\"id\":\"rt\",\"prompt\":\"x\",\"reply_to\":\"not.allowed\"}", "reply_to_not_allowed", 1},
         {"tl", "{\"v\":1,\"id\":\"tl\",\"tokens\":[1,2,3],\"max_new_tokens\":4000}", "too_large", 1},
         {"ex", "{\"v\":1,\"id\":\"ex\",\"prompt\":\"x\",\"deadline_ms\":1}", NULL, 1},
         {"ok", "{\"v\":1,\"id\":\"ok\",\"tokens\":[1,2,3],\"max_new_tokens\":8}", NULL, 0},

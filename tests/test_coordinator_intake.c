@@ -197,6 +197,7 @@ static void a_job_past_its_deadline_is_answered_expired(void **state) {
     moeq_result r;
     assert_int_equal(moeq_result_decode(out.data, out.len, NULL, 0, &r, err, sizeof(err)), MOEQ_OK);
     assert_int_equal(r.status, MOEQ_RESULT_EXPIRED);
+    assert_string_equal(r.error.code, "deadline"); /* the documented code (it was sent as "expired") */
     assert_non_null(r.metadata); /* echoed */
     moeq_result_free(&r);
     moeq_buf_free(&out);

@@ -310,6 +310,56 @@ static void result_text_is_cut_at_the_first_nul_byte_no_more(void **state) {
     }
 }
 
+/* Issue 11: codes in schemas/result.md differed from what was sent (reply_to_not_allowed, deadline, invalid_job). */
+static int md_has_code(const char *md, const char *code) {
+    char want[80];
+    snprintf(want, sizeof want, "`%s`", code);
+    return strstr(md, want) != NULL;
+}
+
+static void the_error_codes_in_result_md_are_exactly_the_codes_sent(void **state) {
+    (void)state;
+    const char *root = getenv("MOEQ_SOURCE_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/schemas/result.md", root ? root : ".");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char md[1 << 16];
+    size_t len = fread(md, 1, sizeof md - 1, f);
+    fclose(f);
+    md[len] = 0;
+    char *sec = strstr(md, "## Error codes"), *end = sec ? strstr(sec + 3, "\n## ") : NULL;
+    assert_non_null(sec);
+    if (end) *end = 0;
+    size_t n;
+    const char *const *codes = moeq_result_error_codes(&n);
+    for (size_t i = 0; i < n; i++) {
+        if (!md_has_code(sec, codes[i])) fail_msg("code %s is sent but not in result.md", codes[i]);
+        assert_true(moeq_result_code_known(codes[i]));
+    }
+    for (int c = MOEQ_JOB_REJECT_NONE + 1; c < MOEQ_JOB_REJECT__COUNT; c++)
+        if (!md_has_code(sec, moeq_job_reject_code_name((moeq_job_reject_code)c)))
+            fail_msg("reject code %s is not in result.md", moeq_job_reject_code_name((moeq_job_reject_code)c));
+    /* and back: every code in the table's first column is one the processes send */
+    int rows = 0;
+    for (char *line = strstr(sec, "\n| `"); line; line = strstr(line + 1, "\n| `")) {
+        char *cell_end = strstr(line + 3, " |");
+        assert_non_null(cell_end);
+        for (char *p = strchr(line + 3, '`'); p && p < cell_end; p = strchr(p + 1, '`')) {
+            char *q = strchr(p + 1, '`');
+            assert_non_null(q);
+            char code[80];
+            snprintf(code, sizeof code, "%.*s", (int)(q - p - 1), p + 1);
+            if (!moeq_result_code_known(code)) fail_msg("result.md lists %s, which no process sends", code);
+            rows++;
+            p = q;
+        }
+    }
+    assert_int_equal(rows, (int)n + MOEQ_JOB_REJECT__COUNT - 1);
+    assert_false(moeq_result_code_known("invalid_job"));
+    assert_false(moeq_result_code_known("expired")); /* the status; its code is deadline */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_result_round_trips_through_both_formats),
@@ -323,6 +373,7 @@ int main(void) {
         cmocka_unit_test(status_and_finish_reason_names_are_stable),
         cmocka_unit_test(a_result_carries_the_hash_of_the_job_it_answers),
         cmocka_unit_test(result_text_is_cut_at_the_first_nul_byte_no_more),
+        cmocka_unit_test(the_error_codes_in_result_md_are_exactly_the_codes_sent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -524,13 +524,13 @@ static void jobs_that_cannot_run_get_results_without_a_slot(void **state) {
     moeq_sched_finished fin;
     assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
     assert_int_equal(fin.status, MOEQ_RESULT_ERROR);
-    assert_string_equal(fin.error_code, "invalid_input");
+    assert_string_equal(fin.error_code, "invalid_value"); /* a documented code (was invalid_input) */
     assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
     assert_int_equal(fin.status, MOEQ_RESULT_OK);
     assert_int_equal(fin.finish_reason, MOEQ_FINISH_LENGTH);
     assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
     assert_string_equal(fin.key, "huge");
-    assert_string_equal(fin.error_code, "too_long");
+    assert_string_equal(fin.error_code, "prompt_too_long"); /* a documented code (was too_long) */
     moeq_sched_destroy(s);
 }
 

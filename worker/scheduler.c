@@ -385,15 +385,16 @@ moeq_err moeq_sched_add_batch(moeq_sched *sched, void *batch_user, const moeq_sc
             job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, jobs[i].error_code, jobs[i].error_message,
                        now_ms);
         } else if (jobs[i].cancelled) {
-            job_finish(sched, h, MOEQ_RESULT_CANCELLED, MOEQ_FINISH_CANCELLED, NULL, NULL, now_ms);
+            job_finish(sched, h, MOEQ_RESULT_CANCELLED, MOEQ_FINISH_CANCELLED, MOEQ_CODE_CANCELLED,
+                       "cancelled before it ran", now_ms);
         } else if (job->n_prompt < 1) {
-            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "invalid_input", "job has an empty prompt",
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, MOEQ_CODE_INVALID_VALUE, "job has an empty prompt",
                        now_ms);
         } else if (too_long(sched, job)) {
             char why[160];
             snprintf(why, sizeof why, "prompt of %d tokens + max_new_tokens %d exceeds the model's context of %d tokens",
                      job->n_prompt, job->max_new_tokens, sched->params.max_model_len);
-            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "prompt_too_long", why, now_ms);
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, MOEQ_CODE_PROMPT_TOO_LONG, why, now_ms);
         } else if (job->max_new_tokens == 0) {
             job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_LENGTH, NULL, NULL, now_ms);
         }
@@ -475,9 +476,11 @@ static void retire(moeq_sched *sched, int64_t now_ms) {
         sched_job *job = sched->jobs[i];
         if (job->state != JOB_PENDING && job->state != JOB_RUNNING) continue;
         if (job->cancel)
-            job_finish(sched, i, MOEQ_RESULT_CANCELLED, MOEQ_FINISH_CANCELLED, NULL, NULL, now_ms);
+            job_finish(sched, i, MOEQ_RESULT_CANCELLED, MOEQ_FINISH_CANCELLED, MOEQ_CODE_CANCELLED, "cancelled",
+                       now_ms);
         else if (job->deadline_ms > 0 && now_ms >= job->deadline_ms)
-            job_finish(sched, i, MOEQ_RESULT_EXPIRED, MOEQ_FINISH_DEADLINE, NULL, NULL, now_ms);
+            job_finish(sched, i, MOEQ_RESULT_EXPIRED, MOEQ_FINISH_DEADLINE, MOEQ_CODE_DEADLINE, "deadline_ms passed",
+                       now_ms);
     }
 }
 
@@ -511,8 +514,8 @@ static void admit(moeq_sched *sched, int64_t now_ms) {
         sched_job *job = sched->jobs[h];
         int64_t reserve = job_reserve(sched, job);
         if (cap > 0 && reserve > cap) {
-            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, "too_long",
-                       "prompt + max_new_tokens exceeds this worker's KV cache capacity", now_ms);
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, MOEQ_CODE_PROMPT_TOO_LONG,
+                       "prompt + max_new_tokens exceeds this worker's KV cache capacity (kv_cache_tokens)", now_ms);
             continue;
         }
         if (cap > 0 && sched->kv_reserved + reserve > cap) break; /* wait: head of line keeps its turn */
@@ -733,7 +736,7 @@ static void job_take_token(moeq_sched *sched, int h, int32_t token, int64_t now_
         size_t n = sched->detok(sched->ctx, job->user, token, &bytes);
         size_t old_len = job->text_len;
         if (n && bytes && !text_append(job, bytes, n)) {
-            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, "internal", "out of memory for the text",
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, MOEQ_CODE_INTERNAL, "out of memory for the text",
                        now_ms);
             return;
         }
@@ -768,7 +771,7 @@ static void job_numerical_error(moeq_sched *sched, int h, int64_t now_ms) {
              "non-finite logits (NaN or inf) after %d generated tokens%s: the model's weights hold non-finite or "
              "overflowing values (moeq model-info --check-weights)",
              job->n_out, where);
-    job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, "numerical_error", why, now_ms);
+    job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, MOEQ_CODE_NUMERICAL_ERROR, why, now_ms);
 }
 
 #define MTP_PAUSE_MIN 32   /* tokens decoded plainly after a window of poor acceptance */
@@ -859,12 +862,12 @@ void moeq_sched_abort(moeq_sched *sched, const char *code, const char *message, 
     for (int i = 0; i < sched->n_items; i++) {
         int h = sched->items[i].job;
         if (sched->jobs[h]->state == JOB_RUNNING)
-            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, code ? code : "engine", message, now_ms);
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, code ? code : MOEQ_CODE_ENGINE, message, now_ms);
     }
     for (int i = 0; i < sched->n_rounds; i++) {
         int h = sched->rounds[i].job;
         if (sched->jobs[h]->state == JOB_RUNNING)
-            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, code ? code : "engine", message, now_ms);
+            job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, code ? code : MOEQ_CODE_ENGINE, message, now_ms);
     }
     sched->n_items = 0;
     sched->n_rounds = 0;

@@ -258,7 +258,7 @@ typedef struct moeq_sched_finished {
     const int32_t *tokens;         /* generated ids (a final stop id included)            */
     int n_tokens;
     int n_prompt;
-    const char *error_code;        /* NULL unless status is error                         */
+    const char *error_code;        /* NULL when status is ok (result.h: MOEQ_CODE_*)      */
     const char *error_message;
     int64_t added_ms;              /* batch added                                         */
     int64_t admitted_ms;           /* got a slot; 0 = never                               */

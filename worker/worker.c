@@ -537,13 +537,13 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
         if (dead) {
             snprintf(why[i], sizeof why[i], "batch delivered %d times (max_deliveries %lld)", b->entry.deliveries,
                      (long long)w->params.max_deliveries);
-            s->error_code = "dead_letter";
+            s->error_code = MOEQ_CODE_DEAD_LETTER;
             s->error_message = why[i];
         } else if (ej->bad) {
             s->error_code = ej->bad_code ? ej->bad_code : "malformed"; /* a documented job reject code */
             s->error_message = ej->bad;
         } else if (!ej->tokens && tokenize_job(w, ej, why[i], sizeof why[i]) != MOEQ_OK) {
-            s->error_code = "tokenize";
+            s->error_code = MOEQ_CODE_TOKENIZE;
             s->error_message = why[i];
         }
         if (s->error_code) job->state = 'F';
@@ -789,7 +789,7 @@ static int run_step(moeq_worker *w) {
     if (e) { /* the caches of sequences of a failed step are as before it; all of them are freed anyway */
         moeq_log(MOEQ_LOG_ERROR, COMP, "step_failed", "err=%s items=%d rounds=%d reason=\"%s\"", moeq_err_str(e),
                  plan.n_items, plan.n_rounds, err);
-        moeq_sched_abort(w->sched, "engine", err, moeq_now_ms());
+        moeq_sched_abort(w->sched, MOEQ_CODE_ENGINE, err, moeq_now_ms());
         return 1;
     }
     moeq_sched_commit_mtp(w->sched, w->sampled, w->round_out, moeq_now_ms());
@@ -885,7 +885,7 @@ static moeq_err encode_undeliverable(moeq_worker *w, const wjob *job, char *err,
     memset(&r, 0, sizeof r);
     r.id = (char *)job_id_of(job);
     r.status = MOEQ_RESULT_ERROR;
-    r.error.code = "result_undeliverable";
+    r.error.code = MOEQ_CODE_RESULT_UNDELIVERABLE;
     r.error.message = job->reason ? job->reason : "the result was refused by the broker";
     r.model = w->model_name;
     r.worker = w->params.worker_id;

@@ -9,6 +9,7 @@
  * about bytes, but more lenient about values: it reads what workers wrote.
  */
 #include "moeq/result.h"
+#include "moeq/job.h"
 
 #include <stdarg.h>
 #include <math.h>
@@ -28,6 +29,25 @@ const char *moeq_result_status_name(moeq_result_status status) {
 
 const char *moeq_finish_reason_name(moeq_finish_reason reason) {
     return (unsigned)reason < MOEQ_FINISH__COUNT ? finish_names[reason] : "unknown";
+}
+
+static const char *const error_codes[] = {
+    MOEQ_CODE_REPLY_TO_NOT_ALLOWED, MOEQ_CODE_PROMPT_TOO_LONG, MOEQ_CODE_TOKENIZE, MOEQ_CODE_NUMERICAL_ERROR,
+    MOEQ_CODE_DEAD_LETTER, MOEQ_CODE_RESULT_UNDELIVERABLE, MOEQ_CODE_ENGINE, MOEQ_CODE_INTERNAL,
+    MOEQ_CODE_DEADLINE, MOEQ_CODE_CANCELLED,
+};
+
+const char *const *moeq_result_error_codes(size_t *n) {
+    *n = sizeof error_codes / sizeof error_codes[0];
+    return error_codes;
+}
+
+int moeq_result_code_known(const char *code) {
+    if (!code) return 0;
+    if (moeq_job_reject_code_from_name(code) != MOEQ_JOB_REJECT_NONE) return 1;
+    for (size_t i = 0; i < sizeof error_codes / sizeof error_codes[0]; i++)
+        if (!strcmp(code, error_codes[i])) return 1;
+    return 0;
 }
 
 void moeq_result_free(moeq_result *result) {

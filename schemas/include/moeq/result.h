@@ -47,6 +47,31 @@ const char *moeq_result_status_name(moeq_result_status status);
 const char *moeq_finish_reason_name(moeq_finish_reason reason);
 
 /*
+ * error.code of a result whose status is not ok: a job reject code
+ * (moeq_job_reject_code_name) or one of these. Every process sends only
+ * these names, through the macros; schemas/result.md lists exactly this set
+ * plus the reject codes (test_result_codec checks both directions).
+ */
+#define MOEQ_CODE_REPLY_TO_NOT_ALLOWED "reply_to_not_allowed" /* error: reply_to not on results_allowed_topics */
+#define MOEQ_CODE_PROMPT_TOO_LONG "prompt_too_long"           /* error: prompt + max_new_tokens > context     */
+#define MOEQ_CODE_TOKENIZE "tokenize"                         /* error: the worker could not tokenize the job */
+#define MOEQ_CODE_NUMERICAL_ERROR "numerical_error"           /* error: NaN/inf in the job's logits or router  */
+#define MOEQ_CODE_DEAD_LETTER "dead_letter"                   /* error: batch delivered max_deliveries times  */
+#define MOEQ_CODE_RESULT_UNDELIVERABLE "result_undeliverable" /* error: the broker refused the result for good */
+#define MOEQ_CODE_ENGINE "engine"                             /* error: the engine failed a step              */
+#define MOEQ_CODE_INTERNAL "internal"                         /* error: a bug or out of memory                */
+#define MOEQ_CODE_DEADLINE "deadline"                         /* status expired: deadline_ms passed           */
+#define MOEQ_CODE_CANCELLED "cancelled"                       /* status cancelled: an operator cancelled it   */
+/* The reject code the worker itself sends (an entry it cannot run as given). */
+#define MOEQ_CODE_INVALID_VALUE "invalid_value"
+
+/* The codes above, in that order; *n receives the count. */
+const char *const *moeq_result_error_codes(size_t *n);
+
+/* 1 when code is a reject code or one of the codes above. */
+int moeq_result_code_known(const char *code);
+
+/*
  * A result. Plain data. For encoding, every pointer is borrowed (may be NULL
  * = absent); strings are NUL-terminated (text is text_len bytes and may hold
  * U+0000 too), and any invalid UTF-8 in them is replaced by U+FFFD on the wire. A decoded result owns every pointer:
