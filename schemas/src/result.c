@@ -384,7 +384,12 @@ static int r_document(rdec *d) {
     if (wrd_iter_begin(r, &top, 1, &it) < 0) return -1;
     int more, has_v = 0;
     while ((more = wrd_iter_next(r, &it)) == 1) {
-        if (wrd_key(r, &key) < 0 || wrd_head(r, &v) < 0) return -1;
+        if (wrd_key(r, &key) < 0) return -1;
+        /* U+0000 is text only in `text` (a token may decode to byte 0); metadata and the rest refuse it, as jobs do */
+        r->allow_nul = key.type == WV_STR && wval_str_is(&key, "text");
+        int head = wrd_head(r, &v);
+        r->allow_nul = 0;
+        if (head < 0) return -1;
         if (key.type != WV_STR) {
             if (wrd_skip(r, &key, 2) < 0 || wrd_skip(r, &v, 2) < 0) return -1;
             continue;
@@ -417,7 +422,6 @@ moeq_err moeq_result_decode(const void *bytes, size_t len, const char *content_t
     memset(&d, 0, sizeof d);
     d.res = result;
     wrd_init(&d.r, bytes, len, fmt, MOEQ_JOB_DEPTH_HARD_MAX);
-    d.r.allow_nul = 1; /* results carry decoded text bytes-exact, U+0000 included */
     if (r_document(&d) == 0) return MOEQ_OK;
     moeq_result_free(result);
     if (d.r.nomem) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "result: out of memory");
