@@ -25,6 +25,10 @@
 
 #include "ops.cuh"
 
+_Static_assert(MOEQ_CU_DTYPE_F32 == MOEQ_DTYPE_F32 && MOEQ_CU_DTYPE_BF16 == MOEQ_DTYPE_BF16 &&
+                   MOEQ_CU_DTYPE_F16 == MOEQ_DTYPE_F16 && MOEQ_CU_DTYPE_F8_E4M3 == MOEQ_DTYPE_F8_E4M3 &&
+                   MOEQ_CU_F8_BLOCK == MOEQ_F8_BLOCK,
+               "ops.cuh numbers the engine's dtypes");
 _Static_assert(MOEQ_MOE_GREEDY == 0 && MOEQ_MOE_GROUP_LIMITED_GREEDY == 1 && MOEQ_MOE_NOAUX_TC == 2,
                "moeq_cu_router.method numbers the engine's methods");
 
@@ -178,9 +182,10 @@ static void rope_helpers_give_the_engines_halves_layout_over_many_shapes(void **
 
 /* ---- bf16 matmul ---------------------------------------------------------------------------- */
 
-/* Every (block, thread) of a launch: each half-warp's 16 lane threads, the butterfly, lane 0 stores. */
-static void matmul_emulated(float *y, int64_t ldy, const float *x, int64_t ldx, const uint16_t *W, int64_t T,
-                            int64_t K, int64_t O, int *writes) {
+/* Every (block, thread) of a launch: each half-warp's 16 lane threads, the butterfly, lane 0 stores.
+ * dtype < 0: the bf16 kernel's helper. */
+static void matmul_emulated(float *y, int64_t ldy, const float *x, int64_t ldx, int dtype, const void *W,
+                            const float *scale_inv, int64_t T, int64_t K, int64_t O, int *writes) {
     for (int64_t bx = 0; bx < moeq_cu_mm_grid_x(O); bx++)
         for (int64_t by = 0; by < moeq_cu_mm_grid_y(T); by++)
             for (int r = 0; r < MOEQ_CU_MM_ROWS; r++) {
@@ -189,7 +194,8 @@ static void matmul_emulated(float *y, int64_t ldy, const float *x, int64_t ldx, 
                 for (int l = 0; l < 16; l++) {
                     at[l] = moeq_cu_mm_index(bx, by, r * 16 + l, T, O);
                     assert_int_equal(at[l].lane, l);
-                    if (at[l].nt > 0) moeq_cu_mm_bf16_lanes(acc[l], at[l], x, ldx, W, K);
+                    if (at[l].nt > 0 && dtype < 0) moeq_cu_mm_bf16_lanes(acc[l], at[l], x, ldx, W, K);
+                    else if (at[l].nt > 0) moeq_cu_mm_lanes(acc[l], at[l], x, ldx, dtype, W, scale_inv, K);
                 }
                 for (int j = 0; j < at[0].nt; j++) {
                     float v[16];
@@ -214,7 +220,7 @@ static void matmul_tiles_give_the_cpu_kernels_bits_and_cover_every_output(void *
                 float *got = calloc((size_t)(T * ldy), 4), *want = calloc((size_t)(T * ldy), 4),
                       *scalar = calloc((size_t)(T * ldy), 4);
                 int *writes = calloc((size_t)(T * O), sizeof(int));
-                matmul_emulated(got, ldy, x, ldx, W, T, K, O, writes);
+                matmul_emulated(got, ldy, x, ldx, -1, W, NULL, T, K, O, writes);
                 for (int64_t i = 0; i < T * O; i++) assert_int_equal(writes[i], 1);
                 moeq_tensor w = {.name = "w", .dtype = MOEQ_DTYPE_BF16, .ndim = 2, .shape = {O, K}, .data = W,
                                  .nbytes = (size_t)(O * K) * 2};
@@ -226,6 +232,72 @@ static void matmul_tiles_give_the_cpu_kernels_bits_and_cover_every_output(void *
                 assert_same_bits(got, scalar, (size_t)(T * ldy), "matmul_bf16 (scalar)");
                 free(W), free(x), free(got), free(want), free(scalar), free(writes);
             }
+}
+
+/* A [rows, cols] weight of dtype dt with values in [-0.5, 0.5) (F8: with block scales, partial blocks). */
+typedef struct fake_weight {
+    moeq_tensor t, scale;
+    void *data;
+    float *sdata;
+} fake_weight;
+
+static void fake_weight_make(fake_weight *f, moeq_dtype dt, int64_t rows, int64_t cols) {
+    memset(f, 0, sizeof(*f));
+    size_t n = (size_t)(rows * cols);
+    f->data = malloc(n * moeq_dtype_size(dt));
+    f->t = (moeq_tensor){.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = f->data,
+                         .nbytes = n * moeq_dtype_size(dt)};
+    int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    if (dt == MOEQ_DTYPE_F8_E4M3) {
+        f->sdata = malloc((size_t)(rb * cb) * sizeof(float));
+        for (int64_t i = 0; i < rb * cb; i++) f->sdata[i] = 0.5f / 448.0f * (float)(1 + i % 3);
+        f->scale = (moeq_tensor){.name = "s", .dtype = MOEQ_DTYPE_F32, .ndim = 2, .shape = {rb, cb},
+                                 .data = f->sdata, .nbytes = (size_t)(rb * cb) * 4};
+        f->t.scale_inv = &f->scale;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            size_t i = (size_t)(r * cols + c);
+            float v = frand() * 0.5f;
+            if (i % 97 == 5) v = ldexpf(v, -20); /* small values: F16 and F8 subnormals */
+            switch (dt) {
+            case MOEQ_DTYPE_F32: ((float *)f->data)[i] = v; break;
+            case MOEQ_DTYPE_BF16: ((uint16_t *)f->data)[i] = moeq_f32_to_bf16(v); break;
+            case MOEQ_DTYPE_F16: ((uint16_t *)f->data)[i] = moeq_f32_to_f16(v); break;
+            case MOEQ_DTYPE_F8_E4M3:
+                ((uint8_t *)f->data)[i] = moeq_f32_to_f8_e4m3(v / f->sdata[(r / 128) * cb + c / 128]);
+                break;
+            }
+        }
+}
+
+static void matmul_lanes_widen_every_stored_dtype_as_the_cpu_kernels(void **state) {
+    (void)state;
+    const moeq_dtype dts[] = {MOEQ_DTYPE_F32, MOEQ_DTYPE_BF16, MOEQ_DTYPE_F16, MOEQ_DTYPE_F8_E4M3};
+    const int64_t shapes[][3] = {{7, 301, 133}, {1, 128, 128}, {9, 257, 129}, {3, 17, 300}}; /* T, K, O */
+    for (size_t d = 0; d < 4; d++)
+        for (size_t s = 0; s < 4; s++) {
+            int64_t T = shapes[s][0], K = shapes[s][1], O = shapes[s][2];
+            fake_weight f;
+            fake_weight_make(&f, dts[d], O, K);
+            float *x = rand_floats((size_t)(T * K), 1.0f), *got = calloc((size_t)(T * O), 4),
+                  *want = calloc((size_t)(T * O), 4);
+            int *writes = calloc((size_t)(T * O), sizeof(int));
+            matmul_emulated(got, O, x, K, (int)dts[d], f.data, f.sdata, T, K, O, writes);
+            moeq_mm_job job = {&f.t, 0, O, x, K, want, O, T};
+            moeq_mm_nt_block(&job, 0, O, 0, T);
+            assert_same_bits(got, want, (size_t)(T * O), moeq_dtype_name(dts[d]));
+            /* every element widened alone, against the engine's own widening */
+            float *row = malloc((size_t)K * 4);
+            for (int64_t r = 0; r < O; r += 37) {
+                moeq_tensor_rows_to_f32(&f.t, r, 1, row);
+                for (int64_t k = 0; k < K; k++) {
+                    float v = moeq_cu_widen((int)dts[d], f.data, f.sdata, K, r, k);
+                    assert_same_bits(&v, &row[k], 1, "widen");
+                }
+            }
+            free(row), free(x), free(got), free(want), free(writes), free(f.data), free(f.sdata);
+        }
 }
 
 static void a_tile_past_the_matrix_computes_nothing(void **state) {
@@ -297,6 +369,7 @@ int main(void) {
         cmocka_unit_test(silu_product_helper_gives_the_engines_bits),
         cmocka_unit_test(rope_helpers_give_the_engines_halves_layout_over_many_shapes),
         cmocka_unit_test(matmul_tiles_give_the_cpu_kernels_bits_and_cover_every_output),
+        cmocka_unit_test(matmul_lanes_widen_every_stored_dtype_as_the_cpu_kernels),
         cmocka_unit_test(a_tile_past_the_matrix_computes_nothing),
         cmocka_unit_test(router_helper_routes_as_the_engine_for_every_method),
     };

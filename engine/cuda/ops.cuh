@@ -53,8 +53,59 @@ MOEQ_HD float moeq_cu_f32_from_bits(uint32_t u) {
 #endif
 }
 
+MOEQ_HD uint32_t moeq_cu_f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+#endif
+}
+
+/* ---- weight widening (ops_matmul.c's wscalar): every stored dtype to float, exactly ------------------ */
+
+/* The engine's moeq_dtype values. */
+#define MOEQ_CU_DTYPE_F32 0
+#define MOEQ_CU_DTYPE_BF16 1
+#define MOEQ_CU_DTYPE_F16 2
+#define MOEQ_CU_DTYPE_F8_E4M3 3
+#define MOEQ_CU_F8_BLOCK 128
+
 /* bf16 (the upper 16 bits of a float, as safetensors stores it) widened exactly. */
 MOEQ_HD float moeq_cu_bf16_to_f32(uint16_t h) { return moeq_cu_f32_from_bits((uint32_t)h << 16); }
+
+MOEQ_HD float moeq_cu_f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0x1f) return moeq_cu_f32_from_bits(s | 0x7f800000u | (m << 13));
+    if (e != 0) return moeq_cu_f32_from_bits(s | ((e + 112) << 23) | (m << 13));
+    return moeq_cu_f32_from_bits(moeq_cu_f32_bits((float)m * 0x1p-24f) | s); /* subnormal: exact in float */
+}
+
+/* e4m3's bits placed into a float (a float subnormal for e4m3 subnormals: -ftz=false matters), times 2^120. */
+MOEQ_HD float moeq_cu_f8_e4m3_to_f32(uint8_t b) {
+    return moeq_cu_f32_from_bits(((uint32_t)(b & 0x80u) << 24) | ((uint32_t)(b & 0x7fu) << 20)) * 0x1p120f;
+}
+
+/* The 128x128 block scale of element (row, k) of an F8 weight with `cols` columns: scale_inv is
+ * [ceil(rows/128), ceil(cols/128)] row-major; 1 when there is none. */
+MOEQ_HD float moeq_cu_f8_scale(const float *scale_inv, int64_t cols, int64_t row, int64_t k) {
+    if (!scale_inv) return 1.0f;
+    int64_t ncb = (cols + MOEQ_CU_F8_BLOCK - 1) / MOEQ_CU_F8_BLOCK;
+    return scale_inv[(row / MOEQ_CU_F8_BLOCK) * ncb + k / MOEQ_CU_F8_BLOCK];
+}
+
+/* Element (row, k) of a [rows, cols] weight of the given dtype, widened as the CPU kernels widen it. */
+MOEQ_HD float moeq_cu_widen(int dtype, const void *W, const float *scale_inv, int64_t cols, int64_t row, int64_t k) {
+    int64_t i = row * cols + k;
+    switch (dtype) {
+    case MOEQ_CU_DTYPE_BF16: return moeq_cu_bf16_to_f32(((const uint16_t *)W)[i]);
+    case MOEQ_CU_DTYPE_F16: return moeq_cu_f16_to_f32(((const uint16_t *)W)[i]);
+    case MOEQ_CU_DTYPE_F8_E4M3:
+        return moeq_cu_f8_e4m3_to_f32(((const uint8_t *)W)[i]) * moeq_cu_f8_scale(scale_inv, cols, row, k);
+    default: return ((const float *)W)[i];
+    }
+}
 
 /* ---- the 16-lane reduction ---------------------------------------------------- */
 
@@ -186,18 +237,24 @@ MOEQ_HD moeq_cu_mm_at moeq_cu_mm_index(int64_t bx, int64_t by, int tid, int64_t 
 MOEQ_HD int64_t moeq_cu_mm_grid_x(int64_t O) { return (O + MOEQ_CU_MM_ROWS - 1) / MOEQ_CU_MM_ROWS; }
 MOEQ_HD int64_t moeq_cu_mm_grid_y(int64_t T) { return (T + MOEQ_CU_MM_TILE_T - 1) / MOEQ_CU_MM_TILE_T; }
 
-/* One thread's lanes: acc[j] = lane `a.lane` of y[a.t0 + j, a.o], j < a.nt. x has row stride ldx. */
-MOEQ_HD void moeq_cu_mm_bf16_lanes(float *acc, moeq_cu_mm_at a, const float *x, int64_t ldx, const uint16_t *W,
-                                   int64_t K) {
+/* One thread's lanes: acc[j] = lane `a.lane` of y[a.t0 + j, a.o], j < a.nt, for a [O, K] weight of any stored
+ * dtype (scale_inv: F8's block scales, else NULL). x has row stride ldx. */
+MOEQ_HD void moeq_cu_mm_lanes(float *acc, moeq_cu_mm_at a, const float *x, int64_t ldx, int dtype, const void *W,
+                              const float *scale_inv, int64_t K) {
     for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++) acc[j] = 0.0f;
-    const uint16_t *w = W + a.o * K;
     for (int64_t c = 0, nc = moeq_cu_chunks(K); c < nc; c++) {
         int64_t k = c * MOEQ_CU_LANES + a.lane;
         int inside = k < K;
-        float wv = inside ? moeq_cu_bf16_to_f32(w[k]) : 0.0f;
+        float wv = inside ? moeq_cu_widen(dtype, W, scale_inv, K, a.o, k) : 0.0f;
         for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++)
             if (j < a.nt) acc[j] = moeq_cu_lane_fma(inside, inside ? x[(a.t0 + j) * ldx + k] : 0.0f, wv, acc[j]);
     }
+}
+
+/* The bf16 kernel's: the dtype a constant, so the switch folds away. */
+MOEQ_HD void moeq_cu_mm_bf16_lanes(float *acc, moeq_cu_mm_at a, const float *x, int64_t ldx, const uint16_t *W,
+                                   int64_t K) {
+    moeq_cu_mm_lanes(acc, a, x, ldx, MOEQ_CU_DTYPE_BF16, W, NULL, K);
 }
 
 /* ---- router (moe.c) ------------------------------------------------------------------------ */
