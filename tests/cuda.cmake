@@ -3,7 +3,7 @@
 # engine's op where a device exists (label gpu; exits 77 = skipped, with the reason printed, where there is
 # none). docs/CUDA.md says which comparisons are exact.
 if(TARGET moeq_engine)
-  moeq_add_test(NAME test_cuda_ops_host SOURCES test_cuda_ops_host.c LIBS moeq_cuda_ops moeq_engine LABELS unit)
+  moeq_add_test(NAME test_cuda_ops_host SOURCES test_cuda_ops_host.c test_cuda_ops_cxx.cpp LIBS moeq_cuda_ops moeq_engine LABELS unit)
   target_include_directories(test_cuda_ops_host PRIVATE ${CMAKE_SOURCE_DIR}/engine)
 endif()
 if(MOEQ_HAVE_CUDA AND TARGET moeq_engine)

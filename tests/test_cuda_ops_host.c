@@ -54,6 +54,14 @@ static void assert_same_bits(const float *got, const float *want, size_t n, cons
     }
 }
 
+/* ops.cuh compiled as C++ (test_cuda_ops_cxx.cpp) */
+float moeq_cu_cxx_silu_mul(float g, float u);
+float moeq_cu_cxx_exp_nonpos(float x);
+void moeq_cu_cxx_rope_pair(const float *x, float cs, float sn, int64_t i, int64_t half, float *out);
+float moeq_cu_cxx_rmsnorm(float sumsq, int64_t n, float eps, float x, float w);
+float moeq_cu_cxx_dot_lane(const float *a, const float *b, int64_t n, int lane);
+float moeq_cu_cxx_widen(int dtype, const void *W, const float *scale_inv, int64_t cols, int64_t row, int64_t k);
+
 /* ---- the 16-lane reduction ---------------------------------------------------------- */
 
 static void the_device_butterfly_is_the_engines_reduction_tree(void **state) {
@@ -360,6 +368,37 @@ static void router_helper_routes_as_the_engine_for_every_method(void **state) {
         }
 }
 
+static void the_helpers_compiled_as_cxx_give_the_c_builds_bits(void **state) {
+    (void)state;
+    for (int rep = 0; rep < 100000; rep++) {
+        float a = frand() * 50.0f, b = frand() * 3.0f, c = frand(), d = frand(), got, want;
+        got = moeq_cu_cxx_silu_mul(a, b), want = moeq_cu_silu_mul(a, b);
+        assert_same_bits(&got, &want, 1, "silu_mul (C++)");
+        got = moeq_cu_cxx_exp_nonpos(-fabsf(a)), want = moeq_cu_exp_nonpos(-fabsf(a));
+        assert_same_bits(&got, &want, 1, "exp (C++)");
+        got = moeq_cu_cxx_rmsnorm(fabsf(a) * 1e3f, 7168, 1e-6f, b, c), want = moeq_cu_rmsnorm_elem(b, c,
+                                                                          moeq_cu_rmsnorm_factor(fabsf(a) * 1e3f, 7168, 1e-6f));
+        assert_same_bits(&got, &want, 1, "rmsnorm (C++)");
+        float x[2] = {a, b}, o1[2], o2[2];
+        moeq_cu_cxx_rope_pair(x, c, d, 0, 1, o1);
+        moeq_cu_rope_pair(x, c, d, 0, 1, o2);
+        assert_same_bits(o1, o2, 2, "rope (C++)");
+    }
+    float *va = rand_floats(1000, 5.0f), *vb = rand_floats(1000, 5.0f);
+    for (int l = 0; l < 16; l++) {
+        float got = moeq_cu_cxx_dot_lane(va, vb, 1000, l), want = moeq_cu_dot_lane(va, vb, 1000, l);
+        assert_same_bits(&got, &want, 1, "dot lane (C++)");
+    }
+    fake_weight f;
+    fake_weight_make(&f, MOEQ_DTYPE_F8_E4M3, 130, 260);
+    for (int64_t k = 0; k < 260; k++) {
+        float got = moeq_cu_cxx_widen(MOEQ_CU_DTYPE_F8_E4M3, f.data, f.sdata, 260, 129, k),
+              want = moeq_cu_widen(MOEQ_CU_DTYPE_F8_E4M3, f.data, f.sdata, 260, 129, k);
+        assert_same_bits(&got, &want, 1, "widen (C++)");
+    }
+    free(va), free(vb), free(f.data), free(f.sdata);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(the_device_butterfly_is_the_engines_reduction_tree),
@@ -372,6 +411,7 @@ int main(void) {
         cmocka_unit_test(matmul_lanes_widen_every_stored_dtype_as_the_cpu_kernels),
         cmocka_unit_test(a_tile_past_the_matrix_computes_nothing),
         cmocka_unit_test(router_helper_routes_as_the_engine_for_every_method),
+        cmocka_unit_test(the_helpers_compiled_as_cxx_give_the_c_builds_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
