@@ -50,7 +50,8 @@ moeq_err moeq_cuda_moe_route(int32_t *ids, float *weights, int32_t *finite, cons
 /*
  * moeq_rope_apply for T tokens x H heads: the rope part of head (t, h) is x + (t * H + h) * ldx (dim floats,
  * interleaved pairs) and goes to out + (t * H + h) * ldo (halves layout). cos_t/sin_t are (max_pos, dim/2)
- * tables of moeq_rope_cos_sin rows (mscale included), row pos[t] for token t. out must not overlap x.
+ * tables of moeq_rope_cos_sin rows (mscale included), row pos[t] for token t (pos[t] < max_pos: the device
+ * cannot check it). out must not overlap x.
  */
 moeq_err moeq_cuda_rope(float *out, int64_t ldo, const float *x, int64_t ldx, const int32_t *pos, const float *cos_t,
                         const float *sin_t, int64_t T, int64_t H, int dim, void *stream);
