@@ -1,0 +1,359 @@
+/*
+ * ops.cuh — the per-element arithmetic and the index math of the CUDA
+ * kernels, as __host__ __device__ inline functions in plain C, so that the
+ * code a kernel runs is also what the host unit tests run
+ * (tests/test_cuda_ops_host.c) against the CPU engine's ops, bit for bit.
+ *
+ * Each helper is a transcription of the engine's operation order:
+ *   dot products    16 float lanes, lane l takes k = l, l+16, ... with one
+ *                   fmaf each, a chunk past the end adds fmaf(0, 0, lane),
+ *                   then the tree 16 -> 8 -> 4 -> 2 -> 1 (ops_lanes.h,
+ *                   ops_matmul.c). On the device the lanes are 16 threads and
+ *                   the tree is a butterfly of shuffles (xor 8, 4, 2, 1):
+ *                   lane i adds lane i^m, which is the tree's sum at every
+ *                   level because IEEE addition commutes.
+ *   exp             the fixed polynomial of ops_exp.h (one IEEE op a step).
+ *   RMSNorm         w * (x * r), r = 1 / sqrtf(dot(x, x) / n + eps) (ops.c).
+ *   SiLU product    through exp(-|g|) (ops.c).
+ *   RoPE            interleaved input pairs, halves layout out of place
+ *                   (rope.c); cos/sin come from the host (moeq_rope_cos_sin).
+ *   router          moe.c's moeq_moe_route step for step.
+ *
+ * Bits hold on the device only if nothing is contracted or approximated:
+ * the kernels build with --fmad=false, -prec-div=true, -prec-sqrt=true,
+ * -ftz=false (engine/cuda/CMakeLists.txt), as the C build uses
+ * -ffp-contract=off. The one libm call left is expf in the router's
+ * sigmoid/softmax (the engine's choice; glibc's expf and CUDA's differ in
+ * the last bits), so router weights on the device are close, not equal.
+ */
+#ifndef MOEQ_CUDA_OPS_CUH
+#define MOEQ_CUDA_OPS_CUH
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define MOEQ_HD static __host__ __device__ __forceinline__
+#else
+#define MOEQ_HD static inline
+#endif
+
+#define MOEQ_CU_LANES 16
+
+/* ---- bits ------------------------------------------------------------------- */
+
+MOEQ_HD float moeq_cu_f32_from_bits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+MOEQ_HD uint32_t moeq_cu_f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+#endif
+}
+
+/* ---- weight widening (ops_matmul.c's wscalar): every stored dtype to float, exactly ------------------ */
+
+/* The engine's moeq_dtype values. */
+#define MOEQ_CU_DTYPE_F32 0
+#define MOEQ_CU_DTYPE_BF16 1
+#define MOEQ_CU_DTYPE_F16 2
+#define MOEQ_CU_DTYPE_F8_E4M3 3
+#define MOEQ_CU_F8_BLOCK 128
+
+/* bf16 (the upper 16 bits of a float, as safetensors stores it) widened exactly. */
+MOEQ_HD float moeq_cu_bf16_to_f32(uint16_t h) { return moeq_cu_f32_from_bits((uint32_t)h << 16); }
+
+MOEQ_HD float moeq_cu_f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0x1f) return moeq_cu_f32_from_bits(s | 0x7f800000u | (m << 13));
+    if (e != 0) return moeq_cu_f32_from_bits(s | ((e + 112) << 23) | (m << 13));
+    return moeq_cu_f32_from_bits(moeq_cu_f32_bits((float)m * 0x1p-24f) | s); /* subnormal: exact in float */
+}
+
+/* e4m3's bits placed into a float (a float subnormal for e4m3 subnormals: -ftz=false matters), times 2^120. */
+MOEQ_HD float moeq_cu_f8_e4m3_to_f32(uint8_t b) {
+    return moeq_cu_f32_from_bits(((uint32_t)(b & 0x80u) << 24) | ((uint32_t)(b & 0x7fu) << 20)) * 0x1p120f;
+}
+
+/* The 128x128 block scale of element (row, k) of an F8 weight with `cols` columns: scale_inv is
+ * [ceil(rows/128), ceil(cols/128)] row-major; 1 when there is none. */
+MOEQ_HD float moeq_cu_f8_scale(const float *scale_inv, int64_t cols, int64_t row, int64_t k) {
+    if (!scale_inv) return 1.0f;
+    int64_t ncb = (cols + MOEQ_CU_F8_BLOCK - 1) / MOEQ_CU_F8_BLOCK;
+    return scale_inv[(row / MOEQ_CU_F8_BLOCK) * ncb + k / MOEQ_CU_F8_BLOCK];
+}
+
+/* Element (row, k) of a [rows, cols] weight of the given dtype, widened as the CPU kernels widen it. */
+MOEQ_HD float moeq_cu_widen(int dtype, const void *W, const float *scale_inv, int64_t cols, int64_t row, int64_t k) {
+    int64_t i = row * cols + k;
+    switch (dtype) {
+    case MOEQ_CU_DTYPE_BF16: return moeq_cu_bf16_to_f32(((const uint16_t *)W)[i]);
+    case MOEQ_CU_DTYPE_F16: return moeq_cu_f16_to_f32(((const uint16_t *)W)[i]);
+    case MOEQ_CU_DTYPE_F8_E4M3:
+        return moeq_cu_f8_e4m3_to_f32(((const uint8_t *)W)[i]) * moeq_cu_f8_scale(scale_inv, cols, row, k);
+    default: return ((const float *)W)[i];
+    }
+}
+
+/* ---- the 16-lane reduction ---------------------------------------------------- */
+
+/* One chunk's update of a lane: fmaf(a, b, acc) while inside the vector, fmaf(0, 0, acc) past its end
+ * (the engine's zero padding; it turns a -0 lane into +0). */
+MOEQ_HD float moeq_cu_lane_fma(int inside, float a, float b, float acc) {
+    return inside ? fmaf(a, b, acc) : fmaf(0.0f, 0.0f, acc);
+}
+
+/* Chunks of 16 a length-n reduction runs through (every lane takes each one). */
+MOEQ_HD int64_t moeq_cu_chunks(int64_t n) { return (n + MOEQ_CU_LANES - 1) / MOEQ_CU_LANES; }
+
+/* Lane `lane` of the dot product of a and b over n floats. */
+MOEQ_HD float moeq_cu_dot_lane(const float *a, const float *b, int64_t n, int lane) {
+    float acc = 0.0f;
+    for (int64_t c = 0, nc = moeq_cu_chunks(n); c < nc; c++) {
+        int64_t k = c * MOEQ_CU_LANES + lane;
+        acc = k < n ? fmaf(a[k], b[k], acc) : fmaf(0.0f, 0.0f, acc);
+    }
+    return acc;
+}
+
+/* The device's butterfly over 16 lanes, emulated: at each step lane i adds lane i^m to itself (own value
+ * first, as `v += __shfl_xor_sync(.., v, m, 16)` does). Every lane ends with the tree's sum. */
+MOEQ_HD void moeq_cu_butterfly16(float *v) {
+    for (int m = 8; m > 0; m >>= 1) {
+        float t[MOEQ_CU_LANES];
+        for (int i = 0; i < MOEQ_CU_LANES; i++) t[i] = v[i] + v[i ^ m];
+        for (int i = 0; i < MOEQ_CU_LANES; i++) v[i] = t[i];
+    }
+}
+
+/* ---- exp for x <= 0 (ops_exp.h) ------------------------------------------------ */
+
+#define MOEQ_CU_EXP_LOG2E 1.44269504088896341f
+#define MOEQ_CU_EXP_ROUND 12582912.0f
+#define MOEQ_CU_EXP_LN2_HI 0.693359375f
+#define MOEQ_CU_EXP_LN2_LO -2.12194440e-4f
+#define MOEQ_CU_EXP_P0 1.9875691500e-4f
+#define MOEQ_CU_EXP_P1 1.3981999507e-3f
+#define MOEQ_CU_EXP_P2 8.3334519073e-3f
+#define MOEQ_CU_EXP_P3 4.1665795894e-2f
+#define MOEQ_CU_EXP_P4 1.6666665459e-1f
+#define MOEQ_CU_EXP_P5 5.0000001201e-1f
+#define MOEQ_CU_EXP_MIN -87.0f
+
+MOEQ_HD float moeq_cu_exp_nonpos(float x) {
+    if (!(x >= MOEQ_CU_EXP_MIN)) return 0.0f;
+    float n = fmaf(x, MOEQ_CU_EXP_LOG2E, MOEQ_CU_EXP_ROUND) - MOEQ_CU_EXP_ROUND;
+    float r = fmaf(n, -MOEQ_CU_EXP_LN2_HI, x);
+    r = fmaf(n, -MOEQ_CU_EXP_LN2_LO, r);
+    float p = fmaf(MOEQ_CU_EXP_P0, r, MOEQ_CU_EXP_P1);
+    p = fmaf(p, r, MOEQ_CU_EXP_P2);
+    p = fmaf(p, r, MOEQ_CU_EXP_P3);
+    p = fmaf(p, r, MOEQ_CU_EXP_P4);
+    p = fmaf(p, r, MOEQ_CU_EXP_P5);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    return y * moeq_cu_f32_from_bits((uint32_t)((int32_t)n + 127) << 23);
+}
+
+/* ---- element-wise ops ------------------------------------------------------------ */
+
+/* The RMSNorm factor from the row's sum of squares (the tree's result); NaN when that is not finite. */
+MOEQ_HD float moeq_cu_rmsnorm_factor(float sumsq, int64_t n, float eps) {
+    float var = sumsq / (float)n;
+    return isfinite(var) ? 1.0f / sqrtf(var + eps) : NAN;
+}
+
+MOEQ_HD float moeq_cu_rmsnorm_elem(float x, float w, float r) { return w * (x * r); }
+
+/* silu(g) * u = g * sigmoid(g) * u, sigmoid through exp(-|g|) so exp never overflows. */
+MOEQ_HD float moeq_cu_silu_mul(float g, float u) {
+    float e = moeq_cu_exp_nonpos(0.0f - fabsf(g)), d = 1.0f + e;
+    return (g >= 0.0f ? g / d : (g * e) / d) * u;
+}
+
+/* ---- RoPE --------------------------------------------------------------------------- */
+
+/*
+ * One thread per (token t, head h, pair i): idx = (t * H + h) * half + i. The pair (x[2i], x[2i+1]) of the
+ * head's rope part goes to out[i] and out[i + half]; cos/sin are row pos[t] of tables [max_pos, half].
+ */
+typedef struct moeq_cu_rope_at {
+    int64_t t, h, i;
+} moeq_cu_rope_at;
+
+MOEQ_HD moeq_cu_rope_at moeq_cu_rope_index(int64_t idx, int64_t H, int64_t half) {
+    moeq_cu_rope_at a;
+    a.i = idx % half;
+    a.h = (idx / half) % H;
+    a.t = idx / half / H;
+    return a;
+}
+
+MOEQ_HD void moeq_cu_rope_pair(const float *x, float cs, float sn, int64_t i, int64_t half, float *out) {
+    float a = x[2 * i], b = x[2 * i + 1];
+    out[i] = a * cs - b * sn;
+    out[i + half] = b * cs + a * sn;
+}
+
+/* ---- bf16 matmul tiling ---------------------------------------------------------------- */
+
+/*
+ * y[t, o] = sum_k x[t, k] * W[o, k], W bf16 [O, K]. A block of MOEQ_CU_MM_ROWS half-warps; half-warp r of
+ * block (bx, by) owns output row o = bx * ROWS + r for tokens [by * TILE_T, +TILE_T), and its thread `lane`
+ * holds lane `lane` of every token's 16-lane reduction (W's row read once per tile, 16 consecutive bf16 per
+ * chunk). Which elements share a tile changes nothing in any element's order: batch-invariant, and equal
+ * to the CPU kernels' bits.
+ */
+#define MOEQ_CU_MM_ROWS 8
+#define MOEQ_CU_MM_TILE_T 8
+#define MOEQ_CU_MM_THREADS (MOEQ_CU_MM_ROWS * MOEQ_CU_LANES)
+
+typedef struct moeq_cu_mm_at {
+    int64_t o, t0;
+    int nt, lane; /* tokens in this tile (0: the half-warp is past O or T) */
+} moeq_cu_mm_at;
+
+MOEQ_HD moeq_cu_mm_at moeq_cu_mm_index(int64_t bx, int64_t by, int tid, int64_t T, int64_t O) {
+    moeq_cu_mm_at a;
+    a.lane = tid % MOEQ_CU_LANES;
+    a.o = bx * MOEQ_CU_MM_ROWS + tid / MOEQ_CU_LANES;
+    a.t0 = by * MOEQ_CU_MM_TILE_T;
+    int64_t left = T - a.t0;
+    a.nt = a.o >= O || left <= 0 ? 0 : (int)(left < MOEQ_CU_MM_TILE_T ? left : MOEQ_CU_MM_TILE_T);
+    return a;
+}
+
+MOEQ_HD int64_t moeq_cu_mm_grid_x(int64_t O) { return (O + MOEQ_CU_MM_ROWS - 1) / MOEQ_CU_MM_ROWS; }
+MOEQ_HD int64_t moeq_cu_mm_grid_y(int64_t T) { return (T + MOEQ_CU_MM_TILE_T - 1) / MOEQ_CU_MM_TILE_T; }
+
+/* One thread's lanes: acc[j] = lane `a.lane` of y[a.t0 + j, a.o], j < a.nt, for a [O, K] weight of any stored
+ * dtype (scale_inv: F8's block scales, else NULL). x has row stride ldx. */
+MOEQ_HD void moeq_cu_mm_lanes(float *acc, moeq_cu_mm_at a, const float *x, int64_t ldx, int dtype, const void *W,
+                              const float *scale_inv, int64_t K) {
+    for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++) acc[j] = 0.0f;
+    for (int64_t c = 0, nc = moeq_cu_chunks(K); c < nc; c++) {
+        int64_t k = c * MOEQ_CU_LANES + a.lane;
+        int inside = k < K;
+        float wv = inside ? moeq_cu_widen(dtype, W, scale_inv, K, a.o, k) : 0.0f;
+        for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++)
+            if (j < a.nt) acc[j] = moeq_cu_lane_fma(inside, inside ? x[(a.t0 + j) * ldx + k] : 0.0f, wv, acc[j]);
+    }
+}
+
+/* The bf16 kernel's: the dtype a constant, so the switch folds away. */
+MOEQ_HD void moeq_cu_mm_bf16_lanes(float *acc, moeq_cu_mm_at a, const float *x, int64_t ldx, const uint16_t *W,
+                                   int64_t K) {
+    moeq_cu_mm_lanes(acc, a, x, ldx, MOEQ_CU_DTYPE_BF16, W, NULL, K);
+}
+
+/* ---- router (moe.c) ------------------------------------------------------------------------ */
+
+#define MOEQ_CU_ROUTE_MAX_EXPERTS 256
+
+/* Plain data, field for field the engine's moeq_moe_router; method: 0 greedy, 1 group-limited greedy,
+ * 2 noaux_tc (the engine's moeq_moe_method values). */
+typedef struct moeq_cu_router {
+    int n_experts, top_k, n_group, topk_group;
+    int sigmoid, method, norm_topk_prob, scale_always;
+    float scaling;
+} moeq_cu_router;
+
+MOEQ_HD int moeq_cu_argmax_first(const float *v, int n) {
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (v[i] > -INFINITY && (best < 0 || v[i] > v[best])) best = i;
+    return best;
+}
+
+MOEQ_HD float moeq_cu_group_score(const moeq_cu_router *r, const float *g, int size) {
+    if (r->method == 1 || size < 2) {
+        float m = g[0];
+        for (int i = 1; i < size; i++) m = g[i] > m ? g[i] : m;
+        return m;
+    }
+    int a = 0;
+    for (int i = 1; i < size; i++)
+        if (g[i] > g[a]) a = i;
+    int b = a == 0 ? 1 : 0;
+    for (int i = 0; i < size; i++)
+        if (i != a && g[i] > g[b]) b = i;
+    return g[a] + g[b];
+}
+
+MOEQ_HD void moeq_cu_mask_groups(const moeq_cu_router *r, float *choice, float *gscore) {
+    int size = r->n_experts / r->n_group;
+    for (int g = 0; g < r->n_group; g++) gscore[g] = moeq_cu_group_score(r, choice + g * size, size);
+    for (int kept = 0; kept < r->topk_group; kept++) {
+        int g = moeq_cu_argmax_first(gscore, r->n_group);
+        if (g < 0) break;
+        gscore[g] = NAN;
+    }
+    for (int g = 0; g < r->n_group; g++)
+        if (!isnan(gscore[g]))
+            for (int i = 0; i < size; i++) choice[g * size + i] = -INFINITY;
+}
+
+MOEQ_HD int moeq_cu_first_unpicked(const int32_t *ids, int s) {
+    for (int e = 0;; e++) {
+        int taken = 0;
+        for (int j = 0; j < s && !taken; j++) taken = ids[j] == e;
+        if (!taken) return e;
+    }
+}
+
+/* The engine's softmax (max-subtracted, expf, ascending sum, divide), in place. */
+MOEQ_HD void moeq_cu_softmax(float *x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+/* One token, as moeq_moe_route: scratch holds 2 * n_experts + n_group floats. Returns 1, or 0 when a logit
+ * is not finite. */
+MOEQ_HD int moeq_cu_route(const moeq_cu_router *r, const float *logits, const float *bias, int32_t *ids,
+                          float *weights, float *scratch) {
+    int n = r->n_experts, finite = 1;
+    float *scores = scratch, *choice = scratch + n, *gscore = scratch + 2 * n;
+    for (int i = 0; i < n; i++) finite &= isfinite(logits[i]) != 0;
+    if (r->sigmoid)
+        for (int i = 0; i < n; i++) scores[i] = 1.0f / (1.0f + expf(-logits[i]));
+    else {
+        for (int i = 0; i < n; i++) scores[i] = logits[i];
+        moeq_cu_softmax(scores, n);
+    }
+    for (int i = 0; i < n; i++) choice[i] = scores[i] + (bias && r->method == 2 ? bias[i] : 0.0f);
+    if (r->method != 0 && r->n_group > 1) moeq_cu_mask_groups(r, choice, gscore);
+    float sum = 0.0f;
+    for (int s = 0; s < r->top_k; s++) {
+        int e = moeq_cu_argmax_first(choice, n);
+        if (e < 0) e = moeq_cu_first_unpicked(ids, s);
+        choice[e] = -INFINITY;
+        ids[s] = e;
+        weights[s] = scores[e];
+        sum += scores[e];
+    }
+    int norm = r->top_k > 1 && r->norm_topk_prob;
+    for (int s = 0; s < r->top_k; s++) {
+        if (norm) weights[s] /= sum + 1e-20f;
+        if (!norm || r->scale_always) weights[s] *= r->scaling;
+    }
+    return finite;
+}
+
+#endif

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The CUDA checks on a bare GPU machine, in one go, ending with one line of
+# JSON (also written to $OUT/gpu-check.json when OUT is set). See docs/CUDA.md.
+#
+#   scripts/gpu-check.sh --prepare   on a machine with apt and a network (this repo's Debian build machines):
+#                                    downloads the few build libraries a GPU image may lack into .gpu/debs
+#                                    (ignored by git; about 25 MiB, small enough to travel with the tree)
+#   scripts/gpu-check.sh             on the GPU machine: CUDA wheel hook, configure (MOEQ_CUDA_CHECK_ONLY: common,
+#                                    engine, engine/cuda and their tests), build, every test of that build
+#                                    (test_kernels_gpu, label gpu, among them), JSON summary
+#
+# The GPU machine may be offline and lack pkg-config, cJSON, PCRE2, OpenBLAS and cmocka (the engine and the
+# tests need them): where pkg-config cannot find one, the .debs in .gpu/debs are unpacked into a private
+# sysroot (never into /) and pkg-config and the loader are pointed at it. cuBLAS/NCCL come from
+# scripts/setup.d/40-cuda-wheels.sh when PyPI answers, else from the wheels already installed in the
+# machine's python3 (the CUDA images carry nvidia-cublas and nvidia-nccl-cu13).
+#
+# Exit status: 0 when every test passed and the gpu tests ran (not skipped), 1 otherwise.
+# Environment: MOEQ_GPU_BUILD (build dir, default build-gpu), MOEQ_GPU_SYSROOT (default /tmp/moeq-sysroot),
+# CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200), MOEQ_GPU_FORCE_SYSROOT=1 (use .gpu/debs even where the
+# libraries are installed: how the sysroot path is tried on a build machine).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+debs="$root/.gpu/debs"
+build=${MOEQ_GPU_BUILD:-"$root/build-gpu"}
+sysroot=${MOEQ_GPU_SYSROOT:-/tmp/moeq-sysroot}
+archs=${CMAKE_CUDA_ARCHITECTURES:-90}
+# the libraries the CHECK_ONLY build needs, and pkg-config itself (pkgconf)
+deb_pkgs=(libcjson-dev libcjson1 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+          libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libopenblas0 libgfortran5
+          libcmocka-dev libcmocka0 pkgconf pkgconf-bin libpkgconf3)
+pc_modules=(libcjson libpcre2-8 openblas cmocka)
+
+if [ "${1:-}" = --prepare ]; then
+  set -e
+  mkdir -p "$debs"
+  (cd "$debs" && apt-get download "${deb_pkgs[@]}")
+  du -sh "$debs"
+  echo "gpu-check: carry .gpu in the device call (see docs/CUDA.md)"
+  exit 0
+fi
+
+t_start=$(date +%s)
+logdir=${OUT:-"$build"}
+mkdir -p "$logdir" "$build"
+log="$logdir/gpu-check.log"
+: >"$log"
+error=""
+wheels="none"
+note() { echo "gpu-check: $*" | tee -a "$log" >&2; }
+
+# ---- the machine ------------------------------------------------------------------------------------------
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+nvcc_ver=$("$nvcc_bin" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+[ -n "$nvcc_ver" ] || error="no nvcc (looked on PATH and at /usr/local/cuda/bin/nvcc)"
+note "gpu: ${gpu:-none seen by nvidia-smi}; nvcc ${nvcc_ver:-none}"
+
+# ---- the build libraries: the machine's, else the carried .debs in a private sysroot ----------------------
+missing=()
+if [ -n "${MOEQ_GPU_FORCE_SYSROOT:-}" ]; then
+  missing=(forced) # to try the .debs on a machine that has the libraries
+elif command -v pkg-config >/dev/null; then
+  for m in "${pc_modules[@]}"; do pkg-config --exists "$m" || missing+=("$m"); done
+else
+  missing=(pkg-config "${pc_modules[@]}")
+fi
+if [ -z "$error" ] && [ ${#missing[@]} -gt 0 ]; then
+  if ls "$debs"/*.deb >/dev/null 2>&1; then
+    note "not on this machine: ${missing[*]}; unpacking .gpu/debs into $sysroot"
+    mkdir -p "$sysroot"
+    for f in "$debs"/*.deb; do dpkg -x "$f" "$sysroot" || error="could not unpack $f"; done
+    multi="$sysroot/usr/lib/x86_64-linux-gnu"
+    # dpkg -x runs no maintainer scripts: make the links update-alternatives would have made
+    for f in libopenblas.so libopenblas.so.0; do ln -sf openblas-pthread/$f "$multi/$f"; done
+    ln -sf ../openblas-pthread/pkgconfig/openblas.pc "$multi/pkgconfig/openblas.pc" 2>/dev/null ||
+      { mkdir -p "$multi/pkgconfig" && ln -sf ../openblas-pthread/pkgconfig/openblas.pc "$multi/pkgconfig/openblas.pc"; }
+    export PATH="$sysroot/usr/bin:$PATH"
+    export PKG_CONFIG_SYSROOT_DIR="$sysroot"
+    export PKG_CONFIG_LIBDIR="$multi/pkgconfig:$multi/openblas-pthread/pkgconfig:$sysroot/usr/share/pkgconfig"
+    export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export CPATH="$sysroot/usr/include:$sysroot/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
+    command -v pkg-config >/dev/null || ln -sf pkgconf "$sysroot/usr/bin/pkg-config"
+    for m in "${pc_modules[@]}"; do pkg-config --exists "$m" || error="${error:+$error; }$m not found even in .gpu/debs"; done
+  else
+    error="missing ${missing[*]} and no .gpu/debs (run scripts/gpu-check.sh --prepare where apt works, carry .gpu)"
+  fi
+fi
+
+# ---- cuBLAS / NCCL ----------------------------------------------------------------------------------------
+wheels_dir=""
+if [ -z "$error" ]; then
+  # the hook: at once where it ran before (its stamp), else only where PyPI answers (offline, pip would spend
+  # minutes in retries)
+  if [ -f "$root/.deps/cuda/.wheels" ] || timeout 5 bash -c '</dev/tcp/pypi.org/443' 2>/dev/null; then
+    mkdir -p "$root/.deps" 2>/dev/null
+    bash "$root/scripts/setup.d/40-cuda-wheels.sh" >>"$log" 2>&1 && [ -f "$root/.deps/cuda/.wheels" ] &&
+      wheels="setup.d/40-cuda-wheels.sh" && wheels_dir="$root/.deps/cuda"
+  fi
+  if [ -z "$wheels_dir" ]; then
+    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
+    if [ -n "$site" ] && [ -f "$site/nvidia/cu13/include/cublas_v2.h" ] && [ -f "$site/nvidia/nccl/include/nccl.h" ]; then
+      wheels="python3 site-packages ($site)" && wheels_dir="$site"
+    else
+      note "no cuBLAS/NCCL wheels (PyPI unreachable, none in python3): test_cuda_libs is not built"
+    fi
+  fi
+  note "cuBLAS/NCCL: $wheels"
+fi
+
+# ---- configure, build ---------------------------------------------------------------------------------------
+t_build=$(date +%s)
+if [ -z "$error" ]; then
+  gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  [ -f "$build/CMakeCache.txt" ] && ! grep -q "MOEQ_CUDA_CHECK_ONLY:BOOL=ON" "$build/CMakeCache.txt" && rm -rf "$build"
+  timeout 240 cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEQ_CUDA=ON \
+    -DMOEQ_CUDA_CHECK_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" ${wheels_dir:+-DMOEQ_CUDA_WHEELS_DIR="$wheels_dir"} \
+    >>"$log" 2>&1 || error="cmake configure failed (see gpu-check.log)"
+fi
+if [ -z "$error" ]; then
+  timeout 300 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1 || error="build failed (see gpu-check.log)"
+fi
+build_s=$(( $(date +%s) - t_build ))
+
+# ---- tests ----------------------------------------------------------------------------------------------------
+junit="$build/gpu-check-junit.xml"
+rm -f "$junit"
+if [ -z "$error" ]; then
+  (cd "$build" && timeout 300 ctest --timeout 120 --output-on-failure --output-junit "$junit") >>"$log" 2>&1
+fi
+
+# ---- one JSON line ----------------------------------------------------------------------------------------------
+summary=$(python3 - "$junit" "$error" "$gpu" "$nvcc_ver" "$wheels" "$build_s" "$(( $(date +%s) - t_start ))" <<'EOF'
+import json, sys, xml.etree.ElementTree as ET
+junit, error, gpu, nvcc, wheels, build_s, total_s = sys.argv[1:]
+tests = []
+try:
+    for tc in ET.parse(junit).getroot().iter("testcase"):
+        st = {"run": "passed", "fail": "failed", "notrun": "skipped", "disabled": "skipped"}.get(tc.get("status"))
+        if tc.find("failure") is not None: st = "failed"
+        elif st is None: st = "skipped" if tc.find("skipped") is not None else "passed"
+        tests.append({"name": tc.get("name"), "status": st, "time_s": round(float(tc.get("time") or 0), 3)})
+except (OSError, ET.ParseError):
+    pass
+count = lambda s: sum(t["status"] == s for t in tests)
+gpu_ran = any(t["name"] == "test_kernels_gpu" and t["status"] == "passed" for t in tests)
+if not error and not tests: error = "no test results (see gpu-check.log)"
+if not error and not gpu_ran: error = "test_kernels_gpu did not pass (skipped means no device was found)"
+ok = not error and count("failed") == 0 and gpu_ran
+print(json.dumps({"ok": ok, "gpu": gpu or None, "nvcc": nvcc or None, "cuda_libs": wheels,
+                  "build_s": int(build_s), "total_s": int(total_s), "passed": count("passed"),
+                  "failed": count("failed"), "skipped": count("skipped"), "tests": tests,
+                  "error": error or None}))
+EOF
+)
+echo "$summary"
+[ -n "${OUT:-}" ] && echo "$summary" >"$OUT/gpu-check.json"
+case "$summary" in *'"ok": true'*) exit 0 ;; *) exit 1 ;; esac

@@ -1,0 +1,18 @@
+# engine/cuda: the kernels' shared arithmetic and index math (ops.cuh) runs on the host against the CPU
+# engine's ops, bit for bit, on every machine (label unit); each CUDA kernel is compared with the CPU
+# engine's op where a device exists (label gpu; exits 77 = skipped, with the reason printed, where there is
+# none). docs/CUDA.md says which comparisons are exact.
+if(TARGET moeq_engine)
+  moeq_add_test(NAME test_cuda_ops_host SOURCES test_cuda_ops_host.c test_cuda_ops_cxx.cpp LIBS moeq_cuda_ops moeq_engine LABELS unit)
+  target_include_directories(test_cuda_ops_host PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+endif()
+if(MOEQ_HAVE_CUDA AND TARGET moeq_engine)
+  moeq_add_test(NAME test_kernels_gpu SOURCES test_kernels_gpu.c LIBS moeq_cuda_kernels moeq_engine CUDA::cudart
+                LABELS gpu)
+  target_include_directories(test_kernels_gpu PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+endif()
+# The cuBLAS and NCCL the build found load at run time and are the pinned
+# CUDA 13 line (no GPU needed).
+if(MOEQ_HAVE_CUBLAS AND MOEQ_HAVE_NCCL)
+  moeq_add_test(NAME test_cuda_libs SOURCES test_cuda_libs.c LIBS moeq_cublas moeq_nccl LABELS unit)
+endif()
