@@ -162,8 +162,4 @@ moeq_err moeq_model_plan(const moeq_model_config *config, moeq_model *model, int
 /* 1 when layer i (main or MTP index) is a MoE layer under the HF rule. */
 int moeq_model_layer_is_moe(const moeq_model_config *config, int i);
 
-/* Parse config.json text into a config; errors name the key. */
-moeq_err moeq_model_config_parse(const char *json, size_t len, moeq_model_config *config, char *errstr,
-                                 size_t errstr_size);
-
 #endif
