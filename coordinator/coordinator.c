@@ -33,9 +33,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "batch_entry.h"
 #include "batcher.h"
 #include "intake.h"
+#include "moeq/batch_entry.h"
 #include "moeq/health.h"
 #include "moeq/kafka.h"
 #include "moeq/log.h"

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "metrics.h"
 #include "intake.h"
 #include "moeq/result.h"
