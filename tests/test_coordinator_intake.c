@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "moeq/batch_entry.h"
-#include "metrics.h"
+#include "coord_metrics.h"
 #include "intake.h"
 #include "moeq/result.h"
 #include "moeq/tokenizer.h"
