@@ -19,7 +19,7 @@
 #include "moeq/err.h"
 #include "moeq/job.h"
 #include "moeq/redis.h"
-#include "worker.h"
+#include "worker_params.h"
 
 /* One job of a taken batch entry. */
 typedef struct worker_entry_job {
