@@ -52,6 +52,8 @@ RULES = [
      "kind": "no_link", "target": "moeq_tokenizer", "forbid": ["moeq_engine"]},
     {"name": "the worker does not link the coordinator library (the batch entry codec is in schemas/)",
      "kind": "no_link", "target": "moeq_worker", "forbid": ["moeq_coordinator"]},
+    {"name": "the engine links neither the tokenizer nor the checkpoint writer (tools/)",
+     "kind": "no_link", "target": "moeq_engine", "forbid": ["moeq_tokenizer", "moeq_genmodel"]},
     {"name": "ep/ includes no engine header",
      "kind": "no_include", "files": ["ep/*"], "forbid": ["engine/*"], "skip_unless": "ep"},
     {"name": "the tokenizer and the schemas include no engine header",
