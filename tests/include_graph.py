@@ -21,6 +21,7 @@ reported, and it fails the check only if it starts to hold (then flip it to
 "pass" here, in XFAIL below, so it stays held).
 
 Usage: include_graph.py SOURCE_DIR [LINK_GRAPH_FILE] [--print]
+       include_graph.py --self-test   (a tree that breaks each kind of rule once must fail each)
 Exit 0 when every rule holds; 1 with one line per violation otherwise.
 Python 3 standard library only.
 """
@@ -278,7 +279,57 @@ def check_rule(rule, root, files, graph, links, incs):
     return bad or None
 
 
+def self_test():
+    """The check finds what it is for: a tree built to break each kind of rule once (0 when it does)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as root:
+        def put(path, text=""):
+            os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+            with open(os.path.join(root, path), "w") as fh:
+                fh.write(text)
+        put("engine/model.h", '#include "safetensors.h"\n')
+        put("engine/safetensors.h", '#include "model.h"\n')
+        put("engine/forward.c", '#include "forward.h"\n')
+        put("engine/forward.h", '#include "ops.h"\n')
+        put("engine/ops.h")
+        put("ep/ep.c", '#include "../engine/model.h"\n')
+        put("ep/ep.h")
+        put("engine/uses_ep.c", '#include "../ep/ep.h"\n')
+        put("coordinator/metrics.h")
+        put("worker/metrics.h")
+        graph_file = os.path.join(root, "link_graph.txt")
+        put("link_graph.txt", "moeq_coordinator\tlink\tmoeq_x\nmoeq_x\tlink\t$<LINK_ONLY:moeq_engine>\n"
+            "moeq_coordinator\tinclude\t%s/coordinator\nmoeq_worker\tinclude\t%s/worker\n" % (root, root))
+        files = scan(root)
+        graph = build_graph(root, files)
+        links, incs = read_link_graph(graph_file)
+        by_name = {r["name"]: r for r in RULES}
+        want = {
+            "the coordinator's link line has no engine": ["moeq_coordinator links moeq_engine"],
+            "ep/ includes no engine header": ["ep/ep.c includes engine/model.h", "ep/ep.c includes engine/safetensors.h"],
+            "engine/forward.c never includes a cpu/ or cuda/ header": ["engine/forward.c includes engine/ops.h"],
+            "no bare header name in two public include dirs": ["metrics.h is in coordinator and worker"],
+            "no include loop between modules or folders": ["modules engine:model <-> engine:safetensors",
+                                                           "folders engine <-> ep"],
+        }
+        bad = 0
+        for name, expect in want.items():
+            got = check_rule(by_name[name], root, files, graph, links, incs)
+            if got != expect:
+                bad += 1
+                print("self-test: %s: expected %r, got %r" % (name, expect, got))
+        skipped = check_rule(by_name["engine/moe_layer.c never includes a cpu/ or cuda/ header"], root, files,
+                             graph, links, incs)
+        if not (isinstance(skipped, str) and skipped.startswith("skip")):
+            bad += 1
+            print("self-test: a rule about a missing file did not skip: %r" % (skipped,))
+        print("self-test: %s" % ("ok" if not bad else "%d failed" % bad))
+        return 1 if bad else 0
+
+
 def main(argv):
+    if "--self-test" in argv:
+        return self_test()
     args = [a for a in argv[1:] if not a.startswith("--")]
     if not args:
         sys.stderr.write(__doc__)

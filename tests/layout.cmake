@@ -43,3 +43,11 @@ if(MOEQ_LAYOUT_PYTHON)
     COMMAND ${MOEQ_LAYOUT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/include_graph.py ${CMAKE_SOURCE_DIR} ${_moeq_graph_file})
   set_tests_properties(include_graph_has_no_loops_and_keeps_the_folder_rules PROPERTIES LABELS unit TIMEOUT 60)
 endif()
+
+# The check itself: a tree built to break each kind of rule once must fail each (and a rule about a missing
+# file must skip), so a check that silently stopped looking is caught.
+if(MOEQ_LAYOUT_PYTHON)
+  add_test(NAME include_graph_finds_loops_clashes_and_forbidden_links
+    COMMAND ${MOEQ_LAYOUT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/include_graph.py --self-test)
+  set_tests_properties(include_graph_finds_loops_clashes_and_forbidden_links PROPERTIES LABELS unit TIMEOUT 60)
+endif()
