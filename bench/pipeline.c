@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "moeq/kafka.h"
 #include "moeq/redis.h"
 #include "moeq/result.h"

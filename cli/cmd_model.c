@@ -1,6 +1,6 @@
 /*
  * cmd_model.c — `moeq gen-model` (write a synthetic checkpoint) and
- * `moeq model-info` (load one and report). Thin shells over engine/genmodel.c
+ * `moeq model-info` (load one and report). Thin shells over tools/genmodel.c
  * and moeq_model_load; all decisions live there.
  */
 #include <inttypes.h>
@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/genmodel.h"
 #include "../engine/model.h"
 #include "moeq/engine.h"
+#include "moeq/genmodel.h"
 #include "moeq/util.h"
 
 static void gen_model_usage(FILE *out) {

@@ -33,13 +33,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "batch_entry.h"
 #include "batcher.h"
 #include "intake.h"
+#include "moeq/batch_entry.h"
 #include "moeq/health.h"
-#include "moeq/engine.h"
 #include "moeq/kafka.h"
 #include "moeq/log.h"
+#include "moeq/model_config.h"
 #include "moeq/redis.h"
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"

@@ -16,7 +16,7 @@
 #include <signal.h>
 #include <stddef.h>
 
-#include "metrics.h"
+#include "coord_metrics.h"
 #include "moeq/config.h"
 #include "moeq/err.h"
 #include "params.h"

@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "moeq/config.h"
 #include "moeq/err.h"
 #include "moeq/job.h"

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "model.h"
 #include "moeq/util.h"
@@ -271,33 +270,6 @@ static moeq_err check_unused(binder *b, int verify, int skip_from_layer) {
 
 /* ---- load ----------------------------------------------------------------- */
 
-static moeq_err read_config(const char *dir, moeq_model_config *config, char *errstr, size_t errstr_size) {
-    size_t n = strlen(dir) + 16;
-    char *path = malloc(n), *text = NULL;
-    size_t len = 0;
-    if (!path) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "out of memory");
-    snprintf(path, n, "%s/config.json", dir);
-    struct stat st;
-    moeq_err err;
-    if (stat(path, &st) != 0)
-        err = moeq_errf(MOEQ_ERR_NOT_FOUND, errstr, errstr_size, "%s: no such file", path);
-    else
-        err = moeq_read_file(path, (size_t)16 << 20, &text, &len, errstr, errstr_size);
-    if (!err) {
-        char msg[256];
-        err = moeq_model_config_parse(text, len, config, msg, sizeof msg);
-        if (err) moeq_errf(err, errstr, errstr_size, "%s/%s", dir, msg);
-    }
-    free(text);
-    free(path);
-    return err;
-}
-
-moeq_err moeq_model_config_load(const char *dir, moeq_model_config *config, char *errstr, size_t errstr_size) {
-    if (!dir || !config) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "dir and config are required");
-    return read_config(dir, config, errstr, errstr_size);
-}
-
 /* All files' tensors in one array sorted by name; a name in two files is an error. */
 static moeq_err gather_tensors(moeq_model *model, char *errstr, size_t errstr_size) {
     int n = 0;
@@ -369,7 +341,7 @@ moeq_err moeq_model_load(const char *dir, const moeq_model_params *params, moeq_
         free(model);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "out of memory");
     }
-    moeq_err err = read_config(dir, &model->config, errstr, errstr_size);
+    moeq_err err = moeq_model_config_load(dir, &model->config, errstr, errstr_size);
     if (!err) err = moeq_safetensors_open_dir(dir, &model->files, &model->n_files, errstr, errstr_size);
     if (!err) err = gather_tensors(model, errstr, errstr_size);
     if (!err) err = bind_all(model, params, errstr, errstr_size);

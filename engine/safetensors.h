@@ -12,7 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "moeq/err.h"
+#include "tensor.h"
 
 /* Header bound: real checkpoints' headers are well under 1 MiB per shard. */
 #define MOEQ_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
@@ -38,14 +39,14 @@ moeq_err moeq_safetensors_parse(const uint8_t *buf, size_t file_size, const char
 void moeq_safetensors_free_tensors(moeq_tensor *tensors, int n_tensors);
 
 /* One mmapped, validated file. Its tensors' names and data live as long as it does. */
-struct moeq_mapped_file {
+typedef struct moeq_mapped_file {
     char *path;
     void *map;
     size_t size;
     moeq_tensor *tensors;
     int n_tensors;
     char *metadata_json; /* "__metadata__" or NULL */
-};
+} moeq_mapped_file;
 
 moeq_err moeq_mapped_file_open(const char *path, moeq_mapped_file **out, char *errstr, size_t errstr_size);
 void moeq_mapped_file_close(moeq_mapped_file *file); /* NULL is safe */

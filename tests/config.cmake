@@ -11,7 +11,7 @@ endif()
 # Truthful health: /readyz with the broker (librdkafka's mock, in the test) and a private Redis
 # stopped and restarted, a wrong broker address; both roles run as `moeq` child processes.
 if(TARGET moeq AND TARGET moeq_coordinator)
-  moeq_add_test(NAME test_health SOURCES test_health.c LIBS moeq_coordinator
+  moeq_add_test(NAME test_health SOURCES test_health.c LIBS moeq_coordinator moeq_kafka_mock
     LABELS integration FIXTURES services TIMEOUT 420)
   add_dependencies(test_health moeq)
 endif()

@@ -26,16 +26,16 @@ add_dependencies(test_coordinator_broker_restart moeq)
 # The backlog behind max_pending_batches when workers delete what they acknowledge (XINFO's lag nil).
 moeq_add_test(NAME test_coordinator_backlog SOURCES test_coordinator_backlog.c
   LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 60)
-# The Kafka adapter against librdkafka's in-process mock cluster (consumer lag,
+# The Kafka adapter against librdkafka's in-process mock cluster (moeq_kafka_mock; consumer lag,
 # injected request errors, a broker outage); needs no service. Registered here
 # with the coordinator's mock-fault test that relies on the same adapter calls.
-moeq_add_test(NAME test_kafka_mock SOURCES test_kafka_mock.c LIBS moeq_io
+moeq_add_test(NAME test_kafka_mock SOURCES test_kafka_mock.c LIBS moeq_io moeq_kafka_mock
   LABELS integration TIMEOUT 60)
 # Injected Kafka request errors and a broker outage through librdkafka's mock
 # cluster (in the test process; the `moeq` child reaches it over loopback), in
 # addition to the real broker restart above; Redis from the `services` fixture.
 moeq_add_test(NAME test_coordinator_mock_faults SOURCES test_coordinator_mock_faults.c
-  LIBS moeq_coordinator LABELS integration FIXTURES services TIMEOUT 180)
+  LIBS moeq_coordinator moeq_kafka_mock LABELS integration FIXTURES services TIMEOUT 180)
 add_dependencies(test_coordinator_mock_faults moeq)
 # One id, one job: duplicates inside a batch and across batches, redeliveries.
 moeq_add_test(NAME test_coordinator_dedupe SOURCES test_coordinator_dedupe.c

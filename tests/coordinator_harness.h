@@ -16,7 +16,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "moeq/job.h"
 #include "moeq/kafka.h"
 #include "moeq/redis.h"

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch_entry.h"
-#include "metrics.h"
+#include "moeq/batch_entry.h"
+#include "coord_metrics.h"
 #include "intake.h"
 #include "moeq/result.h"
 #include "moeq/tokenizer.h"

@@ -28,6 +28,7 @@
 #include <cmocka.h>
 
 #include "coordinator_harness.h"
+#include "moeq/kafka_mock.h"
 
 #define N_PARTITIONS 4
 #define N_CHUNKS 3

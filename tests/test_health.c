@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "coordinator_harness.h"
+#include "moeq/kafka_mock.h"
 
 typedef enum role { COORDINATOR, WORKER } role;
 

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "moeq/kafka.h"
+#include "moeq/kafka_mock.h"
 #include "moeq/util.h"
 
 #define N_PER_PARTITION 50

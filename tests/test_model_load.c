@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "genmodel.h"
 #include "model.h"
+#include "moeq/genmodel.h"
 #include "moeq/util.h"
 
 static char root_dir[256];

@@ -486,8 +486,8 @@ static void export_writes_loadable_tokenizers_for_known_vocab_sizes(void **state
     assert_int_equal(moeq_tokenizer_load(dir, &tok, errstr, sizeof errstr), MOEQ_OK);
     assert_int_equal(moeq_tokenizer_n_ids(tok), 1024);
     moeq_tokenizer_destroy(tok);
-    /* the embedded copy is the committed engine/data/tiny one */
-    assert_int_equal(moeq_tokenizer_load(path_of("engine/data/tiny"), &tok, errstr, sizeof errstr), MOEQ_OK);
+    /* the embedded copy is the committed tokenizer/data/tiny one */
+    assert_int_equal(moeq_tokenizer_load(path_of("tokenizer/data/tiny"), &tok, errstr, sizeof errstr), MOEQ_OK);
     moeq_tokenizer_destroy(tok);
     assert_int_equal(moeq_tokenizer_export(dir, 129280, errstr, sizeof errstr), MOEQ_OK);
     assert_int_equal(moeq_tokenizer_load(dir, &tok, errstr, sizeof errstr), MOEQ_OK);
@@ -522,7 +522,7 @@ static void bad_tokenizer_files_fail_with_the_key_at_fault(void **state) {
     /* an unsupported normalizer on an otherwise good file (the tiny one) */
     char *json = NULL;
     size_t len = 0;
-    assert_int_equal(moeq_read_file(path_of("engine/data/tiny/tokenizer.json"), 1 << 20, &json, &len, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_read_file(path_of("tokenizer/data/tiny/tokenizer.json"), 1 << 20, &json, &len, NULL, 0), MOEQ_OK);
     cJSON *root = cJSON_Parse(json);
     cJSON_ReplaceItemInObject(root, "normalizer", cJSON_Parse("{\"type\": \"NFKC\"}"));
     char *edited = cJSON_PrintUnformatted(root), errstr[512];

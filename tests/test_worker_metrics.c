@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-#include "metrics.h"
+#include "worker_metrics.h"
 
 static void counters_and_the_latency_histogram_render_as_prometheus_text(void **state) {
     (void)state;

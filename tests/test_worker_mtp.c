@@ -30,7 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "moeq/engine.h"
 #include "moeq/kafka.h"
 #include "moeq/redis.h"

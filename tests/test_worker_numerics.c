@@ -28,7 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "moeq/engine.h"
 #include "moeq/job.h"
 #include "moeq/kafka.h"

@@ -1,7 +1,7 @@
 /*
  * test_worker_pipeline.c — the worker against a real Redis and Kafka and the
  * tiny model: batch entries are written to the streams as the coordinator
- * writes them (coordinator/batch_entry.h), `moeq worker` processes run them,
+ * writes them (moeq/batch_entry.h), `moeq worker` processes run them,
  * results are read back from Kafka and compared with moeq_generate for each
  * job alone (same tokens, same seed).
  *
@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "moeq/engine.h"
 #include "moeq/job.h"
 #include "moeq/kafka.h"

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "moeq/kafka.h"
 #include "moeq/redis.h"
 #include "moeq/util.h"

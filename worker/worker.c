@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "metrics.h"
+#include "worker_metrics.h"
 #include "moeq/engine.h"
 #include "moeq/kafka.h"
 #include "moeq/log.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 #include "moeq/log.h"
 #include "moeq/util.h"
 

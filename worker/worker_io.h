@@ -19,7 +19,7 @@
 #include "moeq/err.h"
 #include "moeq/job.h"
 #include "moeq/redis.h"
-#include "worker.h"
+#include "worker_params.h"
 
 /* One job of a taken batch entry. */
 typedef struct worker_entry_job {
@@ -47,7 +47,7 @@ typedef struct worker_entry {
 void worker_entry_free(worker_entry *entry);
 
 /*
- * Decode a stream entry (coordinator/batch_entry.h: v, n, closed_ms and the
+ * Decode a stream entry (moeq/batch_entry.h: v, n, closed_ms and the
  * `jobs` blob) into *out (zeroed first). A job that fails to decode is kept
  * with `bad` set so it gets an error result. Pure.
  */

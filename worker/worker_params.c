@@ -9,7 +9,7 @@
 #include "moeq/kafka.h"
 #include "moeq/log.h"
 #include "moeq/redis.h"
-#include "worker.h"
+#include "worker_params.h"
 
 #define P(field) offsetof(moeq_worker_params, field), sizeof(((moeq_worker_params *)0)->field)
 

@@ -12,7 +12,7 @@ weight_dequant). A model directory holds `model.safetensors` or the shards
 listed in `model.safetensors.index.json`.
 
 What it deliberately does not do: anything clever. It shares no code or
-tables with the C engine (engine/dtype.c, engine/safetensors.c); the decode
+tables with the C engine (engine/tensor.c, engine/safetensors.c); the decode
 tables here are derived from the format definitions, so the engine can be
 tested against them.
 """

@@ -1,4 +1,4 @@
-// Writes engine/tokenizer_unicode.c: the code points the reference's regex
+// Writes tokenizer/tokenizer_unicode.c: the code points the reference's regex
 // engine (Oniguruma inside HF `tokenizers`, Unicode 16) puts in \p{L}, \p{M},
 // \p{N}, \p{P}, \p{S} but the system PCRE2 (10.42: Unicode 14) does not, and
 // the reference's \s, so that tokenizer.c can rewrite the pre_tokenizer
@@ -101,5 +101,5 @@ const moeq_tok_range *moeq_tok_unicode_extra(char property) {
 
 const moeq_tok_range *moeq_tok_unicode_space(void) { return SPACE; }
 `;
-fs.writeFileSync(path.resolve(__dirname, '../../engine/tokenizer_unicode.c'), out);
-console.log('engine/tokenizer_unicode.c:', JSON.stringify(counts), 'space ranges', space.length);
+fs.writeFileSync(path.resolve(__dirname, '../../tokenizer/tokenizer_unicode.c'), out);
+console.log('tokenizer/tokenizer_unicode.c:', JSON.stringify(counts), 'space ranges', space.length);

@@ -6,7 +6,7 @@
  * PING, the model is loaded, ...) passed. Probes run on the HTTP thread
  * when asked, at most once per cache_ms (a scrape storm must not become a
  * broker storm); each probe must bound its own time (about a second).
- * /healthz is ready. The HTTP servers (coordinator.c, worker/metrics.c) only
+ * /healthz is ready. The HTTP servers (coordinator.c, worker/worker_metrics.c) only
  * call these.
  *
  * Thread-safe: tick from the loop, live/ready from any thread.

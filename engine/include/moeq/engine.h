@@ -25,47 +25,13 @@
 
 #include "moeq/config.h"
 #include "moeq/err.h"
+#include "moeq/model_config.h" /* moeq_model_config, moeq_model_config_load */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- model ---------------------------------------------------------------- */
-
-/* The architecture as read from config.json (plain data; see docs/ENGINE.md). */
-typedef struct moeq_model_config {
-    char model_type[32];          /* "deepseek_v3" | "deepseek_v2"                     */
-    int vocab_size;
-    int hidden_size;
-    int intermediate_size;        /* dense SwiGLU layers                               */
-    int moe_intermediate_size;    /* each routed/shared expert                         */
-    int num_hidden_layers;
-    int num_attention_heads;
-    int n_shared_experts;         /* 0 = none                                          */
-    int n_routed_experts;         /* 0 = dense model                                   */
-    int num_experts_per_tok;
-    int n_group, topk_group;      /* group-limited routing (1,1 = off)                 */
-    int first_k_dense_replace;
-    int moe_layer_freq;
-    int norm_topk_prob;
-    double routed_scaling_factor;
-    char scoring_func[16];        /* "sigmoid" (V3) | "softmax" (V2)                   */
-    char topk_method[24];         /* "noaux_tc" (V3) | "greedy" | "group_limited_greedy" */
-    int q_lora_rank;              /* 0 = no q compression (q_proj)                     */
-    int kv_lora_rank;
-    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
-    double rms_norm_eps;
-    double rope_theta;
-    int max_position_embeddings;
-    /* rope_scaling (YaRN); rope_scaling_type[0] == 0 when absent */
-    char rope_scaling_type[16];   /* "yarn"                                            */
-    double rope_factor;
-    int rope_original_max_position_embeddings;
-    double rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim;
-    int num_nextn_predict_layers; /* MTP layers stored after the main layers           */
-    int tie_word_embeddings;
-    int bos_token_id, eos_token_id;
-} moeq_model_config;
 
 typedef struct moeq_model moeq_model;
 
@@ -151,13 +117,6 @@ void moeq_engine_destroy(moeq_engine *engine); /* NULL is safe */
  * RoPE/YaRN are only defined (trained) below it.
  */
 int moeq_engine_max_model_len(const moeq_engine *engine);
-
-/*
- * Read dir/config.json only (no weights): what a process that does not run
- * the model (the coordinator) needs to know about it, e.g. its context.
- * Errors as moeq_model_load's (MOEQ_ERR_IO/NOT_FOUND when absent).
- */
-moeq_err moeq_model_config_load(const char *dir, moeq_model_config *config, char *errstr, size_t errstr_size);
 
 /* Bytes of KV cache per token (compressed latent + rope key, all layers). */
 size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine);

@@ -1,5 +1,5 @@
 /* batch_entry.c — the `jobs` blob of a batch stream entry (see batch_entry.h). */
-#include "batch_entry.h"
+#include "moeq/batch_entry.h"
 
 #include <stdlib.h>
 #include <string.h>

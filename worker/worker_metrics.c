@@ -1,8 +1,8 @@
 /*
- * metrics.c — Prometheus text rendering of the worker's counters and a
+ * worker_metrics.c — Prometheus text rendering of the worker's counters and a
  * two-route libmicrohttpd server. No policy here.
  */
-#include "metrics.h"
+#include "worker_metrics.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>

@@ -11,7 +11,7 @@
  *
  * Deliberately not here: tokenizer files (moeq_tokenizer_export writes them).
  */
-#include "genmodel.h"
+#include "moeq/genmodel.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "model.h" /* the engine's tensor plan and number formats */
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"
 

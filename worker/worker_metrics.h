@@ -1,5 +1,5 @@
 /*
- * metrics.h — the worker's counters and the /metrics + /healthz endpoint
+ * worker_metrics.h — the worker's counters and the /metrics + /healthz endpoint
  * (Prometheus text format over libmicrohttpd, its own thread).
  *
  * Counters are updated by the worker loop with relaxed atomics and read by

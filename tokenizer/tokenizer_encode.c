@@ -11,8 +11,7 @@
  *      lowest rank first (leftmost among equals) with a binary heap and a
  *      linked list, O(n log n) — never by rescanning.
  *
- * Short pieces' results are cached in a lock-striped table (the tokenizer is
- * shared by threads; a stripe's mutex is held only to copy an entry).
+ * Short pieces' results are cached (tokenizer_cache.c).
  * Nothing here allocates per token: scratch grows with the longest piece and
  * lives for one call. It does not validate configuration (tokenizer.c did).
  */
@@ -22,71 +21,6 @@
 
 #include "moeq/util.h"
 #include "tokenizer_internal.h"
-
-/* ---- pre-token cache ----------------------------------------------------------- */
-
-#define CACHE_STRIPES 128
-#define CACHE_SLOTS 128  /* per stripe, direct-mapped                */
-#define CACHE_KEY_MAX 22 /* longer pieces are not cached             */
-#define CACHE_IDS_MAX 12 /* pieces with more ids are not cached      */
-
-typedef struct cache_entry {
-    uint64_t hash;
-    uint8_t key_len; /* 0 = empty */
-    uint8_t n_ids;
-    char key[CACHE_KEY_MAX];
-    int32_t ids[CACHE_IDS_MAX];
-} cache_entry;
-
-typedef struct cache_stripe {
-    pthread_mutex_t mu;
-    cache_entry slots[CACHE_SLOTS];
-} __attribute__((aligned(64))) cache_stripe;
-
-struct tok_cache {
-    cache_stripe stripes[CACHE_STRIPES];
-};
-
-tok_cache *moeq_tok_cache_new(void) {
-    tok_cache *cache = NULL;
-    if (posix_memalign((void **)&cache, 64, sizeof *cache)) return NULL;
-    memset(cache, 0, sizeof *cache);
-    for (int i = 0; i < CACHE_STRIPES; i++) pthread_mutex_init(&cache->stripes[i].mu, NULL);
-    return cache;
-}
-
-void moeq_tok_cache_destroy(tok_cache *cache) {
-    if (!cache) return;
-    for (int i = 0; i < CACHE_STRIPES; i++) pthread_mutex_destroy(&cache->stripes[i].mu);
-    free(cache);
-}
-
-/* Copy the cached ids of key into ids; returns their count, or -1 on a miss. */
-static int cache_get(tok_cache *cache, uint64_t hash, const char *key, size_t len, int32_t *ids) {
-    cache_stripe *st = &cache->stripes[hash % CACHE_STRIPES];
-    const cache_entry *e = &st->slots[(hash / CACHE_STRIPES) % CACHE_SLOTS];
-    int n = -1;
-    pthread_mutex_lock(&st->mu);
-    if (e->hash == hash && e->key_len == len && !memcmp(e->key, key, len)) {
-        n = e->n_ids;
-        memcpy(ids, e->ids, (size_t)n * sizeof *ids);
-    }
-    pthread_mutex_unlock(&st->mu);
-    return n;
-}
-
-static void cache_put(tok_cache *cache, uint64_t hash, const char *key, size_t len,
-                      const int32_t *ids, size_t n) {
-    cache_stripe *st = &cache->stripes[hash % CACHE_STRIPES];
-    cache_entry *e = &st->slots[(hash / CACHE_STRIPES) % CACHE_SLOTS];
-    pthread_mutex_lock(&st->mu);
-    e->hash = hash;
-    e->key_len = (uint8_t)len;
-    e->n_ids = (uint8_t)n;
-    memcpy(e->key, key, len);
-    memcpy(e->ids, ids, n * sizeof *ids);
-    pthread_mutex_unlock(&st->mu);
-}
 
 /* ---- one encode call's state ----------------------------------------------------- */
 
@@ -196,10 +130,10 @@ static int encode_piece(enc_ctx *ctx, const char *s, size_t n) {
     const moeq_tokenizer *tok = ctx->tok;
     if (n == 1) return push_id(ctx, tok->byte_id[(uint8_t)s[0]]);
     uint64_t hash = 0;
-    if (n <= CACHE_KEY_MAX) {
-        int32_t ids[CACHE_IDS_MAX];
+    if (n <= MOEQ_TOK_CACHE_KEY_MAX) {
+        int32_t ids[MOEQ_TOK_CACHE_IDS_MAX];
         hash = moeq_tok_hash(s, n);
-        int k = cache_get(tok->cache, hash, s, n, ids);
+        int k = moeq_tok_cache_get(tok->cache, hash, s, n, ids);
         for (int i = 0; i < k; i++)
             if (push_id(ctx, ids[i]) < 0) return -1;
         if (k >= 0) return 0;
@@ -210,8 +144,8 @@ static int encode_piece(enc_ctx *ctx, const char *s, size_t n) {
     for (int32_t i = 0; i >= 0; i = ctx->sym[i].next)
         if (push_id(ctx, ctx->sym[i].id) < 0) return -1;
     size_t k = ctx->out->n - first;
-    if (n <= CACHE_KEY_MAX && k <= CACHE_IDS_MAX)
-        cache_put(tok->cache, hash, s, n, ctx->out->ids + first, k);
+    if (n <= MOEQ_TOK_CACHE_KEY_MAX && k <= MOEQ_TOK_CACHE_IDS_MAX)
+        moeq_tok_cache_put(tok->cache, hash, s, n, ctx->out->ids + first, k);
     return 0;
 }
 

@@ -1,5 +1,5 @@
-/* metrics.c — Prometheus text format (version 0.0.4) for moeq_coord_stats. */
-#include "metrics.h"
+/* coord_metrics.c — Prometheus text format (version 0.0.4) for moeq_coord_stats. */
+#include "coord_metrics.h"
 
 #include <stdarg.h>
 #include <stdio.h>

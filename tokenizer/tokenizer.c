@@ -82,23 +82,6 @@ static size_t bytelevel_decode(const char *s, size_t len, char *out) {
     return n;
 }
 
-uint64_t moeq_tok_hash(const void *data, size_t len) {
-    const uint8_t *p = data;
-    uint64_t h = 0x243F6A8885A308D3ull ^ (len * 0x9E3779B97F4A7C15ull);
-    while (len >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 29;
-        p += 8;
-        len -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, p, len);
-    h = (h ^ w) * 0x94D049BB133111EBull;
-    return h ^ (h >> 31);
-}
-
 /* ---- token string table ---------------------------------------------------- */
 
 static size_t pow2_at_least(size_t n) {

@@ -1,6 +1,7 @@
 /*
- * genmodel.h — internal: write deterministic synthetic checkpoints in exactly
- * the Hugging Face DeepSeek layout (config.json with HF keys, safetensors with
+ * moeq/genmodel.h — the checkpoint writer (tools/, library moeq_genmodel; a
+ * checkpoint writer is not the engine, which only reads them): write
+ * deterministic synthetic checkpoints in exactly the Hugging Face DeepSeek layout (config.json with HF keys, safetensors with
  * HF tensor names, sharded with model.safetensors.index.json), for tests,
  * the float64 reference and benchmarks. Backs `moeq gen-model`.
  *
@@ -9,13 +10,14 @@
  * the same preset written as F32, BF16, F16 or F8 holds the same underlying
  * values (the dequantisation tests compare them).
  */
-#ifndef MOEQ_ENGINE_GENMODEL_H
-#define MOEQ_ENGINE_GENMODEL_H
+#ifndef MOEQ_GENMODEL_H
+#define MOEQ_GENMODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "moeq/err.h"
+#include "moeq/model_config.h"
 
 /* What the weights are stored as. F8 is DeepSeek's mix: linear projections
  * F8_E4M3 + 128x128 weight_scale_inv, everything else BF16 (bias F32). */

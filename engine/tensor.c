@@ -1,5 +1,5 @@
 /*
- * dtype.c — the storage types of safetensors weights and their conversions to
+ * tensor.c — the storage types of safetensors weights and their conversions to
  * and from float32: BF16, F16, F8_E4M3 (E4M3FN, DeepSeek's FP8 with 128x128
  * block scales). Widening is exact; narrowing (used by gen-model) rounds to
  * nearest even. moeq_tensor_rows_to_f32 is the one dequantisation path every
@@ -11,7 +11,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "model.h"
+#include "tensor.h"
 
 size_t moeq_dtype_size(moeq_dtype dtype) {
     switch (dtype) {

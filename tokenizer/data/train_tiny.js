@@ -1,5 +1,5 @@
 // Trains the `tiny` test model's byte-level BPE tokenizer (exactly 1024 ids)
-// and writes engine/data/tiny/tokenizer.json + tokenizer_config.json.
+// and writes tokenizer/data/tiny/tokenizer.json + tokenizer_config.json.
 //
 //   ids 0..2     <｜begin▁of▁sentence｜>, <｜end▁of▁sentence｜>, <｜▁pad▁｜>
 //                (added special tokens, DeepSeek's spelling)
@@ -10,7 +10,7 @@
 // normalizer, pre_tokenizer, post_processor and decoder are DeepSeek-V3's
 // (read, with its chat_template, from .deps/tokenizers/deepseek_v3/, which
 // scripts/setup.sh creates). Deterministic: the same inputs give the same
-// bytes. Usage: node engine/data/train_tiny.js
+// bytes. Usage: node tokenizer/data/train_tiny.js
 'use strict';
 const fs = require('fs');
 const path = require('path');

@@ -1,6 +1,7 @@
 /*
  * model_config.c — config.json (Hugging Face DeepSeek-V2/V3 keys) into a
- * moeq_model_config. Pure: text in, struct out, no I/O.
+ * moeq_model_config (moeq/model_config.h). The parser is pure: text in,
+ * struct out; the one loader at the end reads dir/config.json.
  *
  * One property table names every key with its type, range and the default
  * that HF's configuration_deepseek.py uses when the key is absent (V3 and V2
@@ -14,9 +15,12 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
-#include "model.h"
+#include "moeq/model_config.h"
+#include "moeq/util.h"
 
 typedef enum prop_type { PROP_INT, PROP_DOUBLE, PROP_BOOL } prop_type;
 
@@ -256,4 +260,33 @@ moeq_err moeq_model_config_parse(const char *json, size_t len, moeq_model_config
     if (!err) err = check_config(config, errstr, errstr_size);
     cJSON_Delete(root);
     return err;
+}
+
+/* ---- the file -------------------------------------------------------------- */
+
+static moeq_err read_config(const char *dir, moeq_model_config *config, char *errstr, size_t errstr_size) {
+    size_t n = strlen(dir) + 16;
+    char *path = malloc(n), *text = NULL;
+    size_t len = 0;
+    if (!path) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "out of memory");
+    snprintf(path, n, "%s/config.json", dir);
+    struct stat st;
+    moeq_err err;
+    if (stat(path, &st) != 0)
+        err = moeq_errf(MOEQ_ERR_NOT_FOUND, errstr, errstr_size, "%s: no such file", path);
+    else
+        err = moeq_read_file(path, (size_t)16 << 20, &text, &len, errstr, errstr_size);
+    if (!err) {
+        char msg[256];
+        err = moeq_model_config_parse(text, len, config, msg, sizeof msg);
+        if (err) moeq_errf(err, errstr, errstr_size, "%s/%s", dir, msg);
+    }
+    free(text);
+    free(path);
+    return err;
+}
+
+moeq_err moeq_model_config_load(const char *dir, moeq_model_config *config, char *errstr, size_t errstr_size) {
+    if (!dir || !config) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "dir and config are required");
+    return read_config(dir, config, errstr, errstr_size);
 }

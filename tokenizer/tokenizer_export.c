@@ -1,9 +1,9 @@
 /*
  * tokenizer_export.c — the tokenizers that generated checkpoints carry: the
- * built-in tiny one (embedded from engine/data/tiny/ by engine/data/
+ * built-in tiny one (embedded from tokenizer/data/tiny/ by tokenizer/data/
  * embed.cmake) and DeepSeek-V3's real files (copied from the directory
  * scripts/setup.sh fills). It does not generate or train tokenizers
- * (engine/data/train_tiny.js did, once).
+ * (tokenizer/data/train_tiny.js did, once).
  */
 #include <errno.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /*
- * batch_entry.h — the Redis Stream entry that carries one batch from the
+ * moeq/batch_entry.h — the Redis Stream entry that carries one batch from the
  * coordinator to the workers (pure encode/decode, no I/O).
  *
  * An entry in stream `<prefix>:batches:p<priority>` has these fields:

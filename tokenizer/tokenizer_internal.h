@@ -1,9 +1,9 @@
 /*
  * tokenizer_internal.h — the moeq_tokenizer struct and the helpers shared by
- * the tokenizer's files (tokenizer.c: load; tokenizer_encode.c: added tokens,
- * pre-tokenizer, BPE, cache; tokenizer_decode.c; tokenizer_chat.c;
- * tokenizer_export.c). Not installed; nothing outside engine/tokenizer*.c
- * includes it.
+ * the tokenizer's files (tokenizer_cache.c: the hash and the pre-token cache;
+ * tokenizer.c: load; tokenizer_encode.c: added tokens, pre-tokenizer, BPE;
+ * tokenizer_decode.c; tokenizer_chat.c; tokenizer_export.c). Not installed;
+ * nothing outside tokenizer/ includes it.
  */
 #ifndef MOEQ_TOKENIZER_INTERNAL_H
 #define MOEQ_TOKENIZER_INTERNAL_H
@@ -99,6 +99,7 @@ const moeq_tok_range *moeq_tok_unicode_space(void);
 uint32_t moeq_tok_byte_to_cp(uint8_t byte);
 int moeq_tok_cp_to_byte(uint32_t cp);
 
+/* The tables' hash (tokenizer_cache.c). */
 uint64_t moeq_tok_hash(const void *data, size_t len);
 
 /* Merge table lookup: rank (and *merged) of the pair, -1 when none. */
@@ -118,9 +119,15 @@ static inline int32_t moeq_tok_merge_find(const moeq_tokenizer *tok, int32_t a, 
     }
 }
 
-/* Cache (tokenizer_encode.c) */
+/* Pre-token cache (tokenizer_cache.c): pieces up to KEY_MAX bytes with up to IDS_MAX ids. */
+#define MOEQ_TOK_CACHE_KEY_MAX 22
+#define MOEQ_TOK_CACHE_IDS_MAX 12
 tok_cache *moeq_tok_cache_new(void);
 void moeq_tok_cache_destroy(tok_cache *cache);
+/* Copy the cached ids of key into ids (room for IDS_MAX); returns their count, or -1 on a miss. */
+int moeq_tok_cache_get(tok_cache *cache, uint64_t hash, const char *key, size_t len, int32_t *ids);
+void moeq_tok_cache_put(tok_cache *cache, uint64_t hash, const char *key, size_t len, const int32_t *ids,
+                        size_t n);
 
 /* Lossy UTF-8: append the text of in[0..n) to out (U+FFFD per maximal bad
  * subsequence). When final is 0 an incomplete character at the end is not

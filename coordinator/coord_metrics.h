@@ -1,5 +1,5 @@
 /*
- * metrics.h — the coordinator's counters and their Prometheus text
+ * coord_metrics.h — the coordinator's counters and their Prometheus text
  * rendering (pure). The loop owns a moeq_coord_stats and publishes a copy
  * for the HTTP thread once per tick (coordinator.c), so the hot path takes
  * no lock per job. Consumer lag is measured by the HTTP thread itself when

@@ -1,0 +1,67 @@
+/*
+ * tensor.h — internal: the storage types of weights (dtypes) and the tensor
+ * view the loader hands out, with their conversions to and from float32
+ * (tensor.c). The lowest layer of the engine: it knows no model, file or
+ * backend, so the loader (model.c, safetensors.c), the forward pass and any
+ * backend all build on it and it on nothing of theirs. Not installed.
+ */
+#ifndef MOEQ_ENGINE_TENSOR_H
+#define MOEQ_ENGINE_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum moeq_dtype {
+    MOEQ_DTYPE_F32 = 0,
+    MOEQ_DTYPE_BF16,
+    MOEQ_DTYPE_F16,
+    MOEQ_DTYPE_F8_E4M3,   /* with a block-scale tensor (weight_scale_inv), 128x128 blocks */
+} moeq_dtype;
+
+/* Bytes per element (F8: 1). */
+size_t moeq_dtype_size(moeq_dtype dtype);
+const char *moeq_dtype_name(moeq_dtype dtype);
+
+#define MOEQ_F8_BLOCK 128
+
+typedef struct moeq_tensor {
+    const char *name;        /* HF name, e.g. "model.layers.3.mlp.experts.7.up_proj.weight" */
+    moeq_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const void *data;        /* into the mmapped file                        */
+    size_t nbytes;
+    /* F8_E4M3 only: float32 [ceil(rows/128), ceil(cols/128)], weight = q * scale_inv */
+    const struct moeq_tensor *scale_inv;
+} moeq_tensor;
+
+/*
+ * Widen rows [row0, row0+n_rows) of a 2-D weight to float32 into out
+ * (n_rows * cols floats), applying F8 block scales. The one dequantisation
+ * path every backend and test uses.
+ */
+void moeq_tensor_rows_to_f32(const moeq_tensor *t, int64_t row0, int64_t n_rows, float *out);
+
+/* Rows and columns of a weight seen as a matrix (1-D: one row of shape[0]). */
+static inline int64_t moeq_tensor_rows(const moeq_tensor *t) { return t->ndim >= 2 ? t->shape[0] : 1; }
+static inline int64_t moeq_tensor_cols(const moeq_tensor *t) {
+    return t->ndim >= 2 ? t->shape[t->ndim - 1] : (t->ndim == 1 ? t->shape[0] : 1);
+}
+
+/* Scalar conversions: exact widening; narrowing rounds to nearest even (F8: saturates at +-448). */
+static inline float moeq_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+uint16_t moeq_f32_to_bf16(float f);
+float moeq_f16_to_f32(uint16_t h);
+uint16_t moeq_f32_to_f16(float f);
+float moeq_f8_e4m3_to_f32(uint8_t b); /* E4M3FN: bias 7, no inf, 0x7f/0xff NaN */
+uint8_t moeq_f32_to_f8_e4m3(float f);
+
+/* Row helpers: widen n contiguous values to float32 (F8: times scale). */
+void moeq_bf16_to_f32_row(const uint16_t *in, float *out, size_t n);
+void moeq_f16_to_f32_row(const uint16_t *in, float *out, size_t n);
+void moeq_f8_e4m3_to_f32_row(const uint8_t *in, float scale, float *out, size_t n);
+
+#endif
