@@ -12,6 +12,7 @@
 
 #include "ep_test_util.h"
 #include "moeq/ep.h"
+#include "moeq/ep_plan.h"
 
 static char err[512];
 
@@ -221,6 +222,73 @@ static void the_property_table_sets_the_params(void **state) {
     assert_int_equal(p.n_ranks, 4);
 }
 
+/* Zipf-like counts (exponent 1.5, hottest experts scattered): the hottest carries several ranks' mean load. */
+static void skewed_counts(int64_t *c, int E) {
+    for (int e = 0; e < E; e++) c[e] = (int64_t)(1e6 / pow(1 + ((e * 7) % E), 1.5));
+}
+
+static double plan_ratio(const int64_t *c, int E, int R, int reps, moeq_ep_placement **keep) {
+    moeq_ep_placement *pl = NULL;
+    assert_int_equal(moeq_ep_plan(c, E, R, reps, &pl, err, sizeof err), MOEQ_OK);
+    double max, mean;
+    moeq_ep_plan_predict(pl, c, NULL, &max, &mean);
+    int P = 0;
+    for (int e = 0; e < E; e++) P += moeq_ep_placement_n_replicas(pl, e);
+    int cap = (P + R - 1) / R;
+    assert_true(P <= E + reps);
+    for (int r = 0; r < R; r++) assert_true(moeq_ep_placement_n_local(pl, r) <= cap);
+    if (keep) *keep = pl;
+    else moeq_ep_placement_destroy(pl);
+    return max / mean;
+}
+
+static void the_planners_predicted_max_over_mean_load_falls_as_replicas_are_added(void **state) {
+    (void)state;
+    enum { E = 32, R = 8 };
+    int64_t c[E];
+    skewed_counts(c, E);
+    moeq_ep_placement *id = NULL;
+    assert_int_equal(moeq_ep_placement_new_identity(E, R, &id, err, sizeof err), MOEQ_OK);
+    double max, mean;
+    moeq_ep_plan_predict(id, c, NULL, &max, &mean);
+    double prev = max / mean;
+    int reps[] = {0, 1, 2, 4};
+    for (int i = 0; i < 4; i++) {
+        double ratio = plan_ratio(c, E, R, reps[i], NULL);
+        print_message("replicas %d: max/mean %.4f\n", reps[i], ratio);
+        assert_true(reps[i] == 0 ? ratio <= prev : ratio < prev);
+        prev = ratio;
+    }
+    assert_true(prev < 1.5);
+    assert_true(plan_ratio(c, E, R, 16, NULL) <= prev);
+    moeq_ep_placement_destroy(id);
+}
+
+static void the_plan_is_deterministic_and_replicas_sit_on_distinct_ranks(void **state) {
+    (void)state;
+    enum { E = 32, R = 4 };
+    int64_t c[E];
+    skewed_counts(c, E);
+    moeq_ep_placement *a = NULL, *b = NULL;
+    plan_ratio(c, E, R, 6, &a);
+    plan_ratio(c, E, R, 6, &b);
+    for (int e = 0; e < E; e++) {
+        assert_int_equal(moeq_ep_placement_n_replicas(a, e), moeq_ep_placement_n_replicas(b, e));
+        for (int i = 0; i < moeq_ep_placement_n_replicas(a, e); i++)
+            assert_int_equal(moeq_ep_placement_replica(a, e, i), moeq_ep_placement_replica(b, e, i));
+    }
+    assert_true(moeq_ep_placement_n_replicas(a, 0) > 1); /* the hottest expert is replicated */
+    moeq_ep_placement_destroy(a), moeq_ep_placement_destroy(b);
+    int64_t *counts = NULL;
+    int n = 0;
+    const char *text = "# layer 3\n10, 20 30\n 40\n";
+    assert_int_equal(moeq_ep_stats_parse(text, strlen(text), &counts, &n, err, sizeof err), MOEQ_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(counts[3], 40);
+    free(counts);
+    assert_int_equal(moeq_ep_stats_parse("1 x", 3, &counts, &n, err, sizeof err), MOEQ_ERR_PARSE);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(identity_placement_puts_experts_in_contiguous_blocks),
@@ -234,6 +302,8 @@ int main(void) {
         cmocka_unit_test(bf16_payload_stays_within_bf16_rounding_of_f32),
         cmocka_unit_test(bad_params_and_unknown_transports_are_errors_naming_them),
         cmocka_unit_test(the_property_table_sets_the_params),
+        cmocka_unit_test(the_planners_predicted_max_over_mean_load_falls_as_replicas_are_added),
+        cmocka_unit_test(the_plan_is_deterministic_and_replicas_sit_on_distinct_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
