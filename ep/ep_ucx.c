@@ -12,6 +12,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +91,28 @@ static ucs_status_t create_ep(moeq_ep_tp *tp, ucx_peer *p, const void *addr, ucp
     return ucp_ep_create(tp->worker, &ep, &p->ep);
 }
 
+/*
+ * Whether to ask for peer failure reports. UCX 1.13's shared-memory transports
+ * have none, and asking makes ucp_ep_create fail with a log line that UCX
+ * writes to stdout (where our JSON goes). So when UCX_TLS names only
+ * shared-memory or self transports, endpoints go without; any other list (or
+ * none) asks, and an "unreachable" answer still falls back (see connect_peer).
+ */
+static int tls_may_report_failures(void) {
+    const char *tls = getenv("UCX_TLS");
+    if (!tls || !*tls || tls[0] == '^') return 1;
+    static const char *const shm_only[] = {"shm", "posix", "sysv", "self", "cma", "knem", "xpmem", "sm", NULL};
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", tls);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int is_shm = 0;
+        for (int i = 0; shm_only[i]; i++) is_shm |= !strcmp(t, shm_only[i]);
+        if (!is_shm) return 1;
+    }
+    return 0;
+}
+
 static moeq_err connect_peer(moeq_ep_tp *tp, const moeq_ep_rendezvous *rv, int r, char *errstr, size_t n) {
     void *addr = NULL;
     size_t len = 0;
@@ -125,6 +148,7 @@ static moeq_err ucx_open(const moeq_ep_params *params, const moeq_ep_rendezvous 
     tp->info = calloc((size_t)R, sizeof *tp->info);
     moeq_err err = tp->peers && tp->send_req && tp->recv_req && tp->info ? MOEQ_OK : MOEQ_ERR_NOMEM;
     for (int r = 0; r < R && tp->peers; r++) tp->peers[r] = (ucx_peer){tp, r, NULL, UCS_OK, 0};
+    tp->no_peer_mode = !tls_may_report_failures();
     if (!err) err = open_worker(tp, errstr, n);
     if (!err && R > 1) err = publish_self(tp, rv, errstr, n);
     for (int r = 0; r < R && !err; r++)
