@@ -159,6 +159,7 @@ static moeq_err check_params(const moeq_ep_params *p, char *errstr, size_t n) {
 static const moeq_ep_transport *find_transport(const char *name) {
     if (!strcmp(name, "local")) return &moeq_ep_transport_local;
     if (!strcmp(name, "ucx")) return moeq_ep_transport_ucx;
+    if (!strcmp(name, "nccl")) return &moeq_ep_transport_nccl ? &moeq_ep_transport_nccl : NULL;
     return NULL;
 }
 
@@ -196,8 +197,8 @@ moeq_err moeq_ep_new(const moeq_ep_params *params, const moeq_ep_placement *plac
     if (!ops)
         return moeq_errf(!strcmp(params->transport, "nccl") || !strcmp(params->transport, "ucx")
                              ? MOEQ_ERR_UNSUPPORTED : MOEQ_ERR_INVALID_ARG, errstr, n,
-                         "ep.transport: '%s' is not built in (built: local%s)", params->transport,
-                         moeq_ep_transport_ucx ? ", ucx" : "");
+                         "ep.transport: '%s' is not built in (built: local%s%s)", params->transport,
+                         moeq_ep_transport_ucx ? ", ucx" : "", &moeq_ep_transport_nccl ? ", nccl" : "");
     moeq_ep *ep = calloc(1, sizeof *ep);
     if (!ep) return MOEQ_ERR_NOMEM;
     ep->params = *params;

@@ -32,5 +32,11 @@ typedef struct moeq_ep_transport {
 extern const moeq_ep_transport moeq_ep_transport_local;
 /* NULL when the library was built without UCX. */
 extern const moeq_ep_transport *const moeq_ep_transport_ucx;
+/*
+ * Defined by the moeq_ep_nccl object target (ep_nccl.c), which only programs
+ * that want GPUs link: a weak reference, so moeq_ep itself never pulls in
+ * NCCL or the CUDA runtime.
+ */
+extern const moeq_ep_transport moeq_ep_transport_nccl __attribute__((weak));
 
 #endif

@@ -13,3 +13,7 @@ if(TARGET moeq)
            COMMAND sh -c "printf '# layer 0\\n900 10 10 10 50 20 5 5\\n' > ep_plan_stats.txt && '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_stats.txt --ranks 2 --replicas 2 > ep_plan_out.txt && grep -q '^moeq-ep-placement 1 experts=8 ranks=2$' ep_plan_out.txt && grep -q '^0 0 1$' ep_plan_out.txt && grep -q 'max/mean 1.0099 (identity placement: 1.8416)' ep_plan_out.txt && '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_stats.txt --ranks 2 --json | grep -q '\"max_over_mean\":1.8218,\"identity_max_over_mean\":1.8416' && echo ok")
   set_tests_properties(ep_plan_prints_a_placement_file_and_its_predicted_load PROPERTIES LABELS unit)
 endif()
+# The NCCL transport where the toolkit and NCCL are found (label gpu: skipped, 77, with the reason, without a device).
+if(TARGET moeq_ep_nccl)
+  moeq_add_test(NAME test_ep_nccl SOURCES test_ep_nccl.c LIBS moeq_ep_nccl moeq_ep CUDA::cudart LABELS gpu TIMEOUT 300)
+endif()

@@ -197,6 +197,9 @@ static void bad_params_and_unknown_transports_are_errors_naming_them(void **stat
     strcpy(p.transport, "carrier-pigeon");
     assert_int_equal(moeq_ep_new(&p, NULL, NULL, &ep, err, sizeof err), MOEQ_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "carrier-pigeon"));
+    strcpy(p.transport, "nccl"); /* this test does not link moeq_ep_nccl */
+    assert_int_equal(moeq_ep_new(&p, NULL, NULL, &ep, err, sizeof err), MOEQ_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err, "not built in"));
     strcpy(p.transport, "local");
     p.n_ranks = 2;
     assert_int_equal(moeq_ep_new(&p, NULL, NULL, &ep, err, sizeof err), MOEQ_ERR_INVALID_ARG);
