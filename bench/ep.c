@@ -31,8 +31,10 @@ typedef struct bench_cfg {
 typedef struct bench_out {
     double dispatch_us[N_LAT], combine_us[N_LAT];
     double bw_dispatch_s, bw_combine_s; /* seconds per exchange at bw_tokens */
-    int64_t bw_remote_rows;             /* rows this rank sent to the other rank per dispatch */
-    int64_t bw_msg_bytes;               /* bytes of the payload message to the peer (rows + meta) */
+    int64_t bw_remote_rows;             /* token rows this rank sent to the other rank per dispatch */
+    int64_t bw_remote_slots;            /* slots among them (one metadata entry, one combine row each) */
+    int64_t bw_msg_bytes;               /* bytes of the dispatch message to the peer (rows + meta) */
+    int64_t bw_combine_bytes;           /* bytes of the combine message back (one row per slot)    */
     char err[512];
 } bench_out;
 
@@ -124,17 +126,24 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
     if (!e) {
         inputs(99 + (uint64_t)rank, g->bw_tokens, H, ids, x);
         int32_t *dr = malloc((size_t)g->bw_tokens * TOP_K * 4), *dl = malloc((size_t)g->bw_tokens * TOP_K * 4);
-        int64_t count[2] = {0, 0};
+        int64_t count[2] = {0, 0}, toks = 0;
+        int peer = g->n_ranks == 2 ? 1 - rank : 0; /* local: rows to self */
         if (dr && dl)
             moeq_ep_layout(moeq_ep_placement_of(ep), rank, g->bw_tokens, TOP_K, ids, dr, dl, count, NULL, 0);
-        o->bw_remote_rows = g->n_ranks == 2 ? count[1 - rank] : count[0]; /* local: rows to self */
+        for (int t = 0; dr && dl && t < g->bw_tokens; t++) {
+            int any = 0;
+            for (int k = 0; k < TOP_K; k++) any |= dr[t * TOP_K + k] == peer;
+            toks += any;
+        }
+        o->bw_remote_rows = toks, o->bw_remote_slots = count[peer];
         free(dr), free(dl);
         e = time_rounds(ep, g->bw_tokens, H, g->quick ? 3 : 10, ids, x, y, out, &o->bw_dispatch_s, &o->bw_combine_s,
                         o->err, sizeof o->err);
         if (!e) e = moeq_ep_barrier(ep, o->err, sizeof o->err);
     }
     size_t row_bytes = (size_t)H * (strcmp(g->payload, "bf16") ? 4 : 2);
-    o->bw_msg_bytes = o->bw_remote_rows * (int64_t)(row_bytes + 8);
+    o->bw_msg_bytes = o->bw_remote_rows * (int64_t)row_bytes + o->bw_remote_slots * 8;
+    o->bw_combine_bytes = o->bw_remote_slots * (int64_t)row_bytes;
     moeq_ep_destroy(ep);
     free(ids), free(x), free(y), free(out);
     return e;
@@ -171,10 +180,12 @@ static void print_run(const bench_cfg *g, const bench_out *o, int first) {
         printf("%s{\"tokens_per_rank\":%d,\"dispatch_us\":%.1f,\"combine_us\":%.1f}", i ? "," : "", lat_tokens[i],
                o->dispatch_us[i], o->combine_us[i]);
     double bytes = (double)o->bw_msg_bytes;
-    printf("],\"bandwidth\":{\"tokens_per_rank\":%d,\"bytes_to_peer\":%.0f,\"dispatch_ms\":%.2f,\"combine_ms\":%.2f,"
-           "\"dispatch_mb_s\":%.1f}",
-           g->bw_tokens, bytes, o->bw_dispatch_s * 1e3, o->bw_combine_s * 1e3,
-           o->bw_dispatch_s > 0 ? bytes / o->bw_dispatch_s / 1e6 : 0.0);
+    double cbytes = (double)o->bw_combine_bytes;
+    printf("],\"bandwidth\":{\"tokens_per_rank\":%d,\"dispatch_bytes_to_peer\":%.0f,\"combine_bytes_to_peer\":%.0f,"
+           "\"dispatch_ms\":%.2f,\"combine_ms\":%.2f,\"dispatch_mb_s\":%.1f,\"combine_mb_s\":%.1f}",
+           g->bw_tokens, bytes, cbytes, o->bw_dispatch_s * 1e3, o->bw_combine_s * 1e3,
+           o->bw_dispatch_s > 0 ? bytes / o->bw_dispatch_s / 1e6 : 0.0,
+           o->bw_combine_s > 0 ? cbytes / o->bw_combine_s / 1e6 : 0.0);
     if (!strcmp(g->transport, "ucx") && o->bw_msg_bytes > 0) {
         double lat_us = 0, bw = 0, dummy = 0;
         int have_lat = perftest(g->tls, "tag_lat", 8, g->quick ? 1000 : 10000, 13331, &lat_us, &dummy);

@@ -4,8 +4,11 @@
  * known sizes; everything that decides which row goes where, and every dtype
  * conversion, is here, so every transport gives the same bits.
  *
- * A dispatch message to rank d is [n × (int32 local, int32 slot)][n rows];
- * a combine message is [n rows] in the order the dispatch message had them.
+ * A dispatch message to rank d is [n slots × (int32 local, int32 slot)], in
+ * slot order, then one row per distinct token among them (a token with three
+ * experts on d sends its row once; d copies it to each expert's group). A
+ * combine message is one row per slot, in the order the dispatch had them:
+ * combine is per slot by design (no partial sums across ranks).
  * Not done here: device memory (the nccl transport will take void * rows).
  */
 #include "moeq/ep.h"
@@ -49,8 +52,11 @@ struct moeq_ep {
     int64_t T;
     int32_t *dest_rank, *dest_local; /* (max_slots)                                 */
     int32_t *send_slot;              /* (max_slots) slot of the j-th row sent        */
-    int64_t *send_count, *recv_count;  /* (n_ranks) rows                           */
-    int64_t *send_first, *recv_first;  /* (n_ranks) first row index of each peer   */
+    int64_t *send_count, *recv_count;  /* (n_ranks) slots (rows after combine)      */
+    int64_t *send_first, *recv_first;  /* (n_ranks) first slot of each peer          */
+    int64_t *send_tok, *recv_tok;      /* (n_ranks) distinct token rows in dispatch  */
+    int64_t *send_byte, *recv_byte;    /* (n_ranks) dispatch message offsets, bytes  */
+    int64_t *cur_slot, *cur_tok, *last_tok; /* (n_ranks) packing cursors            */
     /* receiver side */
     int64_t n_recv;
     float *x;                        /* (n_ranks * max_slots, hidden) grouped rows   */
@@ -65,7 +71,7 @@ struct moeq_ep {
     const void **msg_send;
     void **msg_recv;
     size_t *len_send, *len_recv;
-    int64_t *cnt_out, *cnt_in;       /* the count messages                           */
+    int64_t *cnt_out, *cnt_in;       /* (2 n_ranks) the count messages: slots, tokens */
     int failed;
 };
 
@@ -171,6 +177,8 @@ static moeq_err alloc_buffers(moeq_ep *ep) {
     ep->dest_rank = malloc(S * 4), ep->dest_local = malloc(S * 4), ep->send_slot = malloc(S * 4);
     ep->send_count = calloc(R, 8), ep->recv_count = calloc(R, 8);
     ep->send_first = calloc(R, 8), ep->recv_first = calloc(R, 8);
+    ep->send_tok = calloc(R, 8), ep->recv_tok = calloc(R, 8), ep->send_byte = calloc(R, 8), ep->recv_byte = calloc(R, 8);
+    ep->cur_slot = calloc(R, 8), ep->cur_tok = calloc(R, 8), ep->last_tok = calloc(R, 8);
     ep->x = malloc(RS * H * sizeof(float));
     ep->src_rank = malloc(RS * 4), ep->src_slot = malloc(RS * 4), ep->grouped_of = malloc(RS * 8);
     ep->expert_offset = calloc((size_t)ep->n_local + 1, 8), ep->cursor = calloc((size_t)ep->n_local + 1, 8);
@@ -178,9 +186,10 @@ static moeq_err alloc_buffers(moeq_ep *ep) {
     ep->sendbuf = malloc(S * wire), ep->recvbuf = malloc(RS * wire);
     ep->msg_send = calloc(R, sizeof(void *)), ep->msg_recv = calloc(R, sizeof(void *));
     ep->len_send = calloc(R, sizeof(size_t)), ep->len_recv = calloc(R, sizeof(size_t));
-    ep->cnt_out = calloc(R, 8), ep->cnt_in = calloc(R, 8);
+    ep->cnt_out = calloc(2 * (size_t)R, 8), ep->cnt_in = calloc(2 * (size_t)R, 8);
     if (!ep->dest_rank || !ep->dest_local || !ep->send_slot || !ep->send_count || !ep->recv_count ||
-        !ep->send_first || !ep->recv_first || !ep->x || !ep->src_rank || !ep->src_slot || !ep->grouped_of ||
+        !ep->send_first || !ep->recv_first || !ep->send_tok || !ep->recv_tok || !ep->send_byte || !ep->recv_byte ||
+        !ep->cur_slot || !ep->cur_tok || !ep->last_tok || !ep->x || !ep->src_rank || !ep->src_slot || !ep->grouped_of ||
         !ep->expert_offset || !ep->cursor || !ep->local_expert || !ep->sendbuf || !ep->recvbuf || !ep->msg_send ||
         !ep->msg_recv || !ep->len_send || !ep->len_recv || !ep->cnt_out || !ep->cnt_in)
         return MOEQ_ERR_NOMEM;
@@ -221,7 +230,8 @@ moeq_err moeq_ep_new(const moeq_ep_params *params, const moeq_ep_placement *plac
                   (long long)ep->max_slots, ep->row_bytes);
         goto fail;
     }
-    if ((err = ops->open(params, rv, (size_t)ep->max_slots * (8 + ep->row_bytes), &ep->tp, errstr, n))) goto fail;
+    size_t max_msg = (size_t)ep->max_slots * (8 + ep->row_bytes);
+    if ((err = ops->open(params, rv, max_msg > 16 ? max_msg : 16, &ep->tp, errstr, n))) goto fail;
     *out = ep;
     return MOEQ_OK;
 fail:
@@ -236,7 +246,8 @@ void moeq_ep_destroy(moeq_ep *ep) {
     void *bufs[] = {ep->dest_rank, ep->dest_local, ep->send_slot, ep->send_count, ep->recv_count, ep->send_first,
                     ep->recv_first, ep->x, ep->src_rank, ep->src_slot, ep->grouped_of, ep->expert_offset,
                     ep->cursor, ep->local_expert, ep->sendbuf, ep->recvbuf, (void *)ep->msg_send, ep->msg_recv, ep->len_send,
-                    ep->len_recv, ep->cnt_out, ep->cnt_in};
+                    ep->len_recv, ep->cnt_out, ep->cnt_in, ep->send_tok, ep->recv_tok, ep->send_byte,
+                    ep->recv_byte, ep->cur_slot, ep->cur_tok, ep->last_tok};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(ep);
 }
@@ -253,46 +264,71 @@ static moeq_err exchange(moeq_ep *ep, char *errstr, size_t n) {
     return err;
 }
 
-/* Counts first: every rank learns how many rows each peer will send it. */
-static moeq_err exchange_counts(moeq_ep *ep, const int64_t *mine, int64_t *theirs, char *errstr, size_t n) {
+/*
+ * Counts first: every rank learns how many slots and distinct token rows each
+ * peer will send it, so both sides know every message's size. NULL mine: a
+ * barrier (zeros).
+ */
+static moeq_err exchange_counts(moeq_ep *ep, int with_counts, char *errstr, size_t n) {
     int R = ep->params.n_ranks;
     for (int r = 0; r < R; r++) {
-        ep->cnt_out[r] = mine ? mine[r] : 0;
-        ep->msg_send[r] = &ep->cnt_out[r], ep->len_send[r] = 8;
-        ep->msg_recv[r] = &ep->cnt_in[r], ep->len_recv[r] = 8;
+        ep->cnt_out[2 * r] = with_counts ? ep->send_count[r] : 0;
+        ep->cnt_out[2 * r + 1] = with_counts ? ep->send_tok[r] : 0;
+        ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
+        ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
     }
     moeq_err err = exchange(ep, errstr, n);
-    if (err || !theirs) return err;
+    if (err || !with_counts) return err;
     int64_t total = 0;
     for (int r = 0; r < R; r++) {
-        if (ep->cnt_in[r] < 0 || ep->cnt_in[r] > ep->max_slots)
-            return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "ep: rank %d announced %lld rows (max %lld)",
-                                             r, (long long)ep->cnt_in[r], (long long)ep->max_slots);
-        theirs[r] = ep->cnt_in[r], total += ep->cnt_in[r];
+        int64_t slots = ep->cnt_in[2 * r], toks = ep->cnt_in[2 * r + 1];
+        if (slots < 0 || slots > ep->max_slots || toks < (slots > 0) || toks > slots || toks > ep->params.max_tokens)
+            return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
+                                             "ep: rank %d announced %lld slots of %lld tokens (max %lld, %d)", r,
+                                             (long long)slots, (long long)toks, (long long)ep->max_slots,
+                                             ep->params.max_tokens);
+        ep->recv_count[r] = slots, ep->recv_tok[r] = toks, total += slots;
     }
     ep->n_recv = total;
     return MOEQ_OK;
 }
 
-moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t n) { return exchange_counts(ep, NULL, NULL, errstr, n); }
+moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t n) { return exchange_counts(ep, 0, errstr, n); }
 
-/* Sender side: rows in slot order within each destination. */
+/* Offsets of every peer's messages: slots (for combine) and dispatch bytes. */
+static void offsets(const moeq_ep *ep, const int64_t *slots, const int64_t *toks, int64_t *first, int64_t *byte) {
+    int64_t f = 0, b = 0;
+    for (int r = 0; r < ep->params.n_ranks; r++) {
+        first[r] = f, byte[r] = b;
+        f += slots[r], b += slots[r] * 8 + toks[r] * (int64_t)ep->row_bytes;
+    }
+}
+
+/* Distinct tokens per destination: a token with several slots on one rank sends its row once. */
+static void count_tokens(moeq_ep *ep) {
+    int R = ep->params.n_ranks, K = ep->params.top_k;
+    for (int r = 0; r < R; r++) ep->send_tok[r] = 0, ep->last_tok[r] = -1;
+    for (int64_t s = 0; s < ep->T * K; s++) {
+        int d = ep->dest_rank[s];
+        if (d >= 0 && ep->last_tok[d] != s / K) ep->send_tok[d]++, ep->last_tok[d] = s / K;
+    }
+}
+
+/* Sender side: to rank d, [slots_d × (local, slot)] in slot order, then each token's row once. */
 static void pack_dispatch(moeq_ep *ep, const float *x) {
     int R = ep->params.n_ranks, K = ep->params.top_k;
-    size_t wire = 8 + ep->row_bytes;
-    int64_t first = 0;
-    for (int r = 0; r < R; r++) ep->send_first[r] = first, first += ep->send_count[r];
-    int64_t *next = ep->cnt_out; /* reused as a cursor; the counts are already sent */
-    for (int r = 0; r < R; r++) next[r] = 0;
+    for (int r = 0; r < R; r++) ep->cur_slot[r] = ep->cur_tok[r] = 0, ep->last_tok[r] = -1;
     for (int64_t s = 0; s < ep->T * K; s++) {
         int d = ep->dest_rank[s];
         if (d < 0) continue;
-        int64_t j = next[d]++;
-        unsigned char *base = ep->sendbuf + (size_t)ep->send_first[d] * wire;
+        unsigned char *base = ep->sendbuf + ep->send_byte[d];
+        int64_t j = ep->cur_slot[d]++, t = s / K;
         int32_t meta[2] = {ep->dest_local[s], (int32_t)s};
         memcpy(base + (size_t)j * 8, meta, 8);
-        row_put(ep, base + (size_t)ep->send_count[d] * 8 + (size_t)j * ep->row_bytes,
-                x + (size_t)(s / K) * ep->params.hidden);
+        if (ep->last_tok[d] != t)
+            row_put(ep, base + (size_t)ep->send_count[d] * 8 + (size_t)ep->cur_tok[d]++ * ep->row_bytes,
+                    x + (size_t)t * ep->params.hidden),
+                ep->last_tok[d] = t;
         ep->send_slot[ep->send_first[d] + j] = (int32_t)s;
     }
 }
@@ -305,36 +341,58 @@ static void set_views(moeq_ep *ep, unsigned char *out, const int64_t *out_first,
     }
 }
 
+static void set_dispatch_views(moeq_ep *ep) {
+    for (int r = 0; r < ep->params.n_ranks; r++) {
+        ep->msg_send[r] = ep->sendbuf + ep->send_byte[r];
+        ep->len_send[r] = (size_t)(ep->send_count[r] * 8 + ep->send_tok[r] * (int64_t)ep->row_bytes);
+        ep->msg_recv[r] = ep->recvbuf + ep->recv_byte[r];
+        ep->len_recv[r] = (size_t)(ep->recv_count[r] * 8 + ep->recv_tok[r] * (int64_t)ep->row_bytes);
+    }
+}
+
+/* Check one source's metadata (local index, slot range, ascending slots, token rows) and count per expert. */
+static moeq_err check_source(moeq_ep *ep, int r, char *errstr, size_t n) {
+    const unsigned char *base = ep->recvbuf + ep->recv_byte[r];
+    int64_t toks = 0, prev_slot = -1, K = ep->params.top_k;
+    for (int64_t j = 0; j < ep->recv_count[r]; j++) {
+        int32_t meta[2];
+        memcpy(meta, base + (size_t)j * 8, 8);
+        if (meta[0] < 0 || meta[0] >= ep->n_local || meta[1] <= prev_slot || meta[1] >= ep->max_slots)
+            return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
+                                             "ep: rank %d sent local expert %d slot %d (this rank has %d)", r,
+                                             meta[0], meta[1], ep->n_local);
+        toks += prev_slot < 0 || meta[1] / K != prev_slot / K;
+        prev_slot = meta[1];
+        ep->expert_offset[meta[0] + 1]++;
+    }
+    if (toks != ep->recv_tok[r])
+        return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "ep: rank %d sent %lld token rows for %lld",
+                                         r, (long long)ep->recv_tok[r], (long long)toks);
+    return MOEQ_OK;
+}
+
 /* Receiver side: a counting sort by local expert over arrival order (source rank, then slot). */
 static moeq_err unpack_dispatch(moeq_ep *ep, char *errstr, size_t n) {
     int R = ep->params.n_ranks, L = ep->n_local;
-    size_t wire = 8 + ep->row_bytes;
-    int64_t *off = ep->expert_offset, *pos = ep->cursor;
+    int64_t *off = ep->expert_offset, *pos = ep->cursor, K = ep->params.top_k;
     for (int l = 0; l <= L; l++) off[l] = 0;
     for (int r = 0; r < R; r++) {
-        const unsigned char *base = ep->recvbuf + (size_t)ep->recv_first[r] * wire;
-        for (int64_t j = 0; j < ep->recv_count[r]; j++) {
-            int32_t meta[2];
-            memcpy(meta, base + (size_t)j * 8, 8);
-            if (meta[0] < 0 || meta[0] >= L || meta[1] < 0 || meta[1] >= ep->max_slots)
-                return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
-                                                 "ep: rank %d sent local expert %d slot %d (this rank has %d)", r,
-                                                 meta[0], meta[1], L);
-            off[meta[0] + 1]++;
-        }
+        moeq_err err = check_source(ep, r, errstr, n);
+        if (err) return err;
     }
     for (int l = 0; l < L; l++) off[l + 1] += off[l];
     memcpy(pos, off, ((size_t)L + 1) * 8);
     int64_t a = 0;
     for (int r = 0; r < R; r++) {
-        const unsigned char *base = ep->recvbuf + (size_t)ep->recv_first[r] * wire;
+        const unsigned char *base = ep->recvbuf + ep->recv_byte[r], *rows = base + (size_t)ep->recv_count[r] * 8;
+        int64_t row = -1, prev_t = -1;
         for (int64_t j = 0; j < ep->recv_count[r]; j++, a++) {
             int32_t meta[2];
             memcpy(meta, base + (size_t)j * 8, 8);
+            if (meta[1] / K != prev_t) row++, prev_t = meta[1] / K;
             int64_t p = pos[meta[0]]++;
             ep->grouped_of[a] = p, ep->src_rank[p] = r, ep->src_slot[p] = meta[1];
-            row_get(ep, ep->x + (size_t)p * ep->params.hidden,
-                    base + (size_t)ep->recv_count[r] * 8 + (size_t)j * ep->row_bytes);
+            row_get(ep, ep->x + (size_t)p * ep->params.hidden, rows + (size_t)row * ep->row_bytes);
         }
     }
     return MOEQ_OK;
@@ -349,12 +407,12 @@ moeq_err moeq_ep_dispatch(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const
                                   ep->dest_local, ep->send_count, errstr, n);
     if (err) return err;
     ep->T = T;
-    if ((err = exchange_counts(ep, ep->send_count, ep->recv_count, errstr, n))) return err;
-    int64_t first = 0;
-    for (int r = 0; r < ep->params.n_ranks; r++) ep->recv_first[r] = first, first += ep->recv_count[r];
+    count_tokens(ep);
+    if ((err = exchange_counts(ep, 1, errstr, n))) return err;
+    offsets(ep, ep->send_count, ep->send_tok, ep->send_first, ep->send_byte);
+    offsets(ep, ep->recv_count, ep->recv_tok, ep->recv_first, ep->recv_byte);
     pack_dispatch(ep, x);
-    set_views(ep, ep->sendbuf, ep->send_first, ep->send_count, ep->recvbuf, ep->recv_first, ep->recv_count,
-              8 + ep->row_bytes);
+    set_dispatch_views(ep);
     if ((err = exchange(ep, errstr, n)) || (err = unpack_dispatch(ep, errstr, n))) return err;
     *recv = (moeq_ep_recv){ep->n_recv, ep->x, ep->n_local, ep->local_expert, ep->expert_offset, ep->src_rank,
                            ep->src_slot};
