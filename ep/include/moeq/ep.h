@@ -26,7 +26,10 @@
  * allocated per exchange. A handle is used by one thread at a time.
  *
  * Transports: "local" (one rank, identity), "ucx" (UCP tag messages over
- * whatever UCX_TLS allows: tcp, shared memory, verbs), "nccl" (not built yet).
+ * whatever UCX_TLS allows: tcp, shared memory, verbs), "nccl" (grouped
+ * ncclSend/ncclRecv, staged through device buffers; in programs that link the
+ * moeq_ep_nccl target). Dispatch sends a token's row once per destination
+ * rank; combine returns one row per slot.
  */
 #ifndef MOEQ_EP_H
 #define MOEQ_EP_H
