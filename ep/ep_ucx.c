@@ -39,6 +39,7 @@ struct moeq_ep_tp {
     ucx_peer *peers;
     void **send_req, **recv_req;   /* (n_ranks) requests in flight          */
     ucp_tag_recv_info_t *info;     /* (n_ranks) what each receive delivered */
+    ucs_status_t *send_failed;     /* (n_ranks) a send of this exchange that failed */
 };
 
 #define TAG_MASK (~(ucp_tag_t)0)
@@ -145,8 +146,8 @@ static moeq_err ucx_open(const moeq_ep_params *params, const moeq_ep_rendezvous 
     tp->rank = params->rank, tp->n_ranks = R, tp->timeout_ms = params->timeout_ms;
     tp->peers = calloc((size_t)R, sizeof *tp->peers);
     tp->send_req = calloc((size_t)R, sizeof(void *)), tp->recv_req = calloc((size_t)R, sizeof(void *));
-    tp->info = calloc((size_t)R, sizeof *tp->info);
-    moeq_err err = tp->peers && tp->send_req && tp->recv_req && tp->info ? MOEQ_OK : MOEQ_ERR_NOMEM;
+    tp->info = calloc((size_t)R, sizeof *tp->info), tp->send_failed = calloc((size_t)R, sizeof *tp->send_failed);
+    moeq_err err = tp->peers && tp->send_req && tp->recv_req && tp->info && tp->send_failed ? MOEQ_OK : MOEQ_ERR_NOMEM;
     for (int r = 0; r < R && tp->peers; r++) tp->peers[r] = (ucx_peer){tp, r, NULL, UCS_OK, 0};
     tp->no_peer_mode = !tls_may_report_failures();
     if (!err) err = open_worker(tp, errstr, n);
@@ -182,7 +183,7 @@ static void ucx_close(moeq_ep_tp *tp) {
     if (tp->worker && tp->peers) close_eps(tp);
     if (tp->worker) ucp_worker_destroy(tp->worker);
     if (tp->ctx) ucp_cleanup(tp->ctx);
-    free(tp->peers), free(tp->send_req), free(tp->recv_req), free(tp->info);
+    free(tp->peers), free(tp->send_req), free(tp->recv_req), free(tp->info), free(tp->send_failed);
     free(tp);
 }
 
@@ -219,25 +220,32 @@ static int in_flight(void **slot, int is_recv, ucp_tag_recv_info_t *info, ucs_st
     return 0;
 }
 
-/* One peer's state in this exchange: MOEQ_OK with *pending set while a request is in flight. */
-static moeq_err poll_peer(moeq_ep_tp *tp, int r, size_t want, int *pending, char *errstr, size_t n) {
-    if (tp->peers[r].failed != UCS_OK)
-        return moeq_errf(MOEQ_ERR_IO, errstr, n, "ep ucx: rank %d failed: %s", r,
-                         ucs_status_string(tp->peers[r].failed));
+/*
+ * One peer's state in this exchange. *pending: bit 0 a send in flight, bit 1 a
+ * receive in flight. A failure that leaves this rank's data from the peer
+ * missing is returned at once. One that does not (the peer sent everything,
+ * then went away, e.g. after seeing another rank die) is *deferred. It fails
+ * the exchange only once nothing more is awaited, so the error names the rank
+ * whose data is missing whenever there is one.
+ */
+static moeq_err poll_peer(moeq_ep_tp *tp, int r, size_t want, int *pending, int *deferred, char *errstr, size_t n) {
     ucs_status_t st;
-    *pending = 0;
-    for (int is_recv = 0; is_recv < 2; is_recv++) {
-        int was = (is_recv ? tp->recv_req[r] : tp->send_req[r]) != NULL;
-        if (in_flight(is_recv ? &tp->recv_req[r] : &tp->send_req[r], is_recv, &tp->info[r], &st)) {
-            *pending |= 1 << is_recv;
-            continue;
-        }
-        if (st != UCS_OK)
-            return moeq_errf(MOEQ_ERR_IO, errstr, n, "ep ucx: %s rank %d: %s", is_recv ? "receive from" : "send to",
-                             r, ucs_status_string(st));
-        if (is_recv && (was || tp->info[r].length != (size_t)-1) && tp->info[r].length != want)
-            return moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "ep ucx: rank %d sent %zu bytes, %zu expected", r,
-                             tp->info[r].length, want);
+    *pending = 0, *deferred = 0;
+    if (in_flight(&tp->send_req[r], 0, NULL, &st)) *pending |= 1;
+    else if (st != UCS_OK) tp->send_failed[r] = st;
+    *deferred = tp->send_failed[r] != UCS_OK;
+    int was = tp->recv_req[r] != NULL;
+    if (in_flight(&tp->recv_req[r], 1, &tp->info[r], &st)) *pending |= 2;
+    else if (st != UCS_OK)
+        return moeq_errf(MOEQ_ERR_IO, errstr, n, "ep ucx: receive from rank %d: %s", r, ucs_status_string(st));
+    else if ((was || tp->info[r].length != (size_t)-1) && tp->info[r].length != want)
+        return moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "ep ucx: rank %d sent %zu bytes, %zu expected", r,
+                         tp->info[r].length, want);
+    if (tp->peers[r].failed != UCS_OK) {
+        if (*pending & 2)
+            return moeq_errf(MOEQ_ERR_IO, errstr, n, "ep ucx: rank %d failed: %s", r,
+                             ucs_status_string(tp->peers[r].failed));
+        *deferred = 1;
     }
     return MOEQ_OK;
 }
@@ -246,14 +254,19 @@ static moeq_err poll_peer(moeq_ep_tp *tp, int r, size_t want, int *pending, char
 static moeq_err wait_all(moeq_ep_tp *tp, const size_t *recv_len, char *errstr, size_t n) {
     int64_t deadline = moeq_now_ms() + tp->timeout_ms;
     for (unsigned spins = 0;; spins++) {
-        int waiting = -1, waiting_recv = 0;
+        int waiting = -1, waiting_recv = 0, blamed = -1;
         for (int r = 0; r < tp->n_ranks; r++) {
-            int pending = 0;
-            moeq_err err = r == tp->rank ? MOEQ_OK : poll_peer(tp, r, recv_len[r], &pending, errstr, n);
+            int pending = 0, deferred = 0;
+            moeq_err err = r == tp->rank ? MOEQ_OK : poll_peer(tp, r, recv_len[r], &pending, &deferred, errstr, n);
             if (err) return err;
+            if (deferred && blamed < 0) blamed = r;
             if (pending && (waiting < 0 || (!waiting_recv && (pending & 2))))
                 waiting = r, waiting_recv = (pending & 2) != 0;
         }
+        if (blamed >= 0 && !waiting_recv)
+            return moeq_errf(MOEQ_ERR_IO, errstr, n, "ep ucx: rank %d failed: %s", blamed,
+                             ucs_status_string(tp->peers[blamed].failed != UCS_OK ? tp->peers[blamed].failed
+                                                                                   : tp->send_failed[blamed]));
         if (waiting < 0) return MOEQ_OK;
         if (!ucp_worker_progress(tp->worker) && (spins & 255) == 255) {
             if (moeq_now_ms() >= deadline)
@@ -282,7 +295,7 @@ static moeq_err ucx_exchange(moeq_ep_tp *tp, const void *const *send, const size
         return moeq_errf(MOEQ_ERR_INTERNAL, errstr, n, "ep ucx: %zu bytes to self, %zu expected", send_len[me],
                          recv_len[me]);
     moeq_err err = MOEQ_OK;
-    for (int r = 0; r < tp->n_ranks; r++) tp->info[r].length = (size_t)-1;
+    for (int r = 0; r < tp->n_ranks; r++) tp->info[r].length = (size_t)-1, tp->send_failed[r] = UCS_OK;
     for (int r = 0; r < tp->n_ranks && !err; r++)
         if (r != me && recv_len[r]) err = post_recv(tp, r, recv[r], recv_len[r], errstr, n);
     for (int r = 0; r < tp->n_ranks && !err; r++)

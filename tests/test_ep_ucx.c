@@ -38,6 +38,7 @@ typedef struct group_cfg {
     int victim_signal;
     int timeout_ms;
     char dir[64];
+    int late_ms;       /* rank 0 starts round 1 this much later (0: on time) */
 } group_cfg;
 
 static moeq_err make_placement(const group_cfg *g, moeq_ep_placement **pl, char *err, size_t n) {
@@ -91,6 +92,8 @@ static int run_rank(const group_cfg *g, int rank) {
     int64_t t0 = 0;
     for (int round = 0; round < ROUNDS && !rc; round++) {
         if (round == 1 && rank == g->victim) raise(g->victim_signal);
+        if (round == 1 && rank == 0 && g->late_ms)
+            nanosleep(&(struct timespec){g->late_ms / 1000, (long)(g->late_ms % 1000) * 1000000L}, NULL);
         t0 = moeq_mono_ns();
         rc = check_round(g, ep, rank, round, err, sizeof err);
     }
@@ -153,7 +156,7 @@ static void every_group(const char *tls, const char *payload) {
     for (int n = 1; n <= 4; n++)
         for (int pl = IDENTITY; pl <= REPLICATED; pl++) {
             if (n == 1 && pl != IDENTITY) continue;
-            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, ""});
+            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, "", 0});
         }
 }
 
@@ -169,23 +172,29 @@ static void ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_fou
 
 static void bf16_payload_over_ucx_gives_the_local_transports_bf16_bits(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, ""});
-    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, ""});
+    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, "", 0});
+    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, "", 0});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, ""});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 0});
+}
+
+/* Rank 1 sees rank 2 die and leaves before rank 0 even starts the round: rank 0 must still blame rank 2. */
+static void a_survivor_that_comes_late_still_names_the_rank_that_died(void **state) {
+    (void)state;
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 500});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory(void **state) {
     (void)state;
-    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, ""});
+    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, "", 0});
 }
 
 static void a_rank_that_stops_answering_fails_the_exchange_within_the_timeout(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, ""});
+    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, "", 0});
 }
 
 int main(void) {
@@ -203,6 +212,7 @@ int main(void) {
         cmocka_unit_test(ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_four_ranks),
         cmocka_unit_test(bf16_payload_over_ucx_gives_the_local_transports_bf16_bits),
         cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp),
+        cmocka_unit_test(a_survivor_that_comes_late_still_names_the_rank_that_died),
         cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory),
         cmocka_unit_test(a_rank_that_stops_answering_fails_the_exchange_within_the_timeout),
     };
