@@ -17,3 +17,7 @@ endif()
 if(TARGET moeq_ep_nccl)
   moeq_add_test(NAME test_ep_nccl SOURCES test_ep_nccl.c LIBS moeq_ep_nccl moeq_ep CUDA::cudart LABELS gpu TIMEOUT 300)
 endif()
+# ep/ knows no engine type: its sources include only its own headers and moeq_common's.
+add_test(NAME ep_includes_only_its_own_and_common_headers
+         COMMAND sh -c "bad=$(grep -rhoE '#include \"[^\"]+\"' '${CMAKE_SOURCE_DIR}/ep' | sort -u | grep -vE '\"(moeq/(ep|ep_placement|ep_plan|err|config|util)\\.h|ep_int\\.h)\"'); [ -z \"$bad\" ] && echo ok || { echo \"ep/ includes: $bad\"; exit 1; }")
+set_tests_properties(ep_includes_only_its_own_and_common_headers PROPERTIES LABELS unit)
