@@ -29,7 +29,8 @@ struct moeq_ep_tp {
     size_t max_msg;
     ncclComm_t comm;
     cudaStream_t stream;
-    unsigned char *d_send, *d_recv; /* (n_ranks * max_msg) each */
+    unsigned char *d_send, *d_recv; /* (n_ranks * max_msg) each, device          */
+    unsigned char *h_send, *h_recv; /* the same, pinned host: copies that never block */
 };
 
 /* Wait for a non-blocking communicator call; abort it after timeout_ms. */
@@ -77,7 +78,9 @@ static moeq_err open_device(moeq_ep_tp *tp, char *errstr, size_t n) {
     if ((ce = cudaSetDevice(tp->rank % count)) != cudaSuccess ||
         (ce = cudaStreamCreateWithFlags(&tp->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (ce = cudaMalloc((void **)&tp->d_send, bytes)) != cudaSuccess ||
-        (ce = cudaMalloc((void **)&tp->d_recv, bytes)) != cudaSuccess)
+        (ce = cudaMalloc((void **)&tp->d_recv, bytes)) != cudaSuccess ||
+        (ce = cudaMallocHost((void **)&tp->h_send, bytes)) != cudaSuccess ||
+        (ce = cudaMallocHost((void **)&tp->h_recv, bytes)) != cudaSuccess)
         return moeq_errf(MOEQ_ERR_IO, errstr, n, "ep nccl: device %d, buffers of %zu bytes: %s", tp->rank % count,
                          bytes, cudaGetErrorString(ce));
     return MOEQ_OK;
@@ -94,6 +97,8 @@ static void nccl_close(moeq_ep_tp *tp) {
     }
     if (tp->d_send) cudaFree(tp->d_send);
     if (tp->d_recv) cudaFree(tp->d_recv);
+    if (tp->h_send) cudaFreeHost(tp->h_send);
+    if (tp->h_recv) cudaFreeHost(tp->h_recv);
     if (tp->stream) cudaStreamDestroy(tp->stream);
     free(tp);
 }
@@ -139,7 +144,8 @@ static moeq_err post_group(moeq_ep_tp *tp, const size_t *send_len, const size_t 
         tp->broken = 1;
         return moeq_errf(MOEQ_ERR_IO, errstr, n, "ep nccl: send/recv: %s", ncclGetErrorString(st));
     }
-    return MOEQ_OK;
+    /* non-blocking: the kernels are still being issued; the stream takes the copies after them */
+    return st == ncclInProgress ? nccl_wait(tp, "send/recv launch", errstr, n) : MOEQ_OK;
 }
 
 /* Wait for the stream (copies and the group), failing after timeout_ms. */
@@ -165,19 +171,32 @@ static moeq_err wait_stream(moeq_ep_tp *tp, char *errstr, size_t n) {
     }
 }
 
+/*
+ * Copies go through pinned host buffers: a copy from or to pageable memory may
+ * wait for the stream on the calling thread, and a dead peer would then hang
+ * it past the timeout.
+ */
 static moeq_err nccl_exchange(moeq_ep_tp *tp, const void *const *send, const size_t *send_len, void *const *recv,
                               const size_t *recv_len, char *errstr, size_t n) {
     if (tp->broken) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep nccl: the communicator failed before");
     int me = tp->rank;
-    for (int r = 0; r < tp->n_ranks; r++)
-        if (r != me && send_len[r])
-            cudaMemcpyAsync(tp->d_send + (size_t)r * tp->max_msg, send[r], send_len[r], cudaMemcpyHostToDevice, tp->stream);
+    for (int r = 0; r < tp->n_ranks; r++) {
+        size_t off = (size_t)r * tp->max_msg;
+        if (r == me || !send_len[r]) continue;
+        memcpy(tp->h_send + off, send[r], send_len[r]);
+        cudaMemcpyAsync(tp->d_send + off, tp->h_send + off, send_len[r], cudaMemcpyHostToDevice, tp->stream);
+    }
     moeq_err err = post_group(tp, send_len, recv_len, errstr, n);
-    for (int r = 0; r < tp->n_ranks && !err; r++)
+    for (int r = 0; r < tp->n_ranks && !err; r++) {
+        size_t off = (size_t)r * tp->max_msg;
         if (r != me && recv_len[r])
-            cudaMemcpyAsync(recv[r], tp->d_recv + (size_t)r * tp->max_msg, recv_len[r], cudaMemcpyDeviceToHost, tp->stream);
+            cudaMemcpyAsync(tp->h_recv + off, tp->d_recv + off, recv_len[r], cudaMemcpyDeviceToHost, tp->stream);
+    }
     if (send_len[me]) memmove(recv[me], send[me], send_len[me]);
-    return err ? err : wait_stream(tp, errstr, n);
+    if (!err) err = wait_stream(tp, errstr, n);
+    for (int r = 0; r < tp->n_ranks && !err; r++)
+        if (r != me && recv_len[r]) memcpy(recv[r], tp->h_recv + (size_t)r * tp->max_msg, recv_len[r]);
+    return err;
 }
 
 const moeq_ep_transport moeq_ep_transport_nccl = {"nccl", nccl_open, nccl_close, nccl_exchange};
