@@ -6,7 +6,7 @@
  * run. Prints one JSON object. Rows are DeepSeek-V3's (hidden 7168, 256 experts,
  * top-8) unless told otherwise.
  *
- * usage: bench-ep [--tls tcp,posix,sysv] [--payload f32|bf16] [--hidden H] [--quick]
+ * usage: bench-ep [--tls tcp,posix,sysv] [--payload f32|bf16|fp8] [--hidden H] [--quick]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -141,7 +141,8 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
                         o->err, sizeof o->err);
         if (!e) e = moeq_ep_barrier(ep, o->err, sizeof o->err);
     }
-    size_t row_bytes = (size_t)H * (strcmp(g->payload, "bf16") ? 4 : 2);
+    size_t row_bytes = !strcmp(g->payload, "fp8")    ? (size_t)H + 4 * (size_t)((H + 127) / 128)
+                       : !strcmp(g->payload, "bf16") ? (size_t)H * 2 : (size_t)H * 4;
     o->bw_msg_bytes = o->bw_remote_rows * (int64_t)row_bytes + o->bw_remote_slots * 8;
     o->bw_combine_bytes = o->bw_remote_slots * (int64_t)row_bytes;
     moeq_ep_destroy(ep);
@@ -239,7 +240,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tls") && i + 1 < argc) snprintf(tls_list, sizeof tls_list, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--payload") && i + 1 < argc) snprintf(base.payload, sizeof base.payload, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) base.hidden = atoi(argv[++i]);
-        else return fprintf(stderr, "usage: bench-ep [--tls tcp,posix] [--payload f32|bf16] [--hidden H] [--quick]\n"), 2;
+        else return fprintf(stderr, "usage: bench-ep [--tls tcp,posix] [--payload f32|bf16|fp8] [--hidden H] [--quick]\n"), 2;
     }
     printf("{\"bench\":\"ep\",\"hidden\":%d,\"experts\":%d,\"top_k\":%d,\"payload\":\"%s\",\"runs\":[", base.hidden,
            EXPERTS, TOP_K, base.payload);

@@ -8,6 +8,7 @@
 #define MOEQ_EP_INT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "moeq/ep.h"
 
@@ -38,5 +39,12 @@ extern const moeq_ep_transport *const moeq_ep_transport_ucx;
  * NCCL or the CUDA runtime.
  */
 extern const moeq_ep_transport moeq_ep_transport_nccl __attribute__((weak));
+
+/* The FP8 row codec (ep_fp8.c): `hidden` E4M3 codes, then one float32 scale per 128 elements. */
+size_t moeq_ep_fp8_row_bytes(int hidden);
+void moeq_ep_fp8_put(unsigned char *dst, const float *src, int hidden);
+/* table: the 256 decoded codes (moeq_ep_fp8_table), so decoding is a lookup. */
+void moeq_ep_fp8_table(float table[256]);
+void moeq_ep_fp8_get(float *dst, const unsigned char *src, int hidden, const float table[256]);
 
 #endif

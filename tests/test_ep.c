@@ -187,6 +187,57 @@ static void bf16_payload_stays_within_bf16_rounding_of_f32(void **state) {
     assert_true(isnan(moeq_ep_bf16_to_f32(moeq_ep_f32_to_bf16(NAN))));
 }
 
+static void every_e4m3_code_decodes_and_encodes_back_to_itself(void **state) {
+    (void)state;
+    for (int c = 0; c < 256; c++) {
+        float v = moeq_ep_e4m3_to_f32((uint8_t)c);
+        if ((c & 0x7f) == 0x7f) {
+            assert_true(isnan(v));
+            continue;
+        }
+        assert_int_equal(moeq_ep_f32_to_e4m3(v), c);
+    }
+    assert_true(moeq_ep_e4m3_to_f32(0x7e) == 448.0f);
+    assert_int_equal(moeq_ep_f32_to_e4m3(1e9f), 0x7e);         /* saturates, no infinity */
+    assert_int_equal(moeq_ep_f32_to_e4m3(1.0625f), 0x38);      /* 1 + 1/16: a tie, to even (1.0) */
+    assert_int_equal(moeq_ep_f32_to_e4m3(1.1875f), 0x3a);      /* 1 + 3/16: a tie, to even (1.25) */
+    assert_int_equal(moeq_ep_f32_to_e4m3(-0x1p-10f), 0x80);    /* half the smallest subnormal: to even (-0) */
+}
+
+/*
+ * FP8 rows: each rounding is within 2^-4 of |v| plus half a subnormal step of
+ * its block's scale (max |v| / 448 * 2^-10), once on x (dispatch) and once on
+ * y = x' (e + 1) + e (combine).
+ */
+static void fp8_payload_stays_within_two_e4m3_roundings_of_f32(void **state) {
+    (void)state;
+    enum { E = 8, H = 200, T = 16, K = 2 }; /* 200: one full block of 128 and a partial one */
+    moeq_ep_params pf = params_of(E, H, T, K, "f32"), p8 = params_of(E, H, T, K, "fp8");
+    static int32_t ids[T * K];
+    static float x[T * H], of[T * K * H], o8[T * K * H];
+    ept_inputs(3, T, K, E, H, 0, ids, x);
+    assert_int_equal(ept_reference(&pf, T, ids, x, of, err, sizeof err), MOEQ_OK);
+    assert_int_equal(ept_reference(&p8, T, ids, x, o8, err, sizeof err), MOEQ_OK);
+    double worst = 0;
+    for (int s = 0; s < T * K; s++)
+        for (int b0 = 0; b0 < H; b0 += 128) {
+            int b1 = b0 + 128 < H ? b0 + 128 : H;
+            float ax = 0, ay = 0, e1 = (float)ids[s] + 1;
+            for (int h = b0; h < b1; h++) ax = fmaxf(ax, fabsf(x[(s / K) * H + h]));
+            for (int h = b0; h < b1; h++) ay = fmaxf(ay, fabsf(of[s * H + h]));
+            ay *= 1.0f + 0x1p-3f; /* y's block max after x's rounding */
+            for (int h = b0; h < b1; h++) {
+                float xv = fabsf(x[(s / K) * H + h]), ex = 0x1p-4f * xv + ax / 448 * 0x1p-10f;
+                float bound = e1 * ex + 0x1p-4f * (fabsf(of[s * H + h]) + e1 * ex) + ay / 448 * 0x1p-10f;
+                float d = fabsf(o8[s * H + h] - of[s * H + h]);
+                assert_true(d <= bound * 1.0001f);
+                worst = d / bound > worst ? d / bound : worst;
+            }
+        }
+    print_message("fp8: worst error / bound %.3f\n", worst);
+    assert_true(worst > 0.1); /* the bound is not vacuous */
+}
+
 static void bad_params_and_unknown_transports_are_errors_naming_them(void **state) {
     (void)state;
     moeq_ep *ep = NULL;
@@ -303,6 +354,8 @@ int main(void) {
         cmocka_unit_test(local_dispatch_and_combine_return_every_slots_expert_row),
         cmocka_unit_test(a_rank_with_zero_tokens_still_exchanges),
         cmocka_unit_test(bf16_payload_stays_within_bf16_rounding_of_f32),
+        cmocka_unit_test(every_e4m3_code_decodes_and_encodes_back_to_itself),
+        cmocka_unit_test(fp8_payload_stays_within_two_e4m3_roundings_of_f32),
         cmocka_unit_test(bad_params_and_unknown_transports_are_errors_naming_them),
         cmocka_unit_test(the_property_table_sets_the_params),
         cmocka_unit_test(the_planners_predicted_max_over_mean_load_falls_as_replicas_are_added),

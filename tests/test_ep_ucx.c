@@ -3,7 +3,7 @@
  * host, over TCP loopback (UCX_TLS=tcp) and shared memory (UCX_TLS=posix,sysv):
  * the per-slot rows after dispatch → expert → combine equal, bit for bit, the
  * one-process local transport's, for identity, permuted and replicated
- * placements, F32 and BF16 payloads, with a rank that has zero tokens. Then
+ * placements, F32, BF16 and FP8 payloads, with a rank that has zero tokens. Then
  * faults: a rank killed with -9, or stopped, fails the survivors' exchange
  * within ep.timeout_ms with an error naming it. Skipped (77) without UCX.
  */
@@ -170,10 +170,11 @@ static void ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_fou
     every_group("posix,sysv", "f32");
 }
 
-static void bf16_payload_over_ucx_gives_the_local_transports_bf16_bits(void **state) {
+static void bf16_and_fp8_payloads_over_ucx_give_the_local_transports_bits(void **state) {
     (void)state;
     run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, "", 0});
     run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, "", 0});
+    run_group((group_cfg){"tcp", 4, REPLICATED, "fp8", -1, 0, 20000, "", 0});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp(void **state) {
@@ -210,7 +211,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ucx_over_tcp_gives_the_local_transports_bits_on_one_to_four_ranks),
         cmocka_unit_test(ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_four_ranks),
-        cmocka_unit_test(bf16_payload_over_ucx_gives_the_local_transports_bf16_bits),
+        cmocka_unit_test(bf16_and_fp8_payloads_over_ucx_give_the_local_transports_bits),
         cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp),
         cmocka_unit_test(a_survivor_that_comes_late_still_names_the_rank_that_died),
         cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory),

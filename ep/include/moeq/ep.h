@@ -18,7 +18,7 @@
  *      as a per-slot row. No partial sums are formed across ranks: the caller
  *      forms the weighted sum in slot order on its own rank, so results never
  *      depend on the number of ranks or the placement.
- * Every conversion (F32 → BF16 → F32) happens in ep.c, the same for every
+ * Every conversion (F32 → BF16 or FP8 → F32) happens in ep.c, the same for every
  * transport, so the local transport gives the same bits as UCX.
  *
  * Receive buffers are sized at creation for the worst case (every rank sends
@@ -53,7 +53,8 @@ typedef struct moeq_ep_params {
     int hidden;          /* row width in elements, >= 1; from the model                   */
     int max_tokens;      /* tokens per rank per exchange (buffers sized from it), >= 1    */
     int top_k;           /* expert slots per token, >= 1                                   */
-    char payload[8];     /* wire dtype of rows: "f32" | "bf16" (halves the bytes); "f32" */
+    char payload[8];     /* wire dtype of rows: "f32" | "bf16" (half the bytes) | "fp8"
+                            (E4M3 + a float scale per 128: ~a quarter); default "f32"      */
     int timeout_ms;      /* a peer silent this long fails the exchange, 1..3600000; 10000 */
 } moeq_ep_params;
 
@@ -150,6 +151,9 @@ moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t errstr_size);
 /* BF16 rounding used on the wire (round to nearest even; NaN stays NaN). */
 uint16_t moeq_ep_f32_to_bf16(float f);
 float moeq_ep_bf16_to_f32(uint16_t b);
+/* FP8 E4M3 ("fn": max 448, saturating, round to nearest even, no infinities) used with payload "fp8". */
+uint8_t moeq_ep_f32_to_e4m3(float x);
+float moeq_ep_e4m3_to_f32(uint8_t c);
 
 #ifdef __cplusplus
 }
