@@ -207,6 +207,8 @@ static moeq_err alloc_buffers(moeq_ep *ep) {
     return MOEQ_OK;
 }
 
+static moeq_err hello(moeq_ep *ep, char *errstr, size_t n);
+
 moeq_err moeq_ep_new(const moeq_ep_params *params, const moeq_ep_placement *placement,
                      const moeq_ep_rendezvous *rv, moeq_ep **out, char *errstr, size_t n) {
     *out = NULL;
@@ -243,6 +245,7 @@ moeq_err moeq_ep_new(const moeq_ep_params *params, const moeq_ep_placement *plac
     }
     size_t max_msg = (size_t)ep->max_slots * (8 + ep->row_bytes);
     if ((err = ops->open(params, rv, max_msg > 16 ? max_msg : 16, &ep->tp, errstr, n))) goto fail;
+    if ((err = hello(ep, errstr, n))) goto fail;
     *out = ep;
     return MOEQ_OK;
 fail:
@@ -305,6 +308,46 @@ static moeq_err exchange_counts(moeq_ep *ep, int with_counts, char *errstr, size
 }
 
 moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t n) { return exchange_counts(ep, 0, errstr, n); }
+
+static uint64_t fnv(uint64_t h, int64_t v) {
+    for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    return h;
+}
+
+/* What every rank must agree on: the group's shape, the wire dtype and the whole placement. */
+static uint64_t fingerprint(const moeq_ep *ep) {
+    const moeq_ep_params *p = &ep->params;
+    uint64_t h = 0xcbf29ce484222325ull;
+    int64_t shape[] = {p->n_ranks, p->n_experts, p->hidden, p->max_tokens, p->top_k, ep->bf16, ep->fp8};
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) h = fnv(h, shape[i]);
+    for (int e = 0; e < p->n_experts; e++) {
+        h = fnv(h, moeq_ep_placement_n_replicas(ep->pl, e));
+        for (int i = 0; i < moeq_ep_placement_n_replicas(ep->pl, e); i++) h = fnv(h, moeq_ep_placement_replica(ep->pl, e, i));
+    }
+    return h;
+}
+
+/*
+ * The first exchange: every rank is up and agrees on the shape and placement.
+ * Ranks that disagreed would send rows to the wrong experts without noticing.
+ */
+static moeq_err hello(moeq_ep *ep, char *errstr, size_t n) {
+    uint64_t fp = fingerprint(ep);
+    int R = ep->params.n_ranks;
+    for (int r = 0; r < R; r++) {
+        ep->cnt_out[2 * r] = (int64_t)fp, ep->cnt_out[2 * r + 1] = 0;
+        ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
+        ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
+    }
+    moeq_err err = exchange(ep, errstr, n);
+    for (int r = 0; r < R && !err; r++)
+        if ((uint64_t)ep->cnt_in[2 * r] != fp)
+            err = ep->failed = 1, moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n,
+                                            "ep: rank %d has another group shape, payload or placement "
+                                            "(fingerprint %016llx, this rank %016llx)", r,
+                                            (unsigned long long)ep->cnt_in[2 * r], (unsigned long long)fp);
+    return err;
+}
 
 /* Offsets of every peer's messages: slots (for combine) and dispatch bytes. */
 static void offsets(const moeq_ep *ep, const int64_t *slots, const int64_t *toks, int64_t *first, int64_t *byte) {

@@ -39,9 +39,11 @@ typedef struct group_cfg {
     int timeout_ms;
     char dir[64];
     int late_ms;       /* rank 0 starts round 1 this much later (0: on time) */
+    int odd_rank;      /* > 0: this rank alone uses a permuted placement (a misconfigured group) */
 } group_cfg;
 
-static moeq_err make_placement(const group_cfg *g, moeq_ep_placement **pl, char *err, size_t n) {
+static moeq_err make_placement(const group_cfg *g, int rank, moeq_ep_placement **pl, char *err, size_t n) {
+    if (g->odd_rank > 0 && rank == g->odd_rank) return moeq_ep_placement_new_permuted(E, g->n_ranks, 9, pl, err, n);
     switch (g->placement) {
     case PERMUTED: return moeq_ep_placement_new_permuted(E, g->n_ranks, 42, pl, err, n);
     case REPLICATED:
@@ -88,7 +90,7 @@ static int run_rank(const group_cfg *g, int rank) {
     moeq_ep_placement *pl = NULL;
     moeq_ep *ep = NULL;
     moeq_ep_rendezvous rv = moeq_ep_rendezvous_dir(g->dir);
-    int rc = make_placement(g, &pl, err, sizeof err) || moeq_ep_new(&p, pl, &rv, &ep, err, sizeof err) ? 3 : 0;
+    int rc = make_placement(g, rank, &pl, err, sizeof err) || moeq_ep_new(&p, pl, &rv, &ep, err, sizeof err) ? 3 : 0;
     int64_t t0 = 0;
     for (int round = 0; round < ROUNDS && !rc; round++) {
         if (round == 1 && rank == g->victim) raise(g->victim_signal);
@@ -99,7 +101,13 @@ static int run_rank(const group_cfg *g, int rank) {
     }
     if (rc == 0 && !ep) rc = 3;
     if (rc == 0) rc = moeq_ep_barrier(ep, err, sizeof err) ? 2 : 0;
-    if (g->victim >= 0 && rank != g->victim) {
+    if (g->odd_rank > 0) {
+        /* every rank refuses the group at creation, naming a rank that disagrees with it */
+        int ok = rc == 3 && strstr(err, "another group shape") &&
+                 (rank == g->odd_rank ? strstr(err, "rank 0") != NULL : strstr(err, "rank ") != NULL);
+        if (!ok) fprintf(stderr, "rank %d: expected a refusal at creation; rc %d: %s\n", rank, rc, err);
+        rc = ok ? 0 : 1;
+    } else if (g->victim >= 0 && rank != g->victim) {
         /* a survivor: the exchange must fail, naming the victim, within the timeout (+ slack for a loaded host) */
         char name[32];
         snprintf(name, sizeof name, "rank %d", g->victim);
@@ -156,7 +164,7 @@ static void every_group(const char *tls, const char *payload) {
     for (int n = 1; n <= 4; n++)
         for (int pl = IDENTITY; pl <= REPLICATED; pl++) {
             if (n == 1 && pl != IDENTITY) continue;
-            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, "", 0});
+            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, "", 0, 0});
         }
 }
 
@@ -172,30 +180,35 @@ static void ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_fou
 
 static void bf16_and_fp8_payloads_over_ucx_give_the_local_transports_bits(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, "", 0});
-    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, "", 0});
-    run_group((group_cfg){"tcp", 4, REPLICATED, "fp8", -1, 0, 20000, "", 0});
+    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, "", 0, 0});
+    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, "", 0, 0});
+    run_group((group_cfg){"tcp", 4, REPLICATED, "fp8", -1, 0, 20000, "", 0, 0});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 0});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 0, 0});
 }
 
 /* Rank 1 sees rank 2 die and leaves before rank 0 even starts the round: rank 0 must still blame rank 2. */
 static void a_survivor_that_comes_late_still_names_the_rank_that_died(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 500});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 500, 0});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory(void **state) {
     (void)state;
-    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, "", 0});
+    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, "", 0, 0});
+}
+
+static void ranks_that_disagree_on_the_placement_refuse_to_form_a_group(void **state) {
+    (void)state;
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 20000, "", 0, 2});
 }
 
 static void a_rank_that_stops_answering_fails_the_exchange_within_the_timeout(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, "", 0});
+    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, "", 0, 0});
 }
 
 int main(void) {
@@ -215,6 +228,7 @@ int main(void) {
         cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp),
         cmocka_unit_test(a_survivor_that_comes_late_still_names_the_rank_that_died),
         cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory),
+        cmocka_unit_test(ranks_that_disagree_on_the_placement_refuse_to_form_a_group),
         cmocka_unit_test(a_rank_that_stops_answering_fails_the_exchange_within_the_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

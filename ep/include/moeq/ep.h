@@ -91,7 +91,9 @@ typedef struct moeq_ep moeq_ep;
  * rendezvous is used during _new only (NULL is fine for "local"). Transports
  * that need a peer wait for it up to timeout_ms. Errors: INVALID_ARG (a param
  * or a placement that does not match it, named), UNSUPPORTED (transport not
- * built), TIMEOUT / IO (a peer not found or unreachable, named).
+ * built), TIMEOUT / IO (a peer not found or unreachable, named). Collective:
+ * its last step checks that every rank has the same shape, payload and
+ * placement (INVALID_ARG naming a rank that differs).
  */
 moeq_err moeq_ep_new(const moeq_ep_params *params, const moeq_ep_placement *placement,
                      const moeq_ep_rendezvous *rendezvous, moeq_ep **out, char *errstr, size_t errstr_size);
