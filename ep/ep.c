@@ -280,8 +280,8 @@ static moeq_err exchange(moeq_ep *ep, char *errstr, size_t n) {
 
 /*
  * Counts first: every rank learns how many slots and distinct token rows each
- * peer will send it, so both sides know every message's size. NULL mine: a
- * barrier (zeros).
+ * peer will send it, so both sides know every message's size. Without
+ * counts (with_counts 0): zeros, a barrier.
  */
 static moeq_err exchange_counts(moeq_ep *ep, int with_counts, char *errstr, size_t n) {
     int R = ep->params.n_ranks;
