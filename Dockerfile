@@ -11,7 +11,7 @@ FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
 ARG CUDA_ARCHS="80;90"
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake pkg-config librdkafka-dev libhiredis-dev libmsgpack-c-dev libcjson-dev \
-      libpcre2-dev libopenblas-dev libibverbs-dev libmicrohttpd-dev libcmocka-dev libssl-dev \
+      libpcre2-dev libopenblas-dev libibverbs-dev libmicrohttpd-dev libcmocka-dev libssl-dev libucx-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -24,7 +24,7 @@ FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
 # whatever this release names them (t64 renames and all); they are small.
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       librdkafka-dev libhiredis-dev libmsgpack-c-dev libcjson-dev libpcre2-dev libopenblas-dev \
-      libibverbs-dev libmicrohttpd-dev ca-certificates \
+      libibverbs-dev libmicrohttpd-dev libucx-dev ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 moeq
 COPY --from=build /build/cli/moeq /usr/local/bin/moeq

@@ -1,0 +1,494 @@
+/*
+ * ep.c — the expert-parallel handle: layout, packing, the two exchanges and
+ * the wire dtype. Transports (ep_local.c, ep_ucx.c) only move byte messages of
+ * known sizes; everything that decides which row goes where, and every dtype
+ * conversion, is here, so every transport gives the same bits.
+ *
+ * A dispatch message to rank d is [n slots × (int32 local, int32 slot)], in
+ * slot order, then one row per distinct token among them (a token with three
+ * experts on d sends its row once; d copies it to each expert's group). A
+ * combine message is one row per slot, in the order the dispatch had them:
+ * combine is per slot by design (no partial sums across ranks).
+ * Not done here: device memory (the nccl transport will take void * rows).
+ */
+#include "moeq/ep.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep_int.h"
+
+#define P(field) offsetof(moeq_ep_params, field), sizeof(((moeq_ep_params *)0)->field)
+
+const moeq_prop moeq_ep_props[] = {
+    {"ep.transport", MOEQ_PROP_STR, P(transport), 0, 0, "local",
+     "expert-parallel transport: local (one rank), ucx (UCP over UCX_TLS: tcp, shm, verbs), nccl"},
+    {"ep.rank", MOEQ_PROP_INT, P(rank), 0, MOEQ_EP_MAX_RANKS - 1, "0", "this process's rank in the group"},
+    {"ep.ranks", MOEQ_PROP_INT, P(n_ranks), 1, MOEQ_EP_MAX_RANKS, "1", "ranks in the expert-parallel group"},
+    {"ep.payload", MOEQ_PROP_STR, P(payload), 0, 0, "f32",
+     "wire dtype of dispatched and combined rows: f32; bf16 (half the bytes, rounded to nearest even); fp8 (E4M3 "
+     "with a float32 scale per 128 elements, as DeepEP: about a quarter)"},
+    {"ep.timeout_ms", MOEQ_PROP_INT, P(timeout_ms), 1, 3600000, "10000",
+     "a peer that sends nothing for this long fails the exchange (ms), naming the rank"},
+    MOEQ_PROP_END,
+};
+
+moeq_ep_params moeq_ep_default_params(void) {
+    moeq_ep_params p;
+    memset(&p, 0, sizeof p);
+    moeq_props_defaults(moeq_ep_props, &p, NULL, 0);
+    p.n_experts = p.hidden = p.max_tokens = p.top_k = 1;
+    return p;
+}
+
+struct moeq_ep {
+    moeq_ep_params params;
+    moeq_ep_placement *pl;
+    const moeq_ep_transport *ops;
+    moeq_ep_tp *tp;
+    int bf16, fp8;
+    float e4m3[256];      /* decoded FP8 codes                                     */
+    size_t row_bytes;     /* one row on the wire                                  */
+    int64_t max_slots;    /* max_tokens * top_k: slots one rank sends per exchange */
+    /* last dispatch, sender side */
+    int64_t T;
+    int32_t *dest_rank, *dest_local; /* (max_slots)                                 */
+    int32_t *send_slot;              /* (max_slots) slot of the j-th row sent        */
+    int64_t *send_count, *recv_count;  /* (n_ranks) slots (rows after combine)      */
+    int64_t *send_first, *recv_first;  /* (n_ranks) first slot of each peer          */
+    int64_t *send_tok, *recv_tok;      /* (n_ranks) distinct token rows in dispatch  */
+    int64_t *send_byte, *recv_byte;    /* (n_ranks) dispatch message offsets, bytes  */
+    int64_t *cur_slot, *cur_tok, *last_tok; /* (n_ranks) packing cursors            */
+    /* receiver side */
+    int64_t n_recv;
+    float *x;                        /* (n_ranks * max_slots, hidden) grouped rows   */
+    int32_t *src_rank, *src_slot;    /* (n_ranks * max_slots)                        */
+    int64_t *grouped_of;             /* arrival index → grouped position             */
+    int64_t *expert_offset;          /* (n_local + 1)                                */
+    int64_t *cursor;                 /* (n_local + 1) fill position while grouping   */
+    int *local_expert;               /* (n_local)                                    */
+    int n_local;
+    /* wire buffers and the per-peer message views */
+    unsigned char *sendbuf, *recvbuf;
+    const void **msg_send;
+    void **msg_recv;
+    size_t *len_send, *len_recv;
+    int64_t *cnt_out, *cnt_in;       /* (2 n_ranks) the count messages: slots, tokens */
+    int failed;
+};
+
+/* ---- dtype -------------------------------------------------------------- */
+
+uint16_t moeq_ep_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float moeq_ep_bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void row_put(const moeq_ep *ep, unsigned char *dst, const float *src) {
+    if (ep->fp8) {
+        moeq_ep_fp8_put(dst, src, ep->params.hidden);
+        return;
+    }
+    if (!ep->bf16) {
+        memcpy(dst, src, ep->row_bytes);
+        return;
+    }
+    for (int i = 0; i < ep->params.hidden; i++) {
+        uint16_t b = moeq_ep_f32_to_bf16(src[i]);
+        memcpy(dst + 2 * i, &b, 2);
+    }
+}
+
+static void row_get(const moeq_ep *ep, float *dst, const unsigned char *src) {
+    if (ep->fp8) {
+        moeq_ep_fp8_get(dst, src, ep->params.hidden, ep->e4m3);
+        return;
+    }
+    if (!ep->bf16) {
+        memcpy(dst, src, ep->row_bytes);
+        return;
+    }
+    for (int i = 0; i < ep->params.hidden; i++) {
+        uint16_t b;
+        memcpy(&b, src + 2 * i, 2);
+        dst[i] = moeq_ep_bf16_to_f32(b);
+    }
+}
+
+/* ---- layout (pure) ------------------------------------------------------ */
+
+moeq_err moeq_ep_layout(const moeq_ep_placement *pl, int rank, int64_t T, int top_k, const int32_t *topk_ids,
+                        int32_t *dest_rank, int32_t *dest_local, int64_t *count, char *errstr, size_t n) {
+    int R = moeq_ep_placement_n_ranks(pl), E = moeq_ep_placement_n_experts(pl);
+    for (int r = 0; r < R; r++) count[r] = 0;
+    for (int64_t t = 0; t < T; t++) {
+        for (int k = 0; k < top_k; k++) {
+            int64_t s = t * top_k + k;
+            int32_t e = topk_ids[s];
+            if (e < 0) {
+                dest_rank[s] = dest_local[s] = -1;
+                continue;
+            }
+            if (e >= E)
+                return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: slot %lld (token %lld, k %d): expert %d >= %d",
+                                 (long long)s, (long long)t, k, e, E);
+            int d = moeq_ep_placement_pick(pl, e, rank, t, k);
+            dest_rank[s] = d;
+            dest_local[s] = moeq_ep_placement_local_index(pl, d, e);
+            count[d]++;
+        }
+    }
+    return MOEQ_OK;
+}
+
+/* ---- create / destroy --------------------------------------------------- */
+
+static moeq_err check_params(const moeq_ep_params *p, char *errstr, size_t n) {
+    if (p->n_ranks < 1 || p->n_ranks > MOEQ_EP_MAX_RANKS || p->rank < 0 || p->rank >= p->n_ranks)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: rank %d of %d ranks is out of range", p->rank,
+                         p->n_ranks);
+    if (p->n_experts < 1 || p->n_experts > MOEQ_EP_MAX_EXPERTS)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: n_experts %d is outside [1, %d]", p->n_experts,
+                         MOEQ_EP_MAX_EXPERTS);
+    if (p->hidden < 1 || p->max_tokens < 1 || p->top_k < 1 || p->top_k > p->n_experts)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: hidden %d, max_tokens %d, top_k %d (of %d experts)",
+                         p->hidden, p->max_tokens, p->top_k, p->n_experts);
+    if (strcmp(p->payload, "f32") && strcmp(p->payload, "bf16") && strcmp(p->payload, "fp8"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep.payload: '%s' is not f32, bf16 or fp8", p->payload);
+    if ((int64_t)p->n_ranks * p->max_tokens * p->top_k > INT32_MAX)
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, n, "ep: %d ranks x %d tokens x top_k %d rows exceed 2^31",
+                         p->n_ranks, p->max_tokens, p->top_k);
+    if (p->timeout_ms < 1) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep.timeout_ms: %d < 1", p->timeout_ms);
+    return MOEQ_OK;
+}
+
+static const moeq_ep_transport *find_transport(const char *name) {
+    if (!strcmp(name, "local")) return &moeq_ep_transport_local;
+    if (!strcmp(name, "ucx")) return moeq_ep_transport_ucx;
+    if (!strcmp(name, "nccl")) return &moeq_ep_transport_nccl ? &moeq_ep_transport_nccl : NULL;
+    return NULL;
+}
+
+static moeq_err alloc_buffers(moeq_ep *ep) {
+    int R = ep->params.n_ranks;
+    size_t S = (size_t)ep->max_slots, RS = (size_t)R * S, H = (size_t)ep->params.hidden;
+    size_t wire = 8 + ep->row_bytes;
+    ep->n_local = moeq_ep_placement_n_local(ep->pl, ep->params.rank);
+    ep->dest_rank = malloc(S * 4), ep->dest_local = malloc(S * 4), ep->send_slot = malloc(S * 4);
+    ep->send_count = calloc(R, 8), ep->recv_count = calloc(R, 8);
+    ep->send_first = calloc(R, 8), ep->recv_first = calloc(R, 8);
+    ep->send_tok = calloc(R, 8), ep->recv_tok = calloc(R, 8), ep->send_byte = calloc(R, 8), ep->recv_byte = calloc(R, 8);
+    ep->cur_slot = calloc(R, 8), ep->cur_tok = calloc(R, 8), ep->last_tok = calloc(R, 8);
+    ep->x = malloc(RS * H * sizeof(float));
+    ep->src_rank = malloc(RS * 4), ep->src_slot = malloc(RS * 4), ep->grouped_of = malloc(RS * 8);
+    ep->expert_offset = calloc((size_t)ep->n_local + 1, 8), ep->cursor = calloc((size_t)ep->n_local + 1, 8);
+    ep->local_expert = malloc(((size_t)ep->n_local + 1) * sizeof(int));
+    ep->sendbuf = malloc(S * wire), ep->recvbuf = malloc(RS * wire);
+    ep->msg_send = calloc(R, sizeof(void *)), ep->msg_recv = calloc(R, sizeof(void *));
+    ep->len_send = calloc(R, sizeof(size_t)), ep->len_recv = calloc(R, sizeof(size_t));
+    ep->cnt_out = calloc(2 * (size_t)R, 8), ep->cnt_in = calloc(2 * (size_t)R, 8);
+    if (!ep->dest_rank || !ep->dest_local || !ep->send_slot || !ep->send_count || !ep->recv_count ||
+        !ep->send_first || !ep->recv_first || !ep->send_tok || !ep->recv_tok || !ep->send_byte || !ep->recv_byte ||
+        !ep->cur_slot || !ep->cur_tok || !ep->last_tok || !ep->x || !ep->src_rank || !ep->src_slot || !ep->grouped_of ||
+        !ep->expert_offset || !ep->cursor || !ep->local_expert || !ep->sendbuf || !ep->recvbuf || !ep->msg_send ||
+        !ep->msg_recv || !ep->len_send || !ep->len_recv || !ep->cnt_out || !ep->cnt_in)
+        return MOEQ_ERR_NOMEM;
+    for (int l = 0; l < ep->n_local; l++) ep->local_expert[l] = moeq_ep_placement_local_expert(ep->pl, ep->params.rank, l);
+    return MOEQ_OK;
+}
+
+static moeq_err hello(moeq_ep *ep, char *errstr, size_t n);
+
+moeq_err moeq_ep_new(const moeq_ep_params *params, const moeq_ep_placement *placement,
+                     const moeq_ep_rendezvous *rv, moeq_ep **out, char *errstr, size_t n) {
+    *out = NULL;
+    moeq_err err = check_params(params, errstr, n);
+    if (err) return err;
+    const moeq_ep_transport *ops = find_transport(params->transport);
+    if (!ops)
+        return moeq_errf(!strcmp(params->transport, "nccl") || !strcmp(params->transport, "ucx")
+                             ? MOEQ_ERR_UNSUPPORTED : MOEQ_ERR_INVALID_ARG, errstr, n,
+                         "ep.transport: '%s' is not built in (built: local%s%s)", params->transport,
+                         moeq_ep_transport_ucx ? ", ucx" : "", &moeq_ep_transport_nccl ? ", nccl" : "");
+    moeq_ep *ep = calloc(1, sizeof *ep);
+    if (!ep) return MOEQ_ERR_NOMEM;
+    ep->params = *params;
+    ep->ops = ops;
+    ep->bf16 = !strcmp(params->payload, "bf16"), ep->fp8 = !strcmp(params->payload, "fp8");
+    moeq_ep_fp8_table(ep->e4m3);
+    ep->row_bytes = ep->fp8 ? moeq_ep_fp8_row_bytes(params->hidden) : (size_t)params->hidden * (ep->bf16 ? 2 : 4);
+    ep->max_slots = (int64_t)params->max_tokens * params->top_k;
+    err = placement ? moeq_ep_placement_clone(placement, &ep->pl)
+                    : moeq_ep_placement_new_identity(params->n_experts, params->n_ranks, &ep->pl, errstr, n);
+    if (err) goto fail;
+    if (moeq_ep_placement_n_experts(ep->pl) != params->n_experts ||
+        moeq_ep_placement_n_ranks(ep->pl) != params->n_ranks) {
+        err = moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep.placement: %d experts on %d ranks, the group has %d on %d",
+                        moeq_ep_placement_n_experts(ep->pl), moeq_ep_placement_n_ranks(ep->pl), params->n_experts,
+                        params->n_ranks);
+        goto fail;
+    }
+    if ((err = alloc_buffers(ep))) {
+        moeq_errf(err, errstr, n, "ep: receive buffers for %d ranks x %lld slots x %zu bytes", params->n_ranks,
+                  (long long)ep->max_slots, ep->row_bytes);
+        goto fail;
+    }
+    size_t max_msg = (size_t)ep->max_slots * (8 + ep->row_bytes);
+    if ((err = ops->open(params, rv, max_msg > 16 ? max_msg : 16, &ep->tp, errstr, n))) goto fail;
+    if ((err = hello(ep, errstr, n))) goto fail;
+    *out = ep;
+    return MOEQ_OK;
+fail:
+    moeq_ep_destroy(ep);
+    return err;
+}
+
+void moeq_ep_destroy(moeq_ep *ep) {
+    if (!ep) return;
+    if (ep->tp) ep->ops->close(ep->tp);
+    moeq_ep_placement_destroy(ep->pl);
+    void *bufs[] = {ep->dest_rank, ep->dest_local, ep->send_slot, ep->send_count, ep->recv_count, ep->send_first,
+                    ep->recv_first, ep->x, ep->src_rank, ep->src_slot, ep->grouped_of, ep->expert_offset,
+                    ep->cursor, ep->local_expert, ep->sendbuf, ep->recvbuf, (void *)ep->msg_send, ep->msg_recv, ep->len_send,
+                    ep->len_recv, ep->cnt_out, ep->cnt_in, ep->send_tok, ep->recv_tok, ep->send_byte,
+                    ep->recv_byte, ep->cur_slot, ep->cur_tok, ep->last_tok};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(ep);
+}
+
+const moeq_ep_placement *moeq_ep_placement_of(const moeq_ep *ep) { return ep->pl; }
+const char *moeq_ep_transport_name(const moeq_ep *ep) { return ep->ops->name; }
+
+/* ---- the exchanges ------------------------------------------------------ */
+
+static moeq_err exchange(moeq_ep *ep, char *errstr, size_t n) {
+    if (ep->failed) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: the handle failed before; destroy it");
+    moeq_err err = ep->ops->exchange(ep->tp, ep->msg_send, ep->len_send, ep->msg_recv, ep->len_recv, errstr, n);
+    if (err) ep->failed = 1;
+    return err;
+}
+
+/*
+ * Counts first: every rank learns how many slots and distinct token rows each
+ * peer will send it, so both sides know every message's size. Without
+ * counts (with_counts 0): zeros, a barrier.
+ */
+static moeq_err exchange_counts(moeq_ep *ep, int with_counts, char *errstr, size_t n) {
+    int R = ep->params.n_ranks;
+    for (int r = 0; r < R; r++) {
+        ep->cnt_out[2 * r] = with_counts ? ep->send_count[r] : 0;
+        ep->cnt_out[2 * r + 1] = with_counts ? ep->send_tok[r] : 0;
+        ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
+        ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
+    }
+    moeq_err err = exchange(ep, errstr, n);
+    if (err || !with_counts) return err;
+    int64_t total = 0;
+    for (int r = 0; r < R; r++) {
+        int64_t slots = ep->cnt_in[2 * r], toks = ep->cnt_in[2 * r + 1];
+        if (slots < 0 || slots > ep->max_slots || toks < (slots > 0) || toks > slots || toks > ep->params.max_tokens)
+            return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
+                                             "ep: rank %d announced %lld slots of %lld tokens (max %lld, %d)", r,
+                                             (long long)slots, (long long)toks, (long long)ep->max_slots,
+                                             ep->params.max_tokens);
+        ep->recv_count[r] = slots, ep->recv_tok[r] = toks, total += slots;
+    }
+    ep->n_recv = total;
+    return MOEQ_OK;
+}
+
+moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t n) { return exchange_counts(ep, 0, errstr, n); }
+
+static uint64_t fnv(uint64_t h, int64_t v) {
+    for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    return h;
+}
+
+/* What every rank must agree on: the group's shape, the wire dtype and the whole placement. */
+static uint64_t fingerprint(const moeq_ep *ep) {
+    const moeq_ep_params *p = &ep->params;
+    uint64_t h = 0xcbf29ce484222325ull;
+    int64_t shape[] = {p->n_ranks, p->n_experts, p->hidden, p->max_tokens, p->top_k, ep->bf16, ep->fp8};
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) h = fnv(h, shape[i]);
+    for (int e = 0; e < p->n_experts; e++) {
+        h = fnv(h, moeq_ep_placement_n_replicas(ep->pl, e));
+        for (int i = 0; i < moeq_ep_placement_n_replicas(ep->pl, e); i++) h = fnv(h, moeq_ep_placement_replica(ep->pl, e, i));
+    }
+    return h;
+}
+
+/*
+ * The first exchange: every rank is up and agrees on the shape and placement.
+ * Ranks that disagreed would send rows to the wrong experts without noticing.
+ */
+static moeq_err hello(moeq_ep *ep, char *errstr, size_t n) {
+    uint64_t fp = fingerprint(ep);
+    int R = ep->params.n_ranks;
+    for (int r = 0; r < R; r++) {
+        ep->cnt_out[2 * r] = (int64_t)fp, ep->cnt_out[2 * r + 1] = 0;
+        ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
+        ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
+    }
+    moeq_err err = exchange(ep, errstr, n);
+    for (int r = 0; r < R && !err; r++)
+        if ((uint64_t)ep->cnt_in[2 * r] != fp)
+            err = ep->failed = 1, moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n,
+                                            "ep: rank %d has another group shape, payload or placement "
+                                            "(fingerprint %016llx, this rank %016llx)", r,
+                                            (unsigned long long)ep->cnt_in[2 * r], (unsigned long long)fp);
+    return err;
+}
+
+/* Offsets of every peer's messages: slots (for combine) and dispatch bytes. */
+static void offsets(const moeq_ep *ep, const int64_t *slots, const int64_t *toks, int64_t *first, int64_t *byte) {
+    int64_t f = 0, b = 0;
+    for (int r = 0; r < ep->params.n_ranks; r++) {
+        first[r] = f, byte[r] = b;
+        f += slots[r], b += slots[r] * 8 + toks[r] * (int64_t)ep->row_bytes;
+    }
+}
+
+/* Distinct tokens per destination: a token with several slots on one rank sends its row once. */
+static void count_tokens(moeq_ep *ep) {
+    int R = ep->params.n_ranks, K = ep->params.top_k;
+    for (int r = 0; r < R; r++) ep->send_tok[r] = 0, ep->last_tok[r] = -1;
+    for (int64_t s = 0; s < ep->T * K; s++) {
+        int d = ep->dest_rank[s];
+        if (d >= 0 && ep->last_tok[d] != s / K) ep->send_tok[d]++, ep->last_tok[d] = s / K;
+    }
+}
+
+/* Sender side: to rank d, [slots_d × (local, slot)] in slot order, then each token's row once. */
+static void pack_dispatch(moeq_ep *ep, const float *x) {
+    int R = ep->params.n_ranks, K = ep->params.top_k;
+    for (int r = 0; r < R; r++) ep->cur_slot[r] = ep->cur_tok[r] = 0, ep->last_tok[r] = -1;
+    for (int64_t s = 0; s < ep->T * K; s++) {
+        int d = ep->dest_rank[s];
+        if (d < 0) continue;
+        unsigned char *base = ep->sendbuf + ep->send_byte[d];
+        int64_t j = ep->cur_slot[d]++, t = s / K;
+        int32_t meta[2] = {ep->dest_local[s], (int32_t)s};
+        memcpy(base + (size_t)j * 8, meta, 8);
+        if (ep->last_tok[d] != t)
+            row_put(ep, base + (size_t)ep->send_count[d] * 8 + (size_t)ep->cur_tok[d]++ * ep->row_bytes,
+                    x + (size_t)t * ep->params.hidden),
+                ep->last_tok[d] = t;
+        ep->send_slot[ep->send_first[d] + j] = (int32_t)s;
+    }
+}
+
+static void set_views(moeq_ep *ep, unsigned char *out, const int64_t *out_first, const int64_t *out_count,
+                      unsigned char *in, const int64_t *in_first, const int64_t *in_count, size_t wire) {
+    for (int r = 0; r < ep->params.n_ranks; r++) {
+        ep->msg_send[r] = out + (size_t)out_first[r] * wire, ep->len_send[r] = (size_t)out_count[r] * wire;
+        ep->msg_recv[r] = in + (size_t)in_first[r] * wire, ep->len_recv[r] = (size_t)in_count[r] * wire;
+    }
+}
+
+static void set_dispatch_views(moeq_ep *ep) {
+    for (int r = 0; r < ep->params.n_ranks; r++) {
+        ep->msg_send[r] = ep->sendbuf + ep->send_byte[r];
+        ep->len_send[r] = (size_t)(ep->send_count[r] * 8 + ep->send_tok[r] * (int64_t)ep->row_bytes);
+        ep->msg_recv[r] = ep->recvbuf + ep->recv_byte[r];
+        ep->len_recv[r] = (size_t)(ep->recv_count[r] * 8 + ep->recv_tok[r] * (int64_t)ep->row_bytes);
+    }
+}
+
+/* Check one source's metadata (local index, slot range, ascending slots, token rows) and count per expert. */
+static moeq_err check_source(moeq_ep *ep, int r, char *errstr, size_t n) {
+    const unsigned char *base = ep->recvbuf + ep->recv_byte[r];
+    int64_t toks = 0, prev_slot = -1, K = ep->params.top_k;
+    for (int64_t j = 0; j < ep->recv_count[r]; j++) {
+        int32_t meta[2];
+        memcpy(meta, base + (size_t)j * 8, 8);
+        if (meta[0] < 0 || meta[0] >= ep->n_local || meta[1] <= prev_slot || meta[1] >= ep->max_slots)
+            return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
+                                             "ep: rank %d sent local expert %d slot %d (this rank has %d)", r,
+                                             meta[0], meta[1], ep->n_local);
+        toks += prev_slot < 0 || meta[1] / K != prev_slot / K;
+        prev_slot = meta[1];
+        ep->expert_offset[meta[0] + 1]++;
+    }
+    if (toks != ep->recv_tok[r])
+        return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "ep: rank %d sent %lld token rows for %lld",
+                                         r, (long long)ep->recv_tok[r], (long long)toks);
+    return MOEQ_OK;
+}
+
+/* Receiver side: a counting sort by local expert over arrival order (source rank, then slot). */
+static moeq_err unpack_dispatch(moeq_ep *ep, char *errstr, size_t n) {
+    int R = ep->params.n_ranks, L = ep->n_local;
+    int64_t *off = ep->expert_offset, *pos = ep->cursor, K = ep->params.top_k;
+    for (int l = 0; l <= L; l++) off[l] = 0;
+    for (int r = 0; r < R; r++) {
+        moeq_err err = check_source(ep, r, errstr, n);
+        if (err) return err;
+    }
+    for (int l = 0; l < L; l++) off[l + 1] += off[l];
+    memcpy(pos, off, ((size_t)L + 1) * 8);
+    int64_t a = 0;
+    for (int r = 0; r < R; r++) {
+        const unsigned char *base = ep->recvbuf + ep->recv_byte[r], *rows = base + (size_t)ep->recv_count[r] * 8;
+        int64_t row = -1, prev_t = -1;
+        for (int64_t j = 0; j < ep->recv_count[r]; j++, a++) {
+            int32_t meta[2];
+            memcpy(meta, base + (size_t)j * 8, 8);
+            if (meta[1] / K != prev_t) row++, prev_t = meta[1] / K;
+            int64_t p = pos[meta[0]]++;
+            ep->grouped_of[a] = p, ep->src_rank[p] = r, ep->src_slot[p] = meta[1];
+            row_get(ep, ep->x + (size_t)p * ep->params.hidden, rows + (size_t)row * ep->row_bytes);
+        }
+    }
+    return MOEQ_OK;
+}
+
+moeq_err moeq_ep_dispatch(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const float *x, moeq_ep_recv *recv,
+                          char *errstr, size_t n) {
+    if (T < 0 || T > ep->params.max_tokens || (T > 0 && (!topk_ids || !x)) || !recv)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: dispatch of %lld tokens (max_tokens %d)", (long long)T,
+                         ep->params.max_tokens);
+    moeq_err err = moeq_ep_layout(ep->pl, ep->params.rank, T, ep->params.top_k, topk_ids, ep->dest_rank,
+                                  ep->dest_local, ep->send_count, errstr, n);
+    if (err) return err;
+    ep->T = T;
+    count_tokens(ep);
+    if ((err = exchange_counts(ep, 1, errstr, n))) return err;
+    offsets(ep, ep->send_count, ep->send_tok, ep->send_first, ep->send_byte);
+    offsets(ep, ep->recv_count, ep->recv_tok, ep->recv_first, ep->recv_byte);
+    pack_dispatch(ep, x);
+    set_dispatch_views(ep);
+    if ((err = exchange(ep, errstr, n)) || (err = unpack_dispatch(ep, errstr, n))) return err;
+    *recv = (moeq_ep_recv){ep->n_recv, ep->x, ep->n_local, ep->local_expert, ep->expert_offset, ep->src_rank,
+                           ep->src_slot};
+    return MOEQ_OK;
+}
+
+/* Rows go back in the order each source sent them; the source knows each one's slot. */
+moeq_err moeq_ep_combine(moeq_ep *ep, const float *y, float *out, char *errstr, size_t n) {
+    if ((ep->n_recv > 0 && !y) || (ep->T > 0 && !out))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: combine without rows");
+    size_t H = (size_t)ep->params.hidden;
+    for (int64_t a = 0; a < ep->n_recv; a++)
+        row_put(ep, ep->recvbuf + (size_t)a * ep->row_bytes, y + (size_t)ep->grouped_of[a] * H);
+    set_views(ep, ep->recvbuf, ep->recv_first, ep->recv_count, ep->sendbuf, ep->send_first, ep->send_count,
+              ep->row_bytes);
+    moeq_err err = exchange(ep, errstr, n);
+    if (err) return err;
+    int64_t S = ep->T * ep->params.top_k, sent = 0;
+    for (int r = 0; r < ep->params.n_ranks; r++) sent += ep->send_count[r];
+    for (int64_t s = 0; s < S; s++)
+        if (ep->dest_rank[s] < 0) memset(out + (size_t)s * H, 0, H * sizeof(float));
+    for (int64_t j = 0; j < sent; j++)
+        row_get(ep, out + (size_t)ep->send_slot[j] * H, ep->sendbuf + (size_t)j * ep->row_bytes);
+    return MOEQ_OK;
+}
