@@ -3,9 +3,12 @@
  * (engine.c creates it, forward.c runs it). Not installed.
  *
  * Memory by lifetime: the model's weights are borrowed (mmapped, stored
- * width); small vectors (norm weights, router biases) are widened once at
- * creation; the KV cache is one pool; per-step scratch is one arena sized for
- * max_step_tokens. A step allocates nothing.
+ * width) and mapped into the backend once; small vectors (norm weights,
+ * router biases) are widened once at creation into backend buffers; the KV
+ * cache's entry pool is a backend buffer, its block tables host bookkeeping;
+ * per-step scratch is one backend arena sized for max_step_tokens, beside a
+ * small host arena for the step's metadata (token ids, positions, the
+ * experts' offsets). A step allocates nothing.
  */
 #ifndef MOEQ_ENGINE_FORWARD_H
 #define MOEQ_ENGINE_FORWARD_H
@@ -19,12 +22,14 @@
 #include "moeq/engine.h"
 #include "rope.h"
 
+/* Backend buffers (MOEQ_BUFFER_WEIGHTS). */
 typedef struct moeq_layer_vecs {
     float *in_norm, *post_norm, *q_a_norm, *kv_a_norm; /* widened norm weights        */
     float *bias;                                       /* e_score_correction_bias or NULL */
 } moeq_layer_vecs;
 
-/* Per-step scratch, (shape) in floats unless noted. */
+/* Per-step scratch, (shape) in floats unless noted. "host": the host arena (step metadata); the rest is the
+ * backend's arena, touched only through backend ops. */
 typedef struct moeq_scratch {
     float *x;        /* (T, D) residual stream                 */
     float *h;        /* (T, D) normed                          */
@@ -39,7 +44,8 @@ typedef struct moeq_scratch {
     float *router;   /* (T, E)                                 */
     float *rw;       /* (T, k) routing weights                 */
     int32_t *rids;   /* (T, k) routed experts                  */
-    int64_t *offsets;/* (E+1)                                  */
+    int64_t *offsets;/* host (E+1)                             */
+    uint8_t *finite; /* host (T) the router saw only finite logits */
     int64_t *order;  /* (T*k) slots by expert                  */
     int64_t *slot_row;/* (T*k) row of each slot in xg/down     */
     float *xg;       /* (T*k, D) gathered tokens               */
@@ -47,12 +53,12 @@ typedef struct moeq_scratch {
     float *down;     /* (T*k + T, D) routed rows, then shared  */
     float *route_scratch;
     float *cos_v, *sin_v; /* (T, rope/2)                       */
-    int32_t *tok_id, *tok_seq; /* (T)                          */
-    int64_t *tok_pos;          /* (T)                          */
-    int64_t *logit_tok;        /* (T) token index of each logits row */
+    int32_t *tok_id, *tok_seq; /* host (T)                     */
+    int64_t *tok_pos;          /* host (T)                     */
+    int64_t *logit_tok;        /* host (T) token index of each logits row */
     float *hid;      /* (T, D) main hidden after the final norm (MTP input); NULL without MTP */
     float *eh;       /* (T, 2D) MTP: [enorm(embed) ; hnorm(hidden)]; NULL without MTP     */
-    moeq_mm_job *jobs;
+    moeq_mm_job *jobs; /* host */
     int max_jobs;
 } moeq_scratch;
 
@@ -62,12 +68,14 @@ struct moeq_engine {
     moeq_engine_params params;
     moeq_backend *backend;
     moeq_kv_cache *cache;
+    float *cache_pool;       /* backend buffer: the cache's entries */
     moeq_rope rope;
     moeq_moe_router router;
     moeq_layer_vecs *vecs;   /* [num_hidden_layers] */
-    float *final_norm;       /* [hidden]            */
+    float *final_norm;       /* [hidden] backend buffer */
     moeq_scratch s;
-    void *arena;
+    void *arena;             /* backend buffer: the step's activations */
+    void *host_arena;        /* the step's metadata                    */
     int naive_attention;     /* tests: expanded K/V instead of absorption */
     struct moeq_mtp_state *mtp; /* MTP layers' caches and per-sequence state (mtp.c); NULL without MTP */
     int *nonfinite_layer;    /* [max_seqs] first layer whose router saw a non-finite score, -1 none */
@@ -81,6 +89,10 @@ typedef struct moeq_block {
     int cache_layer;
 } moeq_block;
 
+/* A paged cache whose entry pool is a backend buffer (*pool, the caller releases it after the cache). */
+moeq_err moeq_forward_cache_new(moeq_engine *engine, const moeq_kv_cache_params *params, float **pool,
+                                moeq_kv_cache **out, char *errstr, size_t errstr_size);
+
 /* Main-model layer l as a block (cache = engine->cache, cache layer l). */
 moeq_block moeq_forward_main_block(moeq_engine *engine, int layer);
 
@@ -92,6 +104,13 @@ void moeq_forward_block(moeq_engine *engine, const moeq_block *block, int64_t n_
 
 /* rmsnorm(s.x row s.logit_tok[r], norm) -> head, for r < n_rows, into logits (n_rows, vocab). Uses s.h. */
 void moeq_forward_head(moeq_engine *engine, const float *norm, const moeq_tensor *head, int64_t n_rows, float *logits);
+
+/* Widen a small tensor (norm weight, bias) into a backend weights buffer; NULL for NULL or on failure. */
+float *moeq_forward_widen(moeq_engine *engine, const moeq_tensor *t);
+
+/* rmsnorm of n_rows rows of x (stride ldx; rows[r] or r) into out (stride ld_out), n values each. */
+void moeq_forward_rmsnorm(moeq_engine *engine, float *out, int64_t ld_out, const float *x, int64_t ldx,
+                          const int64_t *rows, int64_t n_rows, int64_t n, const float *w);
 
 /* y (T, rows) = x (T, cols) W^T through the backend. */
 void moeq_forward_linear(moeq_engine *engine, const moeq_tensor *w, const float *x, float *y, int64_t n_tok);

@@ -20,6 +20,7 @@ struct moeq_kv_cache {
     int64_t max_blocks_per_seq;
     size_t block_floats;       /* n_layers * block_tokens * entry_floats */
     float *pool;               /* [n_blocks][block_floats]              */
+    int own_pool;              /* 1: allocated here, 0: the backend's   */
     int32_t *tables;           /* [max_seqs][max_blocks_per_seq]        */
     int64_t *lens;             /* [max_seqs], -1 = free slot            */
     int32_t *free_stack;       /* [n_blocks]                            */
@@ -40,7 +41,8 @@ moeq_err moeq_kv_cache_new(const moeq_kv_cache_params *params, moeq_kv_cache **o
     c->n_blocks = (p->capacity_tokens + p->block_tokens - 1) / p->block_tokens;
     c->max_blocks_per_seq = c->n_blocks;
     c->block_floats = (size_t)p->n_layers * p->block_tokens * p->entry_floats;
-    c->pool = aligned_alloc(64, ((c->n_blocks * c->block_floats * sizeof(float)) + 63) / 64 * 64);
+    c->own_pool = p->pool == NULL;
+    c->pool = p->pool ? p->pool : aligned_alloc(64, (moeq_kv_cache_pool_floats(p) * sizeof(float) + 63) / 64 * 64);
     c->tables = malloc((size_t)p->max_seqs * c->max_blocks_per_seq * sizeof(int32_t));
     c->lens = malloc((size_t)p->max_seqs * sizeof(int64_t));
     c->free_stack = malloc((size_t)c->n_blocks * sizeof(int32_t));
@@ -60,12 +62,17 @@ moeq_err moeq_kv_cache_new(const moeq_kv_cache_params *params, moeq_kv_cache **o
 
 void moeq_kv_cache_destroy(moeq_kv_cache *cache) {
     if (!cache) return;
-    free(cache->pool);
+    if (cache->own_pool) free(cache->pool);
     free(cache->tables);
     free(cache->lens);
     free(cache->free_stack);
     free(cache->refs);
     free(cache);
+}
+
+size_t moeq_kv_cache_pool_floats(const moeq_kv_cache_params *p) {
+    int64_t n_blocks = (p->capacity_tokens + p->block_tokens - 1) / p->block_tokens;
+    return (size_t)n_blocks * (size_t)p->n_layers * p->block_tokens * p->entry_floats;
 }
 
 size_t moeq_kv_cache_bytes_per_token(const moeq_kv_cache *cache) {
@@ -124,8 +131,10 @@ static void release_block(moeq_kv_cache *cache, int32_t b) {
 /* A fresh block with every layer's entries of block src (entries past the owner's length are don't-care). */
 static int32_t copy_block(moeq_kv_cache *cache, int32_t src) {
     int32_t b = take_block(cache);
-    memcpy(cache->pool + (size_t)b * cache->block_floats, cache->pool + (size_t)src * cache->block_floats,
-           cache->block_floats * sizeof(float));
+    float *to = cache->pool + (size_t)b * cache->block_floats;
+    const float *from = cache->pool + (size_t)src * cache->block_floats;
+    if (cache->p.copy) cache->p.copy(cache->p.copy_ctx, to, from, cache->block_floats);
+    else memcpy(to, from, cache->block_floats * sizeof(float));
     return b;
 }
 
@@ -213,8 +222,13 @@ float *moeq_kv_cache_entry(const moeq_kv_cache *cache, int seq_id, int layer, in
            ((size_t)layer * cache->p.block_tokens + (size_t)off) * cache->p.entry_floats;
 }
 
+moeq_kv_paged moeq_kv_cache_paged(const moeq_kv_cache *cache, int layer) {
+    return (moeq_kv_paged){cache->pool, cache->tables, cache->max_blocks_per_seq, cache->block_floats,
+                           (size_t)layer * cache->p.block_tokens * cache->p.entry_floats, cache->p.block_tokens,
+                           cache->p.entry_floats};
+}
+
 moeq_kv_view moeq_kv_cache_view(const moeq_kv_cache *cache, int seq_id, int layer) {
-    return (moeq_kv_view){cache->pool + (size_t)layer * cache->p.block_tokens * cache->p.entry_floats,
-                          table_of(cache, seq_id), cache->block_floats,
-                          cache->p.block_tokens, cache->p.entry_floats};
+    moeq_kv_paged kv = moeq_kv_cache_paged(cache, layer);
+    return moeq_kv_paged_view(&kv, seq_id);
 }

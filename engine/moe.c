@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ops.h"
+#include "cpu/ops.h"
 
 moeq_err moeq_moe_router_init(moeq_moe_router *router, const moeq_model_config *config, char *errstr,
                               size_t errstr_size) {

@@ -4,7 +4,7 @@
 if(TARGET moeq_engine)
   moeq_add_test(NAME test_engine_ops SOURCES test_engine_ops.c LIBS moeq_engine PkgConfig::OPENBLAS
     LABELS unit)
-  target_include_directories(test_engine_ops PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+  target_include_directories(test_engine_ops PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
   moeq_add_test(NAME test_engine_model SOURCES test_engine_model.c LIBS moeq_engine LABELS unit
     TIMEOUT 600)
   target_include_directories(test_engine_model PRIVATE ${CMAKE_SOURCE_DIR}/engine)

@@ -406,6 +406,41 @@ static void nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_it
     moeq_engine_destroy(e);
 }
 
+/* Issue 12: `backend = cpu` picks the CPU backend from the registry; any other name fails creation, naming it. */
+static void the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error(void **state) {
+    (void)state;
+    moeq_engine_params p = moeq_engine_default_params();
+    char err[256] = "";
+    assert_string_equal(p.backend, "cpu");
+    p.n_threads = 1;
+    assert_int_equal(moeq_props_set(moeq_engine_params_props, &p, "backend", "cpu", err, sizeof(err)), MOEQ_OK);
+    moeq_engine *e = NULL;
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof(err)), MOEQ_OK);
+    assert_string_equal(e->backend->name, "cpu");
+    for (int op = 0; op < MOEQ_BACKEND_OP_COUNT; op++) /* the reference backend runs every op */
+        assert_true(e->backend->supports(e->backend, (moeq_backend_op)op, MOEQ_DTYPE_BF16));
+    moeq_engine_destroy(e);
+    static const char *const bad[] = {"cuda9", "", "CPU"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(moeq_props_set(moeq_engine_params_props, &p, "backend", bad[i], err, sizeof(err)), MOEQ_OK);
+        e = (moeq_engine *)&p; /* must come back NULL */
+        err[0] = 0;
+        assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof(err)), MOEQ_ERR_INVALID_ARG);
+        assert_null(e);
+        char want[64];
+        snprintf(want, sizeof(want), "backend \"%s\" is unknown", bad[i]);
+        assert_non_null(strstr(err, want));
+        assert_non_null(strstr(err, "known: cpu"));
+    }
+    moeq_backend *b = NULL;
+    moeq_backend_config bc = {.n_threads = 1, .batch_invariant = 1, .max_k = 64, .max_ctx = 16, .max_jobs = 4};
+    assert_int_equal(moeq_backend_new("cpu", &bc, &b, err, sizeof(err)), MOEQ_OK);
+    assert_string_equal(b->name, "cpu");
+    moeq_backend_destroy(b);
+    assert_int_equal(moeq_backend_new("metal", &bc, &b, err, sizeof(err)), MOEQ_ERR_INVALID_ARG);
+    assert_null(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(absorbed_and_naive_mla_agree),
@@ -418,6 +453,7 @@ int main(void) {
         cmocka_unit_test(a_step_that_does_not_fit_appends_nothing),
         cmocka_unit_test(no_context_length_check_the_engine_refuses_a_step_past_its_context),
         cmocka_unit_test(nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_its_batch_mate_keeps_its_bits),
+        cmocka_unit_test(the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
