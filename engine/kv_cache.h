@@ -1,5 +1,7 @@
 /*
- * kv_cache.h — internal: the paged MLA cache.
+ * kv_cache.h — internal: the paged MLA cache: the bookkeeping of
+ * kv_blocks.h (pure host logic, block ids only) and the entry pool (a backend
+ * buffer, or a host pool for standalone use) in one object.
  *
  * Per token and layer it holds only what MLA with weight absorption needs:
  * the normalised compressed latent (kv_lora_rank floats) followed by the

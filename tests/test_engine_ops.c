@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "attention.h"
 #include "backend_pool.h"
+#include "kv_blocks.h"
 #include "kv_cache.h"
 #include "moe.h"
 #include "ops.h"
@@ -668,6 +669,52 @@ static void kv_cache_fork_shares_blocks_and_copies_before_writing_into_them(void
     moeq_kv_cache_destroy(c);
 }
 
+/* Issue 12: the bookkeeping alone (block ids, no storage) forks, shares and asks for exactly the copies it needs. */
+typedef struct copy_log {
+    int n;
+    int32_t dst[8], src[8];
+} copy_log;
+
+static void log_copy(void *ctx, int32_t dst, int32_t src) {
+    copy_log *l = ctx;
+    assert_true(l->n < 8);
+    l->dst[l->n] = dst, l->src[l->n] = src, l->n++;
+}
+
+static void kv_blocks_share_fork_and_copy_on_write_by_block_id_without_storage(void **state) {
+    (void)state;
+    copy_log log = {0};
+    moeq_kv_blocks_params p = {.block_tokens = 4, .capacity_tokens = 32, .max_seqs = 3, .copy = log_copy,
+                               .copy_ctx = &log};
+    moeq_kv_blocks *b = NULL;
+    assert_int_equal(moeq_kv_blocks_new(&p, &b, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_kv_blocks_count(b), 8);
+    int a, c;
+    assert_int_equal(moeq_kv_blocks_seq_new(b, &a), MOEQ_OK);
+    assert_int_equal(moeq_kv_blocks_grow(b, a, 10), MOEQ_OK); /* blocks 0, 1, 2 */
+    assert_int_equal(moeq_kv_blocks_seq_new(b, &c), MOEQ_OK);
+    assert_int_equal(moeq_kv_blocks_seq_fork(b, a, 6, c), MOEQ_OK); /* shares 0, copies 1 into 3 */
+    assert_int_equal(log.n, 1);
+    assert_int_equal(log.src[0], 1);
+    assert_int_equal(log.dst[0], 3);
+    const int32_t *t = moeq_kv_blocks_tables(b);
+    int64_t stride = moeq_kv_blocks_table_stride(b);
+    assert_int_equal(t[c * stride], 0);
+    assert_int_equal(t[c * stride + 1], 3);
+    assert_int_equal(moeq_kv_blocks_refs(b, 0), 2);
+    assert_int_equal(moeq_kv_blocks_free(b), 4);
+    assert_int_equal(moeq_kv_blocks_truncate(b, a, 2), MOEQ_OK); /* a's block 0 now partial and shared */
+    assert_int_equal(moeq_kv_blocks_needed(b, a, 3), 1);
+    assert_int_equal(moeq_kv_blocks_grow(b, a, 3), MOEQ_OK); /* copy-on-write of block 0 */
+    assert_int_equal(log.n, 2);
+    assert_int_equal(log.src[1], 0);
+    assert_int_equal(moeq_kv_blocks_refs(b, 0), 1);
+    moeq_kv_blocks_seq_free(b, a);
+    moeq_kv_blocks_seq_free(b, c);
+    assert_int_equal(moeq_kv_blocks_free(b), 8);
+    moeq_kv_blocks_destroy(b);
+}
+
 static void kv_cache_fork_and_copy_on_write_refuse_without_a_free_block(void **state) {
     (void)state;
     moeq_kv_cache_params p = {.n_layers = 2, .entry_floats = 3, .block_tokens = 4, .capacity_tokens = 8, .max_seqs = 2};
@@ -988,6 +1035,7 @@ int main(void) {
         cmocka_unit_test(kv_cache_pages_truncates_and_refuses_when_full),
         cmocka_unit_test(kv_cache_fork_shares_blocks_and_copies_before_writing_into_them),
         cmocka_unit_test(kv_cache_fork_and_copy_on_write_refuse_without_a_free_block),
+        cmocka_unit_test(kv_blocks_share_fork_and_copy_on_write_by_block_id_without_storage),
         cmocka_unit_test(attention_on_every_instruction_set_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(attention_matches_a_float64_computation),
         cmocka_unit_test(attention_exp_is_within_two_ulp),
