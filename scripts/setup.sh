@@ -12,7 +12,7 @@ SUDO=""
 
 pkgs=(build-essential cmake pkg-config git clang
       librdkafka-dev libhiredis-dev libcjson-dev libpcre2-dev libopenblas-dev
-      libibverbs-dev libmicrohttpd-dev libcmocka-dev
+      libibverbs-dev libmicrohttpd-dev libcmocka-dev libucx-dev ucx-utils
       redis-server kcat maven default-jdk-headless
       python3 python3-pip python3-numpy python3-msgpack python3-confluent-kafka
       nodejs npm curl ca-certificates)

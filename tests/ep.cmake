@@ -1,0 +1,15 @@
+# Expert-parallel exchange (ep/): placement, layout and the local transport (unit); the UCX transport
+# with 1-4 ranks as forked processes over tcp and shared memory, and a rank killed with -9.
+if(TARGET moeq_ep)
+  moeq_add_test(NAME test_ep SOURCES test_ep.c LIBS moeq_ep LABELS unit)
+endif()
+if(TARGET moeq_ep)
+  # Forked ranks on one host: no broker, no Redis; the ranks find each other through a temporary directory.
+  moeq_add_test(NAME test_ep_ucx SOURCES test_ep_ucx.c LIBS moeq_ep LABELS unit TIMEOUT 600)
+endif()
+# `moeq ep-plan`: a skewed stats file gives a placement file (with the predicted load) and JSON.
+if(TARGET moeq)
+  add_test(NAME ep_plan_prints_a_placement_file_and_its_predicted_load
+           COMMAND sh -c "printf '# layer 0\\n900 10 10 10 50 20 5 5\\n' > ep_plan_stats.txt && '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_stats.txt --ranks 2 --replicas 2 > ep_plan_out.txt && grep -q '^moeq-ep-placement 1 experts=8 ranks=2$' ep_plan_out.txt && grep -q '^0 0 1$' ep_plan_out.txt && grep -q 'max/mean 1.0099 (identity placement: 1.8416)' ep_plan_out.txt && '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_stats.txt --ranks 2 --json | grep -q '\"max_over_mean\":1.8218,\"identity_max_over_mean\":1.8416' && echo ok")
+  set_tests_properties(ep_plan_prints_a_placement_file_and_its_predicted_load PROPERTIES LABELS unit)
+endif()

@@ -1,0 +1,210 @@
+/*
+ * test_ep_ucx.c — the UCX transport with 1-4 ranks as forked processes on one
+ * host, over TCP loopback (UCX_TLS=tcp) and shared memory (UCX_TLS=posix,sysv):
+ * the per-slot rows after dispatch → expert → combine equal, bit for bit, the
+ * one-process local transport's, for identity, permuted and replicated
+ * placements, F32 and BF16 payloads, with a rank that has zero tokens. Then
+ * faults: a rank killed with -9, or stopped, fails the survivors' exchange
+ * within ep.timeout_ms with an error naming it. Skipped (77) without UCX.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ep_test_util.h"
+#include "moeq/ep.h"
+#include "moeq/util.h"
+
+enum { E = 16, H = 32, MAXT = 24, K = 4, ROUNDS = 3 };
+
+typedef enum placement_kind { IDENTITY, PERMUTED, REPLICATED } placement_kind;
+
+typedef struct group_cfg {
+    const char *tls;
+    int n_ranks;
+    placement_kind placement;
+    const char *payload;
+    int victim;        /* rank that dies (SIGKILL) or stops (SIGSTOP) before round 1; -1: none */
+    int victim_signal;
+    int timeout_ms;
+    char dir[64];
+} group_cfg;
+
+static moeq_err make_placement(const group_cfg *g, moeq_ep_placement **pl, char *err, size_t n) {
+    switch (g->placement) {
+    case PERMUTED: return moeq_ep_placement_new_permuted(E, g->n_ranks, 42, pl, err, n);
+    case REPLICATED:
+        if (g->n_ranks > 1) return moeq_ep_placement_new_replicated(E, g->n_ranks, 5, pl, err, n);
+        /* fall through: one rank cannot hold a replica */
+    case IDENTITY: break;
+    }
+    return moeq_ep_placement_new_identity(E, g->n_ranks, pl, err, n);
+}
+
+/* Tokens of round `round` on `rank`: the last rank has none in round 1. */
+static int64_t tokens_of(const group_cfg *g, int rank, int round) {
+    if (round == 1 && rank == g->n_ranks - 1 && g->n_ranks > 1) return 0;
+    return round == 2 ? 1 : MAXT - rank;
+}
+
+static int check_round(const group_cfg *g, moeq_ep *ep, int rank, int round, char *err, size_t n) {
+    static int32_t ids[MAXT * K];
+    static float x[MAXT * H], y[4 * MAXT * K * H], out[MAXT * K * H], want[MAXT * K * H];
+    int64_t T = tokens_of(g, rank, round);
+    ept_inputs(1000 * (uint64_t)round + (uint64_t)rank, T, K, E, H, 1, ids, x);
+    moeq_ep_params p = moeq_ep_default_params();
+    p.n_experts = E, p.hidden = H, p.max_tokens = MAXT, p.top_k = K;
+    snprintf(p.payload, sizeof p.payload, "%s", g->payload);
+    if (ept_reference(&p, T, ids, x, want, err, n)) return 1;
+    if (ept_round(ep, T, ids, x, H, y, out, err, n)) return 2;
+    if (memcmp(out, want, (size_t)T * K * H * sizeof(float)) != 0) {
+        snprintf(err, n, "rank %d round %d: rows differ from the local transport's", rank, round);
+        return 1;
+    }
+    return 0;
+}
+
+/* One rank's life in a forked child; the exit status is the verdict (0 ok). */
+static int run_rank(const group_cfg *g, int rank) {
+    char err[512] = "";
+    setenv("UCX_TLS", g->tls, 1);
+    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+    moeq_ep_params p = moeq_ep_default_params();
+    strcpy(p.transport, "ucx");
+    p.rank = rank, p.n_ranks = g->n_ranks, p.n_experts = E, p.hidden = H, p.max_tokens = MAXT, p.top_k = K;
+    p.timeout_ms = g->timeout_ms;
+    snprintf(p.payload, sizeof p.payload, "%s", g->payload);
+    moeq_ep_placement *pl = NULL;
+    moeq_ep *ep = NULL;
+    moeq_ep_rendezvous rv = moeq_ep_rendezvous_dir(g->dir);
+    int rc = make_placement(g, &pl, err, sizeof err) || moeq_ep_new(&p, pl, &rv, &ep, err, sizeof err) ? 3 : 0;
+    int64_t t0 = 0;
+    for (int round = 0; round < ROUNDS && !rc; round++) {
+        if (round == 1 && rank == g->victim) raise(g->victim_signal);
+        t0 = moeq_mono_ns();
+        rc = check_round(g, ep, rank, round, err, sizeof err);
+    }
+    if (rc == 0 && !ep) rc = 3;
+    if (rc == 0) rc = moeq_ep_barrier(ep, err, sizeof err) ? 2 : 0;
+    if (g->victim >= 0 && rank != g->victim) {
+        /* a survivor: the exchange must fail, naming the victim, within the timeout (+ slack for a loaded host) */
+        char name[32];
+        snprintf(name, sizeof name, "rank %d", g->victim);
+        double ms = (double)(moeq_mono_ns() - t0) / 1e6;
+        int ok = rc == 2 && strstr(err, name) && ms < g->timeout_ms + 3000;
+        if (!ok) fprintf(stderr, "rank %d: expected a failure naming %s within %d ms; rc %d after %.0f ms: %s\n",
+                         rank, name, g->timeout_ms, rc, ms, err);
+        rc = ok ? 0 : 1;
+    } else if (rc) {
+        fprintf(stderr, "rank %d (%s, %d ranks): %s\n", rank, g->tls, g->n_ranks, err);
+    }
+    moeq_ep_destroy(ep);
+    moeq_ep_placement_destroy(pl);
+    return rc;
+}
+
+/* Fork every rank, wait for all (never longer than 120 s: then kill them and fail). */
+static void run_group(group_cfg g) {
+    snprintf(g.dir, sizeof g.dir, "/tmp/moeq-ep-XXXXXX");
+    assert_non_null(mkdtemp(g.dir));
+    pid_t pid[8];
+    for (int r = 0; r < g.n_ranks; r++) {
+        fflush(NULL);
+        pid[r] = fork();
+        assert_true(pid[r] >= 0);
+        if (pid[r] == 0) _exit(run_rank(&g, r));
+    }
+    int64_t deadline = moeq_now_ms() + 120000;
+    int failed = 0, left = g.n_ranks, status;
+    while (left > 0) {
+        for (int r = 0; r < g.n_ranks; r++) {
+            if (pid[r] <= 0 || waitpid(pid[r], &status, WNOHANG) != pid[r]) continue;
+            int expect_killed = r == g.victim;
+            int ok = expect_killed ? WIFSIGNALED(status) : WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            if (!ok) fprintf(stderr, "%s, %d ranks: rank %d ended with status 0x%x\n", g.tls, g.n_ranks, r, status);
+            failed |= !ok, pid[r] = 0, left--;
+            /* a stopped victim is killed once every survivor has given its verdict */
+            if (g.victim >= 0 && g.victim_signal == SIGSTOP && left == 1 && pid[g.victim] > 0) kill(pid[g.victim], SIGKILL);
+        }
+        if (moeq_now_ms() > deadline) {
+            for (int r = 0; r < g.n_ranks; r++)
+                if (pid[r] > 0) kill(pid[r], SIGKILL), waitpid(pid[r], NULL, 0), pid[r] = 0, left--;
+            fail_msg("%s, %d ranks: the group hung", g.tls, g.n_ranks);
+        }
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g.dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g.dir);
+    assert_false(failed);
+}
+
+static void every_group(const char *tls, const char *payload) {
+    for (int n = 1; n <= 4; n++)
+        for (int pl = IDENTITY; pl <= REPLICATED; pl++) {
+            if (n == 1 && pl != IDENTITY) continue;
+            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, ""});
+        }
+}
+
+static void ucx_over_tcp_gives_the_local_transports_bits_on_one_to_four_ranks(void **state) {
+    (void)state;
+    every_group("tcp", "f32");
+}
+
+static void ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_four_ranks(void **state) {
+    (void)state;
+    every_group("posix,sysv", "f32");
+}
+
+static void bf16_payload_over_ucx_gives_the_local_transports_bf16_bits(void **state) {
+    (void)state;
+    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, ""});
+    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, ""});
+}
+
+static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp(void **state) {
+    (void)state;
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, ""});
+}
+
+static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory(void **state) {
+    (void)state;
+    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, ""});
+}
+
+static void a_rank_that_stops_answering_fails_the_exchange_within_the_timeout(void **state) {
+    (void)state;
+    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, ""});
+}
+
+int main(void) {
+    moeq_ep_params p = moeq_ep_default_params();
+    strcpy(p.transport, "ucx");
+    moeq_ep *ep = NULL;
+    char err[256];
+    if (moeq_ep_new(&p, NULL, NULL, &ep, err, sizeof err) == MOEQ_ERR_UNSUPPORTED) {
+        printf("skipped: %s\n", err);
+        return 77;
+    }
+    moeq_ep_destroy(ep);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ucx_over_tcp_gives_the_local_transports_bits_on_one_to_four_ranks),
+        cmocka_unit_test(ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_four_ranks),
+        cmocka_unit_test(bf16_payload_over_ucx_gives_the_local_transports_bf16_bits),
+        cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp),
+        cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory),
+        cmocka_unit_test(a_rank_that_stops_answering_fails_the_exchange_within_the_timeout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
