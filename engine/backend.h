@@ -167,7 +167,7 @@ typedef struct moeq_gather_params {
 
 /*
  * out[t] = (sum over k = 0..K-1, in slot order, of weights[t, k] * rows[slot_row[t*K + k]]) + shared[t]
- * (shared may be NULL). Rows of dim floats. The whole sum for a token is formed here, on the token's
+ * (shared may be NULL; slot_row NULL: slot s is row s, the per-slot rows an ep combine returns). Rows of dim floats. The whole sum for a token is formed here, on the token's
  * own rank: an expert-parallel transport returns rows, never partial sums.
  */
 typedef struct moeq_combine_params {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "forward.h"
+#include "moe_layer.h"
 #include "mtp.h"
 
 moeq_engine_params moeq_engine_default_params(void) {
@@ -189,6 +190,7 @@ static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
                                e->params.kv_cache_tokens, e->params.max_seqs, NULL, NULL, NULL};
     if ((err = moeq_forward_cache_new(e, &kp, &e->cache_pool, &e->cache, errstr, errstr_size))) return err;
     if ((err = moeq_mtp_state_new(e, &e->mtp, errstr, errstr_size))) return err;
+    if ((err = moeq_moe_layer_new(e, &e->moe, errstr, errstr_size))) return err;
     if (!(e->nonfinite_layer = malloc((size_t)e->params.max_seqs * sizeof(int))))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine sequence flags");
     for (int i = 0; i < e->params.max_seqs; i++) e->nonfinite_layer[i] = -1;
@@ -231,6 +233,7 @@ void moeq_engine_destroy(moeq_engine *engine) {
     moeq_backend *b = engine->backend; /* NULL when its creation failed: then nothing below was allocated */
     moeq_kv_cache_destroy(engine->cache);
     moeq_mtp_state_destroy(engine, engine->mtp);
+    moeq_moe_layer_destroy(engine->moe);
     if (b && engine->vecs)
         for (int l = 0; l < engine->cfg->num_hidden_layers; l++) {
             moeq_layer_vecs *v = &engine->vecs[l];
@@ -419,6 +422,7 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
         engine->backend->download(engine->backend, hidden, s->h,
                                   (size_t)(n_rows * engine->cfg->hidden_size) * sizeof(float));
     engine->backend->sync(engine->backend);
+    if ((err = moeq_moe_layer_status(engine, errstr, errstr_size))) return err;
     int any_mtp = 0;
     for (int i = 0; i < n_items; i++) any_mtp |= moeq_mtp_seq_on(engine, items[i].seq_id);
     if (any_mtp) moeq_mtp_after_step(engine, items, n_items, n_tok);

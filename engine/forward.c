@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "forward.h"
+#include "moe_layer.h"
 
 /* HF builds q_a_layernorm and kv_a_layernorm without an eps argument: 1e-6 whatever rms_norm_eps says. */
 #define MOEQ_LORA_NORM_EPS 1e-6f
@@ -146,68 +147,14 @@ static int layer_number(const moeq_engine *e, const moeq_layer *L) {
     return (int)(L - m->layers);
 }
 
-/* A token whose router saw a non-finite score: remember the first such layer of its sequence. */
-static void flag_nonfinite(moeq_engine *e, const moeq_layer *L, int64_t t) {
-    int *first = &e->nonfinite_layer[e->s.tok_seq[t]];
-    if (*first < 0) *first = layer_number(e, L);
-}
-
-/* Route every token, then gather each expert's tokens into contiguous rows. */
-static void moe_route_and_gather(moeq_engine *e, const moeq_layer *L, const moeq_layer_vecs *v, int64_t T) {
-    moeq_scratch *s = &e->s;
-    int64_t K = e->router.top_k, D = e->cfg->hidden_size;
-    moeq_mm_job r = linear(L->gate, s->h, s->router, T);
-    e->backend->matmul(e->backend, &r, 1);
-    moeq_route_params rp = {&e->router, T, s->router, v->bias, s->rids, s->rw, s->finite, s->route_scratch,
-                            s->offsets, s->order};
-    e->backend->route(e->backend, &rp);
-    for (int64_t t = 0; t < T; t++)
-        if (!s->finite[t]) flag_nonfinite(e, L, t);
-    moeq_gather_params gp = {s->xg, s->slot_row, s->h, s->order, T * K, K, D};
-    e->backend->gather(e->backend, &gp);
-}
-
-/* One GEMM per active expert (gate+up, then down), the shared expert over all tokens, all in two dispatches. */
-static void moe_experts(moeq_engine *e, const moeq_layer *L, int64_t T) {
-    moeq_scratch *s = &e->s;
-    int64_t E = e->router.n_experts, K = e->router.top_k, D = e->cfg->hidden_size;
-    int64_t MI = e->cfg->moe_intermediate_size, SI = L->shared.gate_proj ? moeq_tensor_rows(L->shared.gate_proj) : 0;
-    int n = 0;
-    for (int64_t x = 0; x < E; x++) {
-        int64_t o = s->offsets[x], cnt = s->offsets[x + 1] - o;
-        if (!cnt) continue;
-        s->jobs[n++] = job(L->experts[x].gate_proj, 0, MI, s->xg + o * D, D, s->g + o * MI, MI, cnt);
-        s->jobs[n++] = job(L->experts[x].up_proj, 0, MI, s->xg + o * D, D, s->u + o * MI, MI, cnt);
+void moeq_forward_flag_nonfinite(moeq_engine *e, const moeq_layer *L, int64_t n_tok) {
+    for (int64_t t = 0; t < n_tok; t++) {
+        int *first = &e->nonfinite_layer[e->s.tok_seq[t]];
+        if (!e->s.finite[t] && *first < 0) *first = layer_number(e, L);
     }
-    float *sg = s->g + T * K * MI, *su = s->u + T * K * MI;
-    if (SI) {
-        s->jobs[n++] = job(L->shared.gate_proj, 0, SI, s->h, D, sg, SI, T);
-        s->jobs[n++] = job(L->shared.up_proj, 0, SI, s->h, D, su, SI, T);
-    }
-    e->backend->matmul(e->backend, s->jobs, n);
-    e->backend->silu_mul(e->backend, s->g, s->g, s->u, T * K * MI + T * SI);
-    n = 0;
-    for (int64_t x = 0; x < E; x++) {
-        int64_t o = s->offsets[x], cnt = s->offsets[x + 1] - o;
-        if (cnt) s->jobs[n++] = job(L->experts[x].down_proj, 0, D, s->g + o * MI, MI, s->down + o * D, D, cnt);
-    }
-    if (SI) s->jobs[n++] = job(L->shared.down_proj, 0, D, sg, SI, s->down + T * K * D, D, T);
-    e->backend->matmul(e->backend, s->jobs, n);
 }
 
-/* tmp[t] = (sum over slots, best first, of w * expert_out) + shared_out. */
-static void moe_combine(moeq_engine *e, int has_shared, int64_t T) {
-    moeq_scratch *s = &e->s;
-    int64_t K = e->router.top_k, D = e->cfg->hidden_size;
-    moeq_combine_params p = {s->tmp, s->down, s->slot_row, s->rw, has_shared ? s->down + T * K * D : NULL, T, K, D};
-    e->backend->combine(e->backend, &p);
-}
-
-static void block_moe(moeq_engine *e, const moeq_block *b, int64_t T) {
-    moe_route_and_gather(e, b->layer, b->vecs, T);
-    moe_experts(e, b->layer, T);
-    moe_combine(e, b->layer->shared.gate_proj != NULL, T);
-}
+static void block_moe(moeq_engine *e, const moeq_block *b, int64_t T) { moeq_moe_layer_run(e, b->layer, b->vecs, T); }
 
 moeq_block moeq_forward_main_block(moeq_engine *e, int layer) {
     return (moeq_block){&e->model->layers[layer], &e->vecs[layer], e->cache, layer};

@@ -77,6 +77,7 @@ struct moeq_engine {
     void *arena;             /* backend buffer: the step's activations */
     void *host_arena;        /* the step's metadata                    */
     int naive_attention;     /* tests: expanded K/V instead of absorption */
+    struct moeq_moe_layer *moe; /* the MoE seam (moe_layer.c); NULL without routed experts */
     struct moeq_mtp_state *mtp; /* MTP layers' caches and per-sequence state (mtp.c); NULL without MTP */
     int *nonfinite_layer;    /* [max_seqs] first layer whose router saw a non-finite score, -1 none */
 };
@@ -118,8 +119,11 @@ void moeq_forward_linear(moeq_engine *engine, const moeq_tensor *w, const float 
 /* Run the layers over the step's tokens already placed in s.tok_* (forward.c). */
 void moeq_forward_tokens(moeq_engine *engine, int64_t n_tok);
 
-/* MoE block of layer over s.h (T, D) into s.tmp (T, D): route, gather, one GEMM per expert, combine, + shared. */
+/* MoE block of layer over s.h (T, D) into s.tmp (T, D) through the MoE layer (moe_layer.h). */
 void moeq_forward_moe(moeq_engine *engine, int layer, int64_t n_tok);
+
+/* Tokens [0, n_tok) whose router saw a non-finite logit (s.finite) flag their sequence at layer L. */
+void moeq_forward_flag_nonfinite(moeq_engine *engine, const moeq_layer *L, int64_t n_tok);
 
 /* Final norm + lm_head for s.logit_tok[0..n_rows) into logits (n_rows, vocab). */
 void moeq_forward_logits(moeq_engine *engine, int64_t n_rows, float *logits);

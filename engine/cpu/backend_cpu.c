@@ -284,7 +284,7 @@ static void cpu_combine(moeq_backend *b, const moeq_combine_params *p) {
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
         for (int64_t k = 0; k < K; k++) {
             float w = p->weights[t * K + k];
-            const float *y = p->rows + p->slot_row[t * K + k] * D;
+            const float *y = p->rows + (p->slot_row ? p->slot_row[t * K + k] : t * K + k) * D;
             for (int64_t d = 0; d < D; d++) acc[d] += w * y[d];
         }
         if (p->shared) {
