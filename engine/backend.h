@@ -140,8 +140,9 @@ typedef struct moeq_mla_rope_params {
 /*
  * Route every token (logits (T, E) from the router matmul; bias or NULL) to
  * ids/weights (T, K) best first; finite[t] = 0 when token t's logits held a
- * NaN/inf (host); then the gather plan: experts' slots in order[offsets[e]
- * .. offsets[e+1]) (offsets on the host: the expert GEMMs are sized by it).
+ * NaN/inf (host); then, when offsets is not NULL, the gather plan: experts'
+ * slots in order[offsets[e] .. offsets[e+1]) (offsets on the host: expert
+ * GEMMs are sized by it). The MoE layer passes NULL: its dispatch groups the rows.
  */
 typedef struct moeq_route_params {
     const moeq_moe_router *router;

@@ -71,7 +71,6 @@ static void layout_host(moeq_engine *e, arena *a) {
     size_t T = (size_t)e->params.max_step_tokens, H = c->num_attention_heads;
     size_t E = c->n_routed_experts > 0 ? c->n_routed_experts : 1;
     moeq_scratch *s = &e->s;
-    s->offsets = take(a, (E + 1) * sizeof(int64_t));
     s->finite = take(a, T);
     s->tok_id = take(a, T * sizeof(int32_t));
     s->tok_seq = take(a, T * sizeof(int32_t));
@@ -103,7 +102,6 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     s->router = take(a, T * E * f);
     s->rw = take(a, T * K * f);
     s->rids = take(a, T * K * sizeof(int32_t));
-    s->order = take(a, T * K * sizeof(int64_t));
     s->slot_row = take(a, T * K * sizeof(int64_t));
     s->xg = take(a, T * K * D * f);
     s->g = take(a, gu * f);

@@ -11,8 +11,8 @@
  * per-token MoE combine in slot order), which is the batch-invariance and
  * prefill == decode guarantee. Every op goes through engine->backend, on
  * the backend's buffers: this file composes ops and builds their plain-data
- * parameters; it reads only host metadata (positions, the experts' offsets,
- * the router's finite flags) and never an activation.
+ * parameters; it reads only host metadata (positions, the router's finite
+ * flags) and never an activation.
  */
 #include <stdlib.h>
 

@@ -8,7 +8,7 @@
  * cache's entry pool is a backend buffer, its block tables host bookkeeping;
  * per-step scratch is one backend arena sized for max_step_tokens, beside a
  * small host arena for the step's metadata (token ids, positions, the
- * experts' offsets). A step allocates nothing.
+ * router's finite flags). A step allocates nothing.
  */
 #ifndef MOEQ_ENGINE_FORWARD_H
 #define MOEQ_ENGINE_FORWARD_H
@@ -44,9 +44,7 @@ typedef struct moeq_scratch {
     float *router;   /* (T, E)                                 */
     float *rw;       /* (T, k) routing weights                 */
     int32_t *rids;   /* (T, k) routed experts                  */
-    int64_t *offsets;/* host (E+1)                             */
     uint8_t *finite; /* host (T) the router saw only finite logits */
-    int64_t *order;  /* (T*k) slots by expert                  */
     int64_t *slot_row;/* (T*k) row of each slot in xg/down     */
     float *xg;       /* (T*k, D) gathered tokens               */
     float *g, *u;    /* gate/up outputs, max(T*I, T*k*MI + T*SI) */

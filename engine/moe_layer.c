@@ -213,7 +213,7 @@ void moeq_moe_layer_run(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
     moeq_mm_job r = {L->gate, 0, moeq_tensor_rows(L->gate), s->h, D, s->router, moeq_tensor_rows(L->gate), T};
     e->backend->matmul(e->backend, &r, 1);
     moeq_route_params rp = {&e->router, T, s->router, v->bias, s->rids, s->rw, s->finite, s->route_scratch,
-                            s->offsets, s->order};
+                            NULL, NULL}; /* no plan: the dispatch groups the rows */
     e->backend->route(e->backend, &rp);
     moeq_forward_flag_nonfinite(e, L, T);
     moe_rows rows = m->sim ? sim_dispatch(e, T) : ep_dispatch(e, T);

@@ -262,7 +262,7 @@ static void cpu_route(moeq_backend *b, const moeq_route_params *p) {
     for (int64_t t = 0; t < p->n_tok; t++)
         p->finite[t] = (uint8_t)moeq_moe_route(r, p->logits + t * E, p->bias, p->ids + t * K, p->weights + t * K,
                                                p->scratch);
-    moeq_moe_plan(p->ids, p->n_tok, (int)K, (int)E, p->offsets, p->order);
+    if (p->offsets) moeq_moe_plan(p->ids, p->n_tok, (int)K, (int)E, p->offsets, p->order);
 }
 
 static void cpu_gather(moeq_backend *b, const moeq_gather_params *p) {
