@@ -1,52 +1,250 @@
 /*
- * backend.h — internal: the compute seam. The forward pass (forward.c) does
- * its heavy ops through this table of function pointers; a backend says what
- * it can do with `supports`. The CPU backend (backend_cpu.c) is complete and
- * is the reference; a CUDA backend (kernels/) plugs into the same table.
+ * backend.h — internal: the compute seam. A backend owns memory (the step
+ * arena, per-sequence state, the cache's entry pool, widened weight vectors;
+ * weights are mapped or uploaded once) and runs every op of a step; the
+ * forward pass (forward.c) and MTP (mtp.c) compose these ops on backend
+ * buffers and never touch activation memory themselves.
  *
- * Contract every backend keeps: results per output element do not depend on
- * how work is split (batch invariance) when the backend was created with
- * batch_invariant = 1.
+ * Kernel parameters are plain data — pointers into backend buffers, strides,
+ * block tables, block sizes, positions — never engine objects (FlashMLA's
+ * params are the model). The only host data ops read are step metadata the
+ * engine lays out on the host (token ids, sequences, positions, which rows
+ * give logits, the per-expert offsets a MoE layer's GEMMs are sized by, the
+ * router's finite flags); a device backend keeps those in host-visible
+ * (pinned) memory. The logits rows are written straight into the caller's
+ * buffer.
+ *
+ * A backend is chosen by name (moeq_backend_new, backend_reg.c): a new one is
+ * a folder (engine/<name>/) plus one line in the registry. The CPU backend
+ * (engine/cpu/) implements every op and is the reference: the others are
+ * compared with it op by op, exact where the op promises it.
+ *
+ * Contract every backend keeps: an output element's value does not depend on
+ * how work is split (batch invariance) when created with batch_invariant = 1,
+ * and ops on one backend run in call order (the stream); sync waits for them.
+ *
+ * Not here: which blocks a sequence holds (kv_cache.c, host bookkeeping).
  */
 #ifndef MOEQ_ENGINE_BACKEND_H
 #define MOEQ_ENGINE_BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-#include "attention.h"
+#include "kv_paged.h"
 #include "model.h"
-#include "ops_matmul.h"
+#include "moe.h"
+#include "rope.h"
 
 typedef enum moeq_backend_op {
-    MOEQ_BACKEND_OP_MATMUL = 0,  /* y = x W^T, W in its stored dtype          */
-    MOEQ_BACKEND_OP_MATMUL_NN,   /* y = x W (MLA absorption through W_UK)     */
-    MOEQ_BACKEND_OP_ATTENTION,   /* absorbed MLA attention over the paged cache */
+    MOEQ_BACKEND_OP_MATMUL = 0,    /* y = x W^T, W in its stored dtype (projections, experts, lm_head) */
+    MOEQ_BACKEND_OP_MATMUL_NN,     /* y = x W (MLA absorption through W_UK)                           */
+    MOEQ_BACKEND_OP_ATTENTION,     /* absorbed MLA attention over block tables                         */
+    MOEQ_BACKEND_OP_EMBED,         /* rows of the embedding table, widened                             */
+    MOEQ_BACKEND_OP_RMSNORM,       /* per row                                                          */
+    MOEQ_BACKEND_OP_ROPE,          /* cos/sin per position; RoPE of q and k + the cache write          */
+    MOEQ_BACKEND_OP_SILU_MUL,      /* silu(gate) * up                                                  */
+    MOEQ_BACKEND_OP_ADD,           /* residual add                                                     */
+    MOEQ_BACKEND_OP_ROUTE,         /* router (V3 noaux_tc, V2 greedy / grouped) and the gather plan    */
+    MOEQ_BACKEND_OP_GATHER,        /* token permutation: each expert's slots into contiguous rows      */
+    MOEQ_BACKEND_OP_COMBINE,       /* per token: weighted sum over its slots in slot order, + shared   */
+    MOEQ_BACKEND_OP_ATTENTION_NAIVE, /* expanded K/V (tests)                                           */
+    MOEQ_BACKEND_OP_COUNT
 } moeq_backend_op;
+
+/* What a buffer holds: a backend may place them differently (device memory, pinned host memory). */
+typedef enum moeq_buffer_kind {
+    MOEQ_BUFFER_WEIGHTS = 0, /* widened weight vectors, uploaded once at creation    */
+    MOEQ_BUFFER_ARENA,       /* the per-step scratch, sized for max_step_tokens        */
+    MOEQ_BUFFER_CACHE,       /* the KV cache's entry pool                              */
+    MOEQ_BUFFER_STATE,       /* per-sequence rows that outlive a step (MTP)            */
+} moeq_buffer_kind;
+
+/*
+ * One matrix product against rows [row0, row0+n_rows) of a 2-D weight W of
+ * shape [rows, cols] (HF layout [out, in]).
+ *   NT ("linear"):  y[t, n] = sum_k x[t, k] * W[row0+n, k]     K = cols, N = n_rows
+ *   NN ("through"): y[t, c] = sum_r x[t, r] * W[row0+r, c]     K = n_rows, N = cols
+ * x is [n_tok, K] with row stride ldx, y is [n_tok, N] with row stride ldy.
+ * W is the model's tensor; a device backend finds its uploaded copy by it.
+ */
+typedef struct moeq_mm_job {
+    const moeq_tensor *w;
+    int64_t row0, n_rows;
+    const float *x;
+    int64_t ldx;
+    float *y;
+    int64_t ldy;
+    int64_t n_tok;
+} moeq_mm_job;
+
+/* Absorbed MLA attention (see cpu/attention.h for the formula). */
+typedef struct moeq_mla_params {
+    moeq_kv_paged kv;        /* the layer's cache                                        */
+    int64_t n_tok;
+    const int32_t *seq;      /* (T) sequence of each query token (row of the block table) */
+    const int64_t *pos;      /* (T) its position; attends to 0..pos (length pos + 1)      */
+    int n_heads, kv_lora, rope;
+    const float *q_lat;      /* (T, H, kv_lora)                                           */
+    const float *q_pe;       /* (T, H, rope), roped                                       */
+    float *out_lat;          /* (T, H, kv_lora)                                           */
+    float scale;
+} moeq_mla_params;
+
+/* Naive MLA (tests): K/V expanded through kv_b; q_nope read from q (T, H, nope+rope). */
+typedef struct moeq_mla_naive_params {
+    moeq_kv_paged kv;
+    int64_t n_tok;
+    const int32_t *seq;
+    const int64_t *pos;
+    const moeq_tensor *kv_b;
+    int n_heads, nope, v_dim, kv_lora, rope;
+    float scale;
+    const float *q;          /* (T, H, nope+rope)                                         */
+    const float *q_pe;       /* (T, H, rope), roped                                       */
+    float *out_v;            /* (T, H, v)                                                 */
+} moeq_mla_naive_params;
+
+/* out[r] (row stride ld_out) = rmsnorm(x[rows ? rows[r] : r] (row stride ldx)) * w, for r < n_rows. */
+typedef struct moeq_rmsnorm_params {
+    float *out;
+    int64_t ld_out;
+    const float *x;
+    int64_t ldx;
+    const int64_t *rows;     /* host: source row of each output row, or NULL (identity)  */
+    int64_t n_rows, n;
+    const float *w;          /* (n)                                                       */
+    float eps;
+} moeq_rmsnorm_params;
+
+/*
+ * MLA's RoPE and cache write, per token t: entry(seq[t], pos[t]) =
+ * [rmsnorm(kva[t, :kv_lora]) * kv_norm ; rope(kva[t, kv_lora:])], and
+ * q_pe[t, h] = rope(q[t, h, nope:]) — the engine's halves layout, out of place.
+ */
+typedef struct moeq_mla_rope_params {
+    moeq_kv_paged kv;
+    int64_t n_tok;
+    const int32_t *seq;      /* host (T)                                                  */
+    const int64_t *pos;      /* host (T)                                                  */
+    const float *kva;        /* (T, kv_lora + rope) kv_a_proj_with_mqa output             */
+    const float *kv_norm;    /* (kv_lora) kv_a_layernorm                                  */
+    float eps;
+    const float *q;          /* (T, H, nope + rope)                                       */
+    float *q_pe;             /* (T, H, rope)                                              */
+    int n_heads, nope, kv_lora;
+    const float *cos_v, *sin_v; /* (T, rope/2) from rope_cos_sin                          */
+    const moeq_rope *rope;
+} moeq_mla_rope_params;
+
+/*
+ * Route every token (logits (T, E) from the router matmul; bias or NULL) to
+ * ids/weights (T, K) best first; finite[t] = 0 when token t's logits held a
+ * NaN/inf (host); then, when offsets is not NULL, the gather plan: experts'
+ * slots in order[offsets[e] .. offsets[e+1]) (offsets on the host: expert
+ * GEMMs are sized by it). The MoE layer passes NULL: its dispatch groups the rows.
+ */
+typedef struct moeq_route_params {
+    const moeq_moe_router *router;
+    int64_t n_tok;
+    const float *logits;
+    const float *bias;
+    int32_t *ids;
+    float *weights;
+    uint8_t *finite;         /* host (T)                                                  */
+    float *scratch;          /* moeq_moe_route_scratch floats                             */
+    int64_t *offsets;        /* host (E + 1)                                              */
+    int64_t *order;          /* (T * K)                                                   */
+} moeq_route_params;
+
+/* xg[i] = x[order[i] / K] for i < n_slots; slot_row[order[i]] = i. Rows of D floats. */
+typedef struct moeq_gather_params {
+    float *xg;
+    int64_t *slot_row;
+    const float *x;
+    const int64_t *order;
+    int64_t n_slots, top_k, dim;
+} moeq_gather_params;
+
+/*
+ * out[t] = (sum over k = 0..K-1, in slot order, of weights[t, k] * rows[slot_row[t*K + k]]) + shared[t]
+ * (shared may be NULL; slot_row NULL: slot s is row s, the per-slot rows an ep combine returns). Rows of dim floats. The whole sum for a token is formed here, on the token's
+ * own rank: an expert-parallel transport returns rows, never partial sums.
+ */
+typedef struct moeq_combine_params {
+    float *out;
+    const float *rows;
+    const int64_t *slot_row;
+    const float *weights;
+    const float *shared;
+    int64_t n_tok, top_k, dim;
+} moeq_combine_params;
 
 typedef struct moeq_backend moeq_backend;
 
 struct moeq_backend {
     const char *name;
-    /* 1 when op can run on weights of dtype (dtype ignored for ATTENTION). */
+    /* 1 when op can run on weights of dtype (dtype ignored by ops without weights). */
     int (*supports)(const moeq_backend *backend, moeq_backend_op op, moeq_dtype dtype);
+
+    /* ---- memory and stream ---- */
+    /* 64-byte aligned backend memory of kind; NULL on failure. */
+    void *(*alloc)(moeq_backend *backend, moeq_buffer_kind kind, size_t bytes);
+    void (*release)(moeq_backend *backend, void *buffer); /* NULL is safe */
+    void (*upload)(moeq_backend *backend, void *dst, const void *host, size_t bytes);
+    void (*download)(moeq_backend *backend, void *host, const void *src, size_t bytes);
+    void (*copy)(moeq_backend *backend, void *dst, const void *src, size_t bytes); /* within backend memory */
+    /* Make the model's weights usable (the CPU reads the mapped file; a device uploads once). */
+    moeq_err (*map_weights)(moeq_backend *backend, const moeq_model *model, char *errstr, size_t errstr_size);
+    void (*sync)(moeq_backend *backend);  /* wait for every op issued so far */
+
+    /* ---- ops ---- */
     /* All jobs of one call run as one parallel dispatch (e.g. every expert's GEMM). */
     void (*matmul)(moeq_backend *backend, const moeq_mm_job *jobs, int n_jobs);
     void (*matmul_nn)(moeq_backend *backend, const moeq_mm_job *jobs, int n_jobs);
-    void (*attention)(moeq_backend *backend, const moeq_attn_args *args);
+    void (*attention)(moeq_backend *backend, const moeq_mla_params *params);
+    void (*attention_naive)(moeq_backend *backend, const moeq_mla_naive_params *params);
+    /* out (n, cols) = rows ids[0..n) of table, widened to float32; ids on the host. */
+    void (*embed)(moeq_backend *backend, const moeq_tensor *table, const int32_t *ids, int64_t n, float *out);
+    void (*rmsnorm)(moeq_backend *backend, const moeq_rmsnorm_params *params);
+    /* cos/sin (n, dim/2) of positions pos[0..n) (host). */
+    void (*rope_cos_sin)(moeq_backend *backend, const moeq_rope *rope, const int64_t *pos, int64_t n, float *cos_v,
+                         float *sin_v);
+    void (*mla_rope)(moeq_backend *backend, const moeq_mla_rope_params *params);
+    /* out[i] = silu(gate[i]) * up[i]; out may alias gate. */
+    void (*silu_mul)(moeq_backend *backend, float *out, const float *gate, const float *up, int64_t n);
+    /* x[i] += y[i]. */
+    void (*add)(moeq_backend *backend, float *x, const float *y, int64_t n);
+    void (*route)(moeq_backend *backend, const moeq_route_params *params);
+    void (*gather)(moeq_backend *backend, const moeq_gather_params *params);
+    void (*combine)(moeq_backend *backend, const moeq_combine_params *params);
+
     void (*destroy)(moeq_backend *backend);
 };
 
-typedef struct moeq_backend_cpu_params {
-    int n_threads;          /* >= 1                                              */
-    int batch_invariant;    /* 0: OpenBLAS sgemm on widened tiles for n_tok >= blas_min_tokens */
-    int blas_min_tokens;    /* default 16                                        */
-    int64_t max_k;          /* widest weight row (cols) any job will use         */
-    int64_t max_ctx;        /* longest sequence attention will see               */
-    int max_jobs;           /* most jobs in one call                             */
-} moeq_backend_cpu_params;
+/* What every backend is created with: sizes known at engine creation, so nothing is allocated in a step. */
+typedef struct moeq_backend_config {
+    int n_threads;          /* >= 1 (host threads; a device backend may ignore it)      */
+    int batch_invariant;    /* 1: fixed order per element; 0: the CPU uses OpenBLAS sgemm for n_tok >= blas_min_tokens */
+    int blas_min_tokens;    /* default 16                                                */
+    int64_t max_k;          /* widest weight row (cols) any job will use                 */
+    int64_t max_ctx;        /* longest sequence attention will see                       */
+    int max_jobs;           /* most jobs in one call                                     */
+} moeq_backend_config;
 
-/* NULL on allocation failure. */
-moeq_backend *moeq_backend_cpu_new(const moeq_backend_cpu_params *params);
+/*
+ * The backend registered under name ("cpu"; backend_reg.c). INVALID_ARG naming
+ * the known backends when there is none of that name, NOMEM.
+ */
+moeq_err moeq_backend_new(const char *name, const moeq_backend_config *config, moeq_backend **out, char *errstr,
+                          size_t errstr_size);
+
+/* Comma-separated names of the registered backends ("cpu"), for messages and --help. */
+const char *moeq_backend_names(void);
+
+/* The reference backend directly (tests, benchmarks); NULL on allocation failure. */
+typedef moeq_backend_config moeq_backend_cpu_params;
+moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *config);
 
 static inline void moeq_backend_destroy(moeq_backend *backend) {
     if (backend) backend->destroy(backend);

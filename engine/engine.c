@@ -1,14 +1,15 @@
 /*
  * engine.c — engine lifetime, sequences and the step entry point (public API
  * of moeq/engine.h). It validates, sizes memory at creation, and lays a
- * step's items out as tokens; the math is in forward.c, the heavy ops behind
- * backend.h.
+ * step's items out as tokens; the math is in forward.c, every op behind
+ * backend.h (the backend chosen by name, params.backend).
  */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "forward.h"
+#include "moe_layer.h"
 #include "mtp.h"
 
 moeq_engine_params moeq_engine_default_params(void) {
@@ -18,30 +19,23 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .kv_cache_tokens = 65536,
                                 .n_threads = 0,
                                 .batch_invariant = 1,
-                                .max_model_len = 0};
-}
-
-static float *widen_vec(const moeq_tensor *t) {
-    if (!t) return NULL;
-    int64_t n = moeq_tensor_rows(t) * moeq_tensor_cols(t);
-    float *v = malloc((size_t)n * sizeof(float));
-    if (v) moeq_tensor_rows_to_f32(t, 0, moeq_tensor_rows(t), v);
-    return v;
+                                .max_model_len = 0,
+                                .backend = "cpu"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
     const moeq_model_config *c = e->cfg;
     e->vecs = calloc((size_t)c->num_hidden_layers, sizeof(moeq_layer_vecs));
-    e->final_norm = widen_vec(e->model->norm);
+    e->final_norm = moeq_forward_widen(e, e->model->norm);
     if (!e->vecs || !e->final_norm) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine vectors");
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const moeq_layer *L = &e->model->layers[l];
         moeq_layer_vecs *v = &e->vecs[l];
-        v->in_norm = widen_vec(L->input_layernorm);
-        v->post_norm = widen_vec(L->post_attention_layernorm);
-        v->kv_a_norm = widen_vec(L->kv_a_layernorm);
-        v->q_a_norm = widen_vec(L->q_a_layernorm);
-        v->bias = widen_vec(L->is_moe ? L->e_score_correction_bias : NULL);
+        v->in_norm = moeq_forward_widen(e, L->input_layernorm);
+        v->post_norm = moeq_forward_widen(e, L->post_attention_layernorm);
+        v->kv_a_norm = moeq_forward_widen(e, L->kv_a_layernorm);
+        v->q_a_norm = moeq_forward_widen(e, L->q_a_layernorm);
+        v->bias = moeq_forward_widen(e, L->is_moe ? L->e_score_correction_bias : NULL);
         if (!v->in_norm || !v->post_norm || !v->kv_a_norm || (c->q_lora_rank > 0 && !v->q_a_norm) ||
             (L->is_moe && L->e_score_correction_bias && !v->bias))
             return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine vectors of layer %d", l);
@@ -71,6 +65,22 @@ static void *take(arena *a, size_t bytes) {
     return p;
 }
 
+/* The step's metadata, on the host: what the engine lays out and the ops' host-side parameters. */
+static void layout_host(moeq_engine *e, arena *a) {
+    const moeq_model_config *c = e->cfg;
+    size_t T = (size_t)e->params.max_step_tokens, H = c->num_attention_heads;
+    size_t E = c->n_routed_experts > 0 ? c->n_routed_experts : 1;
+    moeq_scratch *s = &e->s;
+    s->finite = take(a, T);
+    s->tok_id = take(a, T * sizeof(int32_t));
+    s->tok_seq = take(a, T * sizeof(int32_t));
+    s->tok_pos = take(a, T * sizeof(int64_t));
+    s->logit_tok = take(a, T * sizeof(int64_t));
+    s->max_jobs = (int)(2 * H + 2 * E + 8);
+    s->jobs = take(a, (size_t)s->max_jobs * sizeof(moeq_mm_job));
+}
+
+/* The step's activations, in the backend's arena. */
 static void layout_scratch(moeq_engine *e, arena *a) {
     const moeq_model_config *c = e->cfg;
     size_t T = (size_t)e->params.max_step_tokens, D = c->hidden_size, H = c->num_attention_heads;
@@ -92,8 +102,6 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     s->router = take(a, T * E * f);
     s->rw = take(a, T * K * f);
     s->rids = take(a, T * K * sizeof(int32_t));
-    s->offsets = take(a, (E + 1) * sizeof(int64_t));
-    s->order = take(a, T * K * sizeof(int64_t));
     s->slot_row = take(a, T * K * sizeof(int64_t));
     s->xg = take(a, T * K * D * f);
     s->g = take(a, gu * f);
@@ -102,15 +110,9 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     s->route_scratch = take(a, (2 * E + (c->n_group > 0 ? c->n_group : 1)) * f);
     s->cos_v = take(a, T * R / 2 * f);
     s->sin_v = take(a, T * R / 2 * f);
-    s->tok_id = take(a, T * sizeof(int32_t));
-    s->tok_seq = take(a, T * sizeof(int32_t));
-    s->tok_pos = take(a, T * sizeof(int64_t));
-    s->logit_tok = take(a, T * sizeof(int64_t));
     int mtp = e->model->n_mtp_layers > 0;
     s->hid = mtp ? take(a, T * D * f) : NULL;
     s->eh = mtp ? take(a, T * 2 * D * f) : NULL;
-    s->max_jobs = (int)(2 * H + 2 * E + 8);
-    s->jobs = take(a, (size_t)s->max_jobs * sizeof(moeq_mm_job));
 }
 
 static int64_t max_weight_cols(const moeq_model *model) {
@@ -139,34 +141,69 @@ int moeq_engine_max_model_len(const moeq_engine *engine) {
     return engine->params.max_model_len > 0 ? engine->params.max_model_len : engine->cfg->max_position_embeddings;
 }
 
+static void copy_in_backend(void *ctx, float *dst, const float *src, size_t n_floats) {
+    moeq_backend *b = ctx;
+    b->copy(b, dst, src, n_floats * sizeof(float));
+}
+
+moeq_err moeq_forward_cache_new(moeq_engine *e, const moeq_kv_cache_params *params, float **pool, moeq_kv_cache **out,
+                                char *errstr, size_t errstr_size) {
+    moeq_kv_cache_params kp = *params;
+    size_t bytes = moeq_kv_cache_pool_floats(&kp) * sizeof(float);
+    if (params->n_layers >= 1 && params->entry_floats >= 1 && params->block_tokens >= 1 &&
+        params->capacity_tokens >= 1 && !(*pool = e->backend->alloc(e->backend, MOEQ_BUFFER_CACHE, bytes)))
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "kv cache pool of %zu bytes (backend %s)", bytes,
+                         e->backend->name);
+    kp.pool = *pool;
+    kp.copy = copy_in_backend;
+    kp.copy_ctx = e->backend;
+    return moeq_kv_cache_new(&kp, out, errstr, errstr_size);
+}
+
+/* The backend by name, sized for the longest sequence and the most jobs a step issues. */
+static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size) {
+    const moeq_model_config *c = e->cfg;
+    int64_t bt = e->params.kv_block_tokens, max_ctx = (e->params.kv_cache_tokens + bt - 1) / bt * bt;
+    int E = c->n_routed_experts > 0 ? c->n_routed_experts : 1;
+    int n_threads = e->params.n_threads ? e->params.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    moeq_backend_config bc = {.n_threads = n_threads > 0 ? n_threads : 1,
+                              .batch_invariant = e->params.batch_invariant,
+                              .max_k = max_weight_cols(e->model),
+                              .max_ctx = max_ctx,
+                              .max_jobs = 2 * c->num_attention_heads + 2 * E + 8};
+    moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
+    if (err) return err;
+    if ((err = check_dtypes(e, errstr, errstr_size))) return err;
+    return e->backend->map_weights(e->backend, e->model, errstr, errstr_size);
+}
+
 static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
     const moeq_model_config *c = e->cfg;
     moeq_err err = moeq_rope_init(&e->rope, c, errstr, errstr_size);
     if (err) return err;
     if (c->n_routed_experts > 0 && (err = moeq_moe_router_init(&e->router, c, errstr, errstr_size))) return err;
+    if ((err = backend_create(e, errstr, errstr_size))) return err;
     if ((err = widen_layers(e, errstr, errstr_size))) return err;
     moeq_kv_cache_params kp = {c->num_hidden_layers, c->kv_lora_rank + c->qk_rope_head_dim, e->params.kv_block_tokens,
-                               e->params.kv_cache_tokens, e->params.max_seqs};
-    if ((err = moeq_kv_cache_new(&kp, &e->cache, errstr, errstr_size))) return err;
+                               e->params.kv_cache_tokens, e->params.max_seqs, NULL, NULL, NULL};
+    if ((err = moeq_forward_cache_new(e, &kp, &e->cache_pool, &e->cache, errstr, errstr_size))) return err;
     if ((err = moeq_mtp_state_new(e, &e->mtp, errstr, errstr_size))) return err;
+    if ((err = moeq_moe_layer_new(e, &e->moe, errstr, errstr_size))) return err;
     if (!(e->nonfinite_layer = malloc((size_t)e->params.max_seqs * sizeof(int))))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "engine sequence flags");
     for (int i = 0; i < e->params.max_seqs; i++) e->nonfinite_layer[i] = -1;
-    arena a = {0};
+    arena a = {0}, h = {0};
     layout_scratch(e, &a);
-    if (!(e->arena = aligned_alloc(64, a.off)))
-        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "step scratch of %zu bytes (max_step_tokens %d)", a.off,
-                         e->params.max_step_tokens);
+    layout_host(e, &h);
+    if (!(e->arena = e->backend->alloc(e->backend, MOEQ_BUFFER_ARENA, a.off)) ||
+        !(e->host_arena = aligned_alloc(64, h.off)))
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "step scratch of %zu bytes (max_step_tokens %d)",
+                         a.off + h.off, e->params.max_step_tokens);
     a = (arena){e->arena, 0};
+    h = (arena){e->host_arena, 0};
     layout_scratch(e, &a);
-    int n_threads = e->params.n_threads ? e->params.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    moeq_backend_cpu_params bp = {.n_threads = n_threads > 0 ? n_threads : 1,
-                                  .batch_invariant = e->params.batch_invariant,
-                                  .max_k = max_weight_cols(e->model),
-                                  .max_ctx = moeq_kv_cache_max_seq_tokens(e->cache),
-                                  .max_jobs = e->s.max_jobs};
-    if (!(e->backend = moeq_backend_cpu_new(&bp))) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "cpu backend");
-    return check_dtypes(e, errstr, errstr_size);
+    layout_host(e, &h);
+    return MOEQ_OK;
 }
 
 moeq_err moeq_engine_new(const moeq_model *model, const moeq_engine_params *params, moeq_engine **out, char *errstr,
@@ -191,22 +228,28 @@ moeq_err moeq_engine_new(const moeq_model *model, const moeq_engine_params *para
 
 void moeq_engine_destroy(moeq_engine *engine) {
     if (!engine) return;
-    moeq_backend_destroy(engine->backend);
+    moeq_backend *b = engine->backend; /* NULL when its creation failed: then nothing below was allocated */
     moeq_kv_cache_destroy(engine->cache);
-    moeq_mtp_state_destroy(engine->mtp);
-    if (engine->vecs)
+    moeq_mtp_state_destroy(engine, engine->mtp);
+    moeq_moe_layer_destroy(engine->moe);
+    if (b && engine->vecs)
         for (int l = 0; l < engine->cfg->num_hidden_layers; l++) {
             moeq_layer_vecs *v = &engine->vecs[l];
-            free(v->in_norm);
-            free(v->post_norm);
-            free(v->q_a_norm);
-            free(v->kv_a_norm);
-            free(v->bias);
+            b->release(b, v->in_norm);
+            b->release(b, v->post_norm);
+            b->release(b, v->q_a_norm);
+            b->release(b, v->kv_a_norm);
+            b->release(b, v->bias);
         }
     free(engine->vecs);
-    free(engine->final_norm);
-    free(engine->arena);
+    if (b) {
+        b->release(b, engine->final_norm);
+        b->release(b, engine->cache_pool);
+        b->release(b, engine->arena);
+    }
+    free(engine->host_arena);
     free(engine->nonfinite_layer);
+    moeq_backend_destroy(b);
     free(engine);
 }
 
@@ -373,7 +416,11 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
     }
     moeq_forward_tokens(engine, n_tok);
     moeq_forward_logits(engine, n_rows, logits); /* leaves the normed rows in s.h */
-    if (hidden) memcpy(hidden, s->h, (size_t)(n_rows * engine->cfg->hidden_size) * sizeof(float));
+    if (hidden)
+        engine->backend->download(engine->backend, hidden, s->h,
+                                  (size_t)(n_rows * engine->cfg->hidden_size) * sizeof(float));
+    engine->backend->sync(engine->backend);
+    if ((err = moeq_moe_layer_status(engine, errstr, errstr_size))) return err;
     int any_mtp = 0;
     for (int i = 0; i < n_items; i++) any_mtp |= moeq_mtp_seq_on(engine, items[i].seq_id);
     if (any_mtp) moeq_mtp_after_step(engine, items, n_items, n_tok);

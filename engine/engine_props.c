@@ -31,5 +31,7 @@ const moeq_prop moeq_engine_params_props[] = {
     {"max_model_len", MOEQ_PROP_INT, P(max_model_len), 0, 1 << 30, "0",
      "context: most tokens (prompt + generated) one sequence may hold; 0 = the model's max_position_embeddings, "
      "never more"},
+    {"backend", MOEQ_PROP_STR, P(backend), 0, 0, "cpu",
+     "compute backend by name; \"cpu\" (the reference, always built); an unknown name fails engine creation"},
     MOEQ_PROP_END,
 };

@@ -9,13 +9,15 @@
  * Every token's arithmetic is independent of the other tokens in the step
  * (per-row ops, per-element fixed-order matmuls, per-(token, head) attention,
  * per-token MoE combine in slot order), which is the batch-invariance and
- * prefill == decode guarantee. The heavy ops go through engine->backend.
+ * prefill == decode guarantee. Every op goes through engine->backend, on
+ * the backend's buffers: this file composes ops and builds their plain-data
+ * parameters; it reads only host metadata (positions, the router's finite
+ * flags) and never an activation.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "forward.h"
-#include "ops.h"
+#include "moe_layer.h"
 
 /* HF builds q_a_layernorm and kv_a_layernorm without an eps argument: 1e-6 whatever rms_norm_eps says. */
 #define MOEQ_LORA_NORM_EPS 1e-6f
@@ -30,9 +32,32 @@ static moeq_mm_job linear(const moeq_tensor *w, const float *x, float *y, int64_
     return job(w, 0, moeq_tensor_rows(w), x, moeq_tensor_cols(w), y, moeq_tensor_rows(w), n_tok);
 }
 
-static void rmsnorm_rows(float *out, const float *x, const float *w, int64_t n_tok, int64_t n, int64_t ld, float eps) {
-    for (int64_t t = 0; t < n_tok; t++) moeq_ops_rmsnorm(out + t * ld, x + t * ld, w, n, eps);
+static void rmsnorm_eps(moeq_engine *e, float *out, int64_t ld_out, const float *x, int64_t ldx, const int64_t *rows,
+                        int64_t n_rows, int64_t n, const float *w, float eps) {
+    moeq_rmsnorm_params p = {out, ld_out, x, ldx, rows, n_rows, n, w, eps};
+    e->backend->rmsnorm(e->backend, &p);
 }
+
+void moeq_forward_rmsnorm(moeq_engine *e, float *out, int64_t ld_out, const float *x, int64_t ldx, const int64_t *rows,
+                          int64_t n_rows, int64_t n, const float *w) {
+    rmsnorm_eps(e, out, ld_out, x, ldx, rows, n_rows, n, w, (float)e->cfg->rms_norm_eps);
+}
+
+float *moeq_forward_widen(moeq_engine *e, const moeq_tensor *t) {
+    if (!t) return NULL;
+    int64_t n = moeq_tensor_rows(t) * moeq_tensor_cols(t);
+    float *host = malloc((size_t)n * sizeof(float));
+    float *v = host ? e->backend->alloc(e->backend, MOEQ_BUFFER_WEIGHTS, (size_t)n * sizeof(float)) : NULL;
+    if (v) {
+        moeq_tensor_rows_to_f32(t, 0, moeq_tensor_rows(t), host);
+        e->backend->upload(e->backend, v, host, (size_t)n * sizeof(float));
+    }
+    free(host);
+    return v;
+}
+
+/* The cache layer a block writes and reads, as plain data. */
+static moeq_kv_paged block_kv(const moeq_block *b) { return moeq_kv_cache_paged(b->cache, b->cache_layer); }
 
 /* q (T, H, nope+rope) and the layer's latents written to the cache. */
 static void mla_project(moeq_engine *e, const moeq_block *b, int64_t T) {
@@ -47,7 +72,8 @@ static void mla_project(moeq_engine *e, const moeq_block *b, int64_t T) {
         jobs[0] = linear(L->q_a_proj, s->h, s->qa, T);
         jobs[1] = linear(L->kv_a_proj_with_mqa, s->h, s->kva, T);
         e->backend->matmul(e->backend, jobs, 2);
-        rmsnorm_rows(s->qa, s->qa, v->q_a_norm, T, c->q_lora_rank, c->q_lora_rank, MOEQ_LORA_NORM_EPS);
+        rmsnorm_eps(e, s->qa, c->q_lora_rank, s->qa, c->q_lora_rank, NULL, T, c->q_lora_rank, v->q_a_norm,
+                    MOEQ_LORA_NORM_EPS);
         jobs[0] = linear(L->q_b_proj, s->qa, s->q, T);
         e->backend->matmul(e->backend, jobs, 1);
     } else {
@@ -55,15 +81,9 @@ static void mla_project(moeq_engine *e, const moeq_block *b, int64_t T) {
         jobs[1] = linear(L->kv_a_proj_with_mqa, s->h, s->kva, T);
         e->backend->matmul(e->backend, jobs, 2);
     }
-    for (int64_t t = 0; t < T; t++) {
-        const float *cs = s->cos_v + t * R / 2, *sn = s->sin_v + t * R / 2;
-        float *entry = moeq_kv_cache_entry(b->cache, s->tok_seq[t], b->cache_layer, s->tok_pos[t]);
-        const float *kva = s->kva + t * (Lr + R);
-        moeq_ops_rmsnorm(entry, kva, v->kv_a_norm, Lr, MOEQ_LORA_NORM_EPS);
-        moeq_rope_apply(&e->rope, kva + Lr, cs, sn, entry + Lr);
-        for (int64_t h = 0; h < H; h++)
-            moeq_rope_apply(&e->rope, s->q + (t * H + h) * QH + c->qk_nope_head_dim, cs, sn, s->qpe + (t * H + h) * R);
-    }
+    moeq_mla_rope_params rp = {block_kv(b), T, s->tok_seq, s->tok_pos, s->kva, v->kv_a_norm, MOEQ_LORA_NORM_EPS,
+                               s->q, s->qpe, (int)H, (int)(QH - R), (int)Lr, s->cos_v, s->sin_v, &e->rope};
+    e->backend->mla_rope(e->backend, &rp);
 }
 
 /* Absorbed attention: q_nope through W_UK, scores on latents, out latent through W_UV. ov (T, H, v). */
@@ -76,44 +96,35 @@ static void mla_absorbed(moeq_engine *e, const moeq_block *b, int64_t T) {
     for (int64_t h = 0; h < H; h++)
         s->jobs[h] = job(L->kv_b_proj, h * (nope + V), nope, s->q + h * QH, H * QH, s->qlat + h * Lr, H * Lr, T);
     e->backend->matmul_nn(e->backend, s->jobs, (int)H);
-    moeq_attn_args a = {b->cache, b->cache_layer, T, s->tok_seq, s->tok_pos, (int)H, (int)Lr, (int)R,
-                        s->qlat, s->qpe, s->olat, (float)e->rope.softmax_scale};
+    moeq_mla_params a = {block_kv(b), T, s->tok_seq, s->tok_pos, (int)H, (int)Lr, (int)R,
+                         s->qlat, s->qpe, s->olat, (float)e->rope.softmax_scale};
     e->backend->attention(e->backend, &a);
     for (int64_t h = 0; h < H; h++)
         s->jobs[h] = job(L->kv_b_proj, h * (nope + V) + nope, V, s->olat + h * Lr, H * Lr, s->ov + h * V, H * V, T);
     e->backend->matmul(e->backend, s->jobs, (int)H);
 }
 
-/* Naive attention (tests): expanded K/V per token; allocates, slow, never on the serving path. */
+/* Naive attention (tests): expanded K/V per token; slow, never on the serving path. */
 static void mla_naive(moeq_engine *e, const moeq_block *b, int64_t T) {
-    const moeq_layer *L = b->layer;
     const moeq_model_config *c = e->cfg;
     moeq_scratch *s = &e->s;
-    int64_t H = c->num_attention_heads, nope = c->qk_nope_head_dim, R = c->qk_rope_head_dim, V = c->v_head_dim;
-    float *qn = malloc((size_t)(H * nope) * sizeof(float));
-    for (int64_t t = 0; t < T && qn; t++) {
-        float *scratch = malloc((size_t)((s->tok_pos[t] + 1) * (H * (nope + V) + 1)) * sizeof(float));
-        if (!scratch) break;
-        for (int64_t h = 0; h < H; h++) memcpy(qn + h * nope, s->q + (t * H + h) * (nope + R), (size_t)nope * sizeof(float));
-        moeq_attention_naive_token(b->cache, b->cache_layer, s->tok_seq[t], s->tok_pos[t], L->kv_b_proj, (int)H, (int)nope,
-                                   (int)V, c->kv_lora_rank, (int)R, (float)e->rope.softmax_scale, qn,
-                                   s->qpe + t * H * R, s->ov + t * H * V, scratch);
-        free(scratch);
-    }
-    free(qn);
+    moeq_mla_naive_params p = {block_kv(b), T, s->tok_seq, s->tok_pos, b->layer->kv_b_proj, c->num_attention_heads,
+                               c->qk_nope_head_dim, c->v_head_dim, c->kv_lora_rank, c->qk_rope_head_dim,
+                               (float)e->rope.softmax_scale, s->q, s->qpe, s->ov};
+    e->backend->attention_naive(e->backend, &p);
 }
 
 static void attention_sublayer(moeq_engine *e, const moeq_block *b, int64_t T) {
     const moeq_model_config *c = e->cfg;
     moeq_scratch *s = &e->s;
     int64_t D = c->hidden_size;
-    rmsnorm_rows(s->h, s->x, b->vecs->in_norm, T, D, D, (float)c->rms_norm_eps);
+    moeq_forward_rmsnorm(e, s->h, D, s->x, D, NULL, T, D, b->vecs->in_norm);
     mla_project(e, b, T);
     if (e->naive_attention) mla_naive(e, b, T);
     else mla_absorbed(e, b, T);
     moeq_mm_job o = linear(b->layer->o_proj, s->ov, s->tmp, T);
     e->backend->matmul(e->backend, &o, 1);
-    for (int64_t i = 0; i < T * D; i++) s->x[i] += s->tmp[i];
+    e->backend->add(e->backend, s->x, s->tmp, T * D);
 }
 
 static void dense_mlp(moeq_engine *e, const moeq_layer *L, int64_t T) {
@@ -121,97 +132,14 @@ static void dense_mlp(moeq_engine *e, const moeq_layer *L, int64_t T) {
     int64_t I = moeq_tensor_rows(L->mlp.gate_proj), D = e->cfg->hidden_size;
     moeq_mm_job jobs[2] = {linear(L->mlp.gate_proj, s->h, s->g, T), linear(L->mlp.up_proj, s->h, s->u, T)};
     e->backend->matmul(e->backend, jobs, 2);
-    moeq_ops_silu_mul(s->g, s->g, s->u, T * I);
+    e->backend->silu_mul(e->backend, s->g, s->g, s->u, T * I);
     jobs[0] = linear(L->mlp.down_proj, s->g, s->tmp, T);
     e->backend->matmul(e->backend, jobs, 1);
-    for (int64_t i = 0; i < T * D; i++) s->x[i] += s->tmp[i];
+    e->backend->add(e->backend, s->x, s->tmp, T * D);
 }
 
 /* The layer's number as HF counts it: main layers 0.., then the MTP layers. */
-static int layer_number(const moeq_engine *e, const moeq_layer *L) {
-    const moeq_model *m = e->model;
-    int n_main = e->cfg->num_hidden_layers;
-    for (int i = 0; i < m->n_mtp_layers; i++)
-        if (L == &m->mtp_layers[i]) return n_main + i;
-    return (int)(L - m->layers);
-}
-
-/* A token whose router saw a non-finite score: remember the first such layer of its sequence. */
-static void flag_nonfinite(moeq_engine *e, const moeq_layer *L, int64_t t) {
-    int *first = &e->nonfinite_layer[e->s.tok_seq[t]];
-    if (*first < 0) *first = layer_number(e, L);
-}
-
-/* Route every token, then gather each expert's tokens into contiguous rows. */
-static void moe_route_and_gather(moeq_engine *e, const moeq_layer *L, const moeq_layer_vecs *v, int64_t T) {
-    moeq_scratch *s = &e->s;
-    int64_t E = e->router.n_experts, K = e->router.top_k, D = e->cfg->hidden_size;
-    moeq_mm_job r = linear(L->gate, s->h, s->router, T);
-    e->backend->matmul(e->backend, &r, 1);
-    for (int64_t t = 0; t < T; t++)
-        if (!moeq_moe_route(&e->router, s->router + t * E, v->bias, s->rids + t * K, s->rw + t * K,
-                            s->route_scratch))
-            flag_nonfinite(e, L, t);
-    moeq_moe_plan(s->rids, T, (int)K, (int)E, s->offsets, s->order);
-    for (int64_t i = 0; i < T * K; i++) {
-        int64_t slot = s->order[i];
-        s->slot_row[slot] = i;
-        memcpy(s->xg + i * D, s->h + (slot / K) * D, (size_t)D * sizeof(float));
-    }
-}
-
-/* One GEMM per active expert (gate+up, then down), the shared expert over all tokens, all in two dispatches. */
-static void moe_experts(moeq_engine *e, const moeq_layer *L, int64_t T) {
-    moeq_scratch *s = &e->s;
-    int64_t E = e->router.n_experts, K = e->router.top_k, D = e->cfg->hidden_size;
-    int64_t MI = e->cfg->moe_intermediate_size, SI = L->shared.gate_proj ? moeq_tensor_rows(L->shared.gate_proj) : 0;
-    int n = 0;
-    for (int64_t x = 0; x < E; x++) {
-        int64_t o = s->offsets[x], cnt = s->offsets[x + 1] - o;
-        if (!cnt) continue;
-        s->jobs[n++] = job(L->experts[x].gate_proj, 0, MI, s->xg + o * D, D, s->g + o * MI, MI, cnt);
-        s->jobs[n++] = job(L->experts[x].up_proj, 0, MI, s->xg + o * D, D, s->u + o * MI, MI, cnt);
-    }
-    float *sg = s->g + T * K * MI, *su = s->u + T * K * MI;
-    if (SI) {
-        s->jobs[n++] = job(L->shared.gate_proj, 0, SI, s->h, D, sg, SI, T);
-        s->jobs[n++] = job(L->shared.up_proj, 0, SI, s->h, D, su, SI, T);
-    }
-    e->backend->matmul(e->backend, s->jobs, n);
-    moeq_ops_silu_mul(s->g, s->g, s->u, T * K * MI + T * SI);
-    n = 0;
-    for (int64_t x = 0; x < E; x++) {
-        int64_t o = s->offsets[x], cnt = s->offsets[x + 1] - o;
-        if (cnt) s->jobs[n++] = job(L->experts[x].down_proj, 0, D, s->g + o * MI, MI, s->down + o * D, D, cnt);
-    }
-    if (SI) s->jobs[n++] = job(L->shared.down_proj, 0, D, sg, SI, s->down + T * K * D, D, T);
-    e->backend->matmul(e->backend, s->jobs, n);
-}
-
-/* tmp[t] = (sum over slots, best first, of w * expert_out) + shared_out. */
-static void moe_combine(moeq_engine *e, int has_shared, int64_t T) {
-    moeq_scratch *s = &e->s;
-    int64_t K = e->router.top_k, D = e->cfg->hidden_size;
-    for (int64_t t = 0; t < T; t++) {
-        float *acc = s->tmp + t * D;
-        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
-        for (int64_t k = 0; k < K; k++) {
-            float w = s->rw[t * K + k];
-            const float *y = s->down + s->slot_row[t * K + k] * D;
-            for (int64_t d = 0; d < D; d++) acc[d] += w * y[d];
-        }
-        if (has_shared) {
-            const float *y = s->down + (T * K + t) * D;
-            for (int64_t d = 0; d < D; d++) acc[d] += y[d];
-        }
-    }
-}
-
-static void block_moe(moeq_engine *e, const moeq_block *b, int64_t T) {
-    moe_route_and_gather(e, b->layer, b->vecs, T);
-    moe_experts(e, b->layer, T);
-    moe_combine(e, b->layer->shared.gate_proj != NULL, T);
-}
+static void block_moe(moeq_engine *e, const moeq_block *b, int64_t T) { moeq_moe_layer_run(e, b->layer, b->vecs, T); }
 
 moeq_block moeq_forward_main_block(moeq_engine *e, int layer) {
     return (moeq_block){&e->model->layers[layer], &e->vecs[layer], e->cache, layer};
@@ -224,13 +152,13 @@ void moeq_forward_moe(moeq_engine *e, int layer, int64_t T) {
 
 static void mlp_sublayer(moeq_engine *e, const moeq_block *b, int64_t T) {
     int64_t D = e->cfg->hidden_size;
-    rmsnorm_rows(e->s.h, e->s.x, b->vecs->post_norm, T, D, D, (float)e->cfg->rms_norm_eps);
+    moeq_forward_rmsnorm(e, e->s.h, D, e->s.x, D, NULL, T, D, b->vecs->post_norm);
     if (!b->layer->is_moe) {
         dense_mlp(e, b->layer, T);
         return;
     }
     block_moe(e, b, T);
-    for (int64_t i = 0; i < T * D; i++) e->s.x[i] += e->s.tmp[i];
+    e->backend->add(e->backend, e->s.x, e->s.tmp, T * D);
 }
 
 void moeq_forward_block(moeq_engine *e, const moeq_block *b, int64_t T) {
@@ -240,15 +168,12 @@ void moeq_forward_block(moeq_engine *e, const moeq_block *b, int64_t T) {
 
 void moeq_forward_rope(moeq_engine *e, int64_t T) {
     moeq_scratch *s = &e->s;
-    int64_t half = e->cfg->qk_rope_head_dim / 2;
-    for (int64_t t = 0; t < T; t++)
-        moeq_rope_cos_sin(&e->rope, s->tok_pos[t], s->cos_v + t * half, s->sin_v + t * half);
+    e->backend->rope_cos_sin(e->backend, &e->rope, s->tok_pos, T, s->cos_v, s->sin_v);
 }
 
 void moeq_forward_tokens(moeq_engine *e, int64_t T) {
     moeq_scratch *s = &e->s;
-    int64_t D = e->cfg->hidden_size;
-    for (int64_t t = 0; t < T; t++) moeq_tensor_rows_to_f32(e->model->embed_tokens, s->tok_id[t], 1, s->x + t * D);
+    e->backend->embed(e->backend, e->model->embed_tokens, s->tok_id, T, s->x);
     moeq_forward_rope(e, T);
     for (int l = 0; l < e->cfg->num_hidden_layers; l++) {
         moeq_block b = moeq_forward_main_block(e, l);
@@ -263,8 +188,7 @@ void moeq_forward_logits(moeq_engine *e, int64_t n_rows, float *logits) {
 void moeq_forward_head(moeq_engine *e, const float *norm, const moeq_tensor *head, int64_t n_rows, float *logits) {
     moeq_scratch *s = &e->s;
     int64_t D = e->cfg->hidden_size;
-    for (int64_t r = 0; r < n_rows; r++)
-        moeq_ops_rmsnorm(s->h + r * D, s->x + s->logit_tok[r] * D, norm, D, (float)e->cfg->rms_norm_eps);
+    moeq_forward_rmsnorm(e, s->h, D, s->x, D, s->logit_tok, n_rows, D, norm);
     if (n_rows == 0) return;
     moeq_mm_job j = linear(head, s->h, logits, n_rows);
     e->backend->matmul(e->backend, &j, 1);

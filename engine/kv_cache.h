@@ -1,5 +1,7 @@
 /*
- * kv_cache.h — internal: the paged MLA cache.
+ * kv_cache.h — internal: the paged MLA cache: the bookkeeping of
+ * kv_blocks.h (pure host logic, block ids only) and the entry pool (a backend
+ * buffer, or a host pool for standalone use) in one object.
  *
  * Per token and layer it holds only what MLA with weight absorption needs:
  * the normalised compressed latent (kv_lora_rank floats) followed by the
@@ -22,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_paged.h"
 #include "moeq/err.h"
 
 typedef struct moeq_kv_cache moeq_kv_cache;
@@ -32,7 +35,15 @@ typedef struct moeq_kv_cache_params {
     int block_tokens;       /* tokens per block                */
     int64_t capacity_tokens;/* all sequences together          */
     int max_seqs;
+    /* Storage from outside (the backend's cache buffer): NULL = the cache allocates a host pool. The pool
+     * must hold moeq_kv_cache_pool_floats() floats; copy moves a block within it (copy-on-write, forks). */
+    float *pool;
+    void (*copy)(void *ctx, float *dst, const float *src, size_t n_floats);
+    void *copy_ctx;
 } moeq_kv_cache_params;
+
+/* Floats of the pool a cache with these params uses. */
+size_t moeq_kv_cache_pool_floats(const moeq_kv_cache_params *params);
 
 moeq_err moeq_kv_cache_new(const moeq_kv_cache_params *params, moeq_kv_cache **out, char *errstr,
                            size_t errstr_size);
@@ -88,27 +99,11 @@ moeq_err moeq_kv_cache_seq_fork(moeq_kv_cache *cache, int src, int64_t n_tokens,
 /* The entry of (seq, layer, pos): entry_floats floats. pos < seq_len. */
 float *moeq_kv_cache_entry(const moeq_kv_cache *cache, int seq_id, int layer, int64_t pos);
 
-/*
- * One sequence's entries of one layer, for kernels that walk them without a
- * call per entry (a call in a register-tiled loop spills every accumulator).
- * Valid until the sequence grows, is truncated or freed.
- */
-typedef struct moeq_kv_view {
-    const float *pool;      /* block b of the layer starts at pool + table[b] * block_floats */
-    const int32_t *table;   /* the sequence's block table                                     */
-    size_t block_floats;
-    int block_tokens, entry_floats;
-} moeq_kv_view;
-
+/* The sequence's entries of one layer (the view kernels walk). Valid until the sequence grows, is truncated or freed. */
 moeq_kv_view moeq_kv_cache_view(const moeq_kv_cache *cache, int seq_id, int layer);
 
-/* The first entry of the sequence's block blk; the block's entries follow, entry_floats apart. */
-static inline const float *moeq_kv_view_block(const moeq_kv_view *v, int64_t blk) {
-    return v->pool + (size_t)v->table[blk] * v->block_floats;
-}
-
-static inline const float *moeq_kv_view_entry(const moeq_kv_view *v, int64_t pos) {
-    return moeq_kv_view_block(v, pos / v->block_tokens) + (size_t)(pos % v->block_tokens) * (size_t)v->entry_floats;
-}
+/* Layer `layer` of the whole cache as plain data for kernels (pool, block table, block size). Valid until
+ * the cache is destroyed; the table's contents change as sequences grow and shrink. */
+moeq_kv_paged moeq_kv_cache_paged(const moeq_kv_cache *cache, int layer);
 
 #endif

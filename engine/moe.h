@@ -43,16 +43,6 @@ moeq_err moeq_moe_router_init(moeq_moe_router *router, const moeq_model_config *
 int64_t moeq_moe_route_scratch(const moeq_moe_router *router);
 
 /*
- * One token: logits [n_experts] (router output), bias [n_experts] or NULL →
- * ids [top_k], weights [top_k]. Returns 1, or 0 when a logit is not finite
- * (NaN, inf): the ids are then still top_k distinct valid experts (the plan
- * never sees -1), the weights may be NaN, and the caller flags the token.
- * Finite logits route exactly as without the check.
- */
-int moeq_moe_route(const moeq_moe_router *router, const float *logits, const float *bias, int32_t *ids,
-                    float *weights, float *scratch);
-
-/*
  * The gather plan of a step: ids [n_tok * top_k] → for each expert e the
  * slots routed to it are order[offsets[e] .. offsets[e+1]) (slot = t*top_k+s),
  * tokens ascending. offsets has n_experts+1 entries.

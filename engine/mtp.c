@@ -25,13 +25,16 @@
  * being recomputed. Batch invariance makes an entry the same bits whichever
  * pass computes it.
  *
+ * Activations and the per-sequence rows (ring, chain) are backend buffers,
+ * moved only by backend ops (copy, embed, rmsnorm); the bookkeeping
+ * (positions, counters, tokens) is host state.
+ *
  * Not here: choosing or verifying drafts (mtp_spec.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "mtp.h"
-#include "ops.h"
 
 struct moeq_mtp_state {
     const moeq_layer *layer;   /* model->mtp_layers[0]                      */
@@ -39,36 +42,32 @@ struct moeq_mtp_state {
     float *enorm, *hnorm, *head_norm; /* [D] widened                       */
     const moeq_tensor *head;   /* shared_head.head or lm_head               */
     moeq_kv_cache *cache;      /* one layer, same sequence ids as the main  */
+    float *cache_pool;         /* its entries (backend buffer)              */
     int ring;                  /* rows kept per sequence: min(MAX_K + 1, max_step_tokens) */
-    float *ring_h;             /* [max_seqs][ring][D] main hidden of pos at slot pos % ring */
+    float *ring_h;             /* [max_seqs][ring][D] main hidden of pos at slot pos % ring (backend) */
     int32_t *ring_tok;         /* [max_seqs][ring] main token of pos at slot pos % ring     */
     int64_t *ring_lo;          /* [max_seqs] rows cover [ring_lo, seq_len)                  */
     int64_t *done;             /* [max_seqs] entries 0..done-1 computed from true inputs    */
     int64_t *guess_pos;        /* [max_seqs] first draft entry, its token unconfirmed; -1   */
     int32_t *guess_tok;        /* [max_seqs] the token it was drafted with                  */
-    float *chain_h;            /* [max_seqs][D] the module's last output    */
+    float *chain_h;            /* [max_seqs][D] the module's last output (backend) */
     int64_t *chain_pos;        /* [max_seqs] its position, -1 = none        */
     unsigned char *on;         /* [max_seqs] moeq_engine_seq_set_mtp        */
     int64_t rows_run;          /* MTP block rows computed (tests)           */
 };
 
-static float *widen(const moeq_tensor *t) {
-    if (!t) return NULL;
-    float *v = malloc((size_t)(moeq_tensor_rows(t) * moeq_tensor_cols(t)) * sizeof(float));
-    if (v) moeq_tensor_rows_to_f32(t, 0, moeq_tensor_rows(t), v);
-    return v;
-}
+static float *widen(moeq_engine *e, const moeq_tensor *t) { return moeq_forward_widen(e, t); }
 
 static moeq_err widen_all(moeq_engine *e, moeq_mtp_state *m) {
     const moeq_layer *L = m->layer;
-    m->vecs.in_norm = widen(L->input_layernorm);
-    m->vecs.post_norm = widen(L->post_attention_layernorm);
-    m->vecs.kv_a_norm = widen(L->kv_a_layernorm);
-    m->vecs.q_a_norm = widen(L->q_a_layernorm);
-    m->vecs.bias = widen(L->is_moe ? L->e_score_correction_bias : NULL);
-    m->enorm = widen(L->enorm);
-    m->hnorm = widen(L->hnorm);
-    m->head_norm = widen(L->shared_head_norm);
+    m->vecs.in_norm = widen(e, L->input_layernorm);
+    m->vecs.post_norm = widen(e, L->post_attention_layernorm);
+    m->vecs.kv_a_norm = widen(e, L->kv_a_layernorm);
+    m->vecs.q_a_norm = widen(e, L->q_a_layernorm);
+    m->vecs.bias = widen(e, L->is_moe ? L->e_score_correction_bias : NULL);
+    m->enorm = widen(e, L->enorm);
+    m->hnorm = widen(e, L->hnorm);
+    m->head_norm = widen(e, L->shared_head_norm);
     if (!m->vecs.in_norm || !m->vecs.post_norm || !m->vecs.kv_a_norm || (e->cfg->q_lora_rank > 0 && !m->vecs.q_a_norm) ||
         (L->is_moe && L->e_score_correction_bias && !m->vecs.bias) || !m->enorm || !m->hnorm || !m->head_norm)
         return MOEQ_ERR_NOMEM;
@@ -78,13 +77,14 @@ static moeq_err widen_all(moeq_engine *e, moeq_mtp_state *m) {
 static moeq_err alloc_seq_state(moeq_engine *e, moeq_mtp_state *m) {
     size_t S = (size_t)e->params.max_seqs, D = (size_t)e->cfg->hidden_size;
     m->ring = MOEQ_MTP_MAX_K + 1 < e->params.max_step_tokens ? MOEQ_MTP_MAX_K + 1 : e->params.max_step_tokens;
-    m->ring_h = malloc(S * (size_t)m->ring * D * sizeof(float));
+    moeq_backend *b = e->backend;
+    m->ring_h = b->alloc(b, MOEQ_BUFFER_STATE, S * (size_t)m->ring * D * sizeof(float));
     m->ring_tok = malloc(S * (size_t)m->ring * sizeof(int32_t));
     m->ring_lo = calloc(S, sizeof(int64_t));
     m->done = calloc(S, sizeof(int64_t));
     m->guess_pos = malloc(S * sizeof(int64_t));
     m->guess_tok = calloc(S, sizeof(int32_t));
-    m->chain_h = malloc(S * D * sizeof(float));
+    m->chain_h = b->alloc(b, MOEQ_BUFFER_STATE, S * D * sizeof(float));
     m->chain_pos = malloc(S * sizeof(int64_t));
     m->on = calloc(S, 1);
     if (!m->on || !m->ring_h || !m->ring_tok || !m->ring_lo || !m->done || !m->guess_pos || !m->guess_tok ||
@@ -123,39 +123,41 @@ moeq_err moeq_mtp_state_new(moeq_engine *e, moeq_mtp_state **out, char *errstr, 
     moeq_err err = widen_all(e, m);
     if (!err) err = alloc_seq_state(e, m);
     if (err) {
-        moeq_mtp_state_destroy(m);
+        moeq_mtp_state_destroy(e, m);
         return moeq_errf(err, errstr, errstr_size, "mtp layer vectors and per-sequence state");
     }
     const moeq_model_config *c = e->cfg;
     moeq_kv_cache_params kp = {1, c->kv_lora_rank + c->qk_rope_head_dim, e->params.kv_block_tokens,
                                e->params.kv_cache_tokens + (int64_t)e->params.max_seqs * MOEQ_MTP_MAX_K,
-                               e->params.max_seqs};
-    if ((err = moeq_kv_cache_new(&kp, &m->cache, errstr, errstr_size))) {
-        moeq_mtp_state_destroy(m);
+                               e->params.max_seqs, NULL, NULL, NULL};
+    if ((err = moeq_forward_cache_new(e, &kp, &m->cache_pool, &m->cache, errstr, errstr_size))) {
+        moeq_mtp_state_destroy(e, m);
         return err;
     }
     *out = m;
     return MOEQ_OK;
 }
 
-void moeq_mtp_state_destroy(moeq_mtp_state *m) {
+void moeq_mtp_state_destroy(moeq_engine *e, moeq_mtp_state *m) {
     if (!m) return;
+    moeq_backend *b = e->backend;
     moeq_kv_cache_destroy(m->cache);
-    free(m->vecs.in_norm);
-    free(m->vecs.post_norm);
-    free(m->vecs.q_a_norm);
-    free(m->vecs.kv_a_norm);
-    free(m->vecs.bias);
-    free(m->enorm);
-    free(m->hnorm);
-    free(m->head_norm);
-    free(m->ring_h);
+    b->release(b, m->cache_pool);
+    b->release(b, m->vecs.in_norm);
+    b->release(b, m->vecs.post_norm);
+    b->release(b, m->vecs.q_a_norm);
+    b->release(b, m->vecs.kv_a_norm);
+    b->release(b, m->vecs.bias);
+    b->release(b, m->enorm);
+    b->release(b, m->hnorm);
+    b->release(b, m->head_norm);
+    b->release(b, m->ring_h);
+    b->release(b, m->chain_h);
     free(m->ring_tok);
     free(m->ring_lo);
     free(m->done);
     free(m->guess_pos);
     free(m->guess_tok);
-    free(m->chain_h);
     free(m->chain_pos);
     free(m->on);
     free(m);
@@ -226,13 +228,9 @@ static void mtp_forward(moeq_engine *e, int64_t T) {
     moeq_mtp_state *m = e->mtp;
     moeq_scratch *s = &e->s;
     int64_t D = e->cfg->hidden_size;
-    float eps = (float)e->cfg->rms_norm_eps;
-    for (int64_t t = 0; t < T; t++) {
-        float *eh = s->eh + t * 2 * D;
-        moeq_tensor_rows_to_f32(e->model->embed_tokens, s->tok_id[t], 1, s->tmp + t * D);
-        moeq_ops_rmsnorm(eh, s->tmp + t * D, m->enorm, D, eps);
-        moeq_ops_rmsnorm(eh + D, eh + D, m->hnorm, D, eps);
-    }
+    e->backend->embed(e->backend, e->model->embed_tokens, s->tok_id, T, s->tmp);
+    moeq_forward_rmsnorm(e, s->eh, 2 * D, s->tmp, D, NULL, T, D, m->enorm);
+    moeq_forward_rmsnorm(e, s->eh + D, 2 * D, s->eh + D, 2 * D, NULL, T, D, m->hnorm);
     moeq_forward_rope(e, T);
     moeq_forward_linear(e, m->layer->eh_proj, s->eh, s->x, T);
     moeq_block b = {m->layer, &m->vecs, m->cache, 0};
@@ -244,7 +242,7 @@ static void mtp_forward(moeq_engine *e, int64_t T) {
 static void lay_entry(moeq_engine *e, int64_t t, const float *h, int32_t tok, int seq, int64_t pos) {
     moeq_scratch *s = &e->s;
     int64_t D = e->cfg->hidden_size;
-    memcpy(s->eh + t * 2 * D + D, h, (size_t)D * sizeof(float));
+    e->backend->copy(e->backend, s->eh + t * 2 * D + D, h, (size_t)D * sizeof(float));
     s->tok_id[t] = tok;
     s->tok_seq[t] = seq;
     s->tok_pos[t] = pos;
@@ -328,7 +326,7 @@ static int64_t catch_up_item(moeq_engine *e, const moeq_step_item *it, int64_t t
     moeq_kv_cache_grow(m->cache, seq, c.target); /* checked by moeq_mtp_check_item */
     int64_t keep = L - m->ring > p ? L - m->ring : p;
     for (int64_t pos = keep; pos < L; pos++) {
-        memcpy(ring_row(m, seq, pos, D), hid + (t0 + pos - p) * D, (size_t)D * sizeof(float));
+        e->backend->copy(e->backend, ring_row(m, seq, pos, D), hid + (t0 + pos - p) * D, (size_t)D * sizeof(float));
         *ring_tok(m, seq, pos) = it->tokens[pos - p];
     }
     if (m->ring_lo[seq] < L - m->ring) m->ring_lo[seq] = L - m->ring;
@@ -342,8 +340,7 @@ void moeq_mtp_after_step(moeq_engine *e, const moeq_step_item *items, int n_item
     (void)n_tok;
     for (int i = 0; i < n_items; t0 += items[i++].n_tokens) {
         if (!moeq_mtp_seq_on(e, items[i].seq_id)) continue;
-        for (int64_t t = t0; t < t0 + items[i].n_tokens; t++)
-            moeq_ops_rmsnorm(s->hid + t * D, s->x + t * D, e->final_norm, D, (float)e->cfg->rms_norm_eps);
+        moeq_forward_rmsnorm(e, s->hid + t0 * D, D, s->x + t0 * D, D, NULL, items[i].n_tokens, D, e->final_norm);
     }
     t0 = 0;
     for (int i = 0; i < n_items; t0 += items[i++].n_tokens)
@@ -450,7 +447,7 @@ static void draft_pass(moeq_engine *e, const moeq_mtp_item *items, int i0, int i
     for (int i = i0, r = 0; i < i1; i++, r++) {
         int seq = items[i].seq_id;
         int64_t last = s->logit_tok[r];
-        memcpy(m->chain_h + (size_t)seq * D, s->x + last * D, (size_t)D * sizeof(float));
+        e->backend->copy(e->backend, m->chain_h + (size_t)seq * D, s->x + last * D, (size_t)D * sizeof(float));
         m->chain_pos[seq] = s->tok_pos[last];
     }
     moeq_forward_head(e, m->head_norm, m->head, i1 - i0, logits + (size_t)i0 * e->cfg->vocab_size);

@@ -25,7 +25,7 @@ typedef struct moeq_mtp_state moeq_mtp_state;
 
 /* NULL state (no error) when the model has no MTP layer. */
 moeq_err moeq_mtp_state_new(moeq_engine *engine, moeq_mtp_state **out, char *errstr, size_t errstr_size);
-void moeq_mtp_state_destroy(moeq_mtp_state *state);
+void moeq_mtp_state_destroy(moeq_engine *engine, moeq_mtp_state *state); /* NULL state is safe */
 
 void moeq_mtp_seq_opened(moeq_engine *engine, int seq_id);
 void moeq_mtp_seq_freed(moeq_engine *engine, int seq_id);

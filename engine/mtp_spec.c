@@ -46,7 +46,6 @@
 #include <string.h>
 
 #include "forward.h"
-#include "ops.h"
 #include "sampler.h"
 
 struct moeq_mtp_decoder {
@@ -240,7 +239,7 @@ static void accept(moeq_mtp_decoder *d, moeq_spec_seq *sq, int i) {
 static int rows_finite(const moeq_mtp_decoder *d, const moeq_spec_seq *sq, int i) {
     const float *P = d->logits + (size_t)d->row0[i] * d->vocab;
     for (int a = 0; a < sq->n_out; a++)
-        if (!moeq_ops_finite(P + (size_t)a * d->vocab, d->vocab)) return 0;
+        if (!moeq_sampler_finite(P + (size_t)a * d->vocab, d->vocab)) return 0;
     return 1;
 }
 

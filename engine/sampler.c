@@ -18,8 +18,8 @@
 #endif
 #include <stdlib.h>
 
-#include "ops.h"
-#include "ops_matmul.h"
+#include "cpu/ops.h"
+#include "cpu/ops_matmul.h"
 #include "sampler.h"
 
 struct moeq_sampler {
@@ -189,3 +189,5 @@ int32_t moeq_sampler_sample(moeq_sampler *s, const float *logits) {
     }
     return s->cand[m - 1];
 }
+
+int moeq_sampler_finite(const float *logits, int64_t n) { return moeq_ops_finite(logits, n); }

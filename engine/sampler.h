@@ -14,6 +14,9 @@
 /* Uniform in [0, 1) from (seed, draw index): draw n of a sampler. */
 double moeq_sampler_uniform(uint64_t seed, uint64_t n);
 
+/* 1 when every logit is finite (the check the sampler makes before drawing). */
+int moeq_sampler_finite(const float *logits, int64_t n);
+
 /* The highest logit's id, the lowest id on ties. */
 int32_t moeq_sampler_argmax(const float *logits, int vocab);
 

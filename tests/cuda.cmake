@@ -4,12 +4,12 @@
 # none). docs/CUDA.md says which comparisons are exact.
 if(TARGET moeq_engine)
   moeq_add_test(NAME test_cuda_ops_host SOURCES test_cuda_ops_host.c test_cuda_ops_cxx.cpp LIBS moeq_cuda_ops moeq_engine LABELS unit)
-  target_include_directories(test_cuda_ops_host PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+  target_include_directories(test_cuda_ops_host PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
 endif()
 if(MOEQ_HAVE_CUDA AND TARGET moeq_engine)
   moeq_add_test(NAME test_kernels_gpu SOURCES test_kernels_gpu.c LIBS moeq_cuda_kernels moeq_engine CUDA::cudart
                 LABELS gpu)
-  target_include_directories(test_kernels_gpu PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+  target_include_directories(test_kernels_gpu PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
 endif()
 # The cuBLAS and NCCL the build found load at run time and are the pinned
 # CUDA 13 line (no GPU needed).

@@ -4,7 +4,7 @@
 if(TARGET moeq_engine)
   moeq_add_test(NAME test_engine_ops SOURCES test_engine_ops.c LIBS moeq_engine PkgConfig::OPENBLAS
     LABELS unit)
-  target_include_directories(test_engine_ops PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+  target_include_directories(test_engine_ops PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
   moeq_add_test(NAME test_engine_model SOURCES test_engine_model.c LIBS moeq_engine LABELS unit
     TIMEOUT 600)
   target_include_directories(test_engine_model PRIVATE ${CMAKE_SOURCE_DIR}/engine)
@@ -21,3 +21,10 @@ if(TARGET moeq)
   set_tests_properties(cli_checks_numbers_contexts_and_prints_every_byte PROPERTIES LABELS unit TIMEOUT 120
     REQUIRED_FILES $<TARGET_FILE:moeq>)
 endif()
+
+# Issue 12's include rules: the forward pass, the MoE layer, MTP and backend.h reach no backend folder's
+# header; ep/ reaches no engine header (a source check, no build).
+add_test(NAME engine_layers_include_only_the_backend_interface_and_ep_no_engine_header
+         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/check_engine_seams.sh ${CMAKE_SOURCE_DIR})
+set_tests_properties(engine_layers_include_only_the_backend_interface_and_ep_no_engine_header PROPERTIES
+  LABELS unit TIMEOUT 60)

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "moe.h"
+#include "moe_route.h"
 #include "ops.h"
 #include "ops_exp.h"
 #include "ops_lanes.h"

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "forward.h"
+#include "moe_layer.h"
+#include "cpu/moe_route.h"
 #include "moeq/engine.h"
 #include "engine_test_util.h"
 
@@ -406,6 +408,96 @@ static void nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_it
     moeq_engine_destroy(e);
 }
 
+/* Issue 12: `backend = cpu` picks the CPU backend from the registry; any other name fails creation, naming it. */
+static void the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error(void **state) {
+    (void)state;
+    moeq_engine_params p = moeq_engine_default_params();
+    char err[256] = "";
+    assert_string_equal(p.backend, "cpu");
+    p.n_threads = 1;
+    assert_int_equal(moeq_props_set(moeq_engine_params_props, &p, "backend", "cpu", err, sizeof(err)), MOEQ_OK);
+    moeq_engine *e = NULL;
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof(err)), MOEQ_OK);
+    assert_string_equal(e->backend->name, "cpu");
+    for (int op = 0; op < MOEQ_BACKEND_OP_COUNT; op++) /* the reference backend runs every op */
+        assert_true(e->backend->supports(e->backend, (moeq_backend_op)op, MOEQ_DTYPE_BF16));
+    moeq_engine_destroy(e);
+    static const char *const bad[] = {"cuda9", "", "CPU"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(moeq_props_set(moeq_engine_params_props, &p, "backend", bad[i], err, sizeof(err)), MOEQ_OK);
+        static char sentinel;
+        e = (moeq_engine *)&sentinel; /* must come back NULL */
+        err[0] = 0;
+        assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof(err)), MOEQ_ERR_INVALID_ARG);
+        assert_null(e);
+        char want[64];
+        snprintf(want, sizeof(want), "backend \"%s\" is unknown", bad[i]);
+        assert_non_null(strstr(err, want));
+        assert_non_null(strstr(err, "known: cpu"));
+    }
+    moeq_backend *b = NULL;
+    moeq_backend_config bc = {.n_threads = 1, .batch_invariant = 1, .max_k = 64, .max_ctx = 16, .max_jobs = 4};
+    assert_int_equal(moeq_backend_new("cpu", &bc, &b, err, sizeof(err)), MOEQ_OK);
+    assert_string_equal(b->name, "cpu");
+    moeq_backend_destroy(b);
+    assert_int_equal(moeq_backend_new("metal", &bc, &b, err, sizeof(err)), MOEQ_ERR_INVALID_ARG);
+    assert_null(b);
+}
+
+/*
+ * Issue 12: three sequences (a prefill, then mixed steps of decode tokens and a chunk) through the MoE layer
+ * on the local transport, then again with every rank of other placements played in this process: experts
+ * permuted over 3 ranks, the identity over 4 ranks with half the experts replicated, every expert on two
+ * ranks in reverse order. Expert GEMMs see other rows, each token's sum is formed once in slot order: the
+ * logits are the same bits.
+ */
+static void run_script(const moeq_model *m, const moeq_ep_placement *pl, float *out) {
+    moeq_engine *e = engine_for(m, 2, 64);
+    char err[256] = "";
+    if (pl) assert_int_equal(moeq_moe_layer_set_placement(e, pl, err, sizeof(err)), MOEQ_OK);
+    int vocab = moeq_test_vocab(m), seq[3];
+    int32_t ids[40];
+    moeq_test_prompt(ids, 40, 5, vocab);
+    for (int i = 0; i < 3; i++) assert_int_equal(moeq_engine_seq_new(e, &seq[i]), MOEQ_OK);
+    moeq_step_item first[2] = {{seq[0], ids, 13, 1}, {seq[1], ids + 13, 5, 1}};
+    assert_int_equal(moeq_engine_step(e, first, 2, out, 18, err, sizeof(err)), MOEQ_OK);
+    out += (size_t)18 * vocab;
+    for (int r = 0; r < 4; r++) {
+        moeq_step_item mixed[3] = {{seq[0], ids + 20 + r, 1, 0}, {seq[2], ids + 24 + 3 * r, 3, 1},
+                                   {seq[1], ids + 36 + r, 1, 0}};
+        assert_int_equal(moeq_engine_step(e, mixed, 3, out, 5, err, sizeof(err)), MOEQ_OK);
+        out += (size_t)5 * vocab;
+    }
+    moeq_engine_destroy(e);
+}
+
+static void the_whole_model_through_the_moe_layer_with_permuted_and_replicated_placements_gives_the_same_bits(
+    void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_tiny, g_tiny_v2};
+    for (int mi = 0; mi < 2; mi++) {
+        const moeq_model *m = models[mi];
+        int E = m->config.n_routed_experts;
+        size_t n = (size_t)(18 + 4 * 5) * moeq_test_vocab(m);
+        float *want = malloc(n * 4), *got = malloc(n * 4);
+        run_script(m, NULL, want);
+        moeq_ep_placement *pl[3] = {NULL, NULL, NULL};
+        assert_int_equal(moeq_ep_placement_new_permuted(E, 3, 7, &pl[0], NULL, 0), MOEQ_OK);
+        assert_int_equal(moeq_ep_placement_new_replicated(E, 4, E / 2, &pl[1], NULL, 0), MOEQ_OK);
+        int n_rep[64], two[64][2];
+        const int *ranks_of[64];
+        for (int x = 0; x < E; x++) n_rep[x] = 2, two[x][0] = 1, two[x][1] = 0, ranks_of[x] = two[x];
+        assert_int_equal(moeq_ep_placement_new_table(E, 2, n_rep, ranks_of, &pl[2], NULL, 0), MOEQ_OK);
+        for (int p = 0; p < 3; p++) {
+            memset(got, 0xff, n * 4);
+            run_script(m, pl[p], got);
+            assert_memory_equal(want, got, n * 4);
+            moeq_ep_placement_destroy(pl[p]);
+        }
+        free(want), free(got);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(absorbed_and_naive_mla_agree),
@@ -418,6 +510,8 @@ int main(void) {
         cmocka_unit_test(a_step_that_does_not_fit_appends_nothing),
         cmocka_unit_test(no_context_length_check_the_engine_refuses_a_step_past_its_context),
         cmocka_unit_test(nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_its_batch_mate_keeps_its_bits),
+        cmocka_unit_test(the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error),
+        cmocka_unit_test(the_whole_model_through_the_moe_layer_with_permuted_and_replicated_placements_gives_the_same_bits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -23,8 +23,10 @@
 #include "backend.h"
 #include "attention.h"
 #include "backend_pool.h"
+#include "kv_blocks.h"
 #include "kv_cache.h"
 #include "moe.h"
+#include "moe_route.h"
 #include "ops.h"
 #include "ops_matmul.h"
 #include "rope.h"
@@ -306,20 +308,24 @@ static long long prop_field(const moeq_prop *p, const void *params) {
 static void engine_params_table_defaults_equal_the_default_params(void **state) {
     (void)state;
     moeq_engine_params want = moeq_engine_default_params();
-    int n = 0, seen[7] = {0};
-    static const char *const names[7] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
-                                         "n_threads", "batch_invariant", "max_model_len"};
+    int n = 0, seen[8] = {0};
+    static const char *const names[8] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
+                                         "n_threads", "batch_invariant", "max_model_len",   "backend"};
     for (const moeq_prop *p = moeq_engine_params_props; p->name; p++, n++) {
         assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max); /* a meaning/unit and a range */
         assert_true(p->offset + p->size <= sizeof(moeq_engine_params));
+        for (int i = 0; i < 8; i++) seen[i] += !strcmp(p->name, names[i]);
+        if (p->type == MOEQ_PROP_STR) { /* the backend's name */
+            assert_string_equal(p->def, (const char *)&want + p->offset);
+            continue;
+        }
         long long def = p->type == MOEQ_PROP_BOOL ? !strcmp(p->def, "true") : strtoll(p->def, NULL, 0);
         assert_true(p->type == MOEQ_PROP_BOOL || !strcmp(p->def, "0") || def != 0);
         assert_true((double)def >= p->min && (double)def <= p->max);
         assert_int_equal(def, prop_field(p, &want)); /* the table's default is moeq_engine_default_params()'s */
-        for (int i = 0; i < 7; i++) seen[i] += !strcmp(p->name, names[i]);
     }
-    assert_int_equal(n, 7);
-    for (int i = 0; i < 7; i++) assert_int_equal(seen[i], 1);
+    assert_int_equal(n, 8);
+    for (int i = 0; i < 8; i++) assert_int_equal(seen[i], 1);
 }
 
 /* Regression: an int field set through the table must not spill into its neighbour (config.c stored 8 bytes). */
@@ -664,6 +670,52 @@ static void kv_cache_fork_shares_blocks_and_copies_before_writing_into_them(void
     moeq_kv_cache_destroy(c);
 }
 
+/* Issue 12: the bookkeeping alone (block ids, no storage) forks, shares and asks for exactly the copies it needs. */
+typedef struct copy_log {
+    int n;
+    int32_t dst[8], src[8];
+} copy_log;
+
+static void log_copy(void *ctx, int32_t dst, int32_t src) {
+    copy_log *l = ctx;
+    assert_true(l->n < 8);
+    l->dst[l->n] = dst, l->src[l->n] = src, l->n++;
+}
+
+static void kv_blocks_share_fork_and_copy_on_write_by_block_id_without_storage(void **state) {
+    (void)state;
+    copy_log log = {0};
+    moeq_kv_blocks_params p = {.block_tokens = 4, .capacity_tokens = 32, .max_seqs = 3, .copy = log_copy,
+                               .copy_ctx = &log};
+    moeq_kv_blocks *b = NULL;
+    assert_int_equal(moeq_kv_blocks_new(&p, &b, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_kv_blocks_count(b), 8);
+    int a, c;
+    assert_int_equal(moeq_kv_blocks_seq_new(b, &a), MOEQ_OK);
+    assert_int_equal(moeq_kv_blocks_grow(b, a, 10), MOEQ_OK); /* blocks 0, 1, 2 */
+    assert_int_equal(moeq_kv_blocks_seq_new(b, &c), MOEQ_OK);
+    assert_int_equal(moeq_kv_blocks_seq_fork(b, a, 6, c), MOEQ_OK); /* shares 0, copies 1 into 3 */
+    assert_int_equal(log.n, 1);
+    assert_int_equal(log.src[0], 1);
+    assert_int_equal(log.dst[0], 3);
+    const int32_t *t = moeq_kv_blocks_tables(b);
+    int64_t stride = moeq_kv_blocks_table_stride(b);
+    assert_int_equal(t[c * stride], 0);
+    assert_int_equal(t[c * stride + 1], 3);
+    assert_int_equal(moeq_kv_blocks_refs(b, 0), 2);
+    assert_int_equal(moeq_kv_blocks_free(b), 4);
+    assert_int_equal(moeq_kv_blocks_truncate(b, a, 2), MOEQ_OK); /* a's block 0 now partial and shared */
+    assert_int_equal(moeq_kv_blocks_needed(b, a, 3), 1);
+    assert_int_equal(moeq_kv_blocks_grow(b, a, 3), MOEQ_OK); /* copy-on-write of block 0 */
+    assert_int_equal(log.n, 2);
+    assert_int_equal(log.src[1], 0);
+    assert_int_equal(moeq_kv_blocks_refs(b, 0), 1);
+    moeq_kv_blocks_seq_free(b, a);
+    moeq_kv_blocks_seq_free(b, c);
+    assert_int_equal(moeq_kv_blocks_free(b), 8);
+    moeq_kv_blocks_destroy(b);
+}
+
 static void kv_cache_fork_and_copy_on_write_refuse_without_a_free_block(void **state) {
     (void)state;
     moeq_kv_cache_params p = {.n_layers = 2, .entry_floats = 3, .block_tokens = 4, .capacity_tokens = 8, .max_seqs = 2};
@@ -984,6 +1036,7 @@ int main(void) {
         cmocka_unit_test(kv_cache_pages_truncates_and_refuses_when_full),
         cmocka_unit_test(kv_cache_fork_shares_blocks_and_copies_before_writing_into_them),
         cmocka_unit_test(kv_cache_fork_and_copy_on_write_refuse_without_a_free_block),
+        cmocka_unit_test(kv_blocks_share_fork_and_copy_on_write_by_block_id_without_storage),
         cmocka_unit_test(attention_on_every_instruction_set_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(attention_matches_a_float64_computation),
         cmocka_unit_test(attention_exp_is_within_two_ulp),

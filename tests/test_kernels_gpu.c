@@ -22,6 +22,7 @@
 #include "moeq/cuda_kernels.h"
 
 #include "moe.h"
+#include "moe_route.h"
 #include "ops.h"
 #include "ops_matmul.h"
 #include "rope.h"

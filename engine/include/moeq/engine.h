@@ -97,6 +97,8 @@ typedef struct moeq_engine_params {
     int batch_invariant;       /* fixed reduction order per row (default 1)           */
     int max_model_len;         /* positions a sequence may hold: 0 = the model's
                                   max_position_embeddings (default); at most that      */
+    char backend[16];          /* compute backend by name (default "cpu"; the known
+                                  ones are in engine/backend_reg.c)                    */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);

@@ -1,6 +1,11 @@
 /*
- * backend_cpu.c — the CPU backend: the kernels of ops_matmul.c and
- * attention.c split into tasks over the persistent pool (backend_pool.c).
+ * backend_cpu.c — the CPU backend, the reference every other backend is
+ * compared with: the kernels of ops_matmul.c and attention.c split into
+ * tasks over the persistent pool (backend_pool.c), and the per-row ops
+ * (ops.c, rope.c, moe.c) run on the calling thread, in the order forward.c
+ * ran them before the seam existed (the bits are pinned by the tests).
+ * Memory is host memory (aligned_alloc); upload, download and copy are
+ * memcpy; the stream is the calling thread, so sync has nothing to wait for.
  *
  * Tasks: NT matmul = (job, rows, 64 tokens) with 32 rows, or for jobs of at
  * most 16 tokens (decode) about 256 KiB of weights (the kernel's prefetch
@@ -15,8 +20,13 @@
 #include "backend.h"
 
 #include <stdlib.h>
+#include <string.h>
 
+#include "attention.h"
 #include "backend_pool.h"
+#include "moe_route.h"
+#include "ops.h"
+#include "ops_matmul.h"
 
 #define NT_ROWS 32
 #define NT_SMALL_TOKS 16             /* jobs this small get tasks sized by bytes */
@@ -28,7 +38,7 @@
 
 typedef struct cpu_backend {
     moeq_backend base; /* first: the table */
-    moeq_backend_cpu_params p;
+    moeq_backend_config p;
     moeq_pool *pool;
     float **wbuf;      /* [n_threads] BLAS_ROWS * max_k   */
     float **scores;    /* [n_threads] HEAD_BLOCK * max_ctx */
@@ -37,12 +47,12 @@ typedef struct cpu_backend {
     const moeq_mm_job *jobs;
     int n_jobs;
     int use_blas;
-    const moeq_attn_args *attn;
+    const moeq_mla_params *attn;
 } cpu_backend;
 
 static int cpu_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dtype) {
     (void)b;
-    (void)op;
+    if (op < 0 || op >= MOEQ_BACKEND_OP_COUNT) return 0;
     return dtype == MOEQ_DTYPE_F32 || dtype == MOEQ_DTYPE_BF16 || dtype == MOEQ_DTYPE_F16 ||
            dtype == MOEQ_DTYPE_F8_E4M3;
 }
@@ -145,18 +155,144 @@ static void cpu_matmul_nn(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) 
 
 static void attn_task(void *ctx, int64_t task, int worker) {
     cpu_backend *cb = ctx;
-    const moeq_attn_args *a = cb->attn;
+    const moeq_mla_params *a = cb->attn;
     int64_t n_hb = ceil_div(a->n_heads, MOEQ_ATTN_HEAD_BLOCK);
     int64_t t = task / n_hb;
     int h0 = (int)(task % n_hb) * MOEQ_ATTN_HEAD_BLOCK;
     int h1 = h0 + MOEQ_ATTN_HEAD_BLOCK < a->n_heads ? h0 + MOEQ_ATTN_HEAD_BLOCK : a->n_heads;
-    moeq_attention_absorbed_block(a, t, h0, h1, cb->scores[worker]);
+    moeq_mla_block(a, t, h0, h1, cb->scores[worker]);
 }
 
-static void cpu_attention(moeq_backend *b, const moeq_attn_args *args) {
+static void cpu_attention(moeq_backend *b, const moeq_mla_params *args) {
     cpu_backend *cb = (cpu_backend *)b;
     cb->attn = args;
     moeq_pool_run(cb->pool, attn_task, cb, args->n_tok * ceil_div(args->n_heads, MOEQ_ATTN_HEAD_BLOCK));
+}
+
+
+/* ---- memory and stream ------------------------------------------------------ */
+
+static void *cpu_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
+    (void)b;
+    (void)kind;
+    return aligned_alloc(64, (bytes + 63) / 64 * 64 + (bytes == 0) * 64);
+}
+
+static void cpu_release(moeq_backend *b, void *buffer) {
+    (void)b;
+    free(buffer);
+}
+
+static void cpu_copy(moeq_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+/* The mapped file is the weights: nothing to upload. */
+static moeq_err cpu_map_weights(moeq_backend *b, const moeq_model *model, char *errstr, size_t errstr_size) {
+    (void)b, (void)model, (void)errstr, (void)errstr_size;
+    return MOEQ_OK;
+}
+
+static void cpu_sync(moeq_backend *b) { (void)b; }
+
+/* ---- per-row ops ------------------------------------------------------------- */
+
+static void cpu_attention_naive(moeq_backend *b, const moeq_mla_naive_params *a) {
+    (void)b;
+    int64_t H = a->n_heads, nope = a->nope, R = a->rope, V = a->v_dim;
+    float *qn = malloc((size_t)(H * nope) * sizeof(float)); /* tests only: allocates, slow */
+    for (int64_t t = 0; t < a->n_tok && qn; t++) {
+        float *scratch = malloc((size_t)((a->pos[t] + 1) * (H * (nope + V) + 1)) * sizeof(float));
+        if (!scratch) break;
+        for (int64_t h = 0; h < H; h++) memcpy(qn + h * nope, a->q + (t * H + h) * (nope + R), (size_t)nope * sizeof(float));
+        moeq_attention_naive_token(&a->kv, a->seq[t], a->pos[t], a->kv_b, (int)H, (int)nope, (int)V, a->kv_lora, (int)R,
+                                   a->scale, qn, a->q_pe + t * H * R, a->out_v + t * H * V, scratch);
+        free(scratch);
+    }
+    free(qn);
+}
+
+static void cpu_embed(moeq_backend *b, const moeq_tensor *table, const int32_t *ids, int64_t n, float *out) {
+    (void)b;
+    int64_t D = moeq_tensor_cols(table);
+    for (int64_t t = 0; t < n; t++) moeq_tensor_rows_to_f32(table, ids[t], 1, out + t * D);
+}
+
+static void cpu_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
+    (void)b;
+    for (int64_t r = 0; r < p->n_rows; r++)
+        moeq_ops_rmsnorm(p->out + r * p->ld_out, p->x + (p->rows ? p->rows[r] : r) * p->ldx, p->w, p->n, p->eps);
+}
+
+static void cpu_rope_cos_sin(moeq_backend *b, const moeq_rope *rope, const int64_t *pos, int64_t n, float *cos_v,
+                             float *sin_v) {
+    (void)b;
+    int64_t half = rope->dim / 2;
+    for (int64_t t = 0; t < n; t++) moeq_rope_cos_sin(rope, pos[t], cos_v + t * half, sin_v + t * half);
+}
+
+static void cpu_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
+    (void)b;
+    int64_t Lr = p->kv_lora, R = p->rope->dim, H = p->n_heads, QH = p->nope + R;
+    for (int64_t t = 0; t < p->n_tok; t++) {
+        const float *cs = p->cos_v + t * R / 2, *sn = p->sin_v + t * R / 2;
+        float *entry = moeq_kv_paged_entry(&p->kv, p->seq[t], p->pos[t]);
+        const float *kva = p->kva + t * (Lr + R);
+        moeq_ops_rmsnorm(entry, kva, p->kv_norm, Lr, p->eps);
+        moeq_rope_apply(p->rope, kva + Lr, cs, sn, entry + Lr);
+        for (int64_t h = 0; h < H; h++)
+            moeq_rope_apply(p->rope, p->q + (t * H + h) * QH + p->nope, cs, sn, p->q_pe + (t * H + h) * R);
+    }
+}
+
+static void cpu_silu_mul(moeq_backend *b, float *out, const float *gate, const float *up, int64_t n) {
+    (void)b;
+    moeq_ops_silu_mul(out, gate, up, n);
+}
+
+static void cpu_add(moeq_backend *b, float *x, const float *y, int64_t n) {
+    (void)b;
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void cpu_route(moeq_backend *b, const moeq_route_params *p) {
+    (void)b;
+    const moeq_moe_router *r = p->router;
+    int64_t E = r->n_experts, K = r->top_k;
+    for (int64_t t = 0; t < p->n_tok; t++)
+        p->finite[t] = (uint8_t)moeq_moe_route(r, p->logits + t * E, p->bias, p->ids + t * K, p->weights + t * K,
+                                               p->scratch);
+    if (p->offsets) moeq_moe_plan(p->ids, p->n_tok, (int)K, (int)E, p->offsets, p->order);
+}
+
+static void cpu_gather(moeq_backend *b, const moeq_gather_params *p) {
+    (void)b;
+    int64_t D = p->dim;
+    for (int64_t i = 0; i < p->n_slots; i++) {
+        int64_t slot = p->order[i];
+        p->slot_row[slot] = i;
+        memcpy(p->xg + i * D, p->x + (slot / p->top_k) * D, (size_t)D * sizeof(float));
+    }
+}
+
+/* Slots in routing order (best first), the shared expert last: the order the tests pin. */
+static void cpu_combine(moeq_backend *b, const moeq_combine_params *p) {
+    (void)b;
+    int64_t K = p->top_k, D = p->dim;
+    for (int64_t t = 0; t < p->n_tok; t++) {
+        float *acc = p->out + t * D;
+        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            float w = p->weights[t * K + k];
+            const float *y = p->rows + (p->slot_row ? p->slot_row[t * K + k] : t * K + k) * D;
+            for (int64_t d = 0; d < D; d++) acc[d] += w * y[d];
+        }
+        if (p->shared) {
+            const float *y = p->shared + t * D;
+            for (int64_t d = 0; d < D; d++) acc[d] += y[d];
+        }
+    }
 }
 
 static void cpu_destroy(moeq_backend *b) {
@@ -173,10 +309,36 @@ static void cpu_destroy(moeq_backend *b) {
     free(cb);
 }
 
-moeq_backend *moeq_backend_cpu_new(const moeq_backend_cpu_params *params) {
+static const moeq_backend cpu_table = {
+    .name = "cpu",
+    .supports = cpu_supports,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .map_weights = cpu_map_weights,
+    .sync = cpu_sync,
+    .matmul = cpu_matmul,
+    .matmul_nn = cpu_matmul_nn,
+    .attention = cpu_attention,
+    .attention_naive = cpu_attention_naive,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .rope_cos_sin = cpu_rope_cos_sin,
+    .mla_rope = cpu_mla_rope,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .route = cpu_route,
+    .gather = cpu_gather,
+    .combine = cpu_combine,
+    .destroy = cpu_destroy,
+};
+
+moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cpu_backend *cb = calloc(1, sizeof(*cb));
     if (!cb) return NULL;
-    cb->base = (moeq_backend){"cpu", cpu_supports, cpu_matmul, cpu_matmul_nn, cpu_attention, cpu_destroy};
+    cb->base = cpu_table;
     cb->p = *params;
     if (cb->p.n_threads < 1) cb->p.n_threads = 1;
     if (cb->p.blas_min_tokens < 1) cb->p.blas_min_tokens = 16;

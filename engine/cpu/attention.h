@@ -17,10 +17,12 @@
 
 #include <stdint.h>
 
+#include "backend.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "ops_matmul.h"
 
+/* The form tests build by hand: the cache object and a layer (the kernels take moeq_mla_params, plain data). */
 typedef struct moeq_attn_args {
     const moeq_kv_cache *cache;
     int layer;
@@ -37,7 +39,11 @@ typedef struct moeq_attn_args {
 /* Heads computed together in one task (they share the cached rows). */
 #define MOEQ_ATTN_HEAD_BLOCK 8
 
-/* Query token t, heads [h0, h1); scores: (h1-h0) * (pos+1) floats of scratch. */
+/* Query token t, heads [h0, h1); scores: (h1-h0) * (pos+1) floats of scratch. The kernel the backend runs. */
+void moeq_mla_block(const moeq_mla_params *params, int64_t t, int h0, int h1, float *scores);
+void moeq_mla_block_isa(moeq_mm_isa isa, const moeq_mla_params *params, int64_t t, int h0, int h1, float *scores);
+
+/* The same on the cache object's layer (tests). */
 void moeq_attention_absorbed_block(const moeq_attn_args *args, int64_t t, int h0, int h1, float *scores);
 /* The same on a given instruction set (which must be supported); every one gives the same bits. For tests. */
 void moeq_attention_absorbed_block_isa(moeq_mm_isa isa, const moeq_attn_args *args, int64_t t, int h0, int h1,
@@ -50,7 +56,7 @@ float moeq_attention_exp(float x);
  * (H, v). kv_b is the layer's kv_b_proj; scratch holds
  * (pos+1) * (H*(nope+v) + 1) floats.
  */
-void moeq_attention_naive_token(const moeq_kv_cache *cache, int layer, int seq, int64_t pos, const moeq_tensor *kv_b,
+void moeq_attention_naive_token(const moeq_kv_paged *kv, int seq, int64_t pos, const moeq_tensor *kv_b,
                                 int n_heads, int nope, int v_dim, int kv_lora, int rope, float scale,
                                 const float *q_nope, const float *q_pe, float *out_v, float *scratch);
 

@@ -21,24 +21,10 @@
 
 #include <stdint.h>
 
+#include "backend.h"
 #include "model.h"
 
-/*
- * One matrix product against rows [row0, row0+n_rows) of a 2-D weight W of
- * shape [rows, cols] (HF layout [out, in]).
- *   NT ("linear"):  y[t, n] = sum_k x[t, k] * W[row0+n, k]     K = cols, N = n_rows
- *   NN ("through"): y[t, c] = sum_r x[t, r] * W[row0+r, c]     K = n_rows, N = cols
- * x is [n_tok, K] with row stride ldx, y is [n_tok, N] with row stride ldy.
- */
-typedef struct moeq_mm_job {
-    const moeq_tensor *w;
-    int64_t row0, n_rows;
-    const float *x;
-    int64_t ldx;
-    float *y;
-    int64_t ldy;
-    int64_t n_tok;
-} moeq_mm_job;
+/* moeq_mm_job (one matrix product against a row range of a weight) is defined in backend.h. */
 
 /* The fixed-order kernels over a sub-block: output columns [n0, n1), tokens [t0, t1),
  * on the best instruction set this CPU has (moeq_mm_isa_best()). NN: c0 a multiple of 16. */

@@ -78,10 +78,10 @@ static float score_scalar(const float *ql, const float *qp, const float *e, int 
     return moeq_tree16(lanes);
 }
 
-static void block_scalar(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {
+static void block_scalar(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
     int64_t n_ctx = a->pos[t] + 1;
     int L = a->kv_lora, R = a->rope, H = a->n_heads;
-    moeq_kv_view kv = moeq_kv_cache_view(a->cache, a->seq[t], a->layer);
+    moeq_kv_view kv = moeq_kv_paged_view(&a->kv, a->seq[t]);
     const float *ql = a->q_lat + t * H * L, *qp = a->q_pe + t * H * R;
     for (int64_t j = 0; j < n_ctx; j++) {
         const float *e = moeq_kv_view_entry(&kv, j);
@@ -218,10 +218,10 @@ static T512 ALWAYS_INLINE void out_tile512(const int nh, const moeq_kv_view *kv,
         for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(o + h * ldo + c0 + v * LANES, m[v], acc[h][v]);
 }
 
-static T512 void block512(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {
+static T512 void block512(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
     int64_t n_ctx = a->pos[t] + 1;
     int L = a->kv_lora, R = a->rope, H = a->n_heads;
-    moeq_kv_view kv = moeq_kv_cache_view(a->cache, a->seq[t], a->layer);
+    moeq_kv_view kv = moeq_kv_paged_view(&a->kv, a->seq[t]);
     const float *qlat = a->q_lat + t * H * L, *qpe = a->q_pe + t * H * R;
     const int64_t entry_bytes = (int64_t)(L + R) * (int64_t)sizeof(float);
     for (int64_t j0 = 0; j0 < n_ctx; j0 += 4) {
@@ -303,10 +303,10 @@ static T256 void score_tile256(const float *const ql[2], const float *const qp[2
     for (int i = 0; i < 4; i++) out[i] = moeq_hsum256(A[i][0], A[i][1]);
 }
 
-static T256 void block256(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {
+static T256 void block256(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
     int64_t n_ctx = a->pos[t] + 1;
     int L = a->kv_lora, R = a->rope, H = a->n_heads;
-    moeq_kv_view kv = moeq_kv_cache_view(a->cache, a->seq[t], a->layer);
+    moeq_kv_view kv = moeq_kv_paged_view(&a->kv, a->seq[t]);
     const float *qlat = a->q_lat + t * H * L, *qpe = a->q_pe + t * H * R;
     for (int64_t j0 = 0; j0 < n_ctx; j0 += 2) {
         const float *e[2];
@@ -366,8 +366,7 @@ static T256 void block256(const moeq_attn_args *a, int64_t t, int h0, int h1, fl
 }
 #endif /* ATTN_X86 */
 
-void moeq_attention_absorbed_block_isa(moeq_mm_isa isa, const moeq_attn_args *a, int64_t t, int h0, int h1,
-                                       float *scores) {
+void moeq_mla_block_isa(moeq_mm_isa isa, const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
 #ifdef ATTN_X86
     if (a->kv_lora + a->rope <= ZERO_FLOATS) switch (isa) {
         case MOEQ_MM_ISA_AVX512: block512(a, t, h0, h1, scores); return;
@@ -380,13 +379,30 @@ void moeq_attention_absorbed_block_isa(moeq_mm_isa isa, const moeq_attn_args *a,
     block_scalar(a, t, h0, h1, scores);
 }
 
+void moeq_mla_block(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
+    moeq_mla_block_isa(moeq_mm_isa_best(), a, t, h0, h1, scores);
+}
+
+/* The cache object's layer as the kernels' plain data. */
+static moeq_mla_params plain(const moeq_attn_args *a) {
+    return (moeq_mla_params){moeq_kv_cache_paged(a->cache, a->layer), a->n_tok, a->seq, a->pos, a->n_heads,
+                             a->kv_lora, a->rope, a->q_lat, a->q_pe, a->out_lat, a->scale};
+}
+
+void moeq_attention_absorbed_block_isa(moeq_mm_isa isa, const moeq_attn_args *a, int64_t t, int h0, int h1,
+                                       float *scores) {
+    moeq_mla_params p = plain(a);
+    moeq_mla_block_isa(isa, &p, t, h0, h1, scores);
+}
+
 void moeq_attention_absorbed_block(const moeq_attn_args *a, int64_t t, int h0, int h1, float *scores) {
-    moeq_attention_absorbed_block_isa(moeq_mm_isa_best(), a, t, h0, h1, scores);
+    moeq_mla_params p = plain(a);
+    moeq_mla_block(&p, t, h0, h1, scores);
 }
 
 float moeq_attention_exp(float x) { return moeq_exp_nonpos(x); }
 
-void moeq_attention_naive_token(const moeq_kv_cache *cache, int layer, int seq, int64_t pos, const moeq_tensor *kv_b,
+void moeq_attention_naive_token(const moeq_kv_paged *cache, int seq, int64_t pos, const moeq_tensor *kv_b,
                                 int n_heads, int nope, int v_dim, int kv_lora, int rope, float scale,
                                 const float *q_nope, const float *q_pe, float *out_v, float *scratch) {
     int64_t n_ctx = pos + 1, kvw = (int64_t)n_heads * (nope + v_dim);
@@ -394,9 +410,10 @@ void moeq_attention_naive_token(const moeq_kv_cache *cache, int layer, int seq, 
     float *s = scratch + n_ctx * kvw;    /* (n_ctx)                                  */
     float *w = malloc((size_t)kvw * kv_lora * sizeof(float));
     if (!w) return;
+    moeq_kv_view view = moeq_kv_paged_view(cache, seq);
     moeq_tensor_rows_to_f32(kv_b, 0, kvw, w);
     for (int64_t j = 0; j < n_ctx; j++) {
-        const float *c = moeq_kv_cache_entry(cache, seq, layer, j);
+        const float *c = moeq_kv_view_entry(&view, j);
         for (int64_t r = 0; r < kvw; r++) {
             double acc = 0;
             for (int d = 0; d < kv_lora; d++) acc += (double)w[r * kv_lora + d] * c[d];
@@ -406,7 +423,7 @@ void moeq_attention_naive_token(const moeq_kv_cache *cache, int layer, int seq, 
     for (int h = 0; h < n_heads; h++) {
         for (int64_t j = 0; j < n_ctx; j++) {
             const float *k = kv + j * kvw + (int64_t)h * (nope + v_dim);
-            const float *kpe = moeq_kv_cache_entry(cache, seq, layer, j) + kv_lora;
+            const float *kpe = moeq_kv_view_entry(&view, j) + kv_lora;
             double acc = 0;
             for (int d = 0; d < nope; d++) acc += (double)q_nope[h * nope + d] * k[d];
             for (int d = 0; d < rope; d++) acc += (double)q_pe[h * rope + d] * kpe[d];

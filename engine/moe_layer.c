@@ -1,0 +1,254 @@
+/*
+ * moe_layer.c — a MoE layer through the dispatch/combine seam (see
+ * moe_layer.h). Served path: the ep/ handle with the local transport (one
+ * rank: dispatch groups every slot's row by local expert, combine hands the
+ * rows back per slot; with the f32 payload both are copies). Test path
+ * (moeq_moe_layer_set_placement): every rank of a placement played in this
+ * process by the backend's gather — slots laid out by moeq_ep_layout, grouped
+ * by (rank, local expert) as each rank would receive them — and combined
+ * straight from the expert rows through the slot map.
+ *
+ * Either way each expert GEMM's rows are other rows than before, which (the
+ * kernels being batch invariant) changes no row, and each token's sum is
+ * formed once, in slot order, by the backend's combine.
+ *
+ * The ep handle's buffers are host memory (moeq/ep.h); a device backend will
+ * pass device pointers through its nccl/ucx transport.
+ */
+#include "moe_layer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "moeq/ep.h"
+
+/* The layer's number in messages: main layers 0.., MTP layers after them. */
+static int layer_number(const moeq_engine *e, const moeq_layer *L) {
+    const moeq_model *m = e->model;
+    int n_main = e->cfg->num_hidden_layers;
+    for (int i = 0; i < m->n_mtp_layers; i++)
+        if (L == &m->mtp_layers[i]) return n_main + i;
+    return (int)(L - m->layers);
+}
+
+/* Each sequence remembers the first layer whose router saw a non-finite score (numerical_error names it). */
+static void flag_nonfinite(moeq_engine *e, const moeq_layer *L, int64_t n_tok) {
+    for (int64_t t = 0; t < n_tok; t++) {
+        int *first = &e->nonfinite_layer[e->s.tok_seq[t]];
+        if (!e->s.finite[t] && *first < 0) *first = layer_number(e, L);
+    }
+}
+
+struct moeq_moe_layer {
+    moeq_ep *ep;                 /* local transport, identity placement       */
+    moeq_err failed;             /* first exchange error (cannot happen on local) */
+    int64_t one_part[2];         /* {0, n_local}                              */
+    char why[160];
+    /* tests: every rank of `sim` in this process */
+    moeq_ep_placement *sim;
+    int32_t *dest_rank, *dest_local; /* (max_slots)                             */
+    int64_t *count;                  /* (n_ranks)                               */
+    int64_t *group_first;            /* (n_ranks + 1) first group of each rank  */
+    int64_t *group_offset;           /* (n_groups + 1) rows of each group        */
+    int *group_expert;               /* (n_groups) global expert of each group   */
+    int64_t *order;                  /* (max_slots) slots grouped                */
+    int64_t max_slots;
+};
+
+/* Where the rows of one exchange sit: groups of rows, each for one expert; groups by rank (parts). */
+typedef struct moe_rows {
+    const float *x;          /* (n_rows, D)                                            */
+    int n_parts;             /* ranks whose experts run here: 1, or all in the test path */
+    const int64_t *part;     /* (n_parts + 1) first group of each part                  */
+    const int *expert;       /* (n_groups) global expert of each group                  */
+    const int64_t *offset;   /* (n_groups + 1) first row of each group                  */
+} moe_rows;
+
+moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, size_t errstr_size) {
+    *out = NULL;
+    const moeq_model_config *c = e->cfg;
+    if (c->n_routed_experts <= 0) return MOEQ_OK;
+    moeq_moe_layer *m = calloc(1, sizeof(*m));
+    if (!m) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "moe layer");
+    moeq_ep_params p = moeq_ep_default_params(); /* transport local, one rank, f32 rows */
+    p.n_experts = c->n_routed_experts;
+    p.hidden = c->hidden_size;
+    p.max_tokens = e->params.max_step_tokens;
+    p.top_k = c->num_experts_per_tok;
+    m->max_slots = (int64_t)p.max_tokens * p.top_k;
+    moeq_err err = moeq_ep_new(&p, NULL, NULL, &m->ep, errstr, errstr_size);
+    if (err) {
+        moeq_moe_layer_destroy(m);
+        return err;
+    }
+    *out = m;
+    return MOEQ_OK;
+}
+
+static void free_sim(moeq_moe_layer *m) {
+    moeq_ep_placement_destroy(m->sim);
+    free(m->dest_rank), free(m->dest_local), free(m->count), free(m->group_first), free(m->group_offset);
+    free(m->group_expert), free(m->order);
+    m->sim = NULL;
+    m->dest_rank = m->dest_local = NULL, m->count = m->group_first = m->group_offset = m->order = NULL;
+    m->group_expert = NULL;
+}
+
+void moeq_moe_layer_destroy(moeq_moe_layer *m) {
+    if (!m) return;
+    moeq_ep_destroy(m->ep);
+    free_sim(m);
+    free(m);
+}
+
+moeq_err moeq_moe_layer_set_placement(moeq_engine *e, const moeq_ep_placement *pl, char *errstr, size_t errstr_size) {
+    moeq_moe_layer *m = e->moe;
+    if (!m) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the model has no routed experts");
+    free_sim(m);
+    if (!pl) return MOEQ_OK;
+    if (moeq_ep_placement_n_experts(pl) != e->cfg->n_routed_experts)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "placement of %d experts, the model has %d",
+                         moeq_ep_placement_n_experts(pl), e->cfg->n_routed_experts);
+    int R = moeq_ep_placement_n_ranks(pl);
+    int64_t groups = 0;
+    for (int r = 0; r < R; r++) groups += moeq_ep_placement_n_local(pl, r);
+    if (moeq_ep_placement_clone(pl, &m->sim)) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "placement");
+    m->dest_rank = malloc((size_t)m->max_slots * sizeof(int32_t));
+    m->dest_local = malloc((size_t)m->max_slots * sizeof(int32_t));
+    m->order = malloc((size_t)m->max_slots * sizeof(int64_t));
+    m->count = malloc((size_t)R * sizeof(int64_t));
+    m->group_first = malloc((size_t)(R + 1) * sizeof(int64_t));
+    m->group_offset = malloc((size_t)(groups + 1) * sizeof(int64_t));
+    m->group_expert = malloc((size_t)(groups > 0 ? groups : 1) * sizeof(int));
+    if (!m->dest_rank || !m->dest_local || !m->order || !m->count || !m->group_first || !m->group_offset ||
+        !m->group_expert) {
+        free_sim(m);
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "placement of %d ranks", R);
+    }
+    m->group_first[0] = 0;
+    for (int r = 0; r < R; r++) {
+        int n = moeq_ep_placement_n_local(pl, r);
+        for (int l = 0; l < n; l++) m->group_expert[m->group_first[r] + l] = moeq_ep_placement_local_expert(pl, r, l);
+        m->group_first[r + 1] = m->group_first[r] + n;
+    }
+    return MOEQ_OK;
+}
+
+/*
+ * Every rank of the placement at once: slot s goes to group (dest_rank,
+ * dest_local); within a group slots ascend, as a rank receives them from one
+ * source. The backend gathers the rows and keeps the slot map for combine.
+ */
+static moe_rows sim_dispatch(moeq_engine *e, int64_t T) {
+    moeq_moe_layer *m = e->moe;
+    moeq_scratch *s = &e->s;
+    int64_t K = e->router.top_k, S = T * K, D = e->cfg->hidden_size;
+    int R = moeq_ep_placement_n_ranks(m->sim);
+    int64_t G = m->group_first[R];
+    /* ids come from the router: always valid, so the layout cannot fail */
+    (void)moeq_ep_layout(m->sim, 0, T, (int)K, s->rids, m->dest_rank, m->dest_local, m->count, NULL, 0);
+    for (int64_t g = 0; g <= G; g++) m->group_offset[g] = 0;
+    for (int64_t i = 0; i < S; i++) m->group_offset[m->group_first[m->dest_rank[i]] + m->dest_local[i] + 1]++;
+    for (int64_t g = 0; g < G; g++) m->group_offset[g + 1] += m->group_offset[g];
+    for (int64_t i = 0; i < S; i++) {
+        int64_t g = m->group_first[m->dest_rank[i]] + m->dest_local[i];
+        m->order[m->group_offset[g]++] = i; /* the offsets advance as cursors; shifted back below */
+    }
+    for (int64_t g = G; g > 0; g--) m->group_offset[g] = m->group_offset[g - 1]; /* undo the fill's advance */
+    m->group_offset[0] = 0;
+    moeq_gather_params gp = {s->xg, s->slot_row, s->h, m->order, S, K, D};
+    e->backend->gather(e->backend, &gp);
+    return (moe_rows){s->xg, R, m->group_first, m->group_expert, m->group_offset};
+}
+
+/* The local transport: rows grouped by local expert, held by the handle until the next dispatch. */
+static moe_rows ep_dispatch(moeq_engine *e, int64_t T) {
+    moeq_moe_layer *m = e->moe;
+    moeq_ep_recv r = {0};
+    moeq_err err = moeq_ep_dispatch(m->ep, T, e->s.rids, e->s.h, &r, m->why, sizeof(m->why));
+    if (err && !m->failed) m->failed = err;
+    m->one_part[0] = 0;
+    m->one_part[1] = err ? 0 : r.n_local;
+    return (moe_rows){err ? e->s.h : r.x, 1, m->one_part, r.local_expert, r.expert_offset};
+}
+
+/* Gate and up of the groups [g0, g1) (one rank's experts) from job n on; returns the jobs laid out. */
+static int gate_up_jobs(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, int64_t g0, int64_t g1, int n) {
+    moeq_scratch *s = &e->s;
+    int64_t D = e->cfg->hidden_size, MI = e->cfg->moe_intermediate_size;
+    for (int64_t g = g0; g < g1; g++) {
+        int64_t o = rows->offset[g], cnt = rows->offset[g + 1] - o;
+        const moeq_expert *x = &L->experts[rows->expert[g]];
+        if (!cnt) continue;
+        s->jobs[n++] = (moeq_mm_job){x->gate_proj, 0, MI, rows->x + o * D, D, s->g + o * MI, MI, cnt};
+        s->jobs[n++] = (moeq_mm_job){x->up_proj, 0, MI, rows->x + o * D, D, s->u + o * MI, MI, cnt};
+    }
+    return n;
+}
+
+static int down_jobs(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, int64_t g0, int64_t g1, int n) {
+    moeq_scratch *s = &e->s;
+    int64_t D = e->cfg->hidden_size, MI = e->cfg->moe_intermediate_size;
+    for (int64_t g = g0; g < g1; g++) {
+        int64_t o = rows->offset[g], cnt = rows->offset[g + 1] - o;
+        if (cnt)
+            s->jobs[n++] = (moeq_mm_job){L->experts[rows->expert[g]].down_proj, 0, D, s->g + o * MI, MI,
+                                         s->down + o * D, D, cnt};
+    }
+    return n;
+}
+
+/*
+ * One GEMM per group with rows (gate+up, then down) and the shared expert over all tokens: one dispatch per
+ * rank's experts and step (on one rank: two dispatches in all, as before the seam).
+ */
+static void run_experts(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, int64_t T) {
+    moeq_scratch *s = &e->s;
+    int64_t K = e->router.top_k, D = e->cfg->hidden_size;
+    int64_t MI = e->cfg->moe_intermediate_size, SI = L->shared.gate_proj ? moeq_tensor_rows(L->shared.gate_proj) : 0;
+    float *sg = s->g + T * K * MI, *su = s->u + T * K * MI;
+    for (int p = 0; p < rows->n_parts; p++) {
+        int n = gate_up_jobs(e, L, rows, rows->part[p], rows->part[p + 1], 0);
+        if (SI && p == 0) {
+            s->jobs[n++] = (moeq_mm_job){L->shared.gate_proj, 0, SI, s->h, D, sg, SI, T};
+            s->jobs[n++] = (moeq_mm_job){L->shared.up_proj, 0, SI, s->h, D, su, SI, T};
+        }
+        e->backend->matmul(e->backend, s->jobs, n);
+    }
+    e->backend->silu_mul(e->backend, s->g, s->g, s->u, T * K * MI + T * SI);
+    for (int p = 0; p < rows->n_parts; p++) {
+        int n = down_jobs(e, L, rows, rows->part[p], rows->part[p + 1], 0);
+        if (SI && p == 0) s->jobs[n++] = (moeq_mm_job){L->shared.down_proj, 0, D, sg, SI, s->down + T * K * D, D, T};
+        e->backend->matmul(e->backend, s->jobs, n);
+    }
+}
+
+void moeq_moe_layer_run(moeq_engine *e, const moeq_layer *L, const moeq_layer_vecs *v, int64_t T) {
+    moeq_moe_layer *m = e->moe;
+    moeq_scratch *s = &e->s;
+    int64_t K = e->router.top_k, D = e->cfg->hidden_size;
+    moeq_mm_job r = {L->gate, 0, moeq_tensor_rows(L->gate), s->h, D, s->router, moeq_tensor_rows(L->gate), T};
+    e->backend->matmul(e->backend, &r, 1);
+    moeq_route_params rp = {&e->router, T, s->router, v->bias, s->rids, s->rw, s->finite, s->route_scratch,
+                            NULL, NULL}; /* no plan: the dispatch groups the rows */
+    e->backend->route(e->backend, &rp);
+    flag_nonfinite(e, L, T);
+    moe_rows rows = m->sim ? sim_dispatch(e, T) : ep_dispatch(e, T);
+    run_experts(e, L, &rows, T);
+    const float *shared = L->shared.gate_proj ? s->down + T * K * D : NULL;
+    if (m->sim) { /* rows stay where the experts wrote them; the gather's slot map finds them */
+        moeq_combine_params cp = {s->tmp, s->down, s->slot_row, s->rw, shared, T, K, D};
+        e->backend->combine(e->backend, &cp);
+        return;
+    }
+    moeq_err err = moeq_ep_combine(m->ep, s->down, s->xg, m->why, sizeof(m->why)); /* per-slot rows, (T, K, D) */
+    if (err && !m->failed) m->failed = err;
+    moeq_combine_params cp = {s->tmp, s->xg, NULL, s->rw, shared, T, K, D};
+    e->backend->combine(e->backend, &cp);
+}
+
+moeq_err moeq_moe_layer_status(const moeq_engine *e, char *errstr, size_t errstr_size) {
+    const moeq_moe_layer *m = e->moe;
+    if (!m || !m->failed) return MOEQ_OK;
+    return moeq_errf(m->failed, errstr, errstr_size, "moe layer exchange: %s", m->why);
+}

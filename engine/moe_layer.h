@@ -1,0 +1,47 @@
+/*
+ * moe_layer.h — internal: a MoE layer as a dispatch/combine seam.
+ *
+ *   route     router matmul + top-k (backend ops): (T, K) ids and weights
+ *   layout    which slot goes to which expert, and where that expert lives
+ *             (the placement table: expert -> rank(s), replicas allowed)
+ *   dispatch  every slot's row to its expert's rank (the ep/ handle)
+ *   experts   this rank's experts over the rows it received, grouped by
+ *             local expert (one GEMM per expert, all in one backend dispatch)
+ *   combine   every row back to its token's rank as a per-slot row
+ *   sum       per token, in slot order (best first), w * row, + the shared
+ *             expert, on the token's own rank (backend combine op)
+ *
+ * The transport returns rows, never partial sums, so a token's sum has one
+ * grouping whatever the number of ranks or the placement: results do not
+ * depend on either. With the local transport (one rank) dispatch and combine
+ * are copies.
+ */
+#ifndef MOEQ_ENGINE_MOE_LAYER_H
+#define MOEQ_ENGINE_MOE_LAYER_H
+
+#include "engine_state.h"
+#include "moeq/ep_placement.h"
+
+typedef struct moeq_moe_layer moeq_moe_layer;
+
+/* The engine's MoE seam on the local transport and the identity placement; NULL (no error) without routed experts. */
+moeq_err moeq_moe_layer_new(moeq_engine *engine, moeq_moe_layer **out, char *errstr, size_t errstr_size);
+void moeq_moe_layer_destroy(moeq_moe_layer *layer); /* NULL is safe */
+
+/* MoE block of layer L over s.h (T, D) into s.tmp (T, D). */
+void moeq_moe_layer_run(moeq_engine *engine, const moeq_layer *L, const moeq_layer_vecs *vecs, int64_t n_tok);
+
+/* MOEQ_OK, or the first exchange error since creation (the transport failed; the step's results are void). */
+moeq_err moeq_moe_layer_status(const moeq_engine *engine, char *errstr, size_t errstr_size);
+
+/*
+ * Tests: play every rank of placement (copied; any number of ranks, replicas
+ * allowed) inside this process — each rank's experts run over the rows its
+ * slots were laid out to, grouped as that rank would group them, and return
+ * as per-slot rows — instead of the local transport. NULL: back to the local
+ * transport. INVALID_ARG when the placement's experts are not the model's.
+ */
+moeq_err moeq_moe_layer_set_placement(moeq_engine *engine, const moeq_ep_placement *placement, char *errstr,
+                                      size_t errstr_size);
+
+#endif
