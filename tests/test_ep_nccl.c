@@ -100,7 +100,7 @@ int main(void) {
     char why[200] = "no device";
     n_devices = count_devices(why, sizeof why);
     if (n_devices < 1) {
-        printf("skipped: no CUDA device (%s)\n", why);
+        printf("SKIP test_ep_nccl: no CUDA device (%s)\n", why);
         return 77;
     }
     const struct CMUnitTest tests[] = {
