@@ -40,7 +40,8 @@ static void flag_nonfinite(moeq_engine *e, const moeq_layer *L, int64_t n_tok) {
 }
 
 struct moeq_moe_layer {
-    moeq_ep *ep;                 /* local transport, identity placement       */
+    moeq_ep *ep;                 /* the handle (local transport), made when a test asks for it */
+    moeq_ep_params ep_params;
     moeq_err failed;             /* first exchange error (cannot happen on local) */
     int64_t one_part[2];         /* {0, n_local}                              */
     char why[160];
@@ -64,6 +65,18 @@ typedef struct moe_rows {
     const int64_t *offset;   /* (n_groups + 1) first row of each group                  */
 } moe_rows;
 
+/*
+ * One rank (the engine today): the layout of the identity placement played in
+ * place — the backend gathers each slot's row into its expert's group and the
+ * combine reads the expert rows through the slot map. That is the local
+ * transport's result (per-slot rows, summed in slot order) without its two
+ * copies of every slot's row, which cost ~8 % of a 512-token prefill
+ * (bench-engine); the handle serves ranks > 1 and the test that checks that
+ * both paths give the same bits.
+ */
+static moeq_err sim_set(moeq_moe_layer *m, int n_experts, const moeq_ep_placement *pl, char *errstr,
+                        size_t errstr_size);
+
 moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, size_t errstr_size) {
     *out = NULL;
     const moeq_model_config *c = e->cfg;
@@ -75,8 +88,12 @@ moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, 
     p.hidden = c->hidden_size;
     p.max_tokens = e->params.max_step_tokens;
     p.top_k = c->num_experts_per_tok;
+    m->ep_params = p;
     m->max_slots = (int64_t)p.max_tokens * p.top_k;
-    moeq_err err = moeq_ep_new(&p, NULL, NULL, &m->ep, errstr, errstr_size);
+    moeq_ep_placement *id = NULL;
+    moeq_err err = moeq_ep_placement_new_identity(c->n_routed_experts, 1, &id, errstr, errstr_size);
+    if (!err) err = sim_set(m, c->n_routed_experts, id, errstr, errstr_size);
+    moeq_ep_placement_destroy(id);
     if (err) {
         moeq_moe_layer_destroy(m);
         return err;
@@ -101,14 +118,13 @@ void moeq_moe_layer_destroy(moeq_moe_layer *m) {
     free(m);
 }
 
-moeq_err moeq_moe_layer_set_placement(moeq_engine *e, const moeq_ep_placement *pl, char *errstr, size_t errstr_size) {
-    moeq_moe_layer *m = e->moe;
-    if (!m) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the model has no routed experts");
+/* Play every rank of pl in this process (pl is copied). */
+static moeq_err sim_set(moeq_moe_layer *m, int n_experts, const moeq_ep_placement *pl, char *errstr,
+                        size_t errstr_size) {
     free_sim(m);
-    if (!pl) return MOEQ_OK;
-    if (moeq_ep_placement_n_experts(pl) != e->cfg->n_routed_experts)
+    if (moeq_ep_placement_n_experts(pl) != n_experts)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "placement of %d experts, the model has %d",
-                         moeq_ep_placement_n_experts(pl), e->cfg->n_routed_experts);
+                         moeq_ep_placement_n_experts(pl), n_experts);
     int R = moeq_ep_placement_n_ranks(pl);
     int64_t groups = 0;
     for (int r = 0; r < R; r++) groups += moeq_ep_placement_n_local(pl, r);
@@ -132,6 +148,14 @@ moeq_err moeq_moe_layer_set_placement(moeq_engine *e, const moeq_ep_placement *p
         m->group_first[r + 1] = m->group_first[r] + n;
     }
     return MOEQ_OK;
+}
+
+moeq_err moeq_moe_layer_set_placement(moeq_engine *e, const moeq_ep_placement *pl, char *errstr, size_t errstr_size) {
+    moeq_moe_layer *m = e->moe;
+    if (!m) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the model has no routed experts");
+    if (pl) return sim_set(m, e->cfg->n_routed_experts, pl, errstr, errstr_size);
+    free_sim(m);
+    return m->ep ? MOEQ_OK : moeq_ep_new(&m->ep_params, NULL, NULL, &m->ep, errstr, errstr_size);
 }
 
 /*

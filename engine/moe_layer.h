@@ -24,7 +24,7 @@
 
 typedef struct moeq_moe_layer moeq_moe_layer;
 
-/* The engine's MoE seam on the local transport and the identity placement; NULL (no error) without routed experts. */
+/* The engine's MoE seam, one rank, the identity placement; NULL (no error) without routed experts. */
 moeq_err moeq_moe_layer_new(moeq_engine *engine, moeq_moe_layer **out, char *errstr, size_t errstr_size);
 void moeq_moe_layer_destroy(moeq_moe_layer *layer); /* NULL is safe */
 
@@ -38,8 +38,10 @@ moeq_err moeq_moe_layer_status(const moeq_engine *engine, char *errstr, size_t e
  * Tests: play every rank of placement (copied; any number of ranks, replicas
  * allowed) inside this process — each rank's experts run over the rows its
  * slots were laid out to, grouped as that rank would group them, and return
- * as per-slot rows — instead of the local transport. NULL: back to the local
- * transport. INVALID_ARG when the placement's experts are not the model's.
+ * as per-slot rows (the default is the identity placement of one rank). NULL:
+ * through the ep handle's local transport instead (made on first use), the
+ * exchange a multi-rank group runs. INVALID_ARG when the placement's experts
+ * are not the model's.
  */
 moeq_err moeq_moe_layer_set_placement(moeq_engine *engine, const moeq_ep_placement *placement, char *errstr,
                                       size_t errstr_size);

@@ -446,15 +446,15 @@ static void the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_err
 
 /*
  * Issue 12: three sequences (a prefill, then mixed steps of decode tokens and a chunk) through the MoE layer
- * on the local transport, then again with every rank of other placements played in this process: experts
+ * on the ep handle's local transport, then in the default in-place layout of one rank, then again with every rank of other placements played in this process: experts
  * permuted over 3 ranks, the identity over 4 ranks with half the experts replicated, every expert on two
  * ranks in reverse order. Expert GEMMs see other rows, each token's sum is formed once in slot order: the
  * logits are the same bits.
  */
-static void run_script(const moeq_model *m, const moeq_ep_placement *pl, float *out) {
+static void run_script(const moeq_model *m, int set, const moeq_ep_placement *pl, float *out) {
     moeq_engine *e = engine_for(m, 2, 64);
     char err[256] = "";
-    if (pl) assert_int_equal(moeq_moe_layer_set_placement(e, pl, err, sizeof(err)), MOEQ_OK);
+    if (set) assert_int_equal(moeq_moe_layer_set_placement(e, pl, err, sizeof(err)), MOEQ_OK); /* NULL: the handle */
     int vocab = moeq_test_vocab(m), seq[3];
     int32_t ids[40];
     moeq_test_prompt(ids, 40, 5, vocab);
@@ -480,7 +480,9 @@ static void the_whole_model_through_the_moe_layer_with_permuted_and_replicated_p
         int E = m->config.n_routed_experts;
         size_t n = (size_t)(18 + 4 * 5) * moeq_test_vocab(m);
         float *want = malloc(n * 4), *got = malloc(n * 4);
-        run_script(m, NULL, want);
+        run_script(m, 1, NULL, want); /* through the ep handle's local transport */
+        run_script(m, 0, NULL, got);  /* the default: one rank's identity layout in place */
+        assert_memory_equal(want, got, n * 4);
         moeq_ep_placement *pl[3] = {NULL, NULL, NULL};
         assert_int_equal(moeq_ep_placement_new_permuted(E, 3, 7, &pl[0], NULL, 0), MOEQ_OK);
         assert_int_equal(moeq_ep_placement_new_replicated(E, 4, E / 2, &pl[1], NULL, 0), MOEQ_OK);
@@ -490,7 +492,7 @@ static void the_whole_model_through_the_moe_layer_with_permuted_and_replicated_p
         assert_int_equal(moeq_ep_placement_new_table(E, 2, n_rep, ranks_of, &pl[2], NULL, 0), MOEQ_OK);
         for (int p = 0; p < 3; p++) {
             memset(got, 0xff, n * 4);
-            run_script(m, pl[p], got);
+            run_script(m, 1, pl[p], got);
             assert_memory_equal(want, got, n * 4);
             moeq_ep_placement_destroy(pl[p]);
         }
