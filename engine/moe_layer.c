@@ -1,12 +1,14 @@
 /*
  * moe_layer.c — a MoE layer through the dispatch/combine seam (see
- * moe_layer.h). Served path: the ep/ handle with the local transport (one
- * rank: dispatch groups every slot's row by local expert, combine hands the
- * rows back per slot; with the f32 payload both are copies). Test path
- * (moeq_moe_layer_set_placement): every rank of a placement played in this
+ * moe_layer.h). Served path: every rank of a placement played in this
  * process by the backend's gather — slots laid out by moeq_ep_layout, grouped
  * by (rank, local expert) as each rank would receive them — and combined
- * straight from the expert rows through the slot map.
+ * straight from the expert rows through the slot map; the engine runs the
+ * identity placement of one rank, tests others
+ * (moeq_moe_layer_set_placement). Handle path (set_placement NULL): the ep/
+ * handle's local transport (dispatch groups every slot's row by local
+ * expert, combine hands the rows back per slot: two copies), the exchange a
+ * multi-rank group will run.
  *
  * Either way each expert GEMM's rows are other rows than before, which (the
  * kernels being batch invariant) changes no row, and each token's sum is

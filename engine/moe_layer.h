@@ -13,8 +13,8 @@
  *
  * The transport returns rows, never partial sums, so a token's sum has one
  * grouping whatever the number of ranks or the placement: results do not
- * depend on either. With the local transport (one rank) dispatch and combine
- * are copies.
+ * depend on either. On one rank (the engine today) the identity placement's
+ * layout is played in place: no copies.
  */
 #ifndef MOEQ_ENGINE_MOE_LAYER_H
 #define MOEQ_ENGINE_MOE_LAYER_H
