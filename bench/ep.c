@@ -254,7 +254,7 @@ int main(int argc, char **argv) {
     for (char *save = NULL, *tls = strtok_r(tls_list, ",", &save); tls; tls = strtok_r(NULL, ",", &save)) {
         g = base, g.n_ranks = 2;
         strcpy(g.transport, "ucx");
-        snprintf(g.tls, sizeof g.tls, "%s%s", tls, strcmp(tls, "tcp") ? "" : "");
+        snprintf(g.tls, sizeof g.tls, "%s", tls);
         memset(&o, 0, sizeof o);
         if (run_group(&g, &o)) {
             fprintf(stderr, "bench-ep ucx/%s: %s\n", tls, o.err[0] ? o.err : "a rank failed");

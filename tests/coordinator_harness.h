@@ -264,10 +264,17 @@ typedef struct h_msg {
     size_t len;
 } h_msg;
 
-/* Consume topic from the start until want messages or timeout_ms; returns the count. */
-static inline size_t h_collect(harness *h, const char *topic, size_t want, int timeout_ms, h_msg *out) {
-    char group[200], err[256];
-    snprintf(group, sizeof group, "%s.reader.%s", h->group, topic);
+/* Called for the index-th message consume_topic reads. */
+typedef void (*h_on_msg)(const moeq_kafka_msg *m, size_t index, void *opaque);
+
+/*
+ * Read topic from the start in the consumer group <group>.<reader> until want
+ * messages or timeout_ms, handing each to on_msg; returns the count.
+ */
+static inline size_t h_consume(harness *h, const char *topic, const char *reader, size_t want, int timeout_ms,
+                               h_on_msg on_msg, void *opaque) {
+    char group[400], err[256];
+    snprintf(group, sizeof group, "%s.%s", h->group, reader);
     const char *topics[] = {topic};
     moeq_kafka_consumer_params cp = {.brokers = h->kafka, .group_id = group, .topics = topics, .n_topics = 1};
     moeq_kafka_consumer *c = NULL;
@@ -281,24 +288,35 @@ static inline size_t h_collect(harness *h, const char *topic, size_t want, int t
     while (n < want && moeq_now_ms() < end) {
         moeq_kafka_msg *m = NULL;
         if (moeq_kafka_consumer_poll(c, 200, &m, err, sizeof err) || !m) continue;
-        size_t kl = 0, vl = 0;
-        const char *k = moeq_kafka_msg_key(m, &kl);
-        const char *v = moeq_kafka_msg_value(m, &vl);
-        h_msg *o = &out[n++];
-        memset(o, 0, sizeof(*o));
-        snprintf(o->key, sizeof o->key, "%.*s", (int)kl, k ? k : "");
-        const void *hv;
-        size_t hl;
-        if (moeq_kafka_msg_header(m, "moeq-reason-code", &hv, &hl) == MOEQ_OK)
-            snprintf(o->code, sizeof o->code, "%.*s", (int)hl, (const char *)hv);
-        o->value = malloc(vl + 1);
-        memcpy(o->value, v ? v : "", vl);
-        o->value[vl] = 0;
-        o->len = vl;
+        on_msg(m, n++, opaque);
         moeq_kafka_msg_destroy(m);
     }
     moeq_kafka_consumer_destroy(c);
     return n;
+}
+
+static inline void h_keep_msg(const moeq_kafka_msg *m, size_t index, void *opaque) {
+    h_msg *o = &((h_msg *)opaque)[index];
+    size_t kl = 0, vl = 0;
+    const char *k = moeq_kafka_msg_key(m, &kl);
+    const char *v = moeq_kafka_msg_value(m, &vl);
+    memset(o, 0, sizeof(*o));
+    snprintf(o->key, sizeof o->key, "%.*s", (int)kl, k ? k : "");
+    const void *hv;
+    size_t hl;
+    if (moeq_kafka_msg_header(m, "moeq-reason-code", &hv, &hl) == MOEQ_OK)
+        snprintf(o->code, sizeof o->code, "%.*s", (int)hl, (const char *)hv);
+    o->value = malloc(vl + 1);
+    memcpy(o->value, v ? v : "", vl);
+    o->value[vl] = 0;
+    o->len = vl;
+}
+
+/* Consume topic from the start until want messages or timeout_ms; returns the count. */
+static inline size_t h_collect(harness *h, const char *topic, size_t want, int timeout_ms, h_msg *out) {
+    char reader[200];
+    snprintf(reader, sizeof reader, "reader.%s", topic);
+    return h_consume(h, topic, reader, want, timeout_ms, h_keep_msg, out);
 }
 
 #endif

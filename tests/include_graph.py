@@ -68,6 +68,8 @@ RULES = [
      "skip_unless": "engine/moe_layer.c"},
     {"name": "engine/mtp.c never includes a cpu/ or cuda/ header",
      "kind": "no_include", "files": ["engine/mtp.c"], "forbid": CPU_OR_CUDA_HEADERS},
+    {"name": "engine/mtp_spec.c never includes a cpu/ or cuda/ header",
+     "kind": "no_include", "files": ["engine/mtp_spec.c"], "forbid": CPU_OR_CUDA_HEADERS},
     {"name": "engine/backend.h includes no CPU header",
      "kind": "no_include", "files": ["engine/backend.h"], "forbid": CPU_OR_CUDA_HEADERS},
     {"name": "no bare header name in two public include dirs",

@@ -28,41 +28,31 @@ static void header(const moeq_kafka_msg *m, const char *name, char *out, size_t 
     if (moeq_kafka_msg_header(m, name, &v, &len) == MOEQ_OK) snprintf(out, n, "%.*s", (int)len, (const char *)v);
 }
 
+typedef struct dl_sink {
+    dl *out;
+    size_t cap;
+} dl_sink;
+
+static void keep_dead_letter(const moeq_kafka_msg *m, size_t index, void *opaque) {
+    dl_sink *sink = opaque;
+    if (index >= sink->cap) return;
+    dl *o = &sink->out[index];
+    size_t kl = 0;
+    const char *k = moeq_kafka_msg_key(m, &kl);
+    snprintf(o->key, sizeof o->key, "%.*s", (int)kl, k ? k : "");
+    header(m, "moeq-reason-code", o->code, sizeof o->code);
+    header(m, "moeq-duplicate-same-content", o->same, sizeof o->same);
+    header(m, "moeq-duplicate-of-source", o->of_source, sizeof o->of_source);
+    header(m, "moeq-duplicate-of-batched-ms", o->of_ms, sizeof o->of_ms);
+    header(m, "moeq-job-hash", o->job_hash, sizeof o->job_hash);
+    header(m, "moeq-reason", o->reason, sizeof o->reason);
+}
+
 /* Read topic from the start for timeout_ms (or until want messages); returns the count. */
 static size_t collect(harness *h, const char *topic, const char *reader, size_t want, int timeout_ms, dl *out,
                       size_t cap) {
-    char group[256], err[256];
-    snprintf(group, sizeof group, "%s.%s", h->group, reader);
-    const char *topics[] = {topic};
-    moeq_kafka_consumer_params cp = {.brokers = h->kafka, .group_id = group, .topics = topics, .n_topics = 1};
-    moeq_kafka_consumer *c = NULL;
-    moeq_kvlist *kv = moeq_kvlist_new();
-    moeq_kvlist_set(kv, "topic.metadata.refresh.interval.ms", "500");
-    moeq_err e = moeq_kafka_consumer_new(&cp, kv, &c, err, sizeof err);
-    moeq_kvlist_destroy(kv);
-    if (e) return 0;
-    size_t n = 0;
-    int64_t end = moeq_now_ms() + timeout_ms;
-    while (n < want && moeq_now_ms() < end) {
-        moeq_kafka_msg *m = NULL;
-        if (moeq_kafka_consumer_poll(c, 200, &m, err, sizeof err) || !m) continue;
-        if (n < cap) {
-            dl *o = &out[n];
-            size_t kl = 0;
-            const char *k = moeq_kafka_msg_key(m, &kl);
-            snprintf(o->key, sizeof o->key, "%.*s", (int)kl, k ? k : "");
-            header(m, "moeq-reason-code", o->code, sizeof o->code);
-            header(m, "moeq-duplicate-same-content", o->same, sizeof o->same);
-            header(m, "moeq-duplicate-of-source", o->of_source, sizeof o->of_source);
-            header(m, "moeq-duplicate-of-batched-ms", o->of_ms, sizeof o->of_ms);
-            header(m, "moeq-job-hash", o->job_hash, sizeof o->job_hash);
-            header(m, "moeq-reason", o->reason, sizeof o->reason);
-        }
-        n++;
-        moeq_kafka_msg_destroy(m);
-    }
-    moeq_kafka_consumer_destroy(c);
-    return n;
+    dl_sink sink = {out, cap};
+    return h_consume(h, topic, reader, want, timeout_ms, keep_dead_letter, &sink);
 }
 
 static void hget(harness *h, const char *id, const char *field, char *out, size_t n) {
