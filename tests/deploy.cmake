@@ -23,3 +23,8 @@ foreach(pair
   set_tests_properties(${name} PROPERTIES LABELS "integration;python" FIXTURES_REQUIRED services
     SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 240 ENVIRONMENT "${_moeq_env}")
 endforeach()
+
+add_test(NAME moeq_topics_creates_the_recommended_topics
+         COMMAND ${MOEQ_DEPLOY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/topics_check.py ${_moeq_bin})
+set_tests_properties(moeq_topics_creates_the_recommended_topics PROPERTIES LABELS "integration;python"
+  FIXTURES_REQUIRED services SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 120 ENVIRONMENT "${_moeq_env}")
