@@ -28,3 +28,11 @@ add_test(NAME moeq_topics_creates_the_recommended_topics
          COMMAND ${MOEQ_DEPLOY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/topics_check.py ${_moeq_bin})
 set_tests_properties(moeq_topics_creates_the_recommended_topics PROPERTIES LABELS "integration;python"
   FIXTURES_REQUIRED services SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 120 ENVIRONMENT "${_moeq_env}")
+
+# The clients (clients/python, clients/node) against a real coordinator + worker.
+foreach(lang python node)
+  add_test(NAME ${lang}_client_awaits_each_result_by_id
+           COMMAND ${MOEQ_DEPLOY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/clients_check.py ${_moeq_bin} ${lang})
+  set_tests_properties(${lang}_client_awaits_each_result_by_id PROPERTIES LABELS "integration;python"
+    FIXTURES_REQUIRED services SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 300 ENVIRONMENT "${_moeq_env}")
+endforeach()
