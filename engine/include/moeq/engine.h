@@ -99,6 +99,7 @@ typedef struct moeq_engine_params {
                                   max_position_embeddings (default); at most that      */
     char backend[16];          /* compute backend by name (default "cpu"; the known
                                   ones are in engine/backend_reg.c)                    */
+    int device;                /* device ordinal for a device backend (default 0)     */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
