@@ -813,14 +813,7 @@ __global__ void combine_kernel(float *out, const float *rows, const int64_t *slo
                                const float *shared, int64_t n_tok, int64_t K, int64_t D) {
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_tok * D) return;
-    int64_t t = idx / D, d = idx % D;
-    float acc = 0.0f;
-    for (int64_t k = 0; k < K; k++) {
-        int64_t s = t * K + k;
-        acc = acc + weights[s] * rows[(slot_row ? slot_row[s] : s) * D + d];
-    }
-    if (shared) acc = acc + shared[t * D + d];
-    out[t * D + d] = acc;
+    out[idx] = moeq_cu_combine_elem(rows, slot_row, weights, shared, idx / D, K, D, idx % D);
 }
 
 static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {

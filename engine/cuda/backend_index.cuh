@@ -17,8 +17,9 @@
  *                   partial softmax (max m, sum l of exp(s - m), o = sum of
  *                   exp(s - m) c, unnormalised), and the merge rescales them
  *                   by exp(m_p - M) (FlashMLA's two kernels).
- *   permutation     the gather's thread -> (slot row, column) and the F8
- *                   block-scale lookup are in ops.cuh (moeq_cu_widen).
+ *   permutation     the gather's thread -> (slot row, column, source row)
+ *                   and the combine's slot-order sum; the F8 block-scale
+ *                   lookup is ops.cuh's (moeq_cu_widen, absolute rows).
  *
  * Scores are the CPU's bits (same lanes and tree); the softmax is not the
  * CPU's order (partials rescaled, one division at the end), so attention
@@ -188,5 +189,19 @@ MOEQ_HD moeq_cu_gather_at moeq_cu_gather_index(int64_t idx, int64_t dim) {
 
 /* The token row slot order[i] reads: slot / top_k. */
 MOEQ_HD int64_t moeq_cu_gather_src(const int64_t *order, int64_t i, int64_t top_k) { return order[i] / top_k; }
+
+/* ---- combine ------------------------------------------------------------------------------------ */
+
+/* Column d of token t's combined row: slots in routing order, each product then its sum (no fma: the CPU's
+ * `acc += w * y` under -ffp-contract=off), the shared expert's row last; slot_row NULL: slot s is row s. */
+MOEQ_HD float moeq_cu_combine_elem(const float *rows, const int64_t *slot_row, const float *weights,
+                                   const float *shared, int64_t t, int64_t K, int64_t D, int64_t d) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+        int64_t s = t * K + k;
+        acc = acc + weights[s] * rows[(slot_row ? slot_row[s] : s) * D + d];
+    }
+    return shared ? acc + shared[t * D + d] : acc;
+}
 
 #endif
