@@ -21,6 +21,13 @@ if(MOEQ_HAVE_CUDA AND TARGET moeq_engine)
                 LABELS gpu)
   target_include_directories(test_kernels_gpu PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
 endif()
+# The CUDA backend against the CPU backend, op by op and whole models through the engine (models written with
+# the genmodel library, so the GPU check's engine-only build runs it).
+if(MOEQ_HAVE_CUDA_BACKEND AND TARGET moeq_genmodel)
+  moeq_add_test(NAME test_backend_cuda_gpu SOURCES test_backend_cuda_gpu.c
+                LIBS moeq_engine moeq_genmodel moeq_cuda_kernels CUDA::cudart LABELS gpu TIMEOUT 300)
+  target_include_directories(test_backend_cuda_gpu PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+endif()
 # The cuBLAS and NCCL the build found load at run time and are the pinned
 # CUDA 13 line (no GPU needed).
 if(MOEQ_HAVE_CUBLAS AND MOEQ_HAVE_NCCL)
