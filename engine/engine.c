@@ -259,6 +259,12 @@ void moeq_engine_destroy(moeq_engine *engine) {
     free(engine);
 }
 
+const char *moeq_engine_backend_info(const moeq_engine *engine) {
+    if (!engine || !engine->backend) return "(none)";
+    const moeq_backend *b = engine->backend;
+    return b->describe ? b->describe(b) : b->name;
+}
+
 size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine) { return moeq_kv_cache_bytes_per_token(engine->cache); }
 
 moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id) {

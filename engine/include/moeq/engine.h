@@ -104,6 +104,10 @@ typedef struct moeq_engine_params {
 
 moeq_engine_params moeq_engine_default_params(void);
 
+/* One line on the backend an engine runs on: its name, and for a device backend the device, which paths
+ * are own kernels and which a library, how weights are held (F8's dequantising path). Never NULL. */
+const char *moeq_engine_backend_info(const moeq_engine *engine);
+
 /* Property table of moeq_engine_params (name, type, range, default, doc), for
  * `key = value` configuration of the engine by the worker and tools. */
 extern const moeq_prop moeq_engine_params_props[];
