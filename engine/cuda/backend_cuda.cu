@@ -10,7 +10,7 @@
 //
 // Matmuls: batch_invariant = 1 (the default) runs own kernels with the CPU's 16-lane order per element
 // (ops.cuh: bits equal to the CPU's for every dtype, F8 dequantised in the kernel with its block scale);
-// batch_invariant = 0 runs cuBLAS SGEMM (FP32, no TF32) for calls whose every job has >= blas_min_tokens
+// batch_invariant = 0 runs cuBLAS SGEMM (FP32: the default math mode, no TF32) for calls whose every job has >= blas_min_tokens
 // tokens, the weight widened to float32 a tile of rows at a time (F8 through the same dequantising
 // widening: cuBLASLt's block-scaled FP8 would quantise the activations to FP8 as well, outside the CPU's
 // tolerance), the own kernels otherwise. Attention: split-KV (backend_index.cuh) in two kernels, partial
@@ -93,16 +93,30 @@ static void drain(cuda_backend *cb, const char *why) {
     if (cu_ok(cb, cudaStreamSynchronize(cb->stream), why)) cb->stage_off = 0;
 }
 
-// A region of the staging (host pointer, device twin); NULL once an error is kept.
-static void *stage(cuda_backend *cb, size_t bytes, void **dev) {
-    bytes = (bytes + 255) / 256 * 256;
-    if (cb->stage_off + bytes > cb->stage_cap) drain(cb, "cudaStreamSynchronize (staging full)");
-    if (cb->err) return NULL;
+#define STAGE_ALIGN 256
+#define STAGED(bytes) (((bytes) + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN) // what a region takes
+
+// Room for all of one op's regions at once (the sum of STAGED sizes): drains first when the rest is too small,
+// so that no region an op still needs is reused by its own later regions. 0 once an error is kept.
+static int stage_reserve(cuda_backend *cb, size_t bytes) {
+    if (cb->err) return 0;
     if (bytes > cb->stage_cap) {
         char n[32];
         snprintf(n, sizeof n, "%zu", bytes);
         fail(cb, MOEQ_ERR_LIMIT, "one op's host data (%s bytes) exceeds the pinned staging%s", n,
              " (max_step_tokens too large for it)");
+        return 0;
+    }
+    if (cb->stage_off + bytes > cb->stage_cap) drain(cb, "cudaStreamSynchronize (staging full)");
+    return !cb->err;
+}
+
+// A region of the staging reserved before (host pointer, device twin); NULL once an error is kept.
+static void *stage(cuda_backend *cb, size_t bytes, void **dev) {
+    bytes = STAGED(bytes ? bytes : 1);
+    if (cb->err) return NULL;
+    if (cb->stage_off + bytes > cb->stage_cap) {
+        fail(cb, MOEQ_ERR_INTERNAL, "staging region past the op's reservation%s%s", "", "");
         return NULL;
     }
     void *h = cb->stage_h + cb->stage_off;
@@ -111,13 +125,18 @@ static void *stage(cuda_backend *cb, size_t bytes, void **dev) {
     return h;
 }
 
-// Host bytes to the device through the staging; returns the device copy (ordered on the stream) or NULL.
+// Host bytes to the device through a reserved region; returns the device copy (ordered on the stream) or NULL.
 static const void *stage_up(cuda_backend *cb, const void *host, size_t bytes, const char *what) {
-    void *d = NULL, *h = stage(cb, bytes ? bytes : 1, &d);
+    void *d = NULL, *h = stage(cb, bytes, &d);
     if (!h) return NULL;
     if (bytes) memcpy(h, host, bytes);
     if (bytes && !cu_ok(cb, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, cb->stream), what)) return NULL;
     return d;
+}
+
+// One region of its own (an op with nothing else staged).
+static const void *stage_up_alone(cuda_backend *cb, const void *host, size_t bytes, const char *what) {
+    return stage_reserve(cb, STAGED(bytes ? bytes : 1)) ? stage_up(cb, host, bytes, what) : NULL;
 }
 
 // ---- weights ---------------------------------------------------------------------------------------------------
@@ -398,14 +417,25 @@ typedef struct kv_dev {
     const int32_t *row_off, *ctab; // device: each token's compact block-table row
 } kv_dev;
 
-// The call's compact block table (backend_index.cuh) on the device.
-static int kv_upload(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T,
-                     kv_dev *out) {
+// Entries of the compact table of a call: what the tokens' contexts span (runs share rows: a bound).
+static int64_t kv_bound(const moeq_kv_paged *kv, const int64_t *pos, int64_t T) {
     int64_t cap = 0;
     for (int64_t t = 0; t < T; t++) cap += moeq_cu_kv_blocks(pos[t] + 1, kv->block_tokens);
+    return cap > 0 ? cap : 1;
+}
+
+// Staging kv_upload takes.
+static size_t kv_staged(const moeq_kv_paged *kv, const int64_t *pos, int64_t T) {
+    return STAGED((size_t)T * sizeof(int32_t)) + STAGED((size_t)kv_bound(kv, pos, T) * sizeof(int32_t));
+}
+
+// The call's compact block table (backend_index.cuh) on the device, in regions reserved by the caller.
+static int kv_upload(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T,
+                     kv_dev *out) {
+    int64_t cap = kv_bound(kv, pos, T);
     void *d_off = NULL, *d_tab = NULL;
     int32_t *h_off = (int32_t *)stage(cb, (size_t)T * sizeof(int32_t), &d_off);
-    int32_t *h_tab = h_off ? (int32_t *)stage(cb, (size_t)(cap > 0 ? cap : 1) * sizeof(int32_t), &d_tab) : NULL;
+    int32_t *h_tab = h_off ? (int32_t *)stage(cb, (size_t)cap * sizeof(int32_t), &d_tab) : NULL;
     if (!h_tab) return 0;
     int64_t used = moeq_cu_kv_compact(kv->block_table, kv->table_stride, seq, pos, T, kv->block_tokens, h_off, h_tab,
                                       cap);
@@ -507,13 +537,20 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     int64_t T = a->n_tok;
     int H = a->n_heads, L = a->kv_lora, R = a->rope;
     if (cb->err || T <= 0) return;
-    kv_dev kv;
-    if (!kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
     int max_parts = 1;
+    int64_t all_items = 0;
     for (int64_t t = 0; t < T; t++) {
         int p = moeq_cu_split_parts(a->pos[t] + 1);
         max_parts = p > max_parts ? p : max_parts;
+        all_items += p;
     }
+    // the block table and every chunk's plan in one reservation: a drain between them would let a later
+    // region overwrite the table while the chunks' kernels still read it
+    // (each chunk's three regions round up: at most one chunk per token)
+    size_t plan = STAGED((size_t)all_items * sizeof(moeq_cu_split_item)) + 2 * STAGED((size_t)T * sizeof(int32_t));
+    if (!stage_reserve(cb, kv_staged(&a->kv, a->pos, T) + plan + (size_t)T * 3 * STAGE_ALIGN)) return;
+    kv_dev kv;
+    if (!kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
     if (max_parts * 3 * sizeof(float) > 48 * 1024) {
         fail(cb, MOEQ_ERR_LIMIT, "attention: a context of %s partitions exceeds the merge kernel's %s", "many",
              "4096");
@@ -602,7 +639,9 @@ static void cuda_attention_naive(moeq_backend *b, const moeq_mla_naive_params *a
     cuda_backend *cb = (cuda_backend *)b;
     if (cb->err || a->n_tok <= 0) return;
     kv_dev kv;
-    const int64_t *pos = (const int64_t *)stage_up(cb, a->pos, (size_t)a->n_tok * sizeof(int64_t), "cudaMemcpyAsync (positions)");
+    size_t pos_bytes = (size_t)a->n_tok * sizeof(int64_t);
+    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&a->kv, a->pos, a->n_tok))) return;
+    const int64_t *pos = (const int64_t *)stage_up(cb, a->pos, pos_bytes, "cudaMemcpyAsync (positions)");
     if (!pos || !kv_upload(cb, &a->kv, a->seq, a->pos, a->n_tok, &kv)) return;
     const void *W = wdev(cb, a->kv_b);
     if (!W) return;
@@ -624,7 +663,8 @@ static void cuda_embed(moeq_backend *b, const moeq_tensor *table, const int32_t 
     cuda_backend *cb = (cuda_backend *)b;
     if (cb->err || n <= 0) return;
     int64_t D = moeq_tensor_cols(table);
-    const int32_t *d_ids = (const int32_t *)stage_up(cb, ids, (size_t)n * sizeof(int32_t), "cudaMemcpyAsync (token ids)");
+    const int32_t *d_ids =
+        (const int32_t *)stage_up_alone(cb, ids, (size_t)n * sizeof(int32_t), "cudaMemcpyAsync (token ids)");
     const void *W = d_ids ? wdev(cb, table) : NULL;
     if (!W) return;
     for (int64_t t0 = 0; t0 < n && !cb->err; t0 += 65535) {
@@ -655,7 +695,7 @@ static void cuda_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
     if (cb->err || p->n_rows <= 0) return;
     const int64_t *rows = NULL;
-    if (p->rows && !(rows = (const int64_t *)stage_up(cb, p->rows, (size_t)p->n_rows * sizeof(int64_t),
+    if (p->rows && !(rows = (const int64_t *)stage_up_alone(cb, p->rows, (size_t)p->n_rows * sizeof(int64_t),
                                                       "cudaMemcpyAsync (rmsnorm rows)")))
         return;
     for (int64_t r0 = 0; r0 < p->n_rows && !cb->err; r0 += INT32_MAX) {
@@ -673,16 +713,14 @@ static void cuda_rope_cos_sin(moeq_backend *b, const moeq_rope *rope, const int6
     cuda_backend *cb = (cuda_backend *)b;
     if (cb->err || n <= 0) return;
     size_t half = (size_t)rope->dim / 2, bytes = (size_t)n * half * sizeof(float);
-    void *d_cos = NULL, *d_sin = NULL;
+    void *d_cos = NULL, *d_sin = NULL; // the twins go unused: the pinned rows are copied straight into cos_v/sin_v
+    if (!stage_reserve(cb, 2 * STAGED(bytes))) return;
     float *h_cos = (float *)stage(cb, bytes, &d_cos);
     float *h_sin = h_cos ? (float *)stage(cb, bytes, &d_sin) : NULL;
     if (!h_sin) return;
     for (int64_t t = 0; t < n; t++) moeq_rope_cos_sin(rope, pos[t], h_cos + t * half, h_sin + t * half);
-    if (cu_ok(cb, cudaMemcpyAsync(d_cos, h_cos, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (cos)") &&
-        cu_ok(cb, cudaMemcpyAsync(d_sin, h_sin, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (sin)")) {
-        cu_ok(cb, cudaMemcpyAsync(cos_v, d_cos, bytes, cudaMemcpyDeviceToDevice, cb->stream), "cudaMemcpyAsync (cos_v)");
-        cu_ok(cb, cudaMemcpyAsync(sin_v, d_sin, bytes, cudaMemcpyDeviceToDevice, cb->stream), "cudaMemcpyAsync (sin_v)");
-    }
+    if (cu_ok(cb, cudaMemcpyAsync(cos_v, h_cos, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (cos)"))
+        cu_ok(cb, cudaMemcpyAsync(sin_v, h_sin, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (sin)");
 }
 
 // One token: cache entry = [rmsnorm(kva[:L]) * kv_norm ; rope(kva[L:])], q_pe[h] = rope(q[h, nope:]).
@@ -711,8 +749,9 @@ static void cuda_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
     if (cb->err || p->n_tok <= 0) return;
     kv_dev kv;
-    const int64_t *pos = (const int64_t *)stage_up(cb, p->pos, (size_t)p->n_tok * sizeof(int64_t),
-                                                   "cudaMemcpyAsync (positions)");
+    size_t pos_bytes = (size_t)p->n_tok * sizeof(int64_t);
+    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&p->kv, p->pos, p->n_tok))) return;
+    const int64_t *pos = (const int64_t *)stage_up(cb, p->pos, pos_bytes, "cudaMemcpyAsync (positions)");
     if (!pos || !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv)) return;
     for (int64_t t0 = 0; t0 < p->n_tok && !cb->err; t0 += INT32_MAX) {
         int64_t nt = p->n_tok - t0 < INT32_MAX ? p->n_tok - t0 : INT32_MAX;
@@ -762,6 +801,7 @@ static void cuda_route(moeq_backend *b, const moeq_route_params *p) {
     moeq_cu_router r = cu_router(p->router);
     int64_t T = p->n_tok, K = r.top_k;
     void *d_ids = NULL, *d_fin = NULL;
+    if (!stage_reserve(cb, STAGED((size_t)(T * K) * sizeof(int32_t)) + STAGED((size_t)T * sizeof(int32_t)))) return;
     int32_t *h_ids = (int32_t *)stage(cb, (size_t)(T * K) * sizeof(int32_t), &d_ids);
     int32_t *h_fin = h_ids ? (int32_t *)stage(cb, (size_t)T * sizeof(int32_t), &d_fin) : NULL;
     if (!h_fin) return;
@@ -800,7 +840,7 @@ __global__ void gather_kernel(float *xg, int64_t *slot_row, const float *x, cons
 static void cuda_gather(moeq_backend *b, const moeq_gather_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
     if (cb->err || p->n_slots <= 0) return;
-    const int64_t *order = (const int64_t *)stage_up(cb, p->order, (size_t)p->n_slots * sizeof(int64_t),
+    const int64_t *order = (const int64_t *)stage_up_alone(cb, p->order, (size_t)p->n_slots * sizeof(int64_t),
                                                      "cudaMemcpyAsync (gather order)");
     if (!order) return;
     gather_kernel<<<blocks_for(p->n_slots * p->dim, 256), 256, 0, cb->stream>>>(p->xg, p->slot_row, p->x, order,
@@ -893,7 +933,7 @@ static void create_on_device(cuda_backend *cb) {
         !cu_ok(cb, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") ||
         !bl_ok(cb, cublasCreate(&cb->blas), "cublasCreate") ||
         !bl_ok(cb, cublasSetStream(cb->blas, cb->stream), "cublasSetStream") ||
-        !bl_ok(cb, cublasSetMathMode(cb->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode (no TF32)"))
+        !bl_ok(cb, cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode (FP32, no TF32)"))
         return;
     int64_t T = cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048;
     size_t want = (size_t)T * 64 * 1024; // ids, positions, rows, block tables, the split plan of one step
