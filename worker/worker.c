@@ -287,6 +287,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.max_step_tokens = (int)p->max_step_tokens;
     ep.kv_cache_tokens = p->kv_cache_tokens;
     ep.n_threads = (int)p->n_threads;
+    snprintf(ep.backend, sizeof ep.backend, "%s", p->backend);
+    ep.device = (int)p->device;
     ep.max_model_len = (int)p->max_model_len;
     if ((err = moeq_engine_new(w->model, &ep, &w->engine, errstr, errstr_size))) return err;
     w->vocab = moeq_model_get_config(w->model)->vocab_size;
