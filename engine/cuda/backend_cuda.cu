@@ -544,6 +544,17 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
         max_parts = p > max_parts ? p : max_parts;
         all_items += p;
     }
+    if (max_parts * 3 * sizeof(float) > 48 * 1024) {
+        fail(cb, MOEQ_ERR_LIMIT, "attention: a context of %s partitions exceeds the merge kernel's %s", "many",
+             "4096");
+        return;
+    }
+    // the workspace first: growing it drains the stream, which frees the staging for reuse
+    size_t per_item = (size_t)H * (size_t)(L + 2) * sizeof(float);
+    size_t want = per_item * (size_t)max_parts * (size_t)T;
+    if (!ws_reserve(cb, want < ATTN_WS_BYTES ? want : (per_item * max_parts > ATTN_WS_BYTES ? per_item * max_parts
+                                                                                           : ATTN_WS_BYTES)))
+        return;
     // the block table and every chunk's plan in one reservation: a drain between them would let a later
     // region overwrite the table while the chunks' kernels still read it
     // (each chunk's three regions round up: at most one chunk per token)
@@ -551,16 +562,6 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     if (!stage_reserve(cb, kv_staged(&a->kv, a->pos, T) + plan + (size_t)T * 3 * STAGE_ALIGN)) return;
     kv_dev kv;
     if (!kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
-    if (max_parts * 3 * sizeof(float) > 48 * 1024) {
-        fail(cb, MOEQ_ERR_LIMIT, "attention: a context of %s partitions exceeds the merge kernel's %s", "many",
-             "4096");
-        return;
-    }
-    size_t per_item = (size_t)H * (size_t)(L + 2) * sizeof(float);
-    size_t want = per_item * (size_t)max_parts * (size_t)T;
-    if (!ws_reserve(cb, want < ATTN_WS_BYTES ? want : (per_item * max_parts > ATTN_WS_BYTES ? per_item * max_parts
-                                                                                           : ATTN_WS_BYTES)))
-        return;
     int64_t cap = (int64_t)(cb->ws_bytes / per_item);
     float *ws_o = cb->ws, *ws_ml = cb->ws + (size_t)cap * H * L;
     for (int64_t t0 = 0; t0 < T && !cb->err;) {
