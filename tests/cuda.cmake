@@ -8,8 +8,9 @@ if(TARGET moeq_engine)
 endif()
 # The CUDA backend's index and split-KV arithmetic (backend_index.cuh) against the CPU backend, and its error
 # paths (no device: a clear error; a build without CUDA: says so), on every machine.
-if(TARGET moeq_engine)
-  moeq_add_test(NAME test_backend_cuda_host SOURCES test_backend_cuda_host.c LIBS moeq_cuda_ops moeq_engine LABELS unit)
+if(TARGET moeq_engine AND TARGET moeq_genmodel)
+  moeq_add_test(NAME test_backend_cuda_host SOURCES test_backend_cuda_host.c LIBS moeq_cuda_ops moeq_engine
+                moeq_genmodel LABELS unit)
   target_include_directories(test_backend_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/engine)
   if(MOEQ_HAVE_CUDA_BACKEND)
     target_compile_definitions(test_backend_cuda_host PRIVATE MOEQ_HAVE_CUDA_BACKEND)

@@ -19,7 +19,10 @@
 #include <string.h>
 
 #include "backend.h"
+#include "engine_state.h"
 #include "kv_paged.h"
+#include "moeq/engine.h"
+#include "moeq/genmodel.h"
 #include "tensor.h"
 
 #include "backend_index.cuh"
@@ -392,6 +395,69 @@ static void f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_r
     moeq_backend_destroy(cpu);
 }
 
+/* ---- the engine's device path, played on the CPU ----------------------------------------------------------------- */
+
+/* One step of two sequences (23 tokens with every row's logits, and 4) and a decode step, into logits. */
+static void two_steps(moeq_engine *e, int vocab, float *logits, float *hidden) {
+    int a, b;
+    char err[256] = "";
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+    int32_t pa[23], pb[4], next[2] = {7, 9};
+    for (int i = 0; i < 23; i++) pa[i] = (int32_t)((i * 37 + 5) % vocab);
+    for (int i = 0; i < 4; i++) pb[i] = (int32_t)((i * 53 + 2) % vocab);
+    moeq_step_item first[2] = {{a, pa, 23, 1}, {b, pb, 4, 0}};
+    if (moeq_engine_step_hidden(e, first, 2, logits, 24, hidden, 24, err, sizeof err)) fail_msg("%s", err);
+    moeq_step_item second[2] = {{a, &next[0], 1, 0}, {b, &next[1], 1, 0}};
+    if (moeq_engine_step(e, second, 2, logits + (size_t)24 * vocab, 2, err, sizeof err)) fail_msg("%s", err);
+}
+
+/*
+ * forward.c's path for a backend that is not host_visible (the CUDA backend's): the lm_head writes chunks of
+ * rows into the arena and download brings each into the caller's buffer. Played here on the CPU backend with
+ * the flag cleared and a 5-row chunk (so 24 rows take 5 chunks): the same bits as the direct path.
+ */
+static void logits_through_download_in_chunks_equal_the_direct_logits(void **state) {
+    (void)state;
+    char dir[] = "/tmp/moeq-cuda-host-XXXXXX", err[512] = "";
+    assert_non_null(mkdtemp(dir));
+    moeq_model_config c;
+    moeq_genmodel_params gp = moeq_genmodel_default_params();
+    assert_int_equal(moeq_genmodel_preset("tiny", &c, &gp.min_shards, err, sizeof err), MOEQ_OK);
+    gp.write_tokenizer = 0;
+    if (moeq_genmodel_write(dir, &c, &gp, NULL, err, sizeof err)) fail_msg("%s", err);
+    moeq_model *m = NULL;
+    if (moeq_model_load(dir, NULL, &m, err, sizeof err)) fail_msg("%s", err);
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = 2;
+    p.max_seqs = 4;
+    p.kv_cache_tokens = 512;
+    moeq_engine *direct = NULL, *staged = NULL;
+    assert_int_equal(moeq_engine_new(m, &p, &direct, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_engine_new(m, &p, &staged, err, sizeof err), MOEQ_OK);
+    assert_true(direct->backend->host_visible && direct->s.logits == NULL); /* the CPU: no buffer of its own */
+    staged->backend->host_visible = 0;
+    staged->s.logits_rows = 5;
+    staged->s.logits = staged->backend->alloc(staged->backend, MOEQ_BUFFER_ARENA,
+                                              (size_t)5 * c.vocab_size * sizeof(float));
+    assert_non_null(staged->s.logits);
+    size_t n = (size_t)26 * c.vocab_size, nh = (size_t)24 * c.hidden_size;
+    float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+    float *hw = calloc(nh, sizeof(float)), *hg = calloc(nh, sizeof(float));
+    two_steps(direct, c.vocab_size, want, hw);
+    two_steps(staged, c.vocab_size, got, hg);
+    assert_same_bits(got, want, n, "logits through download");
+    assert_same_bits(hg, hw, nh, "hidden rows");
+    staged->backend->release(staged->backend, staged->s.logits);
+    moeq_engine_destroy(direct);
+    moeq_engine_destroy(staged);
+    moeq_model_destroy(m);
+    free(want), free(got), free(hw), free(hg);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- error paths ---------------------------------------------------------------------------------------------- */
 
 static void the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error(void **state) {
@@ -438,6 +504,7 @@ int main(void) {
         cmocka_unit_test(split_merge_of_random_partials_equals_the_float64_softmax),
         cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
         cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),
+        cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),
         cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),
         cmocka_unit_test(the_cuda_backend_refuses_what_it_cannot_run_by_name),
     };
