@@ -122,6 +122,10 @@ if [ -z "$error" ]; then
     -DMOEQ_CUDA_CHECK_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" ${wheels_dir:+-DMOEQ_CUDA_WHEELS_DIR="$wheels_dir"} \
     >>"$log" 2>&1 || error="cmake configure failed (see gpu-check.log)"
 fi
+# the backend needs cuBLAS as well as nvcc: without it the engine builds CPU-only and the gpu test is absent
+if [ -z "$error" ] && ! grep -q 'CUDA backend ("cuda") built' "$log"; then
+  error="the CUDA backend was not configured (nvcc or cuBLAS missing: cuda_libs = $wheels; see gpu-check.log)"
+fi
 if [ -z "$error" ]; then
   timeout 240 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1 || error="build failed (see gpu-check.log)"
 fi

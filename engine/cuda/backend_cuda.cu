@@ -33,7 +33,8 @@ extern "C" {
 #include "backend_index.cuh"
 #include "common.cuh"
 
-#define STAGE_MIN_BYTES (64u << 20)     // pinned staging (and its device twin) at least
+#define STAGE_MIN_BYTES (64u << 20)     // pinned staging (and its device twin) at least ...
+#define STAGE_MAX_BYTES (1u << 30)      // ... and at most (an op needing more fails with LIMIT, named)
 #define WIDE_BYTES (256u << 20)         // cuBLAS path: float32 tile of widened weight rows at most
 #define ATTN_WS_BYTES (256u << 20)      // split-KV partials of one chunk of query tokens at most
 #define THREADS 128
@@ -938,7 +939,7 @@ static void create_on_device(cuda_backend *cb) {
         return;
     int64_t T = cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048;
     size_t want = (size_t)T * 64 * 1024; // ids, positions, rows, block tables, the split plan of one step
-    cb->stage_cap = want > STAGE_MIN_BYTES ? want : STAGE_MIN_BYTES;
+    cb->stage_cap = want > STAGE_MAX_BYTES ? STAGE_MAX_BYTES : want > STAGE_MIN_BYTES ? want : STAGE_MIN_BYTES;
     if (!cu_ok(cb, cudaHostAlloc((void **)&cb->stage_h, cb->stage_cap, cudaHostAllocDefault),
                "cudaHostAlloc (pinned staging)") ||
         !cu_ok(cb, cudaMalloc((void **)&cb->stage_d, cb->stage_cap), "cudaMalloc (staging)"))
