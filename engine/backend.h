@@ -256,7 +256,16 @@ typedef struct moeq_backend_config {
 moeq_err moeq_backend_new(const char *name, const moeq_backend_config *config, moeq_backend **out, char *errstr,
                           size_t errstr_size);
 
-/* Comma-separated names of the registered backends ("cpu" or "cpu,cuda"), for messages and --help. */
+/*
+ * Tests: add a backend under name (at most 4; a name taken, or "cuda", is INVALID_ARG, more is LIMIT), so
+ * an engine can be run on a wrapper of another backend (test_backend_cuda_host runs one whose buffers the
+ * host cannot touch between ops). Not thread-safe: register before creating engines.
+ */
+typedef moeq_err (*moeq_backend_create_fn)(const moeq_backend_config *config, moeq_backend **out, char *errstr,
+                                           size_t errstr_size);
+moeq_err moeq_backend_register(const char *name, moeq_backend_create_fn create);
+
+/* Comma-separated names of the built-in backends ("cpu" or "cpu,cuda"), for messages and --help. */
 const char *moeq_backend_names(void);
 
 /* The reference backend directly (tests, benchmarks); NULL on allocation failure. */

@@ -16,7 +16,7 @@
 
 typedef struct backend_entry {
     const char *name;
-    moeq_err (*create)(const moeq_backend_config *config, moeq_backend **out, char *errstr, size_t errstr_size);
+    moeq_backend_create_fn create;
 } backend_entry;
 
 static moeq_err cpu_create(const moeq_backend_config *config, moeq_backend **out, char *errstr, size_t errstr_size) {
@@ -33,6 +33,27 @@ static const backend_entry registry[] = {
 };
 
 #define N_BACKENDS ((int)(sizeof(registry) / sizeof(registry[0])))
+#define N_EXTRA 4
+
+static backend_entry extra[N_EXTRA]; /* tests' backends (moeq_backend_register) */
+
+static const backend_entry *find(const char *name) {
+    for (int i = 0; name && i < N_BACKENDS; i++)
+        if (!strcmp(name, registry[i].name)) return &registry[i];
+    for (int i = 0; name && i < N_EXTRA; i++)
+        if (extra[i].name && !strcmp(name, extra[i].name)) return &extra[i];
+    return NULL;
+}
+
+moeq_err moeq_backend_register(const char *name, moeq_backend_create_fn create) {
+    if (!name || !create || find(name) || !strcmp(name, "cuda")) return MOEQ_ERR_INVALID_ARG;
+    for (int i = 0; i < N_EXTRA; i++)
+        if (!extra[i].name) {
+            extra[i] = (backend_entry){name, create};
+            return MOEQ_OK;
+        }
+    return MOEQ_ERR_LIMIT;
+}
 
 const char *moeq_backend_names(void) {
 #ifdef MOEQ_HAVE_CUDA_BACKEND
@@ -45,8 +66,8 @@ const char *moeq_backend_names(void) {
 moeq_err moeq_backend_new(const char *name, const moeq_backend_config *config, moeq_backend **out, char *errstr,
                           size_t errstr_size) {
     *out = NULL;
-    for (int i = 0; i < N_BACKENDS; i++)
-        if (name && !strcmp(name, registry[i].name)) return registry[i].create(config, out, errstr, errstr_size);
+    const backend_entry *b = find(name);
+    if (b) return b->create(config, out, errstr, errstr_size);
     if (name && !strcmp(name, "cuda"))
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "backend \"cuda\": this build has no CUDA backend (it needs nvcc and the cuBLAS wheels at "

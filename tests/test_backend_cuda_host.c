@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "engine_state.h"
@@ -458,6 +460,196 @@ static void logits_through_download_in_chunks_equal_the_direct_logits(void **sta
     assert_int_equal(system(cmd), 0);
 }
 
+
+/* ---- a backend whose buffers the host cannot touch between ops ----------------------------------------------- */
+
+/*
+ * "guarded": the CPU backend behind a table whose buffers are mmapped pages kept PROT_NONE except while one of
+ * its own calls runs (every op, upload, download, copy), and host_visible = 0 — what the engine sees of a
+ * device. A host read or write of backend memory anywhere else in the engine (forward.c, moe_layer.c, mtp.c,
+ * kv_cache.c) faults, so an engine run on it shows that the engine touches backend memory only through ops.
+ */
+#define GUARD_MAX 512
+typedef struct guarded {
+    moeq_backend base;
+    moeq_backend *cpu;
+    void *buf[GUARD_MAX];
+    size_t len[GUARD_MAX];
+} guarded;
+
+static void guard_set(guarded *g, int prot) {
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (g->buf[i]) assert_int_equal(mprotect(g->buf[i], g->len[i], prot), 0);
+}
+#define G(b) ((guarded *)(b))
+#define OPEN(b) guard_set(G(b), PROT_READ | PROT_WRITE)
+#define SHUT(b) guard_set(G(b), PROT_NONE)
+
+static void *g_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
+    (void)kind;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (bytes + page - 1) / page * page + (bytes == 0) * page;
+    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (!G(b)->buf[i]) {
+            G(b)->buf[i] = p, G(b)->len[i] = len;
+            return p;
+        }
+    munmap(p, len);
+    return NULL;
+}
+static void g_release(moeq_backend *b, void *p) {
+    for (int i = 0; p && i < GUARD_MAX; i++)
+        if (G(b)->buf[i] == p) munmap(p, G(b)->len[i]), G(b)->buf[i] = NULL;
+}
+static void g_upload(moeq_backend *b, void *d, const void *h, size_t n) { OPEN(b), G(b)->cpu->upload(G(b)->cpu, d, h, n), SHUT(b); }
+static void g_download(moeq_backend *b, void *h, const void *d, size_t n) { OPEN(b), G(b)->cpu->download(G(b)->cpu, h, d, n), SHUT(b); }
+static void g_copy(moeq_backend *b, void *d, const void *s, size_t n) { OPEN(b), G(b)->cpu->copy(G(b)->cpu, d, s, n), SHUT(b); }
+static int g_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dt) { return G(b)->cpu->supports(G(b)->cpu, op, dt); }
+static moeq_err g_map(moeq_backend *b, const moeq_model *m, char *e, size_t n) { return G(b)->cpu->map_weights(G(b)->cpu, m, e, n); }
+static void g_sync(moeq_backend *b) { G(b)->cpu->sync(G(b)->cpu); }
+#define FWD(name, T) \
+    static void g_##name(moeq_backend *b, const T *p) { OPEN(b), G(b)->cpu->name(G(b)->cpu, p), SHUT(b); }
+FWD(attention, moeq_mla_params)
+FWD(attention_naive, moeq_mla_naive_params)
+FWD(rmsnorm, moeq_rmsnorm_params)
+FWD(mla_rope, moeq_mla_rope_params)
+FWD(route, moeq_route_params)
+FWD(gather, moeq_gather_params)
+FWD(combine, moeq_combine_params)
+static void g_matmul(moeq_backend *b, const moeq_mm_job *j, int n) { OPEN(b), G(b)->cpu->matmul(G(b)->cpu, j, n), SHUT(b); }
+static void g_matmul_nn(moeq_backend *b, const moeq_mm_job *j, int n) { OPEN(b), G(b)->cpu->matmul_nn(G(b)->cpu, j, n), SHUT(b); }
+static void g_embed(moeq_backend *b, const moeq_tensor *t, const int32_t *ids, int64_t n, float *out) {
+    OPEN(b), G(b)->cpu->embed(G(b)->cpu, t, ids, n, out), SHUT(b);
+}
+static void g_rope_cos_sin(moeq_backend *b, const moeq_rope *r, const int64_t *pos, int64_t n, float *c, float *s) {
+    OPEN(b), G(b)->cpu->rope_cos_sin(G(b)->cpu, r, pos, n, c, s), SHUT(b);
+}
+static void g_silu_mul(moeq_backend *b, float *o, const float *g, const float *u, int64_t n) {
+    OPEN(b), G(b)->cpu->silu_mul(G(b)->cpu, o, g, u, n), SHUT(b);
+}
+static void g_add(moeq_backend *b, float *x, const float *y, int64_t n) { OPEN(b), G(b)->cpu->add(G(b)->cpu, x, y, n), SHUT(b); }
+static void g_destroy(moeq_backend *b) {
+    for (int i = 0; i < GUARD_MAX; i++) g_release(b, G(b)->buf[i]);
+    moeq_backend_destroy(G(b)->cpu);
+    free(b);
+}
+
+static moeq_err guarded_new(const moeq_backend_config *config, moeq_backend **out, char *errstr, size_t errstr_size) {
+    guarded *g = calloc(1, sizeof *g);
+    if (!g || !(g->cpu = moeq_backend_cpu_new(config)))
+        return free(g), moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "guarded backend");
+    g->base = (moeq_backend){.name = "guarded", .host_visible = 0, .supports = g_supports, .alloc = g_alloc,
+                             .release = g_release, .upload = g_upload, .download = g_download, .copy = g_copy,
+                             .map_weights = g_map, .sync = g_sync, .matmul = g_matmul, .matmul_nn = g_matmul_nn,
+                             .attention = g_attention, .attention_naive = g_attention_naive, .embed = g_embed,
+                             .rmsnorm = g_rmsnorm, .rope_cos_sin = g_rope_cos_sin, .mla_rope = g_mla_rope,
+                             .silu_mul = g_silu_mul, .add = g_add, .route = g_route, .gather = g_gather,
+                             .combine = g_combine, .destroy = g_destroy};
+    *out = &g->base;
+    return MOEQ_OK;
+}
+
+static moeq_model *gen_model(const char *preset, char *dir) {
+    char err[512] = "";
+    assert_non_null(mkdtemp(dir));
+    moeq_model_config c;
+    moeq_genmodel_params gp = moeq_genmodel_default_params();
+    assert_int_equal(moeq_genmodel_preset(preset, &c, &gp.min_shards, err, sizeof err), MOEQ_OK);
+    gp.mtp_agree = moeq_genmodel_preset_mtp_agree(preset);
+    gp.write_tokenizer = 0;
+    if (moeq_genmodel_write(dir, &c, &gp, NULL, err, sizeof err)) fail_msg("%s", err);
+    moeq_model *m = NULL;
+    if (moeq_model_load(dir, NULL, &m, err, sizeof err)) fail_msg("%s", err);
+    return m;
+}
+
+static void rm_dir(const char *dir) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static moeq_engine *engine_on(const moeq_model *m, const char *backend) {
+    moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "%s", backend);
+    p.n_threads = 2, p.max_seqs = 4, p.kv_cache_tokens = 512, p.max_step_tokens = 256;
+    moeq_engine *e = NULL;
+    char err[512] = "";
+    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine on %s: %s", backend, err);
+    return e;
+}
+
+/* A prefill of two sequences, then decode steps; every step's logits appended (the last token of each). */
+static void run_steps(moeq_engine *e, int vocab, float *logits) {
+    two_steps(e, vocab, logits, NULL);
+}
+
+static void an_engine_touches_backend_memory_only_through_ops(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) assert_int_equal(moeq_backend_register("guarded", guarded_new), MOEQ_OK);
+    const char *presets[] = {"tiny", "tiny-v2"};
+    for (int i = 0; i < 2; i++) {
+        char dir[] = "/tmp/moeq-guard-XXXXXX";
+        moeq_model *m = gen_model(presets[i], dir);
+        int V = moeq_model_get_config(m)->vocab_size;
+        moeq_engine *cpu = engine_on(m, "cpu"), *g = engine_on(m, "guarded");
+        size_t n = (size_t)26 * V;
+        float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+        run_steps(cpu, V, want);
+        run_steps(g, V, got); /* a host touch of a guarded buffer would fault here */
+        assert_same_bits(got, want, n, presets[i]);
+        moeq_engine_destroy(cpu), moeq_engine_destroy(g);
+        moeq_model_destroy(m);
+        free(want), free(got);
+        rm_dir(dir);
+    }
+}
+
+/* MTP rounds (draft, verify, accept) on the guarded backend: the same tokens and acceptance as on the CPU. */
+static void mtp_rounds_touch_backend_memory_only_through_ops(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new); /* taken already is fine */
+    char dir[] = "/tmp/moeq-guard-mtp-XXXXXX", err[512] = "";
+    moeq_model *m = gen_model("tiny-mtp", dir);
+    int V = moeq_model_get_config(m)->vocab_size;
+    int32_t toks[2][40];
+    int64_t acc[2] = {0, 0};
+    for (int run = 0; run < 2; run++) {
+        moeq_engine *e = engine_on(m, run ? "guarded" : "cpu");
+        assert_true(moeq_engine_mtp_available(e));
+        moeq_mtp_decoder *d = NULL;
+        assert_int_equal(moeq_mtp_decoder_new(e, 1, 2, &d, err, sizeof err), MOEQ_OK);
+        int seq;
+        assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, seq, 1), MOEQ_OK);
+        int32_t prompt[12];
+        for (int i = 0; i < 12; i++) prompt[i] = (int32_t)((i * 37 + 5) % V);
+        float *logits = malloc((size_t)V * sizeof(float));
+        moeq_step_item it = {seq, prompt, 12, 0};
+        if (moeq_engine_step(e, &it, 1, logits, 1, err, sizeof err)) fail_msg("%s", err);
+        int best = 0;
+        for (int i = 1; i < V; i++) best = logits[i] > logits[best] ? i : best;
+        moeq_spec_seq sq = {.seq_id = seq, .next_token = best, .k = 2, .sampling = moeq_sampling_default_params()};
+        int n = 0;
+        while (n < 30) {
+            if (moeq_mtp_decode_step(d, &sq, 1, err, sizeof err)) fail_msg("%s", err);
+            for (int k = 0; k < sq.n_out && n < 40; k++) toks[run][n++] = sq.out[k];
+        }
+        acc[run] = sq.accepted;
+        free(logits);
+        moeq_mtp_decoder_destroy(d);
+        moeq_engine_destroy(e);
+    }
+    assert_memory_equal(toks[1], toks[0], 30 * sizeof(int32_t));
+    assert_int_equal(acc[1], acc[0]);
+    print_message("mtp on the guarded backend: 30 tokens, %lld drafts accepted, as on the cpu\n", (long long)acc[0]);
+    moeq_model_destroy(m);
+    rm_dir(dir);
+}
+
 /* ---- error paths ---------------------------------------------------------------------------------------------- */
 
 static void the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error(void **state) {
@@ -505,6 +697,8 @@ int main(void) {
         cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
         cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),
         cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),
+        cmocka_unit_test(an_engine_touches_backend_memory_only_through_ops),
+        cmocka_unit_test(mtp_rounds_touch_backend_memory_only_through_ops),
         cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),
         cmocka_unit_test(the_cuda_backend_refuses_what_it_cannot_run_by_name),
     };
