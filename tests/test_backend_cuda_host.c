@@ -467,7 +467,8 @@ static void logits_through_download_in_chunks_equal_the_direct_logits(void **sta
  * "guarded": the CPU backend behind a table whose buffers are mmapped pages kept PROT_NONE except while one of
  * its own calls runs (every op, upload, download, copy), and host_visible = 0 — what the engine sees of a
  * device. A host read or write of backend memory anywhere else in the engine (forward.c, moe_layer.c, mtp.c,
- * kv_cache.c) faults, so an engine run on it shows that the engine touches backend memory only through ops.
+ * kv_cache.c) faults, and every pointer an op computes on is checked to be backend memory (a device could
+ * not read a host pointer): an engine run on it shows both directions of the device contract.
  */
 #define GUARD_MAX 512
 typedef struct guarded {
@@ -502,33 +503,91 @@ static void g_release(moeq_backend *b, void *p) {
     for (int i = 0; p && i < GUARD_MAX; i++)
         if (G(b)->buf[i] == p) munmap(p, G(b)->len[i]), G(b)->buf[i] = NULL;
 }
-static void g_upload(moeq_backend *b, void *d, const void *h, size_t n) { OPEN(b), G(b)->cpu->upload(G(b)->cpu, d, h, n), SHUT(b); }
-static void g_download(moeq_backend *b, void *h, const void *d, size_t n) { OPEN(b), G(b)->cpu->download(G(b)->cpu, h, d, n), SHUT(b); }
-static void g_copy(moeq_backend *b, void *d, const void *s, size_t n) { OPEN(b), G(b)->cpu->copy(G(b)->cpu, d, s, n), SHUT(b); }
 static int g_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dt) { return G(b)->cpu->supports(G(b)->cpu, op, dt); }
 static moeq_err g_map(moeq_backend *b, const moeq_model *m, char *e, size_t n) { return G(b)->cpu->map_weights(G(b)->cpu, m, e, n); }
 static void g_sync(moeq_backend *b) { G(b)->cpu->sync(G(b)->cpu); }
-#define FWD(name, T) \
-    static void g_##name(moeq_backend *b, const T *p) { OPEN(b), G(b)->cpu->name(G(b)->cpu, p), SHUT(b); }
-FWD(attention, moeq_mla_params)
-FWD(attention_naive, moeq_mla_naive_params)
-FWD(rmsnorm, moeq_rmsnorm_params)
-FWD(mla_rope, moeq_mla_rope_params)
-FWD(route, moeq_route_params)
-FWD(gather, moeq_gather_params)
-FWD(combine, moeq_combine_params)
-static void g_matmul(moeq_backend *b, const moeq_mm_job *j, int n) { OPEN(b), G(b)->cpu->matmul(G(b)->cpu, j, n), SHUT(b); }
-static void g_matmul_nn(moeq_backend *b, const moeq_mm_job *j, int n) { OPEN(b), G(b)->cpu->matmul_nn(G(b)->cpu, j, n), SHUT(b); }
+/* Every pointer an op computes on must be backend memory (a device could not read anything else). */
+static int in_buf(const guarded *g, const void *p) {
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (g->buf[i] && (const char *)p >= (const char *)g->buf[i] && (const char *)p < (const char *)g->buf[i] + g->len[i])
+            return 1;
+    return 0;
+}
+static void dev_check(const moeq_backend *b, const void *p, const char *fn, const char *what) {
+    if (p && !in_buf((const guarded *)b, p)) fail_msg("%s: %s is not backend memory", fn, what);
+}
+#define DEV(b, p, what) dev_check((b), (p), __func__, (what))
+
+static void g_upload(moeq_backend *b, void *d, const void *h, size_t n) {
+    DEV(b, d, "dst");
+    OPEN(b), G(b)->cpu->upload(G(b)->cpu, d, h, n), SHUT(b);
+}
+static void g_download(moeq_backend *b, void *h, const void *d, size_t n) {
+    DEV(b, d, "src");
+    OPEN(b), G(b)->cpu->download(G(b)->cpu, h, d, n), SHUT(b);
+}
+static void g_copy(moeq_backend *b, void *d, const void *s, size_t n) {
+    DEV(b, d, "dst"), DEV(b, s, "src");
+    OPEN(b), G(b)->cpu->copy(G(b)->cpu, d, s, n), SHUT(b);
+}
+static void g_attention(moeq_backend *b, const moeq_mla_params *p) {
+    DEV(b, p->kv.pool, "kv.pool"), DEV(b, p->q_lat, "q_lat"), DEV(b, p->q_pe, "q_pe"), DEV(b, p->out_lat, "out_lat");
+    OPEN(b), G(b)->cpu->attention(G(b)->cpu, p), SHUT(b);
+}
+static void g_attention_naive(moeq_backend *b, const moeq_mla_naive_params *p) {
+    DEV(b, p->kv.pool, "kv.pool"), DEV(b, p->q, "q"), DEV(b, p->q_pe, "q_pe"), DEV(b, p->out_v, "out_v");
+    OPEN(b), G(b)->cpu->attention_naive(G(b)->cpu, p), SHUT(b);
+}
+static void g_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
+    DEV(b, p->out, "out"), DEV(b, p->x, "x"), DEV(b, p->w, "w");
+    OPEN(b), G(b)->cpu->rmsnorm(G(b)->cpu, p), SHUT(b);
+}
+static void g_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
+    DEV(b, p->kv.pool, "kv.pool"), DEV(b, p->kva, "kva"), DEV(b, p->kv_norm, "kv_norm"), DEV(b, p->q, "q");
+    DEV(b, p->q_pe, "q_pe"), DEV(b, p->cos_v, "cos_v"), DEV(b, p->sin_v, "sin_v");
+    OPEN(b), G(b)->cpu->mla_rope(G(b)->cpu, p), SHUT(b);
+}
+static void g_route(moeq_backend *b, const moeq_route_params *p) {
+    DEV(b, p->logits, "logits"), DEV(b, p->bias, "bias"), DEV(b, p->weights, "weights");
+    if (in_buf(G(b), p->ids) || in_buf(G(b), p->finite)) fail_msg("route: ids and finite must be host memory");
+    OPEN(b), G(b)->cpu->route(G(b)->cpu, p), SHUT(b);
+}
+static void g_gather(moeq_backend *b, const moeq_gather_params *p) {
+    DEV(b, p->xg, "xg"), DEV(b, p->slot_row, "slot_row"), DEV(b, p->x, "x");
+    OPEN(b), G(b)->cpu->gather(G(b)->cpu, p), SHUT(b);
+}
+static void g_combine(moeq_backend *b, const moeq_combine_params *p) {
+    DEV(b, p->out, "out"), DEV(b, p->rows, "rows"), DEV(b, p->slot_row, "slot_row"), DEV(b, p->weights, "weights");
+    DEV(b, p->shared, "shared");
+    OPEN(b), G(b)->cpu->combine(G(b)->cpu, p), SHUT(b);
+}
+static void mm_check(moeq_backend *b, const moeq_mm_job *j, int n) {
+    for (int i = 0; i < n; i++) DEV(b, j[i].x, "job x"), DEV(b, j[i].y, "job y");
+}
+static void g_matmul(moeq_backend *b, const moeq_mm_job *j, int n) {
+    mm_check(b, j, n);
+    OPEN(b), G(b)->cpu->matmul(G(b)->cpu, j, n), SHUT(b);
+}
+static void g_matmul_nn(moeq_backend *b, const moeq_mm_job *j, int n) {
+    mm_check(b, j, n);
+    OPEN(b), G(b)->cpu->matmul_nn(G(b)->cpu, j, n), SHUT(b);
+}
 static void g_embed(moeq_backend *b, const moeq_tensor *t, const int32_t *ids, int64_t n, float *out) {
+    DEV(b, out, "out");
     OPEN(b), G(b)->cpu->embed(G(b)->cpu, t, ids, n, out), SHUT(b);
 }
 static void g_rope_cos_sin(moeq_backend *b, const moeq_rope *r, const int64_t *pos, int64_t n, float *c, float *s) {
+    DEV(b, c, "cos_v"), DEV(b, s, "sin_v");
     OPEN(b), G(b)->cpu->rope_cos_sin(G(b)->cpu, r, pos, n, c, s), SHUT(b);
 }
 static void g_silu_mul(moeq_backend *b, float *o, const float *g, const float *u, int64_t n) {
+    DEV(b, o, "out"), DEV(b, g, "gate"), DEV(b, u, "up");
     OPEN(b), G(b)->cpu->silu_mul(G(b)->cpu, o, g, u, n), SHUT(b);
 }
-static void g_add(moeq_backend *b, float *x, const float *y, int64_t n) { OPEN(b), G(b)->cpu->add(G(b)->cpu, x, y, n), SHUT(b); }
+static void g_add(moeq_backend *b, float *x, const float *y, int64_t n) {
+    DEV(b, x, "x"), DEV(b, y, "y");
+    OPEN(b), G(b)->cpu->add(G(b)->cpu, x, y, n), SHUT(b);
+}
 static void g_destroy(moeq_backend *b) {
     for (int i = 0; i < GUARD_MAX; i++) g_release(b, G(b)->buf[i]);
     moeq_backend_destroy(G(b)->cpu);
