@@ -466,14 +466,20 @@ __device__ __forceinline__ const float *kv_entry(const kv_dev &kv, int64_t t, in
 __global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, const float *q_lat, const float *q_pe,
                                     int H, int L, int R, float scale, float *ws_o, float *ws_ml) {
     __shared__ float sc[MOEQ_CU_SPLIT_MAX_ROWS];
+    __shared__ size_t off[MOEQ_CU_SPLIT_MAX_ROWS]; // each row's entry in the pool, found once (24 KiB in all)
     __shared__ float sh_m, sh_l;
     moeq_cu_split_item it = items[blockIdx.x];
     int h = blockIdx.y, tid = threadIdx.x, lane = tid % MOEQ_CU_LANES, hw = tid / MOEQ_CU_LANES;
     int n_hw = blockDim.x / MOEQ_CU_LANES, n = it.j1 - it.j0;
     const float *ql = q_lat + ((int64_t)it.t * H + h) * L, *qp = q_pe + ((int64_t)it.t * H + h) * R;
+    const int32_t *row = kv.ctab + kv.row_off[it.t];
+    for (int j = tid; j < n; j += blockDim.x)
+        off[j] = moeq_cu_kv_entry_offset(row, it.j0 + j, kv.block_tokens, kv.block_floats, kv.layer_offset,
+                                         kv.entry_floats);
+    __syncthreads();
     for (int jj = 0; jj < n; jj += n_hw) { // every thread takes each step: the half-warps' shuffles stay whole
         int j = jj + hw, active = j < n;
-        float v = active ? moeq_cu_score_lane(ql, qp, kv_entry(kv, it.t, it.j0 + j), L, R, lane) : 0.0f;
+        float v = active ? moeq_cu_score_lane(ql, qp, kv.pool + off[j], L, R, lane) : 0.0f;
         v = moeq_cu_tree16_shfl(v, 0xffffffffu);
         if (active && lane == 0) sc[j] = v * scale;
     }
@@ -490,7 +496,7 @@ __global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, 
     float *o = ws_o + ((int64_t)it.slot * H + h) * L;
     for (int d = tid; d < L; d += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j < n; j++) acc = fmaf(sc[j], kv_entry(kv, it.t, it.j0 + j)[d], acc);
+        for (int j = 0; j < n; j++) acc = fmaf(sc[j], kv.pool[off[j] + d], acc);
         o[d] = acc;
     }
     __syncthreads();
