@@ -294,6 +294,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     w->vocab = moeq_model_get_config(w->model)->vocab_size;
     const char *base = strrchr(p->model, '/');
     snprintf(w->model_name, sizeof w->model_name, "%.127s", base && base[1] ? base + 1 : p->model);
+    moeq_log(MOEQ_LOG_INFO, COMP, "engine_backend", "model=%s backend=%s device=%d info=\"%s\"", w->model_name,
+             ep.backend, ep.device, moeq_engine_backend_info(w->engine));
 
     int32_t eos = w->tok && moeq_tokenizer_eos_id(w->tok) >= 0 ? moeq_tokenizer_eos_id(w->tok)
                                                                : moeq_model_get_config(w->model)->eos_token_id;
