@@ -274,7 +274,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench-engine --model DIR [--preset NAME] [--backend cpu|cuda] [--device N]\n"
                         "                    [--threads N] [--prefill-tokens N] [--batches 1,8,32,128,256]\n"
                         "                    [--contexts 1024,4096] [--min-seconds S]\n"
-                        "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no config.json\n");
+                        "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no\n"
+                        "                  config.json\n");
         return 2;
     }
     if (ensure_model(&a)) return 1;

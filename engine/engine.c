@@ -70,7 +70,8 @@ static void *take(arena *a, size_t bytes) {
 static void layout_host(moeq_engine *e, arena *a) {
     const moeq_model_config *c = e->cfg;
     size_t T = (size_t)e->params.max_step_tokens, H = c->num_attention_heads;
-    size_t E = c->n_routed_experts > 0 ? c->n_routed_experts : 1, K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
+    size_t E = c->n_routed_experts > 0 ? c->n_routed_experts : 1;
+    size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
     moeq_scratch *s = &e->s;
     s->finite = take(a, T);
     s->rids = take(a, T * K * sizeof(int32_t));

@@ -127,7 +127,8 @@ static void close_to(const float *got, const float *want, size_t n, double abs_t
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - want[i]);
         worst = e > worst ? e : worst;
-        if (!(e <= abs_tol + rel_tol * fabs(want[i]))) fail_msg("%s: element %zu: cuda %.9g cpu %.9g", what, i, got[i], want[i]);
+        if (!(e <= abs_tol + rel_tol * fabs(want[i])))
+            fail_msg("%s: element %zu: cuda %.9g cpu %.9g", what, i, got[i], want[i]);
     }
     print_message("  %s: worst abs difference %.3g\n", what, worst);
 }
@@ -275,7 +276,8 @@ static void cache_ops_match_the_cpu_backend(void **state) {
     /* attention (absorbed, split-KV) and naive */
     float *ql = rand_host((size_t)(T * H * Lr), 0.3f), *dql = dev(&p, ql, (size_t)(T * H * Lr) * 4);
     float *ol = malloc((size_t)(T * H * Lr) * 4), *dol = dev(&p, NULL, (size_t)(T * H * Lr) * 4);
-    moeq_mla_params ac = {kc, T, seq, pos, H, Lr, R, ql, qpe, ol, 0.125f}, ag = {kg, T, seq, pos, H, Lr, R, dql, dqpe, dol, 0.125f};
+    moeq_mla_params ac = {kc, T, seq, pos, H, Lr, R, ql, qpe, ol, 0.125f};
+    moeq_mla_params ag = {kg, T, seq, pos, H, Lr, R, dql, dqpe, dol, 0.125f};
     p.cpu->attention(p.cpu, &ac), p.gpu->attention(p.gpu, &ag);
     check_status(&p, "attention");
     close_to(got = back(&p, dol, (size_t)(T * H * Lr)), ol, (size_t)(T * H * Lr), 2e-6, 2e-6, "attention (split-KV)");
@@ -290,13 +292,14 @@ static void cache_ops_match_the_cpu_backend(void **state) {
                                 dq + 17 * H * (nope + R), dqpe + 17 * H * R, dov};
     p.cpu->attention_naive(p.cpu, &nc), p.gpu->attention_naive(p.gpu, &ng);
     check_status(&p, "attention_naive");
-    close_to(got = back(&p, dov, (size_t)(Tn * H * V)), ov, (size_t)(Tn * H * V), 1e-4 * max_abs(ov, (size_t)(Tn * H * V)), 0,
-             "attention_naive"), free(got);
-    free(table), free(pool), free(cs), free(sn), free(kva), free(q), free(norm), free(qpe), free(ql), free(ol), free(ov);
+    size_t nv = (size_t)(Tn * H * V);
+    close_to(got = back(&p, dov, nv), ov, nv, 1e-4 * max_abs(ov, nv), 0, "attention_naive"), free(got);
+    free(table), free(pool), free(cs), free(sn), free(kva), free(q), free(norm), free(qpe), free(ql), free(ol);
+    free(ov);
     pair_free(&p);
 }
 
-/* ---- MoE: route, gather, combine ----------------------------------------------------------------------------------- */
+/* ---- MoE: route, gather, combine ------------------------------------------------------------------------------ */
 
 static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
     (void)state;
@@ -355,7 +358,7 @@ static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
     }
 }
 
-/* ---- whole models through the engine -------------------------------------------------------------------------------- */
+/* ---- whole models through the engine ------------------------------------------------------------------------- */
 
 /* Three sequences: prefill (two chunks for seq 0), then 4 decode steps; every step's logits rows appended. */
 static float *run_engine(const moeq_model *m, const char *backend, int invariant, int *n_rows_out) {

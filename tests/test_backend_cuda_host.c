@@ -249,7 +249,8 @@ static void split_kv_partials_merged_equal_the_cpu_attention(void **state) {
                     double e = fabs((double)got[d] - w[d]);
                     worst = e > worst ? e : worst;
                     if (e > 2e-6 + 2e-6 * fabs(w[d]))
-                        fail_msg("H %d L %d R %d bt %d: token %lld (ctx %lld, %d parts) head %d [%d]: split %.9g cpu %.9g",
+                        fail_msg("H %d L %d R %d bt %d: token %lld (ctx %lld, %d parts) head %d [%d]: "
+                                 "split %.9g cpu %.9g",
                                  sh->H, sh->L, sh->R, sh->bt, (long long)t, (long long)pos[t] + 1,
                                  moeq_cu_split_parts(pos[t] + 1), h, d, got[d], w[d]);
                 }
@@ -282,7 +283,8 @@ static void split_merge_of_random_partials_equals_the_float64_softmax(void **sta
             for (int p = 0; p < P; p++) want += exp((double)m[p] - M) * o[p * D + d];
             want /= Ld;
             float got = moeq_cu_split_merge_elem(o, D, a, P, L, d);
-            if (fabs(got - want) > 1e-5 * (1 + fabs(want))) fail_msg("P %d d %d: merge %.9g float64 %.9g", P, d, got, want);
+            if (fabs(got - want) > 1e-5 * (1 + fabs(want)))
+                fail_msg("P %d d %d: merge %.9g float64 %.9g", P, d, got, want);
         }
     }
 }
@@ -318,7 +320,8 @@ static void gather_and_combine_grids_give_the_cpu_backends_bits(void **state) {
                 assert_memory_equal(sr, sr_cpu, (size_t)S * sizeof(int64_t));
                 for (int with_shared = 0; with_shared < 2; with_shared++)
                     for (int via_map = 0; via_map < 2; via_map++) {
-                        moeq_combine_params cp = {out_cpu, xg, via_map ? sr : NULL, w, with_shared ? sh : NULL, T, K, D};
+                        moeq_combine_params cp = {out_cpu, xg, via_map ? sr : NULL, w,
+                                                  with_shared ? sh : NULL, T, K, D};
                         cpu->combine(cpu, &cp);
                         for (int64_t idx = 0; idx < T * D; idx++) /* combine_kernel's threads */
                             out[idx] = moeq_cu_combine_elem(xg, cp.slot_row, w, cp.shared, idx / D, K, D, idx % D);
@@ -503,14 +506,20 @@ static void g_release(moeq_backend *b, void *p) {
     for (int i = 0; p && i < GUARD_MAX; i++)
         if (G(b)->buf[i] == p) munmap(p, G(b)->len[i]), G(b)->buf[i] = NULL;
 }
-static int g_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dt) { return G(b)->cpu->supports(G(b)->cpu, op, dt); }
-static moeq_err g_map(moeq_backend *b, const moeq_model *m, char *e, size_t n) { return G(b)->cpu->map_weights(G(b)->cpu, m, e, n); }
+static int g_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dt) {
+    return G(b)->cpu->supports(G(b)->cpu, op, dt);
+}
+static moeq_err g_map(moeq_backend *b, const moeq_model *m, char *e, size_t n) {
+    return G(b)->cpu->map_weights(G(b)->cpu, m, e, n);
+}
 static void g_sync(moeq_backend *b) { G(b)->cpu->sync(G(b)->cpu); }
 /* Every pointer an op computes on must be backend memory (a device could not read anything else). */
 static int in_buf(const guarded *g, const void *p) {
-    for (int i = 0; i < GUARD_MAX; i++)
-        if (g->buf[i] && (const char *)p >= (const char *)g->buf[i] && (const char *)p < (const char *)g->buf[i] + g->len[i])
-            return 1;
+    const char *c = p;
+    for (int i = 0; i < GUARD_MAX; i++) {
+        const char *lo = g->buf[i];
+        if (lo && c >= lo && c < lo + g->len[i]) return 1;
+    }
     return 0;
 }
 static void dev_check(const moeq_backend *b, const void *p, const char *fn, const char *what) {

@@ -10,8 +10,8 @@
 //
 // Matmuls: batch_invariant = 1 (the default) runs own kernels with the CPU's 16-lane order per element
 // (ops.cuh: bits equal to the CPU's for every dtype, F8 dequantised in the kernel with its block scale);
-// batch_invariant = 0 runs cuBLAS SGEMM (FP32: the default math mode, no TF32) for calls whose every job has >= blas_min_tokens
-// tokens, the weight widened to float32 a tile of rows at a time (F8 through the same dequantising
+// batch_invariant = 0 runs cuBLAS SGEMM (FP32: the default math mode, no TF32) for calls whose every job has
+// >= blas_min_tokens tokens, the weight widened to float32 a tile of rows at a time (F8 through the same dequantising
 // widening: cuBLASLt's block-scaled FP8 would quantise the activations to FP8 as well, outside the CPU's
 // tolerance), the own kernels otherwise. Attention: split-KV (backend_index.cuh) in two kernels, partial
 // softmax per partition then the merge. Errors: every CUDA and cuBLAS return code is checked; the first
@@ -184,7 +184,8 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
     const moeq_model_config *c = &model->config;
     if (!cb->err && c->num_attention_heads > 0 && c->kv_lora_rank > 0) {
         size_t per_item = (size_t)c->num_attention_heads * (size_t)(c->kv_lora_rank + 2) * sizeof(float);
-        size_t parts = (size_t)moeq_cu_split_max_parts(cb->p.max_ctx), T = (size_t)(cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048);
+        size_t parts = (size_t)moeq_cu_split_max_parts(cb->p.max_ctx);
+        size_t T = (size_t)(cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048);
         size_t want = per_item * parts * T, floor = per_item * parts;
         ws_reserve(cb, want < ATTN_WS_BYTES ? want : floor > ATTN_WS_BYTES ? floor : ATTN_WS_BYTES);
     }
@@ -524,7 +525,8 @@ __global__ void attn_merge_kernel(const int32_t *first, const int32_t *count, in
     __syncthreads();
     const float *o = ws_o + ((int64_t)f * H + h) * L;
     float *out = out_lat + ((t0 + tl) * H + h) * L;
-    for (int d = threadIdx.x; d < L; d += blockDim.x) out[d] = moeq_cu_split_merge_elem(o, (int64_t)H * L, a, P, sh_L, d);
+    for (int d = threadIdx.x; d < L; d += blockDim.x)
+        out[d] = moeq_cu_split_merge_elem(o, (int64_t)H * L, a, P, sh_L, d);
 }
 
 static int ws_reserve(cuda_backend *cb, size_t bytes) {
@@ -573,9 +575,11 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     float *ws_o = cb->ws, *ws_ml = cb->ws + (size_t)cap * H * L;
     for (int64_t t0 = 0; t0 < T && !cb->err;) {
         int64_t t1 = t0, n_items = 0;
-        while (t1 < T && n_items + moeq_cu_split_parts(a->pos[t1] + 1) <= cap) n_items += moeq_cu_split_parts(a->pos[t1++] + 1);
+        while (t1 < T && n_items + moeq_cu_split_parts(a->pos[t1] + 1) <= cap)
+            n_items += moeq_cu_split_parts(a->pos[t1++] + 1);
         void *d_items = NULL, *d_first = NULL, *d_count = NULL;
-        moeq_cu_split_item *items = (moeq_cu_split_item *)stage(cb, (size_t)n_items * sizeof(moeq_cu_split_item), &d_items);
+        moeq_cu_split_item *items =
+            (moeq_cu_split_item *)stage(cb, (size_t)n_items * sizeof(moeq_cu_split_item), &d_items);
         int32_t *first = items ? (int32_t *)stage(cb, (size_t)(t1 - t0) * sizeof(int32_t), &d_first) : NULL;
         int32_t *count = first ? (int32_t *)stage(cb, (size_t)(t1 - t0) * sizeof(int32_t), &d_count) : NULL;
         if (!count) return;
@@ -617,7 +621,8 @@ __global__ void attn_naive_kernel(kv_dev kv, const int64_t *pos, int dtype, cons
         float part = 0.0f;
         for (int i = tid; i < nope; i += blockDim.x) {
             float k = 0.0f;
-            for (int r = 0; r < L; r++) k = fmaf(moeq_cu_widen(dtype, W, scale_inv, L, (int64_t)h * (nope + V) + i, r), c[r], k);
+            for (int r = 0; r < L; r++)
+                k = fmaf(moeq_cu_widen(dtype, W, scale_inv, L, (int64_t)h * (nope + V) + i, r), c[r], k);
             part = fmaf(qn[i], k, part);
         }
         for (int i = tid; i < R; i += blockDim.x) part = fmaf(qp[i], c[L + i], part);
@@ -954,7 +959,8 @@ static void create_on_device(cuda_backend *cb) {
         size_t k = (size_t)(cb->p.max_k > 0 ? cb->p.max_k : 1);
         cb->wide_floats = (size_t)WIDE_BYTES / sizeof(float) / k * k;
         if (cb->wide_floats < k) cb->wide_floats = k;
-        if (!cu_ok(cb, cudaMalloc((void **)&cb->wide, cb->wide_floats * sizeof(float)), "cudaMalloc (cuBLAS weight tile)"))
+        if (!cu_ok(cb, cudaMalloc((void **)&cb->wide, cb->wide_floats * sizeof(float)),
+                   "cudaMalloc (cuBLAS weight tile)"))
             return;
     }
     snprintf(cb->info, sizeof cb->info, "cuda device %d (%.80s, sm_%d%d, %.0f GiB); %s", cb->p.device, prop.name,
@@ -970,7 +976,8 @@ extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moe
     char why[200] = "";
     int n = moeq_cuda_device_count(why, sizeof why);
     if (n <= 0)
-        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "backend cuda: %s", why[0] ? why : "no CUDA device");
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "backend cuda: %s",
+                         why[0] ? why : "no CUDA device");
     if (config->device < 0 || config->device >= n)
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "backend cuda: device %d does not exist (%d device%s: 0..%d)", config->device, n,
