@@ -648,9 +648,16 @@ static moeq_engine *engine_on(const moeq_model *m, const char *backend) {
     return e;
 }
 
-/* A prefill of two sequences, then decode steps; every step's logits appended (the last token of each). */
+/* two_steps, then a fork of the first sequence at 10 tokens (a partial block copied: backend copy) and a step
+ * of the fork: 27 rows of logits. */
 static void run_steps(moeq_engine *e, int vocab, float *logits) {
     two_steps(e, vocab, logits, NULL);
+    int f;
+    char err[256] = "";
+    if (moeq_engine_seq_fork(e, 0, 10, 0, 0, &f, err, sizeof err)) fail_msg("%s", err);
+    int32_t tok = 11;
+    moeq_step_item it = {f, &tok, 1, 0};
+    if (moeq_engine_step(e, &it, 1, logits + (size_t)26 * vocab, 1, err, sizeof err)) fail_msg("%s", err);
 }
 
 static void an_engine_touches_backend_memory_only_through_ops(void **state) {
@@ -663,7 +670,7 @@ static void an_engine_touches_backend_memory_only_through_ops(void **state) {
         moeq_model *m = gen_model(presets[i], dir);
         int V = moeq_model_get_config(m)->vocab_size;
         moeq_engine *cpu = engine_on(m, "cpu"), *g = engine_on(m, "guarded");
-        size_t n = (size_t)26 * V;
+        size_t n = (size_t)27 * V;
         float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
         run_steps(cpu, V, want);
         run_steps(g, V, got); /* a host touch of a guarded buffer would fault here */
