@@ -145,15 +145,21 @@ preset=${MOEQ_GPU_BENCH_PRESET:-bench}
 if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
   note "bench-engine --backend cuda on preset $preset"
   timeout 150 "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda \
-    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 >"$bench_json" 2>>"$log" ||
-    note "bench-engine failed or timed out (see gpu-check.log)"
+    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 >"$bench_json" \
+    2>"$build/gpu-check-bench.err" || note "bench-engine failed or timed out (see gpu-check.log)"
+  cat "$build/gpu-check-bench.err" >>"$log" 2>/dev/null
 fi
 
 # ---- one JSON line ----------------------------------------------------------------------------------------------
 summary=$(python3 - "$junit" "$error" "$gpu" "$nvcc_ver" "$wheels" "$build_s" "$(( $(date +%s) - t_start ))" \
-  "$bench_json" "${MOEQ_GPU_BENCH:-1}" <<'EOF'
+  "$bench_json" "${MOEQ_GPU_BENCH:-1}" "$build/gpu-check-bench.err" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
-junit, error, gpu, nvcc, wheels, build_s, total_s, bench_path, bench_on = sys.argv[1:]
+junit, error, gpu, nvcc, wheels, build_s, total_s, bench_path, bench_on, bench_err = sys.argv[1:]
+try:
+    with open(bench_err) as f:
+        bench_why = ([l.strip() for l in f if l.strip()] or [""])[-1][:300]
+except OSError:
+    bench_why = ""
 tests = []
 try:
     for tc in ET.parse(junit).getroot().iter("testcase"):
@@ -177,9 +183,9 @@ try:
         bench["modes"][mode] = {"backend_info": m.get("backend_info"), "prefill_tokens_per_s": m.get("prefill_tokens_per_s"),
                                 "decode": [{"batch": d["batch"], "tokens_per_s": d["tokens_per_s"]} for d in m.get("decode", [])],
                                 "decode_at_context": m.get("decode_at_context")}
-    if not bench["modes"]: bench["error"] = "no mode ran (engine creation failed: see gpu-check.log)"
+    if not bench["modes"]: bench["error"] = "no mode ran: " + (bench_why or "see gpu-check.log")
 except (OSError, ValueError, KeyError, TypeError) as e:
-    bench = {"error": "no bench output (%s)" % type(e).__name__} if bench_on != "0" else None
+    bench = {"error": "no bench output (%s) %s" % (type(e).__name__, bench_why)} if bench_on != "0" else None
 bench_ok = bench_on == "0" or (bench is not None and not bench.get("error"))
 if not error and not bench_ok: error = "bench-engine --backend cuda: " + bench.get("error", "failed")
 ok = not error and count("failed") == 0 and not not_run and bench_ok
