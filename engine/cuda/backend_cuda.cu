@@ -48,7 +48,8 @@ typedef struct cuda_backend {
     char why[320];
     char info[640];
     const moeq_model *model;
-    void **wdev;       // [n_tensors] device copy of each tensor
+    void **wdev;       // [n_tensors] device copy of each tensor, in wslab
+    char *wslab;
     size_t weight_bytes;
     char *stage_h, *stage_d; // pinned host, device twin
     size_t stage_cap, stage_off;
@@ -171,14 +172,24 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
     free(cb->wdev);
     if (!(cb->wdev = (void **)calloc((size_t)(model->n_tensors > 0 ? model->n_tensors : 1), sizeof(void *))))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "backend cuda: tensor table");
+    // one allocation for every tensor (a checkpoint has up to ~10^5 of them), each at a 256-byte offset
     int f8 = 0;
+    size_t total = 0;
+    for (int i = 0; i < model->n_tensors; i++)
+        total += STAGED(model->tensors[i].nbytes ? model->tensors[i].nbytes : 1);
+    cudaFree(cb->wslab);
+    cb->wslab = NULL;
+    if (!cu_ok(cb, cudaMalloc((void **)&cb->wslab, total ? total : 1), "cudaMalloc (weights)"))
+        return moeq_errf(cb->err, errstr, errstr_size, "backend cuda: %zu bytes of weights: %s", total, cb->why);
+    cb->weight_bytes = 0;
     for (int i = 0; i < model->n_tensors && !cb->err; i++) {
         const moeq_tensor *t = &model->tensors[i];
         f8 |= t->dtype == MOEQ_DTYPE_F8_E4M3;
-        if (!cu_ok(cb, cudaMalloc(&cb->wdev[i], t->nbytes ? t->nbytes : 1), "cudaMalloc (weights)")) break;
-        if (!cu_ok(cb, cudaMemcpy(cb->wdev[i], t->data, t->nbytes, cudaMemcpyHostToDevice), "cudaMemcpy (weights)"))
+        cb->wdev[i] = cb->wslab + cb->weight_bytes;
+        if (t->nbytes && !cu_ok(cb, cudaMemcpy(cb->wdev[i], t->data, t->nbytes, cudaMemcpyHostToDevice),
+                                "cudaMemcpy (weights)"))
             break;
-        cb->weight_bytes += t->nbytes;
+        cb->weight_bytes += STAGED(t->nbytes ? t->nbytes : 1);
     }
     // the attention workspace for the model's shape, so that a step allocates nothing (it only grows past this)
     const moeq_model_config *c = &model->config;
@@ -897,8 +908,7 @@ static void cuda_destroy(moeq_backend *b) {
     cuda_backend *cb = (cuda_backend *)b;
     if (!cb) return;
     if (cb->stream) cudaStreamSynchronize(cb->stream); // errors here have nowhere to go: the backend is ending
-    if (cb->wdev && cb->model)
-        for (int i = 0; i < cb->model->n_tensors; i++) cudaFree(cb->wdev[i]);
+    cudaFree(cb->wslab);
     free(cb->wdev);
     cudaFree(cb->ws);
     cudaFree(cb->wide);
