@@ -168,6 +168,10 @@ static int ws_reserve(cuda_backend *cb, size_t bytes);
 
 static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char *errstr, size_t errstr_size) {
     cuda_backend *cb = (cuda_backend *)b;
+    if (model->config.n_routed_experts > MOEQ_CU_ROUTE_MAX_EXPERTS) // refused here, not at the first step
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                         "backend cuda: the router kernel takes at most %d routed experts, the model has %d",
+                         MOEQ_CU_ROUTE_MAX_EXPERTS, model->config.n_routed_experts);
     cb->model = model;
     free(cb->wdev);
     if (!(cb->wdev = (void **)calloc((size_t)(model->n_tensors > 0 ? model->n_tensors : 1), sizeof(void *))))
