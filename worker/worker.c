@@ -287,11 +287,15 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.max_step_tokens = (int)p->max_step_tokens;
     ep.kv_cache_tokens = p->kv_cache_tokens;
     ep.n_threads = (int)p->n_threads;
+    snprintf(ep.backend, sizeof ep.backend, "%s", p->backend);
+    ep.device = (int)p->device;
     ep.max_model_len = (int)p->max_model_len;
     if ((err = moeq_engine_new(w->model, &ep, &w->engine, errstr, errstr_size))) return err;
     w->vocab = moeq_model_get_config(w->model)->vocab_size;
     const char *base = strrchr(p->model, '/');
     snprintf(w->model_name, sizeof w->model_name, "%.127s", base && base[1] ? base + 1 : p->model);
+    moeq_log(MOEQ_LOG_INFO, COMP, "engine_backend", "model=%s backend=%s device=%d info=\"%s\"", w->model_name,
+             ep.backend, ep.device, moeq_engine_backend_info(w->engine));
 
     int32_t eos = w->tok && moeq_tokenizer_eos_id(w->tok) >= 0 ? moeq_tokenizer_eos_id(w->tok)
                                                                : moeq_model_get_config(w->model)->eos_token_id;

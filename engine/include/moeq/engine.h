@@ -99,9 +99,14 @@ typedef struct moeq_engine_params {
                                   max_position_embeddings (default); at most that      */
     char backend[16];          /* compute backend by name (default "cpu"; the known
                                   ones are in engine/backend_reg.c)                    */
+    int device;                /* device ordinal for a device backend (default 0)     */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
+
+/* One line on the backend an engine runs on: its name, and for a device backend the device, which paths
+ * are own kernels and which a library, how weights are held (F8's dequantising path). Never NULL. */
+const char *moeq_engine_backend_info(const moeq_engine *engine);
 
 /* Property table of moeq_engine_params (name, type, range, default, doc), for
  * `key = value` configuration of the engine by the worker and tools. */
