@@ -86,7 +86,7 @@ static void mixed_jobs_become_batches_that_obey_every_bound(void **state) {
     snprintf(line, sizeof line, "moeq_coordinator_batch_jobs_total %d", N);
     assert_non_null(strstr(page, line));
     assert_non_null(strstr(page, "moeq_coordinator_bucket_waste_ratio"));
-    assert_non_null(strstr(page, "moeq_coordinator_queue_wait_ms_count"));
+    assert_non_null(strstr(page, "moeq_coordinator_queue_wait_seconds_count"));
     assert_int_equal(h_stop(pid), 0);
     assert_int_equal(h_read_batches(&h, &w), 0);
     assert_int_equal(w.n_jobs, N);

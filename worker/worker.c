@@ -716,9 +716,7 @@ static void sample_items(moeq_worker *w, const moeq_sched_step *plan) {
         wjob *job = it->user;
         if (!job->got_first) {
             job->got_first = 1;
-            int64_t ttft = moeq_now_ms() - job->batch->taken_ms;
-            atomic_fetch_add(&w->metrics.ttft_ms_sum, ttft);
-            atomic_fetch_add(&w->metrics.ttft_count, 1);
+            moeq_worker_metrics_observe_ttft(&w->metrics, moeq_now_ms() - job->batch->taken_ms);
         }
     }
 }
@@ -874,7 +872,7 @@ static void publish_finished(moeq_worker *w) {
         if (fin.status != MOEQ_RESULT_OK && fin.status != MOEQ_RESULT_CANCELLED && fin.status != MOEQ_RESULT_EXPIRED)
             job->state = 'F';
         atomic_fetch_add(&w->metrics.jobs_finished, 1);
-        moeq_worker_metrics_observe_latency(&w->metrics, r.timings.total_ms);
+        moeq_worker_metrics_observe_result(&w->metrics, &r);
     }
 }
 
@@ -1050,15 +1048,18 @@ static void heartbeat(moeq_worker *w, int64_t now) {
              "{\"id\":\"%s\",\"model\":\"%s\",\"version\":\"%s\",\"max_seqs\":%lld,\"free_slots\":%d,\"running\":%d,"
              "\"pending\":%d,\"batches\":%d,\"tokens_per_s\":%.1f,\"jobs_finished\":%lld,\"draining\":%d,"
              "\"started_ms\":%lld,\"ts\":%lld}",
-             w->params.worker_id, w->model_name, "0.1.0", (long long)w->params.max_seqs, st.free_slots, st.running,
+             w->params.worker_id, w->model_name, moeq_version(), (long long)w->params.max_seqs, st.free_slots, st.running,
              st.pending, w->n_held, w->tokens_per_s, (long long)st.jobs_finished, (int)w->stop,
              (long long)w->started_ms, (long long)now);
     char err[256];
     moeq_err e = worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, json, 3 * w->params.heartbeat_interval_ms, err,
                                      sizeof err);
     atomic_store(&w->metrics.healthy, e == MOEQ_OK);
-    atomic_store(&w->metrics.sequences_active, st.running);
+    atomic_store(&w->metrics.requests_running, st.running);
     atomic_store(&w->metrics.slots_free, st.free_slots);
+    atomic_store(&w->metrics.requests_waiting, st.pending);
+    atomic_store(&w->metrics.kv_reserved_tokens, st.kv_reserved_tokens);
+    atomic_store(&w->metrics.kv_capacity_tokens, w->params.kv_cache_tokens);
 }
 
 /*
