@@ -133,9 +133,12 @@ static int add_job(submit_state *s, moeq_submit_line *req, size_t lineno) {
 }
 
 /* A bad line: an error (nothing is sent), or with --skip-invalid a line for the errors file. */
-static int bad_line(submit_state *s, size_t lineno, moeq_submit_line *req) {
-    fprintf(stderr, "moeq submit: %s line %zu: %s%s\n", s->o.in, lineno, req->message,
-            s->o.skip_invalid ? " (skipped)" : "");
+static int bad_line(submit_state *s, size_t lineno, moeq_submit_line *req, size_t n_bad) {
+    if (n_bad < 20) /* a file of garbage is named by its first lines and counted, not echoed */
+        fprintf(stderr, "moeq submit: %s line %zu: %s%s\n", s->o.in, lineno, req->message,
+                s->o.skip_invalid ? " (skipped)" : "");
+    else if (n_bad == 20)
+        fprintf(stderr, "moeq submit: %s: more invalid lines (counted, not shown)\n", s->o.in);
     if (!s->o.skip_invalid) return 1;
     s->tally.invalid++;
     if (moeq_submit_invalid_line(s->dialect, lineno, req, &s->invalid) || moeq_buf_append(&s->invalid, "\n", 1))
@@ -160,7 +163,7 @@ static int read_jobs(submit_state *s) {
         moeq_err e = moeq_submit_line_parse(s->dialect, line, (size_t)len, &s->p.limits, &req);
         if (e == MOEQ_ERR_NOMEM) rc = -1;
         else if (e) {
-            int b = bad_line(s, lineno, &req);
+            int b = bad_line(s, lineno, &req, n_bad + s->tally.invalid);
             n_bad += b > 0;
             rc = b < 0 ? -1 : 0;
             moeq_submit_line_free(&req);
