@@ -379,10 +379,18 @@ static int submit_args(int rest, char **argv, submit_state *s) {
     submit_opts *o = &s->o;
     for (int i = 1; i < rest; i++) {
         const char *k = argv[i], *v = i + 1 < rest ? argv[i + 1] : NULL;
-        if (!strcmp(k, "--skip-invalid") || !strcmp(k, "--skip_invalid")) o->skip_invalid = 1;
-        else if (!strcmp(k, "--resume")) o->resume = 1;
-        else if (!v || k[0] != '-') return fprintf(stderr, "moeq submit: unexpected argument %s (see --help)\n", k), 2;
-        else if (++i && !strcmp(k, "--in")) o->in = v;
+        if (!strcmp(k, "--skip-invalid") || !strcmp(k, "--skip_invalid")) {
+            o->skip_invalid = 1;
+            continue;
+        }
+        if (!strcmp(k, "--resume")) {
+            o->resume = 1;
+            continue;
+        }
+        if (k[0] != '-') return fprintf(stderr, "moeq submit: unexpected argument %s (see --help)\n", k), 2;
+        if (!v) return fprintf(stderr, "moeq submit: %s needs a value (see --help)\n", k), 2;
+        i++; /* the options below take a value */
+        if (!strcmp(k, "--in")) o->in = v;
         else if (!strcmp(k, "--out")) o->out = v;
         else if (!strcmp(k, "--errors")) o->errors = v;
         else if (!strcmp(k, "--brokers")) { if (set_key(&s->p, "kafka_brokers", v)) return 2; }
