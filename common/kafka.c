@@ -774,3 +774,83 @@ void moeq_kafka_conf_common_cbs(rd_kafka_conf_t *conf, void *opaque) { conf_comm
 moeq_err moeq_kafka_rd_errf(int rd_kafka_err, char *errstr, size_t n, const char *what) {
     return rd_errf((rd_kafka_resp_err_t)rd_kafka_err, errstr, n, what);
 }
+
+/* ---- topics (admin) ------------------------------------------------------ */
+
+static moeq_err topics_request(rd_kafka_t *rk, const moeq_kafka_topic_spec *specs, int n_specs, int validate_only,
+                               int timeout_ms, rd_kafka_queue_t *q, char *errstr, size_t n) {
+    rd_kafka_NewTopic_t **topics = calloc((size_t)n_specs, sizeof *topics);
+    if (!topics) return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "kafka create topics: out of memory");
+    moeq_err err = MOEQ_OK;
+    char rd_err[512];
+    for (int i = 0; i < n_specs && !err; i++) {
+        topics[i] = rd_kafka_NewTopic_new(specs[i].name, specs[i].partitions, specs[i].replication_factor, rd_err,
+                                          sizeof rd_err);
+        if (!topics[i]) {
+            err = moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "topic %s: %s", specs[i].name, rd_err);
+            break;
+        }
+        for (const char *const *c = specs[i].configs; c && c[0] && !err; c += 2)
+            if (rd_kafka_NewTopic_set_config(topics[i], c[0], c[1]))
+                err = moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "topic %s: config %s=%s refused", specs[i].name,
+                                c[0], c[1]);
+    }
+    rd_kafka_AdminOptions_t *opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
+    if (!err && rd_kafka_AdminOptions_set_request_timeout(opts, timeout_ms, rd_err, sizeof rd_err))
+        err = moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka create topics: %s", rd_err);
+    if (!err && rd_kafka_AdminOptions_set_operation_timeout(opts, timeout_ms, rd_err, sizeof rd_err))
+        err = moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka create topics: %s", rd_err);
+    if (!err && rd_kafka_AdminOptions_set_validate_only(opts, validate_only, rd_err, sizeof rd_err))
+        err = moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka create topics: %s", rd_err);
+    if (!err) rd_kafka_CreateTopics(rk, topics, (size_t)n_specs, opts, q);
+    rd_kafka_AdminOptions_destroy(opts);
+    for (int i = 0; i < n_specs; i++)
+        if (topics[i]) rd_kafka_NewTopic_destroy(topics[i]);
+    free(topics);
+    return err;
+}
+
+moeq_err moeq_kafka_create_topics(const char *brokers, const moeq_kvlist *kafka, const moeq_kafka_topic_spec *specs,
+                                  int n_specs, int validate_only, int timeout_ms, moeq_kafka_topic_outcome *outcome,
+                                  char (*message)[256], char *errstr, size_t n) {
+    rd_kafka_conf_t *conf = NULL;
+    moeq_err err = conf_build(MOEQ_KAFKA_PRODUCER, brokers, "moeq-topics", kafka, &conf, errstr, n);
+    if (err) return err;
+    conf_common_cbs(conf, NULL);
+    char rd_err[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, rd_err, sizeof rd_err);
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "kafka admin client: %s", rd_err);
+    }
+    rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+    err = topics_request(rk, specs, n_specs, validate_only, timeout_ms, q, errstr, n);
+    /* The admin result arrives on q; a little past the request's own timeout so that its error wins. */
+    rd_kafka_event_t *ev = err ? NULL : rd_kafka_queue_poll(q, timeout_ms + 2000);
+    if (!err && !ev)
+        err = moeq_errf(MOEQ_ERR_TIMEOUT, errstr, n, "kafka create topics: no answer from %s within %d ms", brokers,
+                        timeout_ms);
+    if (!err && rd_kafka_event_error(ev))
+        err = moeq_errf(moeq_kafka_err_map(rd_kafka_event_error(ev)), errstr, n, "kafka create topics (%s): %s",
+                        brokers, rd_kafka_event_error_string(ev));
+    const rd_kafka_CreateTopics_result_t *res = err ? NULL : rd_kafka_event_CreateTopics_result(ev);
+    size_t n_res = 0;
+    const rd_kafka_topic_result_t **results = res ? rd_kafka_CreateTopics_result_topics(res, &n_res) : NULL;
+    for (int i = 0; !err && i < n_specs; i++) {
+        outcome[i] = MOEQ_KAFKA_TOPIC_FAILED;
+        snprintf(message[i], 256, "no answer for this topic");
+        for (size_t r = 0; r < n_res; r++) {
+            if (strcmp(rd_kafka_topic_result_name(results[r]), specs[i].name)) continue;
+            rd_kafka_resp_err_t e = rd_kafka_topic_result_error(results[r]);
+            outcome[i] = e == RD_KAFKA_RESP_ERR_NO_ERROR             ? MOEQ_KAFKA_TOPIC_CREATED
+                         : e == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS ? MOEQ_KAFKA_TOPIC_EXISTS
+                                                                      : MOEQ_KAFKA_TOPIC_FAILED;
+            const char *why = rd_kafka_topic_result_error_string(results[r]);
+            snprintf(message[i], 256, "%s", e ? (why ? why : rd_kafka_err2str(e)) : "");
+        }
+    }
+    if (ev) rd_kafka_event_destroy(ev);
+    rd_kafka_queue_destroy(q);
+    rd_kafka_destroy(rk);
+    return err;
+}

@@ -921,7 +921,7 @@ static moeq_err start_health(moeq_coordinator *c, const moeq_kvlist *redis, char
 }
 
 static moeq_err connect_store(moeq_coordinator *c, const moeq_kvlist *redis, char *errstr, size_t n) {
-    char warning[256];
+    char warning[512];
     moeq_err e = moeq_store_new(&c->p, redis, &c->store, errstr, n);
     if (!e) e = moeq_store_prepare(c->store, warning, sizeof(warning), errstr, n);
     if (!e && warning[0]) moeq_log(MOEQ_LOG_WARN, COMP, "durability", "msg=\"%s\"", warning);

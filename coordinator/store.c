@@ -140,8 +140,14 @@ static void check_fsync(moeq_store *s, char *warning, size_t wn) {
     for (int i = 0; i < 2; i++) {
         moeq_redis_reply *r = NULL;
         const char *argv[] = {"CONFIG", "GET", names[i]};
-        if (moeq_redis_command_argv(s->redis, 3, argv, NULL, &r, NULL, 0) == MOEQ_OK &&
-            moeq_redis_reply_len(r) == 2) {
+        char why[256] = "";
+        moeq_err err = moeq_redis_command_argv(s->redis, 3, argv, NULL, &r, why, sizeof why);
+        if (err && warning && !warning[0]) {
+            /* A least-privilege ACL user (docs/SECURITY.md) may not run CONFIG GET: say what is unchecked. */
+            snprintf(warning, wn, "cannot read redis %s (%s): make sure the server runs appendonly yes and "
+                     "appendfsync always, or set durability = waitaof", names[i], why);
+        }
+        if (err == MOEQ_OK && moeq_redis_reply_len(r) == 2) {
             const char *v = moeq_redis_reply_str(moeq_redis_reply_at(r, 1), NULL);
             if (v && strcmp(v, want[i]) && warning && !warning[0])
                 snprintf(warning, wn, "redis %s is '%s', not '%s': an acknowledged batch can be lost if the "

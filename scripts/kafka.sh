@@ -20,6 +20,10 @@
 #   KAFKA_JVM_OPTS            other JVM flags (lean: serial GC, C1 only, so
 #                             start-up is quick on a small, shared machine)
 #   JAVA                      the java binary (java on PATH; Kafka 3.9 needs 11..23)
+#   MOEQ_KAFKA_SASL_SSL_PORT  also listen for SASL_SSL (SCRAM-SHA-512 over TLS) on
+#                             127.0.0.1:PORT, with the certificates of
+#   MOEQ_KAFKA_TLS_DIR        (scripts/kafka-tls.sh: broker.pem) and one SCRAM user
+#   MOEQ_KAFKA_SCRAM_USER / MOEQ_KAFKA_SCRAM_PASSWORD   (created when DIR is formatted)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 libs="$root/.deps/kafka/libs"
@@ -48,17 +52,17 @@ port_free() {
 }
 
 write_config() { # dir port cport
-  local dir=$1 port=$2 cport=$3
+  local dir=$1 port=$2 cport=$3 sasl_port=${MOEQ_KAFKA_SASL_SSL_PORT:-}
   cat >"$dir/server.properties" <<EOF
 # Written by scripts/kafka.sh: one node, broker + controller, loopback only.
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport${sasl_port:+,SASL_SSL://127.0.0.1:$sasl_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:$port${sasl_port:+,SASL_SSL://127.0.0.1:$sasl_port}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
 log.dirs=$dir/data
 # A single node: every replication factor is 1.
 default.replication.factor=1
@@ -82,6 +86,16 @@ num.recovery.threads.per.data.dir=1
 log.cleaner.threads=1
 log.segment.bytes=67108864
 EOF
+  if [ -n "$sasl_port" ]; then
+    cat >>"$dir/server.properties" <<EOF
+# The secured listener: TLS (a PEM keystore: key + chain) and SCRAM-SHA-512.
+# Clients authenticate; no authorizer, so an authenticated client may do all.
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location=$MOEQ_KAFKA_TLS_DIR/broker.pem
+EOF
+  fi
   cat >"$dir/log4j.properties" <<EOF
 log4j.rootLogger=INFO, file
 log4j.appender.file=org.apache.log4j.RollingFileAppender
@@ -141,6 +155,15 @@ cmd_start() {
   [ -n "$cport" ] || cport=$(free_port)
   port_free "$port" || die "127.0.0.1:$port is already in use"
   port_free "$cport" || die "127.0.0.1:$cport (controller) is already in use"
+  local scram=()
+  if [ -n "${MOEQ_KAFKA_SASL_SSL_PORT:-}" ]; then
+    [ -f "${MOEQ_KAFKA_TLS_DIR:-}/broker.pem" ] || die "MOEQ_KAFKA_SASL_SSL_PORT needs MOEQ_KAFKA_TLS_DIR/broker.pem (scripts/kafka-tls.sh)"
+    [ -n "${MOEQ_KAFKA_SCRAM_USER:-}" ] && [ -n "${MOEQ_KAFKA_SCRAM_PASSWORD:-}" ] ||
+      die "MOEQ_KAFKA_SASL_SSL_PORT needs MOEQ_KAFKA_SCRAM_USER and MOEQ_KAFKA_SCRAM_PASSWORD"
+    port_free "$MOEQ_KAFKA_SASL_SSL_PORT" || die "127.0.0.1:$MOEQ_KAFKA_SASL_SSL_PORT (SASL_SSL) is already in use"
+    # KRaft keeps SCRAM credentials in the metadata log: they are added when formatting.
+    scram=(--add-scram "SCRAM-SHA-512=[name=$MOEQ_KAFKA_SCRAM_USER,password=$MOEQ_KAFKA_SCRAM_PASSWORD]")
+  fi
 
   # Format once; a later start on the same DIR keeps its topics (the developer
   # stack survives `services.sh down; up`). Tests pass a fresh DIR.
@@ -149,7 +172,7 @@ cmd_start() {
   jvm_cmd "$dir"
   if [ ! -f "$dir/data/meta.properties" ]; then
     mkdir -p "$dir/data"
-    if ! "${JVM[@]}" kafka.tools.StorageTool format -t "$(cluster_id)" -c "$dir/server.properties" \
+    if ! "${JVM[@]}" kafka.tools.StorageTool format -t "$(cluster_id)" -c "$dir/server.properties" "${scram[@]}" \
          >"$dir/format.out" 2>&1; then
       cat "$dir/format.out" >&2
       die "formatting KRaft storage in $dir/data failed"

@@ -15,7 +15,8 @@ pkgs=(build-essential cmake pkg-config git clang
       libibverbs-dev libmicrohttpd-dev libcmocka-dev libucx-dev ucx-utils
       redis-server kcat maven default-jdk-headless
       python3 python3-pip python3-numpy python3-msgpack python3-confluent-kafka
-      nodejs npm curl ca-certificates)
+      nodejs npm curl ca-certificates
+      docker-compose python3-yaml prometheus)  # the last three: tests/deploy_check.py (compose config, promtool)
 export DEBIAN_FRONTEND=noninteractive
 # Package names that differ between releases are resolved from the apt lists,
 # so a new machine's empty lists are filled first.

@@ -11,6 +11,11 @@
 #   MOEQ_TEST_KAFKA=127.0.0.1:P
 #   MOEQ_TEST_REDIS=127.0.0.1:P
 #   MOEQ_TEST_KAFKA_PID=...  MOEQ_TEST_REDIS_PID=...
+# and the same broker's secured listener (SASL_SSL, SCRAM-SHA-512, a CA made
+# for this run by scripts/kafka-tls.sh):
+#   MOEQ_TEST_KAFKA_SASL_SSL=127.0.0.1:P  MOEQ_TEST_KAFKA_USER=moeq
+#   MOEQ_TEST_KAFKA_PASSWORD=...  MOEQ_TEST_KAFKA_CA=DIR/tls/ca.pem
+#   MOEQ_TEST_KAFKA_OTHER_CA=DIR/tls/other-ca.pem (trusted by nothing: the negative test)
 # Tests find the file through MOEQ_TEST_ENV_FILE (tests/services_env.h).
 #
 # --die-with-parent (used by the ctest fixture): a small watchdog stops both
@@ -21,12 +26,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 die() { echo "test-services.sh: $*" >&2; exit 1; }
 
-# Three distinct free ports: all sockets are held open until all are chosen.
+# Four distinct free ports: all sockets are held open until all are chosen.
 free_ports() {
   /usr/bin/python3 - <<'EOF'
 import socket
 socks = []
-for _ in range(3):
+for _ in range(4):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     socks.append(s)
@@ -61,30 +66,39 @@ start_kafka() { # dir port cport; retries on a port lost to a race with another 
     grep -qs "Address already in use\|already in use" "$dir/server.log" "$dir/kafka.out" || return 1
     echo "test-services.sh: port race, retrying with new ports" >&2
     rm -rf "$dir"
-    read -r port cport _ < <(free_ports)
+    read -r port cport _ MOEQ_KAFKA_SASL_SSL_PORT < <(free_ports)
   done
   return 1
 }
 
 start() {
   [ $# -ge 1 ] || die "usage: test-services.sh start DIR [--die-with-parent]"
-  local dir kport cport rport watch=0
+  local dir kport cport rport sport password watch=0
   mkdir -p "$1"; dir=$(cd "$1" && pwd)
   [ "${2:-}" = "--die-with-parent" ] && watch=1
   bash "$here/setup.d/10-kafka.sh"
   stop "$dir"                       # leftovers of an earlier, interrupted run
   rm -rf "$dir/kafka" "$dir/redis"
-  read -r kport cport rport < <(free_ports)
+  read -r kport cport rport sport < <(free_ports)
+  "$here/kafka-tls.sh" "$dir/tls" || { stop "$dir"; exit 1; }
+  password=$(head -c 12 /dev/urandom | base64 | tr -d '/+=')
+  export MOEQ_KAFKA_SASL_SSL_PORT=$sport MOEQ_KAFKA_TLS_DIR=$dir/tls
+  export MOEQ_KAFKA_SCRAM_USER=moeq MOEQ_KAFKA_SCRAM_PASSWORD=$password
 
   "$here/services.sh" redis-start "$dir/redis" "$rport" || { stop "$dir"; exit 1; }
   start_kafka "$dir/kafka" "$kport" "$cport" || { stop "$dir"; exit 1; }
-  kport=$(sed -n 's/^advertised.listeners=PLAINTEXT:\/\/127.0.0.1://p' "$dir/kafka/server.properties")
+  kport=$(sed -n 's/^advertised.listeners=PLAINTEXT:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$dir/kafka/server.properties")
 
   {
     echo "MOEQ_TEST_KAFKA=127.0.0.1:$kport"
     echo "MOEQ_TEST_REDIS=127.0.0.1:$rport"
     echo "MOEQ_TEST_KAFKA_PID=$(cat "$dir/kafka/kafka.pid")"
     echo "MOEQ_TEST_REDIS_PID=$(cat "$dir/redis/redis.pid")"
+    echo "MOEQ_TEST_KAFKA_SASL_SSL=127.0.0.1:$MOEQ_KAFKA_SASL_SSL_PORT"
+    echo "MOEQ_TEST_KAFKA_USER=$MOEQ_KAFKA_SCRAM_USER"
+    echo "MOEQ_TEST_KAFKA_PASSWORD=$MOEQ_KAFKA_SCRAM_PASSWORD"
+    echo "MOEQ_TEST_KAFKA_CA=$dir/tls/ca.pem"
+    echo "MOEQ_TEST_KAFKA_OTHER_CA=$dir/tls/other-ca.pem"
   } >"$dir/env.tmp"
   mv "$dir/env.tmp" "$dir/env"
   if [ $watch = 1 ]; then

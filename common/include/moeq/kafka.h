@@ -303,6 +303,34 @@ size_t moeq_kafka_msg_header_count(const moeq_kafka_msg *msg);
 moeq_err moeq_kafka_msg_header_at(const moeq_kafka_msg *msg, size_t i, moeq_kafka_header *header);
 void moeq_kafka_msg_destroy(moeq_kafka_msg *msg); /* NULL is safe */
 
+/* ---- topics (admin) ------------------------------------------------------ */
+
+/* One topic to create: its partitions, replication and topic configs. */
+typedef struct moeq_kafka_topic_spec {
+    const char *name;
+    int partitions;              /* >= 1                                             */
+    int replication_factor;      /* >= 1, or -1 for the broker's default.replication.factor */
+    const char *const *configs;  /* key, value, key, value, ..., NULL (may be NULL)   */
+} moeq_kafka_topic_spec;
+
+typedef enum moeq_kafka_topic_outcome {
+    MOEQ_KAFKA_TOPIC_CREATED = 0,  /* created (or, validate_only, would be)            */
+    MOEQ_KAFKA_TOPIC_EXISTS,       /* already there: left as it is                     */
+    MOEQ_KAFKA_TOPIC_FAILED,       /* the broker refused it: message says why           */
+} moeq_kafka_topic_outcome;
+
+/*
+ * Create topics through the broker's admin API (CreateTopics), with the
+ * kafka.* pass-through keys (TLS, SASL) of every other client. outcome[i] and
+ * message[i] (each 256 bytes, "" when created) per spec. validate_only: the
+ * broker checks the request and creates nothing. Returns MOEQ_OK when every
+ * request got an answer (look at outcome), or the error that stopped all of
+ * them (a bad kafka.* key: INVALID_ARG; no broker answered in timeout_ms: TIMEOUT).
+ */
+moeq_err moeq_kafka_create_topics(const char *brokers, const moeq_kvlist *kafka, const moeq_kafka_topic_spec *specs,
+                                  int n_specs, int validate_only, int timeout_ms, moeq_kafka_topic_outcome *outcome,
+                                  char (*message)[256], char *errstr, size_t errstr_size);
+
 #ifdef __cplusplus
 }
 #endif
