@@ -9,7 +9,8 @@
  * sent. And issue 16's bullets: an OpenAI Batch file (chat and completions)
  * end to end with its output and errors files; bad lines under
  * --skip-invalid; an all-error run exits non-zero with counts; kafka.* keys
- * from the environment are read (and a bad one refused); an unreachable
+ * from the environment are read (and a bad one refused), a SASL_SSL
+ * listener is reached with them (a wrong password fails fast); an unreachable
  * broker fails in seconds naming it; --resume sends only what --out does not
  * answer and waits for a job an earlier run sent. Needs the `services`
  * fixture (skips with 77 without it).
@@ -298,6 +299,42 @@ static void submit_fails_fast_naming_the_broker_when_it_is_unreachable(void **st
     free(err);
 }
 
+/* The fixture's SASL_SSL listener (same broker, other port): kafka.* keys from MOEQ_KAFKA__* reach librdkafka. */
+static void submit_reaches_a_sasl_ssl_listener_with_kafka_keys_from_the_environment(void **state) {
+    (void)state;
+    char sasl[128], user[128], pass[256], ca[700];
+    if (moeq_test_service("MOEQ_TEST_KAFKA_SASL_SSL", sasl, sizeof sasl) ||
+        moeq_test_service("MOEQ_TEST_KAFKA_USER", user, sizeof user) ||
+        moeq_test_service("MOEQ_TEST_KAFKA_PASSWORD", pass, sizeof pass) ||
+        moeq_test_service("MOEQ_TEST_KAFKA_CA", ca, sizeof ca)) {
+        fprintf(stderr, "SKIP the fixture has no SASL_SSL listener\n");
+        skip();
+    }
+    char in[700], cmd[8192], errp[720];
+    snprintf(in, sizeof in, "%s/sasl.jsonl", g_dir);
+    snprintf(errp, sizeof errp, "%s.err", in);
+    write_file(in, "{\"v\":1,\"id\":\"sasl-1\",\"prompt\":\"over tls\",\"max_new_tokens\":2}\n"
+                   "{\"v\":1,\"id\":\"sasl-2\",\"prompt\":\"and scram\",\"max_new_tokens\":2}\n");
+    for (int wrong = 0; wrong < 2; wrong++) {
+        snprintf(cmd, sizeof cmd,
+                 "MOEQ_KAFKA__SECURITY__PROTOCOL=SASL_SSL MOEQ_KAFKA__SASL__MECHANISM=SCRAM-SHA-512 "
+                 "MOEQ_KAFKA__SASL__USERNAME='%s' MOEQ_KAFKA__SASL__PASSWORD='%s%s' MOEQ_KAFKA__SSL__CA__LOCATION='%s' "
+                 "%s submit --in %s --out %s.out --brokers %s --topic %s --results-topic %s --dlq-topic %s.dlq "
+                 "--timeout-s 120 --connect_timeout_s=5 2>%s",
+                 user, pass, wrong ? "-wrong" : "", ca, g_t.moeq, in, in, sasl, g_t.jobs_topic, g_t.results_topic,
+                 g_t.ns, errp);
+        int64_t t0 = moeq_now_ms();
+        int st = system(cmd);
+        char *err = read_file(errp);
+        int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        if (!wrong && (rc != 0 || summary_count(err, "ok") != 2)) fail_msg("exit %d, stderr: %s", rc, err);
+        if (wrong && (rc != 3 || !strstr(err, sasl) || !strstr(err, "SASL authentication") ||
+                      moeq_now_ms() - t0 > 20000)) /* refused, named (broker and why, in librdkafka's line), in seconds */
+            fail_msg("wrong password: exit %d after %lld ms, stderr: %s", rc, (long long)(moeq_now_ms() - t0), err);
+        free(err);
+    }
+}
+
 /* Wait up to wait_ms for the results consumer to have seen a result for id. */
 static int result_seen(const char *id, int wait_ms) {
     for (int64_t end = moeq_now_ms() + wait_ms; moeq_now_ms() < end;) {
@@ -408,6 +445,7 @@ int main(void) {
         cmocka_unit_test(an_all_error_run_exits_non_zero_and_counts_each_status),
         cmocka_unit_test(submit_reads_kafka_keys_from_the_environment_like_the_other_roles),
         cmocka_unit_test(submit_fails_fast_naming_the_broker_when_it_is_unreachable),
+        cmocka_unit_test(submit_reaches_a_sasl_ssl_listener_with_kafka_keys_from_the_environment),
         cmocka_unit_test(submit_resume_sends_only_what_out_does_not_answer),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
