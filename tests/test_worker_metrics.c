@@ -107,7 +107,7 @@ static void running_and_waiting_jobs_and_kv_cache_usage_are_gauges(void **state)
     (void)state;
     static moeq_worker_metrics m;
     memset(&m, 0, sizeof m);
-    atomic_store(&m.requests_running, 3);
+    atomic_store(&m.sequences_active, 3); /* rendered as requests_running */
     atomic_store(&m.requests_waiting, 5);
     atomic_store(&m.kv_reserved_tokens, 4096);
     atomic_store(&m.kv_capacity_tokens, 16384);

@@ -1048,14 +1048,14 @@ static void heartbeat(moeq_worker *w, int64_t now) {
              "{\"id\":\"%s\",\"model\":\"%s\",\"version\":\"%s\",\"max_seqs\":%lld,\"free_slots\":%d,\"running\":%d,"
              "\"pending\":%d,\"batches\":%d,\"tokens_per_s\":%.1f,\"jobs_finished\":%lld,\"draining\":%d,"
              "\"started_ms\":%lld,\"ts\":%lld}",
-             w->params.worker_id, w->model_name, moeq_version(), (long long)w->params.max_seqs, st.free_slots, st.running,
+             w->params.worker_id, w->model_name, "0.1.0", (long long)w->params.max_seqs, st.free_slots, st.running,
              st.pending, w->n_held, w->tokens_per_s, (long long)st.jobs_finished, (int)w->stop,
              (long long)w->started_ms, (long long)now);
     char err[256];
     moeq_err e = worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, json, 3 * w->params.heartbeat_interval_ms, err,
                                      sizeof err);
     atomic_store(&w->metrics.healthy, e == MOEQ_OK);
-    atomic_store(&w->metrics.requests_running, st.running);
+    atomic_store(&w->metrics.sequences_active, st.running);
     atomic_store(&w->metrics.slots_free, st.free_slots);
     atomic_store(&w->metrics.requests_waiting, st.pending);
     atomic_store(&w->metrics.kv_reserved_tokens, st.kv_reserved_tokens);

@@ -98,7 +98,7 @@ static void results_by_status(out_buf *o, const moeq_worker_metrics *m, const ch
 }
 
 static void vllm_set(out_buf *o, const moeq_worker_metrics *m, const char *wid) {
-    counter(o, "requests_running", "jobs holding a sequence slot", "gauge", wid, LOAD(m->requests_running));
+    counter(o, "requests_running", "jobs holding a sequence slot", "gauge", wid, LOAD(m->sequences_active));
     counter(o, "requests_waiting", "jobs taken from the streams, waiting for a slot", "gauge", wid,
             LOAD(m->requests_waiting));
     long long cap = LOAD(m->kv_capacity_tokens);

@@ -37,12 +37,13 @@ typedef struct moeq_worker_metrics {
     atomic_llong ack_failures;                    /* acknowledgements Redis did not take (retried) */
     atomic_llong prefill_tokens, decode_tokens, steps;
     atomic_llong prefix_tokens_shared;            /* prompt tokens forked from a running job */
-    atomic_llong requests_running, slots_free;    /* gauges: jobs holding a slot, free slots */
+    atomic_llong sequences_active, slots_free;
     atomic_llong engine_ns;                       /* time inside engine steps (rendered in seconds) */
     atomic_llong mtp_rounds, mtp_drafted, mtp_accepted; /* speculative decoding (MTP)     */
     atomic_int healthy;                           /* 0 while Redis/Kafka are unreachable */
     atomic_int draining;
-    /* The set vLLM users know (docs/METRICS.md), from the heartbeat's scheduler stats and each result. */
+    /* The set vLLM users know (docs/METRICS.md), from the heartbeat's scheduler stats and each result;
+     * sequences_active above is rendered as requests_running. */
     atomic_llong requests_waiting;                /* gauge: jobs taken, waiting for a slot          */
     atomic_llong kv_reserved_tokens, kv_capacity_tokens; /* gauges: kv_cache_usage_ratio = reserved / capacity */
     atomic_llong prompt_tokens, generation_tokens; /* results' usage                                */
