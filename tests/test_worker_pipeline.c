@@ -624,12 +624,12 @@ static long long worker_steps(int port) {
     ssize_t r;
     while (len + 1 < sizeof buf && (r = read(fd, buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)r;
     buf[len] = 0;
-    close(fd);
     const char *body = strstr(buf, "\r\n\r\n"); /* a running worker's page: the conventions, all documented */
     char why[512];
     assert_non_null(body);
     if (moeq_test_metrics_lint(body + 4, why, sizeof why)) fail_msg("%s", why);
     if (moeq_test_metrics_documented(body + 4, why, sizeof why)) fail_msg("%s", why);
+    close(fd);
     const char *p = strstr(buf, "\nmoeq_worker_steps_total{");
     assert_non_null(p);
     p = strchr(p, '}');
