@@ -10,15 +10,16 @@
 #include "moeq/engine.h"
 #include "moeq/redis.h"
 #include "params.h"
+#include "submit_params.h"
 #include "worker.h"
 
 int moeq_cmd_config_docs(int argc, char **argv);
 
 const moeq_prop *const *moeq_cli_other_tables(const moeq_prop *self) {
     static const moeq_prop *others[4];
-    const moeq_prop *all[] = {moeq_coordinator_props(), moeq_worker_config_props()};
+    const moeq_prop *all[] = {moeq_coordinator_props(), moeq_worker_config_props(), moeq_submit_props()};
     size_t n = 0;
-    for (size_t i = 0; i < 2; i++)
+    for (size_t i = 0; i < 3; i++)
         if (all[i] != self) others[n++] = all[i];
     others[n] = NULL;
     return others;

@@ -720,9 +720,7 @@ static void sample_items(moeq_worker *w, const moeq_sched_step *plan) {
         wjob *job = it->user;
         if (!job->got_first) {
             job->got_first = 1;
-            int64_t ttft = moeq_now_ms() - job->batch->taken_ms;
-            atomic_fetch_add(&w->metrics.ttft_ms_sum, ttft);
-            atomic_fetch_add(&w->metrics.ttft_count, 1);
+            moeq_worker_metrics_observe_ttft(&w->metrics, moeq_now_ms() - job->batch->taken_ms);
         }
     }
 }
@@ -878,7 +876,7 @@ static void publish_finished(moeq_worker *w) {
         if (fin.status != MOEQ_RESULT_OK && fin.status != MOEQ_RESULT_CANCELLED && fin.status != MOEQ_RESULT_EXPIRED)
             job->state = 'F';
         atomic_fetch_add(&w->metrics.jobs_finished, 1);
-        moeq_worker_metrics_observe_latency(&w->metrics, r.timings.total_ms);
+        moeq_worker_metrics_observe_result(&w->metrics, &r);
     }
 }
 
@@ -1063,6 +1061,9 @@ static void heartbeat(moeq_worker *w, int64_t now) {
     atomic_store(&w->metrics.healthy, e == MOEQ_OK);
     atomic_store(&w->metrics.sequences_active, st.running);
     atomic_store(&w->metrics.slots_free, st.free_slots);
+    atomic_store(&w->metrics.requests_waiting, st.pending);
+    atomic_store(&w->metrics.kv_reserved_tokens, st.kv_reserved_tokens);
+    atomic_store(&w->metrics.kv_capacity_tokens, w->params.kv_cache_tokens);
 }
 
 /*
