@@ -102,6 +102,9 @@ int moeq_cmd_config_docs(int argc, char **argv) {
     moeq_props_print_markdown_section("Worker (`moeq worker`, `moeq status`)",
                                       "Includes the same job limits: both roles validate a job with the same bounds.",
                                       moeq_worker_config_props(), stdout);
+    moeq_props_print_markdown_section("Submit (`moeq submit`)",
+                                      "Also takes `--in`, `--out`, `--errors`, `--skip-invalid` and `--resume` (docs/SUBMIT.md).",
+                                      moeq_submit_props(), stdout);
     moeq_props_print_markdown_section("Engine (`moeq generate`, `moeq logits`; the worker sets these from its keys)",
                                       NULL, moeq_engine_params_props, stdout);
     moeq_props_print_markdown_section("Redis connection (`redis.<key>`, every role)",
