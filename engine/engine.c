@@ -432,6 +432,10 @@ moeq_err moeq_engine_join_group(moeq_engine *e, moeq_ep *ep, const moeq_ep_param
 
 int moeq_engine_in_group(const moeq_engine *e) { return e && moeq_moe_layer_in_group(e); }
 
+moeq_err moeq_engine_group_status(const moeq_engine *e, char *errstr, size_t errstr_size) {
+    return e && e->moe ? moeq_moe_layer_status(e, errstr, errstr_size) : MOEQ_OK;
+}
+
 moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
                           size_t logits_rows, char *errstr, size_t errstr_size) {
     return moeq_engine_step_hidden(engine, items, n_items, logits, logits_rows, NULL, 0, errstr, errstr_size);

@@ -7,7 +7,8 @@
  * and tiny-v2 (V2, two shared experts). The script has ticks where one rank
  * has no tokens (an empty step that still serves the others' rows) and a step
  * one rank's checks refuse (it still takes part). Then a rank killed with -9
- * mid-run fails the survivors' step, naming it. Skipped (77) without UCX.
+ * mid-run fails the survivors' step, naming it. moeq_ep_allgather (the worker
+ * group's per-tick agreement) over UCX is checked at the end. Skipped (77) without UCX.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -190,7 +191,10 @@ static int run_rank(const group_cfg *g, int r) {
     } else {
         rc = run_script(e, r, g->n_ranks, g_vocab[g->preset], NULL, g_ref[g->preset][g->n_ranks - 2][r], -1, err,
                         sizeof err);
-        if (!rc) rc = moeq_ep_barrier(ep, err, sizeof err) != MOEQ_OK; /* nobody leaves while another still steps */
+        int64_t all[MAX_RANKS] = {0}; /* the worker's per-tick agreement; nobody leaves while another still steps */
+        if (!rc) rc = moeq_ep_allgather(ep, 1000 + r, all, err, sizeof err) != MOEQ_OK;
+        for (int q = 0; q < g->n_ranks && !rc; q++)
+            if (all[q] != 1000 + q) rc = 1, snprintf(err, sizeof err, "allgather: rank %d sent %lld", q, (long long)all[q]);
         if (rc) fprintf(stderr, "rank %d (%s, %d ranks, placement %d): %s\n", r, g->tls, g->n_ranks, g->placement, err);
     }
     moeq_engine_destroy(e);
