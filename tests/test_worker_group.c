@@ -9,14 +9,28 @@
  *     step within ep.timeout_ms, exits naming the dead rank and leaves its
  *     batches pending; both ranks restarted (a supervisor's job) form the
  *     group again under a new generation, and every job ends with a result
- *     (duplicates identical, counted).
+ *     (duplicates identical, counted);
+ *   - two "hosts": rank 1 in a network namespace of its own, joined to the
+ *     host's by a veth pair, the ranks' UCX traffic over that link (tcp), the
+ *     namespace reaching Kafka and Redis through a forwarder; every result
+ *     equals generate alone (skipped, with the reason, where `ip netns` fails).
  * Skips (77) without the services or without UCX.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* setns */
+#endif
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
 
 #include "ep_rendezvous_redis.h"
 #include "moeq/engine.h"
@@ -291,6 +305,160 @@ static void killing_one_rank_with_sigkill_loses_no_job_and_the_group_forms_again
     assert_int_equal(g_t.mismatches, 0);
 }
 
+/* ---- two "hosts": a network namespace and a veth pair ------------------------------- */
+
+#define NS_NAME "moeq-epg-b"
+#define VETH_A "moeq-epg-a0" /* the host's end, 10.199.77.1 */
+#define VETH_B "moeq-epg-b0" /* the namespace's end, 10.199.77.2 */
+
+static int sh(const char *cmd) { return system(cmd) == 0 ? 0 : -1; }
+
+static void netns_down(void) {
+    if (system("ip netns del " NS_NAME " 2>/dev/null; ip link del " VETH_A " 2>/dev/null") != 0) { /* may not exist */ }
+}
+
+/* 0, or -1 with why set (not root, no netns support). */
+static int netns_up(char *why, size_t n) {
+    netns_down();
+    const char *steps[] = {"ip netns add " NS_NAME, "ip link add " VETH_A " type veth peer name " VETH_B,
+                           "ip link set " VETH_B " netns " NS_NAME, "ip addr add 10.199.77.1/24 dev " VETH_A,
+                           "ip link set " VETH_A " up",
+                           "ip netns exec " NS_NAME " ip addr add 10.199.77.2/24 dev " VETH_B,
+                           "ip netns exec " NS_NAME " ip link set " VETH_B " up",
+                           "ip netns exec " NS_NAME " ip link set lo up"};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "%s 2>/dev/null", steps[i]);
+        if (sh(cmd)) {
+            snprintf(why, n, "`%s` failed (needs root and network namespaces)", steps[i]);
+            netns_down();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int listen_on(uint16_t port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 64)) return -1;
+    return fd;
+}
+
+/*
+ * The namespace reaches the host's Kafka and Redis (bound to 127.0.0.1) as if they ran there: listening
+ * sockets made inside the namespace on the same ports, connections made back in the host's namespace (a
+ * socket keeps the namespace it was made in). A child process; killed by the test.
+ */
+static pid_t start_forwarder(const uint16_t *ports, int n_ports) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    int host = open("/proc/self/ns/net", O_RDONLY), ns = open("/var/run/netns/" NS_NAME, O_RDONLY);
+    if (host < 0 || ns < 0 || setns(ns, CLONE_NEWNET)) _exit(2);
+    enum { MAXC = 128 };
+    struct pollfd pf[2 * MAXC + 4];
+    int lst[4], peer[2 * MAXC + 4], n = 0;
+    for (int i = 0; i < n_ports; i++)
+        if ((lst[i] = listen_on(ports[i])) < 0) _exit(3);
+    if (setns(host, CLONE_NEWNET)) _exit(4);
+    for (int i = 0; i < n_ports; i++) pf[i] = (struct pollfd){lst[i], POLLIN, 0};
+    n = n_ports;
+    for (;;) {
+        if (poll(pf, (nfds_t)n, -1) < 0) continue;
+        for (int i = 0; i < n; i++) {
+            if (!pf[i].revents) continue;
+            if (i < n_ports) {
+                int c = accept(lst[i], NULL, NULL), d = socket(AF_INET, SOCK_STREAM, 0);
+                struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(ports[i]),
+                                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+                if (c < 0 || d < 0 || n + 2 > 2 * MAXC + 4 || connect(d, (struct sockaddr *)&a, sizeof a)) {
+                    if (c >= 0) close(c);
+                    if (d >= 0) close(d);
+                    continue;
+                }
+                pf[n] = (struct pollfd){c, POLLIN, 0}, peer[n++] = d;
+                pf[n] = (struct pollfd){d, POLLIN, 0}, peer[n++] = c;
+                continue;
+            }
+            char buf[65536];
+            ssize_t got = read(pf[i].fd, buf, sizeof buf), off = 0;
+            while (got > 0 && off < got) {
+                ssize_t w = write(peer[i], buf + off, (size_t)(got - off));
+                if (w <= 0) break;
+                off += w;
+            }
+            if (got <= 0 || off < got) { /* one side closed: close both, drop the pair */
+                int lo = n_ports + (i - n_ports) / 2 * 2; /* a pair sits at lo, lo + 1 */
+                close(pf[lo].fd), close(pf[lo + 1].fd);
+                pf[lo] = pf[n - 2], peer[lo] = peer[n - 2], pf[lo + 1] = pf[n - 1], peer[lo + 1] = peer[n - 1];
+                n -= 2;
+                break; /* the array changed: poll again */
+            }
+        }
+    }
+}
+
+/* Bytes through the host's end of the veth, both ways: only the ranks' UCX traffic crosses it. */
+static long long veth_bytes(void) {
+    long long total = 0;
+    const char *files[] = {"/sys/class/net/" VETH_A "/statistics/rx_bytes", "/sys/class/net/" VETH_A "/statistics/tx_bytes"};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(files[i], "r");
+        long long v = 0;
+        if (f && fscanf(f, "%lld", &v) == 1) total += v;
+        if (f) fclose(f);
+    }
+    return total;
+}
+
+static uint16_t port_of(const char *hostport) {
+    const char *c = strrchr(hostport, ':');
+    return (uint16_t)(c ? atoi(c + 1) : 0);
+}
+
+static void a_group_across_two_network_namespaces_answers_every_job_as_moeq_generate_alone(void **state) {
+    (void)state;
+    enum { N = 24 };
+    char why[256];
+    if (netns_up(why, sizeof why)) {
+        printf("SKIP %s\n", why);
+        skip();
+    }
+    uint16_t ports[2] = {port_of(g_t.kafka), port_of(g_t.redis)};
+    pid_t fwd = track(start_forwarder(ports, 2));
+    char moeq[sizeof g_t.moeq];
+    memcpy(moeq, g_t.moeq, sizeof moeq);
+    pid_t coord = track(e2e_start_coordinator(&g_t, NULL));
+    /* the ranks' program: rank 0 on the host's end of the veth, rank 1 inside the namespace on the other */
+    snprintf(g_t.moeq, sizeof g_t.moeq, "env UCX_NET_DEVICES=" VETH_A " %.400s", moeq);
+    pid_t r0 = start_rank("ns", 0, NULL);
+    snprintf(g_t.moeq, sizeof g_t.moeq, "ip netns exec " NS_NAME " env UCX_NET_DEVICES=" VETH_B " %.400s", moeq);
+    pid_t r1 = start_rank("ns", 1, NULL);
+    memcpy(g_t.moeq, moeq, sizeof moeq);
+    produce("ns", N);
+    int have = collect_tag("ns", N, N, 120000);
+    e2e_collect(&g_t, g_t.n_jobs + 1, 1000);
+    int st0 = e2e_term(r0, 20000), st1 = e2e_term(r1, 20000);
+    e2e_term(coord, 20000);
+    e2e_kill9(fwd);
+    long long crossed = veth_bytes();
+    netns_down();
+    print_message("group: two namespaces: %d jobs answered, %lld bytes over the veth pair\n", have, crossed);
+    assert_true(crossed > 100000); /* the exchanges did cross the link */
+    assert_int_equal(have, N);
+    assert_int_equal(st0, 0);
+    assert_int_equal(st1, 0);
+    assert_true(log_has("ns", 1, "ep_group_formed"));
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        e2e_job *r = result_of("ns", i);
+        bad += r->n_results != 1;
+        bad += check_job("ns", i, r);
+    }
+    assert_int_equal(bad, 0);
+}
+
 static int group_setup(void **state) {
     (void)state;
     int rc = e2e_open(&g_t, "wkgrp");
@@ -322,6 +490,7 @@ static int group_teardown(void **state) {
     (void)state;
     for (int i = 0; i < g_n_pids; i++)
         if (kill(g_pids[i], 0) == 0) e2e_kill9(g_pids[i]);
+    netns_down();
     moeq_engine_destroy(g_engine);
     moeq_tokenizer_destroy(g_tok);
     moeq_model_destroy(g_mdl);
@@ -334,6 +503,7 @@ int main(void) {
         cmocka_unit_test(the_redis_rendezvous_hands_out_the_current_generation_only),
         cmocka_unit_test(a_two_rank_group_answers_every_job_once_as_moeq_generate_alone),
         cmocka_unit_test(killing_one_rank_with_sigkill_loses_no_job_and_the_group_forms_again),
+        cmocka_unit_test(a_group_across_two_network_namespaces_answers_every_job_as_moeq_generate_alone),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
