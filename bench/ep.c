@@ -304,7 +304,8 @@ static moeq_err decode_run(const decode_cfg *g, decode_out *o) {
         if (!rc) rc = moeq_ep_new(&ep_p, NULL, &rv, &ep, o->err, sizeof o->err);
         if (!rc) rc = moeq_engine_join_group(e, ep, &ep_p, o->err, sizeof o->err);
     }
-    if (!rc) rc = decode_steps(e, n_seq, moeq_model_get_config(m)->vocab_size, g->steps, &o->seconds, o->err, sizeof o->err);
+    int vocab = m ? moeq_model_get_config(m)->vocab_size : 0;
+    if (!rc) rc = decode_steps(e, n_seq, vocab, g->steps, &o->seconds, o->err, sizeof o->err);
     if (!rc && ep) rc = moeq_ep_barrier(ep, o->err, sizeof o->err);
     o->peak_rss_kb = status_kb("VmHWM:"), o->rss_file_kb = status_kb("RssFile:");
     moeq_engine_destroy(e);
@@ -341,7 +342,8 @@ static int decode_fork(decode_cfg g, int n, decode_out *out) {
         else bad = 1;
     }
     close(fd[0]);
-    for (int r = 0; r < n; r++) bad |= waitpid(pid[r], &status, 0) != pid[r] || !WIFEXITED(status) || WEXITSTATUS(status);
+    for (int r = 0; r < n; r++)
+        bad |= waitpid(pid[r], &status, 0) != pid[r] || !WIFEXITED(status) || WEXITSTATUS(status);
     return bad;
 }
 
@@ -363,7 +365,8 @@ static int decode_main(decode_cfg g) {
     for (int r = 0; r < g.ranks; r++) slowest = ranks[r].seconds > slowest ? ranks[r].seconds : slowest;
     printf("{\"bench\":\"ep-decode\",\"model\":\"%s\",\"ranks\":%d,\"batch_per_rank\":%d,\"steps\":%d,\"tls\":\"%s\",",
            g.model, g.ranks, g.batch, g.steps, g.tls);
-    printf("\"one_process\":{\"threads\":%d,\"batch\":%d,\"tokens_per_s\":%.2f,\"peak_rss_mb\":%.1f,\"rss_file_mb\":%.1f},",
+    printf("\"one_process\":{\"threads\":%d,\"batch\":%d,\"tokens_per_s\":%.2f,\"peak_rss_mb\":%.1f,"
+           "\"rss_file_mb\":%.1f},",
            g.ranks, g.ranks * g.batch, tokens / one.seconds, one.peak_rss_kb / 1024.0, one.rss_file_kb / 1024.0);
     printf("\"group\":{\"threads_per_rank\":1,\"tokens_per_s\":%.2f,\"ranks\":[", tokens / slowest);
     for (int r = 0; r < g.ranks; r++)
@@ -387,11 +390,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tls") && i + 1 < argc) snprintf(tls_list, sizeof tls_list, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--payload") && i + 1 < argc) snprintf(base.payload, sizeof base.payload, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) base.hidden = atoi(argv[++i]);
-        else return fprintf(stderr, "usage: bench-ep [--tls tcp,posix] [--payload f32|bf16|fp8] [--hidden H] [--quick]\n"
-                                    "       bench-ep --decode MODEL_DIR [--ranks 2] [--batch B] [--steps N] [--tls tcp]\n"), 2;
+        else
+            return fprintf(stderr, "usage: bench-ep [--tls tcp,posix] [--payload f32|bf16|fp8] [--hidden H] [--quick]\n"
+                                   "       bench-ep --decode MODEL_DIR [--ranks 2] [--batch B] [--steps N] [--tls tcp]\n"),
+                   2;
     }
     if (dc.model) {
-        if (dc.ranks < 1 || dc.ranks > 8 || dc.batch < 1 || dc.steps < 1) return fprintf(stderr, "bench-ep: bad --decode args\n"), 2;
+        if (dc.ranks < 1 || dc.ranks > 8 || dc.batch < 1 || dc.steps < 1)
+            return fprintf(stderr, "bench-ep: --ranks 1..8, --batch and --steps >= 1\n"), 2;
         snprintf(dc.tls, sizeof dc.tls, "%s", strchr(tls_list, ',') ? "tcp" : tls_list);
         return decode_main(dc);
     }

@@ -411,7 +411,8 @@ moeq_err moeq_engine_ep_params(const moeq_engine *e, const moeq_ep_params *base,
 
 moeq_err moeq_engine_join_group(moeq_engine *e, moeq_ep *ep, const moeq_ep_params *p, char *errstr,
                                 size_t errstr_size) {
-    if (!e || !ep || !p) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine, ep and params are required");
+    if (!e || !ep || !p)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine, ep and params are required");
     moeq_ep_params want;
     moeq_err err = moeq_engine_ep_params(e, p, &want, errstr, errstr_size);
     if (err) return err;

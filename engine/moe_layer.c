@@ -164,7 +164,8 @@ moeq_err moeq_moe_layer_set_placement(moeq_engine *e, const moeq_ep_placement *p
     moeq_moe_layer *m = e->moe;
     if (!m) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the model has no routed experts");
     if (m->borrowed)
-        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the engine is a rank of a group: its placement is the group's");
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "the engine is a rank of a group: its placement is the group's");
     if (pl) return sim_set(m, e->cfg->n_routed_experts, pl, errstr, errstr_size);
     free_sim(m);
     return m->ep ? MOEQ_OK : moeq_ep_new(&m->ep_params, NULL, NULL, &m->ep, errstr, errstr_size);
@@ -248,7 +249,8 @@ static int down_jobs(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, 
 static void run_experts(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, int64_t T) {
     moeq_scratch *s = &e->s;
     int64_t D = e->cfg->hidden_size, N = rows->n_rows;
-    int64_t MI = e->cfg->moe_intermediate_size, SI = L->shared.gate_proj && T ? moeq_tensor_rows(L->shared.gate_proj) : 0;
+    int64_t MI = e->cfg->moe_intermediate_size;
+    int64_t SI = L->shared.gate_proj && T ? moeq_tensor_rows(L->shared.gate_proj) : 0; /* none in an empty step */
     float *sg = rows->g + N * MI, *su = rows->u + N * MI;
     for (int p = 0; p < rows->n_parts; p++) {
         int n = gate_up_jobs(e, L, rows, rows->part[p], rows->part[p + 1], 0);
@@ -310,10 +312,13 @@ static void drop_remote_experts(moeq_engine *e, const moeq_ep_placement *pl, int
         if (!L->experts) continue;
         for (int x = 0; x < E; x++) {
             int local = 0;
-            for (int i = 0; i < moeq_ep_placement_n_replicas(pl, x); i++) local |= moeq_ep_placement_replica(pl, x, i) == rank;
+            for (int i = 0; i < moeq_ep_placement_n_replicas(pl, x); i++)
+                local |= moeq_ep_placement_replica(pl, x, i) == rank;
             if (local && l < n_main) continue;
             const moeq_expert *ex = &L->experts[x];
-            moeq_tensor_drop_pages(ex->gate_proj), moeq_tensor_drop_pages(ex->up_proj), moeq_tensor_drop_pages(ex->down_proj);
+            moeq_tensor_drop_pages(ex->gate_proj);
+            moeq_tensor_drop_pages(ex->up_proj);
+            moeq_tensor_drop_pages(ex->down_proj);
         }
     }
 }
@@ -331,7 +336,8 @@ moeq_err moeq_moe_layer_join(moeq_engine *e, moeq_ep *ep, int rank, int n_ranks,
     int64_t K = m->ep_params.top_k, T = m->ep_params.max_tokens, D = e->cfg->hidden_size;
     int64_t MI = e->cfg->moe_intermediate_size, SI = (int64_t)e->cfg->n_shared_experts * MI;
     m->cap_rows = (int64_t)n_ranks * T * K;
-    size_t gu = (size_t)(m->cap_rows * MI + T * SI) * sizeof(float), dn = (size_t)((m->cap_rows + T) * D) * sizeof(float);
+    size_t gu = (size_t)(m->cap_rows * MI + T * SI) * sizeof(float);
+    size_t dn = (size_t)((m->cap_rows + T) * D) * sizeof(float);
     moeq_backend *b = e->backend;
     if (!(m->gg = b->alloc(b, MOEQ_BUFFER_ARENA, gu)) || !(m->gu = b->alloc(b, MOEQ_BUFFER_ARENA, gu)) ||
         !(m->gdown = b->alloc(b, MOEQ_BUFFER_ARENA, dn)))

@@ -194,7 +194,8 @@ static int run_rank(const group_cfg *g, int r) {
         int64_t all[MAX_RANKS] = {0}; /* the worker's per-tick agreement; nobody leaves while another still steps */
         if (!rc) rc = moeq_ep_allgather(ep, 1000 + r, all, err, sizeof err) != MOEQ_OK;
         for (int q = 0; q < g->n_ranks && !rc; q++)
-            if (all[q] != 1000 + q) rc = 1, snprintf(err, sizeof err, "allgather: rank %d sent %lld", q, (long long)all[q]);
+            if (all[q] != 1000 + q)
+                rc = 1, snprintf(err, sizeof err, "allgather: rank %d sent %lld", q, (long long)all[q]);
         if (rc) fprintf(stderr, "rank %d (%s, %d ranks, placement %d): %s\n", r, g->tls, g->n_ranks, g->placement, err);
     }
     moeq_engine_destroy(e);
@@ -237,7 +238,8 @@ static void run_group(group_cfg g) {
 static void every_group(const char *tls) {
     for (int p = 0; p < 2; p++)
         for (int R = 2; R <= 3; R++)
-            for (int pl = IDENTITY; pl <= REPLICATED; pl++) run_group((group_cfg){tls, p, R, (placement_kind)pl, -1, ""});
+            for (int pl = IDENTITY; pl <= REPLICATED; pl++)
+                run_group((group_cfg){tls, p, R, (placement_kind)pl, -1, ""});
 }
 
 static void two_and_three_ranks_over_tcp_give_the_single_process_logits_bit_for_bit(void **state) {

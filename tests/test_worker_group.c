@@ -135,9 +135,11 @@ static void produce(const char *tag, int n_jobs) {
         snprintf(id, sizeof id, "grp-%s-%s-%d", g_t.ns, tag, i);
         moeq_kafka_header h = {"content-type", "application/json", 16};
         moeq_kafka_out m = {.topic = g_t.jobs_topic, .partition = MOEQ_KAFKA_PARTITION_ANY, .key = id,
-                            .key_len = strlen(id), .value = json, .value_len = (size_t)len, .headers = &h, .n_headers = 1};
+                            .key_len = strlen(id), .value = json, .value_len = (size_t)len, .headers = &h,
+                            .n_headers = 1};
         moeq_err e;
-        while ((e = moeq_kafka_produce(prod, &m, err, sizeof err)) == MOEQ_ERR_TRANSIENT) moeq_kafka_producer_poll(prod, 10);
+        while ((e = moeq_kafka_produce(prod, &m, err, sizeof err)) == MOEQ_ERR_TRANSIENT)
+            moeq_kafka_producer_poll(prod, 10);
         assert_int_equal(e, MOEQ_OK);
     }
     assert_int_equal(moeq_kafka_producer_flush(prod, 30000, err, sizeof err), MOEQ_OK);
@@ -215,8 +217,8 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
     char path[640], flags[720];
     snprintf(path, sizeof path, "%s/%s-placement.txt", g_t.logdir, g_t.ns);
     moeq_ep_placement *pl = NULL;
-    assert_int_equal(moeq_ep_placement_new_replicated(moeq_model_get_config(g_mdl)->n_routed_experts, 2, 6, &pl, NULL, 0),
-                     MOEQ_OK);
+    int n_experts = moeq_model_get_config(g_mdl)->n_routed_experts;
+    assert_int_equal(moeq_ep_placement_new_replicated(n_experts, 2, 6, &pl, NULL, 0), MOEQ_OK);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     assert_int_equal(moeq_ep_placement_print(pl, f), MOEQ_OK);
@@ -402,7 +404,8 @@ static pid_t start_forwarder(const uint16_t *ports, int n_ports) {
 /* Bytes through the host's end of the veth, both ways: only the ranks' UCX traffic crosses it. */
 static long long veth_bytes(void) {
     long long total = 0;
-    const char *files[] = {"/sys/class/net/" VETH_A "/statistics/rx_bytes", "/sys/class/net/" VETH_A "/statistics/tx_bytes"};
+    const char *files[] = {"/sys/class/net/" VETH_A "/statistics/rx_bytes",
+                           "/sys/class/net/" VETH_A "/statistics/tx_bytes"};
     for (int i = 0; i < 2; i++) {
         FILE *f = fopen(files[i], "r");
         long long v = 0;

@@ -223,7 +223,7 @@ moeq_err moeq_engine_join_group(moeq_engine *engine, moeq_ep *ep, const moeq_ep_
 /* 1 when the engine is a rank of a group (moeq_engine_join_group). */
 int moeq_engine_in_group(const moeq_engine *engine);
 
-/* MOEQ_OK, or the group's first exchange failure (TIMEOUT / IO naming the rank): it tells a failed group from a refused step. */
+/* MOEQ_OK, or the group's first exchange failure (TIMEOUT / IO naming the rank): a failed group, not a refused step. */
 moeq_err moeq_engine_group_status(const moeq_engine *engine, char *errstr, size_t errstr_size);
 
 /* ---- multi-token prediction (speculative decoding; docs/MTP.md) ----------- */
