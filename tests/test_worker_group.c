@@ -9,7 +9,8 @@
  *     step within ep.timeout_ms, exits naming the dead rank and leaves its
  *     batches pending; both ranks restarted (a supervisor's job) form the
  *     group again under a new generation, and every job ends with a result
- *     (duplicates identical, counted);
+ *     (duplicates identical, counted); SIGSTOP of one rank: the survivor
+ *     names it after ep.timeout_ms, and again no job is lost;
  *   - two "hosts": rank 1 in a network namespace of its own, joined to the
  *     host's by a veth pair, the ranks' UCX traffic over that link (tcp), the
  *     namespace reaching Kafka and Redis through a forwarder; every result
@@ -307,6 +308,39 @@ static void killing_one_rank_with_sigkill_loses_no_job_and_the_group_forms_again
     assert_int_equal(g_t.mismatches, 0);
 }
 
+static void a_rank_that_stops_answering_is_named_within_the_timeout_and_no_job_is_lost(void **state) {
+    (void)state;
+    enum { N = 80 };
+    pid_t coord = track(e2e_start_coordinator(&g_t, NULL));
+    pid_t r0 = start_rank("stop", 0, NULL), r1 = start_rank("stop", 1, NULL);
+    produce("stop", N);
+    int before = collect_tag("stop", N, N / 4, 120000);
+    assert_true(before >= N / 4);
+    kill(r1, SIGSTOP); /* alive, silent: only the timeout (ep.timeout_ms = 3000) can tell */
+    int64_t t_stop = moeq_now_ms();
+    int st = 0, exited = 0;
+    while (!exited && moeq_now_ms() - t_stop < 3000 + 10000)
+        if (waitpid(r0, &st, WNOHANG) == r0) exited = 1;
+        else usleep(20000);
+    int64_t ms = moeq_now_ms() - t_stop;
+    e2e_kill9(r1);
+    if (!exited) e2e_kill9(r0);
+    assert_true(exited);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    assert_true(ms >= 2500); /* not before the timeout (TCP says nothing about a stopped peer) */
+    assert_true(log_has("stop", 0, "rank 1 did not answer"));
+    print_message("group: rank 1 stopped after %d results; rank 0 exited after %lld ms naming it\n", before,
+                  (long long)ms);
+    r0 = start_rank("stop", 0, NULL), r1 = start_rank("stop", 1, NULL);
+    int have = collect_tag("stop", N, N, 120000);
+    e2e_collect(&g_t, g_t.n_jobs + 1, 1000);
+    assert_int_equal(e2e_term(r0, 20000), 0);
+    assert_int_equal(e2e_term(r1, 20000), 0);
+    e2e_term(coord, 20000);
+    assert_int_equal(have, N);
+    assert_int_equal(g_t.mismatches, 0);
+}
+
 /* ---- two "hosts": a network namespace and a veth pair ------------------------------- */
 
 #define NS_NAME "moeq-epg-b"
@@ -506,6 +540,7 @@ int main(void) {
         cmocka_unit_test(the_redis_rendezvous_hands_out_the_current_generation_only),
         cmocka_unit_test(a_two_rank_group_answers_every_job_once_as_moeq_generate_alone),
         cmocka_unit_test(killing_one_rank_with_sigkill_loses_no_job_and_the_group_forms_again),
+        cmocka_unit_test(a_rank_that_stops_answering_is_named_within_the_timeout_and_no_job_is_lost),
         cmocka_unit_test(a_group_across_two_network_namespaces_answers_every_job_as_moeq_generate_alone),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
