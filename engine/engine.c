@@ -238,7 +238,7 @@ void moeq_engine_destroy(moeq_engine *engine) {
     moeq_backend *b = engine->backend; /* NULL when its creation failed: then nothing below was allocated */
     moeq_kv_cache_destroy(engine->cache);
     moeq_mtp_state_destroy(engine, engine->mtp);
-    moeq_moe_layer_destroy(engine->moe);
+    moeq_moe_layer_destroy(engine->moe, b);
     if (b && engine->vecs)
         for (int l = 0; l < engine->cfg->num_hidden_layers; l++) {
             moeq_layer_vecs *v = &engine->vecs[l];
@@ -396,6 +396,60 @@ static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_it
     return MOEQ_OK;
 }
 
+/*
+ * A group rank's step with no tokens (or one its checks refused): its part in every layer's exchange, so the
+ * others' rows are served and the group stays in lockstep. err: the refusal, returned after the exchanges.
+ */
+static moeq_err empty_step(moeq_engine *e, moeq_err err, char *errstr, size_t errstr_size) {
+    moeq_moe_layer_run_empty(e);
+    e->backend->sync(e->backend);
+    char why[256];
+    moeq_err ex = moeq_moe_layer_status(e, why, sizeof why);
+    if (ex) return moeq_errf(ex, errstr, errstr_size, "%s", why); /* the group failed: that is what matters now */
+    return err;
+}
+
+moeq_err moeq_engine_ep_params(const moeq_engine *e, const moeq_ep_params *base, moeq_ep_params *out, char *errstr,
+                               size_t errstr_size) {
+    if (!e || !out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine and out are required");
+    if (e->cfg->n_routed_experts <= 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the model has no routed experts to spread");
+    *out = base ? *base : moeq_ep_default_params();
+    out->n_experts = e->cfg->n_routed_experts;
+    out->hidden = e->cfg->hidden_size;
+    out->top_k = e->cfg->num_experts_per_tok;
+    out->max_tokens = e->params.max_step_tokens;
+    return MOEQ_OK;
+}
+
+moeq_err moeq_engine_join_group(moeq_engine *e, moeq_ep *ep, const moeq_ep_params *p, char *errstr,
+                                size_t errstr_size) {
+    if (!e || !ep || !p)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine, ep and params are required");
+    moeq_ep_params want;
+    moeq_err err = moeq_engine_ep_params(e, p, &want, errstr, errstr_size);
+    if (err) return err;
+    if (p->n_experts != want.n_experts || p->hidden != want.hidden || p->top_k != want.top_k ||
+        p->max_tokens != want.max_tokens)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "ep shape experts=%d hidden=%d top_k=%d max_tokens=%d; the engine needs %d, %d, %d, %d "
+                         "(moeq_engine_ep_params)", p->n_experts, p->hidden, p->top_k, p->max_tokens, want.n_experts,
+                         want.hidden, want.top_k, want.max_tokens);
+    for (int i = 0; i < e->params.max_seqs; i++)
+        if (moeq_kv_cache_seq_alive(e->cache, i))
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "join the group before any sequence");
+    if ((err = moeq_moe_layer_join(e, ep, p->rank, p->n_ranks, errstr, errstr_size))) return err;
+    moeq_mtp_state_destroy(e, e->mtp); /* an MTP draft is extra exchanges on one rank only: off in a group */
+    e->mtp = NULL;
+    return MOEQ_OK;
+}
+
+int moeq_engine_in_group(const moeq_engine *e) { return e && moeq_moe_layer_in_group(e); }
+
+moeq_err moeq_engine_group_status(const moeq_engine *e, char *errstr, size_t errstr_size) {
+    return e && e->moe ? moeq_moe_layer_status(e, errstr, errstr_size) : MOEQ_OK;
+}
+
 moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
                           size_t logits_rows, char *errstr, size_t errstr_size) {
     return moeq_engine_step_hidden(engine, items, n_items, logits, logits_rows, NULL, 0, errstr, errstr_size);
@@ -408,6 +462,7 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine and items are required");
     int64_t n_tok = 0, n_rows = 0;
     moeq_err err = check_step(engine, items, n_items, logits_rows, &n_tok, &n_rows, errstr, errstr_size);
+    if ((err || n_tok == 0) && moeq_moe_layer_in_group(engine)) return empty_step(engine, err, errstr, errstr_size);
     if (err || n_tok == 0) return err;
     if (n_rows > 0 && !logits) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "logits is NULL");
     if (hidden && (size_t)n_rows > hidden_rows)
