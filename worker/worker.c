@@ -272,6 +272,12 @@ static moeq_err check_weights(moeq_worker *w, char *errstr, size_t errstr_size) 
     return MOEQ_OK;
 }
 
+/* The scheduler's view of the prefix cache (moeq_sched_prefix_fn). */
+static int prefix_lookup(void *ctx, const int32_t *prompt, int n_prompt, int mtp) {
+    const moeq_worker *w = ctx;
+    return moeq_engine_prefix_lookup(w->engine, prompt, n_prompt, mtp);
+}
+
 static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     const moeq_worker_params *p = &w->params;
     moeq_err err = moeq_model_load(p->model, NULL, &w->model, errstr, errstr_size);
@@ -288,6 +294,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.kv_cache_tokens = p->kv_cache_tokens;
     ep.n_threads = (int)p->n_threads;
     ep.max_model_len = (int)p->max_model_len;
+    ep.prefix_cache = p->prefix_cache;
+    ep.prefix_cache_share = p->prefix_cache_share;
     if ((err = moeq_engine_new(w->model, &ep, &w->engine, errstr, errstr_size))) return err;
     w->vocab = moeq_model_get_config(w->model)->vocab_size;
     const char *base = strrchr(p->model, '/');
@@ -307,6 +315,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.stop_ids = &eos;
     sp.n_stop_ids = eos >= 0 ? 1 : 0;
     if ((err = moeq_sched_new(&sp, detok, w, &w->sched, errstr, errstr_size))) return err;
+    if (p->prefix_cache) moeq_sched_set_prefix_lookup(w->sched, prefix_lookup, w);
 
     size_t n = (size_t)p->max_seqs;
     w->slots = calloc(n, sizeof *w->slots);
@@ -661,9 +670,11 @@ static void slot_clear(moeq_worker *w, int slot) {
 
 /*
  * A new job's sequence: a fork of the running sequence that holds its prompt's first fork_tokens tokens (the
- * scheduler compared the prompts), or a fresh one. When the fork cannot be made (no free cache block for the
- * copied partial block) the fresh sequence prefills those tokens itself, in steps of its own: the same cache
- * either way.
+ * scheduler compared the prompts), or one that takes its first cached_tokens from the prefix cache
+ * (moeq_engine_seq_new_prefix; with the cache on every job looks, so the metrics count every lookup), or a
+ * fresh one. When the fork cannot be made (no free cache block for the copied partial block) the new
+ * sequence takes what the cache holds of those tokens and prefills the rest itself, in steps of its own:
+ * the same cache either way.
  */
 static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errstr, size_t errstr_size) {
     slot_state *s = &w->slots[it->slot];
@@ -682,16 +693,34 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
         moeq_log(MOEQ_LOG_WARN, COMP, "fork_failed", "job=%s tokens=%d reason=\"%s\"", job->ej->job.id,
                  it->fork_tokens, errstr);
     }
-    if ((err = moeq_engine_seq_new(w->engine, &s->seq)))
-        return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
-    if (it->mtp && (err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1))) /* before its first token */
-        return moeq_errf(err, errstr, errstr_size, "mtp for job %s", job->ej->job.id);
-    const int32_t *prompt = it->tokens - it->fork_tokens; /* a failed fork's tokens, if any */
-    for (int done = 0, chunk = (int)w->params.max_step_tokens; done < it->fork_tokens; done += chunk) {
-        moeq_step_item one = {s->seq, prompt + done, it->fork_tokens - done < chunk ? it->fork_tokens - done : chunk, 0};
+    /* the prompt from its start: the item's tokens follow the forked or cached ones */
+    int skipped = it->fork_tokens + it->cached_tokens, got = 0;
+    const int32_t *prompt = it->tokens - skipped;
+    if (w->params.prefix_cache)
+        err = moeq_engine_seq_new_prefix(w->engine, prompt, skipped + it->n_tokens, skipped, it->mtp, &s->seq, &got,
+                                         errstr, errstr_size);
+    else if (!(err = moeq_engine_seq_new(w->engine, &s->seq)) && it->mtp)
+        err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1); /* before its first token */
+    if (err) return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
+    /* what neither a fork nor the cache gave (a failed fork; the cache cannot give less than it said) */
+    for (int done = got, chunk = (int)w->params.max_step_tokens; done < skipped; done += chunk) {
+        moeq_step_item one = {s->seq, prompt + done, skipped - done < chunk ? skipped - done : chunk, 0};
         if ((err = moeq_engine_step(w->engine, &one, 1, w->logits, 1, errstr, errstr_size))) return err;
     }
     return MOEQ_OK;
+}
+
+/* The engine's prefix-cache counters into the metrics (the HTTP thread must not read the engine). */
+static void prefix_metrics(moeq_worker *w) {
+    moeq_engine_prefix_stats ps;
+    moeq_engine_get_prefix_stats(w->engine, &ps);
+    atomic_store(&w->metrics.prefix_lookups, ps.lookups);
+    atomic_store(&w->metrics.prefix_hits, ps.hits);
+    atomic_store(&w->metrics.prefix_lookup_tokens, ps.lookup_tokens);
+    atomic_store(&w->metrics.prefix_hit_tokens, ps.hit_tokens);
+    atomic_store(&w->metrics.prefix_cached_blocks, ps.cached_blocks);
+    atomic_store(&w->metrics.prefix_evictions, ps.evictions);
+    atomic_store(&w->metrics.prefix_collisions, ps.collisions);
 }
 
 /* The plan's ordinary items: open (or fork) new sequences, fill w->items. */
@@ -794,6 +823,7 @@ static int run_step(moeq_worker *w) {
     }
     moeq_sched_commit_mtp(w->sched, w->sampled, w->round_out, moeq_now_ms());
     atomic_fetch_add(&w->metrics.steps, 1);
+    prefix_metrics(w);
     atomic_fetch_add(&w->metrics.prefill_tokens, plan.n_prefill_tokens);
     atomic_fetch_add(&w->metrics.decode_tokens, plan.n_decode_tokens);
     return 1;
