@@ -2,6 +2,7 @@
 # real Kafka + Redis and the tiny model (integration, fixture `services`).
 moeq_add_test(NAME test_worker_scheduler SOURCES test_worker_scheduler.c LIBS moeq_worker LABELS unit)
 moeq_add_test(NAME test_worker_params SOURCES test_worker_params.c LIBS moeq_worker LABELS unit)
+moeq_add_test(NAME test_worker_affinity SOURCES test_worker_affinity.c LIBS moeq_worker LABELS unit)
 
 get_target_property(_moeq_worker_defs moeq_worker INTERFACE_COMPILE_DEFINITIONS)
 if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)

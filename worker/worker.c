@@ -27,6 +27,7 @@
 #include "moeq/result.h"
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"
+#include "affinity.h"
 #include "scheduler.h"
 #include "worker_io.h"
 
@@ -100,6 +101,8 @@ struct moeq_worker {
     int n_held;
     int n_ack_failing;             /* held batches whose last acknowledgement failed: take nothing new */
     char own_cursors[4][48];       /* reading back entries pending for our worker_id (worker_io_take_own) */
+    int own_sweep;                 /* 1: the own-history read is a hand-off sweep, not the start-up one */
+    moeq_affinity *affinity;       /* prefix-key hints (prefix_affinity); NULL: off */
     volatile sig_atomic_t stop;
     int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, next_sweep_ms, started_ms;
     char cancel_cursor[48];        /* last <prefix>:cancels entry read; "" = not yet initialised */
@@ -386,6 +389,11 @@ moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *ka
         return err;
     }
     for (int p = 0; p < 4; p++) snprintf(w->own_cursors[p], sizeof w->own_cursors[p], "0");
+    /* affinity pays only where a held prefix saves prefill: not without the cache */
+    if (w->params.prefix_affinity && w->params.prefix_cache && moeq_affinity_new(16, 64, &w->affinity)) {
+        moeq_worker_destroy(w);
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "affinity hints");
+    }
     w->started_ms = moeq_now_ms();
     *out = w;
     return MOEQ_OK;
@@ -407,6 +415,7 @@ void moeq_worker_destroy(moeq_worker *w) {
     if (!w) return;
     if (g_signal_worker == w) g_signal_worker = NULL;
     moeq_worker_http_stop(w->http); /* first: its probes read the producer */
+    moeq_affinity_destroy(w->affinity);
     moeq_health_destroy(w->health);
     moeq_redis_probe_destroy(w->redis_probe);
     moeq_kafka_producer_destroy(w->producer); /* flushes; late reports reach the scheduler */
@@ -582,7 +591,9 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
     w->n_held++;
     b = NULL;
     atomic_fetch_add(&w->metrics.batches_taken, 1);
-    if (reclaimed) atomic_fetch_add(&w->metrics.batches_reclaimed, 1);
+    if (reclaimed == 1) atomic_fetch_add(&w->metrics.batches_reclaimed, 1);
+    if (reclaimed == 2) atomic_fetch_add(&w->metrics.affinity_received, 1);
+    if (w->affinity) moeq_affinity_note(w->affinity, w->held->entry.prefix_key, now);
     moeq_log(MOEQ_LOG_INFO, COMP, "batch_taken", "stream=%s entry=%s jobs=%zu runnable=%zu reclaimed=%d deliveries=%d",
              w->held->entry.stream, w->held->entry.id, n, n_specs, reclaimed, w->held->entry.deliveries);
 out:
@@ -609,15 +620,34 @@ static int own_history_left(const moeq_worker *w) {
  * the visibility timeout. Nothing new or reclaimed is read before that history is through, so no entry of it
  * can come back twice.
  */
+static int is_held(const moeq_worker *w, const worker_entry *e) {
+    for (const wbatch *b = w->held; b; b = b->next)
+        if (!strcmp(b->entry.id, e->id) && !strcmp(b->entry.stream, e->stream)) return 1;
+    return 0;
+}
+
 static moeq_err take_own(moeq_worker *w, size_t room, char *errstr, size_t errstr_size) {
     worker_entry entries[MAX_TAKE];
     size_t n = 0;
     moeq_err err = worker_io_take_own(w->redis, &w->params, w->own_cursors, entries, room, &n, errstr, errstr_size);
-    for (size_t i = 0; i < n; i++) {
-        if (!err) err = admit_entry(w, &entries[i], 1, errstr, errstr_size);
+    for (size_t i = 0; i < n; i++) { /* a hand-off sweep also reads what this worker holds already */
+        if (!err && !is_held(w, &entries[i])) err = admit_entry(w, &entries[i], w->own_sweep ? 2 : 1, errstr, errstr_size);
         worker_entry_free(&entries[i]);
     }
     return err;
+}
+
+/* A fresh entry another live worker advertised the prefix key of: hand it over (1), or run it here (0). */
+static int hand_off(moeq_worker *w, const worker_entry *e) {
+    int n = (int)e->n_jobs;
+    const char *to = w->affinity ? moeq_affinity_route(w->affinity, e->prefix_key, n, 0) : NULL;
+    char err[256];
+    if (!to || worker_io_hand_to(w->redis, &w->params, e, to, err, sizeof err) != MOEQ_OK) return 0;
+    moeq_affinity_handed(w->affinity, to, n);
+    atomic_fetch_add(&w->metrics.affinity_handed, 1);
+    moeq_log(MOEQ_LOG_INFO, COMP, "batch_handed", "stream=%s entry=%s to=%s key=%016llx", e->stream, e->id, to,
+             (unsigned long long)e->prefix_key);
+    return 1;
 }
 
 static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
@@ -643,7 +673,7 @@ static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
     if (block > until_reclaim) block = until_reclaim > 1 ? (int)until_reclaim : 1;
     if ((err = worker_io_take(w->redis, &w->params, block, entries, room, &n, errstr, errstr_size))) return err;
     for (size_t i = 0; i < n; i++) {
-        if (!err) err = admit_entry(w, &entries[i], 0, errstr, errstr_size);
+        if (!err && !hand_off(w, &entries[i])) err = admit_entry(w, &entries[i], 0, errstr, errstr_size);
         worker_entry_free(&entries[i]);
     }
     return err;
@@ -1065,6 +1095,23 @@ static int poll_wait_ms(const moeq_worker *w, int ran) {
 
 /* ---- timers ---------------------------------------------------------------------- */
 
+static void read_peer(void *ctx, const char *json, size_t len) {
+    moeq_worker *w = ctx;
+    moeq_affinity_peer_json(w->affinity, w->params.worker_id, json, len);
+}
+
+/* Each heartbeat: the peers' advertised keys again, and a sweep of our pending list for batches handed to us. */
+static void affinity_refresh(moeq_worker *w) {
+    if (!w->affinity) return;
+    char err[256];
+    moeq_affinity_peers_clear(w->affinity);
+    if (worker_io_heartbeats(w->redis, w->params.redis_prefix, read_peer, w, err, sizeof err))
+        moeq_affinity_peers_clear(w->affinity); /* half a list would route by chance; none routes nothing */
+    if (own_history_left(w)) return; /* the start-up history is not through yet */
+    for (int p = 0; p < 4; p++) snprintf(w->own_cursors[p], sizeof w->own_cursors[p], "0");
+    w->own_sweep = 1;
+}
+
 static void heartbeat(moeq_worker *w, int64_t now) {
     if (now < w->next_heartbeat_ms) return;
     w->next_heartbeat_ms = now + w->params.heartbeat_interval_ms;
@@ -1075,14 +1122,16 @@ static void heartbeat(moeq_worker *w, int64_t now) {
         w->tokens_per_s = (double)(tokens - w->last_hb_tokens) * 1000.0 / (double)(now - w->last_hb_ms);
     w->last_hb_tokens = tokens;
     w->last_hb_ms = now;
-    char json[768];
+    char json[1536], keys[640] = "[]";
+    if (w->affinity) moeq_affinity_hint_json(w->affinity, keys, sizeof keys);
     snprintf(json, sizeof json,
              "{\"id\":\"%s\",\"model\":\"%s\",\"version\":\"%s\",\"max_seqs\":%lld,\"free_slots\":%d,\"running\":%d,"
              "\"pending\":%d,\"batches\":%d,\"tokens_per_s\":%.1f,\"jobs_finished\":%lld,\"draining\":%d,"
-             "\"started_ms\":%lld,\"ts\":%lld}",
+             "\"started_ms\":%lld,\"ts\":%lld,\"room\":%d,\"prefix_keys\":%s}",
              w->params.worker_id, w->model_name, "0.1.0", (long long)w->params.max_seqs, st.free_slots, st.running,
              st.pending, w->n_held, w->tokens_per_s, (long long)st.jobs_finished, (int)w->stop,
-             (long long)w->started_ms, (long long)now);
+             (long long)w->started_ms, (long long)now, want_batch(w) ? moeq_sched_free_capacity(w->sched) : 0, keys);
+    affinity_refresh(w);
     char err[256];
     moeq_err e = worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, json, 3 * w->params.heartbeat_interval_ms, err,
                                      sizeof err);

@@ -83,6 +83,10 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
             LOAD(m->prefix_evictions));
     counter(&o, "prefix_cache_collisions_total", "key matches the token comparison rejected", "counter", wid,
             LOAD(m->prefix_collisions));
+    counter(&o, "affinity_handed_total", "fresh batches handed to the worker that advertised their prefix key",
+            "counter", wid, LOAD(m->affinity_handed));
+    counter(&o, "affinity_received_total", "batches taken from this worker's pending list after a peer's hand-off",
+            "counter", wid, LOAD(m->affinity_received));
     long long lookup_tokens = LOAD(m->prefix_lookup_tokens);
     emit(&o, "# HELP moeq_worker_prefix_cache_hit_rate hit tokens / lookup tokens since start (0 before any)\n"
              "# TYPE moeq_worker_prefix_cache_hit_rate gauge\nmoeq_worker_prefix_cache_hit_rate{worker=\"%s\"} %.4f\n",

@@ -27,6 +27,7 @@ typedef struct moeq_worker_metrics {
     atomic_llong prefix_lookups, prefix_hits;     /* prefix cache: jobs that looked, that hit    */
     atomic_llong prefix_lookup_tokens, prefix_hit_tokens; /* prompt tokens they could take / took */
     atomic_llong prefix_cached_blocks, prefix_evictions, prefix_collisions;
+    atomic_llong affinity_handed, affinity_received; /* batches handed to / taken from a peer's hand-off */
     atomic_llong sequences_active, slots_free;
     atomic_llong engine_ns;                       /* time inside engine steps            */
     atomic_llong ttft_ms_sum, ttft_count;         /* queue (batch taken) to first token  */
