@@ -709,6 +709,29 @@ static void a_running_job_cancelled_stops_within_one_engine_step_with_its_partia
 
 #define AFF_KEY "00000000000abcde"
 
+/* Every job's prompt starts with the same n_lead token ids (an instruction); expected results again. */
+static void lead_jobs(scenario *s, int n_lead) {
+    for (int i = 0; i < s->n_jobs; i++) {
+        tjob *j = &s->jobs[i];
+        assert_true(j->n_tokens + n_lead <= 256);
+        memmove(j->tokens + n_lead, j->tokens, (size_t)j->n_tokens * sizeof *j->tokens);
+        for (int k = 0; k < n_lead; k++) j->tokens[k] = (int32_t)(100 + (k * 37) % 800);
+        j->n_tokens += n_lead;
+        int32_t eos = moeq_tokenizer_eos_id(g_tok);
+        moeq_generate_params gp = {.sampling = moeq_sampling_default_params(), .max_new_tokens = j->max_new,
+                                   .stop_ids = &eos, .n_stop_ids = eos >= 0};
+        gp.sampling.temperature = j->temperature;
+        gp.sampling.seed = j->seed;
+        int32_t *out = NULL;
+        int n_out = 0;
+        char err[256];
+        assert_int_equal(moeq_generate(g_engine, j->tokens, j->n_tokens, &gp, &out, &n_out, err, sizeof err), MOEQ_OK);
+        memcpy(j->expect, out, (size_t)(n_out < 512 ? n_out : 512) * sizeof *out);
+        j->n_expect = n_out;
+        free(out);
+    }
+}
+
 /* add_batch with the entry's prefix key field, as the coordinator writes it. */
 static void add_batch_key(scenario *s, int p, int from, int to, const char *pkey) {
     moeq_batch_entry_job bj[MAX_JOBS];
@@ -726,7 +749,7 @@ static void add_batch_key(scenario *s, int p, int from, int to, const char *pkey
     snprintf(count, sizeof count, "%d", to - from);
     snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
     snprintf(pr, sizeof pr, "%d", p);
-    const char *argv[] = {"XADD", stream, "*", "v", "1", "priority", pr, "n", count, "prefix", "16", "closed_ms",
+    const char *argv[] = {"XADD", stream, "*", "v", "1", "priority", pr, "n", count, "prefix", "32", "closed_ms",
                           closed, "jobs", (const char *)blob.data, "pkey", pkey};
     size_t lens[17];
     for (int i = 0; i < 17; i++) lens[i] = strlen(argv[i]);
@@ -775,7 +798,8 @@ static void a_batch_handed_to_a_worker_that_is_gone_is_taken_by_another_within_t
 }
 
 /*
- * Worker A runs a batch with the key; B starts and sees A advertise it. A is then paused (SIGSTOP) while a
+ * Worker A runs a batch with the key (its jobs share a 40-token instruction); B starts and sees A
+ * advertise it (A's cache still holds the prefix). A is then paused (SIGSTOP) while a
  * fresh batch with the key arrives (after A's blocking read timed out on the server, so B is the only
  * reader): B hands it to A, A (resumed) takes it
  * from its pending list at its next heartbeat and runs it. Three times; every job ran on A with generate's
@@ -787,6 +811,7 @@ static void fresh_batches_with_a_prefix_key_run_on_the_worker_that_holds_it(void
     memset(&s, 0, sizeof s);
     scenario_open(&s, "wk-aff-hold");
     make_jobs(&s, 16, "ah", -1);
+    lead_jobs(&s, 40); /* what A's cache keeps: the 32 tokens the key covers are two blocks */
     int port_a = free_port(), port_b = free_port();
     char extra[96];
     snprintf(extra, sizeof extra, "--http_port=%d", port_a);

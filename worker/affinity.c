@@ -24,6 +24,8 @@ typedef struct peer {
 struct moeq_affinity {
     uint64_t *own;    /* [max_keys] most recent first */
     int64_t *own_ms;
+    int32_t *own_tok; /* [max_keys][MOEQ_AFFINITY_PREFIX_TOKENS] the prefix each key covers */
+    int *own_n;
     int n_own, max_keys;
     peer *peers;      /* [max_peers] */
     int n_peers, max_peers;
@@ -36,8 +38,10 @@ moeq_err moeq_affinity_new(int max_keys, int max_peers, moeq_affinity **out) {
     if (!a) return MOEQ_ERR_NOMEM;
     a->own = calloc((size_t)max_keys, sizeof *a->own);
     a->own_ms = calloc((size_t)max_keys, sizeof *a->own_ms);
+    a->own_tok = calloc((size_t)max_keys * MOEQ_AFFINITY_PREFIX_TOKENS, sizeof *a->own_tok);
+    a->own_n = calloc((size_t)max_keys, sizeof *a->own_n);
     a->peers = calloc((size_t)max_peers, sizeof *a->peers);
-    if (!a->own || !a->own_ms || !a->peers) {
+    if (!a->own || !a->own_ms || !a->own_tok || !a->own_n || !a->peers) {
         moeq_affinity_destroy(a);
         return MOEQ_ERR_NOMEM;
     }
@@ -51,20 +55,54 @@ void moeq_affinity_destroy(moeq_affinity *a) {
     if (!a) return;
     free(a->own);
     free(a->own_ms);
+    free(a->own_tok);
+    free(a->own_n);
     free(a->peers);
     free(a);
 }
 
-void moeq_affinity_note(moeq_affinity *a, uint64_t key, int64_t now_ms) {
+static int32_t *tok_of(const moeq_affinity *a, int i) { return a->own_tok + (size_t)i * MOEQ_AFFINITY_PREFIX_TOKENS; }
+
+/* Move own entry i to the front (entries 0 .. i - 1 one place back). */
+static void to_front(moeq_affinity *a, int i) {
+    uint64_t key = a->own[i];
+    int64_t ms = a->own_ms[i];
+    int n = a->own_n[i];
+    int32_t tok[MOEQ_AFFINITY_PREFIX_TOKENS];
+    memcpy(tok, tok_of(a, i), sizeof tok);
+    memmove(a->own + 1, a->own, (size_t)i * sizeof *a->own);
+    memmove(a->own_ms + 1, a->own_ms, (size_t)i * sizeof *a->own_ms);
+    memmove(a->own_n + 1, a->own_n, (size_t)i * sizeof *a->own_n);
+    memmove(tok_of(a, 1), tok_of(a, 0), (size_t)i * MOEQ_AFFINITY_PREFIX_TOKENS * sizeof *a->own_tok);
+    a->own[0] = key, a->own_ms[0] = ms, a->own_n[0] = n;
+    memcpy(tok_of(a, 0), tok, sizeof tok);
+}
+
+void moeq_affinity_note(moeq_affinity *a, uint64_t key, const int32_t *prefix, int n_prefix, int64_t now_ms) {
     if (!key) return;
     int i = 0;
     while (i < a->n_own && a->own[i] != key) i++;
     if (i == a->n_own && a->n_own < a->max_keys) a->n_own++;
     if (i == a->max_keys) i = a->max_keys - 1; /* full: the oldest goes */
-    memmove(a->own + 1, a->own, (size_t)i * sizeof *a->own);
-    memmove(a->own_ms + 1, a->own_ms, (size_t)i * sizeof *a->own_ms);
-    a->own[0] = key;
-    a->own_ms[0] = now_ms;
+    a->own[i] = key;
+    a->own_ms[i] = now_ms;
+    a->own_n[i] = prefix ? (n_prefix < MOEQ_AFFINITY_PREFIX_TOKENS ? n_prefix : MOEQ_AFFINITY_PREFIX_TOKENS) : 0;
+    if (a->own_n[i] > 0) memcpy(tok_of(a, i), prefix, (size_t)a->own_n[i] * sizeof *prefix);
+    to_front(a, i);
+}
+
+/* Forget own keys whose prefix the cache no longer holds (order kept). */
+static void forget_evicted(moeq_affinity *a, moeq_affinity_cached_fn cached, void *ctx) {
+    int kept = 0;
+    for (int i = 0; i < a->n_own; i++) {
+        if (a->own_n[i] > 0 && !cached(ctx, tok_of(a, i), a->own_n[i])) continue;
+        if (kept != i) {
+            a->own[kept] = a->own[i], a->own_ms[kept] = a->own_ms[i], a->own_n[kept] = a->own_n[i];
+            memcpy(tok_of(a, kept), tok_of(a, i), MOEQ_AFFINITY_PREFIX_TOKENS * sizeof *a->own_tok);
+        }
+        kept++;
+    }
+    a->n_own = kept;
 }
 
 int moeq_affinity_holds(const moeq_affinity *a, uint64_t key) {
@@ -73,7 +111,8 @@ int moeq_affinity_holds(const moeq_affinity *a, uint64_t key) {
     return 0;
 }
 
-size_t moeq_affinity_hint_json(const moeq_affinity *a, char *buf, size_t size) {
+size_t moeq_affinity_hint_json(moeq_affinity *a, moeq_affinity_cached_fn cached, void *ctx, char *buf, size_t size) {
+    if (cached) forget_evicted(a, cached, ctx);
     size_t n = 0;
     if (size < 3) return 0;
     buf[n++] = '[';
@@ -126,8 +165,9 @@ int moeq_affinity_peer_json(moeq_affinity *a, const char *own_id, const char *js
     return 1;
 }
 
-const char *moeq_affinity_route(const moeq_affinity *a, uint64_t key, int n_jobs, int handed_or_reclaimed) {
-    if (!key || handed_or_reclaimed || moeq_affinity_holds(a, key)) return NULL;
+const char *moeq_affinity_route(const moeq_affinity *a, uint64_t key, int n_jobs, int handed_or_reclaimed,
+                                int held_here) {
+    if (!key || handed_or_reclaimed || held_here) return NULL;
     for (int i = 0; i < a->n_peers; i++)
         for (int j = 0; j < a->peers[i].n_keys; j++)
             if (a->peers[i].keys[j] == key && a->peers[i].room >= n_jobs) return a->peers[i].id;

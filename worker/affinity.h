@@ -30,12 +30,23 @@ typedef struct moeq_affinity moeq_affinity;
 moeq_err moeq_affinity_new(int max_keys, int max_peers, moeq_affinity **out);
 void moeq_affinity_destroy(moeq_affinity *affinity); /* NULL is safe */
 
-/* A batch with this key (0: none, ignored) started here at now_ms. */
-void moeq_affinity_note(moeq_affinity *affinity, uint64_t key, int64_t now_ms);
+/* A batch with this key (0: none, ignored) and these leading tokens (the ones the key covers, at most
+ * MOEQ_AFFINITY_PREFIX_TOKENS kept) started here at now_ms. */
+#define MOEQ_AFFINITY_PREFIX_TOKENS 256
+void moeq_affinity_note(moeq_affinity *affinity, uint64_t key, const int32_t *prefix, int n_prefix, int64_t now_ms);
 int moeq_affinity_holds(const moeq_affinity *affinity, uint64_t key);
 
-/* The own keys as a JSON array of 16-hex-digit strings ("[]" when none) into buf; returns its length. */
-size_t moeq_affinity_hint_json(const moeq_affinity *affinity, char *buf, size_t size);
+/* Whether the worker's cache still holds (most of) these leading tokens: the engine's prefix lookup. */
+typedef int (*moeq_affinity_cached_fn)(void *ctx, const int32_t *prefix, int n_prefix);
+
+/*
+ * The own keys as a JSON array of 16-hex-digit strings ("[]" when none) into
+ * buf; returns its length. With cached (may be NULL: all kept), keys whose
+ * prefix the cache no longer holds are forgotten first: a worker advertises
+ * what its cache has, not what it once ran.
+ */
+size_t moeq_affinity_hint_json(moeq_affinity *affinity, moeq_affinity_cached_fn cached, void *ctx, char *buf,
+                               size_t size);
 
 /* Forget the peers read before (a new refresh follows). */
 void moeq_affinity_peers_clear(moeq_affinity *affinity);
@@ -46,11 +57,13 @@ int moeq_affinity_peer_json(moeq_affinity *affinity, const char *own_id, const c
 /*
  * The peer to hand a batch of n_jobs to, or NULL to run it here: NULL when
  * key is 0, the batch was reclaimed or handed here (handed_or_reclaimed),
- * this worker holds the key, or no peer read at the last refresh advertises
- * it with room for n_jobs (a busy holder would leave the batch waiting while
- * this worker idles).
+ * this worker's cache holds the batch's prefix (held_here: the caller asked
+ * its engine), or no peer read at the last refresh advertises it with room
+ * for n_jobs (a busy holder would leave the batch waiting while this worker
+ * idles).
  */
-const char *moeq_affinity_route(const moeq_affinity *affinity, uint64_t key, int n_jobs, int handed_or_reclaimed);
+const char *moeq_affinity_route(const moeq_affinity *affinity, uint64_t key, int n_jobs, int handed_or_reclaimed,
+                                int held_here);
 /* The batch went to peer (its room shrinks by n_jobs until the next refresh). */
 void moeq_affinity_handed(moeq_affinity *affinity, const char *peer, int n_jobs);
 

@@ -593,7 +593,11 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
     atomic_fetch_add(&w->metrics.batches_taken, 1);
     if (reclaimed == 1) atomic_fetch_add(&w->metrics.batches_reclaimed, 1);
     if (reclaimed == 2) atomic_fetch_add(&w->metrics.affinity_received, 1);
-    if (w->affinity) moeq_affinity_note(w->affinity, w->held->entry.prefix_key, now);
+    if (w->affinity && n) {
+        const worker_entry_job *first = &w->held->entry.jobs[0];
+        int covered = first->n_tokens < w->held->entry.prefix_tokens ? first->n_tokens : w->held->entry.prefix_tokens;
+        moeq_affinity_note(w->affinity, w->held->entry.prefix_key, first->tokens, first->tokens ? covered : 0, now);
+    }
     moeq_log(MOEQ_LOG_INFO, COMP, "batch_taken", "stream=%s entry=%s jobs=%zu runnable=%zu reclaimed=%d deliveries=%d",
              w->held->entry.stream, w->held->entry.id, n, n_specs, reclaimed, w->held->entry.deliveries);
 out:
@@ -637,10 +641,19 @@ static moeq_err take_own(moeq_worker *w, size_t room, char *errstr, size_t errst
     return err;
 }
 
+/* The affinity's view of the cache: most of these leading tokens are cached here (moeq_affinity_cached_fn). */
+static int prefix_cached(void *ctx, const int32_t *prefix, int n) {
+    const moeq_worker *w = ctx;
+    return n > 0 && moeq_engine_prefix_lookup(w->engine, prefix, n + 1, 0) * 2 >= n;
+}
+
 /* A fresh entry another live worker advertised the prefix key of: hand it over (1), or run it here (0). */
 static int hand_off(moeq_worker *w, const worker_entry *e) {
-    int n = (int)e->n_jobs;
-    const char *to = w->affinity ? moeq_affinity_route(w->affinity, e->prefix_key, n, 0) : NULL;
+    if (!w->affinity || !e->prefix_key || e->n_jobs == 0) return 0;
+    int n = (int)e->n_jobs, covered = e->jobs[0].n_tokens < e->prefix_tokens ? e->jobs[0].n_tokens : e->prefix_tokens;
+    /* held here: the cache has it (a job without token ids cannot be looked up: keep it, never guess) */
+    int held = !e->jobs[0].tokens || covered < 1 || prefix_cached(w, e->jobs[0].tokens, covered);
+    const char *to = moeq_affinity_route(w->affinity, e->prefix_key, n, 0, held);
     char err[256];
     if (!to || worker_io_hand_to(w->redis, &w->params, e, to, err, sizeof err) != MOEQ_OK) return 0;
     moeq_affinity_handed(w->affinity, to, n);
@@ -1123,7 +1136,7 @@ static void heartbeat(moeq_worker *w, int64_t now) {
     w->last_hb_tokens = tokens;
     w->last_hb_ms = now;
     char json[1536], keys[640] = "[]";
-    if (w->affinity) moeq_affinity_hint_json(w->affinity, keys, sizeof keys);
+    if (w->affinity) moeq_affinity_hint_json(w->affinity, prefix_cached, w, keys, sizeof keys);
     snprintf(json, sizeof json,
              "{\"id\":\"%s\",\"model\":\"%s\",\"version\":\"%s\",\"max_seqs\":%lld,\"free_slots\":%d,\"running\":%d,"
              "\"pending\":%d,\"batches\":%d,\"tokens_per_s\":%.1f,\"jobs_finished\":%lld,\"draining\":%d,"

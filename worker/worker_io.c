@@ -75,6 +75,13 @@ static uint64_t entry_prefix_key(const moeq_redis_entry *entry, const moeq_batch
                                                                  : 0;
 }
 
+static int entry_prefix_tokens(const moeq_redis_entry *entry) {
+    const char *prefix = moeq_redis_entry_get(entry, "prefix", NULL);
+    long long n = prefix ? strtoll(prefix, NULL, 10) : 0;
+    if (n > MOEQ_BATCH_PREFIX_KEY_TOKENS) n = MOEQ_BATCH_PREFIX_KEY_TOKENS;
+    return n > 0 ? (int)(n - n % MOEQ_BATCH_PREFIX_KEY_ROUND) : 0;
+}
+
 moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, const moeq_job_limits *limits,
                              worker_entry *out, char *errstr, size_t errstr_size) {
     memset(out, 0, sizeof *out);
@@ -103,6 +110,7 @@ moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, 
     for (size_t i = 0; !err && i < n; i++)
         if (decode_one(&jobs[i], i, limits, &out->jobs[i])) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "entry %s", entry->id);
     if (!err) out->prefix_key = entry_prefix_key(entry, jobs, n);
+    if (!err) out->prefix_tokens = entry_prefix_tokens(entry);
     free(jobs);
     free(tokens);
     if (err) worker_entry_free(out);

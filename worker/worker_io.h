@@ -42,6 +42,8 @@ typedef struct worker_entry {
     int deliveries;            /* times delivered, this one included                 */
     uint64_t prefix_key;       /* the entry's pkey, else computed from its prefix and
                                   first job's tokens; 0 = none (affinity)             */
+    int prefix_tokens;         /* the leading tokens the key covers (its `prefix`, at most
+                                  MOEQ_BATCH_PREFIX_KEY_TOKENS, rounded down to 16)    */
     worker_entry_job *jobs;
     size_t n_jobs;
 } worker_entry;
