@@ -56,6 +56,10 @@ typedef struct moeq_worker_params {
     int64_t mtp_max_batch;        /* rounds only while at most this many sequences decode; 0 = always */
     int64_t prefix_share_min;     /* a new job forks a running job's cached prompt prefix when they
                                      share at least this many tokens; 0 = never                     */
+    int prefix_cache;             /* 1: the engine's prefix cache serves every job (docs/PREFIX_CACHE.md) */
+    double prefix_cache_share;    /* most of the KV pool cached blocks no job uses may hold, 0..1     */
+    int prefix_affinity;          /* 1: hand a fresh batch whose prefix key a live peer advertises
+                                     (and this worker does not hold) to that peer                     */
     double mtp_min_acceptance;    /* a job pauses drafting while its acceptance is below this;
                                      -1 = auto (1.5 x a draft's share of a step's weight bytes)     */
     moeq_job_limits limits;       /* the job codec's limits, the coordinator's keys (max_job_bytes, ...) */
