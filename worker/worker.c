@@ -769,7 +769,13 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
     else if (!(err = moeq_engine_seq_new(w->engine, &s->seq)) && it->mtp)
         err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1); /* before its first token */
     if (err) return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
-    /* what neither a fork nor the cache gave (a failed fork; the cache cannot give less than it said) */
+    /* what neither a fork nor the cache gave (a failed fork; the cache cannot give less than it said). In an
+     * expert-parallel group every rank runs exactly one engine step per tick, so an extra step here would
+     * break the lockstep: there (no forks in a group) a shortfall is an error of this job, never a step. */
+    if (got < skipped && w->params.ep_group[0])
+        return moeq_errf(MOEQ_ERR_INTERNAL, errstr, errstr_size,
+                         "job %s: the prefix cache gave %d of the %d tokens its lookup promised", job->ej->job.id, got,
+                         skipped);
     for (int done = got, chunk = (int)w->params.max_step_tokens; done < skipped; done += chunk) {
         moeq_step_item one = {s->seq, prompt + done, skipped - done < chunk ? skipped - done : chunk, 0};
         if ((err = moeq_engine_step(w->engine, &one, 1, w->logits, 1, errstr, errstr_size))) return err;
