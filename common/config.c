@@ -417,3 +417,12 @@ void moeq_props_print_markdown_section(const char *title, const char *intro, con
     moeq_props_print_markdown(table, out);
     fprintf(out, "\n");
 }
+
+moeq_prop *moeq_props_append(moeq_prop *table, size_t *len, size_t cap, const moeq_prop *part, size_t n, size_t base) {
+    for (size_t i = 0; (n ? i < n : part[i].name != NULL) && *len < cap; i++) {
+        table[*len] = part[i];
+        table[(*len)++].offset += base;
+    }
+    memset(&table[*len], 0, sizeof table[*len]);
+    return table;
+}

@@ -29,13 +29,9 @@ static moeq_prop table[N_OWN + N_LIMITS_MAX + 1];
 const moeq_prop *moeq_submit_props(void) {
     if (table[0].name) return table;
     size_t n = 0;
-    for (size_t i = 0; i < N_OWN; i++) table[n++] = own_props[i];
-    for (const moeq_prop *p = moeq_job_limits_props; p->name && n < N_OWN + N_LIMITS_MAX; p++) {
-        table[n] = *p;
-        table[n++].offset += offsetof(moeq_submit_params, limits);
-    }
-    memset(&table[n], 0, sizeof table[n]);
-    return table;
+    moeq_props_append(table, &n, N_OWN + N_LIMITS_MAX, own_props, N_OWN, 0);
+    return moeq_props_append(table, &n, N_OWN + N_LIMITS_MAX, moeq_job_limits_props, 0,
+                             offsetof(moeq_submit_params, limits));
 }
 
 moeq_submit_params moeq_submit_default_params(void) {

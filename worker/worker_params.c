@@ -108,17 +108,9 @@ const moeq_prop *moeq_worker_config_props(void) {
     static moeq_prop table[N_PROPS_MAX + 1];
     if (table[0].name) return table;
     size_t n = 0;
-    for (const moeq_prop *p = moeq_worker_props; p->name && n < N_PROPS_MAX; p++) table[n++] = *p;
-    for (const moeq_prop *p = moeq_job_limits_props; p->name && n < N_PROPS_MAX; p++) {
-        table[n] = *p;
-        table[n++].offset += offsetof(moeq_worker_params, limits);
-    }
-    for (const moeq_prop *p = moeq_ep_props; p->name && n < N_PROPS_MAX; p++) {
-        table[n] = *p;
-        table[n++].offset += offsetof(moeq_worker_params, ep);
-    }
-    memset(&table[n], 0, sizeof table[n]);
-    return table;
+    moeq_props_append(table, &n, N_PROPS_MAX, moeq_worker_props, 0, 0);
+    moeq_props_append(table, &n, N_PROPS_MAX, moeq_job_limits_props, 0, offsetof(moeq_worker_params, limits));
+    return moeq_props_append(table, &n, N_PROPS_MAX, moeq_ep_props, 0, offsetof(moeq_worker_params, ep));
 }
 
 moeq_err moeq_worker_default_params(moeq_worker_params *params, char *errstr, size_t errstr_size) {

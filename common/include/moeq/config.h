@@ -48,6 +48,17 @@ typedef struct moeq_prop {
 moeq_err moeq_props_defaults(const moeq_prop *table, void *params, char *errstr, size_t errstr_size);
 
 /*
+ * Building a role's whole table from parts (its own keys, then shared tables
+ * such as the job limits that live in a nested struct): appends the entries
+ * of part (up to its terminator, or n of them when n > 0) to table, which
+ * holds *len entries and has room for cap (one more is kept for the
+ * terminator, written after each call), each offset moved by base (offsetof
+ * the nested struct, 0 for the role's own). Returns table. Entries beyond cap
+ * are dropped: size cap for every part.
+ */
+moeq_prop *moeq_props_append(moeq_prop *table, size_t *len, size_t cap, const moeq_prop *part, size_t n, size_t base);
+
+/*
  * Parse value into the field named key. Returns MOEQ_ERR_NOT_FOUND for a key
  * the table does not have, MOEQ_ERR_INVALID_ARG (message names key, value and
  * bound) for a value of the wrong type or out of range.
