@@ -109,6 +109,52 @@ static int check_input(const char *name, const moeq_job *job, const cJSON *want)
     return bad;
 }
 
+/* response_format: type, name, strict, schema (as parsed JSON, compared by value), pattern, choices. */
+static int check_response_format(const char *name, const moeq_response_format *rf, const cJSON *want) {
+    static const char *const types[] = {"text", "json_object", "json_schema", "regex", "choice"};
+    int bad = 0;
+    if (!cJSON_IsObject(want)) {
+        EXPECT(rf->type == MOEQ_RESPONSE_TEXT, "response_format type %s, want absent", types[rf->type]);
+        return bad;
+    }
+    EXPECT(same_str(types[rf->type], str_or_null(want, "type")), "response_format.type %s", types[rf->type]);
+    EXPECT(same_str(rf->name, str_or_null(want, "name")), "response_format name");
+    EXPECT(rf->strict == cJSON_IsTrue(cJSON_GetObjectItem(want, "strict")), "strict %d", rf->strict);
+    EXPECT(same_str(rf->pattern, str_or_null(want, "pattern")), "pattern");
+    const cJSON *schema = cJSON_GetObjectItem(want, "schema");
+    EXPECT(!schema == !rf->schema, "schema presence");
+    if (schema && rf->schema) {
+        cJSON *got = cJSON_Parse(rf->schema);
+        EXPECT(got && cJSON_Compare(got, schema, 1), "schema %s", rf->schema);
+        EXPECT(strlen(rf->schema) == rf->schema_len, "schema_len");
+        cJSON_Delete(got);
+    }
+    const cJSON *ch = cJSON_GetObjectItem(want, "choices");
+    EXPECT((size_t)cJSON_GetArraySize(ch) == rf->n_choices, "n_choices %zu", rf->n_choices);
+    for (size_t i = 0; i < rf->n_choices && i < (size_t)cJSON_GetArraySize(ch); i++)
+        EXPECT(same_str(rf->choices[i], cJSON_GetArrayItem(ch, (int)i)->valuestring), "choice %zu", i);
+    return bad;
+}
+
+static int check_controls(const char *name, const moeq_job *job, const cJSON *want) {
+    int bad = check_response_format(name, &job->response_format, cJSON_GetObjectItem(want, "response_format"));
+    EXPECT(job->logprobs == cJSON_IsTrue(cJSON_GetObjectItem(want, "logprobs")), "logprobs %d", job->logprobs);
+    EXPECT(job->top_logprobs == cJSON_GetObjectItem(want, "top_logprobs")->valueint, "top_logprobs %d",
+           job->top_logprobs);
+    const cJSON *ids = cJSON_GetObjectItem(want, "stop_token_ids");
+    EXPECT((size_t)cJSON_GetArraySize(ids) == job->n_stop_token_ids, "n_stop_token_ids %zu", job->n_stop_token_ids);
+    for (size_t i = 0; i < job->n_stop_token_ids && i < (size_t)cJSON_GetArraySize(ids); i++)
+        EXPECT(job->stop_token_ids[i] == (int32_t)cJSON_GetArrayItem(ids, (int)i)->valuedouble, "stop_token_id %zu", i);
+    EXPECT(job->min_tokens == cJSON_GetObjectItem(want, "min_tokens")->valueint, "min_tokens %d", job->min_tokens);
+    EXPECT(job->repetition_penalty == cJSON_GetObjectItem(want, "repetition_penalty")->valuedouble,
+           "repetition_penalty %g", job->repetition_penalty);
+    EXPECT(job->presence_penalty == cJSON_GetObjectItem(want, "presence_penalty")->valuedouble, "presence_penalty %g",
+           job->presence_penalty);
+    EXPECT(job->frequency_penalty == cJSON_GetObjectItem(want, "frequency_penalty")->valuedouble,
+           "frequency_penalty %g", job->frequency_penalty);
+    return bad;
+}
+
 static int check_job(const char *name, const moeq_job *job, const cJSON *want) {
     int bad = check_input(name, job, want);
     EXPECT(same_str(job->id, str_or_null(want, "id")), "id '%s'", job->id);
@@ -133,6 +179,7 @@ static int check_job(const char *name, const moeq_job *job, const cJSON *want) {
     EXPECT((double)job->deadline_ms == cJSON_GetObjectItem(want, "deadline_ms")->valuedouble, "deadline_ms");
     EXPECT(same_str(job->reply_to, str_or_null(want, "reply_to")), "reply_to");
     EXPECT(job->mtp == cJSON_IsTrue(cJSON_GetObjectItem(want, "mtp")), "mtp %d", job->mtp);
+    bad += check_controls(name, job, want);
     const char *hex = str_or_null(want, "metadata_hex");
     EXPECT(!hex == !job->metadata, "metadata presence");
     if (hex && job->metadata) {
