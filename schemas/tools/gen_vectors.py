@@ -563,6 +563,12 @@ def gen_results():
         "ok_job_hash": {"v": 1, "id": "j5", "status": "ok", "text": "hello", "tokens": [7],
                         "finish_reason": "length", "usage": {"prompt_tokens": 1, "completion_tokens": 1},
                         "job_hash": fnv1a64(b'{"v":1,"id":"j5","prompt":"hi"}')},
+        # structured output with logprobs (job fields response_format, logprobs, top_logprobs 2)
+        "ok_logprobs": {"v": 1, "id": "j6", "status": "ok", "text": "{\"a\":1}", "tokens": [90, 64, 25, 16, 92],
+                        "finish_reason": "stop", "usage": {"prompt_tokens": 5, "completion_tokens": 5},
+                        "logprobs": [{"token": t, "logprob": lp, "top_logprobs": [{"token": t, "logprob": lp},
+                                                                                  {"token": 7, "logprob": -3.5}]}
+                                     for t, lp in ((90, -0.5), (64, -1.25), (25, -0.125), (16, -2.5), (92, -0.25))]},
         # a token that decodes to byte 0x00: text is bytes-exact (msgpack str by length, JSON \u0000)
         "ok_nul_in_text": {"v": 1, "id": "j5", "status": "ok", "text": "a\x00 bre\x00", "tokens": [64, 0, 1627, 0],
                            "finish_reason": "length", "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
