@@ -31,3 +31,8 @@ if(TARGET moeq_worker AND TARGET moeq)
       TIMEOUT 900)
   endforeach()
 endif()
+
+# Decoding controls below the corpus: penalties vs a reference, min_tokens, stop ids, grammar ends, logprobs.
+if(TARGET moeq_worker AND TARGET moeq_grammar)
+  moeq_add_test(NAME test_decode_proc SOURCES test_decode_proc.c LIBS moeq_worker LABELS unit)
+endif()
