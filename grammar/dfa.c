@@ -37,6 +37,8 @@ struct dfa {
     int8_t *done;         /* [cap] -1 unknown                                      */
     uint32_t **masks;     /* [cap] NULL until computed                             */
     int64_t *mask_count;  /* [cap]                                                 */
+    int32_t *mask_far;    /* [cap] the farthest end state (bytes to completion) of an
+                             allowed token: budgets above it need no walk of their own */
     int n_masks;
     int32_t *ht;          /* open addressing over state ids, -1 empty              */
     size_t ht_mask;
@@ -114,7 +116,9 @@ static int grow_states(dfa *d) {
     if (mk) d->masks = mk;
     int64_t *mc = realloc(d->mask_count, (size_t)cap * sizeof *mc);
     if (mc) d->mask_count = mc;
-    if (!off || !len || !tr || !sd || !dn || !mk || !mc) return -1;
+    int32_t *mf = realloc(d->mask_far, (size_t)cap * sizeof *mf);
+    if (mf) d->mask_far = mf;
+    if (!off || !len || !tr || !sd || !dn || !mk || !mc || !mf) return -1;
     d->cap = cap;
     /* the hash table keeps a load below one half */
     size_t hsize = 1;
@@ -157,7 +161,7 @@ static int32_t intern(dfa *d, const int32_t *s, int n) {
     int32_t best = INF;
     for (int i = 0; i < n; i++)
         if (d->dist[s[i]] < best) best = d->dist[s[i]];
-    d->sdist[id] = best, d->done[id] = -1, d->masks[id] = NULL, d->mask_count[id] = 0;
+    d->sdist[id] = best, d->done[id] = -1, d->masks[id] = NULL, d->mask_count[id] = 0, d->mask_far[id] = 0;
     size_t h = hv & d->ht_mask;
     while (d->ht[h] >= 0) h = (h + 1) & d->ht_mask;
     d->ht[h] = id;
@@ -245,7 +249,7 @@ void dfa_free(dfa *d) {
     for (int i = 0; i < d->n_states; i++) free(d->masks[i]);
     nfa_free(&d->n);
     free(d->dist), free(d->set_off), free(d->set_len), free(d->pool), free(d->trans), free(d->sdist);
-    free(d->done), free(d->masks), free(d->mask_count), free(d->ht), free(d->mark), free(d->stack), free(d->set);
+    free(d->done), free(d->masks), free(d->mask_count), free(d->mask_far), free(d->ht), free(d->mark), free(d->stack), free(d->set);
     free(d);
 }
 
@@ -276,7 +280,7 @@ typedef struct walk_item {
 
 /* Walk from state; set a token's bit when its end state is live (and within budget - 1 bytes of completion). */
 static int64_t walk(dfa *d, const moeq_grammar_vocab *v, int32_t state, int32_t budget, uint32_t *bits,
-                    moeq_err *err) {
+                    int32_t *far, moeq_err *err) {
     size_t cap = 1024, top = 0;
     walk_item *st = malloc(cap * sizeof *st);
     if (!st) return *err = MOEQ_ERR_NOMEM, -1;
@@ -289,11 +293,15 @@ static int64_t walk(dfa *d, const moeq_grammar_vocab *v, int32_t state, int32_t 
             int32_t t = dfa_next(d, w.state, v->nodes[c].byte);
             if (t == -2) return free(st), *err = MOEQ_ERR_LIMIT, -1;
             if (t < 0) continue;
-            if (d->sdist[t] <= budget - 1 || budget == INT32_MAX)
+            /* a byte lowers the distance by one at most: no token below can end within the budget */
+            if (budget != INT32_MAX && d->sdist[t] > (int64_t)budget - 1 + v->nodes[c].height) continue;
+            if (v->nodes[c].token >= 0 && (budget == INT32_MAX || d->sdist[t] <= budget - 1)) {
+                if (d->sdist[t] > *far) *far = d->sdist[t];
                 for (int32_t id = v->nodes[c].token; id >= 0; id = v->same_next[id]) {
                     bits[id >> 5] |= 1u << (id & 31);
                     count++;
                 }
+            }
             if (v->nodes[c].first_child < 0) continue;
             if (top == cap) {
                 walk_item *g = realloc(st, cap * 2 * sizeof *st);
@@ -311,21 +319,24 @@ const uint32_t *dfa_mask(dfa *d, const moeq_grammar_vocab *vocab, int32_t state,
     if (d->masks[state]) return d->masks[state];
     uint32_t *bits = malloc((size_t)d->words * sizeof *bits);
     if (!bits) return *err = MOEQ_ERR_NOMEM, NULL;
-    int64_t count = walk(d, vocab, state, INT32_MAX, bits, err);
+    int32_t far = 0;
+    int64_t count = walk(d, vocab, state, INT32_MAX, bits, &far, err);
     if (count < 0) return free(bits), NULL;
     d->masks[state] = bits; /* walk may have grown the arrays: index again */
     d->mask_count[state] = count;
+    d->mask_far[state] = far;
     d->n_masks++;
     return bits;
 }
 
 int64_t dfa_mask_budget(dfa *d, const moeq_grammar_vocab *vocab, int32_t state, int32_t budget, uint32_t *bits,
                         moeq_err *err) {
-    if (budget == INT32_MAX || budget - 1 >= d->max_dist) {
-        const uint32_t *m = dfa_mask(d, vocab, state, err);
-        if (!m) return -1;
+    const uint32_t *m = dfa_mask(d, vocab, state, err);
+    if (!m) return -1;
+    if (budget == INT32_MAX || budget - 1 >= d->mask_far[state]) { /* every allowed token fits the budget */
         memcpy(bits, m, (size_t)d->words * sizeof *bits);
         return d->mask_count[state];
     }
-    return walk(d, vocab, state, budget, bits, err);
+    int32_t far = 0;
+    return walk(d, vocab, state, budget, bits, &far, err);
 }

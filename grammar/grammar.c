@@ -20,7 +20,7 @@ static int32_t trie_child(moeq_grammar_vocab *v, int32_t *root_index, int32_t no
         v->nodes = g, *cap *= 2;
     }
     int32_t c = v->n_nodes++;
-    v->nodes[c] = (vtrie_node){-1, v->nodes[node].first_child, -1, byte};
+    v->nodes[c] = (vtrie_node){-1, v->nodes[node].first_child, -1, 0, byte};
     v->nodes[node].first_child = c;
     if (node == 0) root_index[byte] = c;
     return c;
@@ -51,7 +51,7 @@ moeq_err moeq_grammar_vocab_new(int n_ids, moeq_grammar_token_fn token_bytes, vo
         !(v->len = calloc((size_t)n_ids, 4)) || !(v->bytes = malloc(bcap)))
         goto nomem;
     v->n_ids = n_ids;
-    v->nodes[0] = (vtrie_node){-1, -1, -1, 0};
+    v->nodes[0] = (vtrie_node){-1, -1, -1, 0, 0};
     v->n_nodes = 1;
     for (int32_t id = 0; id < n_ids; id++) {
         const char *b;
@@ -70,6 +70,10 @@ moeq_err moeq_grammar_vocab_new(int n_ids, moeq_grammar_token_fn token_bytes, vo
         v->off[id] = (uint32_t)blen, v->len[id] = (uint32_t)len;
         blen += len;
     }
+    for (int32_t i = v->n_nodes - 1; i >= 0; i--) /* children come after their parent */
+        for (int32_t c = v->nodes[i].first_child; c >= 0; c = v->nodes[c].next_sibling)
+            if (v->nodes[c].height + 1 > v->nodes[i].height)
+                v->nodes[i].height = (uint16_t)(v->nodes[c].height + 1 > 65535 ? 65535 : v->nodes[c].height + 1);
     *out = v;
     return MOEQ_OK;
 nomem:

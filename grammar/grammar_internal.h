@@ -143,6 +143,7 @@ int dfa_max_distance(const dfa *d);
 typedef struct vtrie_node {
     int32_t first_child, next_sibling;
     int32_t token; /* first id ending here, -1 none; more in same_next */
+    uint16_t height; /* bytes of the longest token below, beyond this node (a budget walk's prune) */
     uint8_t byte;
 } vtrie_node;
 
