@@ -36,3 +36,12 @@ endif()
 if(TARGET moeq_worker AND TARGET moeq_grammar)
   moeq_add_test(NAME test_decode_proc SOURCES test_decode_proc.c LIBS moeq_worker LABELS unit)
 endif()
+
+# Structured output through `moeq worker` (Redis + Kafka of the `services` fixture).
+if(TARGET moeq_worker AND TARGET moeq)
+  get_target_property(_moeq_st_defs moeq_worker INTERFACE_COMPILE_DEFINITIONS)
+  if(_moeq_st_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_st_defs)
+    moeq_add_test(NAME test_worker_structured SOURCES test_worker_structured.c LIBS moeq_worker
+      LABELS integration FIXTURES services TIMEOUT 300)
+  endif()
+endif()
