@@ -37,6 +37,7 @@ struct dfa {
     int8_t *done;         /* [cap] -1 unknown                                      */
     uint32_t **masks;     /* [cap] NULL until computed                             */
     int64_t *mask_count;  /* [cap]                                                 */
+    struct dist_lists **lists; /* [cap] with the mask: tokens that change the distance (NULL: too many) */
     int32_t *mask_far;    /* [cap] the farthest end state (bytes to completion) of an
                              allowed token: budgets above it need no walk of their own */
     int n_masks;
@@ -118,7 +119,9 @@ static int grow_states(dfa *d) {
     if (mc) d->mask_count = mc;
     int32_t *mf = realloc(d->mask_far, (size_t)cap * sizeof *mf);
     if (mf) d->mask_far = mf;
-    if (!off || !len || !tr || !sd || !dn || !mk || !mc || !mf) return -1;
+    struct dist_lists **ls = realloc(d->lists, (size_t)cap * sizeof *ls);
+    if (ls) d->lists = ls;
+    if (!off || !len || !tr || !sd || !dn || !mk || !mc || !mf || !ls) return -1;
     d->cap = cap;
     /* the hash table keeps a load below one half */
     size_t hsize = 1;
@@ -162,6 +165,7 @@ static int32_t intern(dfa *d, const int32_t *s, int n) {
     for (int i = 0; i < n; i++)
         if (d->dist[s[i]] < best) best = d->dist[s[i]];
     d->sdist[id] = best, d->done[id] = -1, d->masks[id] = NULL, d->mask_count[id] = 0, d->mask_far[id] = 0;
+    d->lists[id] = NULL;
     size_t h = hv & d->ht_mask;
     while (d->ht[h] >= 0) h = (h + 1) & d->ht_mask;
     d->ht[h] = id;
@@ -246,10 +250,10 @@ dfa *dfa_new(nfa *n, int32_t start, int32_t accept, int n_ids, int max_states) {
 
 void dfa_free(dfa *d) {
     if (!d) return;
-    for (int i = 0; i < d->n_states; i++) free(d->masks[i]);
+    for (int i = 0; i < d->n_states; i++) free(d->masks[i]), free(d->lists[i]);
     nfa_free(&d->n);
     free(d->dist), free(d->set_off), free(d->set_len), free(d->pool), free(d->trans), free(d->sdist);
-    free(d->done), free(d->masks), free(d->mask_count), free(d->mask_far), free(d->ht), free(d->mark), free(d->stack), free(d->set);
+    free(d->done), free(d->masks), free(d->mask_count), free(d->mask_far), free(d->lists), free(d->ht), free(d->mark), free(d->stack), free(d->set);
     free(d);
 }
 
@@ -278,9 +282,59 @@ typedef struct walk_item {
     int32_t node, state;
 } walk_item;
 
+/* Tokens whose end state is nearer to or farther from completion than the state itself, by that distance. */
+typedef struct dist_tok {
+    int32_t dist, token;
+} dist_tok;
+
+struct dist_lists {
+    int n_near, n_far; /* items[0..n_near): dist < the state's, ascending; then n_far with dist > it, descending */
+    dist_tok items[];
+};
+
+#define MAX_LISTED 16384 /* a state with more goes back to walking for tight budgets */
+
+typedef struct collector {
+    dist_tok *items;
+    int n, cap, overflow;
+    int32_t level; /* the state's own distance */
+} collector;
+
+static void collect(collector *c, int32_t dist, int32_t token) {
+    if (!c || c->overflow || dist == c->level) return;
+    if (c->n == c->cap) {
+        int cap = c->cap ? c->cap * 2 : 256;
+        dist_tok *g = cap <= MAX_LISTED ? realloc(c->items, (size_t)cap * sizeof *g) : NULL;
+        if (!g) {
+            c->overflow = 1;
+            return;
+        }
+        c->items = g, c->cap = cap;
+    }
+    c->items[c->n++] = (dist_tok){dist, token};
+}
+
+static int cmp_near_far(const void *a, const void *b) { /* near ascending first, then far descending */
+    const dist_tok *x = a, *y = b;
+    return x->dist < y->dist ? -1 : x->dist > y->dist;
+}
+
+static struct dist_lists *make_lists(collector *c) {
+    if (c->overflow) return NULL;
+    struct dist_lists *l = malloc(sizeof *l + (size_t)c->n * sizeof(dist_tok));
+    if (!l) return NULL;
+    qsort(c->items, (size_t)c->n, sizeof *c->items, cmp_near_far);
+    int near = 0;
+    while (near < c->n && c->items[near].dist < c->level) near++;
+    l->n_near = near, l->n_far = c->n - near;
+    memcpy(l->items, c->items, (size_t)near * sizeof(dist_tok));
+    for (int i = 0; i < l->n_far; i++) l->items[near + i] = c->items[c->n - 1 - i];
+    return l;
+}
+
 /* Walk from state; set a token's bit when its end state is live (and within budget - 1 bytes of completion). */
 static int64_t walk(dfa *d, const moeq_grammar_vocab *v, int32_t state, int32_t budget, uint32_t *bits,
-                    int32_t *far, moeq_err *err) {
+                    int32_t *far, collector *col, moeq_err *err) {
     size_t cap = 1024, top = 0;
     walk_item *st = malloc(cap * sizeof *st);
     if (!st) return *err = MOEQ_ERR_NOMEM, -1;
@@ -300,6 +354,7 @@ static int64_t walk(dfa *d, const moeq_grammar_vocab *v, int32_t state, int32_t 
                 for (int32_t id = v->nodes[c].token; id >= 0; id = v->same_next[id]) {
                     bits[id >> 5] |= 1u << (id & 31);
                     count++;
+                    collect(col, d->sdist[t], id);
                 }
             }
             if (v->nodes[c].first_child < 0) continue;
@@ -320,11 +375,14 @@ const uint32_t *dfa_mask(dfa *d, const moeq_grammar_vocab *vocab, int32_t state,
     uint32_t *bits = malloc((size_t)d->words * sizeof *bits);
     if (!bits) return *err = MOEQ_ERR_NOMEM, NULL;
     int32_t far = 0;
-    int64_t count = walk(d, vocab, state, INT32_MAX, bits, &far, err);
-    if (count < 0) return free(bits), NULL;
+    collector col = {NULL, 0, 0, 0, d->sdist[state]};
+    int64_t count = walk(d, vocab, state, INT32_MAX, bits, &far, &col, err);
+    if (count < 0) return free(col.items), free(bits), NULL;
     d->masks[state] = bits; /* walk may have grown the arrays: index again */
     d->mask_count[state] = count;
     d->mask_far[state] = far;
+    d->lists[state] = make_lists(&col);
+    free(col.items);
     d->n_masks++;
     return bits;
 }
@@ -337,6 +395,28 @@ int64_t dfa_mask_budget(dfa *d, const moeq_grammar_vocab *vocab, int32_t state, 
         memcpy(bits, m, (size_t)d->words * sizeof *bits);
         return d->mask_count[state];
     }
-    int32_t far = 0;
-    return walk(d, vocab, state, budget, bits, &far, err);
+    const struct dist_lists *l = d->lists[state];
+    int32_t room = budget - 1;
+    if (!l) { /* too many tokens change the distance: walk for this budget */
+        int32_t far = 0;
+        return walk(d, vocab, state, budget, bits, &far, NULL, err);
+    }
+    int64_t count = 0;
+    if (room >= d->sdist[state]) { /* the full mask less the tokens that end too far */
+        memcpy(bits, m, (size_t)d->words * sizeof *bits);
+        count = d->mask_count[state];
+        for (int i = 0; i < l->n_far && l->items[l->n_near + i].dist > room; i++) {
+            int32_t id = l->items[l->n_near + i].token;
+            bits[id >> 5] &= ~(1u << (id & 31));
+            count--;
+        }
+        return count;
+    }
+    memset(bits, 0, (size_t)d->words * sizeof *bits); /* only tokens that get near enough */
+    for (int i = 0; i < l->n_near && l->items[i].dist <= room; i++) {
+        int32_t id = l->items[i].token;
+        bits[id >> 5] |= 1u << (id & 31);
+        count++;
+    }
+    return count;
 }

@@ -181,6 +181,65 @@ static void a_token_is_allowed_exactly_when_all_its_bytes_walk_the_automaton(voi
     moeq_grammar_vocab_destroy(v);
 }
 
+/* With a budget, a token is allowed exactly when its end state can still finish in budget - 1 bytes. */
+static void a_tight_budget_allows_exactly_the_tokens_that_can_still_finish(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                              "{\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"},"
+                              "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"ab\",\"true\"]}}},"
+                              "\"required\":[\"name\"]}");
+    uint32_t *bits = calloc(moeq_grammar_mask_words(g), 4);
+    uint64_t seed = 3;
+    for (int run = 0; run < 40; run++) {
+        moeq_grammar_matcher *m = NULL;
+        assert_int_equal(moeq_grammar_matcher_new(g, &m), MOEQ_OK);
+        char prefix[512];
+        size_t plen = 0;
+        for (int step = 0; step < 30 && !moeq_grammar_matcher_done(m); step++) {
+            int budget = 1 + (int)(rng(&seed) % 24);
+            moeq_err err;
+            int64_t n = moeq_grammar_matcher_mask(m, budget, bits, &err);
+            assert_true(n >= 0);
+            int64_t k = 0;
+            for (int id = 0; id < N_IDS; id++) {
+                const char *b = NULL;
+                size_t len = 0;
+                int want = 0;
+                if (token_bytes(NULL, id, &b, &len) == 0) {
+                    moeq_grammar_matcher *p = NULL;
+                    assert_int_equal(moeq_grammar_matcher_new(g, &p), MOEQ_OK);
+                    want = moeq_grammar_matcher_accept_bytes(p, prefix, plen) == MOEQ_OK &&
+                           moeq_grammar_matcher_accept_bytes(p, b, len) == MOEQ_OK &&
+                           moeq_grammar_matcher_distance(p) <= budget - 1;
+                    moeq_grammar_matcher_destroy(p);
+                }
+                assert_int_equal((int)(bits[id / 32] >> (id % 32) & 1), want);
+                k += want;
+            }
+            assert_int_equal(k, n);
+            /* advance by any token allowed without a budget */
+            n = moeq_grammar_matcher_mask(m, INT32_MAX, bits, &err);
+            int32_t ids[N_IDS], c = 0;
+            for (int id = 0; id < N_IDS; id++)
+                if (bits[id / 32] >> (id % 32) & 1) ids[c++] = id;
+            if (c == 0) break;
+            int32_t t = ids[rng(&seed) % (uint64_t)c];
+            const char *b = NULL;
+            size_t len = 0;
+            token_bytes(NULL, t, &b, &len);
+            if (plen + len >= sizeof prefix) break;
+            memcpy(prefix + plen, b, len);
+            plen += len;
+            assert_int_equal(moeq_grammar_matcher_accept(m, t), MOEQ_OK);
+        }
+        moeq_grammar_matcher_destroy(m);
+    }
+    free(bits);
+    moeq_grammar_release(g);
+    moeq_grammar_vocab_destroy(v);
+}
+
 static void expect_error(moeq_grammar_vocab *v, moeq_grammar_kind kind, const char *text, moeq_err want,
                          const char *needle) {
     moeq_grammar_spec spec = {kind, text, strlen(text), NULL, 0};
@@ -267,6 +326,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_outputs_of_a_schema_are_complete_within_their_budget),
         cmocka_unit_test(a_token_is_allowed_exactly_when_all_its_bytes_walk_the_automaton),
+        cmocka_unit_test(a_tight_budget_allows_exactly_the_tokens_that_can_still_finish),
         cmocka_unit_test(an_unsupported_feature_is_an_error_naming_it_and_where),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
         cmocka_unit_test(a_cached_grammar_is_compiled_once_and_shared),
