@@ -145,6 +145,36 @@ static void end_of_sequence_is_allowed_only_where_the_grammar_is_complete(void *
     moeq_grammar_vocab_destroy(v);
 }
 
+static void a_grammar_that_outgrows_its_limits_is_reported_not_left_unconstrained(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = NULL;
+    moeq_grammar *g = NULL;
+    assert_int_equal(moeq_grammar_vocab_new(V, tiny_bytes, NULL, &v, NULL, 0), MOEQ_OK);
+    moeq_grammar_limits lim = moeq_grammar_default_limits();
+    lim.max_dfa_states = 3;
+    moeq_grammar_spec spec = {MOEQ_GRAMMAR_REGEX, "abcabcabc", 9, NULL, 0};
+    assert_int_equal(moeq_grammar_compile(&spec, v, &lim, &g, NULL, 0), MOEQ_OK);
+    const int32_t eos = EOS;
+    moeq_decode_proc_params p = {.grammar = g, .eos_ids = &eos, .n_eos = 1, .max_new_tokens = 9};
+    moeq_decode_proc *d = make(&p);
+    moeq_grammar_release(g);
+    float raw[V], work[V];
+    random_row(raw, 3);
+    static const int32_t walk[] = {10, 11, 12, 10, 11, 12};
+    int failed_at = -1;
+    for (int i = 0; i < 6 && failed_at < 0; i++) {
+        draw(d, raw, work, walk[i]);
+        if (moeq_decode_proc_error(d)) failed_at = i;
+    }
+    assert_true(failed_at >= 0);
+    assert_int_equal(moeq_decode_proc_error(d), MOEQ_ERR_LIMIT);
+    int finite = 0;
+    for (int t = 0; t < V; t++) finite += work[t] != -INFINITY;
+    assert_int_equal(finite, 1); /* something to draw, nothing it means: the worker ends the job */
+    moeq_decode_proc_destroy(d);
+    moeq_grammar_vocab_destroy(v);
+}
+
 /* ---- the scheduler's ends ---------------------------------------------------------------------------- */
 
 static size_t bytes_detok(void *ctx, void *user, int32_t token, const char **bytes) {
@@ -181,6 +211,31 @@ static moeq_sched_finished run_job(moeq_sched **sp, const int32_t *tokens, int n
     return fin;
 }
 
+static void a_noted_error_ends_the_job_before_the_token_with_the_code(void **state) {
+    (void)state;
+    const int32_t eos = 1000;
+    moeq_sched *s = NULL;
+    moeq_sched_params p = moeq_sched_default_params();
+    p.max_seqs = 1, p.max_step_tokens = 8, p.stop_ids = &eos, p.n_stop_ids = 1;
+    assert_int_equal(moeq_sched_new(&p, bytes_detok, NULL, &s, NULL, 0), MOEQ_OK);
+    const int32_t prompt[] = {1, 2}, toks[] = {'a', 'b'};
+    moeq_sched_job_spec spec = {.key = "j", .prompt = prompt, .n_prompt = 2, .max_new_tokens = 10};
+    assert_int_equal(moeq_sched_add_batch(s, NULL, &spec, 1, 0, NULL, 0), MOEQ_OK);
+    moeq_sched_step plan;
+    moeq_sched_finished fin;
+    assert_int_equal(moeq_sched_plan(s, 0, &plan), MOEQ_OK);
+    assert_int_equal(moeq_sched_commit(s, &toks[0], 0), MOEQ_OK);
+    assert_int_equal(moeq_sched_plan(s, 1, &plan), MOEQ_OK);
+    moeq_sched_note_error(s, plan.items[0].job, MOEQ_CODE_GRAMMAR_TOO_LARGE, "the grammar outgrew max_dfa_states");
+    assert_int_equal(moeq_sched_commit(s, &toks[1], 1), MOEQ_OK);
+    assert_int_equal(moeq_sched_next_finished(s, &fin), 1);
+    assert_int_equal(fin.status, MOEQ_RESULT_ERROR);
+    assert_string_equal(fin.error_code, MOEQ_CODE_GRAMMAR_TOO_LARGE);
+    assert_int_equal(fin.n_tokens, 1);
+    assert_string_equal(fin.text, "a");
+    moeq_sched_destroy(s);
+}
+
 static void a_jobs_stop_token_ids_end_it_with_finish_reason_stop_token(void **state) {
     (void)state;
     moeq_sched *s;
@@ -214,6 +269,8 @@ int main(void) {
         cmocka_unit_test(penalties_match_a_reference_implementation),
         cmocka_unit_test(min_tokens_masks_end_of_sequence_and_stop_ids_until_reached),
         cmocka_unit_test(end_of_sequence_is_allowed_only_where_the_grammar_is_complete),
+        cmocka_unit_test(a_grammar_that_outgrows_its_limits_is_reported_not_left_unconstrained),
+        cmocka_unit_test(a_noted_error_ends_the_job_before_the_token_with_the_code),
         cmocka_unit_test(a_jobs_stop_token_ids_end_it_with_finish_reason_stop_token),
         cmocka_unit_test(a_completed_grammar_ends_the_job_with_finish_reason_stop),
     };

@@ -171,10 +171,11 @@ static void process(void *ctx, const float *raw, float *w, int vocab) {
     for (int i = 0; i < d->n_end; i++) d->end_value[i] = w[d->end[i]];
     int may_end = d->n_drawn >= d->p.min_tokens;
     int64_t allowed = d->vocab;
-    if (d->matcher && !d->err) {
-        allowed = grammar_mask(d, w);
-        if (allowed < 0) allowed = 0; /* the error ends the job (worker); this draw is dropped */
-        else may_end = may_end && moeq_grammar_matcher_accepting(d->matcher);
+    if (d->matcher && !d->err && (allowed = grammar_mask(d, w)) >= 0)
+        may_end = may_end && moeq_grammar_matcher_accepting(d->matcher);
+    if (d->matcher && d->err) { /* the job ends with an error at this draw (worker): keep one value finite */
+        for (int t = 0; t < d->vocab; t++) w[t] = -INFINITY;
+        allowed = 0, may_end = 0;
     }
     allowed += ending_ids(d, w, may_end);
     if (allowed <= 0) { /* complete with nothing to follow (the job ends here: complete_at), or an error */

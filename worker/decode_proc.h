@@ -68,7 +68,9 @@ int moeq_decode_proc_n_drawn(const moeq_decode_proc *proc);
 /* The draw count after which the grammar was complete with nothing allowed to follow (or ended by an
  * end-of-sequence/stop id where it was complete); 0 = not yet. For moeq_sched_note_complete. */
 int moeq_decode_proc_complete_at(const moeq_decode_proc *proc);
-/* A grammar failure while masking (MOEQ_ERR_LIMIT: the DFA outgrew max_dfa_states); MOEQ_OK otherwise. */
+/* A grammar failure while masking (MOEQ_ERR_LIMIT: the DFA outgrew max_dfa_states); MOEQ_OK otherwise. From
+ * the failing draw on, draws are not constrained to anything meaningful: end the job
+ * (moeq_sched_note_error) — the worker does, at the first draw after the failure. */
 moeq_err moeq_decode_proc_error(const moeq_decode_proc *proc);
 
 /* Draw i's log-probability record (i < n_drawn and logprobs on): the token, its logprob, and n_top

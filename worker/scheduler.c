@@ -48,6 +48,8 @@ typedef struct sched_job {
     int max_new_tokens;
     int nonfinite_layer;      /* where the engine first saw NaN/inf (the message), -1 unknown */
     int complete_at;          /* structured output complete after this many tokens; 0 = not yet */
+    const char *fail_code;    /* noted before a commit: the job ends there with this error (static) */
+    char fail_message[160];
     int32_t *stop_token_ids;  /* the job's own stop ids                    */
     size_t n_stop_token_ids;
     int64_t deadline_ms;
@@ -739,6 +741,10 @@ static long stop_match(const sched_job *job, size_t old_len) {
 /* Account one sampled token; may finish the job. */
 static void job_take_token(moeq_sched *sched, int h, int32_t token, int64_t now_ms) {
     sched_job *job = sched->jobs[h];
+    if (job->fail_code) { /* the token was drawn after the failure: not part of the output */
+        job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, job->fail_code, job->fail_message, now_ms);
+        return;
+    }
     if (job->n_out == 0) job->first_token_ms = now_ms;
     job->out[job->n_out++] = token;
     job->last = token;
@@ -835,6 +841,12 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
         job_take_token(sched, r->job, o->tokens[t], now_ms);
     }
     judge_acceptance(sched, job, o);
+}
+
+void moeq_sched_note_error(moeq_sched *sched, int job, const char *code, const char *message) {
+    if (!sched || job < 0 || job >= sched->n_jobs_cap || !code || sched->jobs[job]->fail_code) return;
+    sched->jobs[job]->fail_code = code;
+    snprintf(sched->jobs[job]->fail_message, sizeof sched->jobs[job]->fail_message, "%s", message ? message : "");
 }
 
 void moeq_sched_note_complete(moeq_sched *sched, int job, int n_tokens) {

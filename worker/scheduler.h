@@ -239,6 +239,13 @@ void moeq_sched_note_nonfinite_layer(moeq_sched *sched, int job, int layer);
 void moeq_sched_note_complete(moeq_sched *sched, int job, int n_tokens);
 
 /*
+ * Optional, before a commit: the job's next token must not be taken (its logits processing failed, e.g.
+ * a grammar outgrew its limits mid-output). At that token the job finishes with status error, this code
+ * (a MOEQ_CODE_* name, kept by pointer) and message, the tokens before it kept. The first note counts.
+ */
+void moeq_sched_note_error(moeq_sched *sched, int job, const char *code, const char *message);
+
+/*
  * moeq_sched_commit for a plan with rounds: rounds[i] is what the engine made
  * of plan.rounds[i]. Each round's tokens are taken one at a time as decode
  * tokens; a job that ends inside its run (stop id, stop string,

@@ -723,18 +723,22 @@ static moeq_err attach_proc(moeq_worker *w, wjob *job, moeq_sampler *sampler, ch
     return MOEQ_OK;
 }
 
-/* Structured output complete after a token of this plan: the scheduler ends the job there (finish_reason stop). */
+/* What a job's processor made of this plan's draws: complete (finish_reason stop), or failed (an error). */
+static void note_proc(moeq_worker *w, int job_handle, const wjob *job) {
+    if (!job->proc) return;
+    moeq_err e = moeq_decode_proc_error(job->proc);
+    if (e)
+        moeq_sched_note_error(w->sched, job_handle, e == MOEQ_ERR_LIMIT ? MOEQ_CODE_GRAMMAR_TOO_LARGE : MOEQ_CODE_INTERNAL,
+                              e == MOEQ_ERR_LIMIT ? "response_format: the grammar outgrew max_dfa_states while generating"
+                                                  : "response_format: the grammar failed while generating");
+    else if (moeq_decode_proc_complete_at(job->proc))
+        moeq_sched_note_complete(w->sched, job_handle, moeq_decode_proc_complete_at(job->proc));
+}
+
 static void note_complete(moeq_worker *w, const moeq_sched_step *plan) {
-    for (int i = 0; i < plan->n_items; i++) {
-        const wjob *job = plan->items[i].user;
-        if (plan->items[i].sample && job->proc && moeq_decode_proc_complete_at(job->proc))
-            moeq_sched_note_complete(w->sched, plan->items[i].job, moeq_decode_proc_complete_at(job->proc));
-    }
-    for (int i = 0; i < plan->n_rounds; i++) {
-        const wjob *job = plan->rounds[i].user;
-        if (job->proc && moeq_decode_proc_complete_at(job->proc))
-            moeq_sched_note_complete(w->sched, plan->rounds[i].job, moeq_decode_proc_complete_at(job->proc));
-    }
+    for (int i = 0; i < plan->n_items; i++)
+        if (plan->items[i].sample) note_proc(w, plan->items[i].job, plan->items[i].user);
+    for (int i = 0; i < plan->n_rounds; i++) note_proc(w, plan->rounds[i].job, plan->rounds[i].user);
 }
 
 static void slot_clear(moeq_worker *w, int slot) {
