@@ -351,11 +351,56 @@ static void every_result_vector_decodes_to_its_fields(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* moeq_job_encode writes the structured-output fields so that they decode back to the same job. */
+static void a_job_with_the_structured_output_fields_encodes_and_decodes_to_itself(void **state) {
+    (void)state;
+    char schema[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,\"x\",null]}},\"required\":[\"a\"]}";
+    char *choices[] = {"yes", "no"};
+    int32_t stops[] = {3, 99};
+    moeq_job job = {.id = "rt", .input = MOEQ_JOB_INPUT_PROMPT, .prompt = "p", .prompt_len = 1, .max_new_tokens = 16,
+                    .temperature = 1.0, .top_p = 1.0, .mtp = 1, .logprobs = 1, .top_logprobs = 5,
+                    .stop_token_ids = stops, .n_stop_token_ids = 2, .min_tokens = 2, .repetition_penalty = 1.5,
+                    .presence_penalty = -0.5, .frequency_penalty = 0.25};
+    for (int kind = 0; kind < 3; kind++)
+        for (int f = MOEQ_WIRE_MSGPACK; f <= MOEQ_WIRE_JSON; f++) {
+            job.response_format = (moeq_response_format){0};
+            if (kind == 0) job.response_format = (moeq_response_format){.type = MOEQ_RESPONSE_JSON_SCHEMA, .name = "n",
+                                                                         .strict = 1, .schema = schema,
+                                                                         .schema_len = strlen(schema)};
+            if (kind == 1) job.response_format = (moeq_response_format){.type = MOEQ_RESPONSE_REGEX, .pattern = "a+"};
+            if (kind == 2) job.response_format = (moeq_response_format){.type = MOEQ_RESPONSE_CHOICE,
+                                                                         .choices = choices, .n_choices = 2};
+            moeq_buf buf = {0};
+            assert_int_equal(moeq_job_encode(&job, (moeq_wire_format)f, &buf), MOEQ_OK);
+            moeq_job back;
+            moeq_job_reject rej;
+            assert_int_equal(moeq_job_decode(buf.data, buf.len, NULL, NULL, &back, &rej), MOEQ_OK);
+            const moeq_response_format *a = &job.response_format, *b = &back.response_format;
+            assert_int_equal(b->type, a->type);
+            if (kind == 0) {
+                cJSON *x = cJSON_Parse(a->schema), *y = cJSON_Parse(b->schema);
+                assert_true(cJSON_Compare(x, y, 1));
+                cJSON_Delete(x), cJSON_Delete(y);
+                assert_string_equal(b->name, "n");
+                assert_int_equal(b->strict, 1);
+            }
+            if (kind == 1) assert_string_equal(b->pattern, "a+");
+            if (kind == 2) assert_true(b->n_choices == 2 && !strcmp(b->choices[1], "no"));
+            assert_true(back.logprobs == 1 && back.top_logprobs == 5 && back.min_tokens == 2);
+            assert_true(back.n_stop_token_ids == 2 && back.stop_token_ids[1] == 99);
+            assert_true(back.repetition_penalty == 1.5 && back.presence_penalty == -0.5 &&
+                        back.frequency_penalty == 0.25);
+            moeq_job_free(&back);
+            moeq_buf_free(&buf);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_vector_yields_its_documented_outcome),
         cmocka_unit_test(every_truncation_of_a_valid_vector_is_rejected_cleanly),
         cmocka_unit_test(every_result_vector_decodes_to_its_fields),
+        cmocka_unit_test(a_job_with_the_structured_output_fields_encodes_and_decodes_to_itself),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
