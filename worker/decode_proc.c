@@ -145,9 +145,14 @@ static int64_t grammar_mask(moeq_decode_proc *d, float *w) {
     for (int word = 0; word * 32 < d->vocab; word++) {
         uint32_t m = d->bits[word];
         if (m == 0xFFFFFFFFu) continue;
+        float *row = w + word * 32;
         int hi = d->vocab - word * 32 < 32 ? d->vocab - word * 32 : 32;
+        if (m == 0) { /* most words of a narrow mask: a plain fill the compiler vectorizes */
+            for (int b = 0; b < hi; b++) row[b] = -INFINITY;
+            continue;
+        }
         for (int b = 0; b < hi; b++)
-            if (!(m >> b & 1)) w[word * 32 + b] = -INFINITY;
+            if (!(m >> b & 1)) row[b] = -INFINITY;
     }
     return n;
 }
