@@ -220,3 +220,8 @@ static int32_t draw_from(moeq_sampler *s, const float *logits, uint64_t draw) {
 }
 
 int moeq_sampler_finite(const float *logits, int64_t n) { return moeq_ops_finite(logits, n); }
+
+int32_t moeq_sampler_draft(moeq_sampler *s, const float *row, const int32_t *prefix, int n_prefix) {
+    if (s->hook.draft) return s->hook.draft(s->hook.ctx, row, s->vocab_size, prefix, n_prefix);
+    return moeq_sampler_argmax(row, s->vocab_size);
+}

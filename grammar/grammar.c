@@ -333,6 +333,12 @@ void moeq_grammar_matcher_destroy(moeq_grammar_matcher *m) {
 
 void moeq_grammar_matcher_reset(moeq_grammar_matcher *m) { m->state = dfa_start(m->g->d); }
 
+moeq_err moeq_grammar_matcher_copy(moeq_grammar_matcher *dst, const moeq_grammar_matcher *src) {
+    if (!dst || !src || dst->g != src->g) return MOEQ_ERR_INVALID_ARG;
+    dst->state = src->state;
+    return MOEQ_OK;
+}
+
 int64_t moeq_grammar_matcher_mask(moeq_grammar_matcher *m, int32_t budget, uint32_t *bits, moeq_err *err) {
     moeq_err e = MOEQ_OK;
     if (budget < 1) budget = 1;

@@ -177,7 +177,10 @@ def gen_model(moeq, preset, out):
 
 
 def run(driver, model, corpus_path, out, *extra):
-    subprocess.run([driver, model, corpus_path, out, *extra], check=True, timeout=900)
+    p = subprocess.run([driver, model, corpus_path, out, *extra], check=True, timeout=900, stderr=subprocess.PIPE,
+                       text=True)
+    sys.stdout.write(p.stderr)
+    run.last_stderr = p.stderr
     with open(out) as f:
         return [json.loads(line) for line in f]
 
@@ -295,6 +298,10 @@ def main():
         off = run(a.run, mtp_model, cpath, os.path.join(a.work, "mtp-off.jsonl"), "--batch", "4")
         on = run(a.run, mtp_model, cpath, os.path.join(a.work, "mtp-on.jsonl"), "--batch", "4", "--mtp", "2")
         ok &= same_tokens("mtp k=2 vs off (tiny-mtp)", off, on)
+        m = re.search(r"drafted (\d+) accepted (\d+)", run.last_stderr)
+        if not m or int(m.group(2)) == 0:  # drafts are made and some kept: the rounds were really speculative
+            print("FAIL: no draft was accepted")
+            ok = False
         ok &= check_corpus(entries, on)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

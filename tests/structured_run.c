@@ -34,6 +34,7 @@ typedef struct run {
     moeq_grammar_cache *cache;
     moeq_mtp_decoder *mtp;
     int vocab, eos, mtp_k, max_new;
+    long long drafted, accepted;
     double temperature;
     float *logits;
 } run;
@@ -199,8 +200,10 @@ static int decode_mtp(run *r, job *jobs, int n, const cJSON *const *entries) {
     }
     if (!m) return 1;
     if (moeq_mtp_decode_step(r->mtp, spec, m, err, sizeof err)) return die("mtp round", err);
-    for (int s = 0; s < m; s++)
+    for (int s = 0; s < m; s++) {
+        r->drafted += spec[s].k, r->accepted += spec[s].n_out - 1;
         for (int t = 0; t < spec[s].n_out; t++) take(r, &jobs[who[s]], entries[who[s]], spec[s].out[t]);
+    }
     return 0;
 }
 
@@ -302,6 +305,8 @@ int main(int argc, char **argv) {
         rc = run_group(&r, entries, m, first, out);
     }
     fclose(out);
+    if (r.mtp) fprintf(stderr, "structured_run: mtp drafted %lld accepted %lld (%.1f %%)\n", r.drafted, r.accepted,
+                       r.drafted ? 100.0 * (double)r.accepted / (double)r.drafted : 0.0);
     cJSON_Delete(corpus);
     free(text);
     free(r.logits);

@@ -15,6 +15,8 @@ struct moeq_decode_proc {
     float *end_value;                /* their values after penalties, per draw              */
     int n_end;
     moeq_grammar_matcher *matcher;   /* NULL: unconstrained                                 */
+    moeq_grammar_matcher *guess;     /* scratch: the position after a round's drafts          */
+    uint32_t *guess_bits;
     uint32_t *bits;                  /* [mask words]                                        */
     int n_drawn, complete_at;
     moeq_err err;
@@ -67,8 +69,10 @@ static int alloc_state(moeq_decode_proc *d) {
         if (t >= 0 && t < d->vocab && !is_in(d->end, d->n_end, t)) d->end[d->n_end++] = t;
     }
     if (p->grammar) {
-        if (moeq_grammar_matcher_new(p->grammar, &d->matcher)) return -1;
+        if (moeq_grammar_matcher_new(p->grammar, &d->matcher) || moeq_grammar_matcher_new(p->grammar, &d->guess))
+            return -1;
         if (!(d->bits = malloc(moeq_grammar_mask_words(p->grammar) * sizeof(uint32_t)))) return -1;
+        if (!(d->guess_bits = malloc(moeq_grammar_mask_words(p->grammar) * sizeof(uint32_t)))) return -1;
     }
     if (repetition_on(p) &&
         (!(d->seen = calloc(V, 1)) || !(d->seen_list = malloc(sizeof(int32_t) * (V < N + (size_t)p->n_prompt ? V : N + (size_t)p->n_prompt)))))
@@ -110,6 +114,8 @@ moeq_err moeq_decode_proc_new(const moeq_decode_proc_params *params, int vocab, 
 void moeq_decode_proc_destroy(moeq_decode_proc *d) {
     if (!d) return;
     moeq_grammar_matcher_destroy(d->matcher);
+    moeq_grammar_matcher_destroy(d->guess);
+    free(d->guess_bits);
     free(d->eos), free(d->stop), free(d->end), free(d->end_value), free(d->bits), free(d->seen), free(d->seen_list), free(d->count);
     free(d->out_list), free(d->lp_token), free(d->lp_value), free(d->lp_top_tokens), free(d->lp_top_values);
     free(d);
@@ -235,7 +241,35 @@ static void accept(void *ctx, const float *raw, int32_t t) {
     else if (moeq_grammar_matcher_done(d->matcher)) d->complete_at = d->n_drawn;
 }
 
-moeq_sampler_hook moeq_decode_proc_hook(moeq_decode_proc *d) { return (moeq_sampler_hook){d, process, accept}; }
+static int32_t argmax_row(const float *row, int V) {
+    int32_t best = 0;
+    for (int32_t t = 1; t < V; t++)
+        if (row[t] > row[best]) best = t;
+    return best;
+}
+
+/*
+ * A speculative round's draft: the MTP row's best token that the grammar allows after the drafts so far
+ * (a forbidden draft could never be accepted). Unconstrained, failed or finished: the plain argmax.
+ */
+static int32_t draft(void *ctx, const float *row, int V, const int32_t *prefix, int n_prefix) {
+    moeq_decode_proc *d = ctx;
+    if (!d->matcher || d->err || d->complete_at || moeq_grammar_matcher_copy(d->guess, d->matcher))
+        return argmax_row(row, V);
+    for (int i = 0; i < n_prefix; i++)
+        if (moeq_grammar_matcher_accept(d->guess, prefix[i])) return argmax_row(row, V); /* an end id, or done */
+    moeq_err err;
+    if (moeq_grammar_matcher_mask(d->guess, d->p.max_new_tokens - d->n_drawn - n_prefix, d->guess_bits, &err) <= 0)
+        return argmax_row(row, V);
+    int32_t best = -1;
+    for (int32_t t = 0; t < V; t++)
+        if ((d->guess_bits[t >> 5] >> (t & 31) & 1) && (best < 0 || row[t] > row[best])) best = t;
+    return best;
+}
+
+moeq_sampler_hook moeq_decode_proc_hook(moeq_decode_proc *d) {
+    return (moeq_sampler_hook){d, process, accept, draft};
+}
 
 int moeq_decode_proc_n_drawn(const moeq_decode_proc *d) { return d ? d->n_drawn : 0; }
 int moeq_decode_proc_complete_at(const moeq_decode_proc *d) { return d ? d->complete_at : 0; }

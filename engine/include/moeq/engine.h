@@ -273,6 +273,10 @@ typedef struct moeq_sampler_hook {
     void *ctx;
     void (*process)(void *ctx, const float *raw, float *work, int vocab);
     void (*accept)(void *ctx, const float *raw, int32_t token);
+    /* Optional (NULL: argmax): speculative exact mode's draft from an MTP row, given the n_prefix drafts
+     * already made this round after the last draw — e.g. the best token the grammar allows there. It
+     * only moves acceptance: the output is the draws' either way. */
+    int32_t (*draft)(void *ctx, const float *draft_row, int vocab, const int32_t *prefix, int n_prefix);
 } moeq_sampler_hook;
 void moeq_sampler_set_hook(moeq_sampler *sampler, const moeq_sampler_hook *hook);
 

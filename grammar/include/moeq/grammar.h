@@ -136,6 +136,8 @@ moeq_err moeq_grammar_matcher_new(moeq_grammar *grammar, moeq_grammar_matcher **
 void moeq_grammar_matcher_destroy(moeq_grammar_matcher *matcher);
 /* Back to the start (a new output). */
 void moeq_grammar_matcher_reset(moeq_grammar_matcher *matcher);
+/* dst takes src's position (both on the same grammar; INVALID_ARG otherwise): a scratch matcher for a guess. */
+moeq_err moeq_grammar_matcher_copy(moeq_grammar_matcher *dst, const moeq_grammar_matcher *src);
 
 /* Words of a token bitset over the vocabulary: (n_ids + 31) / 32; bit id of word id / 32 is id % 32. */
 size_t moeq_grammar_mask_words(const moeq_grammar *grammar);
