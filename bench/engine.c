@@ -17,9 +17,13 @@
 
 #include "moeq/engine.h"
 #include "moeq/util.h"
+#ifdef MOEQ_BENCH_GENMODEL
+#include "moeq/genmodel.h"
+#endif
 
 typedef struct bench_args {
-    const char *model_dir;
+    const char *model_dir, *preset, *backend;
+    int device, max_batch;
     int n_threads, prefill_tokens, decode_prompt, batches[8], n_batches;
     int contexts[8], n_contexts; /* batch-1 decode after this many tokens of context */
     double min_seconds;
@@ -92,9 +96,10 @@ static double prefill_tps(moeq_engine *e, int vocab, int n, float *logits) {
 /* B sequences with short prompts, then decode steps of B tokens until min_seconds. */
 static double decode_tps(moeq_engine *e, int vocab, int B, int prompt, double min_seconds, float *logits,
                          int *steps_out) {
-    int seqs[128];
-    int32_t ids[4096], next[128];
-    moeq_step_item items[128];
+    int seqs[256];
+    int32_t ids[256 * 16], next[256];
+    moeq_step_item items[256];
+    if (B > 256 || B * prompt > 256 * 16) return 0;
     for (int b = 0; b < B; b++) {
         if (moeq_engine_seq_new(e, &seqs[b])) return 0;
         ids_for(ids + b * prompt, prompt, 10 + b, vocab);
@@ -102,13 +107,13 @@ static double decode_tps(moeq_engine *e, int vocab, int B, int prompt, double mi
     }
     int per_step = 2048 / prompt; /* prefill the prompts in steps that fit max_step_tokens */
     for (int b = 0; b < B; b += per_step)
-        if (moeq_engine_step(e, items + b, B - b < per_step ? B - b : per_step, logits, 128, NULL, 0)) return 0;
+        if (moeq_engine_step(e, items + b, B - b < per_step ? B - b : per_step, logits, 256, NULL, 0)) return 0;
     for (int b = 0; b < B; b++) next[b] = (int32_t)(b + 2);
     int steps = 0;
     int64_t t0 = 0;
     for (;;) {
         for (int b = 0; b < B; b++) items[b] = (moeq_step_item){seqs[b], &next[b], 1, 0};
-        if (moeq_engine_step(e, items, B, logits, 128, NULL, 0)) return 0;
+        if (moeq_engine_step(e, items, B, logits, 256, NULL, 0)) return 0;
         if (steps == 0) t0 = moeq_mono_ns(); /* the first step is warm-up */
         steps++;
         double s = (moeq_mono_ns() - t0) * 1e-9;
@@ -159,9 +164,11 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     moeq_engine_params p = moeq_engine_default_params();
     p.n_threads = a->n_threads;
     p.batch_invariant = invariant;
-    p.max_seqs = 128;
+    snprintf(p.backend, sizeof p.backend, "%s", a->backend);
+    p.device = a->device;
+    p.max_seqs = a->max_batch > 128 ? a->max_batch : 128;
     p.max_step_tokens = a->prefill_tokens > 2048 ? a->prefill_tokens : 2048;
-    p.kv_cache_tokens = 128 * (a->decode_prompt + 256) + a->prefill_tokens;
+    p.kv_cache_tokens = (int64_t)p.max_seqs * (a->decode_prompt + 256) + a->prefill_tokens;
     for (int i = 0; i < a->n_contexts; i++)
         if (p.kv_cache_tokens < a->contexts[i] + 256) p.kv_cache_tokens = a->contexts[i] + 256;
     int vocab = moeq_model_get_config(model)->vocab_size;
@@ -171,11 +178,12 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
         fprintf(stderr, "bench-engine: %s\n", err);
         return;
     }
-    float *logits = malloc((size_t)128 * vocab * sizeof(float));
+    float *logits = malloc((size_t)(p.max_seqs > 256 ? p.max_seqs : 256) * vocab * sizeof(float));
     double pre = prefill_tps(e, vocab, a->prefill_tokens, logits);
-    printf("%s    \"batch_invariant_%d\": {\"kv_bytes_per_token\": %zu, \"prefill_tokens\": %d, "
-           "\"prefill_tokens_per_s\": %.2f, \"decode\": [",
-           first ? "" : ",\n", invariant, moeq_engine_kv_bytes_per_token(e), a->prefill_tokens, pre);
+    printf("%s    \"batch_invariant_%d\": {\"backend_info\": \"%s\", \"kv_bytes_per_token\": %zu, "
+           "\"prefill_tokens\": %d, \"prefill_tokens_per_s\": %.2f, \"decode\": [",
+           first ? "" : ",\n", invariant, moeq_engine_backend_info(e), moeq_engine_kv_bytes_per_token(e),
+           a->prefill_tokens, pre);
     for (int i = 0; i < a->n_batches; i++) {
         int steps = 0, B = a->batches[i];
         double tps = decode_tps(e, vocab, B, a->decode_prompt, a->min_seconds, logits, &steps);
@@ -209,6 +217,9 @@ static int parse(int argc, char **argv, bench_args *a) {
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--model")) a->model_dir = v;
+        else if (!strcmp(k, "--preset")) a->preset = v;
+        else if (!strcmp(k, "--backend")) a->backend = v;
+        else if (!strcmp(k, "--device")) a->device = atoi(v);
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--prefill-tokens")) a->prefill_tokens = atoi(v);
         else if (!strcmp(k, "--min-seconds")) a->min_seconds = atof(v);
@@ -216,8 +227,9 @@ static int parse(int argc, char **argv, bench_args *a) {
             a->n_batches = 0;
             for (char *s = (char *)v; *s && a->n_batches < 8;) {
                 int b = (int)strtol(s, &s, 10);
-                if (b < 1 || b > 128) return -1;
+                if (b < 1 || b > 256) return -1;
                 a->batches[a->n_batches++] = b;
+                a->max_batch = b > a->max_batch ? b : a->max_batch;
                 if (*s == ',') s++;
             }
         } else if (!strcmp(k, "--contexts")) {
@@ -233,16 +245,43 @@ static int parse(int argc, char **argv, bench_args *a) {
     return a->model_dir && (argc % 2) ? 0 : -1;
 }
 
+/* --preset NAME: write that preset (BF16) into --model DIR first unless DIR holds a config.json already. */
+static int ensure_model(const bench_args *a) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", a->model_dir);
+    if (!a->preset || access(path, R_OK) == 0) return 0;
+#ifdef MOEQ_BENCH_GENMODEL
+    moeq_model_config c;
+    moeq_genmodel_params gp = moeq_genmodel_default_params();
+    char err[512] = "";
+    if (moeq_genmodel_preset(a->preset, &c, &gp.min_shards, err, sizeof err) ||
+        moeq_genmodel_write(a->model_dir, &c, &gp, NULL, err, sizeof err)) {
+        fprintf(stderr, "bench-engine: --preset %s: %s\n", a->preset, err);
+        return -1;
+    }
+    return 0;
+#else
+    fprintf(stderr, "bench-engine: --preset needs the genmodel library, not in this build\n");
+    return -1;
+#endif
+}
+
 int main(int argc, char **argv) {
     bench_args a = {.prefill_tokens = 512, .decode_prompt = 16, .batches = {1, 8, 32, 128}, .n_batches = 4,
-                    .contexts = {1024, 4096}, .n_contexts = 2, .min_seconds = 5.0};
+                    .contexts = {1024, 4096}, .n_contexts = 2, .min_seconds = 5.0, .backend = "cpu",
+                    .max_batch = 128};
     if (parse(argc, argv, &a)) {
-        fprintf(stderr, "usage: bench-engine --model DIR [--threads N] [--prefill-tokens N] [--batches 1,8,32,128]\n"
-                        "                    [--contexts 1024,4096] [--min-seconds S]\n");
+        fprintf(stderr, "usage: bench-engine --model DIR [--preset NAME] [--backend cpu|cuda] [--device N]\n"
+                        "                    [--threads N] [--prefill-tokens N] [--batches 1,8,32,128,256]\n"
+                        "                    [--contexts 1024,4096] [--min-seconds S]\n"
+                        "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no\n"
+                        "                  config.json\n");
         return 2;
     }
+    if (ensure_model(&a)) return 1;
     int n_threads = a.n_threads ? a.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    double bw = stream_triad_gbs(n_threads);
+    /* the host's bandwidth is the CPU's roofline; a device's (HBM) is not measured here yet: no roofline then */
+    double bw = strcmp(a.backend, "cpu") ? 0.0 : stream_triad_gbs(n_threads);
     char err[512] = "";
     moeq_model *model = NULL;
     int64_t t0 = moeq_mono_ns();
@@ -254,8 +293,8 @@ int main(int argc, char **argv) {
     }
     size_t active = moeq_model_active_bytes_per_token(model);
     const moeq_model_config *c = moeq_model_get_config(model);
-    printf("{\n  \"model\": \"%s\", \"total_params\": %zu, \"threads\": %d, \"load_s\": %.4f,\n", a.model_dir,
-           moeq_model_total_params(model), n_threads, load_s);
+    printf("{\n  \"model\": \"%s\", \"backend\": \"%s\", \"total_params\": %zu, \"threads\": %d, \"load_s\": %.4f,\n",
+           a.model_dir, a.backend, moeq_model_total_params(model), n_threads, load_s);
     printf("  \"layers\": %d, \"active_weight_bytes_per_token\": %zu, \"stream_triad_gb_s\": %.2f,\n",
            c->num_hidden_layers, active, bw);
     printf("  \"modes\": {\n");

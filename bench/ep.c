@@ -7,6 +7,12 @@
  * top-8) unless told otherwise.
  *
  * usage: bench-ep [--tls tcp,posix,sysv] [--payload f32|bf16|fp8] [--hidden H] [--quick]
+ *        bench-ep --decode MODEL_DIR [--ranks 2] [--batch B] [--steps N] [--tls tcp]
+ *
+ * --decode: decode tokens/s of an expert-parallel group of engines (ranks
+ * processes, one compute thread each, B sequences each, identity placement)
+ * against one process running all ranks x B sequences with `ranks` threads,
+ * and the peak RSS of each (VmHWM: a rank maps only its experts).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -17,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "moeq/engine.h"
 #include "moeq/ep.h"
 #include "moeq/util.h"
 
@@ -231,16 +238,168 @@ static int run_group(bench_cfg *g, bench_out *o) {
     return e || (child > 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0));
 }
 
+/* ---- --decode: a group of engines against one process ------------------- */
+
+typedef struct decode_cfg {
+    const char *model;
+    int ranks, batch, steps, rank, threads; /* rank -1: one process, all ranks' sequences */
+    char tls[64], dir[64];
+} decode_cfg;
+
+typedef struct decode_out {
+    double seconds; /* the timed decode steps */
+    long peak_rss_kb, rss_file_kb;
+    char err[512];
+} decode_out;
+
+static long status_kb(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    size_t n = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n)) kb = atol(line + n + 1);
+    if (f) fclose(f);
+    return kb;
+}
+
+/* Sequences with 16-token prompts, one warm-up step, then `steps` decode steps of every sequence, timed. */
+static moeq_err decode_steps(moeq_engine *e, int n_seq, int vocab, int steps, double *seconds, char *err, size_t n) {
+    moeq_step_item *it = calloc((size_t)n_seq, sizeof *it);
+    int32_t *tok = calloc((size_t)n_seq * 16, sizeof *tok);
+    float *logits = malloc((size_t)n_seq * vocab * sizeof(float));
+    moeq_err rc = it && tok && logits ? MOEQ_OK : MOEQ_ERR_NOMEM;
+    for (int s = 0; s < n_seq && !rc; s++) {
+        for (int k = 0; k < 16; k++) tok[s * 16 + k] = (int32_t)((s * 131 + k * 17 + 3) % vocab);
+        int seq;
+        if (!(rc = moeq_engine_seq_new(e, &seq))) it[s] = (moeq_step_item){seq, tok + s * 16, 16, 0};
+    }
+    if (!rc) rc = moeq_engine_step(e, it, n_seq, logits, (size_t)n_seq, err, n); /* prefill */
+    int64_t t0 = 0;
+    for (int step = 0; step <= steps && !rc; step++) {
+        if (step == 1) t0 = moeq_mono_ns(); /* step 0 warms up */
+        for (int s = 0; s < n_seq; s++) it[s].tokens = tok + s * 16 + (step % 16), it[s].n_tokens = 1;
+        rc = moeq_engine_step(e, it, n_seq, logits, (size_t)n_seq, err, n);
+    }
+    *seconds = (double)(moeq_mono_ns() - t0) / 1e9;
+    free(it), free(tok), free(logits);
+    return rc;
+}
+
+static moeq_err decode_run(const decode_cfg *g, decode_out *o) {
+    moeq_model *m = NULL;
+    moeq_engine *e = NULL;
+    moeq_ep *ep = NULL;
+    int n_seq = g->rank < 0 ? g->ranks * g->batch : g->batch;
+    moeq_err rc = moeq_model_load(g->model, NULL, &m, o->err, sizeof o->err);
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = g->threads, p.max_seqs = n_seq, p.max_step_tokens = n_seq * 16, p.kv_cache_tokens = n_seq * 64;
+    if (!rc) rc = moeq_engine_new(m, &p, &e, o->err, sizeof o->err);
+    if (!rc && g->rank >= 0) {
+        moeq_ep_params base = moeq_ep_default_params(), ep_p;
+        strcpy(base.transport, "ucx");
+        base.rank = g->rank, base.n_ranks = g->ranks, base.timeout_ms = 120000;
+        moeq_ep_rendezvous rv = moeq_ep_rendezvous_dir(g->dir);
+        rc = moeq_engine_ep_params(e, &base, &ep_p, o->err, sizeof o->err);
+        if (!rc) rc = moeq_ep_new(&ep_p, NULL, &rv, &ep, o->err, sizeof o->err);
+        if (!rc) rc = moeq_engine_join_group(e, ep, &ep_p, o->err, sizeof o->err);
+    }
+    int vocab = m ? moeq_model_get_config(m)->vocab_size : 0;
+    if (!rc) rc = decode_steps(e, n_seq, vocab, g->steps, &o->seconds, o->err, sizeof o->err);
+    if (!rc && ep) rc = moeq_ep_barrier(ep, o->err, sizeof o->err);
+    o->peak_rss_kb = status_kb("VmHWM:"), o->rss_file_kb = status_kb("RssFile:");
+    moeq_engine_destroy(e);
+    moeq_ep_destroy(ep);
+    moeq_model_destroy(m);
+    return rc;
+}
+
+/* Each run in children of its own (a fresh RSS); results come back through a pipe. */
+static int decode_fork(decode_cfg g, int n, decode_out *out) {
+    int fd[2];
+    if (pipe(fd)) return 1;
+    pid_t pid[8];
+    for (int r = 0; r < n; r++) {
+        fflush(NULL);
+        if ((pid[r] = fork()) == 0) {
+            close(fd[0]);
+            decode_cfg mine = g;
+            if (n > 1) mine.rank = r;
+            decode_out o;
+            memset(&o, 0, sizeof o);
+            moeq_err e = decode_run(&mine, &o);
+            if (e) fprintf(stderr, "bench-ep --decode rank %d: %s\n", mine.rank, o.err);
+            struct { int r; decode_out o; } msg = {r, o};
+            ssize_t w = write(fd[1], &msg, sizeof msg);
+            _exit(e || w != (ssize_t)sizeof msg ? 1 : 0);
+        }
+    }
+    close(fd[1]);
+    int bad = 0, status;
+    for (int r = 0; r < n; r++) {
+        struct { int r; decode_out o; } msg;
+        if (read(fd[0], &msg, sizeof msg) == (ssize_t)sizeof msg && msg.r >= 0 && msg.r < n) out[msg.r] = msg.o;
+        else bad = 1;
+    }
+    close(fd[0]);
+    for (int r = 0; r < n; r++)
+        bad |= waitpid(pid[r], &status, 0) != pid[r] || !WIFEXITED(status) || WEXITSTATUS(status);
+    return bad;
+}
+
+static int decode_main(decode_cfg g) {
+    decode_out one, ranks[8];
+    memset(ranks, 0, sizeof ranks);
+    g.rank = -1, g.threads = g.ranks;
+    if (decode_fork(g, 1, &one)) return 1;
+    snprintf(g.dir, sizeof g.dir, "/tmp/moeq-bench-epd-XXXXXX");
+    if (!mkdtemp(g.dir)) return 1;
+    if (g.tls[0]) setenv("UCX_TLS", g.tls, 1);
+    g.rank = 0, g.threads = 1;
+    int bad = decode_fork(g, g.ranks, ranks);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g.dir);
+    if (system(cmd) != 0) fprintf(stderr, "bench-ep: could not remove %s\n", g.dir);
+    if (bad) return 1;
+    double tokens = (double)g.ranks * g.batch * g.steps, slowest = 0;
+    for (int r = 0; r < g.ranks; r++) slowest = ranks[r].seconds > slowest ? ranks[r].seconds : slowest;
+    printf("{\"bench\":\"ep-decode\",\"model\":\"%s\",\"ranks\":%d,\"batch_per_rank\":%d,\"steps\":%d,\"tls\":\"%s\",",
+           g.model, g.ranks, g.batch, g.steps, g.tls);
+    printf("\"one_process\":{\"threads\":%d,\"batch\":%d,\"tokens_per_s\":%.2f,\"peak_rss_mb\":%.1f,"
+           "\"rss_file_mb\":%.1f},",
+           g.ranks, g.ranks * g.batch, tokens / one.seconds, one.peak_rss_kb / 1024.0, one.rss_file_kb / 1024.0);
+    printf("\"group\":{\"threads_per_rank\":1,\"tokens_per_s\":%.2f,\"ranks\":[", tokens / slowest);
+    for (int r = 0; r < g.ranks; r++)
+        printf("%s{\"rank\":%d,\"seconds\":%.3f,\"peak_rss_mb\":%.1f,\"rss_file_mb\":%.1f}", r ? "," : "", r,
+               ranks[r].seconds, ranks[r].peak_rss_kb / 1024.0, ranks[r].rss_file_kb / 1024.0);
+    printf("]},\"group_over_one_process\":%.3f}\n", one.seconds / slowest);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     bench_cfg base = {.hidden = 7168, .bw_tokens = 256, .n_ranks = 1};
     char tls_list[128] = "tcp,posix";
     strcpy(base.payload, "f32");
+    decode_cfg dc = {.ranks = 2, .batch = 4, .steps = 32, .tls = "tcp"};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) base.quick = 1, base.bw_tokens = 128;
+        if (!strcmp(argv[i], "--decode") && i + 1 < argc) dc.model = argv[++i];
+        else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) dc.ranks = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) dc.batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) dc.steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) base.quick = 1, base.bw_tokens = 128;
         else if (!strcmp(argv[i], "--tls") && i + 1 < argc) snprintf(tls_list, sizeof tls_list, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--payload") && i + 1 < argc) snprintf(base.payload, sizeof base.payload, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) base.hidden = atoi(argv[++i]);
-        else return fprintf(stderr, "usage: bench-ep [--tls tcp,posix] [--payload f32|bf16|fp8] [--hidden H] [--quick]\n"), 2;
+        else
+            return fprintf(stderr, "usage: bench-ep [--tls tcp,posix] [--payload f32|bf16|fp8] [--hidden H] [--quick]\n"
+                                   "       bench-ep --decode MODEL_DIR [--ranks 2] [--batch B] [--steps N] [--tls tcp]\n"),
+                   2;
+    }
+    if (dc.model) {
+        if (dc.ranks < 1 || dc.ranks > 8 || dc.batch < 1 || dc.steps < 1)
+            return fprintf(stderr, "bench-ep: --ranks 1..8, --batch and --steps >= 1\n"), 2;
+        snprintf(dc.tls, sizeof dc.tls, "%s", strchr(tls_list, ',') ? "tcp" : tls_list);
+        return decode_main(dc);
     }
     printf("{\"bench\":\"ep\",\"hidden\":%d,\"experts\":%d,\"top_k\":%d,\"payload\":\"%s\",\"runs\":[", base.hidden,
            EXPERTS, TOP_K, base.payload);

@@ -10,15 +10,16 @@
 #include "moeq/engine.h"
 #include "moeq/redis.h"
 #include "params.h"
+#include "submit_params.h"
 #include "worker.h"
 
 int moeq_cmd_config_docs(int argc, char **argv);
 
 const moeq_prop *const *moeq_cli_other_tables(const moeq_prop *self) {
     static const moeq_prop *others[4];
-    const moeq_prop *all[] = {moeq_coordinator_props(), moeq_worker_config_props()};
+    const moeq_prop *all[] = {moeq_coordinator_props(), moeq_worker_config_props(), moeq_submit_props()};
     size_t n = 0;
-    for (size_t i = 0; i < 2; i++)
+    for (size_t i = 0; i < 3; i++)
         if (all[i] != self) others[n++] = all[i];
     others[n] = NULL;
     return others;
@@ -101,6 +102,9 @@ int moeq_cmd_config_docs(int argc, char **argv) {
     moeq_props_print_markdown_section("Worker (`moeq worker`, `moeq status`)",
                                       "Includes the same job limits: both roles validate a job with the same bounds.",
                                       moeq_worker_config_props(), stdout);
+    moeq_props_print_markdown_section("Submit (`moeq submit`)",
+                                      "Also takes `--in`, `--out`, `--errors`, `--skip-invalid` and `--resume` (docs/SUBMIT.md).",
+                                      moeq_submit_props(), stdout);
     moeq_props_print_markdown_section("Engine (`moeq generate`, `moeq logits`; the worker sets these from its keys)",
                                       NULL, moeq_engine_params_props, stdout);
     moeq_props_print_markdown_section("Redis connection (`redis.<key>`, every role)",

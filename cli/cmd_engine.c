@@ -14,7 +14,8 @@
 
 typedef struct engine_args {
     const char *model_dir, *prompt, *tokens;
-    int max_new_tokens, top, n_threads, batch_invariant, mtp_k, mtp_rejection, max_model_len;
+    int max_new_tokens, top, n_threads, batch_invariant, mtp_k, mtp_rejection, max_model_len, device;
+    const char *backend;
     moeq_sampling_params sampling;
 } engine_args;
 
@@ -27,6 +28,8 @@ static void generate_usage(FILE *out) {
                  "  --top-p P           1 = off (default 1)\n"
                  "  --seed S            (default 0)\n"
                  "  --threads N         0 = all cores (default 0)\n"
+                 "  --backend NAME      cpu (default) or cuda (a build with CUDA; docs/CUDA.md)\n"
+                 "  --device N          GPU ordinal for --backend cuda (default 0)\n"
                  "  --mtp K             speculative decoding with the model's MTP layer, K drafts per\n"
                  "                      step (1..8; default 0 = off); the same tokens, adds \"mtp\":\n"
                  "                      {\"k\",\"drafted\",\"accepted\",\"acceptance\",\"steps\"}\n"
@@ -41,6 +44,7 @@ static void generate_usage(FILE *out) {
 
 static void logits_usage(FILE *out) {
     fprintf(out, "usage: moeq logits --model DIR --tokens 1,2,3 [--top K] [--threads N] [--mtp 1]\n"
+                 "                   [--backend cpu|cuda] [--device N]\n"
                  "\n"
                  "--mtp 1 adds \"mtp_positions\": the MTP layer's logits at every position but the last.\n"
                  "Prints every position's K best ids and logits (default 5), best first;\n"
@@ -70,6 +74,8 @@ static int parse_args(int argc, char **argv, engine_args *a) {
         else if (!strcmp(k, "--seed")) a->sampling.seed = strtoull(v, NULL, 0);
         else if (!strcmp(k, "--top")) a->top = atoi(v);
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
+        else if (!strcmp(k, "--backend")) a->backend = v;
+        else if (!strcmp(k, "--device")) a->device = atoi(v);
         else if (!strcmp(k, "--mtp")) a->mtp_k = atoi(v);
         else if (!strcmp(k, "--max-model-len")) a->max_model_len = atoi(v);
         else return -1;
@@ -158,6 +164,8 @@ static int session_open(session *s, const engine_args *a, int extra_tokens, cons
     p.kv_cache_tokens = (int64_t)p.max_seqs * (s->n_ids + extra_tokens + 1 + MOEQ_MTP_MAX_K + 16); /* + drafts */
     p.n_threads = a->n_threads;
     p.batch_invariant = a->batch_invariant;
+    if (a->backend) snprintf(p.backend, sizeof p.backend, "%s", a->backend);
+    p.device = a->device;
     p.max_model_len = a->max_model_len;
     p.max_step_tokens = s->n_ids < 512 ? s->n_ids : 512;
     if ((rc = moeq_engine_new(s->model, &p, &s->engine, err, sizeof(err))))

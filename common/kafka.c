@@ -330,7 +330,15 @@ static rd_kafka_topic_partition_list_t *offsets_at(rd_kafka_t *rk, const rd_kafk
     rd_kafka_topic_partition_list_t *at = rd_kafka_topic_partition_list_copy(list);
     for (int i = 0; i < at->cnt; i++) at->elems[i].offset = start_ms;
     rd_kafka_resp_err_t rerr = rd_kafka_offsets_for_times(rk, at, 10000);
-    for (int i = 0; !rerr && i < at->cnt; i++) rerr = at->elems[i].err; /* offset -1 = the end: none that late */
+    for (int i = 0; !rerr && i < at->cnt; i++) rerr = at->elems[i].err;
+    /* offset -1 (none that late) would mean the logical end, resolved only when fetching starts: a message
+     * produced between the assignment and then would be skipped. The end as of now is what was asked for. */
+    for (int i = 0; !rerr && i < at->cnt; i++) {
+        int64_t lo = 0, hi = 0;
+        if (at->elems[i].offset >= 0) continue;
+        rerr = rd_kafka_query_watermark_offsets(rk, at->elems[i].topic, at->elems[i].partition, &lo, &hi, 10000);
+        at->elems[i].offset = hi;
+    }
     if (!rerr) return at;
     moeq_log(MOEQ_LOG_WARN, "kafka", "offsets_for_times_failed", "code=%s start_ms=%lld", rd_kafka_err2name(rerr),
              (long long)start_ms);

@@ -9,6 +9,12 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#ifndef MOEQ_PROJECT_VERSION /* set by common/CMakeLists.txt; other builds of this file (fuzzers) say so */
+#define MOEQ_PROJECT_VERSION "unknown"
+#endif
+
+const char *moeq_version(void) { return MOEQ_PROJECT_VERSION; }
+
 int64_t moeq_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

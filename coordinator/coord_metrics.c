@@ -5,6 +5,20 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "moeq/util.h"
+
+const int64_t moeq_coord_wait_bounds_ms[MOEQ_COORD_WAIT_BUCKETS] = {5,    10,   25,   50,    100,   250,
+                                                                    500, 1000, 2500, 5000, 10000, 60000};
+
+void moeq_coord_stats_observe_wait(moeq_coord_stats *s, int64_t ms) {
+    int b = 0;
+    while (b < MOEQ_COORD_WAIT_BUCKETS && ms > moeq_coord_wait_bounds_ms[b]) b++;
+    s->queue_wait_bucket[b]++;
+    s->queue_wait_ms_sum += ms;
+    s->queue_wait_count++;
+    if (ms > s->queue_wait_ms_max) s->queue_wait_ms_max = ms;
+}
+
 static moeq_err put(moeq_buf *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static moeq_err put(moeq_buf *out, const char *fmt, ...) {
     char line[512];
@@ -21,8 +35,30 @@ static moeq_err one(moeq_buf *out, const char *name, const char *type, const cha
     return e ? e : put(out, "moeq_coordinator_%s %lld\n", name, (long long)v);
 }
 
+/* Consumed to durably batched: a histogram in seconds, and the longest seen. */
+static moeq_err queue_wait(const moeq_coord_stats *s, moeq_buf *out) {
+    moeq_err e = put(out, "# HELP moeq_coordinator_queue_wait_seconds Consumed to durably batched, s.\n"
+                          "# TYPE moeq_coordinator_queue_wait_seconds histogram\n");
+    int64_t cum = 0;
+    for (int b = 0; b < MOEQ_COORD_WAIT_BUCKETS && !e; b++) {
+        cum += s->queue_wait_bucket[b];
+        e = put(out, "moeq_coordinator_queue_wait_seconds_bucket{le=\"%g\"} %lld\n",
+                (double)moeq_coord_wait_bounds_ms[b] / 1000.0, (long long)cum);
+    }
+    cum += s->queue_wait_bucket[MOEQ_COORD_WAIT_BUCKETS];
+    e = e ? e : put(out, "moeq_coordinator_queue_wait_seconds_bucket{le=\"+Inf\"} %lld\n"
+                         "moeq_coordinator_queue_wait_seconds_sum %.3f\nmoeq_coordinator_queue_wait_seconds_count %lld\n",
+                    (long long)cum, (double)s->queue_wait_ms_sum / 1000.0, (long long)s->queue_wait_count);
+    e = e ? e : put(out, "# HELP moeq_coordinator_queue_wait_max_seconds Longest queue wait seen, s.\n"
+                         "# TYPE moeq_coordinator_queue_wait_max_seconds gauge\nmoeq_coordinator_queue_wait_max_seconds %.3f\n",
+                    (double)s->queue_wait_ms_max / 1000.0);
+    return e;
+}
+
 moeq_err moeq_coord_metrics_render(const moeq_coord_stats *s, moeq_buf *out) {
-    moeq_err e = MOEQ_OK;
+    moeq_err e = put(out, "# HELP moeq_coordinator_build_info The build this coordinator runs (always 1).\n"
+                          "# TYPE moeq_coordinator_build_info gauge\nmoeq_coordinator_build_info{version=\"%s\"} 1\n",
+                     moeq_version());
     e = e ? e : one(out, "jobs_consumed_total", "counter", "Job messages consumed.", s->jobs_consumed);
     e = e ? e : one(out, "jobs_accepted_total", "counter", "Jobs accepted for batching.", s->jobs_accepted);
     e = e ? e : put(out, "# HELP moeq_coordinator_jobs_rejected_total Jobs rejected (dead-lettered), by reason.\n"
@@ -57,11 +93,7 @@ moeq_err moeq_coord_metrics_render(const moeq_coord_stats *s, moeq_buf *out) {
                     s->batch_padded_tokens ? (double)s->batch_pad_tokens / (double)s->batch_padded_tokens : 0.0);
     e = e ? e : one(out, "batch_shared_prefix_tokens_total", "counter", "Shared prefix tokens x jobs in written batches.",
                     s->batch_shared_prefix_tokens);
-    e = e ? e : put(out, "# HELP moeq_coordinator_queue_wait_ms Consumed to durably batched, ms.\n"
-                         "# TYPE moeq_coordinator_queue_wait_ms summary\n"
-                         "moeq_coordinator_queue_wait_ms_sum %lld\nmoeq_coordinator_queue_wait_ms_count %lld\n",
-                    (long long)s->queue_wait_ms_sum, (long long)s->queue_wait_count);
-    e = e ? e : one(out, "queue_wait_ms_max", "gauge", "Longest queue wait seen, ms.", s->queue_wait_ms_max);
+    e = e ? e : queue_wait(s, out);
     e = e ? e : one(out, "pending_batches", "gauge", "Batches in the streams not yet acknowledged by workers.",
                     s->pending_batches);
     e = e ? e : one(out, "open_jobs", "gauge", "Jobs consumed but not yet durable (lag inside the coordinator).",
@@ -119,7 +151,7 @@ moeq_err moeq_coord_metrics_render_lag(const moeq_kafka_lag *lags, size_t n, moe
                                lags, n, LAG);
     e = e ? e : per_partition(out, "consumer_high_watermark", "Next offset the broker will write.", lags, n, HIGH);
     e = e ? e : per_partition(out, "consumer_committed_offset", "The group's committed offset.", lags, n, COMMITTED);
-    e = e ? e : one(out, "consumer_lag_total", "gauge", "Sum of consumer_lag over the assigned partitions.", total);
+    e = e ? e : one(out, "consumer_lag_assigned", "gauge", "Sum of consumer_lag over the assigned partitions.", total);
     e = e ? e : one(out, "consumer_lag_unknown", "gauge", "Assigned partitions whose lag could not be measured.",
                     unknown);
     return e;

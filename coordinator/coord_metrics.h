@@ -20,6 +20,10 @@
 extern "C" {
 #endif
 
+/* Upper bounds (ms) of the queue wait histogram (rendered in seconds); +Inf follows. */
+#define MOEQ_COORD_WAIT_BUCKETS 12
+extern const int64_t moeq_coord_wait_bounds_ms[MOEQ_COORD_WAIT_BUCKETS];
+
 typedef struct moeq_coord_stats {
     int64_t jobs_consumed;                           /* job messages read                      */
     int64_t jobs_accepted;                           /* handed to the batcher                  */
@@ -34,6 +38,7 @@ typedef struct moeq_coord_stats {
     int64_t batch_pad_tokens;
     int64_t batch_shared_prefix_tokens;              /* Σ shared_prefix_len * n                 */
     int64_t queue_wait_ms_sum, queue_wait_count, queue_wait_ms_max; /* consume -> durable   */
+    int64_t queue_wait_bucket[MOEQ_COORD_WAIT_BUCKETS + 1];        /* by moeq_coord_wait_bounds_ms, +Inf */
     int64_t pending_batches;                         /* gauge: streams' backlog                 */
     int64_t open_jobs;                               /* gauge: consumed, not yet durable        */
     int64_t paused;                                  /* gauge: 1 while partitions are paused    */
@@ -41,14 +46,17 @@ typedef struct moeq_coord_stats {
     int64_t last_tick_ms;                            /* wall clock of the last loop tick        */
 } moeq_coord_stats;
 
-/* Append the Prometheus text exposition of s to out. */
+/* One job's wait from consumed to durably batched, ms: the sum, count, max and histogram. */
+void moeq_coord_stats_observe_wait(moeq_coord_stats *s, int64_t ms);
+
+/* Append the Prometheus text exposition of s to out (docs/METRICS.md lists each family). */
 moeq_err moeq_coord_metrics_render(const moeq_coord_stats *s, moeq_buf *out);
 
 /*
  * Append the consumer's position against the broker, per assigned partition:
  * consumer_lag{topic,partition} (high watermark - committed offset),
- * high_watermark, committed_offset, and consumer_lag_total (the sum of the
- * known lags) with consumer_lag_unknown (partitions that could not be
+ * high_watermark, committed_offset, and consumer_lag_assigned (a gauge: the
+ * sum of the known lags) with consumer_lag_unknown (partitions that could not be
  * measured: left out of the sum). lags as moeq_kafka_consumer_lag gives them.
  */
 moeq_err moeq_coord_metrics_render_lag(const moeq_kafka_lag *lags, size_t n_lags, moeq_buf *out);

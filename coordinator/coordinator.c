@@ -543,9 +543,7 @@ static void batch_written(moeq_coordinator *c, const moeq_batch_plan *plan, size
     for (size_t k = 0; k < n; k++) {
         slot *s = slot_of(c, c->rem[k]);
         int64_t wait = now - s->arrival_ms;
-        c->st.queue_wait_ms_sum += wait;
-        c->st.queue_wait_count++;
-        if (wait > c->st.queue_wait_ms_max) c->st.queue_wait_ms_max = wait;
+        moeq_coord_stats_observe_wait(&c->st, wait);
         job_done(c, s);
     }
     c->st.batches_written[plan->priority]++;

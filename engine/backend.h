@@ -10,9 +10,12 @@
  * params are the model). The only host data ops read are step metadata the
  * engine lays out on the host (token ids, sequences, positions, which rows
  * give logits, the per-expert offsets a MoE layer's GEMMs are sized by, the
- * router's finite flags); a device backend keeps those in host-visible
- * (pinned) memory. The logits rows are written straight into the caller's
- * buffer.
+ * router's finite flags and routed expert ids, the gather order); a device
+ * backend copies what it needs through pinned memory. A backend whose
+ * buffers are host memory (host_visible) gets the caller's logits buffer as
+ * the lm_head's output; any other gets a buffer of its own and the rows come
+ * back through download (forward.c). Ops return nothing: a backend that can
+ * fail (a device) keeps its first error for status, checked after each sync.
  *
  * A backend is chosen by name (moeq_backend_new, backend_reg.c): a new one is
  * a folder (engine/<name>/) plus one line in the registry. The CPU backend
@@ -140,24 +143,27 @@ typedef struct moeq_mla_rope_params {
 /*
  * Route every token (logits (T, E) from the router matmul; bias or NULL) to
  * ids/weights (T, K) best first; finite[t] = 0 when token t's logits held a
- * NaN/inf (host); then, when offsets is not NULL, the gather plan: experts'
- * slots in order[offsets[e] .. offsets[e+1]) (offsets on the host: expert
- * GEMMs are sized by it). The MoE layer passes NULL: its dispatch groups the rows.
+ * NaN/inf; then, when offsets is not NULL, the gather plan: experts'
+ * slots in order[offsets[e] .. offsets[e+1]). ids, finite, offsets and order
+ * are host memory: the MoE layer lays its dispatch out from the ids and the
+ * expert GEMMs are sized by the groups (a device backend copies them back, so
+ * route ends in a wait on the device). The MoE layer passes offsets NULL: its
+ * dispatch groups the rows. weights stay in backend memory (combine reads them).
  */
 typedef struct moeq_route_params {
     const moeq_moe_router *router;
     int64_t n_tok;
     const float *logits;
     const float *bias;
-    int32_t *ids;
+    int32_t *ids;            /* host (T, K)                                               */
     float *weights;
     uint8_t *finite;         /* host (T)                                                  */
     float *scratch;          /* moeq_moe_route_scratch floats                             */
     int64_t *offsets;        /* host (E + 1)                                              */
-    int64_t *order;          /* (T * K)                                                   */
+    int64_t *order;          /* host (T * K)                                              */
 } moeq_route_params;
 
-/* xg[i] = x[order[i] / K] for i < n_slots; slot_row[order[i]] = i. Rows of D floats. */
+/* xg[i] = x[order[i] / K] for i < n_slots; slot_row[order[i]] = i. Rows of D floats; order on the host. */
 typedef struct moeq_gather_params {
     float *xg;
     int64_t *slot_row;
@@ -184,6 +190,8 @@ typedef struct moeq_backend moeq_backend;
 
 struct moeq_backend {
     const char *name;
+    /* 1: buffers are host memory, so an op may write a host pointer (the caller's logits buffer). */
+    int host_visible;
     /* 1 when op can run on weights of dtype (dtype ignored by ops without weights). */
     int (*supports)(const moeq_backend *backend, moeq_backend_op op, moeq_dtype dtype);
 
@@ -197,6 +205,10 @@ struct moeq_backend {
     /* Make the model's weights usable (the CPU reads the mapped file; a device uploads once). */
     moeq_err (*map_weights)(moeq_backend *backend, const moeq_model *model, char *errstr, size_t errstr_size);
     void (*sync)(moeq_backend *backend);  /* wait for every op issued so far */
+    /* The first error any call met since creation (names the call), or MOEQ_OK; NULL: never fails. */
+    moeq_err (*status)(const moeq_backend *backend, char *errstr, size_t errstr_size);
+    /* One line on how it runs (device, kernels vs libraries, weight paths); NULL: the name says it all. */
+    const char *(*describe)(const moeq_backend *backend);
 
     /* ---- ops ---- */
     /* All jobs of one call run as one parallel dispatch (e.g. every expert's GEMM). */
@@ -230,16 +242,30 @@ typedef struct moeq_backend_config {
     int64_t max_k;          /* widest weight row (cols) any job will use                 */
     int64_t max_ctx;        /* longest sequence attention will see                       */
     int max_jobs;           /* most jobs in one call                                     */
+    int64_t max_tokens;     /* most tokens (rows) one op sees: sizes a device backend's staging; 0 = 2048 */
+    int device;             /* device ordinal (a device backend; the CPU ignores it)     */
 } moeq_backend_config;
 
 /*
- * The backend registered under name ("cpu"; backend_reg.c). INVALID_ARG naming
- * the known backends when there is none of that name, NOMEM.
+ * The backend registered under name ("cpu", and "cuda" in a build with CUDA;
+ * backend_reg.c). INVALID_ARG naming the known backends when there is none
+ * of that name; UNSUPPORTED for "cuda" in a build without CUDA, or where
+ * the device cannot be used (none, another ordinal; the reason named);
+ * NOMEM (host or device memory at creation).
  */
 moeq_err moeq_backend_new(const char *name, const moeq_backend_config *config, moeq_backend **out, char *errstr,
                           size_t errstr_size);
 
-/* Comma-separated names of the registered backends ("cpu"), for messages and --help. */
+/*
+ * Tests: add a backend under name (at most 4; a name taken, or "cuda", is INVALID_ARG, more is LIMIT), so
+ * an engine can be run on a wrapper of another backend (test_backend_cuda_host runs one whose buffers the
+ * host cannot touch between ops). Not thread-safe: register before creating engines.
+ */
+typedef moeq_err (*moeq_backend_create_fn)(const moeq_backend_config *config, moeq_backend **out, char *errstr,
+                                           size_t errstr_size);
+moeq_err moeq_backend_register(const char *name, moeq_backend_create_fn create);
+
+/* Comma-separated names of the built-in backends ("cpu" or "cpu,cuda"), for messages and --help. */
 const char *moeq_backend_names(void);
 
 /* The reference backend directly (tests, benchmarks); NULL on allocation failure. */
@@ -248,6 +274,11 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *config);
 
 static inline void moeq_backend_destroy(moeq_backend *backend) {
     if (backend) backend->destroy(backend);
+}
+
+/* backend->status, or MOEQ_OK for a backend that cannot fail. */
+static inline moeq_err moeq_backend_status(const moeq_backend *backend, char *errstr, size_t errstr_size) {
+    return backend && backend->status ? backend->status(backend, errstr, errstr_size) : MOEQ_OK;
 }
 
 #endif

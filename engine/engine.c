@@ -20,7 +20,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .n_threads = 0,
                                 .batch_invariant = 1,
                                 .max_model_len = 0,
-                                .backend = "cpu"};
+                                .backend = "cpu",
+                                .device = 0};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -70,8 +71,10 @@ static void layout_host(moeq_engine *e, arena *a) {
     const moeq_model_config *c = e->cfg;
     size_t T = (size_t)e->params.max_step_tokens, H = c->num_attention_heads;
     size_t E = c->n_routed_experts > 0 ? c->n_routed_experts : 1;
+    size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
     moeq_scratch *s = &e->s;
     s->finite = take(a, T);
+    s->rids = take(a, T * K * sizeof(int32_t));
     s->tok_id = take(a, T * sizeof(int32_t));
     s->tok_seq = take(a, T * sizeof(int32_t));
     s->tok_pos = take(a, T * sizeof(int64_t));
@@ -101,7 +104,6 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     s->ov = take(a, T * H * V * f);
     s->router = take(a, T * E * f);
     s->rw = take(a, T * K * f);
-    s->rids = take(a, T * K * sizeof(int32_t));
     s->slot_row = take(a, T * K * sizeof(int64_t));
     s->xg = take(a, T * K * D * f);
     s->g = take(a, gu * f);
@@ -113,6 +115,9 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     int mtp = e->model->n_mtp_layers > 0;
     s->hid = mtp ? take(a, T * D * f) : NULL;
     s->eh = mtp ? take(a, T * 2 * D * f) : NULL;
+    /* a device backend's lm_head writes here, the rows come back by download (moeq_forward_head) */
+    s->logits_rows = e->backend->host_visible ? 0 : (T < MOEQ_LOGITS_CHUNK ? (int64_t)T : MOEQ_LOGITS_CHUNK);
+    s->logits = s->logits_rows ? take(a, (size_t)s->logits_rows * (size_t)c->vocab_size * f) : NULL;
 }
 
 static int64_t max_weight_cols(const moeq_model *model) {
@@ -125,10 +130,10 @@ static int64_t max_weight_cols(const moeq_model *model) {
 static moeq_err check_params(const moeq_engine_params *p, const moeq_model_config *c, char *errstr,
                              size_t errstr_size) {
     if (p->max_seqs < 1 || p->max_step_tokens < 1 || p->kv_block_tokens < 1 || p->kv_cache_tokens < 1 ||
-        p->n_threads < 0 || p->max_model_len < 0)
+        p->n_threads < 0 || p->max_model_len < 0 || p->device < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "engine params: max_seqs, max_step_tokens, kv_block_tokens, kv_cache_tokens must be >= 1, "
-                         "n_threads, max_model_len >= 0");
+                         "n_threads, max_model_len, device >= 0");
     if (p->max_model_len > c->max_position_embeddings)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "max_model_len %d exceeds the model's max_position_embeddings %d", p->max_model_len,
@@ -170,7 +175,9 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .batch_invariant = e->params.batch_invariant,
                               .max_k = max_weight_cols(e->model),
                               .max_ctx = max_ctx,
-                              .max_jobs = 2 * c->num_attention_heads + 2 * E + 8};
+                              .max_jobs = 2 * c->num_attention_heads + 2 * E + 8,
+                              .max_tokens = e->params.max_step_tokens,
+                              .device = e->params.device};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;
@@ -231,7 +238,7 @@ void moeq_engine_destroy(moeq_engine *engine) {
     moeq_backend *b = engine->backend; /* NULL when its creation failed: then nothing below was allocated */
     moeq_kv_cache_destroy(engine->cache);
     moeq_mtp_state_destroy(engine, engine->mtp);
-    moeq_moe_layer_destroy(engine->moe);
+    moeq_moe_layer_destroy(engine->moe, b);
     if (b && engine->vecs)
         for (int l = 0; l < engine->cfg->num_hidden_layers; l++) {
             moeq_layer_vecs *v = &engine->vecs[l];
@@ -251,6 +258,12 @@ void moeq_engine_destroy(moeq_engine *engine) {
     free(engine->nonfinite_layer);
     moeq_backend_destroy(b);
     free(engine);
+}
+
+const char *moeq_engine_backend_info(const moeq_engine *engine) {
+    if (!engine || !engine->backend) return "(none)";
+    const moeq_backend *b = engine->backend;
+    return b->describe ? b->describe(b) : b->name;
 }
 
 size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine) { return moeq_kv_cache_bytes_per_token(engine->cache); }
@@ -383,6 +396,60 @@ static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_it
     return MOEQ_OK;
 }
 
+/*
+ * A group rank's step with no tokens (or one its checks refused): its part in every layer's exchange, so the
+ * others' rows are served and the group stays in lockstep. err: the refusal, returned after the exchanges.
+ */
+static moeq_err empty_step(moeq_engine *e, moeq_err err, char *errstr, size_t errstr_size) {
+    moeq_moe_layer_run_empty(e);
+    e->backend->sync(e->backend);
+    char why[256];
+    moeq_err ex = moeq_moe_layer_status(e, why, sizeof why);
+    if (ex) return moeq_errf(ex, errstr, errstr_size, "%s", why); /* the group failed: that is what matters now */
+    return err;
+}
+
+moeq_err moeq_engine_ep_params(const moeq_engine *e, const moeq_ep_params *base, moeq_ep_params *out, char *errstr,
+                               size_t errstr_size) {
+    if (!e || !out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine and out are required");
+    if (e->cfg->n_routed_experts <= 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the model has no routed experts to spread");
+    *out = base ? *base : moeq_ep_default_params();
+    out->n_experts = e->cfg->n_routed_experts;
+    out->hidden = e->cfg->hidden_size;
+    out->top_k = e->cfg->num_experts_per_tok;
+    out->max_tokens = e->params.max_step_tokens;
+    return MOEQ_OK;
+}
+
+moeq_err moeq_engine_join_group(moeq_engine *e, moeq_ep *ep, const moeq_ep_params *p, char *errstr,
+                                size_t errstr_size) {
+    if (!e || !ep || !p)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine, ep and params are required");
+    moeq_ep_params want;
+    moeq_err err = moeq_engine_ep_params(e, p, &want, errstr, errstr_size);
+    if (err) return err;
+    if (p->n_experts != want.n_experts || p->hidden != want.hidden || p->top_k != want.top_k ||
+        p->max_tokens != want.max_tokens)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "ep shape experts=%d hidden=%d top_k=%d max_tokens=%d; the engine needs %d, %d, %d, %d "
+                         "(moeq_engine_ep_params)", p->n_experts, p->hidden, p->top_k, p->max_tokens, want.n_experts,
+                         want.hidden, want.top_k, want.max_tokens);
+    for (int i = 0; i < e->params.max_seqs; i++)
+        if (moeq_kv_cache_seq_alive(e->cache, i))
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "join the group before any sequence");
+    if ((err = moeq_moe_layer_join(e, ep, p->rank, p->n_ranks, errstr, errstr_size))) return err;
+    moeq_mtp_state_destroy(e, e->mtp); /* an MTP draft is extra exchanges on one rank only: off in a group */
+    e->mtp = NULL;
+    return MOEQ_OK;
+}
+
+int moeq_engine_in_group(const moeq_engine *e) { return e && moeq_moe_layer_in_group(e); }
+
+moeq_err moeq_engine_group_status(const moeq_engine *e, char *errstr, size_t errstr_size) {
+    return e && e->moe ? moeq_moe_layer_status(e, errstr, errstr_size) : MOEQ_OK;
+}
+
 moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
                           size_t logits_rows, char *errstr, size_t errstr_size) {
     return moeq_engine_step_hidden(engine, items, n_items, logits, logits_rows, NULL, 0, errstr, errstr_size);
@@ -395,6 +462,7 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine and items are required");
     int64_t n_tok = 0, n_rows = 0;
     moeq_err err = check_step(engine, items, n_items, logits_rows, &n_tok, &n_rows, errstr, errstr_size);
+    if ((err || n_tok == 0) && moeq_moe_layer_in_group(engine)) return empty_step(engine, err, errstr, errstr_size);
     if (err || n_tok == 0) return err;
     if (n_rows > 0 && !logits) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "logits is NULL");
     if (hidden && (size_t)n_rows > hidden_rows)
@@ -420,6 +488,7 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
         engine->backend->download(engine->backend, hidden, s->h,
                                   (size_t)(n_rows * engine->cfg->hidden_size) * sizeof(float));
     engine->backend->sync(engine->backend);
+    if ((err = moeq_backend_status(engine->backend, errstr, errstr_size))) return err;
     if ((err = moeq_moe_layer_status(engine, errstr, errstr_size))) return err;
     int any_mtp = 0;
     for (int i = 0; i < n_items; i++) any_mtp |= moeq_mtp_seq_on(engine, items[i].seq_id);

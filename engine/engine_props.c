@@ -32,6 +32,9 @@ const moeq_prop moeq_engine_params_props[] = {
      "context: most tokens (prompt + generated) one sequence may hold; 0 = the model's max_position_embeddings, "
      "never more"},
     {"backend", MOEQ_PROP_STR, P(backend), 0, 0, "cpu",
-     "compute backend by name; \"cpu\" (the reference, always built); an unknown name fails engine creation"},
+     "compute backend by name: \"cpu\" (the reference, always built) or \"cuda\" (a build with nvcc and "
+     "cuBLAS; docs/CUDA.md); an unknown name, or cuda in a build without it, fails engine creation"},
+    {"device", MOEQ_PROP_INT, P(device), 0, 1024, "0",
+     "device ordinal a device backend (cuda) runs on; one worker process per GPU; ignored by cpu"},
     MOEQ_PROP_END,
 };

@@ -16,6 +16,9 @@
 #include "moeq/engine.h"
 #include "rope.h"
 
+/* Logits rows a device backend's lm_head computes at once before they are downloaded (33 MB for V3's vocab). */
+#define MOEQ_LOGITS_CHUNK 64
+
 /* Backend buffers (MOEQ_BUFFER_WEIGHTS). */
 typedef struct moeq_layer_vecs {
     float *in_norm, *post_norm, *q_a_norm, *kv_a_norm; /* widened norm weights        */
@@ -37,7 +40,7 @@ typedef struct moeq_scratch {
     float *ov;       /* (T, H, v)                              */
     float *router;   /* (T, E)                                 */
     float *rw;       /* (T, k) routing weights                 */
-    int32_t *rids;   /* (T, k) routed experts                  */
+    int32_t *rids;   /* host (T, k) routed experts (the dispatch's layout reads them) */
     uint8_t *finite; /* host (T) the router saw only finite logits */
     int64_t *slot_row;/* (T*k) row of each slot in xg/down     */
     float *xg;       /* (T*k, D) gathered tokens               */
@@ -50,6 +53,8 @@ typedef struct moeq_scratch {
     int64_t *logit_tok;        /* host (T) token index of each logits row */
     float *hid;      /* (T, D) main hidden after the final norm (MTP input); NULL without MTP */
     float *eh;       /* (T, 2D) MTP: [enorm(embed) ; hnorm(hidden)]; NULL without MTP     */
+    float *logits;   /* (logits_rows, vocab) lm_head output of a backend that is not host_visible; else NULL */
+    int64_t logits_rows;
     moeq_mm_job *jobs; /* host */
     int max_jobs;
 } moeq_scratch;

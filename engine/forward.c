@@ -12,7 +12,8 @@
  * prefill == decode guarantee. Every op goes through engine->backend, on
  * the backend's buffers: this file composes ops and builds their plain-data
  * parameters; it reads only host metadata (positions, the router's finite
- * flags) and never an activation.
+ * flags) and never an activation; the logits reach the caller's buffer
+ * directly or, from a device, through download (moeq_forward_head).
  */
 #include <stdlib.h>
 
@@ -185,13 +186,24 @@ void moeq_forward_logits(moeq_engine *e, int64_t n_rows, float *logits) {
     moeq_forward_head(e, e->final_norm, e->model->lm_head, n_rows, logits);
 }
 
+/* A backend whose memory is the host's writes the caller's buffer; a device computes chunks of rows into
+ * s.logits and downloads each (the same per-row arithmetic: rows are independent). */
 void moeq_forward_head(moeq_engine *e, const float *norm, const moeq_tensor *head, int64_t n_rows, float *logits) {
     moeq_scratch *s = &e->s;
-    int64_t D = e->cfg->hidden_size;
+    int64_t D = e->cfg->hidden_size, V = moeq_tensor_rows(head);
     moeq_forward_rmsnorm(e, s->h, D, s->x, D, s->logit_tok, n_rows, D, norm);
     if (n_rows == 0) return;
-    moeq_mm_job j = linear(head, s->h, logits, n_rows);
-    e->backend->matmul(e->backend, &j, 1);
+    if (e->backend->host_visible) {
+        moeq_mm_job j = linear(head, s->h, logits, n_rows);
+        e->backend->matmul(e->backend, &j, 1);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < n_rows; r0 += s->logits_rows) {
+        int64_t n = n_rows - r0 < s->logits_rows ? n_rows - r0 : s->logits_rows;
+        moeq_mm_job j = linear(head, s->h + r0 * D, s->logits, n);
+        e->backend->matmul(e->backend, &j, 1);
+        e->backend->download(e->backend, logits + r0 * V, s->logits, (size_t)(n * V) * sizeof(float));
+    }
 }
 
 void moeq_forward_linear(moeq_engine *e, const moeq_tensor *w, const float *x, float *y, int64_t n_tok) {

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "moeq/ep.h"
+#include "tensor.h"
 
 /* The layer's number in messages: main layers 0.., MTP layers after them. */
 static int layer_number(const moeq_engine *e, const moeq_layer *L) {
@@ -42,8 +43,12 @@ static void flag_nonfinite(moeq_engine *e, const moeq_layer *L, int64_t n_tok) {
 }
 
 struct moeq_moe_layer {
-    moeq_ep *ep;                 /* the handle (local transport), made when a test asks for it */
+    moeq_ep *ep;                 /* the handle: local (made when a test asks for it) or the group's */
+    int borrowed;                /* ep is the group's (moeq_moe_layer_join): not destroyed here */
     moeq_ep_params ep_params;
+    /* a group's expert rows: up to n_ranks * max_tokens * top_k arrive, more than the step arena holds */
+    float *gg, *gu, *gdown;      /* backend arena buffers, (cap_rows + max_tokens) rows; NULL on one rank */
+    int64_t cap_rows;
     moeq_err failed;             /* first exchange error (cannot happen on local) */
     int64_t one_part[2];         /* {0, n_local}                              */
     char why[160];
@@ -61,6 +66,8 @@ struct moeq_moe_layer {
 /* Where the rows of one exchange sit: groups of rows, each for one expert; groups by rank (parts). */
 typedef struct moe_rows {
     const float *x;          /* (n_rows, D)                                            */
+    int64_t n_rows;          /* routed rows; the shared expert's T rows follow them in g, u, down */
+    float *g, *u, *down;     /* expert outputs: the step arena, or the group's buffers  */
     int n_parts;             /* ranks whose experts run here: 1, or all in the test path */
     const int64_t *part;     /* (n_parts + 1) first group of each part                  */
     const int *expert;       /* (n_groups) global expert of each group                  */
@@ -97,7 +104,7 @@ moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, 
     if (!err) err = sim_set(m, c->n_routed_experts, id, errstr, errstr_size);
     moeq_ep_placement_destroy(id);
     if (err) {
-        moeq_moe_layer_destroy(m);
+        moeq_moe_layer_destroy(m, e->backend);
         return err;
     }
     *out = m;
@@ -113,9 +120,10 @@ static void free_sim(moeq_moe_layer *m) {
     m->group_expert = NULL;
 }
 
-void moeq_moe_layer_destroy(moeq_moe_layer *m) {
+void moeq_moe_layer_destroy(moeq_moe_layer *m, moeq_backend *b) {
     if (!m) return;
-    moeq_ep_destroy(m->ep);
+    if (!m->borrowed) moeq_ep_destroy(m->ep);
+    if (b) b->release(b, m->gg), b->release(b, m->gu), b->release(b, m->gdown);
     free_sim(m);
     free(m);
 }
@@ -155,6 +163,9 @@ static moeq_err sim_set(moeq_moe_layer *m, int n_experts, const moeq_ep_placemen
 moeq_err moeq_moe_layer_set_placement(moeq_engine *e, const moeq_ep_placement *pl, char *errstr, size_t errstr_size) {
     moeq_moe_layer *m = e->moe;
     if (!m) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the model has no routed experts");
+    if (m->borrowed)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "the engine is a rank of a group: its placement is the group's");
     if (pl) return sim_set(m, e->cfg->n_routed_experts, pl, errstr, errstr_size);
     free_sim(m);
     return m->ep ? MOEQ_OK : moeq_ep_new(&m->ep_params, NULL, NULL, &m->ep, errstr, errstr_size);
@@ -184,18 +195,25 @@ static moe_rows sim_dispatch(moeq_engine *e, int64_t T) {
     m->group_offset[0] = 0;
     moeq_gather_params gp = {s->xg, s->slot_row, s->h, m->order, S, K, D};
     e->backend->gather(e->backend, &gp);
-    return (moe_rows){s->xg, R, m->group_first, m->group_expert, m->group_offset};
+    return (moe_rows){s->xg, S, s->g, s->u, s->down, R, m->group_first, m->group_expert, m->group_offset};
 }
 
-/* The local transport: rows grouped by local expert, held by the handle until the next dispatch. */
+/*
+ * Through the handle (local transport, or the group's): rows grouped by local expert, held by the handle
+ * until the next dispatch. A failed exchange runs no expert (its step's results are void).
+ */
 static moe_rows ep_dispatch(moeq_engine *e, int64_t T) {
     moeq_moe_layer *m = e->moe;
+    moeq_scratch *s = &e->s;
     moeq_ep_recv r = {0};
-    moeq_err err = moeq_ep_dispatch(m->ep, T, e->s.rids, e->s.h, &r, m->why, sizeof(m->why));
+    moeq_err err = m->failed ? m->failed : moeq_ep_dispatch(m->ep, T, s->rids, s->h, &r, m->why, sizeof(m->why));
     if (err && !m->failed) m->failed = err;
     m->one_part[0] = 0;
     m->one_part[1] = err ? 0 : r.n_local;
-    return (moe_rows){err ? e->s.h : r.x, 1, m->one_part, r.local_expert, r.expert_offset};
+    moe_rows rows = {err ? s->h : r.x, err ? 0 : r.n_rows, s->g, s->u, s->down, 1, m->one_part, r.local_expert,
+                     r.expert_offset};
+    if (m->gg) rows.g = m->gg, rows.u = m->gu, rows.down = m->gdown;
+    return rows;
 }
 
 /* Gate and up of the groups [g0, g1) (one rank's experts) from job n on; returns the jobs laid out. */
@@ -206,8 +224,8 @@ static int gate_up_jobs(moeq_engine *e, const moeq_layer *L, const moe_rows *row
         int64_t o = rows->offset[g], cnt = rows->offset[g + 1] - o;
         const moeq_expert *x = &L->experts[rows->expert[g]];
         if (!cnt) continue;
-        s->jobs[n++] = (moeq_mm_job){x->gate_proj, 0, MI, rows->x + o * D, D, s->g + o * MI, MI, cnt};
-        s->jobs[n++] = (moeq_mm_job){x->up_proj, 0, MI, rows->x + o * D, D, s->u + o * MI, MI, cnt};
+        s->jobs[n++] = (moeq_mm_job){x->gate_proj, 0, MI, rows->x + o * D, D, rows->g + o * MI, MI, cnt};
+        s->jobs[n++] = (moeq_mm_job){x->up_proj, 0, MI, rows->x + o * D, D, rows->u + o * MI, MI, cnt};
     }
     return n;
 }
@@ -218,8 +236,8 @@ static int down_jobs(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, 
     for (int64_t g = g0; g < g1; g++) {
         int64_t o = rows->offset[g], cnt = rows->offset[g + 1] - o;
         if (cnt)
-            s->jobs[n++] = (moeq_mm_job){L->experts[rows->expert[g]].down_proj, 0, D, s->g + o * MI, MI,
-                                         s->down + o * D, D, cnt};
+            s->jobs[n++] = (moeq_mm_job){L->experts[rows->expert[g]].down_proj, 0, D, rows->g + o * MI, MI,
+                                         rows->down + o * D, D, cnt};
     }
     return n;
 }
@@ -230,22 +248,23 @@ static int down_jobs(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, 
  */
 static void run_experts(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, int64_t T) {
     moeq_scratch *s = &e->s;
-    int64_t K = e->router.top_k, D = e->cfg->hidden_size;
-    int64_t MI = e->cfg->moe_intermediate_size, SI = L->shared.gate_proj ? moeq_tensor_rows(L->shared.gate_proj) : 0;
-    float *sg = s->g + T * K * MI, *su = s->u + T * K * MI;
+    int64_t D = e->cfg->hidden_size, N = rows->n_rows;
+    int64_t MI = e->cfg->moe_intermediate_size;
+    int64_t SI = L->shared.gate_proj && T ? moeq_tensor_rows(L->shared.gate_proj) : 0; /* none in an empty step */
+    float *sg = rows->g + N * MI, *su = rows->u + N * MI;
     for (int p = 0; p < rows->n_parts; p++) {
         int n = gate_up_jobs(e, L, rows, rows->part[p], rows->part[p + 1], 0);
         if (SI && p == 0) {
             s->jobs[n++] = (moeq_mm_job){L->shared.gate_proj, 0, SI, s->h, D, sg, SI, T};
             s->jobs[n++] = (moeq_mm_job){L->shared.up_proj, 0, SI, s->h, D, su, SI, T};
         }
-        e->backend->matmul(e->backend, s->jobs, n);
+        if (n) e->backend->matmul(e->backend, s->jobs, n);
     }
-    e->backend->silu_mul(e->backend, s->g, s->g, s->u, T * K * MI + T * SI);
+    if (N * MI + T * SI) e->backend->silu_mul(e->backend, rows->g, rows->g, rows->u, N * MI + T * SI);
     for (int p = 0; p < rows->n_parts; p++) {
         int n = down_jobs(e, L, rows, rows->part[p], rows->part[p + 1], 0);
-        if (SI && p == 0) s->jobs[n++] = (moeq_mm_job){L->shared.down_proj, 0, D, sg, SI, s->down + T * K * D, D, T};
-        e->backend->matmul(e->backend, s->jobs, n);
+        if (SI && p == 0) s->jobs[n++] = (moeq_mm_job){L->shared.down_proj, 0, D, sg, SI, rows->down + N * D, D, T};
+        if (n) e->backend->matmul(e->backend, s->jobs, n);
     }
 }
 
@@ -253,24 +272,83 @@ void moeq_moe_layer_run(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
     moeq_moe_layer *m = e->moe;
     moeq_scratch *s = &e->s;
     int64_t K = e->router.top_k, D = e->cfg->hidden_size;
-    moeq_mm_job r = {L->gate, 0, moeq_tensor_rows(L->gate), s->h, D, s->router, moeq_tensor_rows(L->gate), T};
-    e->backend->matmul(e->backend, &r, 1);
-    moeq_route_params rp = {&e->router, T, s->router, v->bias, s->rids, s->rw, s->finite, s->route_scratch,
-                            NULL, NULL}; /* no plan: the dispatch groups the rows */
-    e->backend->route(e->backend, &rp);
-    flag_nonfinite(e, L, T);
+    if (T > 0) { /* an empty step (a rank of a group with nothing to run) only serves the others' rows */
+        moeq_mm_job r = {L->gate, 0, moeq_tensor_rows(L->gate), s->h, D, s->router, moeq_tensor_rows(L->gate), T};
+        e->backend->matmul(e->backend, &r, 1);
+        moeq_route_params rp = {&e->router, T, s->router, v->bias, s->rids, s->rw, s->finite, s->route_scratch,
+                                NULL, NULL}; /* no plan: the dispatch groups the rows */
+        e->backend->route(e->backend, &rp);
+        flag_nonfinite(e, L, T);
+    }
     moe_rows rows = m->sim ? sim_dispatch(e, T) : ep_dispatch(e, T);
     run_experts(e, L, &rows, T);
-    const float *shared = L->shared.gate_proj ? s->down + T * K * D : NULL;
+    const float *shared = L->shared.gate_proj ? rows.down + rows.n_rows * D : NULL;
     if (m->sim) { /* rows stay where the experts wrote them; the gather's slot map finds them */
         moeq_combine_params cp = {s->tmp, s->down, s->slot_row, s->rw, shared, T, K, D};
         e->backend->combine(e->backend, &cp);
         return;
     }
-    moeq_err err = moeq_ep_combine(m->ep, s->down, s->xg, m->why, sizeof(m->why)); /* per-slot rows, (T, K, D) */
-    if (err && !m->failed) m->failed = err;
+    moeq_err err = m->failed ? m->failed : moeq_ep_combine(m->ep, rows.down, s->xg, m->why, sizeof(m->why));
+    if (err && !m->failed) m->failed = err; /* per-slot rows, (T, K, D) */
+    if (T == 0) return;
     moeq_combine_params cp = {s->tmp, s->xg, NULL, s->rw, shared, T, K, D};
     e->backend->combine(e->backend, &cp);
+}
+
+/* Every MoE layer's exchange with zero tokens, in the forward's order (main layers; MTP is off in a group). */
+void moeq_moe_layer_run_empty(moeq_engine *e) {
+    for (int l = 0; l < e->cfg->num_hidden_layers; l++)
+        if (e->model->layers[l].is_moe) moeq_moe_layer_run(e, &e->model->layers[l], &e->vecs[l], 0);
+}
+
+int moeq_moe_layer_in_group(const moeq_engine *e) { return e->moe && e->moe->borrowed; }
+
+/* A group's rank never reads another rank's experts: drop whatever pages of them were read (check_weights). */
+static void drop_remote_experts(moeq_engine *e, const moeq_ep_placement *pl, int rank) {
+    const moeq_model *md = e->model;
+    int n_main = e->cfg->num_hidden_layers, E = e->cfg->n_routed_experts;
+    for (int l = 0; l < n_main + md->n_mtp_layers; l++) {
+        const moeq_layer *L = l < n_main ? &md->layers[l] : &md->mtp_layers[l - n_main];
+        if (!L->experts) continue;
+        for (int x = 0; x < E; x++) {
+            int local = 0;
+            for (int i = 0; i < moeq_ep_placement_n_replicas(pl, x); i++)
+                local |= moeq_ep_placement_replica(pl, x, i) == rank;
+            if (local && l < n_main) continue;
+            const moeq_expert *ex = &L->experts[x];
+            moeq_tensor_drop_pages(ex->gate_proj);
+            moeq_tensor_drop_pages(ex->up_proj);
+            moeq_tensor_drop_pages(ex->down_proj);
+        }
+    }
+}
+
+moeq_err moeq_moe_layer_join(moeq_engine *e, moeq_ep *ep, int rank, int n_ranks, char *errstr, size_t errstr_size) {
+    moeq_moe_layer *m = e->moe;
+    if (!m) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the model has no routed experts");
+    if (m->borrowed) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "the engine is in a group already");
+    const moeq_ep_placement *pl = moeq_ep_placement_of(ep);
+    if (moeq_ep_placement_n_experts(pl) != e->cfg->n_routed_experts || moeq_ep_placement_n_ranks(pl) != n_ranks)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "group placement of %d experts over %d ranks; the model has %d experts, the group %d ranks",
+                         moeq_ep_placement_n_experts(pl), moeq_ep_placement_n_ranks(pl), e->cfg->n_routed_experts,
+                         n_ranks);
+    int64_t K = m->ep_params.top_k, T = m->ep_params.max_tokens, D = e->cfg->hidden_size;
+    int64_t MI = e->cfg->moe_intermediate_size, SI = (int64_t)e->cfg->n_shared_experts * MI;
+    m->cap_rows = (int64_t)n_ranks * T * K;
+    size_t gu = (size_t)(m->cap_rows * MI + T * SI) * sizeof(float);
+    size_t dn = (size_t)((m->cap_rows + T) * D) * sizeof(float);
+    moeq_backend *b = e->backend;
+    if (!(m->gg = b->alloc(b, MOEQ_BUFFER_ARENA, gu)) || !(m->gu = b->alloc(b, MOEQ_BUFFER_ARENA, gu)) ||
+        !(m->gdown = b->alloc(b, MOEQ_BUFFER_ARENA, dn)))
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "expert rows of a %d-rank group (%lld rows)", n_ranks,
+                         (long long)m->cap_rows);
+    free_sim(m);
+    moeq_ep_destroy(m->ep);
+    m->ep = ep;
+    m->borrowed = 1;
+    drop_remote_experts(e, pl, rank);
+    return MOEQ_OK;
 }
 
 moeq_err moeq_moe_layer_status(const moeq_engine *e, char *errstr, size_t errstr_size) {

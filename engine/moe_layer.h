@@ -20,16 +20,30 @@
 #define MOEQ_ENGINE_MOE_LAYER_H
 
 #include "engine_state.h"
+#include "moeq/ep.h"
 #include "moeq/ep_placement.h"
 
 typedef struct moeq_moe_layer moeq_moe_layer;
 
 /* The engine's MoE seam, one rank, the identity placement; NULL (no error) without routed experts. */
 moeq_err moeq_moe_layer_new(moeq_engine *engine, moeq_moe_layer **out, char *errstr, size_t errstr_size);
-void moeq_moe_layer_destroy(moeq_moe_layer *layer); /* NULL is safe */
+void moeq_moe_layer_destroy(moeq_moe_layer *layer, moeq_backend *backend); /* NULL is safe */
 
 /* MoE block of layer L over s.h (T, D) into s.tmp (T, D). */
 void moeq_moe_layer_run(moeq_engine *engine, const moeq_layer *L, const moeq_layer_vecs *vecs, int64_t n_tok);
+
+/*
+ * Rank `rank` of a group of n_ranks: every MoE layer exchanges through ep
+ * (borrowed; its placement decides this rank's experts), with buffers for the
+ * rows every rank may send here (n_ranks * max_tokens * top_k). Pages of the
+ * experts this rank does not hold are given back (moeq_tensor_drop_pages).
+ */
+moeq_err moeq_moe_layer_join(moeq_engine *engine, moeq_ep *ep, int rank, int n_ranks, char *errstr,
+                             size_t errstr_size);
+int moeq_moe_layer_in_group(const moeq_engine *engine);
+
+/* An empty step's part (a rank with no tokens): every main MoE layer's exchange, in order, serving others' rows. */
+void moeq_moe_layer_run_empty(moeq_engine *engine);
 
 /* MOEQ_OK, or the first exchange error since creation (the transport failed; the step's results are void). */
 moeq_err moeq_moe_layer_status(const moeq_engine *engine, char *errstr, size_t errstr_size);

@@ -7,9 +7,12 @@
  *
  * Deliberately not here: GEMM kernels that consume BF16/F8 directly (forward).
  */
+#define _DEFAULT_SOURCE /* madvise */
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "tensor.h"
 
@@ -161,4 +164,13 @@ void moeq_tensor_rows_to_f32(const moeq_tensor *t, int64_t row0, int64_t n_rows,
         for (int64_t r = 0; r < n_rows; r++) f8_row_to_f32(t, row0 + r, cols, out + r * cols);
         break;
     }
+}
+
+void moeq_tensor_drop_pages(const moeq_tensor *t) {
+    if (!t || !t->data || !t->nbytes) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data, end = a + t->nbytes;
+    a = (a + page - 1) / page * page; /* inward: a neighbour's pages stay */
+    end = end / page * page;
+    if (end > a) (void)madvise((void *)a, end - a, MADV_DONTNEED); /* advice: a failure changes nothing */
+    moeq_tensor_drop_pages(t->scale_inv);
 }

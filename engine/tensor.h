@@ -42,6 +42,14 @@ typedef struct moeq_tensor {
  */
 void moeq_tensor_rows_to_f32(const moeq_tensor *t, int64_t row0, int64_t n_rows, float *out);
 
+/*
+ * Give back the resident pages wholly inside t's bytes (and its scale's): they
+ * are re-read from the file if touched again. For weights a process will not
+ * read (a group rank's other experts). The data must be a read-only file
+ * mapping, as the loader's are. NULL is safe.
+ */
+void moeq_tensor_drop_pages(const moeq_tensor *t);
+
 /* Rows and columns of a weight seen as a matrix (1-D: one row of shape[0]). */
 static inline int64_t moeq_tensor_rows(const moeq_tensor *t) { return t->ndim >= 2 ? t->shape[0] : 1; }
 static inline int64_t moeq_tensor_cols(const moeq_tensor *t) {

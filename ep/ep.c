@@ -309,6 +309,18 @@ static moeq_err exchange_counts(moeq_ep *ep, int with_counts, char *errstr, size
 
 moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t n) { return exchange_counts(ep, 0, errstr, n); }
 
+moeq_err moeq_ep_allgather(moeq_ep *ep, int64_t value, int64_t *values, char *errstr, size_t n) {
+    int R = ep->params.n_ranks;
+    for (int r = 0; r < R; r++) {
+        ep->cnt_out[2 * r] = value, ep->cnt_out[2 * r + 1] = 0;
+        ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
+        ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
+    }
+    moeq_err err = exchange(ep, errstr, n);
+    for (int r = 0; r < R && !err; r++) values[r] = ep->cnt_in[2 * r];
+    return err;
+}
+
 static uint64_t fnv(uint64_t h, int64_t v) {
     for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
     return h;

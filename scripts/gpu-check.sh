@@ -6,8 +6,10 @@
 #                                    downloads the few build libraries a GPU image may lack into .gpu/debs
 #                                    (ignored by git; about 25 MiB, small enough to travel with the tree)
 #   scripts/gpu-check.sh             on the GPU machine: CUDA wheel hook, configure (MOEQ_CUDA_CHECK_ONLY: common,
-#                                    engine, engine/cuda and their tests), build, every test of that build
-#                                    (test_kernels_gpu, label gpu, among them), JSON summary
+#                                    engine with the CUDA backend, engine/cuda, genmodel, bench-engine and the
+#                                    cuda tests), build, every test of that build (the gpu-labelled
+#                                    test_kernels_gpu and test_backend_cuda_gpu among them), then
+#                                    bench-engine --backend cuda on a generated preset, JSON summary
 #
 # The GPU machine may be offline and lack pkg-config, cJSON, PCRE2, OpenBLAS and cmocka (the engine and the
 # tests need them): where pkg-config cannot find one, the .debs in .gpu/debs are unpacked into a private
@@ -15,8 +17,10 @@
 # scripts/setup.d/40-cuda-wheels.sh when PyPI answers, else from the wheels already installed in the
 # machine's python3 (the CUDA images carry nvidia-cublas and nvidia-nccl-cu13).
 #
-# Exit status: 0 when every test passed and the gpu tests ran (not skipped), 1 otherwise.
+# Exit status: 0 when every test passed, every gpu test ran (not skipped) and the bench gave numbers, 1 otherwise.
 # Environment: MOEQ_GPU_BUILD (build dir, default build-gpu), MOEQ_GPU_SYSROOT (default /tmp/moeq-sysroot),
+# MOEQ_GPU_BENCH_PRESET (the gen-model preset bench-engine runs, written into the build dir: default bench, the
+# issue's 1.4 B-parameter preset, ~3 GB, a few seconds to write), MOEQ_GPU_BENCH=0 (skip the bench),
 # CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200), MOEQ_GPU_FORCE_SYSROOT=1 (use .gpu/debs even where the
 # libraries are installed: how the sysroot path is tried on a build machine).
 set -uo pipefail
@@ -118,8 +122,12 @@ if [ -z "$error" ]; then
     -DMOEQ_CUDA_CHECK_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" ${wheels_dir:+-DMOEQ_CUDA_WHEELS_DIR="$wheels_dir"} \
     >>"$log" 2>&1 || error="cmake configure failed (see gpu-check.log)"
 fi
+# the backend needs cuBLAS as well as nvcc: without it the engine builds CPU-only and the gpu test is absent
+if [ -z "$error" ] && ! grep -q 'CUDA backend ("cuda") built' "$log"; then
+  error="the CUDA backend was not configured (nvcc or cuBLAS missing: cuda_libs = $wheels; see gpu-check.log)"
+fi
 if [ -z "$error" ]; then
-  timeout 300 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1 || error="build failed (see gpu-check.log)"
+  timeout 240 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1 || error="build failed (see gpu-check.log)"
 fi
 build_s=$(( $(date +%s) - t_build ))
 
@@ -127,13 +135,31 @@ build_s=$(( $(date +%s) - t_build ))
 junit="$build/gpu-check-junit.xml"
 rm -f "$junit"
 if [ -z "$error" ]; then
-  (cd "$build" && timeout 300 ctest --timeout 120 --output-on-failure --output-junit "$junit") >>"$log" 2>&1
+  (cd "$build" && timeout 200 ctest --timeout 120 --output-on-failure --output-junit "$junit") >>"$log" 2>&1
+fi
+
+# ---- bench-engine --backend cuda --------------------------------------------------------------------------------
+bench_json="$build/gpu-check-bench.json"
+rm -f "$bench_json"
+preset=${MOEQ_GPU_BENCH_PRESET:-bench}
+if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
+  note "bench-engine --backend cuda on preset $preset"
+  timeout 150 "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda \
+    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 >"$bench_json" \
+    2>"$build/gpu-check-bench.err" || note "bench-engine failed or timed out (see gpu-check.log)"
+  cat "$build/gpu-check-bench.err" >>"$log" 2>/dev/null
 fi
 
 # ---- one JSON line ----------------------------------------------------------------------------------------------
-summary=$(python3 - "$junit" "$error" "$gpu" "$nvcc_ver" "$wheels" "$build_s" "$(( $(date +%s) - t_start ))" <<'EOF'
+summary=$(python3 - "$junit" "$error" "$gpu" "$nvcc_ver" "$wheels" "$build_s" "$(( $(date +%s) - t_start ))" \
+  "$bench_json" "${MOEQ_GPU_BENCH:-1}" "$build/gpu-check-bench.err" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
-junit, error, gpu, nvcc, wheels, build_s, total_s = sys.argv[1:]
+junit, error, gpu, nvcc, wheels, build_s, total_s, bench_path, bench_on, bench_err = sys.argv[1:]
+try:
+    with open(bench_err) as f:
+        bench_why = ([l.strip() for l in f if l.strip()] or [""])[-1][:300]
+except OSError:
+    bench_why = ""
 tests = []
 try:
     for tc in ET.parse(junit).getroot().iter("testcase"):
@@ -144,13 +170,28 @@ try:
 except (OSError, ET.ParseError):
     pass
 count = lambda s: sum(t["status"] == s for t in tests)
-gpu_ran = any(t["name"] == "test_kernels_gpu" and t["status"] == "passed" for t in tests)
+gpu_tests = ("test_kernels_gpu", "test_backend_cuda_gpu")
+not_run = [n for n in gpu_tests if not any(t["name"] == n and t["status"] == "passed" for t in tests)]
 if not error and not tests: error = "no test results (see gpu-check.log)"
-if not error and not gpu_ran: error = "test_kernels_gpu did not pass (skipped means no device was found)"
-ok = not error and count("failed") == 0 and gpu_ran
+if not error and not_run: error = ", ".join(not_run) + " did not pass (skipped means no device was found)"
+bench = None
+try:
+    with open(bench_path) as f:
+        b = json.load(f)
+    bench = {"model": b.get("model"), "total_params": b.get("total_params"), "modes": {}}
+    for mode, m in (b.get("modes") or {}).items():
+        bench["modes"][mode] = {"backend_info": m.get("backend_info"), "prefill_tokens_per_s": m.get("prefill_tokens_per_s"),
+                                "decode": [{"batch": d["batch"], "tokens_per_s": d["tokens_per_s"]} for d in m.get("decode", [])],
+                                "decode_at_context": m.get("decode_at_context")}
+    if not bench["modes"]: bench["error"] = "no mode ran: " + (bench_why or "see gpu-check.log")
+except (OSError, ValueError, KeyError, TypeError) as e:
+    bench = {"error": "no bench output (%s) %s" % (type(e).__name__, bench_why)} if bench_on != "0" else None
+bench_ok = bench_on == "0" or (bench is not None and not bench.get("error"))
+if not error and not bench_ok: error = "bench-engine --backend cuda: " + bench.get("error", "failed")
+ok = not error and count("failed") == 0 and not not_run and bench_ok
 print(json.dumps({"ok": ok, "gpu": gpu or None, "nvcc": nvcc or None, "cuda_libs": wheels,
                   "build_s": int(build_s), "total_s": int(total_s), "passed": count("passed"),
-                  "failed": count("failed"), "skipped": count("skipped"), "tests": tests,
+                  "failed": count("failed"), "skipped": count("skipped"), "tests": tests, "bench": bench,
                   "error": error or None}))
 EOF
 )

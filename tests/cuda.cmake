@@ -6,10 +6,28 @@ if(TARGET moeq_engine)
   moeq_add_test(NAME test_cuda_ops_host SOURCES test_cuda_ops_host.c test_cuda_ops_cxx.cpp LIBS moeq_cuda_ops moeq_engine LABELS unit)
   target_include_directories(test_cuda_ops_host PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
 endif()
+# The CUDA backend's index and split-KV arithmetic (backend_index.cuh) against the CPU backend, and its error
+# paths (no device: a clear error; a build without CUDA: says so), on every machine.
+if(TARGET moeq_engine AND TARGET moeq_genmodel)
+  moeq_add_test(NAME test_backend_cuda_host SOURCES test_backend_cuda_host.c LIBS moeq_cuda_ops moeq_engine
+                moeq_genmodel LABELS unit)
+  target_include_directories(test_backend_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+  if(MOEQ_HAVE_CUDA_BACKEND)
+    target_compile_definitions(test_backend_cuda_host PRIVATE MOEQ_HAVE_CUDA_BACKEND)
+    target_link_libraries(test_backend_cuda_host PRIVATE moeq_cuda_kernels)
+  endif()
+endif()
 if(MOEQ_HAVE_CUDA AND TARGET moeq_engine)
   moeq_add_test(NAME test_kernels_gpu SOURCES test_kernels_gpu.c LIBS moeq_cuda_kernels moeq_engine CUDA::cudart
                 LABELS gpu)
   target_include_directories(test_kernels_gpu PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
+endif()
+# The CUDA backend against the CPU backend, op by op and whole models through the engine (models written with
+# the genmodel library, so the GPU check's engine-only build runs it).
+if(MOEQ_HAVE_CUDA_BACKEND AND TARGET moeq_genmodel)
+  moeq_add_test(NAME test_backend_cuda_gpu SOURCES test_backend_cuda_gpu.c
+                LIBS moeq_engine moeq_genmodel moeq_cuda_kernels CUDA::cudart LABELS gpu TIMEOUT 300)
+  target_include_directories(test_backend_cuda_gpu PRIVATE ${CMAKE_SOURCE_DIR}/engine)
 endif()
 # The cuBLAS and NCCL the build found load at run time and are the pinned
 # CUDA 13 line (no GPU needed).

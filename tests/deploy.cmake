@@ -36,3 +36,15 @@ foreach(lang python node)
   set_tests_properties(${lang}_client_awaits_each_result_by_id PROPERTIES LABELS "integration;python"
     FIXTURES_REQUIRED services SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 300 ENVIRONMENT "${_moeq_env}")
 endforeach()
+
+# The deployment files parse and agree with the code (compose, k8s, KEDA,
+# promtool); every metric the dashboard and the alerts name is exported by a
+# running coordinator and worker.
+add_test(NAME deployment_files_are_valid_and_match_the_code
+         COMMAND ${MOEQ_DEPLOY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/deploy_check.py static ${_moeq_bin})
+set_tests_properties(deployment_files_are_valid_and_match_the_code PROPERTIES LABELS "unit;python"
+  SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 120)
+add_test(NAME dashboard_and_alerts_name_only_exported_metrics
+         COMMAND ${MOEQ_DEPLOY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/deploy_check.py metrics ${_moeq_bin})
+set_tests_properties(dashboard_and_alerts_name_only_exported_metrics PROPERTIES LABELS "integration;python"
+  FIXTURES_REQUIRED services SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 240 ENVIRONMENT "${_moeq_env}")

@@ -31,7 +31,7 @@ import re
 import sys
 
 # Source folders (top level) whose files make the graph. tests/ and examples/ are consumers, not modules.
-FOLDERS = ["common", "schemas", "model_config", "tokenizer", "engine", "ep", "tools",
+FOLDERS = ["common", "schemas", "submit", "model_config", "tokenizer", "engine", "ep", "tools",
            "coordinator", "worker", "cli", "bench"]
 EXTS = (".c", ".h", ".cu", ".cuh")
 
@@ -55,6 +55,8 @@ RULES = [
      "kind": "no_link", "target": "moeq_worker", "forbid": ["moeq_coordinator"]},
     {"name": "the engine links neither the tokenizer nor the checkpoint writer (tools/)",
      "kind": "no_link", "target": "moeq_engine", "forbid": ["moeq_tokenizer", "moeq_genmodel"]},
+    {"name": "submit/ (the decision code of `moeq submit`) links no Kafka/Redis adapter, engine or coordinator",
+     "kind": "no_link", "target": "moeq_submit", "forbid": ["moeq_io", "moeq_engine", "moeq_coordinator"]},
     {"name": "ep/ includes no engine header",
      "kind": "no_include", "files": ["ep/*"], "forbid": ["engine/*"], "skip_unless": "ep"},
     {"name": "the tokenizer and the schemas include no engine header",

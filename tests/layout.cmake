@@ -12,7 +12,7 @@
 find_program(MOEQ_LAYOUT_PYTHON NAMES python3)
 set(_moeq_graph_file ${CMAKE_BINARY_DIR}/link_graph.txt)
 set(_moeq_graph "")
-foreach(dir common schemas model_config tokenizer engine ep tools coordinator worker cli bench examples)
+foreach(dir common schemas submit model_config tokenizer engine ep tools coordinator worker cli bench examples)
   if(NOT EXISTS ${CMAKE_SOURCE_DIR}/${dir}/CMakeLists.txt)
     continue()
   endif()

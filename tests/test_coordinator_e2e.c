@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "metrics_lint.h"
 #include "coordinator_harness.h"
 #include "moeq/result.h"
 
@@ -86,7 +87,12 @@ static void mixed_jobs_become_batches_that_obey_every_bound(void **state) {
     snprintf(line, sizeof line, "moeq_coordinator_batch_jobs_total %d", N);
     assert_non_null(strstr(page, line));
     assert_non_null(strstr(page, "moeq_coordinator_bucket_waste_ratio"));
-    assert_non_null(strstr(page, "moeq_coordinator_queue_wait_ms_count"));
+    assert_non_null(strstr(page, "moeq_coordinator_queue_wait_seconds_count"));
+    const char *body = strstr(page, "\r\n\r\n"); /* a running coordinator's page: the conventions, all documented */
+    char why[512];
+    assert_non_null(body);
+    if (moeq_test_metrics_lint(body + 4, why, sizeof why)) fail_msg("%s", why);
+    if (moeq_test_metrics_documented(body + 4, why, sizeof why)) fail_msg("%s", why);
     assert_int_equal(h_stop(pid), 0);
     assert_int_equal(h_read_batches(&h, &w), 0);
     assert_int_equal(w.n_jobs, N);

@@ -17,7 +17,9 @@
 #include "coord_metrics.h"
 #include "intake.h"
 #include "moeq/result.h"
+#include "metrics_lint.h"
 #include "moeq/tokenizer.h"
+#include "moeq/util.h"
 
 static moeq_tokenizer *tiny;
 static moeq_coordinator_params params;
@@ -312,6 +314,38 @@ static void metrics_render_as_prometheus_text(void **state) {
     moeq_buf_free(&out);
 }
 
+static void coordinator_metrics_follow_the_prometheus_conventions(void **state) {
+    (void)state;
+    moeq_coord_stats st;
+    memset(&st, 0, sizeof(st));
+    moeq_coord_stats_observe_wait(&st, 3);    /* <= 5 ms  */
+    moeq_coord_stats_observe_wait(&st, 700);  /* <= 1 s   */
+    moeq_coord_stats_observe_wait(&st, 1e6);  /* +Inf     */
+    moeq_kafka_lag lags[2] = {{.topic = "moeq.jobs", .partition = 0, .high = 10, .committed = 4, .lag = 6},
+                              {.topic = "moeq.jobs", .partition = 1, .high = 3, .committed = 3, .lag = 0}};
+    moeq_buf out = {0};
+    assert_int_equal(moeq_coord_metrics_render(&st, &out), MOEQ_OK);
+    assert_int_equal(moeq_coord_metrics_render_lag(lags, 2, &out), MOEQ_OK);
+    assert_int_equal(moeq_buf_append(&out, "", 1), MOEQ_OK); /* NUL */
+    const char *t = (const char *)out.data;
+    char why[512];
+    if (moeq_test_metrics_lint(t, why, sizeof why)) fail_msg("%s", why);
+    if (moeq_test_metrics_documented(t, why, sizeof why)) fail_msg("%s", why);
+    assert_non_null(strstr(t, "# TYPE moeq_coordinator_queue_wait_seconds histogram\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_queue_wait_seconds_bucket{le=\"0.005\"} 1\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_queue_wait_seconds_bucket{le=\"1\"} 2\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_queue_wait_seconds_bucket{le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_queue_wait_seconds_count 3\n"));
+    assert_non_null(strstr(t, "moeq_coordinator_queue_wait_max_seconds 1000.000\n"));
+    /* the lag summed over partitions is a gauge, named without _total */
+    assert_non_null(strstr(t, "# TYPE moeq_coordinator_consumer_lag_assigned gauge\nmoeq_coordinator_consumer_lag_assigned 6\n"));
+    assert_null(strstr(t, "consumer_lag_total"));
+    char want[128];
+    snprintf(want, sizeof want, "moeq_coordinator_build_info{version=\"%s\"} 1\n", moeq_version());
+    assert_non_null(strstr(t, want));
+    moeq_buf_free(&out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_prompt_job_is_accepted_with_its_exact_token_ids),
@@ -327,6 +361,7 @@ int main(void) {
         cmocka_unit_test(batch_entries_round_trip),
         cmocka_unit_test(coordinator_results_carry_the_hash_of_the_job_they_answer),
         cmocka_unit_test(metrics_render_as_prometheus_text),
+        cmocka_unit_test(coordinator_metrics_follow_the_prometheus_conventions),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

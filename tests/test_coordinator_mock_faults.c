@@ -117,8 +117,8 @@ static int scrape(mock_run *r) {
         r->committed[p] = metric(page, "moeq_coordinator_consumer_committed_offset", r->h.jobs_topic, p);
         r->high[p] = metric(page, "moeq_coordinator_consumer_high_watermark", r->h.jobs_topic, p);
     }
-    const char *t = strstr(page, "\nmoeq_coordinator_consumer_lag_total ");
-    r->lag_total = t ? atoll(t + strlen("\nmoeq_coordinator_consumer_lag_total ")) : -1;
+    const char *t = strstr(page, "\nmoeq_coordinator_consumer_lag_assigned ");
+    r->lag_total = t ? atoll(t + strlen("\nmoeq_coordinator_consumer_lag_assigned ")) : -1;
     return 0;
 }
 

@@ -308,13 +308,13 @@ static long long prop_field(const moeq_prop *p, const void *params) {
 static void engine_params_table_defaults_equal_the_default_params(void **state) {
     (void)state;
     moeq_engine_params want = moeq_engine_default_params();
-    int n = 0, seen[8] = {0};
-    static const char *const names[8] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
-                                         "n_threads", "batch_invariant", "max_model_len",   "backend"};
+    int n = 0, seen[9] = {0};
+    static const char *const names[9] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
+                                         "n_threads", "batch_invariant", "max_model_len",   "backend", "device"};
     for (const moeq_prop *p = moeq_engine_params_props; p->name; p++, n++) {
         assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max); /* a meaning/unit and a range */
         assert_true(p->offset + p->size <= sizeof(moeq_engine_params));
-        for (int i = 0; i < 8; i++) seen[i] += !strcmp(p->name, names[i]);
+        for (int i = 0; i < 9; i++) seen[i] += !strcmp(p->name, names[i]);
         if (p->type == MOEQ_PROP_STR) { /* the backend's name */
             assert_string_equal(p->def, (const char *)&want + p->offset);
             continue;
@@ -324,8 +324,8 @@ static void engine_params_table_defaults_equal_the_default_params(void **state) 
         assert_true((double)def >= p->min && (double)def <= p->max);
         assert_int_equal(def, prop_field(p, &want)); /* the table's default is moeq_engine_default_params()'s */
     }
-    assert_int_equal(n, 8);
-    for (int i = 0; i < 8; i++) assert_int_equal(seen[i], 1);
+    assert_int_equal(n, 9);
+    for (int i = 0; i < 9; i++) assert_int_equal(seen[i], 1);
 }
 
 /* Regression: an int field set through the table must not spill into its neighbour (config.c stored 8 bytes). */

@@ -164,6 +164,9 @@ static void a_rank_with_zero_tokens_still_exchanges(void **state) {
     assert_int_equal(r.n_rows, 0);
     assert_int_equal(moeq_ep_combine(ep, NULL, NULL, err, sizeof err), MOEQ_OK);
     assert_int_equal(moeq_ep_barrier(ep, err, sizeof err), MOEQ_OK);
+    int64_t all[1] = {0};
+    assert_int_equal(moeq_ep_allgather(ep, -12345678901LL, all, err, sizeof err), MOEQ_OK);
+    assert_int_equal(all[0], -12345678901LL);
     moeq_ep_destroy(ep);
 }
 

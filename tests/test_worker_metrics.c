@@ -1,39 +1,144 @@
-/* test_worker_metrics.c — Prometheus rendering of the worker's counters (no server). */
+/*
+ * test_worker_metrics.c — Prometheus rendering of the worker's counters (no
+ * server), and the conventions docs/METRICS.md promises: seconds in
+ * `_seconds` histograms, `_total` only on counters, no `_ms`, the set vLLM
+ * users know (running / waiting, KV cache usage, prompt / generation tokens,
+ * results by status and finish reason, build info).
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "metrics_lint.h"
+#include "moeq/util.h"
 #include "worker_metrics.h"
 
-static void counters_and_the_latency_histogram_render_as_prometheus_text(void **state) {
+static moeq_result result(moeq_result_status status, moeq_finish_reason fr, int64_t prompt, int64_t completion) {
+    moeq_result r = {.id = "j", .status = status, .finish_reason = fr};
+    r.usage.prompt_tokens = prompt;
+    r.usage.completion_tokens = completion;
+    r.timings.queued_ms = 30;
+    r.timings.batched_ms = 10;     /* queue time 40 ms */
+    r.timings.decode_ms = 90;      /* 3 tokens after the first: 30 ms each */
+    r.timings.total_ms = 700;
+    return r;
+}
+
+static void latency_histograms_render_in_seconds(void **state) {
     (void)state;
     static moeq_worker_metrics m;
     memset(&m, 0, sizeof m);
     atomic_store(&m.batches_taken, 3);
     atomic_store(&m.batches_dead_lettered, 1);
-    moeq_worker_metrics_observe_latency(&m, 40);   /* <= 50      */
-    moeq_worker_metrics_observe_latency(&m, 700);  /* <= 1000    */
-    moeq_worker_metrics_observe_latency(&m, 1e7);  /* +Inf only  */
-    char buf[16384];
+    moeq_result r = result(MOEQ_RESULT_OK, MOEQ_FINISH_LENGTH, 5, 4);
+    moeq_worker_metrics_observe_result(&m, &r);
+    r.timings.total_ms = 40;
+    moeq_worker_metrics_observe_result(&m, &r);
+    r.timings.total_ms = 10000000; /* beyond the last bound: +Inf only */
+    moeq_worker_metrics_observe_result(&m, &r);
+    moeq_worker_metrics_observe_ttft(&m, 120);
+    char buf[65536];
     size_t n = moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
     assert_true(n > 0 && n < sizeof buf);
     assert_non_null(strstr(buf, "# TYPE moeq_worker_batches_taken_total counter\n"));
     assert_non_null(strstr(buf, "moeq_worker_batches_taken_total{worker=\"w1\"} 3\n"));
     assert_non_null(strstr(buf, "moeq_worker_dead_lettered_total{worker=\"w1\"} 1\n"));
-    assert_non_null(strstr(buf, "moeq_worker_job_latency_ms_bucket{worker=\"w1\",le=\"50\"} 1\n"));
-    assert_non_null(strstr(buf, "moeq_worker_job_latency_ms_bucket{worker=\"w1\",le=\"1000\"} 2\n"));
-    assert_non_null(strstr(buf, "moeq_worker_job_latency_ms_bucket{worker=\"w1\",le=\"+Inf\"} 3\n"));
-    assert_non_null(strstr(buf, "moeq_worker_job_latency_ms_count{worker=\"w1\"} 3\n"));
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_e2e_request_latency_seconds histogram\n"));
+    assert_non_null(strstr(buf, "moeq_worker_e2e_request_latency_seconds_bucket{worker=\"w1\",le=\"0.05\"} 1\n"));
+    assert_non_null(strstr(buf, "moeq_worker_e2e_request_latency_seconds_bucket{worker=\"w1\",le=\"1\"} 2\n"));
+    assert_non_null(strstr(buf, "moeq_worker_e2e_request_latency_seconds_bucket{worker=\"w1\",le=\"900\"} 2\n"));
+    assert_non_null(strstr(buf, "moeq_worker_e2e_request_latency_seconds_bucket{worker=\"w1\",le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(buf, "moeq_worker_e2e_request_latency_seconds_count{worker=\"w1\"} 3\n"));
+    assert_non_null(strstr(buf, "moeq_worker_e2e_request_latency_seconds_sum{worker=\"w1\"} 10000.740000\n"));
+    assert_non_null(strstr(buf, "moeq_worker_request_queue_time_seconds_bucket{worker=\"w1\",le=\"0.05\"} 3\n"));
+    assert_non_null(strstr(buf, "moeq_worker_time_per_output_token_seconds_bucket{worker=\"w1\",le=\"0.025\"} 0\n"));
+    assert_non_null(strstr(buf, "moeq_worker_time_per_output_token_seconds_bucket{worker=\"w1\",le=\"0.05\"} 3\n"));
+    assert_non_null(strstr(buf, "moeq_worker_time_to_first_token_seconds_bucket{worker=\"w1\",le=\"0.1\"} 0\n"));
+    assert_non_null(strstr(buf, "moeq_worker_time_to_first_token_seconds_bucket{worker=\"w1\",le=\"0.25\"} 1\n"));
+    assert_non_null(strstr(buf, "moeq_worker_time_to_first_token_seconds_sum{worker=\"w1\"} 0.120000\n"));
     assert_non_null(strstr(buf, "moeq_worker_mtp_acceptance_rate{worker=\"w1\"} 0.0000\n")); /* nothing drafted */
     /* a small buffer truncates, never overflows */
     char tiny[64];
     size_t t = moeq_worker_metrics_render(&m, "w1", tiny, sizeof tiny);
     assert_true(t < sizeof tiny);
     assert_int_equal(strlen(tiny), t);
+}
+
+static void engine_seconds_total_holds_seconds_not_nanoseconds(void **state) {
+    (void)state;
+    static moeq_worker_metrics m;
+    memset(&m, 0, sizeof m);
+    atomic_store(&m.engine_ns, 2500000000LL); /* 2.5 s */
+    char buf[65536];
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_non_null(strstr(buf, "moeq_worker_engine_seconds_total{worker=\"w1\"} 2.500000\n"));
+}
+
+static void results_are_counted_by_status_and_finish_reason_with_their_tokens(void **state) {
+    (void)state;
+    static moeq_worker_metrics m;
+    memset(&m, 0, sizeof m);
+    moeq_result r = result(MOEQ_RESULT_OK, MOEQ_FINISH_STOP_TOKEN, 10, 4);
+    moeq_worker_metrics_observe_result(&m, &r);
+    moeq_worker_metrics_observe_result(&m, &r);
+    r = result(MOEQ_RESULT_ERROR, MOEQ_FINISH_NONE, 3, 0);
+    moeq_worker_metrics_observe_result(&m, &r);
+    r = result(MOEQ_RESULT_EXPIRED, MOEQ_FINISH_DEADLINE, 2, 1);
+    moeq_worker_metrics_observe_result(&m, &r);
+    char buf[65536];
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_results_total counter\n"));
+    assert_non_null(strstr(buf, "moeq_worker_results_total{worker=\"w1\",status=\"ok\",finish_reason=\"stop_token\"} 2\n"));
+    assert_non_null(strstr(buf, "moeq_worker_results_total{worker=\"w1\",status=\"error\",finish_reason=\"none\"} 1\n"));
+    assert_non_null(strstr(buf, "moeq_worker_results_total{worker=\"w1\",status=\"expired\",finish_reason=\"deadline\"} 1\n"));
+    assert_non_null(strstr(buf, "moeq_worker_results_total{worker=\"w1\",status=\"cancelled\",finish_reason=\"none\"} 0\n"));
+    assert_null(strstr(buf, "status=\"ok\",finish_reason=\"length\"")); /* a pair never seen is absent */
+    assert_non_null(strstr(buf, "moeq_worker_prompt_tokens_total{worker=\"w1\"} 25\n"));
+    assert_non_null(strstr(buf, "moeq_worker_generation_tokens_total{worker=\"w1\"} 9\n"));
+}
+
+static void running_and_waiting_jobs_and_kv_cache_usage_are_gauges(void **state) {
+    (void)state;
+    static moeq_worker_metrics m;
+    memset(&m, 0, sizeof m);
+    atomic_store(&m.sequences_active, 3); /* rendered as requests_running */
+    atomic_store(&m.requests_waiting, 5);
+    atomic_store(&m.kv_reserved_tokens, 4096);
+    atomic_store(&m.kv_capacity_tokens, 16384);
+    char buf[65536];
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_requests_running gauge\nmoeq_worker_requests_running{worker=\"w1\"} 3\n"));
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_requests_waiting gauge\nmoeq_worker_requests_waiting{worker=\"w1\"} 5\n"));
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_kv_cache_usage_ratio gauge\n"));
+    assert_non_null(strstr(buf, "moeq_worker_kv_cache_usage_ratio{worker=\"w1\"} 0.2500\n"));
+    char want[128];
+    snprintf(want, sizeof want, "moeq_worker_build_info{worker=\"w1\",version=\"%s\"} 1\n", moeq_version());
+    assert_non_null(strstr(buf, want));
+}
+
+static void every_worker_metric_follows_the_prometheus_conventions(void **state) {
+    (void)state;
+    static moeq_worker_metrics m;
+    memset(&m, 0, sizeof m);
+    moeq_result r = result(MOEQ_RESULT_OK, MOEQ_FINISH_STOP, 1, 2);
+    moeq_worker_metrics_observe_result(&m, &r);
+    char buf[65536];
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    char why[512];
+    if (moeq_test_metrics_lint(buf, why, sizeof why)) fail_msg("%s", why);
+    if (moeq_test_metrics_documented(buf, why, sizeof why)) fail_msg("%s", why);
+    /* the lint itself: each kind of mistake the issue found is caught */
+    assert_int_not_equal(moeq_test_metrics_lint("# TYPE a_total gauge\na_total 1\n", why, sizeof why), 0);
+    assert_int_not_equal(moeq_test_metrics_lint("# TYPE a_count counter\na_count 1\n", why, sizeof why), 0);
+    assert_int_not_equal(moeq_test_metrics_lint("# TYPE a_ms_sum counter\na_ms_sum 1\n", why, sizeof why), 0);
+    assert_int_not_equal(moeq_test_metrics_lint("# TYPE a_seconds histogram\na_seconds_bucket{le=\"+Inf\"} 1\n"
+                                                "a_seconds_sum 1\n", why, sizeof why), 0); /* no _count */
 }
 
 static void mtp_totals_and_the_acceptance_rate_are_rendered(void **state) {
@@ -43,7 +148,7 @@ static void mtp_totals_and_the_acceptance_rate_are_rendered(void **state) {
     atomic_store(&m.mtp_rounds, 5);
     atomic_store(&m.mtp_drafted, 8);
     atomic_store(&m.mtp_accepted, 6);
-    char buf[16384];
+    char buf[65536];
     moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
     assert_non_null(strstr(buf, "moeq_worker_mtp_rounds_total{worker=\"w1\"} 5\n"));
     assert_non_null(strstr(buf, "moeq_worker_mtp_drafted_total{worker=\"w1\"} 8\n"));
@@ -54,7 +159,11 @@ static void mtp_totals_and_the_acceptance_rate_are_rendered(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(counters_and_the_latency_histogram_render_as_prometheus_text),
+        cmocka_unit_test(latency_histograms_render_in_seconds),
+        cmocka_unit_test(engine_seconds_total_holds_seconds_not_nanoseconds),
+        cmocka_unit_test(results_are_counted_by_status_and_finish_reason_with_their_tokens),
+        cmocka_unit_test(running_and_waiting_jobs_and_kv_cache_usage_are_gauges),
+        cmocka_unit_test(every_worker_metric_follows_the_prometheus_conventions),
         cmocka_unit_test(mtp_totals_and_the_acceptance_rate_are_rendered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "metrics_lint.h"
 #include "moeq/batch_entry.h"
 #include "moeq/engine.h"
 #include "moeq/job.h"
@@ -623,6 +624,11 @@ static long long worker_steps(int port) {
     ssize_t r;
     while (len + 1 < sizeof buf && (r = read(fd, buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)r;
     buf[len] = 0;
+    const char *body = strstr(buf, "\r\n\r\n"); /* a running worker's page: the conventions, all documented */
+    char why[512];
+    assert_non_null(body);
+    if (moeq_test_metrics_lint(body + 4, why, sizeof why)) fail_msg("%s", why);
+    if (moeq_test_metrics_documented(body + 4, why, sizeof why)) fail_msg("%s", why);
     close(fd);
     const char *p = strstr(buf, "\nmoeq_worker_steps_total{");
     assert_non_null(p);

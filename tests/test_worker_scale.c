@@ -21,14 +21,14 @@ static void on_delivery(const moeq_kafka_delivery *d, void *opaque) {
     if (d->err) ++*(int *)opaque;
 }
 
-/* N_JOBS token jobs `scale-<i>` on the jobs topic, acknowledged by the broker. */
-static void produce_jobs(void) {
+/* Token jobs `scale-<from>` .. `scale-<to - 1>` on the jobs topic, acknowledged by the broker. */
+static void produce_jobs(int from, int to) {
     int failed = 0;
     char err[512];
     moeq_kafka_producer_params pp = {.brokers = g_t.kafka, .on_delivery = on_delivery, .cb_opaque = &failed};
     moeq_kafka_producer *p = NULL;
     assert_int_equal(moeq_kafka_producer_new(&pp, NULL, &p, err, sizeof err), MOEQ_OK);
-    for (int i = 0; i < N_JOBS; i++) {
+    for (int i = from; i < to; i++) {
         char id[32], job[256];
         snprintf(id, sizeof id, "scale-%d", i);
         int n = snprintf(job, sizeof job,
@@ -41,6 +41,27 @@ static void produce_jobs(void) {
     assert_int_equal(moeq_kafka_producer_flush(p, 30000, err, sizeof err), MOEQ_OK);
     moeq_kafka_producer_destroy(p);
     assert_int_equal(failed, 0);
+}
+
+/* Wait until worker_id's heartbeat key exists: it is in its loop and reads batches. */
+static void wait_heartbeat(const char *worker_id, int timeout_ms) {
+    moeq_redis_params rp;
+    moeq_redis *r = NULL;
+    char err[512], key[256];
+    assert_int_equal(moeq_redis_params_parse(g_t.redis, NULL, &rp, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_redis_new(&rp, &r, err, sizeof err), MOEQ_OK);
+    snprintf(key, sizeof key, "%s:worker:%s", g_t.ns, worker_id);
+    int found = 0;
+    for (int waited = 0; !found && waited < timeout_ms; waited += 50) {
+        const char *argv[] = {"EXISTS", key};
+        moeq_redis_reply *rep = NULL;
+        if (moeq_redis_command_argv(r, 2, argv, NULL, &rep, err, sizeof err) == MOEQ_OK)
+            found = moeq_redis_reply_int(rep) == 1;
+        moeq_redis_reply_free(rep);
+        if (!found) usleep(50 * 1000);
+    }
+    moeq_redis_destroy(r);
+    assert_true(found);
 }
 
 /* How many job records name this worker. */
@@ -70,13 +91,16 @@ static void a_worker_started_mid_run_takes_batches_and_nothing_is_lost(void **st
     (void)state;
     pid_t coord = e2e_start_coordinator(&g_t, NULL);
     pid_t w1 = e2e_start_worker(&g_t, "scale-w1", NULL);
-    produce_jobs();
+    produce_jobs(0, N_JOBS / 2);
     /* the run is under way on one worker ... */
     size_t have = e2e_collect(&g_t, 40, 60000);
     assert_true(have >= 40);
-    assert_true(have < N_JOBS); /* otherwise the second worker would join an empty queue: enlarge N_JOBS */
-    /* ... when a second one starts: nothing to configure, it joins the group */
+    /* ... when a second one starts: nothing to configure, it joins the group. The second half
+     * of the jobs is sent once it runs, so that on a loaded machine the first worker cannot
+     * have drained everything before the second is up (the test is about joining, not speed). */
     pid_t w2 = e2e_start_worker(&g_t, "scale-w2", NULL);
+    wait_heartbeat("scale-w2", 60000);
+    produce_jobs(N_JOBS / 2, N_JOBS);
     have = e2e_collect(&g_t, N_JOBS, 180000);
     e2e_collect(&g_t, N_JOBS + 1, 1000); /* late duplicates, if any */
     int by_w1 = jobs_run_by("scale-w1"), by_w2 = jobs_run_by("scale-w2");

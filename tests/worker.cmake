@@ -35,6 +35,10 @@ if(TARGET test_worker_pipeline)
   # 1,000 jobs from the Python, Node and kcat example producers, each checked against generate alone.
   moeq_add_test(NAME test_worker_e2e SOURCES test_worker_e2e.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)
+  # An expert-parallel group of 2 worker ranks (UCX over tcp): the Redis rendezvous and its generations, every
+  # job once and equal to generate alone, SIGTERM of one rank drains both, kill -9 of a rank loses no job.
+  moeq_add_test(NAME test_worker_group SOURCES test_worker_group.c LIBS moeq_worker
+    LABELS integration FIXTURES services TIMEOUT 600)
   # `moeq submit` reads only its own results (job_hash, start by time), reports duplicates and stale results.
   moeq_add_test(NAME test_submit SOURCES test_submit.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)

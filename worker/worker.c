@@ -29,6 +29,7 @@
 #include "moeq/util.h"
 #include "decode_proc.h"
 #include "scheduler.h"
+#include "worker_group.h"
 #include "worker_io.h"
 
 #define COMP "worker"
@@ -107,6 +108,13 @@ struct moeq_worker {
     int n_ack_failing;             /* held batches whose last acknowledgement failed: take nothing new */
     char own_cursors[4][48];       /* reading back entries pending for our worker_id (worker_io_take_own) */
     volatile sig_atomic_t stop;
+    /* An expert-parallel group (docs/EP.md): one engine step and one agreement per tick, in lockstep. */
+    worker_group *group;           /* NULL: no group                           */
+    int group_idle;                /* no rank had work at the last agreement: a rank may block for batches */
+    int handed_back;               /* drain timed out: batches handed back; only empty steps from now on */
+    int stepped;                   /* this tick's engine step ran (a group's lockstep needs exactly one) */
+    moeq_err group_err;            /* the group failed (a rank died or went silent): end, leave batches pending */
+    char group_why[512];
     int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, next_sweep_ms, started_ms;
     char cancel_cursor[48];        /* last <prefix>:cancels entry read; "" = not yet initialised */
     int side_dirty;                /* a DLQ copy or replacement error result waits to be produced */
@@ -236,6 +244,12 @@ static double mtp_min_acceptance(const moeq_worker *w) {
 /* The speculative decoder, when mtp_k > 0 and the model has an MTP layer (else MTP stays off, logged). */
 static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
     if (w->params.mtp_k <= 0) return MOEQ_OK;
+    if (w->group) {
+        moeq_log(MOEQ_LOG_INFO, COMP, "mtp_off",
+                 "model=%s reason=\"an expert-parallel group: every rank must run the same forward passes per tick\"",
+                 w->model_name);
+        return MOEQ_OK;
+    }
     if (!moeq_engine_mtp_available(w->engine)) {
         moeq_log(MOEQ_LOG_INFO, COMP, "mtp_off", "model=%s reason=\"the model has no MTP layer\"", w->model_name);
         return MOEQ_OK;
@@ -308,11 +322,15 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.max_step_tokens = (int)p->max_step_tokens;
     ep.kv_cache_tokens = p->kv_cache_tokens;
     ep.n_threads = (int)p->n_threads;
+    snprintf(ep.backend, sizeof ep.backend, "%s", p->backend);
+    ep.device = (int)p->device;
     ep.max_model_len = (int)p->max_model_len;
     if ((err = moeq_engine_new(w->model, &ep, &w->engine, errstr, errstr_size))) return err;
     w->vocab = moeq_model_get_config(w->model)->vocab_size;
     const char *base = strrchr(p->model, '/');
     snprintf(w->model_name, sizeof w->model_name, "%.127s", base && base[1] ? base + 1 : p->model);
+    moeq_log(MOEQ_LOG_INFO, COMP, "engine_backend", "model=%s backend=%s device=%d info=\"%s\"", w->model_name,
+             ep.backend, ep.device, moeq_engine_backend_info(w->engine));
 
     int32_t eos = w->tok && moeq_tokenizer_eos_id(w->tok) >= 0 ? moeq_tokenizer_eos_id(w->tok)
                                                                : moeq_model_get_config(w->model)->eos_token_id;
@@ -321,7 +339,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.max_step_tokens = (int)p->max_step_tokens;
     sp.mtp_max_seqs = (int)p->mtp_max_batch;
     sp.mtp_min_acceptance = mtp_min_acceptance(w);
-    sp.prefix_share_min = (int)p->prefix_share_min;
+    sp.prefix_share_min = p->ep_group[0] ? 0 : (int)p->prefix_share_min; /* a failed fork's own prefill steps
+                                                                             would break a group's lockstep */
     sp.kv_cache_tokens = p->kv_cache_tokens;
     sp.kv_block_tokens = ep.kv_block_tokens;
     sp.max_model_len = moeq_engine_max_model_len(w->engine);
@@ -339,7 +358,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     if (!w->slots || !w->items || !w->sampled || !w->logits)
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "step buffers");
     for (size_t i = 0; i < n; i++) w->slots[i].seq = -1;
-    return open_mtp(w, errstr, errstr_size);
+    return MOEQ_OK;
 }
 
 static moeq_err open_io(moeq_worker *w, const moeq_kvlist *kafka, const moeq_kvlist *redis, char *errstr,
@@ -395,6 +414,9 @@ moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *ka
     if (!(err = open_health(w, redis, errstr, errstr_size)) && !(err = open_engine(w, errstr, errstr_size)))
         atomic_store(&w->model_loaded, 1);
     if (!err && !(err = open_io(w, kafka, redis, errstr, errstr_size))) atomic_store(&w->io_open, 1);
+    if (!err && w->params.ep_group[0])
+        err = worker_group_new(&w->params, w->redis, w->engine, &w->group, errstr, errstr_size);
+    if (!err) err = open_mtp(w, errstr, errstr_size);
     if (err) {
         moeq_worker_destroy(w);
         return err;
@@ -440,6 +462,7 @@ void moeq_worker_destroy(moeq_worker *w) {
     moeq_redis_destroy(w->redis);
     moeq_mtp_decoder_destroy(w->mtp);
     moeq_engine_destroy(w->engine);
+    worker_group_destroy(w->group); /* after the engine, which borrowed its handle */
     moeq_grammar_cache_destroy(w->grammars); /* after the batches: their processors hold grammar references */
     moeq_grammar_vocab_destroy(w->gvocab);
     moeq_tokenizer_destroy(w->tok);
@@ -680,8 +703,9 @@ static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
             return err;
         }
     }
-    int idle = moeq_sched_idle(w->sched) && w->n_held == 0;
+    int idle = moeq_sched_idle(w->sched) && w->n_held == 0 && (!w->group || w->group_idle);
     int block = idle ? (int)w->params.block_ms : 0;
+    if (w->group && block > w->params.ep.timeout_ms / 4) block = w->params.ep.timeout_ms / 4; /* the others wait */
     int64_t until_reclaim = w->next_reclaim_ms - now;
     if (block > until_reclaim) block = until_reclaim > 1 ? (int)until_reclaim : 1;
     if ((err = worker_io_take(w->redis, &w->params, block, entries, room, &n, errstr, errstr_size))) return err;
@@ -807,9 +831,7 @@ static void sample_items(moeq_worker *w, const moeq_sched_step *plan) {
         wjob *job = it->user;
         if (!job->got_first) {
             job->got_first = 1;
-            int64_t ttft = moeq_now_ms() - job->batch->taken_ms;
-            atomic_fetch_add(&w->metrics.ttft_ms_sum, ttft);
-            atomic_fetch_add(&w->metrics.ttft_count, 1);
+            moeq_worker_metrics_observe_ttft(&w->metrics, moeq_now_ms() - job->batch->taken_ms);
         }
     }
 }
@@ -844,6 +866,7 @@ static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err,
                                      .sampler = w->slots[r->slot].sampler}; /* exact mode: plain's tokens */
     }
     int64_t t0 = moeq_mono_ns();
+    w->stepped = 1;
     if (plan->n_rounds > 0)
         e = moeq_mtp_decode_step_with(w->mtp, w->spec, plan->n_rounds, w->items, plan->n_items, w->logits,
                                       (size_t)plan->n_items, err, err_size);
@@ -870,14 +893,34 @@ static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err,
     return MOEQ_OK;
 }
 
+/* A group's exchange failed (a rank died or went silent): remember why; the loop ends without an abort. */
+static int group_failed(moeq_worker *w) {
+    moeq_err e = w->group ? moeq_engine_group_status(w->engine, w->group_why, sizeof w->group_why) : MOEQ_OK;
+    if (e && !w->group_err) w->group_err = e;
+    return e != MOEQ_OK;
+}
+
+/* A group rank with nothing to run still takes part in every layer's exchange (moeq_engine_step of no items). */
+static int group_empty_step(moeq_worker *w) {
+    char err[512] = "";
+    w->stepped = 1;
+    if (moeq_engine_step(w->engine, NULL, 0, NULL, 0, err, sizeof err)) group_failed(w);
+    return 0;
+}
+
 /* Plan one step, run it with its speculative rounds, sample, commit. Returns 1 when anything ran. */
 static int run_step(moeq_worker *w) {
     char err[512] = "";
     moeq_sched_step plan;
-    if (moeq_sched_plan(w->sched, moeq_now_ms(), &plan)) return 0;
+    w->stepped = 0;
+    if (w->handed_back) return group_empty_step(w); /* a group's rank past its drain: serve the others only */
+    if (moeq_sched_plan(w->sched, moeq_now_ms(), &plan)) return w->group ? group_empty_step(w) : 0;
     for (int i = 0; i < plan.n_released; i++) slot_clear(w, plan.released[i]);
-    if (plan.n_items == 0 && plan.n_rounds == 0) return 0;
+    if (plan.n_items == 0 && plan.n_rounds == 0) return w->group ? group_empty_step(w) : 0;
     moeq_err e = run_plan(w, &plan, err, sizeof err);
+    if (e && group_failed(w)) return 1; /* no abort: the step's jobs are unfinished, their batches stay pending */
+    if (e && w->group && !w->stepped) group_empty_step(w); /* failed before the engine: keep the lockstep */
+    if (w->group_err) return 1;
     if (e) { /* the caches of sequences of a failed step are as before it; all of them are freed anyway */
         moeq_log(MOEQ_LOG_ERROR, COMP, "step_failed", "err=%s items=%d rounds=%d reason=\"%s\"", moeq_err_str(e),
                  plan.n_items, plan.n_rounds, err);
@@ -996,7 +1039,7 @@ static void publish_finished(moeq_worker *w) {
         if (fin.status != MOEQ_RESULT_OK && fin.status != MOEQ_RESULT_CANCELLED && fin.status != MOEQ_RESULT_EXPIRED)
             job->state = 'F';
         atomic_fetch_add(&w->metrics.jobs_finished, 1);
-        moeq_worker_metrics_observe_latency(&w->metrics, r.timings.total_ms);
+        moeq_worker_metrics_observe_result(&w->metrics, &r);
     }
 }
 
@@ -1181,6 +1224,9 @@ static void heartbeat(moeq_worker *w, int64_t now) {
     atomic_store(&w->metrics.healthy, e == MOEQ_OK);
     atomic_store(&w->metrics.sequences_active, st.running);
     atomic_store(&w->metrics.slots_free, st.free_slots);
+    atomic_store(&w->metrics.requests_waiting, st.pending);
+    atomic_store(&w->metrics.kv_reserved_tokens, st.kv_reserved_tokens);
+    atomic_store(&w->metrics.kv_capacity_tokens, w->params.kv_cache_tokens);
 }
 
 /*
@@ -1261,6 +1307,51 @@ static void hand_back_all(moeq_worker *w) {
     }
 }
 
+/*
+ * The end of a group's tick: every rank says whether it drains, is done, has work. One rank draining makes
+ * every rank drain (the group is one model); the group ends when every rank is done. Returns 1 to end.
+ */
+static int group_tick(moeq_worker *w) {
+    int idle = moeq_sched_idle(w->sched);
+    int done = w->handed_back || (w->stop && w->n_held == 0 && idle);
+    unsigned mine = (w->stop ? WORKER_GROUP_STOPPING : 0) | (done ? WORKER_GROUP_DONE : 0) |
+                    (!idle && !done ? WORKER_GROUP_BUSY : 0);
+    unsigned any = 0, all = 0;
+    int from = -1;
+    moeq_err e = worker_group_agree(w->group, mine, &any, &all, &from, w->group_why, sizeof w->group_why);
+    if (e) {
+        w->group_err = e;
+        return 1;
+    }
+    if ((any & WORKER_GROUP_STOPPING) && !w->stop) {
+        moeq_log(MOEQ_LOG_INFO, COMP, "group_draining", "group=%s from_rank=%d", w->params.ep_group, from);
+        w->stop = 1;
+    }
+    w->group_idle = !(any & WORKER_GROUP_BUSY);
+    return (all & WORKER_GROUP_DONE) ? 1 : 0;
+}
+
+/*
+ * The group failed mid-run: results of jobs that finished before go out and their batches are acknowledged;
+ * the failed step's jobs are not finished, so their batches stay pending for this worker id (taken back at
+ * once by its next start) or for anyone after visibility_timeout_ms. A supervisor restarts every rank and the
+ * group forms again under a new generation.
+ */
+static moeq_err group_abort(moeq_worker *w, char *errstr, size_t errstr_size) {
+    moeq_kafka_producer_flush(w->producer, 2000, NULL, 0);
+    ack_batches(w);
+    char err[256];
+    worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, NULL, 0, err, sizeof err);
+    moeq_log(MOEQ_LOG_ERROR, COMP, "ep_group_failed", "group=%s generation=%lld rank=%d ranks=%d batches_pending=%d "
+             "err=%s reason=\"%s\"", w->params.ep_group, (long long)worker_group_generation(w->group),
+             worker_group_rank(w->group), worker_group_ranks(w->group), w->n_held, moeq_err_str(w->group_err),
+             w->group_why);
+    return moeq_errf(w->group_err, errstr, errstr_size,
+                     "expert-parallel group %s (generation %lld, rank %d of %d) failed: %s; %d batch(es) left pending",
+                     w->params.ep_group, (long long)worker_group_generation(w->group), worker_group_rank(w->group),
+                     worker_group_ranks(w->group), w->group_why, w->n_held);
+}
+
 moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
     if (!w) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL worker");
     moeq_log(MOEQ_LOG_INFO, COMP, "started", "id=%s model=%s max_seqs=%lld", w->params.worker_id, w->model_name,
@@ -1274,10 +1365,11 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
             moeq_log(MOEQ_LOG_INFO, COMP, "draining", "batches=%d timeout_ms=%lld", w->n_held,
                      (long long)w->params.drain_timeout_ms);
         }
-        if (w->stop && w->n_held == 0 && moeq_sched_idle(w->sched)) break;
-        if (drain_deadline && now >= drain_deadline) {
+        if (!w->group && w->stop && w->n_held == 0 && moeq_sched_idle(w->sched)) break;
+        if (drain_deadline && now >= drain_deadline && !w->handed_back) {
             hand_back_all(w);
-            break;
+            if (!w->group) break;
+            w->handed_back = 1; /* a group's rank goes on with empty steps until every rank is done */
         }
         moeq_health_tick(w->health, now);
         heartbeat(w, now);
@@ -1294,11 +1386,14 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
             }
         }
         int ran = run_step(w);
+        if (w->group_err) break;
         publish_finished(w);
         send_side(w);
         moeq_kafka_producer_poll(w->producer, poll_wait_ms(w, ran));
         ack_batches(w);
+        if (w->group && group_tick(w)) break;
     }
+    if (w->group_err) return group_abort(w, errstr, errstr_size);
     moeq_kafka_producer_flush(w->producer, 5000, NULL, 0);
     ack_batches(w);
     char err[256];

@@ -15,15 +15,35 @@
 #include "moeq/log.h"
 #include "moeq/util.h"
 
-const int64_t moeq_worker_latency_bounds[WORKER_LAT_BUCKETS] = {50,   100,   250,   500,   1000,  2500,
-                                                                 5000, 10000, 30000, 60000, 300000, 900000};
+/* Bucket upper bounds, microseconds; each family's list ends at 0 (then +Inf). */
+static const int64_t ttft_bounds[] = {10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000, 5000000,
+                                      10000000, 30000000, 60000000, 0};
+static const int64_t tpot_bounds[] = {5000, 10000, 25000, 50000, 75000, 100000, 250000, 500000, 1000000, 2500000,
+                                      5000000, 0};
+static const int64_t long_bounds[] = {50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000,
+                                      30000000, 60000000, 300000000, 900000000, 0}; /* queue time, end to end */
 
-void moeq_worker_metrics_observe_latency(moeq_worker_metrics *m, int64_t ms) {
+static void hist_observe(moeq_worker_hist *h, const int64_t *bounds, int64_t us) {
     int b = 0;
-    while (b < WORKER_LAT_BUCKETS && ms > moeq_worker_latency_bounds[b]) b++;
-    atomic_fetch_add_explicit(&m->latency_bucket[b], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->latency_ms_sum, ms, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->latency_count, 1, memory_order_relaxed);
+    if (us < 0) us = 0;
+    while (bounds[b] && us > bounds[b]) b++;
+    atomic_fetch_add_explicit(&h->bucket[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_us, us, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+}
+
+void moeq_worker_metrics_observe_ttft(moeq_worker_metrics *m, int64_t ms) { hist_observe(&m->ttft, ttft_bounds, ms * 1000); }
+
+void moeq_worker_metrics_observe_result(moeq_worker_metrics *m, const moeq_result *r) {
+    int s = r->status < MOEQ_RESULT_STATUS__COUNT ? (int)r->status : (int)MOEQ_RESULT_ERROR;
+    int f = r->finish_reason < MOEQ_FINISH__COUNT ? (int)r->finish_reason : (int)MOEQ_FINISH_NONE;
+    atomic_fetch_add_explicit(&m->results[s][f], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->prompt_tokens, r->usage.prompt_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->generation_tokens, r->usage.completion_tokens, memory_order_relaxed);
+    hist_observe(&m->queue_time, long_bounds, (r->timings.queued_ms + r->timings.batched_ms) * 1000);
+    hist_observe(&m->e2e_latency, long_bounds, r->timings.total_ms * 1000);
+    if (r->usage.completion_tokens > 1) /* the first token comes from prefill: TTFT's share */
+        hist_observe(&m->tpot, tpot_bounds, r->timings.decode_ms * 1000 / (r->usage.completion_tokens - 1));
 }
 
 typedef struct out_buf {
@@ -48,9 +68,63 @@ static void counter(out_buf *o, const char *name, const char *help, const char *
          name, type, name, wid, v);
 }
 
+static void histogram(out_buf *o, const char *name, const char *help, const char *wid, const moeq_worker_hist *h,
+                      const int64_t *bounds) {
+    emit(o, "# HELP moeq_worker_%s %s\n# TYPE moeq_worker_%s histogram\n", name, help, name);
+    long long cum = 0;
+    int b = 0;
+    for (; bounds[b]; b++) {
+        cum += LOAD(h->bucket[b]);
+        emit(o, "moeq_worker_%s_bucket{worker=\"%s\",le=\"%g\"} %lld\n", name, wid, (double)bounds[b] / 1e6, cum);
+    }
+    cum += LOAD(h->bucket[b]);
+    emit(o, "moeq_worker_%s_bucket{worker=\"%s\",le=\"+Inf\"} %lld\n", name, wid, cum);
+    emit(o, "moeq_worker_%s_sum{worker=\"%s\"} %.6f\n", name, wid, (double)LOAD(h->sum_us) / 1e6);
+    emit(o, "moeq_worker_%s_count{worker=\"%s\"} %lld\n", name, wid, LOAD(h->count));
+}
+
+/* results_total{status, finish_reason}: every status x reason pair seen, and each status's first pair always. */
+static void results_by_status(out_buf *o, const moeq_worker_metrics *m, const char *wid) {
+    emit(o, "# HELP moeq_worker_results_total results produced, by status and finish reason (none: nothing ran)\n"
+            "# TYPE moeq_worker_results_total counter\n");
+    for (int s = 0; s < MOEQ_RESULT_STATUS__COUNT; s++)
+        for (int f = 0; f < MOEQ_FINISH__COUNT; f++) {
+            long long v = LOAD(m->results[s][f]);
+            if (!v && f) continue; /* absent pairs stay absent; finish_reason none keeps each status visible */
+            emit(o, "moeq_worker_results_total{worker=\"%s\",status=\"%s\",finish_reason=\"%s\"} %lld\n", wid,
+                 moeq_result_status_name((moeq_result_status)s),
+                 f ? moeq_finish_reason_name((moeq_finish_reason)f) : "none", v);
+        }
+}
+
+static void vllm_set(out_buf *o, const moeq_worker_metrics *m, const char *wid) {
+    counter(o, "requests_running", "jobs holding a sequence slot", "gauge", wid, LOAD(m->sequences_active));
+    counter(o, "requests_waiting", "jobs taken from the streams, waiting for a slot", "gauge", wid,
+            LOAD(m->requests_waiting));
+    long long cap = LOAD(m->kv_capacity_tokens);
+    emit(o, "# HELP moeq_worker_kv_cache_usage_ratio KV cache tokens reserved by running jobs / kv_cache_tokens (0..1)\n"
+            "# TYPE moeq_worker_kv_cache_usage_ratio gauge\nmoeq_worker_kv_cache_usage_ratio{worker=\"%s\"} %.4f\n",
+         wid, cap > 0 ? (double)LOAD(m->kv_reserved_tokens) / (double)cap : 0.0);
+    counter(o, "prompt_tokens_total", "prompt tokens of the jobs answered (results' usage)", "counter", wid,
+            LOAD(m->prompt_tokens));
+    counter(o, "generation_tokens_total", "tokens generated for the jobs answered (results' usage)", "counter", wid,
+            LOAD(m->generation_tokens));
+    results_by_status(o, m, wid);
+    histogram(o, "time_to_first_token_seconds", "batch taken from Redis to the job's first token, s", wid, &m->ttft,
+              ttft_bounds);
+    histogram(o, "time_per_output_token_seconds", "decode time / (completion tokens - 1), per job, s", wid, &m->tpot,
+              tpot_bounds);
+    histogram(o, "request_queue_time_seconds", "Kafka append to taken by a worker (coordinator + Redis), s", wid,
+              &m->queue_time, long_bounds);
+    histogram(o, "e2e_request_latency_seconds", "Kafka append to result produced, s", wid, &m->e2e_latency,
+              long_bounds);
+}
+
 size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid, char *buf, size_t size) {
     out_buf o = {buf, size, 0};
     if (size) buf[0] = 0;
+    emit(&o, "# HELP moeq_worker_build_info the build this worker runs (always 1)\n# TYPE moeq_worker_build_info gauge\n"
+             "moeq_worker_build_info{worker=\"%s\",version=\"%s\"} 1\n", wid, moeq_version());
     counter(&o, "batches_taken_total", "batches taken from the streams", "counter", wid, LOAD(m->batches_taken));
     counter(&o, "batches_acked_total", "batches acknowledged after all results were delivered", "counter", wid,
             LOAD(m->batches_acked));
@@ -70,11 +144,10 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
     counter(&o, "prefix_tokens_shared_total", "prompt tokens taken from a running job's cache (not prefilled)",
             "counter", wid, LOAD(m->prefix_tokens_shared));
     counter(&o, "steps_total", "engine steps", "counter", wid, LOAD(m->steps));
-    counter(&o, "engine_seconds_total", "seconds inside engine steps (x1e-9: ns)", "counter", wid, LOAD(m->engine_ns));
-    counter(&o, "sequences_active", "sequences in the engine", "gauge", wid, LOAD(m->sequences_active));
+    emit(&o, "# HELP moeq_worker_engine_seconds_total time inside engine steps, s\n"
+             "# TYPE moeq_worker_engine_seconds_total counter\nmoeq_worker_engine_seconds_total{worker=\"%s\"} %.6f\n",
+         wid, (double)LOAD(m->engine_ns) / 1e9);
     counter(&o, "slots_free", "free sequence slots", "gauge", wid, LOAD(m->slots_free));
-    counter(&o, "ttft_ms_sum", "batch taken to first token, ms, summed", "counter", wid, LOAD(m->ttft_ms_sum));
-    counter(&o, "ttft_count", "first tokens observed", "counter", wid, LOAD(m->ttft_count));
     counter(&o, "mtp_rounds_total", "speculative (MTP) rounds run", "counter", wid, LOAD(m->mtp_rounds));
     counter(&o, "mtp_drafted_total", "tokens drafted by the MTP layer", "counter", wid, LOAD(m->mtp_drafted));
     counter(&o, "mtp_accepted_total", "drafted tokens the main model accepted", "counter", wid, LOAD(m->mtp_accepted));
@@ -82,19 +155,7 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
     emit(&o, "# HELP moeq_worker_mtp_acceptance_rate accepted / drafted since start (0 before any draft)\n"
              "# TYPE moeq_worker_mtp_acceptance_rate gauge\nmoeq_worker_mtp_acceptance_rate{worker=\"%s\"} %.4f\n",
          wid, drafted > 0 ? (double)LOAD(m->mtp_accepted) / (double)drafted : 0.0);
-    emit(&o, "# HELP moeq_worker_job_latency_ms job latency (Kafka append to result), ms\n"
-             "# TYPE moeq_worker_job_latency_ms histogram\n");
-    long long cum = 0;
-    for (int b = 0; b <= WORKER_LAT_BUCKETS; b++) {
-        cum += LOAD(m->latency_bucket[b]);
-        if (b < WORKER_LAT_BUCKETS)
-            emit(&o, "moeq_worker_job_latency_ms_bucket{worker=\"%s\",le=\"%lld\"} %lld\n", wid,
-                 (long long)moeq_worker_latency_bounds[b], cum);
-        else
-            emit(&o, "moeq_worker_job_latency_ms_bucket{worker=\"%s\",le=\"+Inf\"} %lld\n", wid, cum);
-    }
-    emit(&o, "moeq_worker_job_latency_ms_sum{worker=\"%s\"} %lld\n", wid, LOAD(m->latency_ms_sum));
-    emit(&o, "moeq_worker_job_latency_ms_count{worker=\"%s\"} %lld\n", wid, LOAD(m->latency_count));
+    vllm_set(&o, m, wid);
     return o.len;
 }
 
@@ -115,7 +176,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     size_t len = 0;
     unsigned status = MHD_HTTP_OK;
     if (strcmp(url, "/metrics") == 0) {
-        size_t cap = 16384;
+        size_t cap = 65536; /* four histograms and results by status: ~12 KB per worker id */
         body = malloc(cap);
         if (!body) return MHD_NO;
         len = moeq_worker_metrics_render(h->m, h->worker_id, body, cap);

@@ -1,6 +1,8 @@
 /*
  * worker_metrics.h — the worker's counters and the /metrics + /healthz endpoint
- * (Prometheus text format over libmicrohttpd, its own thread).
+ * (Prometheus text format over libmicrohttpd, its own thread). Every metric
+ * is listed in docs/METRICS.md: seconds in `_seconds`, `_total` only on
+ * counters.
  *
  * Counters are updated by the worker loop with relaxed atomics and read by
  * the HTTP thread; rendering (moeq_worker_metrics_render) is pure and tested
@@ -16,7 +18,18 @@
 #include "moeq/err.h"
 #include "moeq/health.h"
 
-#define WORKER_LAT_BUCKETS 12
+#include "moeq/result.h"
+
+/*
+ * A latency histogram, rendered in seconds (Prometheus convention): buckets
+ * by the bounds of its family (worker_metrics.c), observations in
+ * microseconds, the sum kept in microseconds and rendered divided.
+ */
+#define MOEQ_WORKER_HIST_BUCKETS 16
+typedef struct moeq_worker_hist {
+    atomic_llong bucket[MOEQ_WORKER_HIST_BUCKETS + 1]; /* per bucket, made cumulative when rendered */
+    atomic_llong sum_us, count;
+} moeq_worker_hist;
 
 typedef struct moeq_worker_metrics {
     atomic_llong batches_taken, batches_acked, batches_reclaimed, batches_dead_lettered, batches_handed_back;
@@ -25,19 +38,31 @@ typedef struct moeq_worker_metrics {
     atomic_llong prefill_tokens, decode_tokens, steps;
     atomic_llong prefix_tokens_shared;            /* prompt tokens forked from a running job */
     atomic_llong sequences_active, slots_free;
-    atomic_llong engine_ns;                       /* time inside engine steps            */
-    atomic_llong ttft_ms_sum, ttft_count;         /* queue (batch taken) to first token  */
+    atomic_llong engine_ns;                       /* time inside engine steps (rendered in seconds) */
     atomic_llong mtp_rounds, mtp_drafted, mtp_accepted; /* speculative decoding (MTP)     */
-    atomic_llong latency_bucket[WORKER_LAT_BUCKETS + 1]; /* job latency, ms, cumulative at render */
-    atomic_llong latency_ms_sum, latency_count;
     atomic_int healthy;                           /* 0 while Redis/Kafka are unreachable */
     atomic_int draining;
+    /* The set vLLM users know (docs/METRICS.md), from the heartbeat's scheduler stats and each result;
+     * sequences_active above is rendered as requests_running. */
+    atomic_llong requests_waiting;                /* gauge: jobs taken, waiting for a slot          */
+    atomic_llong kv_reserved_tokens, kv_capacity_tokens; /* gauges: kv_cache_usage_ratio = reserved / capacity */
+    atomic_llong prompt_tokens, generation_tokens; /* results' usage                                */
+    atomic_llong results[MOEQ_RESULT_STATUS__COUNT][MOEQ_FINISH__COUNT]; /* by status, finish reason */
+    moeq_worker_hist ttft;                        /* batch taken -> first token                    */
+    moeq_worker_hist tpot;                        /* decode time / (completion tokens - 1)         */
+    moeq_worker_hist queue_time;                  /* Kafka append -> taken by a worker             */
+    moeq_worker_hist e2e_latency;                 /* Kafka append -> result produced               */
 } moeq_worker_metrics;
 
-/* Upper bounds (ms) of the latency histogram buckets; +Inf follows. */
-extern const int64_t moeq_worker_latency_bounds[WORKER_LAT_BUCKETS];
+/* The first token of a job, ms after its batch was taken. Thread-safe (relaxed atomics). */
+void moeq_worker_metrics_observe_ttft(moeq_worker_metrics *m, int64_t ms);
 
-void moeq_worker_metrics_observe_latency(moeq_worker_metrics *m, int64_t ms);
+/*
+ * A result produced: counted by status and finish reason, its usage added to
+ * the token totals, its timings observed (queue time, end-to-end latency,
+ * time per output token when it generated more than one). Thread-safe.
+ */
+void moeq_worker_metrics_observe_result(moeq_worker_metrics *m, const moeq_result *r);
 
 /* Prometheus text into buf (NUL-terminated, truncated at size). Returns bytes written. */
 size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *worker_id, char *buf, size_t size);

@@ -36,6 +36,10 @@ const moeq_prop moeq_worker_props[] = {
     {"kv_cache_tokens", MOEQ_PROP_INT, P(kv_cache_tokens), 16, (double)(1LL << 40), "65536",
      "KV cache capacity in tokens over all sequences"},
     {"n_threads", MOEQ_PROP_INT, P(n_threads), 0, 1024, "0", "engine compute threads; 0 = all cores"},
+    {"backend", MOEQ_PROP_STR, P(backend), 0, 0, "cpu",
+     "engine backend: cpu, or cuda in a build with CUDA (docs/CUDA.md); anything else fails the worker's start"},
+    {"device", MOEQ_PROP_INT, P(device), 0, 1024, "0",
+     "GPU ordinal for backend = cuda; run one worker process per GPU, each with its own device"},
     {"max_batches_held", MOEQ_PROP_INT, P(max_batches_held), 1, 1024, "4",
      "batches taken and not yet acknowledged, at most"},
     {"block_ms", MOEQ_PROP_INT, P(block_ms), 1, 60000, "200", "XREADGROUP BLOCK when the worker is idle, ms"},
@@ -75,6 +79,15 @@ const moeq_prop moeq_worker_props[] = {
     {"check_weights", MOEQ_PROP_BOOL, P(check_weights), 0, 1, "off",
      "scan every weight for NaN/inf (and FP8 values that overflow when scaled) at start-up and refuse to start "
      "on any, naming the tensors (moeq model-info --check-weights); reads every page of the checkpoint"},
+    {"ep.group", MOEQ_PROP_STR, P(ep_group), 0, 0, "",
+     "expert-parallel group this worker is a rank of (docs/EP.md): ep.ranks processes act as one model, each "
+     "holding its share of the experts, stepping in lockstep; they meet through Redis (<redis_prefix>:ep:<group>); "
+     "empty = no group"},
+    {"ep.placement", MOEQ_PROP_STR, P(ep_placement), 0, 0, "",
+     "placement file of the group (expert -> rank(s), as `moeq ep-plan` prints); every rank must name the same; "
+     "empty = the identity (contiguous blocks)"},
+    {"ep.join_timeout_ms", MOEQ_PROP_INT, P(ep_join_timeout_ms), 1000, 86400000, "300000",
+     "at start, how long a rank of a group waits for the others to join (their model loads included), ms"},
     MOEQ_PROP_END,
 };
 
@@ -89,6 +102,10 @@ const moeq_prop *moeq_worker_config_props(void) {
         table[n] = *p;
         table[n++].offset += offsetof(moeq_worker_params, limits);
     }
+    for (const moeq_prop *p = moeq_ep_props; p->name && n < N_PROPS_MAX; p++) {
+        table[n] = *p;
+        table[n++].offset += offsetof(moeq_worker_params, ep);
+    }
     memset(&table[n], 0, sizeof table[n]);
     return table;
 }
@@ -97,6 +114,25 @@ moeq_err moeq_worker_default_params(moeq_worker_params *params, char *errstr, si
     if (!params) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "NULL params");
     memset(params, 0, sizeof *params);
     return moeq_props_defaults(moeq_worker_config_props(), params, errstr, errstr_size);
+}
+
+/* An expert-parallel group needs its name, a rank inside it and a transport between processes. */
+static moeq_err check_group(const moeq_worker_params *p, char *errstr, size_t errstr_size) {
+    const moeq_ep_params *ep = &p->ep;
+    if (!p->ep_group[0]) {
+        if (ep->n_ranks > 1)
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "ep.ranks: %d ranks need an ep.group name",
+                             ep->n_ranks);
+        return MOEQ_OK;
+    }
+    if (ep->rank >= ep->n_ranks)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "ep.rank: %d is not below ep.ranks %d", ep->rank,
+                         ep->n_ranks);
+    if (ep->n_ranks > 1 && strcmp(ep->transport, "local") == 0)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "ep.transport: local joins no other process; a group of %d ranks needs ucx (or nccl)",
+                         ep->n_ranks);
+    return MOEQ_OK;
 }
 
 moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, size_t errstr_size) {
@@ -117,7 +153,8 @@ moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, siz
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "visibility_timeout_ms: %lld is shorter than 3 heartbeat intervals (%lld)",
                          (long long)p->visibility_timeout_ms, (long long)(3 * p->heartbeat_interval_ms));
-    return moeq_job_limits_check(&p->limits, errstr, errstr_size);
+    moeq_err err = check_group(p, errstr, errstr_size);
+    return err ? err : moeq_job_limits_check(&p->limits, errstr, errstr_size);
 }
 
 int moeq_worker_topic_allowed(const moeq_worker_params *params, const char *topic) {

@@ -13,6 +13,7 @@
 
 #include "moeq/config.h"
 #include "moeq/err.h"
+#include "moeq/ep.h"
 #include "moeq/job.h"
 
 #ifdef __cplusplus
@@ -36,6 +37,8 @@ typedef struct moeq_worker_params {
     int64_t max_step_tokens;      /* tokens per engine step                                        */
     int64_t kv_cache_tokens;      /* KV cache capacity in tokens                                   */
     int64_t n_threads;            /* engine compute threads; 0 = all cores                         */
+    char backend[16];             /* engine backend by name: cpu | cuda (a build with CUDA)         */
+    int64_t device;               /* device ordinal for backend cuda (one worker process per GPU)   */
     int64_t max_batches_held;     /* batches taken and not yet acknowledged, at most                */
     int64_t block_ms;             /* XREADGROUP BLOCK when idle                                     */
     int64_t heartbeat_interval_ms;/* heartbeat period; the key's TTL is 3 periods                  */
@@ -60,6 +63,11 @@ typedef struct moeq_worker_params {
                                      max_position_embeddings (never more)                           */
     int check_weights;            /* 1: scan every tensor for non-finite values at start-up (reads
                                      every page); refuse to start when one has any                  */
+    /* An expert-parallel group (docs/EP.md): ep_group "" = no group, this process runs the whole model */
+    char ep_group[64];            /* group name: the rendezvous key <redis_prefix>:ep:<group>        */
+    char ep_placement[512];       /* placement file (moeq ep-plan); "" = the identity                 */
+    int64_t ep_join_timeout_ms;   /* at start, how long a rank waits for the others to join            */
+    moeq_ep_params ep;            /* ep.transport, ep.rank, ep.ranks, ep.payload, ep.timeout_ms       */
 } moeq_worker_params;
 
 /* The worker's own keys (the field names), without the job limits. */

@@ -311,6 +311,7 @@ static void cpu_destroy(moeq_backend *b) {
 
 static const moeq_backend cpu_table = {
     .name = "cpu",
+    .host_visible = 1,
     .supports = cpu_supports,
     .alloc = cpu_alloc,
     .release = cpu_release,

@@ -136,9 +136,17 @@ class Client:
                 if time.time() > deadline or not e.args[0].retriable():
                     raise
                 time.sleep(0.2)
-        # No record since start_ms on a partition: -1 means "the end", which is where new ones go.
-        self._consumer.assign([TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else -1)
-                               for tp in offsets])
+        # No record since start_ms on a partition: start at its high watermark read now. (The
+        # logical end, -1, is resolved only when fetching starts: a result produced in between
+        # would be skipped.)
+        assign = []
+        for tp in offsets:
+            off = tp.offset
+            if off < 0:
+                off = self._consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
+                                                           timeout=self._connect_timeout)[1]
+            assign.append(TopicPartition(tp.topic, tp.partition, off))
+        self._consumer.assign(assign)
 
     def _encode(self, job):
         job = dict(job)

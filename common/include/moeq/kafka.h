@@ -177,8 +177,9 @@ typedef struct moeq_kafka_consumer_params {
     moeq_kafka_rebalance_fn on_rebalance; /* may be NULL */
     void *cb_opaque;
     int64_t start_ms;             /* > 0: each partition, when assigned, starts at its first message
-                                     with a timestamp >= start_ms (offsets_for_times; the end when
-                                     there is none), not at the committed offset or
+                                     with a timestamp >= start_ms (offsets_for_times; when there is
+                                     none, the high watermark read at the assignment, so nothing
+                                     produced after it is missed), not at the committed offset or
                                      auto.offset.reset: a reader of what is produced from then on.
                                      Should the broker not answer, the usual start applies (logged) */
 } moeq_kafka_consumer_params;

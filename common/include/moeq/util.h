@@ -14,6 +14,9 @@
 extern "C" {
 #endif
 
+/* The project version ("0.1.0", CMake's PROJECT_VERSION): build_info metrics, heartbeats. */
+const char *moeq_version(void);
+
 /* Wall clock, ms since the Unix epoch (for deadlines and timestamps). */
 int64_t moeq_now_ms(void);
 /* Monotonic clock in ns (for durations and benchmarks). */

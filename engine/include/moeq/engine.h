@@ -25,6 +25,7 @@
 
 #include "moeq/config.h"
 #include "moeq/err.h"
+#include "moeq/ep.h"
 #include "moeq/model_config.h" /* moeq_model_config, moeq_model_config_load */
 
 #ifdef __cplusplus
@@ -99,9 +100,14 @@ typedef struct moeq_engine_params {
                                   max_position_embeddings (default); at most that      */
     char backend[16];          /* compute backend by name (default "cpu"; the known
                                   ones are in engine/backend_reg.c)                    */
+    int device;                /* device ordinal for a device backend (default 0)     */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
+
+/* One line on the backend an engine runs on: its name, and for a device backend the device, which paths
+ * are own kernels and which a library, how weights are held (F8's dequantising path). Never NULL. */
+const char *moeq_engine_backend_info(const moeq_engine *engine);
 
 /* Property table of moeq_engine_params (name, type, range, default, doc), for
  * `key = value` configuration of the engine by the worker and tools. */
@@ -189,6 +195,41 @@ moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int 
 moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
                                  size_t logits_rows, float *hidden, size_t hidden_rows, char *errstr,
                                  size_t errstr_size);
+
+/* ---- a rank of an expert-parallel group (docs/EP.md) ------------------------ */
+
+/*
+ * The ep handle's shape for this engine: base (transport, rank, n_ranks,
+ * payload, timeout_ms) with n_experts, hidden and top_k from the model and
+ * max_tokens = max_step_tokens. INVALID_ARG when the model has no routed
+ * experts.
+ */
+moeq_err moeq_engine_ep_params(const moeq_engine *engine, const moeq_ep_params *base, moeq_ep_params *out,
+                               char *errstr, size_t errstr_size);
+
+/*
+ * Make this engine rank params->rank of its group: every MoE layer then
+ * exchanges through ep (borrowed: it must outlive the engine's steps; made
+ * with moeq_engine_ep_params), runs only the experts ep's placement gives
+ * this rank and gives back the pages of the others' experts (dense weights,
+ * attention and shared experts stay on every rank). Call once, before any
+ * sequence. MTP is off in a group (every rank must run the same exchanges per
+ * step): the engine then reports no MTP layer. From then on every step is a
+ * collective: each rank calls moeq_engine_step once per tick, with n_items = 0
+ * when it has nothing (an empty step still serves the others' rows); a step
+ * that fails its checks still takes part, then returns the error. An exchange
+ * failure (a rank died or was silent for ep.timeout_ms) fails the step with
+ * TIMEOUT or IO naming the rank; the engine's results are then void and
+ * every later step fails the same way.
+ */
+moeq_err moeq_engine_join_group(moeq_engine *engine, moeq_ep *ep, const moeq_ep_params *params, char *errstr,
+                                size_t errstr_size);
+
+/* 1 when the engine is a rank of a group (moeq_engine_join_group). */
+int moeq_engine_in_group(const moeq_engine *engine);
+
+/* MOEQ_OK, or the group's first exchange failure (TIMEOUT / IO naming the rank): a failed group, not a refused step. */
+moeq_err moeq_engine_group_status(const moeq_engine *engine, char *errstr, size_t errstr_size);
 
 /* ---- multi-token prediction (speculative decoding; docs/MTP.md) ----------- */
 

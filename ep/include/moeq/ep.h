@@ -150,6 +150,12 @@ moeq_err moeq_ep_combine(moeq_ep *ep, const float *y, float *out, char *errstr, 
 /* An exchange of nothing: returns once every rank has reached it (or a peer failed, named). */
 moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t errstr_size);
 
+/*
+ * Every rank's value: values[r] (n_ranks) receives rank r's. Collective, like
+ * barrier (a worker group's per-tick agreement: who is draining, who has work).
+ */
+moeq_err moeq_ep_allgather(moeq_ep *ep, int64_t value, int64_t *values, char *errstr, size_t errstr_size);
+
 /* BF16 rounding used on the wire (round to nearest even; NaN stays NaN). */
 uint16_t moeq_ep_f32_to_bf16(float f);
 float moeq_ep_bf16_to_f32(uint16_t b);

@@ -1,0 +1,1012 @@
+// backend_cuda.cu — the CUDA backend: every op of backend.h on device memory, in call order on one stream.
+//
+// Memory: every tensor of the model is uploaded once by map_weights in its stored dtype (F32, BF16, F16,
+// F8 E4M3 with its float32 128x128 block scales); every buffer (weights vectors, the step arena, the cache
+// pool, MTP state) is device memory. The host data an op reads (token ids, positions, rows, block tables,
+// the gather order) goes through a pinned staging buffer with a device twin, bump-allocated and reset
+// whenever the stream is drained (sync, download, route): a region is never rewritten while a copy from it
+// may still be queued. route copies its ids and finite flags back and waits (the MoE layer lays its
+// dispatch out on the host from them).
+//
+// Matmuls: batch_invariant = 1 (the default) runs own kernels with the CPU's 16-lane order per element
+// (ops.cuh: bits equal to the CPU's for every dtype, F8 dequantised in the kernel with its block scale);
+// batch_invariant = 0 runs cuBLAS SGEMM (FP32: the default math mode, no TF32) for calls whose every job has
+// >= blas_min_tokens tokens, the weight widened to float32 a tile of rows at a time (F8 through the same dequantising
+// widening: cuBLASLt's block-scaled FP8 would quantise the activations to FP8 as well, outside the CPU's
+// tolerance), the own kernels otherwise. Attention: split-KV (backend_index.cuh) in two kernels, partial
+// softmax per partition then the merge. Errors: every CUDA and cuBLAS return code is checked; the first
+// failure is kept with the call's name (status) and turns every later op into a no-op.
+extern "C" {
+#include "backend.h"
+#include "model.h"
+#include "moe.h"
+#include "rope.h"
+#include "tensor.h"
+}
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_cuda.h"
+#include "backend_index.cuh"
+#include "common.cuh"
+
+#define STAGE_MIN_BYTES (64u << 20)     // pinned staging (and its device twin) at least ...
+#define STAGE_MAX_BYTES (1u << 30)      // ... and at most (an op needing more fails with LIMIT, named)
+#define WIDE_BYTES (256u << 20)         // cuBLAS path: float32 tile of widened weight rows at most
+#define ATTN_WS_BYTES (256u << 20)      // split-KV partials of one chunk of query tokens at most
+#define THREADS 128
+
+typedef struct cuda_backend {
+    moeq_backend base; // first: the table
+    moeq_backend_config p;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    moeq_err err;      // first failure, kept for status
+    char why[320];
+    char info[640];
+    const moeq_model *model;
+    void **wdev;       // [n_tensors] device copy of each tensor, in wslab
+    char *wslab;
+    size_t weight_bytes;
+    char *stage_h, *stage_d; // pinned host, device twin
+    size_t stage_cap, stage_off;
+    float *wide;       // cuBLAS path: widened weight tile
+    size_t wide_floats;
+    float *ws;         // split-KV partials (o, then m and l)
+    size_t ws_bytes;
+} cuda_backend;
+
+// ---- errors -------------------------------------------------------------------------------------------------
+
+static void fail(cuda_backend *cb, moeq_err err, const char *fmt, const char *a, const char *b) {
+    if (cb->err) return;
+    cb->err = err;
+    snprintf(cb->why, sizeof cb->why, fmt, a, b);
+}
+
+static int cu_ok(cuda_backend *cb, cudaError_t e, const char *call) {
+    if (e == cudaSuccess) return 1;
+    fail(cb, e == cudaErrorMemoryAllocation ? MOEQ_ERR_NOMEM : MOEQ_ERR_INTERNAL, "%s failed: %s", call,
+         cudaGetErrorString(e));
+    return 0;
+}
+
+static int bl_ok(cuda_backend *cb, cublasStatus_t s, const char *call) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 1;
+    fail(cb, s == CUBLAS_STATUS_ALLOC_FAILED ? MOEQ_ERR_NOMEM : MOEQ_ERR_INTERNAL, "%s failed: %s", call,
+         cublasGetStatusString(s));
+    return 0;
+}
+
+static int launched(cuda_backend *cb, const char *kernel) { return cu_ok(cb, cudaGetLastError(), kernel); }
+
+static moeq_err cuda_status(const moeq_backend *b, char *errstr, size_t errstr_size) {
+    const cuda_backend *cb = (const cuda_backend *)b;
+    if (!cb->err) return MOEQ_OK;
+    return moeq_errf(cb->err, errstr, errstr_size, "backend cuda (device %d): %s", cb->p.device, cb->why);
+}
+
+// ---- staging --------------------------------------------------------------------------------------------------
+
+static void drain(cuda_backend *cb, const char *why) {
+    if (cu_ok(cb, cudaStreamSynchronize(cb->stream), why)) cb->stage_off = 0;
+}
+
+#define STAGE_ALIGN 256
+#define STAGED(bytes) (((bytes) + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN) // what a region takes
+
+// Room for all of one op's regions at once (the sum of STAGED sizes): drains first when the rest is too small,
+// so that no region an op still needs is reused by its own later regions. 0 once an error is kept.
+static int stage_reserve(cuda_backend *cb, size_t bytes) {
+    if (cb->err) return 0;
+    if (bytes > cb->stage_cap) {
+        char n[32];
+        snprintf(n, sizeof n, "%zu", bytes);
+        fail(cb, MOEQ_ERR_LIMIT, "one op's host data (%s bytes) exceeds the pinned staging%s", n,
+             " (max_step_tokens too large for it)");
+        return 0;
+    }
+    if (cb->stage_off + bytes > cb->stage_cap) drain(cb, "cudaStreamSynchronize (staging full)");
+    return !cb->err;
+}
+
+// A region of the staging reserved before (host pointer, device twin); NULL once an error is kept.
+static void *stage(cuda_backend *cb, size_t bytes, void **dev) {
+    bytes = STAGED(bytes ? bytes : 1);
+    if (cb->err) return NULL;
+    if (cb->stage_off + bytes > cb->stage_cap) {
+        fail(cb, MOEQ_ERR_INTERNAL, "staging region past the op's reservation%s%s", "", "");
+        return NULL;
+    }
+    void *h = cb->stage_h + cb->stage_off;
+    *dev = cb->stage_d + cb->stage_off;
+    cb->stage_off += bytes;
+    return h;
+}
+
+// Host bytes to the device through a reserved region; returns the device copy (ordered on the stream) or NULL.
+static const void *stage_up(cuda_backend *cb, const void *host, size_t bytes, const char *what) {
+    void *d = NULL, *h = stage(cb, bytes, &d);
+    if (!h) return NULL;
+    if (bytes) memcpy(h, host, bytes);
+    if (bytes && !cu_ok(cb, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, cb->stream), what)) return NULL;
+    return d;
+}
+
+// One region of its own (an op with nothing else staged).
+static const void *stage_up_alone(cuda_backend *cb, const void *host, size_t bytes, const char *what) {
+    return stage_reserve(cb, STAGED(bytes ? bytes : 1)) ? stage_up(cb, host, bytes, what) : NULL;
+}
+
+// ---- weights ---------------------------------------------------------------------------------------------------
+
+static int tensor_index(const cuda_backend *cb, const moeq_tensor *t) {
+    if (!cb->model || !t) return -1;
+    uintptr_t a = (uintptr_t)t, lo = (uintptr_t)cb->model->tensors;
+    uintptr_t hi = (uintptr_t)(cb->model->tensors + cb->model->n_tensors);
+    return a >= lo && a < hi ? (int)((a - lo) / sizeof(moeq_tensor)) : -1;
+}
+
+static const void *wdev(cuda_backend *cb, const moeq_tensor *t) {
+    int i = tensor_index(cb, t);
+    if (i < 0 || !cb->wdev[i]) {
+        fail(cb, MOEQ_ERR_INTERNAL, "tensor %s has no device copy (not a tensor of the model map_weights%s)",
+             t && t->name ? t->name : "(null)", " uploaded)");
+        return NULL;
+    }
+    return cb->wdev[i];
+}
+
+static const float *scale_dev(cuda_backend *cb, const moeq_tensor *t) {
+    return t->dtype == MOEQ_DTYPE_F8_E4M3 && t->scale_inv ? (const float *)wdev(cb, t->scale_inv) : NULL;
+}
+
+static int ws_reserve(cuda_backend *cb, size_t bytes);
+
+static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char *errstr, size_t errstr_size) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (model->config.n_routed_experts > MOEQ_CU_ROUTE_MAX_EXPERTS) // refused here, not at the first step
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                         "backend cuda: the router kernel takes at most %d routed experts, the model has %d",
+                         MOEQ_CU_ROUTE_MAX_EXPERTS, model->config.n_routed_experts);
+    cb->model = model;
+    free(cb->wdev);
+    if (!(cb->wdev = (void **)calloc((size_t)(model->n_tensors > 0 ? model->n_tensors : 1), sizeof(void *))))
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "backend cuda: tensor table");
+    // one allocation for every tensor (a checkpoint has up to ~10^5 of them), each at a 256-byte offset
+    int f8 = 0;
+    size_t total = 0;
+    for (int i = 0; i < model->n_tensors; i++)
+        total += STAGED(model->tensors[i].nbytes ? model->tensors[i].nbytes : 1);
+    cudaFree(cb->wslab);
+    cb->wslab = NULL;
+    if (!cu_ok(cb, cudaMalloc((void **)&cb->wslab, total ? total : 1), "cudaMalloc (weights)"))
+        return moeq_errf(cb->err, errstr, errstr_size, "backend cuda: %zu bytes of weights: %s", total, cb->why);
+    cb->weight_bytes = 0;
+    for (int i = 0; i < model->n_tensors && !cb->err; i++) {
+        const moeq_tensor *t = &model->tensors[i];
+        f8 |= t->dtype == MOEQ_DTYPE_F8_E4M3;
+        cb->wdev[i] = cb->wslab + cb->weight_bytes;
+        if (t->nbytes && !cu_ok(cb, cudaMemcpy(cb->wdev[i], t->data, t->nbytes, cudaMemcpyHostToDevice),
+                                "cudaMemcpy (weights)"))
+            break;
+        cb->weight_bytes += STAGED(t->nbytes ? t->nbytes : 1);
+    }
+    // the attention workspace for the model's shape, so that a step allocates nothing (it only grows past this)
+    const moeq_model_config *c = &model->config;
+    if (!cb->err && c->num_attention_heads > 0 && c->kv_lora_rank > 0) {
+        size_t per_item = (size_t)c->num_attention_heads * (size_t)(c->kv_lora_rank + 2) * sizeof(float);
+        size_t parts = (size_t)moeq_cu_split_max_parts(cb->p.max_ctx);
+        size_t T = (size_t)(cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048);
+        size_t want = per_item * parts * T, floor = per_item * parts;
+        ws_reserve(cb, want < ATTN_WS_BYTES ? want : floor > ATTN_WS_BYTES ? floor : ATTN_WS_BYTES);
+    }
+    if (cb->err)
+        return moeq_errf(cb->err, errstr, errstr_size, "backend cuda: uploading %zu bytes of weights: %s",
+                         cb->weight_bytes, cb->why);
+    snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
+             "; weights %.1f MiB in their stored dtypes%s", (double)cb->weight_bytes / (1 << 20),
+             f8 ? " (F8 E4M3: dequantised with its 128x128 block scales, in the kernel or widened for cuBLAS)" : "");
+    return MOEQ_OK;
+}
+
+// ---- memory and stream ---------------------------------------------------------------------------------------
+
+static void *cuda_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
+    (void)kind;
+    cuda_backend *cb = (cuda_backend *)b;
+    void *p = NULL;
+    if (!cu_ok(cb, cudaMalloc(&p, (bytes + 63) / 64 * 64 + (bytes == 0) * 64), "cudaMalloc (backend buffer)"))
+        return NULL;
+    return p;
+}
+
+static void cuda_release(moeq_backend *b, void *buffer) {
+    if (buffer) cu_ok((cuda_backend *)b, cudaFree(buffer), "cudaFree");
+}
+
+static void cuda_upload(moeq_backend *b, void *dst, const void *host, size_t bytes) {
+    cuda_backend *cb = (cuda_backend *)b;
+    // pageable source: the call returns once the bytes are staged, so the caller may reuse its buffer
+    if (!cb->err && bytes)
+        cu_ok(cb, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (upload)");
+}
+
+static void cuda_download(moeq_backend *b, void *host, const void *src, size_t bytes) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || !bytes) return;
+    if (cu_ok(cb, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cb->stream), "cudaMemcpyAsync (download)"))
+        drain(cb, "cudaStreamSynchronize (download)");
+}
+
+static void cuda_copy(moeq_backend *b, void *dst, const void *src, size_t bytes) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (!cb->err && bytes)
+        cu_ok(cb, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream), "cudaMemcpyAsync (copy)");
+}
+
+static void cuda_sync(moeq_backend *b) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (!cb->err) drain(cb, "cudaStreamSynchronize (sync)");
+}
+
+// ---- matmul kernels --------------------------------------------------------------------------------------------
+
+// NT, own order (ops.cuh's tiling) for weight rows [row0, row0 + O): y[t, o] = sum_k x[t, k] W[row0 + o, k].
+template <int DT>
+__global__ void mm_nt_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const void *W, const float *scale,
+                             int64_t K, int64_t row0, int64_t O, int64_t T) {
+    int64_t gy = moeq_cu_mm_grid_y(T);
+    for (int64_t by = blockIdx.y; by < gy; by += gridDim.y) { // uniform per block: the shuffles stay whole
+        moeq_cu_mm_at a = moeq_cu_mm_index(blockIdx.x, by, (int)threadIdx.x, T, O);
+        float acc[MOEQ_CU_MM_TILE_T];
+        if (a.nt > 0) {
+            moeq_cu_mm_at aw = a;
+            aw.o += row0; // the weight's row; the output column stays a.o
+            moeq_cu_mm_lanes(acc, aw, x, ldx, DT, W, scale, K);
+        } else
+            for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++) acc[j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++) {
+            float v = moeq_cu_tree16_shfl(acc[j], 0xffffffffu);
+            if (a.lane == 0 && j < a.nt) y[(a.t0 + j) * ldy + a.o] = v;
+        }
+    }
+}
+
+// NN, the CPU's order (one fma chain over the rows from 0): y[t, c] = sum_r x[t, r] W[row0 + r, c].
+template <int DT>
+__global__ void mm_nn_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const void *W, const float *scale,
+                             int64_t cols, int64_t row0, int64_t n_rows, int64_t T) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+        float acc = 0.0f;
+        for (int64_t r = 0; r < n_rows; r++)
+            acc = fmaf(x[t * ldx + r], moeq_cu_widen(DT, W, scale, cols, row0 + r, c), acc);
+        y[t * ldy + c] = acc;
+    }
+}
+
+// Rows [row0, row0 + n) of a weight widened to float32 (the cuBLAS path).
+__global__ void widen_kernel(float *out, int dtype, const void *W, const float *scale, int64_t cols, int64_t row0,
+                             int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n * cols) out[i] = moeq_cu_widen(dtype, W, scale, cols, row0 + i / cols, i % cols);
+}
+
+static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+static unsigned grid_y_for(int64_t n) { return (unsigned)(n < 65535 ? (n > 0 ? n : 1) : 65535); }
+
+static void own_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale) {
+    int64_t K = moeq_tensor_cols(j->w);
+    dim3 grid((unsigned)moeq_cu_mm_grid_x(j->n_rows), grid_y_for(moeq_cu_mm_grid_y(j->n_tok)));
+    cudaStream_t s = cb->stream;
+    switch (j->w->dtype) {
+    case MOEQ_DTYPE_F32:
+        mm_nt_kernel<MOEQ_CU_DTYPE_F32><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, K,
+                                                                           j->row0, j->n_rows, j->n_tok);
+        break;
+    case MOEQ_DTYPE_BF16:
+        mm_nt_kernel<MOEQ_CU_DTYPE_BF16><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, K,
+                                                                            j->row0, j->n_rows, j->n_tok);
+        break;
+    case MOEQ_DTYPE_F16:
+        mm_nt_kernel<MOEQ_CU_DTYPE_F16><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, K,
+                                                                           j->row0, j->n_rows, j->n_tok);
+        break;
+    case MOEQ_DTYPE_F8_E4M3:
+        mm_nt_kernel<MOEQ_CU_DTYPE_F8_E4M3><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale,
+                                                                               K, j->row0, j->n_rows, j->n_tok);
+        break;
+    }
+    launched(cb, "mm_nt_kernel launch");
+}
+
+static void own_nn(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale) {
+    int64_t C = moeq_tensor_cols(j->w);
+    dim3 grid(blocks_for(C, THREADS), grid_y_for(j->n_tok));
+    cudaStream_t s = cb->stream;
+    switch (j->w->dtype) {
+    case MOEQ_DTYPE_F32:
+        mm_nn_kernel<MOEQ_CU_DTYPE_F32><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
+                                                                 j->n_rows, j->n_tok);
+        break;
+    case MOEQ_DTYPE_BF16:
+        mm_nn_kernel<MOEQ_CU_DTYPE_BF16><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
+                                                                  j->n_rows, j->n_tok);
+        break;
+    case MOEQ_DTYPE_F16:
+        mm_nn_kernel<MOEQ_CU_DTYPE_F16><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
+                                                                 j->n_rows, j->n_tok);
+        break;
+    case MOEQ_DTYPE_F8_E4M3:
+        mm_nn_kernel<MOEQ_CU_DTYPE_F8_E4M3><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
+                                                                     j->n_rows, j->n_tok);
+        break;
+    }
+    launched(cb, "mm_nn_kernel launch");
+}
+
+// Rows [row0, row0 + n) of W as float32 on the device: the stored weight itself for F32, else widened into
+// cb->wide (n * cols must fit).
+static const float *wide_rows(cuda_backend *cb, const moeq_tensor *w, const void *W, const float *scale, int64_t row0,
+                              int64_t n) {
+    int64_t cols = moeq_tensor_cols(w);
+    if (w->dtype == MOEQ_DTYPE_F32) return (const float *)W + row0 * cols;
+    widen_kernel<<<blocks_for(n * cols, 256), 256, 0, cb->stream>>>(cb->wide, (int)w->dtype, W, scale, cols, row0, n);
+    return launched(cb, "widen_kernel launch") ? cb->wide : NULL;
+}
+
+// Column-major view: y^T (N x T, ld ldy) = op(W rows) (N x K) * x^T (K x T, ld ldx).
+static void blas_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale) {
+    int64_t K = moeq_tensor_cols(j->w), tile = (int64_t)(cb->wide_floats / (size_t)K);
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t r0 = 0; r0 < j->n_rows && !cb->err; r0 += tile) {
+        int64_t n = j->n_rows - r0 < tile ? j->n_rows - r0 : tile;
+        const float *A = wide_rows(cb, j->w, W, scale, j->row0 + r0, n);
+        if (!A) return;
+        bl_ok(cb,
+              cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)j->n_tok, (int)K, &one, A, (int)K, j->x,
+                          (int)j->ldx, &zero, j->y + r0, (int)j->ldy),
+              "cublasSgemm (NT)");
+    }
+}
+
+// y^T (C x T) = W rows^T (C x R, col-major ld cols) * x^T (R x T); R split in tiles accumulated with beta 1.
+static void blas_nn(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale) {
+    int64_t C = moeq_tensor_cols(j->w), tile = (int64_t)(cb->wide_floats / (size_t)C);
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t r0 = 0; r0 < j->n_rows && !cb->err; r0 += tile) {
+        int64_t n = j->n_rows - r0 < tile ? j->n_rows - r0 : tile;
+        const float *A = wide_rows(cb, j->w, W, scale, j->row0 + r0, n);
+        if (!A) return;
+        bl_ok(cb,
+              cublasSgemm(cb->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)C, (int)j->n_tok, (int)n, &one, A, (int)C,
+                          j->x + r0, (int)j->ldx, r0 ? &one : &zero, j->y, (int)j->ldy),
+              "cublasSgemm (NN)");
+    }
+}
+
+// cuBLAS only when every job has enough tokens and fits its int arguments (a choice per call, as the CPU's).
+static int blas_for(const cuda_backend *cb, const moeq_mm_job *jobs, int n_jobs) {
+    if (cb->p.batch_invariant || !cb->wide) return 0;
+    for (int i = 0; i < n_jobs; i++) {
+        int64_t cols = moeq_tensor_cols(jobs[i].w);
+        if (jobs[i].n_tok < cb->p.blas_min_tokens || cols > (int64_t)cb->wide_floats || jobs[i].n_rows > INT32_MAX ||
+            jobs[i].n_tok > INT32_MAX || jobs[i].ldx > INT32_MAX || jobs[i].ldy > INT32_MAX)
+            return 0;
+    }
+    return 1;
+}
+
+static void run_jobs(cuda_backend *cb, const moeq_mm_job *jobs, int n_jobs, int nn) {
+    if (cb->err || n_jobs <= 0) return;
+    int blas = blas_for(cb, jobs, n_jobs);
+    for (int i = 0; i < n_jobs && !cb->err; i++) {
+        const moeq_mm_job *j = &jobs[i];
+        if (j->n_tok <= 0 || j->n_rows <= 0) continue;
+        const void *W = wdev(cb, j->w);
+        const float *scale = W ? scale_dev(cb, j->w) : NULL;
+        if (!W || (j->w->dtype == MOEQ_DTYPE_F8_E4M3 && j->w->scale_inv && !scale)) return;
+        if (blas) nn ? blas_nn(cb, j, W, scale) : blas_nt(cb, j, W, scale);
+        else nn ? own_nn(cb, j, W, scale) : own_nt(cb, j, W, scale);
+    }
+}
+
+static void cuda_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
+    run_jobs((cuda_backend *)b, jobs, n_jobs, 0);
+}
+
+static void cuda_matmul_nn(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
+    run_jobs((cuda_backend *)b, jobs, n_jobs, 1);
+}
+
+// ---- the paged cache on the device -----------------------------------------------------------------------------
+
+typedef struct kv_dev {
+    float *pool;
+    size_t block_floats, layer_offset;
+    int block_tokens, entry_floats;
+    const int32_t *row_off, *ctab; // device: each token's compact block-table row
+} kv_dev;
+
+// Entries of the compact table of a call: what the tokens' contexts span (runs share rows: a bound).
+static int64_t kv_bound(const moeq_kv_paged *kv, const int64_t *pos, int64_t T) {
+    int64_t cap = 0;
+    for (int64_t t = 0; t < T; t++) cap += moeq_cu_kv_blocks(pos[t] + 1, kv->block_tokens);
+    return cap > 0 ? cap : 1;
+}
+
+// Staging kv_upload takes.
+static size_t kv_staged(const moeq_kv_paged *kv, const int64_t *pos, int64_t T) {
+    return STAGED((size_t)T * sizeof(int32_t)) + STAGED((size_t)kv_bound(kv, pos, T) * sizeof(int32_t));
+}
+
+// The call's compact block table (backend_index.cuh) on the device, in regions reserved by the caller.
+static int kv_upload(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T,
+                     kv_dev *out) {
+    int64_t cap = kv_bound(kv, pos, T);
+    void *d_off = NULL, *d_tab = NULL;
+    int32_t *h_off = (int32_t *)stage(cb, (size_t)T * sizeof(int32_t), &d_off);
+    int32_t *h_tab = h_off ? (int32_t *)stage(cb, (size_t)cap * sizeof(int32_t), &d_tab) : NULL;
+    if (!h_tab) return 0;
+    int64_t used = moeq_cu_kv_compact(kv->block_table, kv->table_stride, seq, pos, T, kv->block_tokens, h_off, h_tab,
+                                      cap);
+    if (used < 0) {
+        fail(cb, MOEQ_ERR_INTERNAL, "compact block table larger than its bound%s%s", "", "");
+        return 0;
+    }
+    if (!cu_ok(cb, cudaMemcpyAsync(d_off, h_off, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream),
+               "cudaMemcpyAsync (block table rows)") ||
+        (used && !cu_ok(cb, cudaMemcpyAsync(d_tab, h_tab, (size_t)used * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                            cb->stream),
+                        "cudaMemcpyAsync (block table)")))
+        return 0;
+    kv_dev k = {kv->pool, kv->block_floats, kv->layer_offset, kv->block_tokens, kv->entry_floats,
+                (const int32_t *)d_off, (const int32_t *)d_tab};
+    *out = k;
+    return 1;
+}
+
+__device__ __forceinline__ const float *kv_entry(const kv_dev &kv, int64_t t, int64_t pos) {
+    return kv.pool + moeq_cu_kv_entry_offset(kv.ctab + kv.row_off[t], pos, kv.block_tokens, kv.block_floats,
+                                             kv.layer_offset, kv.entry_floats);
+}
+
+// ---- attention: split-KV partials, then the merge ---------------------------------------------------------------
+
+__global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, const float *q_lat, const float *q_pe,
+                                    int H, int L, int R, float scale, float *ws_o, float *ws_ml) {
+    __shared__ float sc[MOEQ_CU_SPLIT_MAX_ROWS];
+    __shared__ size_t off[MOEQ_CU_SPLIT_MAX_ROWS]; // each row's entry in the pool, found once (24 KiB in all)
+    __shared__ float sh_m, sh_l;
+    moeq_cu_split_item it = items[blockIdx.x];
+    int h = blockIdx.y, tid = threadIdx.x, lane = tid % MOEQ_CU_LANES, hw = tid / MOEQ_CU_LANES;
+    int n_hw = blockDim.x / MOEQ_CU_LANES, n = it.j1 - it.j0;
+    const float *ql = q_lat + ((int64_t)it.t * H + h) * L, *qp = q_pe + ((int64_t)it.t * H + h) * R;
+    const int32_t *row = kv.ctab + kv.row_off[it.t];
+    for (int j = tid; j < n; j += blockDim.x)
+        off[j] = moeq_cu_kv_entry_offset(row, it.j0 + j, kv.block_tokens, kv.block_floats, kv.layer_offset,
+                                         kv.entry_floats);
+    __syncthreads();
+    for (int jj = 0; jj < n; jj += n_hw) { // every thread takes each step: the half-warps' shuffles stay whole
+        int j = jj + hw, active = j < n;
+        float v = active ? moeq_cu_score_lane(ql, qp, kv.pool + off[j], L, R, lane) : 0.0f;
+        v = moeq_cu_tree16_shfl(v, 0xffffffffu);
+        if (active && lane == 0) sc[j] = v * scale;
+    }
+    __syncthreads();
+    if (tid == 0) sh_m = moeq_cu_split_max(sc, n);
+    __syncthreads();
+    float m = sh_m;
+    for (int j = tid; j < n; j += blockDim.x) sc[j] = moeq_cu_exp_nonpos(sc[j] - m);
+    __syncthreads();
+    if (tid < MOEQ_CU_LANES) {
+        float v = moeq_cu_tree16_shfl(moeq_cu_split_sum_lane(sc, n, tid), 0xffffu);
+        if (tid == 0) sh_l = v;
+    }
+    float *o = ws_o + ((int64_t)it.slot * H + h) * L;
+    for (int d = tid; d < L; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < n; j++) acc = fmaf(sc[j], kv.pool[off[j] + d], acc);
+        o[d] = acc;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        ws_ml[((int64_t)it.slot * H + h) * 2] = m;
+        ws_ml[((int64_t)it.slot * H + h) * 2 + 1] = sh_l;
+    }
+}
+
+// One (token, head): its partitions' partials merged into out_lat. Dynamic shared: 3 * max parts floats.
+__global__ void attn_merge_kernel(const int32_t *first, const int32_t *count, int64_t t0, int H, int L,
+                                  const float *ws_o, const float *ws_ml, float *out_lat) {
+    extern __shared__ float sh[];
+    __shared__ float sh_L;
+    int64_t tl = blockIdx.x;
+    int h = blockIdx.y, f = first[tl], P = count[tl];
+    float *m = sh, *l = sh + P, *a = sh + 2 * P;
+    if (threadIdx.x == 0) {
+        for (int p = 0; p < P; p++) {
+            m[p] = ws_ml[((int64_t)(f + p) * H + h) * 2];
+            l[p] = ws_ml[((int64_t)(f + p) * H + h) * 2 + 1];
+        }
+        sh_L = moeq_cu_split_merge_scales(m, l, P, a);
+    }
+    __syncthreads();
+    const float *o = ws_o + ((int64_t)f * H + h) * L;
+    float *out = out_lat + ((t0 + tl) * H + h) * L;
+    for (int d = threadIdx.x; d < L; d += blockDim.x)
+        out[d] = moeq_cu_split_merge_elem(o, (int64_t)H * L, a, P, sh_L, d);
+}
+
+static int ws_reserve(cuda_backend *cb, size_t bytes) {
+    if (bytes <= cb->ws_bytes) return 1;
+    if (cb->ws) {
+        drain(cb, "cudaStreamSynchronize (attention workspace)");
+        cu_ok(cb, cudaFree(cb->ws), "cudaFree (attention workspace)");
+        cb->ws = NULL, cb->ws_bytes = 0;
+    }
+    if (cb->err || !cu_ok(cb, cudaMalloc((void **)&cb->ws, bytes), "cudaMalloc (attention workspace)")) return 0;
+    cb->ws_bytes = bytes;
+    return 1;
+}
+
+static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
+    cuda_backend *cb = (cuda_backend *)b;
+    int64_t T = a->n_tok;
+    int H = a->n_heads, L = a->kv_lora, R = a->rope;
+    if (cb->err || T <= 0) return;
+    int max_parts = 1;
+    int64_t all_items = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int p = moeq_cu_split_parts(a->pos[t] + 1);
+        max_parts = p > max_parts ? p : max_parts;
+        all_items += p;
+    }
+    if (max_parts * 3 * sizeof(float) > 48 * 1024) {
+        fail(cb, MOEQ_ERR_LIMIT, "attention: a context of %s partitions exceeds the merge kernel's %s", "many",
+             "4096");
+        return;
+    }
+    // the workspace first: growing it drains the stream, which frees the staging for reuse
+    size_t per_item = (size_t)H * (size_t)(L + 2) * sizeof(float);
+    size_t want = per_item * (size_t)max_parts * (size_t)T;
+    if (!ws_reserve(cb, want < ATTN_WS_BYTES ? want : (per_item * max_parts > ATTN_WS_BYTES ? per_item * max_parts
+                                                                                           : ATTN_WS_BYTES)))
+        return;
+    // the block table and every chunk's plan in one reservation: a drain between them would let a later
+    // region overwrite the table while the chunks' kernels still read it
+    // (each chunk's three regions round up: at most one chunk per token)
+    size_t plan = STAGED((size_t)all_items * sizeof(moeq_cu_split_item)) + 2 * STAGED((size_t)T * sizeof(int32_t));
+    if (!stage_reserve(cb, kv_staged(&a->kv, a->pos, T) + plan + (size_t)T * 3 * STAGE_ALIGN)) return;
+    kv_dev kv;
+    if (!kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
+    int64_t cap = (int64_t)(cb->ws_bytes / per_item);
+    float *ws_o = cb->ws, *ws_ml = cb->ws + (size_t)cap * H * L;
+    for (int64_t t0 = 0; t0 < T && !cb->err;) {
+        int64_t t1 = t0, n_items = 0;
+        while (t1 < T && n_items + moeq_cu_split_parts(a->pos[t1] + 1) <= cap)
+            n_items += moeq_cu_split_parts(a->pos[t1++] + 1);
+        void *d_items = NULL, *d_first = NULL, *d_count = NULL;
+        moeq_cu_split_item *items =
+            (moeq_cu_split_item *)stage(cb, (size_t)n_items * sizeof(moeq_cu_split_item), &d_items);
+        int32_t *first = items ? (int32_t *)stage(cb, (size_t)(t1 - t0) * sizeof(int32_t), &d_first) : NULL;
+        int32_t *count = first ? (int32_t *)stage(cb, (size_t)(t1 - t0) * sizeof(int32_t), &d_count) : NULL;
+        if (!count) return;
+        moeq_cu_split_plan(a->pos, t0, t1, items, first, count, n_items);
+        if (!cu_ok(cb, cudaMemcpyAsync(d_items, items, (size_t)n_items * sizeof(moeq_cu_split_item),
+                                       cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (split plan)") ||
+            !cu_ok(cb, cudaMemcpyAsync(d_first, first, (size_t)(t1 - t0) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       cb->stream), "cudaMemcpyAsync (split firsts)") ||
+            !cu_ok(cb, cudaMemcpyAsync(d_count, count, (size_t)(t1 - t0) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       cb->stream), "cudaMemcpyAsync (split counts)"))
+            return;
+        attn_partial_kernel<<<dim3((unsigned)n_items, (unsigned)H), THREADS, 0, cb->stream>>>(
+            (const moeq_cu_split_item *)d_items, kv, a->q_lat, a->q_pe, H, L, R, a->scale, ws_o, ws_ml);
+        if (!launched(cb, "attn_partial_kernel launch")) return;
+        attn_merge_kernel<<<dim3((unsigned)(t1 - t0), (unsigned)H), THREADS, 3 * max_parts * sizeof(float),
+                            cb->stream>>>((const int32_t *)d_first, (const int32_t *)d_count, t0, H, L, ws_o, ws_ml,
+                                          a->out_lat);
+        if (!launched(cb, "attn_merge_kernel launch")) return;
+        t0 = t1;
+    }
+}
+
+// Naive MLA (tests): per (token, head) an online softmax over the context with K and V expanded through kv_b
+// on the fly. Dynamic shared: nope + v + THREADS floats.
+__global__ void attn_naive_kernel(kv_dev kv, const int64_t *pos, int dtype, const void *W, const float *scale_inv,
+                                  int H, int nope, int V, int L, int R, float scale, const float *q, const float *q_pe,
+                                  float *out_v) {
+    extern __shared__ float sh[];
+    float *acc = sh, *red = sh + V;
+    __shared__ float sh_m, sh_l, sh_s;
+    int64_t t = blockIdx.x;
+    int h = blockIdx.y, tid = threadIdx.x;
+    const float *qn = q + (t * H + h) * (nope + R), *qp = q_pe + (t * H + h) * R;
+    for (int d = tid; d < V; d += blockDim.x) acc[d] = 0.0f;
+    if (tid == 0) sh_m = -INFINITY, sh_l = 0.0f;
+    __syncthreads();
+    for (int64_t j = 0; j <= pos[t]; j++) {
+        const float *c = kv_entry(kv, t, j);
+        float part = 0.0f;
+        for (int i = tid; i < nope; i += blockDim.x) {
+            float k = 0.0f;
+            for (int r = 0; r < L; r++)
+                k = fmaf(moeq_cu_widen(dtype, W, scale_inv, L, (int64_t)h * (nope + V) + i, r), c[r], k);
+            part = fmaf(qn[i], k, part);
+        }
+        for (int i = tid; i < R; i += blockDim.x) part = fmaf(qp[i], c[L + i], part);
+        red[tid] = part;
+        __syncthreads();
+        if (tid == 0) {
+            float s = 0.0f;
+            for (int i = 0; i < (int)blockDim.x; i++) s += red[i];
+            sh_s = s * scale;
+        }
+        __syncthreads();
+        float s = sh_s, m_new = fmaxf(sh_m, s), alpha = expf(sh_m - m_new), p = expf(s - m_new);
+        for (int d = tid; d < V; d += blockDim.x) {
+            float v = 0.0f;
+            for (int r = 0; r < L; r++)
+                v = fmaf(moeq_cu_widen(dtype, W, scale_inv, L, (int64_t)h * (nope + V) + nope + d, r), c[r], v);
+            acc[d] = acc[d] * alpha + p * v;
+        }
+        __syncthreads();
+        if (tid == 0) sh_l = sh_l * alpha + p, sh_m = m_new;
+        __syncthreads();
+    }
+    for (int d = tid; d < V; d += blockDim.x) out_v[(t * H + h) * V + d] = acc[d] / sh_l;
+}
+
+static void cuda_attention_naive(moeq_backend *b, const moeq_mla_naive_params *a) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || a->n_tok <= 0) return;
+    kv_dev kv;
+    size_t pos_bytes = (size_t)a->n_tok * sizeof(int64_t);
+    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&a->kv, a->pos, a->n_tok))) return;
+    const int64_t *pos = (const int64_t *)stage_up(cb, a->pos, pos_bytes, "cudaMemcpyAsync (positions)");
+    if (!pos || !kv_upload(cb, &a->kv, a->seq, a->pos, a->n_tok, &kv)) return;
+    const void *W = wdev(cb, a->kv_b);
+    if (!W) return;
+    attn_naive_kernel<<<dim3((unsigned)a->n_tok, (unsigned)a->n_heads), THREADS,
+                        (size_t)(a->v_dim + THREADS) * sizeof(float), cb->stream>>>(
+        kv, pos, (int)a->kv_b->dtype, W, scale_dev(cb, a->kv_b), a->n_heads, a->nope, a->v_dim, a->kv_lora, a->rope,
+        a->scale, a->q, a->q_pe, a->out_v);
+    launched(cb, "attn_naive_kernel launch");
+}
+
+// ---- per-row ops --------------------------------------------------------------------------------------------------
+
+__global__ void embed_kernel(float *out, const int32_t *ids, int dtype, const void *W, const float *scale, int64_t D) {
+    int64_t t = blockIdx.y, d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (d < D) out[t * D + d] = moeq_cu_widen(dtype, W, scale, D, ids[t], d);
+}
+
+static void cuda_embed(moeq_backend *b, const moeq_tensor *table, const int32_t *ids, int64_t n, float *out) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || n <= 0) return;
+    int64_t D = moeq_tensor_cols(table);
+    const int32_t *d_ids =
+        (const int32_t *)stage_up_alone(cb, ids, (size_t)n * sizeof(int32_t), "cudaMemcpyAsync (token ids)");
+    const void *W = d_ids ? wdev(cb, table) : NULL;
+    if (!W) return;
+    for (int64_t t0 = 0; t0 < n && !cb->err; t0 += 65535) {
+        int64_t nt = n - t0 < 65535 ? n - t0 : 65535;
+        embed_kernel<<<dim3(blocks_for(D, 256), (unsigned)nt), 256, 0, cb->stream>>>(out + t0 * D, d_ids + t0,
+                                                                                     (int)table->dtype, W,
+                                                                                     scale_dev(cb, table), D);
+        launched(cb, "embed_kernel launch");
+    }
+}
+
+// moeq_ops_rmsnorm per row: 16 threads hold the lanes of the sum of squares, the tree as a butterfly.
+__global__ void rmsnorm_rows_kernel(float *out, int64_t ld_out, const float *x, int64_t ldx, const int64_t *rows,
+                                    int64_t n, const float *w, float eps) {
+    int64_t r = blockIdx.x;
+    const float *xr = x + (rows ? rows[r] : r) * ldx;
+    float *yr = out + r * ld_out;
+    __shared__ float f;
+    if (threadIdx.x < MOEQ_CU_LANES) {
+        float v = moeq_cu_tree16_shfl(moeq_cu_dot_lane(xr, xr, n, (int)threadIdx.x), 0xffffu);
+        if (threadIdx.x == 0) f = moeq_cu_rmsnorm_factor(v, n, eps);
+    }
+    __syncthreads(); // out may be x: every element is read before it is written, by the same thread
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = moeq_cu_rmsnorm_elem(xr[i], w[i], f);
+}
+
+static void cuda_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || p->n_rows <= 0) return;
+    const int64_t *rows = NULL;
+    if (p->rows && !(rows = (const int64_t *)stage_up_alone(cb, p->rows, (size_t)p->n_rows * sizeof(int64_t),
+                                                      "cudaMemcpyAsync (rmsnorm rows)")))
+        return;
+    for (int64_t r0 = 0; r0 < p->n_rows && !cb->err; r0 += INT32_MAX) {
+        int64_t nr = p->n_rows - r0 < INT32_MAX ? p->n_rows - r0 : INT32_MAX;
+        rmsnorm_rows_kernel<<<(unsigned)nr, THREADS, 0, cb->stream>>>(p->out + r0 * p->ld_out, p->ld_out,
+                                                                       rows ? p->x : p->x + r0 * p->ldx, p->ldx,
+                                                                       rows ? rows + r0 : NULL, p->n, p->w, p->eps);
+        launched(cb, "rmsnorm_rows_kernel launch");
+    }
+}
+
+// cos/sin per position in double on the host (rope.c, the CPU's bits), then to the device.
+static void cuda_rope_cos_sin(moeq_backend *b, const moeq_rope *rope, const int64_t *pos, int64_t n, float *cos_v,
+                              float *sin_v) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || n <= 0) return;
+    size_t half = (size_t)rope->dim / 2, bytes = (size_t)n * half * sizeof(float);
+    void *d_cos = NULL, *d_sin = NULL; // the twins go unused: the pinned rows are copied straight into cos_v/sin_v
+    if (!stage_reserve(cb, 2 * STAGED(bytes))) return;
+    float *h_cos = (float *)stage(cb, bytes, &d_cos);
+    float *h_sin = h_cos ? (float *)stage(cb, bytes, &d_sin) : NULL;
+    if (!h_sin) return;
+    for (int64_t t = 0; t < n; t++) moeq_rope_cos_sin(rope, pos[t], h_cos + t * half, h_sin + t * half);
+    if (cu_ok(cb, cudaMemcpyAsync(cos_v, h_cos, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (cos)"))
+        cu_ok(cb, cudaMemcpyAsync(sin_v, h_sin, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (sin)");
+}
+
+// One token: cache entry = [rmsnorm(kva[:L]) * kv_norm ; rope(kva[L:])], q_pe[h] = rope(q[h, nope:]).
+__global__ void mla_rope_kernel(kv_dev kv, const int64_t *pos, const float *kva, const float *kv_norm, float eps,
+                                const float *q, float *q_pe, const float *cos_v, const float *sin_v, int H, int nope,
+                                int L, int R) {
+    int64_t t = blockIdx.x;
+    int half = R / 2, QH = nope + R;
+    float *entry = (float *)kv_entry(kv, t, pos[t]);
+    const float *x = kva + t * (L + R), *cs = cos_v + t * half, *sn = sin_v + t * half;
+    __shared__ float f;
+    if (threadIdx.x < MOEQ_CU_LANES) {
+        float v = moeq_cu_tree16_shfl(moeq_cu_dot_lane(x, x, L, (int)threadIdx.x), 0xffffu);
+        if (threadIdx.x == 0) f = moeq_cu_rmsnorm_factor(v, L, eps);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < L; d += blockDim.x) entry[d] = moeq_cu_rmsnorm_elem(x[d], kv_norm[d], f);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) moeq_cu_rope_pair(x + L, cs[i], sn[i], i, half, entry + L);
+    for (int k = threadIdx.x; k < H * half; k += blockDim.x) {
+        int h = k / half, i = k % half;
+        moeq_cu_rope_pair(q + (t * H + h) * QH + nope, cs[i], sn[i], i, half, q_pe + (t * H + h) * R);
+    }
+}
+
+static void cuda_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || p->n_tok <= 0) return;
+    kv_dev kv;
+    size_t pos_bytes = (size_t)p->n_tok * sizeof(int64_t);
+    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&p->kv, p->pos, p->n_tok))) return;
+    const int64_t *pos = (const int64_t *)stage_up(cb, p->pos, pos_bytes, "cudaMemcpyAsync (positions)");
+    if (!pos || !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv)) return;
+    for (int64_t t0 = 0; t0 < p->n_tok && !cb->err; t0 += INT32_MAX) {
+        int64_t nt = p->n_tok - t0 < INT32_MAX ? p->n_tok - t0 : INT32_MAX;
+        kv_dev k0 = kv;
+        k0.row_off += t0;
+        int R = p->rope->dim, QH = p->nope + R;
+        mla_rope_kernel<<<(unsigned)nt, THREADS, 0, cb->stream>>>(
+            k0, pos + t0, p->kva + t0 * (p->kv_lora + R), p->kv_norm, p->eps, p->q + t0 * p->n_heads * QH,
+            p->q_pe + t0 * p->n_heads * R, p->cos_v + t0 * (R / 2), p->sin_v + t0 * (R / 2), p->n_heads, p->nope,
+            p->kv_lora, R);
+        launched(cb, "mla_rope_kernel launch");
+    }
+}
+
+__global__ void add_kernel(float *x, const float *y, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] + y[i];
+}
+
+static void cuda_add(moeq_backend *b, float *x, const float *y, int64_t n) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || n <= 0) return;
+    add_kernel<<<blocks_for(n, 256), 256, 0, cb->stream>>>(x, y, n);
+    launched(cb, "add_kernel launch");
+}
+
+static void cuda_silu_mul(moeq_backend *b, float *out, const float *gate, const float *up, int64_t n) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || n <= 0) return;
+    if (moeq_cuda_silu_mul(out, gate, up, n, cb->stream)) // the launcher read cudaGetLastError itself
+        fail(cb, MOEQ_ERR_INTERNAL, "silu_mul kernel launch failed%s%s", "", "");
+}
+
+// ---- MoE: route (back to the host), gather, combine ----------------------------------------------------------------
+
+static moeq_cu_router cu_router(const moeq_moe_router *r) {
+    moeq_cu_router c;
+    c.n_experts = r->n_experts, c.top_k = r->top_k, c.n_group = r->n_group, c.topk_group = r->topk_group;
+    c.sigmoid = r->sigmoid, c.method = (int)r->method, c.norm_topk_prob = r->norm_topk_prob;
+    c.scale_always = r->scale_always, c.scaling = r->scaling;
+    return c;
+}
+
+static void cuda_route(moeq_backend *b, const moeq_route_params *p) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || p->n_tok <= 0) return;
+    moeq_cu_router r = cu_router(p->router);
+    int64_t T = p->n_tok, K = r.top_k;
+    void *d_ids = NULL, *d_fin = NULL;
+    if (!stage_reserve(cb, STAGED((size_t)(T * K) * sizeof(int32_t)) + STAGED((size_t)T * sizeof(int32_t)))) return;
+    int32_t *h_ids = (int32_t *)stage(cb, (size_t)(T * K) * sizeof(int32_t), &d_ids);
+    int32_t *h_fin = h_ids ? (int32_t *)stage(cb, (size_t)T * sizeof(int32_t), &d_fin) : NULL;
+    if (!h_fin) return;
+    moeq_err err = moeq_cuda_moe_route((int32_t *)d_ids, p->weights, (int32_t *)d_fin, p->logits, p->bias, T, r,
+                                       cb->stream);
+    if (err == MOEQ_ERR_INVALID_ARG) {
+        fail(cb, MOEQ_ERR_UNSUPPORTED, "route: the router kernel takes at most %s experts%s", "256",
+             " in groups that divide them");
+        return;
+    }
+    if (err) { // the launcher read cudaGetLastError itself
+        fail(cb, MOEQ_ERR_INTERNAL, "moe_route kernel launch failed%s%s", "", "");
+        return;
+    }
+    if (!cu_ok(cb, cudaMemcpyAsync(h_ids, d_ids, (size_t)(T * K) * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream),
+               "cudaMemcpyAsync (routed ids)") ||
+        !cu_ok(cb, cudaMemcpyAsync(h_fin, d_fin, (size_t)T * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream),
+               "cudaMemcpyAsync (finite flags)"))
+        return;
+    if (!cu_ok(cb, cudaStreamSynchronize(cb->stream), "cudaStreamSynchronize (route)")) return;
+    memcpy(p->ids, h_ids, (size_t)(T * K) * sizeof(int32_t));
+    for (int64_t t = 0; t < T; t++) p->finite[t] = (uint8_t)(h_fin[t] != 0);
+    cb->stage_off = 0; // drained: the staging is free again (h_ids was read above)
+    if (p->offsets) moeq_moe_plan(p->ids, T, (int)K, r.n_experts, p->offsets, p->order);
+}
+
+__global__ void gather_kernel(float *xg, int64_t *slot_row, const float *x, const int64_t *order, int64_t n_slots,
+                              int64_t top_k, int64_t dim) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_slots * dim) return;
+    moeq_cu_gather_at a = moeq_cu_gather_index(idx, dim);
+    xg[a.i * dim + a.d] = x[moeq_cu_gather_src(order, a.i, top_k) * dim + a.d];
+    if (a.d == 0) slot_row[order[a.i]] = a.i;
+}
+
+static void cuda_gather(moeq_backend *b, const moeq_gather_params *p) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || p->n_slots <= 0) return;
+    const int64_t *order = (const int64_t *)stage_up_alone(cb, p->order, (size_t)p->n_slots * sizeof(int64_t),
+                                                     "cudaMemcpyAsync (gather order)");
+    if (!order) return;
+    gather_kernel<<<blocks_for(p->n_slots * p->dim, 256), 256, 0, cb->stream>>>(p->xg, p->slot_row, p->x, order,
+                                                                                p->n_slots, p->top_k, p->dim);
+    launched(cb, "gather_kernel launch");
+}
+
+// Per (token, column): slots in routing order, products then sums as the CPU's (no fma), the shared row last.
+__global__ void combine_kernel(float *out, const float *rows, const int64_t *slot_row, const float *weights,
+                               const float *shared, int64_t n_tok, int64_t K, int64_t D) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_tok * D) return;
+    out[idx] = moeq_cu_combine_elem(rows, slot_row, weights, shared, idx / D, K, D, idx % D);
+}
+
+static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || p->n_tok <= 0) return;
+    combine_kernel<<<blocks_for(p->n_tok * p->dim, 256), 256, 0, cb->stream>>>(p->out, p->rows, p->slot_row,
+                                                                               p->weights, p->shared, p->n_tok,
+                                                                               p->top_k, p->dim);
+    launched(cb, "combine_kernel launch");
+}
+
+// ---- lifetime -------------------------------------------------------------------------------------------------------
+
+extern "C" int moeq_backend_cuda_supports(moeq_backend_op op, moeq_dtype dtype) {
+    if ((int)op < 0 || op >= MOEQ_BACKEND_OP_COUNT) return 0;
+    return dtype == MOEQ_DTYPE_F32 || dtype == MOEQ_DTYPE_BF16 || dtype == MOEQ_DTYPE_F16 ||
+           dtype == MOEQ_DTYPE_F8_E4M3;
+}
+
+static int cuda_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dtype) {
+    (void)b;
+    return moeq_backend_cuda_supports(op, dtype);
+}
+
+static const char *cuda_describe(const moeq_backend *b) { return ((const cuda_backend *)b)->info; }
+
+static void cuda_destroy(moeq_backend *b) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (!cb) return;
+    if (cb->stream) cudaStreamSynchronize(cb->stream); // errors here have nowhere to go: the backend is ending
+    cudaFree(cb->wslab);
+    free(cb->wdev);
+    cudaFree(cb->ws);
+    cudaFree(cb->wide);
+    cudaFree(cb->stage_d);
+    if (cb->stage_h) cudaFreeHost(cb->stage_h);
+    if (cb->blas) cublasDestroy(cb->blas);
+    if (cb->stream) cudaStreamDestroy(cb->stream);
+    free(cb);
+}
+
+static const moeq_backend cuda_table = {
+    .name = "cuda",
+    .host_visible = 0,
+    .supports = cuda_supports,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .map_weights = cuda_map_weights,
+    .sync = cuda_sync,
+    .status = cuda_status,
+    .describe = cuda_describe,
+    .matmul = cuda_matmul,
+    .matmul_nn = cuda_matmul_nn,
+    .attention = cuda_attention,
+    .attention_naive = cuda_attention_naive,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .rope_cos_sin = cuda_rope_cos_sin,
+    .mla_rope = cuda_mla_rope,
+    .silu_mul = cuda_silu_mul,
+    .add = cuda_add,
+    .route = cuda_route,
+    .gather = cuda_gather,
+    .combine = cuda_combine,
+    .destroy = cuda_destroy,
+};
+
+// The creation's steps; the first failure is kept in cb (err, why).
+static void create_on_device(cuda_backend *cb) {
+    cudaDeviceProp prop;
+    if (!cu_ok(cb, cudaSetDevice(cb->p.device), "cudaSetDevice") ||
+        !cu_ok(cb, cudaGetDeviceProperties(&prop, cb->p.device), "cudaGetDeviceProperties") ||
+        !cu_ok(cb, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") ||
+        !bl_ok(cb, cublasCreate(&cb->blas), "cublasCreate") ||
+        !bl_ok(cb, cublasSetStream(cb->blas, cb->stream), "cublasSetStream") ||
+        !bl_ok(cb, cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode (FP32, no TF32)"))
+        return;
+    int64_t T = cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048;
+    size_t want = (size_t)T * 64 * 1024; // ids, positions, rows, block tables, the split plan of one step
+    cb->stage_cap = want > STAGE_MAX_BYTES ? STAGE_MAX_BYTES : want > STAGE_MIN_BYTES ? want : STAGE_MIN_BYTES;
+    if (!cu_ok(cb, cudaHostAlloc((void **)&cb->stage_h, cb->stage_cap, cudaHostAllocDefault),
+               "cudaHostAlloc (pinned staging)") ||
+        !cu_ok(cb, cudaMalloc((void **)&cb->stage_d, cb->stage_cap), "cudaMalloc (staging)"))
+        return;
+    if (!cb->p.batch_invariant) {
+        size_t k = (size_t)(cb->p.max_k > 0 ? cb->p.max_k : 1);
+        cb->wide_floats = (size_t)WIDE_BYTES / sizeof(float) / k * k;
+        if (cb->wide_floats < k) cb->wide_floats = k;
+        if (!cu_ok(cb, cudaMalloc((void **)&cb->wide, cb->wide_floats * sizeof(float)),
+                   "cudaMalloc (cuBLAS weight tile)"))
+            return;
+    }
+    snprintf(cb->info, sizeof cb->info, "cuda device %d (%.80s, sm_%d%d, %.0f GiB); %s", cb->p.device, prop.name,
+             prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30),
+             cb->p.batch_invariant ? "batch invariant: own kernels (the CPU's 16-lane order), split-KV attention"
+                                   : "cuBLAS SGEMM (FP32, no TF32) for >= blas_min_tokens, own kernels below, "
+                                     "split-KV attention");
+}
+
+extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moeq_backend **out, char *errstr,
+                                          size_t errstr_size) {
+    *out = NULL;
+    char why[200] = "";
+    int n = moeq_cuda_device_count(why, sizeof why);
+    if (n <= 0)
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "backend cuda: %s",
+                         why[0] ? why : "no CUDA device");
+    if (config->device < 0 || config->device >= n)
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                         "backend cuda: device %d does not exist (%d device%s: 0..%d)", config->device, n,
+                         n == 1 ? "" : "s", n - 1);
+    cuda_backend *cb = (cuda_backend *)calloc(1, sizeof(*cb));
+    if (!cb) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "backend cuda: out of memory creating it");
+    cb->base = cuda_table;
+    cb->p = *config;
+    if (cb->p.blas_min_tokens < 1) cb->p.blas_min_tokens = 16;
+    create_on_device(cb);
+    if (cb->err) {
+        moeq_err err = moeq_errf(cb->err, errstr, errstr_size, "backend cuda (device %d): %s", cb->p.device, cb->why);
+        cuda_destroy(&cb->base);
+        return err;
+    }
+    *out = &cb->base;
+    return MOEQ_OK;
+}

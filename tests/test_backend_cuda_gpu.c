@@ -1,0 +1,493 @@
+/*
+ * test_backend_cuda_gpu.c (label gpu) — the CUDA backend against the CPU
+ * backend: every op on the same inputs, then whole models through the
+ * engine, then batch invariance on the device. Models are written here with
+ * the genmodel library (no CLI needed: the GPU check builds only the engine).
+ * Without a device: `SKIP test_backend_cuda_gpu: <reason>`, exit 77.
+ *
+ * Tolerances (docs/CUDA.md): same bits for the ops whose kernels run the
+ * CPU's order (matmul NT and NN in batch-invariant mode, embed, rmsnorm,
+ * rope_cos_sin, mla_rope, silu_mul, add, gather, combine); route: equal ids
+ * and finite flags, weights rtol 1e-6 (the device's expf); attention
+ * (split-KV): 2e-6 abs + 2e-6 rel; naive attention 1e-4 of the largest
+ * output; cuBLAS SGEMM: 1e-4 of the largest |y|; whole-model logits against
+ * the CPU engine: 1e-4 of the largest |logit| (invariant) and 1e-3
+ * (cuBLAS), equal greedy choices where the CPU's top-1 margin exceeds that.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "model.h"
+#include "moe.h"
+#include "moeq/cuda_kernels.h"
+#include "moeq/engine.h"
+#include "moeq/genmodel.h"
+#include "rope.h"
+
+#define SKIP_CODE 77
+
+static char model_root[256];
+static moeq_model *models[3];
+static const char *const model_names[3] = {"tiny bf16", "tiny f8", "tiny-v2 bf16"};
+
+static uint64_t rng_state = 0x51ed2701f00dull;
+static float frand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
+}
+
+static moeq_model *gen(const char *preset, moeq_genmodel_dtype dt, const char *name) {
+    char dir[400], err[512] = "";
+    snprintf(dir, sizeof dir, "%s/%s", model_root, name);
+    moeq_model_config c;
+    moeq_genmodel_params gp = moeq_genmodel_default_params();
+    gp.dtype = dt;
+    if (moeq_genmodel_preset(preset, &c, &gp.min_shards, err, sizeof err) ||
+        moeq_genmodel_write(dir, &c, &gp, NULL, err, sizeof err)) {
+        fprintf(stderr, "genmodel %s: %s\n", preset, err);
+        return NULL;
+    }
+    moeq_model *m = NULL;
+    if (moeq_model_load(dir, NULL, &m, err, sizeof err)) fprintf(stderr, "load %s: %s\n", dir, err);
+    return m;
+}
+
+/* ---- two backends side by side --------------------------------------------------------------------------- */
+
+typedef struct pair {
+    moeq_backend *cpu, *gpu;
+    void *bufs[64];
+    int n_bufs;
+} pair;
+
+static void pair_new(pair *p, const moeq_model *m, int invariant) {
+    memset(p, 0, sizeof *p);
+    moeq_backend_config bc = {.n_threads = 4, .batch_invariant = invariant, .blas_min_tokens = 16, .max_k = 8192,
+                              .max_ctx = 4096, .max_jobs = 64, .max_tokens = 256, .device = 0};
+    char err[512] = "";
+    assert_int_equal(moeq_backend_new("cpu", &bc, &p->cpu, err, sizeof err), MOEQ_OK);
+    if (moeq_backend_new("cuda", &bc, &p->gpu, err, sizeof err)) fail_msg("%s", err);
+    if (p->cpu->map_weights(p->cpu, m, err, sizeof err) || p->gpu->map_weights(p->gpu, m, err, sizeof err))
+        fail_msg("map_weights: %s", err);
+}
+
+static void check_status(const pair *p, const char *what) {
+    char err[512] = "";
+    p->gpu->sync(p->gpu);
+    if (moeq_backend_status(p->gpu, err, sizeof err)) fail_msg("%s: %s", what, err);
+}
+
+static void pair_free(pair *p) {
+    for (int i = 0; i < p->n_bufs; i++) p->gpu->release(p->gpu, p->bufs[i]);
+    moeq_backend_destroy(p->cpu);
+    moeq_backend_destroy(p->gpu);
+}
+
+/* A device copy of host bytes (released with the pair). */
+static void *dev(pair *p, const void *host, size_t bytes) {
+    void *d = p->gpu->alloc(p->gpu, MOEQ_BUFFER_ARENA, bytes);
+    assert_non_null(d);
+    if (host) p->gpu->upload(p->gpu, d, host, bytes);
+    assert_true(p->n_bufs < 64);
+    p->bufs[p->n_bufs++] = d;
+    return d;
+}
+
+static float *back(pair *p, const void *d, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    p->gpu->download(p->gpu, h, d, n * sizeof(float));
+    return h;
+}
+
+static float *rand_host(size_t n, float scale) {
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
+    return x;
+}
+
+static void same_bits(const void *got, const void *want, size_t n, const char *what) {
+    const float *g = got, *w = want;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&g[i], &w[i], 4) && !(isnan(g[i]) && isnan(w[i])))
+            fail_msg("%s: element %zu: cuda %.9g cpu %.9g", what, i, g[i], w[i]);
+}
+
+static void close_to(const float *got, const float *want, size_t n, double abs_tol, double rel_tol, const char *what) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        worst = e > worst ? e : worst;
+        if (!(e <= abs_tol + rel_tol * fabs(want[i])))
+            fail_msg("%s: element %zu: cuda %.9g cpu %.9g", what, i, got[i], want[i]);
+    }
+    print_message("  %s: worst abs difference %.3g\n", what, worst);
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fabs(x[i]) > m ? fabs(x[i]) : m;
+    return m;
+}
+
+/* ---- matmuls --------------------------------------------------------------------------------------------- */
+
+static void matmul_case(pair *p, const moeq_tensor *w, int64_t row0, int64_t n_rows, int64_t T, int nn, int exact) {
+    int64_t K = nn ? n_rows : moeq_tensor_cols(w), N = nn ? moeq_tensor_cols(w) : n_rows;
+    float *x = rand_host((size_t)(T * K), 1.0f), *want = malloc((size_t)(T * N) * sizeof(float));
+    float *dx = dev(p, x, (size_t)(T * K) * 4), *dy = dev(p, NULL, (size_t)(T * N) * 4);
+    moeq_mm_job jc = {w, row0, n_rows, x, K, want, N, T}, jg = {w, row0, n_rows, dx, K, dy, N, T};
+    if (nn) p->cpu->matmul_nn(p->cpu, &jc, 1), p->gpu->matmul_nn(p->gpu, &jg, 1);
+    else p->cpu->matmul(p->cpu, &jc, 1), p->gpu->matmul(p->gpu, &jg, 1);
+    check_status(p, w->name);
+    float *got = back(p, dy, (size_t)(T * N));
+    char what[200];
+    snprintf(what, sizeof what, "%s %s rows %lld+%lld, %lld tokens", nn ? "NN" : "NT", w->name, (long long)row0,
+             (long long)n_rows, (long long)T);
+    if (exact) same_bits(got, want, (size_t)(T * N), what);
+    else close_to(got, want, (size_t)(T * N), 1e-4 * max_abs(want, (size_t)(T * N)) + 1e-6, 0, what);
+    free(x), free(want), free(got);
+}
+
+static void matmuls_give_the_cpu_backends_bits_and_cublas_is_close(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 3; mi++)
+        for (int inv = 1; inv >= 0; inv--) {
+            const moeq_model *m = models[mi];
+            const moeq_model_config *c = &m->config;
+            pair p;
+            pair_new(&p, m, inv);
+            print_message("%s, batch_invariant %d\n", model_names[mi], inv);
+            const moeq_layer *L = &m->layers[c->num_hidden_layers - 1];
+            const int64_t Ts[] = {1, 7, 40};
+            for (int ti = 0; ti < 3; ti++) {
+                int exact = inv || Ts[ti] < 16; /* below blas_min_tokens the own kernels run in both modes */
+                matmul_case(&p, m->lm_head, 0, moeq_tensor_rows(m->lm_head), Ts[ti], 0, exact);
+                matmul_case(&p, L->kv_a_proj_with_mqa, 0, moeq_tensor_rows(L->kv_a_proj_with_mqa), Ts[ti], 0, exact);
+                int64_t nope = c->qk_nope_head_dim, V = c->v_head_dim;
+                matmul_case(&p, L->kv_b_proj, nope + V, nope, Ts[ti], 1, exact);     /* W_UK of head 1 */
+                matmul_case(&p, L->kv_b_proj, nope + V + nope, V, Ts[ti], 0, exact); /* W_UV of head 1 */
+                if (L->is_moe) matmul_case(&p, L->experts[1].down_proj, 0, c->hidden_size, Ts[ti], 0, exact);
+            }
+            pair_free(&p);
+        }
+}
+
+/* ---- the per-row ops ----------------------------------------------------------------------------------------- */
+
+static void row_ops_give_the_cpu_backends_bits(void **state) {
+    (void)state;
+    const moeq_model *m = models[0];
+    const moeq_model_config *c = &m->config;
+    pair p;
+    pair_new(&p, m, 1);
+    int64_t T = 37, D = c->hidden_size;
+    int32_t ids[37];
+    int64_t rows[37], pos[37];
+    for (int t = 0; t < T; t++) ids[t] = (t * 7919) % c->vocab_size, rows[t] = (t * 5) % T, pos[t] = 3 * t + 1;
+    /* embed */
+    float *want = malloc((size_t)(T * D) * 4), *dx = dev(&p, NULL, (size_t)(T * D) * 4), *got;
+    p.cpu->embed(p.cpu, m->embed_tokens, ids, T, want);
+    p.gpu->embed(p.gpu, m->embed_tokens, ids, T, dx);
+    check_status(&p, "embed");
+    same_bits(got = back(&p, dx, (size_t)(T * D)), want, (size_t)(T * D), "embed");
+    free(got);
+    /* rmsnorm with a row map, in place too */
+    float *w = rand_host((size_t)D, 1.0f), *dw = dev(&p, w, (size_t)D * 4), *out = malloc((size_t)(T * D) * 4);
+    float *dout = dev(&p, NULL, (size_t)(T * D) * 4);
+    moeq_rmsnorm_params rc = {out, D, want, D, rows, T, D, w, 1e-6f}, rg = {dout, D, dx, D, rows, T, D, dw, 1e-6f};
+    p.cpu->rmsnorm(p.cpu, &rc), p.gpu->rmsnorm(p.gpu, &rg);
+    moeq_rmsnorm_params ic = {want, D, want, D, NULL, T, D, w, 1e-6f}, ig = {dx, D, dx, D, NULL, T, D, dw, 1e-6f};
+    p.cpu->rmsnorm(p.cpu, &ic), p.gpu->rmsnorm(p.gpu, &ig);
+    check_status(&p, "rmsnorm");
+    same_bits(got = back(&p, dout, (size_t)(T * D)), out, (size_t)(T * D), "rmsnorm (rows)"), free(got);
+    same_bits(got = back(&p, dx, (size_t)(T * D)), want, (size_t)(T * D), "rmsnorm (in place)"), free(got);
+    /* silu_mul (out aliasing gate), add */
+    float *g = rand_host((size_t)(T * D), 30.0f), *u = rand_host((size_t)(T * D), 2.0f);
+    float *dg = dev(&p, g, (size_t)(T * D) * 4), *du = dev(&p, u, (size_t)(T * D) * 4);
+    p.cpu->silu_mul(p.cpu, g, g, u, T * D), p.gpu->silu_mul(p.gpu, dg, dg, du, T * D);
+    p.cpu->add(p.cpu, g, u, T * D), p.gpu->add(p.gpu, dg, du, T * D);
+    check_status(&p, "silu_mul, add");
+    same_bits(got = back(&p, dg, (size_t)(T * D)), g, (size_t)(T * D), "silu_mul then add"), free(got);
+    /* rope_cos_sin */
+    moeq_rope rope;
+    char err[256];
+    assert_int_equal(moeq_rope_init(&rope, c, err, sizeof err), MOEQ_OK);
+    int64_t half = rope.dim / 2;
+    float *cs = malloc((size_t)(T * half) * 4), *sn = malloc((size_t)(T * half) * 4);
+    float *dcs = dev(&p, NULL, (size_t)(T * half) * 4), *dsn = dev(&p, NULL, (size_t)(T * half) * 4);
+    p.cpu->rope_cos_sin(p.cpu, &rope, pos, T, cs, sn), p.gpu->rope_cos_sin(p.gpu, &rope, pos, T, dcs, dsn);
+    check_status(&p, "rope_cos_sin");
+    same_bits(got = back(&p, dcs, (size_t)(T * half)), cs, (size_t)(T * half), "cos"), free(got);
+    same_bits(got = back(&p, dsn, (size_t)(T * half)), sn, (size_t)(T * half), "sin"), free(got);
+    free(want), free(w), free(out), free(g), free(u), free(cs), free(sn);
+    pair_free(&p);
+}
+
+/* ---- the cache: mla_rope's write, then attention over it ------------------------------------------------------- */
+
+static void cache_ops_match_the_cpu_backend(void **state) {
+    (void)state;
+    const moeq_model *m = models[0];
+    const moeq_model_config *c = &m->config;
+    pair p;
+    pair_new(&p, m, 1);
+    int H = c->num_attention_heads, Lr = c->kv_lora_rank, R = c->qk_rope_head_dim, nope = c->qk_nope_head_dim;
+    int bt = 16, n_seqs = 3, ef = Lr + R;
+    int64_t max_len = 1200, per_seq = (max_len + bt - 1) / bt, nb = per_seq * n_seqs;
+    size_t block_floats = (size_t)bt * ef, pool_n = (size_t)nb * block_floats;
+    int32_t *table = malloc((size_t)nb * 4);
+    for (int64_t i = 0; i < nb; i++) table[i] = (int32_t)((i * 7) % nb); /* 7 and nb coprime below */
+    if (nb % 7 == 0) for (int64_t i = 0; i < nb; i++) table[i] = (int32_t)(nb - 1 - i);
+    float *pool = rand_host(pool_n, 1.0f), *dpool = dev(&p, pool, pool_n * 4);
+    moeq_kv_paged kc = {pool, table, per_seq, block_floats, 0, bt, ef}, kg = kc;
+    kg.pool = dpool;
+    /* mla_rope for T tokens: a prefill chunk of seq 0 and decode tokens of 1 and 2 */
+    int64_t T = 19;
+    int32_t seq[19];
+    int64_t pos[19];
+    for (int t = 0; t < T; t++) seq[t] = t < 17 ? 0 : t - 16, pos[t] = t < 17 ? 1100 + t : 300 * (t - 16) + 5;
+    moeq_rope rope;
+    char err[256];
+    assert_int_equal(moeq_rope_init(&rope, c, err, sizeof err), MOEQ_OK);
+    float *cs = malloc((size_t)(T * R / 2) * 4), *sn = malloc((size_t)(T * R / 2) * 4);
+    p.cpu->rope_cos_sin(p.cpu, &rope, pos, T, cs, sn);
+    float *kva = rand_host((size_t)(T * (Lr + R)), 1.0f), *q = rand_host((size_t)(T * H * (nope + R)), 1.0f);
+    float *norm = rand_host((size_t)Lr, 1.0f), *qpe = malloc((size_t)(T * H * R) * 4);
+    float *dkva = dev(&p, kva, (size_t)(T * (Lr + R)) * 4), *dq = dev(&p, q, (size_t)(T * H * (nope + R)) * 4);
+    float *dnorm = dev(&p, norm, (size_t)Lr * 4), *dqpe = dev(&p, NULL, (size_t)(T * H * R) * 4);
+    float *dcs = dev(&p, cs, (size_t)(T * R / 2) * 4), *dsn = dev(&p, sn, (size_t)(T * R / 2) * 4);
+    moeq_mla_rope_params rc = {kc, T, seq, pos, kva, norm, 1e-6f, q, qpe, H, nope, Lr, cs, sn, &rope};
+    moeq_mla_rope_params rg = {kg, T, seq, pos, dkva, dnorm, 1e-6f, dq, dqpe, H, nope, Lr, dcs, dsn, &rope};
+    p.cpu->mla_rope(p.cpu, &rc), p.gpu->mla_rope(p.gpu, &rg);
+    check_status(&p, "mla_rope");
+    float *got = back(&p, dpool, pool_n);
+    same_bits(got, pool, pool_n, "cache pool after mla_rope (written entries and the untouched rest)"), free(got);
+    same_bits(got = back(&p, dqpe, (size_t)(T * H * R)), qpe, (size_t)(T * H * R), "q_pe"), free(got);
+    /* attention (absorbed, split-KV) and naive */
+    float *ql = rand_host((size_t)(T * H * Lr), 0.3f), *dql = dev(&p, ql, (size_t)(T * H * Lr) * 4);
+    float *ol = malloc((size_t)(T * H * Lr) * 4), *dol = dev(&p, NULL, (size_t)(T * H * Lr) * 4);
+    moeq_mla_params ac = {kc, T, seq, pos, H, Lr, R, ql, qpe, ol, 0.125f};
+    moeq_mla_params ag = {kg, T, seq, pos, H, Lr, R, dql, dqpe, dol, 0.125f};
+    p.cpu->attention(p.cpu, &ac), p.gpu->attention(p.gpu, &ag);
+    check_status(&p, "attention");
+    close_to(got = back(&p, dol, (size_t)(T * H * Lr)), ol, (size_t)(T * H * Lr), 2e-6, 2e-6, "attention (split-KV)");
+    free(got);
+    const moeq_layer *L0 = &m->layers[0];
+    int V = c->v_head_dim;
+    int64_t Tn = 2; /* the naive form is slow: the decode tokens only */
+    float *ov = malloc((size_t)(Tn * H * V) * 4), *dov = dev(&p, NULL, (size_t)(Tn * H * V) * 4);
+    moeq_mla_naive_params nc = {kc, Tn, seq + 17, pos + 17, L0->kv_b_proj, H, nope, V, Lr, R, 0.125f,
+                                q + 17 * H * (nope + R), qpe + 17 * H * R, ov};
+    moeq_mla_naive_params ng = {kg, Tn, seq + 17, pos + 17, L0->kv_b_proj, H, nope, V, Lr, R, 0.125f,
+                                dq + 17 * H * (nope + R), dqpe + 17 * H * R, dov};
+    p.cpu->attention_naive(p.cpu, &nc), p.gpu->attention_naive(p.gpu, &ng);
+    check_status(&p, "attention_naive");
+    size_t nv = (size_t)(Tn * H * V);
+    close_to(got = back(&p, dov, nv), ov, nv, 1e-4 * max_abs(ov, nv), 0, "attention_naive"), free(got);
+    free(table), free(pool), free(cs), free(sn), free(kva), free(q), free(norm), free(qpe), free(ql), free(ol);
+    free(ov);
+    pair_free(&p);
+}
+
+/* ---- MoE: route, gather, combine ------------------------------------------------------------------------------ */
+
+static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 3; mi += 2) {
+        const moeq_model *m = models[mi];
+        const moeq_model_config *c = &m->config;
+        pair p;
+        pair_new(&p, m, 1);
+        moeq_moe_router r;
+        char err[256];
+        assert_int_equal(moeq_moe_router_init(&r, c, err, sizeof err), MOEQ_OK);
+        int64_t T = 50, E = r.n_experts, K = r.top_k, D = c->hidden_size, S = T * K;
+        float *lg = rand_host((size_t)(T * E), 4.0f), *bias = rand_host((size_t)E, 0.1f);
+        lg[3 * E + 1] = NAN; /* a token with a non-finite logit */
+        float *dlg = dev(&p, lg, (size_t)(T * E) * 4), *dbias = dev(&p, bias, (size_t)E * 4);
+        int32_t *ids_c = malloc((size_t)S * 4), *ids_g = malloc((size_t)S * 4);
+        float *wc = malloc((size_t)S * 4), *dw = dev(&p, NULL, (size_t)S * 4);
+        uint8_t fin_c[50], fin_g[50];
+        float *scratch = malloc((size_t)moeq_moe_route_scratch(&r) * 4);
+        int64_t *off_c = malloc((size_t)(E + 1) * 8), *off_g = malloc((size_t)(E + 1) * 8);
+        int64_t *ord_c = malloc((size_t)S * 8), *ord_g = malloc((size_t)S * 8);
+        const float *b = m->layers[c->num_hidden_layers - 1].e_score_correction_bias ? bias : NULL;
+        moeq_route_params pc = {&r, T, lg, b, ids_c, wc, fin_c, scratch, off_c, ord_c};
+        moeq_route_params pg = {&r, T, dlg, b ? dbias : NULL, ids_g, dw, fin_g, NULL, off_g, ord_g};
+        p.cpu->route(p.cpu, &pc), p.gpu->route(p.gpu, &pg);
+        check_status(&p, "route");
+        assert_memory_equal(ids_g, ids_c, (size_t)S * 4);
+        assert_memory_equal(fin_g, fin_c, (size_t)T);
+        assert_memory_equal(off_g, off_c, (size_t)(E + 1) * 8);
+        assert_memory_equal(ord_g, ord_c, (size_t)S * 8);
+        float *got = back(&p, dw, (size_t)S);
+        for (int64_t i = 0; i < S; i++)
+            if (!(fabsf(got[i] - wc[i]) <= 1e-6f * fabsf(wc[i]) + 1e-30f) && !(isnan(got[i]) && isnan(wc[i])))
+                fail_msg("route weight %lld: cuda %.9g cpu %.9g", (long long)i, got[i], wc[i]);
+        free(got);
+        /* gather by the plan's order, combine through the slot map */
+        float *x = rand_host((size_t)(T * D), 1.0f), *dxx = dev(&p, x, (size_t)(T * D) * 4);
+        float *xg = malloc((size_t)(S * D) * 4), *dxg = dev(&p, NULL, (size_t)(S * D) * 4);
+        int64_t *sr = malloc((size_t)S * 8), *dsr = dev(&p, NULL, (size_t)S * 8);
+        moeq_gather_params gc = {xg, sr, x, ord_c, S, K, D}, gg = {dxg, dsr, dxx, ord_c, S, K, D};
+        p.cpu->gather(p.cpu, &gc), p.gpu->gather(p.gpu, &gg);
+        float *sh = rand_host((size_t)(T * D), 1.0f), *dsh = dev(&p, sh, (size_t)(T * D) * 4);
+        float *out = malloc((size_t)(T * D) * 4), *dout = dev(&p, NULL, (size_t)(T * D) * 4);
+        moeq_combine_params cc = {out, xg, sr, wc, sh, T, K, D}, cg = {dout, dxg, dsr, dw, dsh, T, K, D};
+        p.gpu->upload(p.gpu, dw, wc, (size_t)S * 4); /* the CPU's weights: the combine alone is compared */
+        p.cpu->combine(p.cpu, &cc), p.gpu->combine(p.gpu, &cg);
+        check_status(&p, "gather, combine");
+        same_bits(got = back(&p, dxg, (size_t)(S * D)), xg, (size_t)(S * D), "gather"), free(got);
+        int64_t *srg = malloc((size_t)S * 8);
+        p.gpu->download(p.gpu, srg, dsr, (size_t)S * 8);
+        assert_memory_equal(srg, sr, (size_t)S * 8);
+        same_bits(got = back(&p, dout, (size_t)(T * D)), out, (size_t)(T * D), "combine"), free(got);
+        free(lg), free(bias), free(ids_c), free(ids_g), free(wc), free(scratch), free(off_c), free(off_g), free(ord_c),
+            free(ord_g), free(x), free(xg), free(sr), free(sh), free(out), free(srg);
+        pair_free(&p);
+    }
+}
+
+/* ---- whole models through the engine ------------------------------------------------------------------------- */
+
+/* Three sequences: prefill (two chunks for seq 0), then 4 decode steps; every step's logits rows appended. */
+static float *run_engine(const moeq_model *m, const char *backend, int invariant, int *n_rows_out) {
+    moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "%s", backend);
+    p.batch_invariant = invariant;
+    p.n_threads = 4;
+    p.max_seqs = 4;
+    p.kv_cache_tokens = 4096;
+    moeq_engine *e = NULL;
+    char err[512] = "";
+    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine (%s): %s", backend, err);
+    int V = m->config.vocab_size, seq[3], rows = 0;
+    float *all = malloc((size_t)64 * V * sizeof(float));
+    int32_t prompt[3][40];
+    for (int s = 0; s < 3; s++) {
+        assert_int_equal(moeq_engine_seq_new(e, &seq[s]), MOEQ_OK);
+        for (int i = 0; i < 40; i++) prompt[s][i] = (int32_t)((i * 37 + s * 101 + 5) % V);
+    }
+    moeq_step_item first[3] = {{seq[0], prompt[0], 25, 0}, {seq[1], prompt[1], 9, 1}, {seq[2], prompt[2], 1, 0}};
+    if (moeq_engine_step(e, first, 3, all, 64, err, sizeof err)) fail_msg("step (%s): %s", backend, err);
+    rows += 1 + 9 + 1;
+    moeq_step_item second = {seq[0], prompt[0] + 25, 15, 0};
+    if (moeq_engine_step(e, &second, 1, all + (size_t)rows * V, 64 - rows, err, sizeof err)) fail_msg("%s", err);
+    rows += 1;
+    for (int k = 0; k < 4; k++) {
+        int32_t tok[3] = {(int32_t)((k * 11 + 3) % V), (int32_t)((k * 13 + 7) % V), (int32_t)((k * 17 + 1) % V)};
+        moeq_step_item d[3] = {{seq[0], &tok[0], 1, 0}, {seq[1], &tok[1], 1, 0}, {seq[2], &tok[2], 1, 0}};
+        if (moeq_engine_step(e, d, 3, all + (size_t)rows * V, 64 - rows, err, sizeof err)) fail_msg("%s", err);
+        rows += 3;
+    }
+    moeq_engine_destroy(e);
+    *n_rows_out = rows;
+    return all;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+static void whole_model_logits_on_cuda_match_the_cpu_engine(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 3; mi++)
+        for (int inv = 1; inv >= 0; inv--) {
+            const moeq_model *m = models[mi];
+            int V = m->config.vocab_size, rc = 0, rg = 0;
+            float *want = run_engine(m, "cpu", inv, &rc), *got = run_engine(m, "cuda", inv, &rg);
+            assert_int_equal(rc, rg);
+            double scale = max_abs(want, (size_t)rc * V), tol = (inv ? 1e-4 : 1e-3) * scale;
+            char what[120];
+            snprintf(what, sizeof what, "%s logits, batch_invariant %d", model_names[mi], inv);
+            close_to(got, want, (size_t)rc * V, tol, 0, what);
+            for (int r = 0; r < rc; r++) { /* greedy choices agree wherever the CPU's margin is clear */
+                const float *w = want + (size_t)r * V;
+                int best = argmax(w, V);
+                float second = -INFINITY;
+                for (int i = 0; i < V; i++) second = i != best && w[i] > second ? w[i] : second;
+                if (w[best] - second > 4 * tol) assert_int_equal(argmax(got + (size_t)r * V, V), best);
+            }
+            free(want), free(got);
+        }
+}
+
+/* A sequence's logits on the device do not depend on its batch-mates, nor on prefill vs decode. */
+static void batch_invariance_holds_on_the_gpu(void **state) {
+    (void)state;
+    const moeq_model *m = models[0];
+    int V = m->config.vocab_size;
+    moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "cuda");
+    p.max_seqs = 8;
+    p.kv_cache_tokens = 4096;
+    moeq_engine *e = NULL;
+    char err[512] = "";
+    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("%s", err);
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = (int32_t)((i * 31 + 7) % V);
+    float *alone = malloc((size_t)V * 4), *mates = malloc((size_t)8 * V * 4), *chunks = malloc((size_t)V * 4);
+    int a, b, c, d;
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    moeq_step_item it = {a, prompt, 300, 0}; /* 300 tokens: contexts past one split-KV partition */
+    if (moeq_engine_step(e, &it, 1, alone, 1, err, sizeof err)) fail_msg("%s", err);
+    /* the same prompt beside batch-mates of other lengths */
+    assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(e, &c), MOEQ_OK);
+    moeq_step_item two[2] = {{b, prompt + 5, 40, 0}, {c, prompt, 300, 0}};
+    if (moeq_engine_step(e, two, 2, mates, 8, err, sizeof err)) fail_msg("%s", err);
+    same_bits(mates + V, alone, (size_t)V, "the same prompt with a batch-mate");
+    /* prefill in chunks of 1, 7 and the rest == one prefill */
+    assert_int_equal(moeq_engine_seq_new(e, &d), MOEQ_OK);
+    int done = 0;
+    const int sizes[] = {1, 7, 292};
+    for (int k = 0; k < 3; k++) {
+        moeq_step_item ch = {d, prompt + done, sizes[k], 0};
+        if (moeq_engine_step(e, &ch, 1, chunks, 1, err, sizeof err)) fail_msg("%s", err);
+        done += sizes[k];
+    }
+    same_bits(chunks, alone, (size_t)V, "chunked prefill vs one prefill");
+    free(alone), free(mates), free(chunks);
+    moeq_engine_destroy(e);
+}
+
+int main(void) {
+    char why[256] = "";
+    if (moeq_cuda_device_count(why, sizeof why) <= 0) {
+        printf("SKIP test_backend_cuda_gpu: %s\n", why);
+        return SKIP_CODE;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(model_root, sizeof model_root, "%s/moeq-cuda-gpu-XXXXXX", tmp ? tmp : "/tmp");
+    if (!mkdtemp(model_root)) return perror("mkdtemp"), 1;
+    models[0] = gen("tiny", MOEQ_GENMODEL_BF16, "tiny-bf16");
+    models[1] = gen("tiny", MOEQ_GENMODEL_F8, "tiny-f8");
+    models[2] = gen("tiny-v2", MOEQ_GENMODEL_BF16, "tiny-v2-bf16");
+    if (!models[0] || !models[1] || !models[2]) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(matmuls_give_the_cpu_backends_bits_and_cublas_is_close),
+        cmocka_unit_test(row_ops_give_the_cpu_backends_bits),
+        cmocka_unit_test(cache_ops_match_the_cpu_backend),
+        cmocka_unit_test(moe_ops_route_like_the_cpu_and_permute_exactly),
+        cmocka_unit_test(whole_model_logits_on_cuda_match_the_cpu_engine),
+        cmocka_unit_test(batch_invariance_holds_on_the_gpu),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (int i = 0; i < 3; i++) moeq_model_destroy(models[i]);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", model_root);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", model_root);
+    return rc;
+}

@@ -1,0 +1,781 @@
+/*
+ * test_backend_cuda_host.c — the CUDA backend's index and split-KV arithmetic
+ * (engine/cuda/backend_index.cuh, the inline functions its kernels call)
+ * driven on the host against the CPU backend over many shapes, with the
+ * kernels' grids emulated (every block and thread a launch would run, the
+ * butterfly by its host form); and the backend's error paths. No GPU needed:
+ * on a machine without one, creating the cuda backend must fail with the
+ * reason, never crash. test_backend_cuda_gpu runs the kernels themselves.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "engine_state.h"
+#include "kv_paged.h"
+#include "moeq/engine.h"
+#include "moeq/genmodel.h"
+#include "tensor.h"
+
+#include "backend_index.cuh"
+#ifdef MOEQ_HAVE_CUDA_BACKEND
+#include "cuda/backend_cuda.h"
+#include "moeq/cuda_kernels.h"
+#endif
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t urand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+static float frand(void) { return (float)(urand() & 0xFFFFFF) / (float)(1 << 23) - 1.0f; } /* [-1, 1) */
+
+static void assert_same_bits(const float *got, const float *want, size_t n, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], 4) && !(isnan(got[i]) && isnan(want[i])))
+            fail_msg("%s: element %zu: helper %.9g vs cpu %.9g", what, i, got[i], want[i]);
+}
+
+static moeq_backend *cpu_backend(int64_t max_ctx) {
+    moeq_backend_config c = {.n_threads = 2, .batch_invariant = 1, .blas_min_tokens = 16, .max_k = 4096,
+                             .max_ctx = max_ctx, .max_jobs = 64};
+    moeq_backend *b = moeq_backend_cpu_new(&c);
+    assert_non_null(b);
+    return b;
+}
+
+/* ---- a paged cache on the host: random block ids, random entries ------------------------------------------ */
+
+typedef struct fake_cache {
+    moeq_kv_paged kv;
+    int32_t *table;
+    float *pool;
+    int n_seqs;
+    int64_t max_len;
+} fake_cache;
+
+/* n_seqs sequences of up to max_len positions; blocks shuffled over the pool; 2 layers, layer 1 described. */
+static void fake_cache_make(fake_cache *c, int n_seqs, int64_t max_len, int block_tokens, int entry_floats) {
+    int64_t per_seq = moeq_cu_kv_blocks(max_len, block_tokens), n_blocks = per_seq * n_seqs;
+    size_t block_floats = (size_t)2 * (size_t)block_tokens * (size_t)entry_floats;
+    c->table = malloc((size_t)n_blocks * sizeof(int32_t));
+    c->pool = malloc((size_t)n_blocks * block_floats * sizeof(float));
+    for (int64_t i = 0; i < n_blocks; i++) c->table[i] = (int32_t)i;
+    for (int64_t i = n_blocks - 1; i > 0; i--) { /* Fisher-Yates: block ids out of order */
+        int64_t j = urand() % (uint32_t)(i + 1);
+        int32_t tmp = c->table[i];
+        c->table[i] = c->table[j];
+        c->table[j] = tmp;
+    }
+    for (size_t i = 0; i < (size_t)n_blocks * block_floats; i++) c->pool[i] = frand();
+    c->kv = (moeq_kv_paged){c->pool, c->table, per_seq, block_floats, (size_t)block_tokens * entry_floats,
+                            block_tokens, entry_floats};
+    c->n_seqs = n_seqs;
+    c->max_len = max_len;
+}
+
+static void fake_cache_free(fake_cache *c) { free(c->table), free(c->pool); }
+
+/* A step of T tokens: runs of one sequence (a prefill chunk) and single tokens, positions below max_len. */
+static void random_step(const fake_cache *c, int64_t T, int32_t *seq, int64_t *pos) {
+    for (int64_t t = 0; t < T;) {
+        int s = (int)(urand() % (uint32_t)c->n_seqs);
+        int64_t run = 1 + urand() % 6, p0 = urand() % (uint32_t)c->max_len;
+        for (int64_t k = 0; k < run && t < T; k++, t++) {
+            seq[t] = s;
+            pos[t] = p0 + k < c->max_len ? p0 + k : c->max_len - 1;
+        }
+    }
+}
+
+static void compact_tables_address_every_entry_as_the_engines_block_tables(void **state) {
+    (void)state;
+    const int bts[] = {1, 3, 16, 64}, efs[] = {1, 9, 288};
+    for (int bi = 0; bi < 4; bi++)
+        for (int ei = 0; ei < 3; ei++) {
+            fake_cache c;
+            fake_cache_make(&c, 5, 300, bts[bi], efs[ei]);
+            for (int rep = 0; rep < 20; rep++) {
+                int64_t T = 1 + urand() % 40, cap = 0;
+                int32_t seq[40], row_off[40];
+                int64_t pos[40];
+                random_step(&c, T, seq, pos);
+                for (int64_t t = 0; t < T; t++) cap += moeq_cu_kv_blocks(pos[t] + 1, bts[bi]);
+                int32_t *ctab = malloc((size_t)cap * sizeof(int32_t));
+                int64_t used = moeq_cu_kv_compact(c.table, c.kv.table_stride, seq, pos, T, bts[bi], row_off, ctab, cap);
+                assert_true(used > 0 && used <= cap);
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t p = 0; p <= pos[t]; p++) { /* every entry the token's attention reads */
+                        size_t off = moeq_cu_kv_entry_offset(ctab + row_off[t], p, bts[bi], c.kv.block_floats,
+                                                             c.kv.layer_offset, efs[ei]);
+                        assert_ptr_equal(c.pool + off, moeq_kv_paged_entry(&c.kv, seq[t], p));
+                    }
+                if (used > 1) /* too small a bound is refused, not overrun */
+                    assert_int_equal(moeq_cu_kv_compact(c.table, c.kv.table_stride, seq, pos, T, bts[bi], row_off,
+                                                        ctab, used - 1), -1);
+                free(ctab);
+            }
+            fake_cache_free(&c);
+        }
+}
+
+static void split_partitions_cover_each_context_once_and_depend_only_on_its_length(void **state) {
+    (void)state;
+    for (int64_t n = 1; n <= 200000; n += n < 3000 ? 1 : 997) {
+        int parts = moeq_cu_split_parts(n);
+        assert_true(parts >= 1 && parts <= moeq_cu_split_max_parts(200000));
+        int64_t next = 0;
+        for (int p = 0; p < parts; p++) {
+            int64_t j0, j1;
+            moeq_cu_split_range(n, parts, p, &j0, &j1);
+            assert_int_equal(j0, next);                             /* contiguous, in order */
+            assert_true(j1 > j0 && j1 - j0 <= MOEQ_CU_SPLIT_MAX_ROWS); /* never empty, fits the kernel */
+            next = j1;
+        }
+        assert_int_equal(next, n);
+        if (n <= MOEQ_CU_SPLIT_ROWS) assert_int_equal(parts, 1);
+        assert_true(moeq_cu_split_parts(n) <= moeq_cu_split_parts(n + 1)); /* monotone: the workspace bound holds */
+    }
+    /* the plan of a call: tokens in order, each token's slots contiguous, its partitions from its length alone */
+    int64_t pos[6] = {0, 255, 256, 4095, 70000, 3};
+    moeq_cu_split_item items[256];
+    int32_t first[6], count[6];
+    int64_t n = moeq_cu_split_plan(pos, 0, 6, items, first, count, 256);
+    assert_true(n > 6);
+    for (int t = 0; t < 6; t++) {
+        assert_int_equal(count[t], moeq_cu_split_parts(pos[t] + 1));
+        for (int p = 0; p < count[t]; p++) {
+            const moeq_cu_split_item *it = &items[first[t] + p];
+            int64_t j0, j1;
+            moeq_cu_split_range(pos[t] + 1, count[t], p, &j0, &j1);
+            assert_true(it->t == t && it->slot == first[t] + p && it->j0 == j0 && it->j1 == j1);
+        }
+    }
+    assert_int_equal(moeq_cu_split_plan(pos, 0, 6, items, first, count, n - 1), -1);
+}
+
+/*
+ * The kernels' arithmetic for one (token, head), emulated: attn_partial_kernel per partition (scores by
+ * half-warps of 16 lanes and the butterfly, the max, exp, the sum's 16 lanes and butterfly, the output
+ * chain), then attn_merge_kernel.
+ */
+static void emulate_split_attention(const moeq_mla_params *a, const int32_t *row_off, const int32_t *ctab, int64_t t,
+                                    int h, float *out) {
+    int L = a->kv_lora, R = a->rope, H = a->n_heads;
+    int64_t n_ctx = a->pos[t] + 1;
+    int P = moeq_cu_split_parts(n_ctx);
+    float *o = malloc((size_t)P * L * sizeof(float)), m[4096], l[4096], sc[MOEQ_CU_SPLIT_MAX_ROWS], sc_[4096];
+    const float *ql = a->q_lat + (t * H + h) * L, *qp = a->q_pe + (t * H + h) * R;
+    assert_true(P <= 4096);
+    for (int p = 0; p < P; p++) {
+        int64_t j0, j1;
+        moeq_cu_split_range(n_ctx, P, p, &j0, &j1);
+        int n = (int)(j1 - j0);
+        for (int j = 0; j < n; j++) {
+            const float *e = a->kv.pool + moeq_cu_kv_entry_offset(ctab + row_off[t], j0 + j, a->kv.block_tokens,
+                                                                  a->kv.block_floats, a->kv.layer_offset,
+                                                                  a->kv.entry_floats);
+            float lanes[MOEQ_CU_LANES];
+            for (int lane = 0; lane < MOEQ_CU_LANES; lane++) lanes[lane] = moeq_cu_score_lane(ql, qp, e, L, R, lane);
+            moeq_cu_butterfly16(lanes);
+            sc[j] = lanes[0] * a->scale;
+        }
+        m[p] = moeq_cu_split_max(sc, n);
+        for (int j = 0; j < n; j++) sc[j] = moeq_cu_exp_nonpos(sc[j] - m[p]);
+        float lanes[MOEQ_CU_LANES];
+        for (int lane = 0; lane < MOEQ_CU_LANES; lane++) lanes[lane] = moeq_cu_split_sum_lane(sc, n, lane);
+        moeq_cu_butterfly16(lanes);
+        l[p] = lanes[0];
+        for (int d = 0; d < L; d++) {
+            float acc = 0.0f;
+            for (int j = 0; j < n; j++) {
+                const float *e = a->kv.pool + moeq_cu_kv_entry_offset(ctab + row_off[t], j0 + j, a->kv.block_tokens,
+                                                                      a->kv.block_floats, a->kv.layer_offset,
+                                                                      a->kv.entry_floats);
+                acc = fmaf(sc[j], e[d], acc);
+            }
+            o[(int64_t)p * L + d] = acc;
+        }
+    }
+    float Lsum = moeq_cu_split_merge_scales(m, l, P, sc_);
+    for (int d = 0; d < L; d++) out[d] = moeq_cu_split_merge_elem(o, L, sc_, P, Lsum, d);
+    free(o);
+}
+
+static void split_kv_partials_merged_equal_the_cpu_attention(void **state) {
+    (void)state;
+    typedef struct shape {
+        int H, L, R, bt;
+        int64_t max_len;
+    } shape;
+    const shape shapes[] = {{1, 16, 8, 16, 40}, {3, 64, 32, 7, 700}, {16, 100, 64, 16, 2100}, {2, 512, 64, 64, 5000},
+                            {4, 32, 16, 1, 300}};
+    moeq_backend *cpu = cpu_backend(5000);
+    double worst = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape *sh = &shapes[si];
+        fake_cache c;
+        fake_cache_make(&c, 3, sh->max_len, sh->bt, sh->L + sh->R);
+        int64_t T = 6;
+        int32_t seq[6], row_off[6];
+        int64_t pos[6], cap = 0;
+        random_step(&c, T, seq, pos);
+        pos[0] = sh->max_len - 1; /* the longest context: the most partitions */
+        for (int64_t t = 0; t < T; t++) cap += moeq_cu_kv_blocks(pos[t] + 1, sh->bt);
+        int32_t *ctab = malloc((size_t)cap * sizeof(int32_t));
+        assert_true(moeq_cu_kv_compact(c.table, c.kv.table_stride, seq, pos, T, sh->bt, row_off, ctab, cap) > 0);
+        size_t nq = (size_t)(T * sh->H);
+        float *ql = malloc(nq * sh->L * sizeof(float)), *qp = malloc(nq * sh->R * sizeof(float));
+        float *want = malloc(nq * sh->L * sizeof(float)), *got = malloc((size_t)sh->L * sizeof(float));
+        for (size_t i = 0; i < nq * sh->L; i++) ql[i] = frand() * 0.3f;
+        for (size_t i = 0; i < nq * sh->R; i++) qp[i] = frand() * 0.3f;
+        moeq_mla_params a = {c.kv, T, seq, pos, sh->H, sh->L, sh->R, ql, qp, want, 0.125f};
+        cpu->attention(cpu, &a);
+        for (int64_t t = 0; t < T; t++)
+            for (int h = 0; h < sh->H; h++) {
+                emulate_split_attention(&a, row_off, ctab, t, h, got);
+                const float *w = want + (t * sh->H + h) * sh->L;
+                for (int d = 0; d < sh->L; d++) {
+                    double e = fabs((double)got[d] - w[d]);
+                    worst = e > worst ? e : worst;
+                    if (e > 2e-6 + 2e-6 * fabs(w[d]))
+                        fail_msg("H %d L %d R %d bt %d: token %lld (ctx %lld, %d parts) head %d [%d]: "
+                                 "split %.9g cpu %.9g",
+                                 sh->H, sh->L, sh->R, sh->bt, (long long)t, (long long)pos[t] + 1,
+                                 moeq_cu_split_parts(pos[t] + 1), h, d, got[d], w[d]);
+                }
+            }
+        free(ql), free(qp), free(want), free(got), free(ctab);
+        fake_cache_free(&c);
+    }
+    print_message("split-KV vs cpu attention: worst abs difference %.3g\n", worst);
+    moeq_backend_destroy(cpu);
+}
+
+/* The merge alone over random partials (every partition's max, sum, output) against float64. */
+static void split_merge_of_random_partials_equals_the_float64_softmax(void **state) {
+    (void)state;
+    for (int rep = 0; rep < 300; rep++) {
+        int P = 1 + (int)(urand() % 40), D = 1 + (int)(urand() % 17);
+        float m[40], l[40], a[40], o[40 * 17];
+        for (int p = 0; p < P; p++) {
+            m[p] = frand() * 30.0f;
+            l[p] = 1.0f + (frand() + 1.0f) * 100.0f; /* a partition's sum holds its max's exp(0) = 1 */
+            for (int d = 0; d < D; d++) o[p * D + d] = frand() * l[p];
+        }
+        float L = moeq_cu_split_merge_scales(m, l, P, a);
+        double M = -INFINITY, Ld = 0;
+        for (int p = 0; p < P; p++) M = m[p] > M ? m[p] : M;
+        for (int p = 0; p < P; p++) Ld += exp((double)m[p] - M) * l[p];
+        assert_true(fabs(L - Ld) <= 1e-5 * Ld);
+        for (int d = 0; d < D; d++) {
+            double want = 0;
+            for (int p = 0; p < P; p++) want += exp((double)m[p] - M) * o[p * D + d];
+            want /= Ld;
+            float got = moeq_cu_split_merge_elem(o, D, a, P, L, d);
+            if (fabs(got - want) > 1e-5 * (1 + fabs(want)))
+                fail_msg("P %d d %d: merge %.9g float64 %.9g", P, d, got, want);
+        }
+    }
+}
+
+static void gather_and_combine_grids_give_the_cpu_backends_bits(void **state) {
+    (void)state;
+    moeq_backend *cpu = cpu_backend(16);
+    const int64_t Ts[] = {1, 5, 33}, Ks[] = {1, 2, 8}, Ds[] = {1, 17, 64};
+    for (int ti = 0; ti < 3; ti++)
+        for (int ki = 0; ki < 3; ki++)
+            for (int di = 0; di < 3; di++) {
+                int64_t T = Ts[ti], K = Ks[ki], D = Ds[di], S = T * K;
+                float *x = malloc((size_t)(T * D) * sizeof(float)), *xg = malloc((size_t)(S * D) * sizeof(float));
+                float *xg_cpu = malloc((size_t)(S * D) * sizeof(float)), *w = malloc((size_t)S * sizeof(float));
+                float *sh = malloc((size_t)(T * D) * sizeof(float)), *out = malloc((size_t)(T * D) * sizeof(float));
+                float *out_cpu = malloc((size_t)(T * D) * sizeof(float));
+                int64_t *order = malloc((size_t)S * sizeof(int64_t)), *sr = malloc((size_t)S * sizeof(int64_t));
+                int64_t *sr_cpu = malloc((size_t)S * sizeof(int64_t));
+                for (int64_t i = 0; i < T * D; i++) x[i] = frand(), sh[i] = frand();
+                for (int64_t i = 0; i < S; i++) order[i] = i, w[i] = frand();
+                for (int64_t i = S - 1; i > 0; i--) {
+                    int64_t j = urand() % (uint32_t)(i + 1), tmp = order[i];
+                    order[i] = order[j], order[j] = tmp;
+                }
+                moeq_gather_params gp = {xg_cpu, sr_cpu, x, order, S, K, D};
+                cpu->gather(cpu, &gp);
+                for (int64_t idx = 0; idx < S * D; idx++) { /* gather_kernel's threads */
+                    moeq_cu_gather_at at = moeq_cu_gather_index(idx, D);
+                    xg[at.i * D + at.d] = x[moeq_cu_gather_src(order, at.i, K) * D + at.d];
+                    if (at.d == 0) sr[order[at.i]] = at.i;
+                }
+                assert_same_bits(xg, xg_cpu, (size_t)(S * D), "gather rows");
+                assert_memory_equal(sr, sr_cpu, (size_t)S * sizeof(int64_t));
+                for (int with_shared = 0; with_shared < 2; with_shared++)
+                    for (int via_map = 0; via_map < 2; via_map++) {
+                        moeq_combine_params cp = {out_cpu, xg, via_map ? sr : NULL, w,
+                                                  with_shared ? sh : NULL, T, K, D};
+                        cpu->combine(cpu, &cp);
+                        for (int64_t idx = 0; idx < T * D; idx++) /* combine_kernel's threads */
+                            out[idx] = moeq_cu_combine_elem(xg, cp.slot_row, w, cp.shared, idx / D, K, D, idx % D);
+                        assert_same_bits(out, out_cpu, (size_t)(T * D), "combine");
+                    }
+                free(x), free(xg), free(xg_cpu), free(w), free(sh), free(out), free(out_cpu), free(order), free(sr),
+                    free(sr_cpu);
+            }
+    moeq_backend_destroy(cpu);
+}
+
+/* An F8 weight with partial 128-blocks; its block scales looked up by absolute row, as mm_nt_kernel and
+ * mm_nn_kernel do for a job's row range, give moeq_tensor_rows_to_f32's values, and the NT/NN products the
+ * CPU backend's bits. */
+static void f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges(void **state) {
+    (void)state;
+    const int64_t rows = 300, cols = 200;
+    uint8_t *q = malloc((size_t)(rows * cols));
+    int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    float *scale = malloc((size_t)(rb * cb) * sizeof(float));
+    for (int64_t i = 0; i < rb * cb; i++) scale[i] = (float)(1 + i) / 448.0f;
+    for (int64_t i = 0; i < rows * cols; i++) q[i] = moeq_f32_to_f8_e4m3(frand() * 400.0f);
+    moeq_tensor st = {.name = "s", .dtype = MOEQ_DTYPE_F32, .ndim = 2, .shape = {rb, cb}, .data = scale,
+                      .nbytes = (size_t)(rb * cb) * 4};
+    moeq_tensor w = {.name = "w", .dtype = MOEQ_DTYPE_F8_E4M3, .ndim = 2, .shape = {rows, cols}, .data = q,
+                     .nbytes = (size_t)(rows * cols), .scale_inv = &st};
+    moeq_backend *cpu = cpu_backend(16);
+    const int64_t r0s[] = {0, 1, 127, 128, 129, 250}, T = 11;
+    float *x = malloc((size_t)(T * rows) * sizeof(float)), *row = malloc((size_t)cols * sizeof(float));
+    float *y = malloc((size_t)(T * rows) * sizeof(float)), *want = malloc((size_t)(T * rows) * sizeof(float));
+    for (int64_t i = 0; i < T * rows; i++) x[i] = frand();
+    for (int ri = 0; ri < 6; ri++) {
+        int64_t r0 = r0s[ri], n = rows - r0 < 45 ? rows - r0 : 45;
+        for (int64_t r = r0; r < r0 + n; r++) {
+            moeq_tensor_rows_to_f32(&w, r, 1, row);
+            for (int64_t k = 0; k < cols; k++) {
+                float got = moeq_cu_widen(MOEQ_CU_DTYPE_F8_E4M3, q, scale, cols, r, k);
+                assert_same_bits(&got, &row[k], 1, "f8 element");
+            }
+        }
+        /* NT over rows [r0, r0 + n): mm_nt_kernel's grid with the weight row shifted by row0 */
+        moeq_mm_job j = {&w, r0, n, x, cols, want, n, T};
+        cpu->matmul(cpu, &j, 1);
+        for (int64_t bx = 0; bx < moeq_cu_mm_grid_x(n); bx++)
+            for (int64_t by = 0; by < moeq_cu_mm_grid_y(T); by++)
+                for (int r = 0; r < MOEQ_CU_MM_ROWS; r++) { /* one half-warp: its 16 lanes, then the butterfly */
+                    float acc[MOEQ_CU_LANES][MOEQ_CU_MM_TILE_T];
+                    moeq_cu_mm_at a = moeq_cu_mm_index(bx, by, r * MOEQ_CU_LANES, T, n);
+                    if (a.nt == 0) continue;
+                    for (int lane = 0; lane < MOEQ_CU_LANES; lane++) {
+                        moeq_cu_mm_at aw = moeq_cu_mm_index(bx, by, r * MOEQ_CU_LANES + lane, T, n);
+                        aw.o += r0;
+                        moeq_cu_mm_lanes(acc[lane], aw, x, cols, MOEQ_CU_DTYPE_F8_E4M3, q, scale, cols);
+                    }
+                    for (int jt = 0; jt < a.nt; jt++) {
+                        float v[MOEQ_CU_LANES];
+                        for (int lane = 0; lane < MOEQ_CU_LANES; lane++) v[lane] = acc[lane][jt];
+                        moeq_cu_butterfly16(v);
+                        y[(a.t0 + jt) * n + a.o] = v[0];
+                    }
+                }
+        assert_same_bits(y, want, (size_t)(T * n), "f8 NT over a row range");
+        /* NN through rows [r0, r0 + n): mm_nn_kernel's one chain per (token, column) */
+        moeq_mm_job jn = {&w, r0, n, x, rows, want, cols, T};
+        cpu->matmul_nn(cpu, &jn, 1);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t c = 0; c < cols; c++) {
+                float acc = 0.0f;
+                for (int64_t r = 0; r < n; r++)
+                    acc = fmaf(x[t * rows + r], moeq_cu_widen(MOEQ_CU_DTYPE_F8_E4M3, q, scale, cols, r0 + r, c), acc);
+                y[t * cols + c] = acc;
+            }
+        assert_same_bits(y, want, (size_t)(T * cols), "f8 NN over a row range");
+    }
+    free(q), free(scale), free(x), free(row), free(y), free(want);
+    moeq_backend_destroy(cpu);
+}
+
+/* ---- the engine's device path, played on the CPU ----------------------------------------------------------------- */
+
+/* One step of two sequences (23 tokens with every row's logits, and 4) and a decode step, into logits. */
+static void two_steps(moeq_engine *e, int vocab, float *logits, float *hidden) {
+    int a, b;
+    char err[256] = "";
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+    int32_t pa[23], pb[4], next[2] = {7, 9};
+    for (int i = 0; i < 23; i++) pa[i] = (int32_t)((i * 37 + 5) % vocab);
+    for (int i = 0; i < 4; i++) pb[i] = (int32_t)((i * 53 + 2) % vocab);
+    moeq_step_item first[2] = {{a, pa, 23, 1}, {b, pb, 4, 0}};
+    if (moeq_engine_step_hidden(e, first, 2, logits, 24, hidden, 24, err, sizeof err)) fail_msg("%s", err);
+    moeq_step_item second[2] = {{a, &next[0], 1, 0}, {b, &next[1], 1, 0}};
+    if (moeq_engine_step(e, second, 2, logits + (size_t)24 * vocab, 2, err, sizeof err)) fail_msg("%s", err);
+}
+
+/*
+ * forward.c's path for a backend that is not host_visible (the CUDA backend's): the lm_head writes chunks of
+ * rows into the arena and download brings each into the caller's buffer. Played here on the CPU backend with
+ * the flag cleared and a 5-row chunk (so 24 rows take 5 chunks): the same bits as the direct path.
+ */
+static void logits_through_download_in_chunks_equal_the_direct_logits(void **state) {
+    (void)state;
+    char dir[] = "/tmp/moeq-cuda-host-XXXXXX", err[512] = "";
+    assert_non_null(mkdtemp(dir));
+    moeq_model_config c;
+    moeq_genmodel_params gp = moeq_genmodel_default_params();
+    assert_int_equal(moeq_genmodel_preset("tiny", &c, &gp.min_shards, err, sizeof err), MOEQ_OK);
+    gp.write_tokenizer = 0;
+    if (moeq_genmodel_write(dir, &c, &gp, NULL, err, sizeof err)) fail_msg("%s", err);
+    moeq_model *m = NULL;
+    if (moeq_model_load(dir, NULL, &m, err, sizeof err)) fail_msg("%s", err);
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = 2;
+    p.max_seqs = 4;
+    p.kv_cache_tokens = 512;
+    moeq_engine *direct = NULL, *staged = NULL;
+    assert_int_equal(moeq_engine_new(m, &p, &direct, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_engine_new(m, &p, &staged, err, sizeof err), MOEQ_OK);
+    assert_true(direct->backend->host_visible && direct->s.logits == NULL); /* the CPU: no buffer of its own */
+    staged->backend->host_visible = 0;
+    staged->s.logits_rows = 5;
+    staged->s.logits = staged->backend->alloc(staged->backend, MOEQ_BUFFER_ARENA,
+                                              (size_t)5 * c.vocab_size * sizeof(float));
+    assert_non_null(staged->s.logits);
+    size_t n = (size_t)26 * c.vocab_size, nh = (size_t)24 * c.hidden_size;
+    float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+    float *hw = calloc(nh, sizeof(float)), *hg = calloc(nh, sizeof(float));
+    two_steps(direct, c.vocab_size, want, hw);
+    two_steps(staged, c.vocab_size, got, hg);
+    assert_same_bits(got, want, n, "logits through download");
+    assert_same_bits(hg, hw, nh, "hidden rows");
+    staged->backend->release(staged->backend, staged->s.logits);
+    moeq_engine_destroy(direct);
+    moeq_engine_destroy(staged);
+    moeq_model_destroy(m);
+    free(want), free(got), free(hw), free(hg);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+
+/* ---- a backend whose buffers the host cannot touch between ops ----------------------------------------------- */
+
+/*
+ * "guarded": the CPU backend behind a table whose buffers are mmapped pages kept PROT_NONE except while one of
+ * its own calls runs (every op, upload, download, copy), and host_visible = 0 — what the engine sees of a
+ * device. A host read or write of backend memory anywhere else in the engine (forward.c, moe_layer.c, mtp.c,
+ * kv_cache.c) faults, and every pointer an op computes on is checked to be backend memory (a device could
+ * not read a host pointer): an engine run on it shows both directions of the device contract.
+ */
+#define GUARD_MAX 512
+typedef struct guarded {
+    moeq_backend base;
+    moeq_backend *cpu;
+    void *buf[GUARD_MAX];
+    size_t len[GUARD_MAX];
+} guarded;
+
+static void guard_set(guarded *g, int prot) {
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (g->buf[i]) assert_int_equal(mprotect(g->buf[i], g->len[i], prot), 0);
+}
+#define G(b) ((guarded *)(b))
+#define OPEN(b) guard_set(G(b), PROT_READ | PROT_WRITE)
+#define SHUT(b) guard_set(G(b), PROT_NONE)
+
+static void *g_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
+    (void)kind;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (bytes + page - 1) / page * page + (bytes == 0) * page;
+    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (!G(b)->buf[i]) {
+            G(b)->buf[i] = p, G(b)->len[i] = len;
+            return p;
+        }
+    munmap(p, len);
+    return NULL;
+}
+static void g_release(moeq_backend *b, void *p) {
+    for (int i = 0; p && i < GUARD_MAX; i++)
+        if (G(b)->buf[i] == p) munmap(p, G(b)->len[i]), G(b)->buf[i] = NULL;
+}
+static int g_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dt) {
+    return G(b)->cpu->supports(G(b)->cpu, op, dt);
+}
+static moeq_err g_map(moeq_backend *b, const moeq_model *m, char *e, size_t n) {
+    return G(b)->cpu->map_weights(G(b)->cpu, m, e, n);
+}
+static void g_sync(moeq_backend *b) { G(b)->cpu->sync(G(b)->cpu); }
+/* Every pointer an op computes on must be backend memory (a device could not read anything else). */
+static int in_buf(const guarded *g, const void *p) {
+    const char *c = p;
+    for (int i = 0; i < GUARD_MAX; i++) {
+        const char *lo = g->buf[i];
+        if (lo && c >= lo && c < lo + g->len[i]) return 1;
+    }
+    return 0;
+}
+static void dev_check(const moeq_backend *b, const void *p, const char *fn, const char *what) {
+    if (p && !in_buf((const guarded *)b, p)) fail_msg("%s: %s is not backend memory", fn, what);
+}
+#define DEV(b, p, what) dev_check((b), (p), __func__, (what))
+
+static void g_upload(moeq_backend *b, void *d, const void *h, size_t n) {
+    DEV(b, d, "dst");
+    OPEN(b), G(b)->cpu->upload(G(b)->cpu, d, h, n), SHUT(b);
+}
+static void g_download(moeq_backend *b, void *h, const void *d, size_t n) {
+    DEV(b, d, "src");
+    OPEN(b), G(b)->cpu->download(G(b)->cpu, h, d, n), SHUT(b);
+}
+static void g_copy(moeq_backend *b, void *d, const void *s, size_t n) {
+    DEV(b, d, "dst"), DEV(b, s, "src");
+    OPEN(b), G(b)->cpu->copy(G(b)->cpu, d, s, n), SHUT(b);
+}
+static void g_attention(moeq_backend *b, const moeq_mla_params *p) {
+    DEV(b, p->kv.pool, "kv.pool"), DEV(b, p->q_lat, "q_lat"), DEV(b, p->q_pe, "q_pe"), DEV(b, p->out_lat, "out_lat");
+    OPEN(b), G(b)->cpu->attention(G(b)->cpu, p), SHUT(b);
+}
+static void g_attention_naive(moeq_backend *b, const moeq_mla_naive_params *p) {
+    DEV(b, p->kv.pool, "kv.pool"), DEV(b, p->q, "q"), DEV(b, p->q_pe, "q_pe"), DEV(b, p->out_v, "out_v");
+    OPEN(b), G(b)->cpu->attention_naive(G(b)->cpu, p), SHUT(b);
+}
+static void g_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
+    DEV(b, p->out, "out"), DEV(b, p->x, "x"), DEV(b, p->w, "w");
+    OPEN(b), G(b)->cpu->rmsnorm(G(b)->cpu, p), SHUT(b);
+}
+static void g_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
+    DEV(b, p->kv.pool, "kv.pool"), DEV(b, p->kva, "kva"), DEV(b, p->kv_norm, "kv_norm"), DEV(b, p->q, "q");
+    DEV(b, p->q_pe, "q_pe"), DEV(b, p->cos_v, "cos_v"), DEV(b, p->sin_v, "sin_v");
+    OPEN(b), G(b)->cpu->mla_rope(G(b)->cpu, p), SHUT(b);
+}
+static void g_route(moeq_backend *b, const moeq_route_params *p) {
+    DEV(b, p->logits, "logits"), DEV(b, p->bias, "bias"), DEV(b, p->weights, "weights");
+    if (in_buf(G(b), p->ids) || in_buf(G(b), p->finite)) fail_msg("route: ids and finite must be host memory");
+    OPEN(b), G(b)->cpu->route(G(b)->cpu, p), SHUT(b);
+}
+static void g_gather(moeq_backend *b, const moeq_gather_params *p) {
+    DEV(b, p->xg, "xg"), DEV(b, p->slot_row, "slot_row"), DEV(b, p->x, "x");
+    OPEN(b), G(b)->cpu->gather(G(b)->cpu, p), SHUT(b);
+}
+static void g_combine(moeq_backend *b, const moeq_combine_params *p) {
+    DEV(b, p->out, "out"), DEV(b, p->rows, "rows"), DEV(b, p->slot_row, "slot_row"), DEV(b, p->weights, "weights");
+    DEV(b, p->shared, "shared");
+    OPEN(b), G(b)->cpu->combine(G(b)->cpu, p), SHUT(b);
+}
+static void mm_check(moeq_backend *b, const moeq_mm_job *j, int n) {
+    for (int i = 0; i < n; i++) DEV(b, j[i].x, "job x"), DEV(b, j[i].y, "job y");
+}
+static void g_matmul(moeq_backend *b, const moeq_mm_job *j, int n) {
+    mm_check(b, j, n);
+    OPEN(b), G(b)->cpu->matmul(G(b)->cpu, j, n), SHUT(b);
+}
+static void g_matmul_nn(moeq_backend *b, const moeq_mm_job *j, int n) {
+    mm_check(b, j, n);
+    OPEN(b), G(b)->cpu->matmul_nn(G(b)->cpu, j, n), SHUT(b);
+}
+static void g_embed(moeq_backend *b, const moeq_tensor *t, const int32_t *ids, int64_t n, float *out) {
+    DEV(b, out, "out");
+    OPEN(b), G(b)->cpu->embed(G(b)->cpu, t, ids, n, out), SHUT(b);
+}
+static void g_rope_cos_sin(moeq_backend *b, const moeq_rope *r, const int64_t *pos, int64_t n, float *c, float *s) {
+    DEV(b, c, "cos_v"), DEV(b, s, "sin_v");
+    OPEN(b), G(b)->cpu->rope_cos_sin(G(b)->cpu, r, pos, n, c, s), SHUT(b);
+}
+static void g_silu_mul(moeq_backend *b, float *o, const float *g, const float *u, int64_t n) {
+    DEV(b, o, "out"), DEV(b, g, "gate"), DEV(b, u, "up");
+    OPEN(b), G(b)->cpu->silu_mul(G(b)->cpu, o, g, u, n), SHUT(b);
+}
+static void g_add(moeq_backend *b, float *x, const float *y, int64_t n) {
+    DEV(b, x, "x"), DEV(b, y, "y");
+    OPEN(b), G(b)->cpu->add(G(b)->cpu, x, y, n), SHUT(b);
+}
+static void g_destroy(moeq_backend *b) {
+    for (int i = 0; i < GUARD_MAX; i++) g_release(b, G(b)->buf[i]);
+    moeq_backend_destroy(G(b)->cpu);
+    free(b);
+}
+
+static moeq_err guarded_new(const moeq_backend_config *config, moeq_backend **out, char *errstr, size_t errstr_size) {
+    guarded *g = calloc(1, sizeof *g);
+    if (!g || !(g->cpu = moeq_backend_cpu_new(config)))
+        return free(g), moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "guarded backend");
+    g->base = (moeq_backend){.name = "guarded", .host_visible = 0, .supports = g_supports, .alloc = g_alloc,
+                             .release = g_release, .upload = g_upload, .download = g_download, .copy = g_copy,
+                             .map_weights = g_map, .sync = g_sync, .matmul = g_matmul, .matmul_nn = g_matmul_nn,
+                             .attention = g_attention, .attention_naive = g_attention_naive, .embed = g_embed,
+                             .rmsnorm = g_rmsnorm, .rope_cos_sin = g_rope_cos_sin, .mla_rope = g_mla_rope,
+                             .silu_mul = g_silu_mul, .add = g_add, .route = g_route, .gather = g_gather,
+                             .combine = g_combine, .destroy = g_destroy};
+    *out = &g->base;
+    return MOEQ_OK;
+}
+
+static moeq_model *gen_model(const char *preset, char *dir) {
+    char err[512] = "";
+    assert_non_null(mkdtemp(dir));
+    moeq_model_config c;
+    moeq_genmodel_params gp = moeq_genmodel_default_params();
+    assert_int_equal(moeq_genmodel_preset(preset, &c, &gp.min_shards, err, sizeof err), MOEQ_OK);
+    gp.mtp_agree = moeq_genmodel_preset_mtp_agree(preset);
+    gp.write_tokenizer = 0;
+    if (moeq_genmodel_write(dir, &c, &gp, NULL, err, sizeof err)) fail_msg("%s", err);
+    moeq_model *m = NULL;
+    if (moeq_model_load(dir, NULL, &m, err, sizeof err)) fail_msg("%s", err);
+    return m;
+}
+
+static void rm_dir(const char *dir) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static moeq_engine *engine_on(const moeq_model *m, const char *backend) {
+    moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "%s", backend);
+    p.n_threads = 2, p.max_seqs = 4, p.kv_cache_tokens = 512, p.max_step_tokens = 256;
+    moeq_engine *e = NULL;
+    char err[512] = "";
+    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine on %s: %s", backend, err);
+    return e;
+}
+
+/* two_steps, then a fork of the first sequence at 10 tokens (a partial block copied: backend copy) and a step
+ * of the fork: 27 rows of logits. */
+static void run_steps(moeq_engine *e, int vocab, float *logits) {
+    two_steps(e, vocab, logits, NULL);
+    int f;
+    char err[256] = "";
+    if (moeq_engine_seq_fork(e, 0, 10, 0, 0, &f, err, sizeof err)) fail_msg("%s", err);
+    int32_t tok = 11;
+    moeq_step_item it = {f, &tok, 1, 0};
+    if (moeq_engine_step(e, &it, 1, logits + (size_t)26 * vocab, 1, err, sizeof err)) fail_msg("%s", err);
+}
+
+static void an_engine_touches_backend_memory_only_through_ops(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) assert_int_equal(moeq_backend_register("guarded", guarded_new), MOEQ_OK);
+    const char *presets[] = {"tiny", "tiny-v2"};
+    for (int i = 0; i < 2; i++) {
+        char dir[] = "/tmp/moeq-guard-XXXXXX";
+        moeq_model *m = gen_model(presets[i], dir);
+        int V = moeq_model_get_config(m)->vocab_size;
+        moeq_engine *cpu = engine_on(m, "cpu"), *g = engine_on(m, "guarded");
+        size_t n = (size_t)27 * V;
+        float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+        run_steps(cpu, V, want);
+        run_steps(g, V, got); /* a host touch of a guarded buffer would fault here */
+        assert_same_bits(got, want, n, presets[i]);
+        moeq_engine_destroy(cpu), moeq_engine_destroy(g);
+        moeq_model_destroy(m);
+        free(want), free(got);
+        rm_dir(dir);
+    }
+}
+
+/* MTP rounds (draft, verify, accept) on the guarded backend: the same tokens and acceptance as on the CPU. */
+static void mtp_rounds_touch_backend_memory_only_through_ops(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new); /* taken already is fine */
+    char dir[] = "/tmp/moeq-guard-mtp-XXXXXX", err[512] = "";
+    moeq_model *m = gen_model("tiny-mtp", dir);
+    int V = moeq_model_get_config(m)->vocab_size;
+    int32_t toks[2][40];
+    int64_t acc[2] = {0, 0};
+    for (int run = 0; run < 2; run++) {
+        moeq_engine *e = engine_on(m, run ? "guarded" : "cpu");
+        assert_true(moeq_engine_mtp_available(e));
+        moeq_mtp_decoder *d = NULL;
+        assert_int_equal(moeq_mtp_decoder_new(e, 1, 2, &d, err, sizeof err), MOEQ_OK);
+        int seq;
+        assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_set_mtp(e, seq, 1), MOEQ_OK);
+        int32_t prompt[12];
+        for (int i = 0; i < 12; i++) prompt[i] = (int32_t)((i * 37 + 5) % V);
+        float *logits = malloc((size_t)V * sizeof(float));
+        moeq_step_item it = {seq, prompt, 12, 0};
+        if (moeq_engine_step(e, &it, 1, logits, 1, err, sizeof err)) fail_msg("%s", err);
+        int best = 0;
+        for (int i = 1; i < V; i++) best = logits[i] > logits[best] ? i : best;
+        moeq_spec_seq sq = {.seq_id = seq, .next_token = best, .k = 2, .sampling = moeq_sampling_default_params()};
+        int n = 0;
+        while (n < 30) {
+            if (moeq_mtp_decode_step(d, &sq, 1, err, sizeof err)) fail_msg("%s", err);
+            for (int k = 0; k < sq.n_out && n < 40; k++) toks[run][n++] = sq.out[k];
+        }
+        acc[run] = sq.accepted;
+        free(logits);
+        moeq_mtp_decoder_destroy(d);
+        moeq_engine_destroy(e);
+    }
+    assert_memory_equal(toks[1], toks[0], 30 * sizeof(int32_t));
+    assert_int_equal(acc[1], acc[0]);
+    print_message("mtp on the guarded backend: 30 tokens, %lld drafts accepted, as on the cpu\n", (long long)acc[0]);
+    moeq_model_destroy(m);
+    rm_dir(dir);
+}
+
+/* ---- error paths ---------------------------------------------------------------------------------------------- */
+
+static void the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error(void **state) {
+    (void)state;
+    moeq_backend_config bc = {.n_threads = 1, .batch_invariant = 1, .max_k = 64, .max_ctx = 64, .max_jobs = 4};
+    moeq_backend *b = NULL;
+    char err[512] = "";
+#ifdef MOEQ_HAVE_CUDA_BACKEND
+    assert_string_equal(moeq_backend_names(), "cpu,cuda");
+    char why[200] = "";
+    int n = moeq_cuda_device_count(why, sizeof why);
+    if (n > 0) bc.device = n; /* a machine with a GPU: an ordinal past the last one is the same path */
+    assert_int_equal(moeq_backend_new("cuda", &bc, &b, err, sizeof err), MOEQ_ERR_UNSUPPORTED);
+    assert_null(b);
+    assert_non_null(strstr(err, "backend cuda"));
+    assert_true(n > 0 ? strstr(err, "does not exist") != NULL : strstr(err, "device") != NULL);
+    print_message("%s\n", err);
+#else
+    assert_int_equal(moeq_backend_new("cuda", &bc, &b, err, sizeof err), MOEQ_ERR_UNSUPPORTED);
+    assert_null(b);
+    assert_non_null(strstr(err, "this build has no CUDA backend"));
+#endif
+}
+
+static void the_cuda_backend_refuses_what_it_cannot_run_by_name(void **state) {
+    (void)state;
+#ifdef MOEQ_HAVE_CUDA_BACKEND
+    for (int op = 0; op < MOEQ_BACKEND_OP_COUNT; op++)
+        for (int dt = MOEQ_DTYPE_F32; dt <= MOEQ_DTYPE_F8_E4M3; dt++)
+            assert_true(moeq_backend_cuda_supports((moeq_backend_op)op, (moeq_dtype)dt));
+    assert_false(moeq_backend_cuda_supports(MOEQ_BACKEND_OP_MATMUL, (moeq_dtype)(MOEQ_DTYPE_F8_E4M3 + 1)));
+    assert_false(moeq_backend_cuda_supports(MOEQ_BACKEND_OP_COUNT, MOEQ_DTYPE_BF16));
+    assert_false(moeq_backend_cuda_supports((moeq_backend_op)-1, MOEQ_DTYPE_BF16));
+#else
+    skip();
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(compact_tables_address_every_entry_as_the_engines_block_tables),
+        cmocka_unit_test(split_partitions_cover_each_context_once_and_depend_only_on_its_length),
+        cmocka_unit_test(split_kv_partials_merged_equal_the_cpu_attention),
+        cmocka_unit_test(split_merge_of_random_partials_equals_the_float64_softmax),
+        cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
+        cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),
+        cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),
+        cmocka_unit_test(an_engine_touches_backend_memory_only_through_ops),
+        cmocka_unit_test(mtp_rounds_touch_backend_memory_only_through_ops),
+        cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),
+        cmocka_unit_test(the_cuda_backend_refuses_what_it_cannot_run_by_name),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

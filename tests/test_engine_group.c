@@ -1,0 +1,276 @@
+/*
+ * test_engine_group.c — the engine as one rank of an expert-parallel group:
+ * 2 and 3 ranks as forked processes over UCX (UCX_TLS=tcp and shared memory),
+ * each with its own sequences (data-parallel attention) and only its experts,
+ * give logits bit-identical to the single-process engine running the same
+ * steps, for the identity, a permuted and a replicated placement, on tiny (V3)
+ * and tiny-v2 (V2, two shared experts). The script has ticks where one rank
+ * has no tokens (an empty step that still serves the others' rows) and a step
+ * one rank's checks refuse (it still takes part). Then a rank killed with -9
+ * mid-run fails the survivors' step, naming it. moeq_ep_allgather (the worker
+ * group's per-tick agreement) over UCX is checked at the end. Skipped (77) without UCX.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine_test_util.h"
+#include "moeq/engine.h"
+#include "moeq/ep.h"
+#include "moeq/util.h"
+
+enum { TICKS = 7, MAX_ROWS = 16, MAX_RANKS = 3, STEP_TOKENS = 32 };
+
+typedef enum placement_kind { IDENTITY, PERMUTED, REPLICATED } placement_kind;
+
+static char g_dir[64];
+static const char *g_presets[2] = {"tiny", "tiny-v2"};
+/* Reference logits: [preset][n_ranks - 2][rank][tick][row][vocab], from the single-process engine. */
+static float *g_ref[2][2][MAX_RANKS];
+static int g_vocab[2];
+
+/*
+ * Rank r's items of one tick over its two sequences a, b. Tick 2: the last
+ * rank has none; tick 3: rank 0 has none; tick 5: rank 1 asks for more than
+ * max_step_tokens (refused: LIMIT, nothing appended). Returns the item count;
+ * *rows the logits rows, *refused 1 for the refused step.
+ */
+static int tick_items(int r, int R, int tick, const int seq[2], const int32_t *ids, moeq_step_item *it, int *rows,
+                      int *refused) {
+    *rows = 0, *refused = 0;
+    if ((tick == 2 && r == R - 1) || (tick == 3 && r == 0)) return 0;
+    if (tick == 0) {
+        it[0] = (moeq_step_item){seq[0], ids + r, 7 + r, 1};
+        it[1] = (moeq_step_item){seq[1], ids + 20, 3, 0};
+        *rows = 7 + r + 1;
+        return 2;
+    }
+    if (tick == 5 && r == 1) {
+        it[0] = (moeq_step_item){seq[0], ids, STEP_TOKENS + 1, 0};
+        *refused = 1;
+        return 1;
+    }
+    it[0] = (moeq_step_item){seq[0], ids + 30 + tick, 1, 0};
+    it[1] = (moeq_step_item){seq[1], ids + 40 + 2 * tick, tick == 1 ? 2 : 1, tick == 1};
+    *rows = tick == 1 ? 3 : 2;
+    return 2;
+}
+
+static moeq_engine *new_engine(const moeq_model *m, char *err, size_t n) {
+    moeq_engine_params p = moeq_engine_default_params();
+    p.n_threads = 1;
+    p.max_seqs = 4;
+    p.max_step_tokens = STEP_TOKENS;
+    p.kv_cache_tokens = 256;
+    p.kv_block_tokens = 4;
+    moeq_engine *e = NULL;
+    return moeq_engine_new(m, &p, &e, err, n) ? NULL : e;
+}
+
+/*
+ * The script on engine e; out (when not NULL) receives each tick's rows; want (when not NULL) is compared.
+ * victim/killed: that rank kills itself before tick `kill_tick`. Returns 0, or 1 with err set.
+ */
+static int run_script(moeq_engine *e, int r, int R, int vocab, float *out, const float *want, int kill_tick,
+                      char *err, size_t n) {
+    int seq[2];
+    int32_t ids[64];
+    moeq_test_prompt(ids, 64, 3, vocab);
+    static float logits[MAX_ROWS * 4096];
+    for (int i = 0; i < 2; i++)
+        if (moeq_engine_seq_new(e, &seq[i])) return snprintf(err, n, "seq_new"), 1;
+    for (int tick = 0; tick < TICKS; tick++) {
+        if (tick == kill_tick) raise(SIGKILL);
+        moeq_step_item it[2];
+        int rows, refused, k = tick_items(r, R, tick, seq, ids, it, &rows, &refused);
+        memset(logits, 0xff, sizeof(float) * (size_t)MAX_ROWS * vocab);
+        moeq_err rc = moeq_engine_step(e, it, k, logits, MAX_ROWS, err, n);
+        if (refused ? rc != MOEQ_ERR_LIMIT : rc != MOEQ_OK) {
+            if (!refused || rc) return 1;
+            return snprintf(err, n, "tick %d: a step past max_step_tokens was not refused", tick), 1;
+        }
+        size_t bytes = (size_t)rows * vocab * sizeof(float), at = (size_t)tick * MAX_ROWS * vocab;
+        if (out) memcpy(out + at, logits, bytes);
+        if (want && memcmp(want + at, logits, bytes) != 0)
+            return snprintf(err, n, "rank %d tick %d: logits differ from the single-process engine's", r, tick), 1;
+    }
+    return 0;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/moeq-eg-XXXXXX");
+    if (!mkdtemp(g_dir)) return -1;
+    for (int p = 0; p < 2; p++) {
+        moeq_model *m = moeq_test_gen_and_load(g_dir, g_presets[p], NULL, g_presets[p]);
+        if (!m) return -1;
+        int vocab = g_vocab[p] = moeq_test_vocab(m);
+        if (vocab > 4096) return -1;
+        for (int R = 2; R <= 3; R++)
+            for (int r = 0; r < R; r++) {
+                char err[256] = "";
+                moeq_engine *e = new_engine(m, err, sizeof err);
+                float *out = g_ref[p][R - 2][r] = calloc((size_t)TICKS * MAX_ROWS * vocab, sizeof(float));
+                if (!e || !out || run_script(e, r, R, vocab, out, NULL, -1, err, sizeof err)) {
+                    fprintf(stderr, "reference %s rank %d/%d: %s\n", g_presets[p], r, R, err);
+                    return -1;
+                }
+                moeq_engine_destroy(e);
+            }
+        moeq_model_destroy(m);
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++)
+        for (int R = 0; R < 2; R++)
+            for (int r = 0; r < MAX_RANKS; r++) free(g_ref[p][R][r]);
+    return moeq_test_remove_dir(g_dir);
+}
+
+typedef struct group_cfg {
+    const char *tls;
+    int preset;
+    int n_ranks;
+    placement_kind placement;
+    int victim;   /* this rank kills itself (SIGKILL) before tick 2; -1 none */
+    char rv[96];  /* rendezvous directory */
+} group_cfg;
+
+static moeq_err make_placement(const group_cfg *g, int E, moeq_ep_placement **pl, char *err, size_t n) {
+    switch (g->placement) {
+    case PERMUTED: return moeq_ep_placement_new_permuted(E, g->n_ranks, 11, pl, err, n);
+    case REPLICATED: return moeq_ep_placement_new_replicated(E, g->n_ranks, E / 2, pl, err, n);
+    case IDENTITY: break;
+    }
+    return moeq_ep_placement_new_identity(E, g->n_ranks, pl, err, n);
+}
+
+/* One rank in a forked child: its own model, engine and ep handle; the exit status is the verdict. */
+static int run_rank(const group_cfg *g, int r) {
+    char err[512] = "", path[160];
+    setenv("UCX_TLS", g->tls, 1);
+    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+    snprintf(path, sizeof path, "%s/%s", g_dir, g_presets[g->preset]);
+    moeq_model *m = NULL;
+    moeq_engine *e = NULL;
+    moeq_ep *ep = NULL;
+    moeq_ep_placement *pl = NULL;
+    moeq_ep_params base = moeq_ep_default_params(), p;
+    strcpy(base.transport, "ucx");
+    base.rank = r, base.n_ranks = g->n_ranks, base.timeout_ms = 20000;
+    moeq_ep_rendezvous rv = moeq_ep_rendezvous_dir(g->rv);
+    int rc = moeq_model_load(path, NULL, &m, err, sizeof err) || !(e = new_engine(m, err, sizeof err)) ||
+             moeq_engine_ep_params(e, &base, &p, err, sizeof err) ||
+             make_placement(g, moeq_model_get_config(m)->n_routed_experts, &pl, err, sizeof err) ||
+             moeq_ep_new(&p, pl, &rv, &ep, err, sizeof err) || moeq_engine_join_group(e, ep, &p, err, sizeof err);
+    if (!rc && (moeq_engine_mtp_available(e) || !moeq_engine_in_group(e)))
+        rc = 1, snprintf(err, sizeof err, "in a group: MTP must be off and the engine in the group");
+    if (rc) {
+        fprintf(stderr, "rank %d: setup: %s\n", r, err);
+    } else if (g->victim >= 0) {
+        int64_t t0 = moeq_now_ms();
+        rc = run_script(e, r, g->n_ranks, g_vocab[g->preset], NULL, NULL, r == g->victim ? 2 : -1, err, sizeof err);
+        char name[32];
+        snprintf(name, sizeof name, "rank %d", g->victim);
+        int ok = rc == 1 && strstr(err, name) && moeq_now_ms() - t0 < 20000 + 5000;
+        if (!ok) fprintf(stderr, "rank %d: expected a failed step naming %s; rc %d: %s\n", r, name, rc, err);
+        rc = !ok;
+    } else {
+        rc = run_script(e, r, g->n_ranks, g_vocab[g->preset], NULL, g_ref[g->preset][g->n_ranks - 2][r], -1, err,
+                        sizeof err);
+        int64_t all[MAX_RANKS] = {0}; /* the worker's per-tick agreement; nobody leaves while another still steps */
+        if (!rc) rc = moeq_ep_allgather(ep, 1000 + r, all, err, sizeof err) != MOEQ_OK;
+        for (int q = 0; q < g->n_ranks && !rc; q++)
+            if (all[q] != 1000 + q)
+                rc = 1, snprintf(err, sizeof err, "allgather: rank %d sent %lld", q, (long long)all[q]);
+        if (rc) fprintf(stderr, "rank %d (%s, %d ranks, placement %d): %s\n", r, g->tls, g->n_ranks, g->placement, err);
+    }
+    moeq_engine_destroy(e);
+    moeq_ep_destroy(ep);
+    moeq_ep_placement_destroy(pl);
+    moeq_model_destroy(m);
+    return rc;
+}
+
+static void run_group(group_cfg g) {
+    snprintf(g.rv, sizeof g.rv, "%s/rv-XXXXXX", g_dir);
+    assert_non_null(mkdtemp(g.rv));
+    pid_t pid[MAX_RANKS];
+    for (int r = 0; r < g.n_ranks; r++) {
+        fflush(NULL);
+        pid[r] = fork();
+        assert_true(pid[r] >= 0);
+        if (pid[r] == 0) _exit(run_rank(&g, r));
+    }
+    int64_t deadline = moeq_now_ms() + 120000;
+    int failed = 0, left = g.n_ranks, status;
+    while (left > 0) {
+        for (int r = 0; r < g.n_ranks; r++) {
+            if (pid[r] <= 0 || waitpid(pid[r], &status, WNOHANG) != pid[r]) continue;
+            int ok = r == g.victim ? WIFSIGNALED(status) : WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            if (!ok) fprintf(stderr, "%s %s, %d ranks: rank %d ended with status 0x%x\n", g_presets[g.preset], g.tls,
+                             g.n_ranks, r, status);
+            failed |= !ok, pid[r] = 0, left--;
+        }
+        if (moeq_now_ms() > deadline) {
+            for (int r = 0; r < g.n_ranks; r++)
+                if (pid[r] > 0) kill(pid[r], SIGKILL), waitpid(pid[r], NULL, 0), pid[r] = 0, left--;
+            fail_msg("%s, %d ranks: the group hung", g.tls, g.n_ranks);
+        }
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    assert_false(failed);
+}
+
+static void every_group(const char *tls) {
+    for (int p = 0; p < 2; p++)
+        for (int R = 2; R <= 3; R++)
+            for (int pl = IDENTITY; pl <= REPLICATED; pl++)
+                run_group((group_cfg){tls, p, R, (placement_kind)pl, -1, ""});
+}
+
+static void two_and_three_ranks_over_tcp_give_the_single_process_logits_bit_for_bit(void **state) {
+    (void)state;
+    every_group("tcp");
+}
+
+static void two_and_three_ranks_over_shared_memory_give_the_single_process_logits_bit_for_bit(void **state) {
+    (void)state;
+    every_group("posix,sysv");
+}
+
+static void a_rank_killed_mid_run_fails_the_survivors_step_naming_it(void **state) {
+    (void)state;
+    run_group((group_cfg){"tcp", 0, 3, PERMUTED, 1, ""});
+}
+
+int main(void) {
+    moeq_ep_params p = moeq_ep_default_params();
+    strcpy(p.transport, "ucx");
+    moeq_ep *ep = NULL;
+    char err[256];
+    if (moeq_ep_new(&p, NULL, NULL, &ep, err, sizeof err) == MOEQ_ERR_UNSUPPORTED) {
+        printf("skipped: %s\n", err);
+        return 77;
+    }
+    moeq_ep_destroy(ep);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(two_and_three_ranks_over_tcp_give_the_single_process_logits_bit_for_bit),
+        cmocka_unit_test(two_and_three_ranks_over_shared_memory_give_the_single_process_logits_bit_for_bit),
+        cmocka_unit_test(a_rank_killed_mid_run_fails_the_survivors_step_naming_it),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
