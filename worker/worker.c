@@ -304,7 +304,11 @@ static moeq_err open_grammars(moeq_worker *w, char *errstr, size_t errstr_size) 
     if (!w->tok) return MOEQ_OK;
     moeq_err err = moeq_grammar_vocab_new(w->vocab, grammar_token, w, &w->gvocab, errstr, errstr_size);
     if (err) return err;
-    return moeq_grammar_cache_new(w->gvocab, NULL, 64, &w->grammars, errstr, errstr_size);
+    moeq_grammar_limits lim = moeq_grammar_default_limits();
+    lim.max_nfa_states = (int)w->params.grammar_max_nfa_states;
+    lim.max_dfa_states = (int)w->params.grammar_max_dfa_states;
+    return moeq_grammar_cache_new(w->gvocab, &lim, (int)w->params.grammar_cache_entries, &w->grammars, errstr,
+                                  errstr_size);
 }
 
 static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {

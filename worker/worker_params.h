@@ -56,6 +56,10 @@ typedef struct moeq_worker_params {
     int64_t mtp_max_batch;        /* rounds only while at most this many sequences decode; 0 = always */
     int64_t prefix_share_min;     /* a new job forks a running job's cached prompt prefix when they
                                      share at least this many tokens; 0 = never                     */
+    int64_t grammar_cache_entries; /* compiled response_formats kept (LRU, by content); 64          */
+    int64_t grammar_max_nfa_states; /* one response_format's automaton; 200000                      */
+    int64_t grammar_max_dfa_states; /* DFA states one grammar may reach (1 KiB each + a 16 KiB mask
+                                      when used, at DeepSeek's vocabulary); 20000                   */
     double mtp_min_acceptance;    /* a job pauses drafting while its acceptance is below this;
                                      -1 = auto (1.5 x a draft's share of a step's weight bytes)     */
     moeq_job_limits limits;       /* the job codec's limits, the coordinator's keys (max_job_bytes, ...) */
