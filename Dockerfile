@@ -37,6 +37,8 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
 # /models is owned by moeq so that a fresh named volume mounted there is
 # writable for docker-compose.yml's model-init (it copies this ownership).
 COPY --from=build /build/cli/moeq /usr/local/bin/moeq
+# The CUDA backend is a plugin the engine loads on first use, from ../lib/moeq beside the binary.
+COPY --from=build /build/engine/libmoeq_backend_cuda.so /usr/local/lib/moeq/libmoeq_backend_cuda.so
 USER moeq
 ENTRYPOINT ["moeq"]
 CMD ["--help"]

@@ -10,11 +10,26 @@
  *               worker with prefix sharing off, then on (prefix_share_min);
  *   overhead:   one job at a time through one warm worker; end-to-end time
  *               (XADD -> result consumed) minus the engine time the result
- *               reports (prefill_ms + decode_ms), p50 and p99.
+ *               reports (prefill_ms + decode_ms), p50 and p99;
+ *   shared_instruction: the document pipeline of issue 15 on the `small`
+ *               preset (tiny's context is 256): every job is one 2,000-token
+ *               instruction + a 100-400-token document (token ids in the
+ *               batch entry, as the coordinator sends them), 64 new tokens,
+ *               greedy; prefix cache off (prefix_cache=off,
+ *               prefix_share_min=0) and on, one and two workers: jobs/s and
+ *               prompt tokens prefilled per job (the workers' /metrics).
+ *               --scale S multiplies the instruction and document lengths.
+ *
+ *   prefix_affinity: two workers with small caches, 6 instructions taking
+ *               turns, a batch of 2 every --pace-ms (800): prompt tokens
+ *               prefilled per job with prefix_affinity off and on.
+ *
+ * Usage: bench-pipeline [--jobs N] [--moeq PATH] [--model DIR]
+ *        [--workload all|shared_instruction|prefix_affinity] [--si-jobs N] [--scale S] [--si-model DIR]
+ *        [--pace-ms MS]. Prints JSON.
  *
  * Needs Kafka and Redis: MOEQ_TEST_KAFKA / MOEQ_TEST_REDIS, or the file named
  * by MOEQ_TEST_ENV_FILE (scripts/test-services.sh start DIR writes DIR/env).
- * Usage: bench-pipeline [--jobs N] [--moeq PATH] [--model DIR]. Prints JSON.
  * Coordinator throughput has its own benchmark (bench/coordinator).
  */
 #include <signal.h>
@@ -213,6 +228,208 @@ static void shared_prefix(int n_jobs, int share, int last) {
     moeq_kafka_consumer_destroy(r.consumer);
 }
 
+/* ---- shared_instruction (issue 15) ------------------------------------------------- */
+
+static char g_si_model[512] = "build/bench-model-small";
+
+/* Job k's prompt: instruction `instr` (the same n_instr ids for every job with it), then its own n_doc ids. */
+static int si_prompt(int32_t *ids, int k, int instr, int n_instr, int n_doc) {
+    for (int i = 0; i < n_instr; i++) ids[i] = (int32_t)(10 + (i * 7919 + 13 + instr * 1000003) % 120000);
+    for (int i = 0; i < n_doc; i++) ids[n_instr + i] = (int32_t)(10 + ((k + 1) * 104729 + i * 6007) % 120000);
+    return n_instr + n_doc;
+}
+
+/* Jobs first .. first + n - 1 with instruction instr as one batch; pkey: write the prefix key field. */
+static void si_add_batch_instr(run *r, int first, int n, double scale, int instr, int pkey) {
+    static char ids[16][64], json[16][256];
+    static int32_t toks[16][2100 * 4 + 400 * 4];
+    moeq_batch_entry_job bj[16];
+    int n_instr = (int)(2000 * scale);
+    for (int i = 0; i < n; i++) {
+        int k = first + i, n_doc = (int)((100 + (k * 37) % 301) * scale); /* 100..400 */
+        if (n_instr < 1) n_instr = 1;
+        if (n_doc < 1) n_doc = 1;
+        int n_tok = si_prompt(toks[i], k, instr, n_instr, n_doc);
+        snprintf(ids[i], sizeof ids[i], "si-%d-%lld", k, (long long)moeq_now_ms());
+        snprintf(json[i], sizeof json[i],
+                 "{\"v\":1,\"id\":\"%s\",\"prompt\":\"document %d\",\"max_new_tokens\":64,\"temperature\":0}", ids[i], k);
+        bj[i] = (moeq_batch_entry_job){.id = ids[i], .id_len = strlen(ids[i]), .job = json[i],
+                                       .job_len = strlen(json[i]), .kafka_ts_ms = moeq_now_ms(),
+                                       .arrival_ms = moeq_now_ms(), .tokens = toks[i], .n_tokens = (size_t)n_tok};
+    }
+    moeq_buf blob = {0};
+    if (moeq_batch_entry_encode_jobs(bj, (size_t)n, &blob)) die("encode", "batch");
+    char st[256], nn[16], closed[24], pre[16];
+    snprintf(st, sizeof st, "%s2", r->prefix);
+    snprintf(nn, sizeof nn, "%d", n);
+    snprintf(pre, sizeof pre, "%d", n_instr);
+    snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
+    char key[24];
+    snprintf(key, sizeof key, "%016llx", (unsigned long long)moeq_batch_entry_prefix_key(toks[0], (size_t)n_instr));
+    const char *a[] = {"XADD", st, "*", "v", "1", "priority", "2", "n", nn, "prefix", pre, "closed_ms", closed, "jobs",
+                       (const char *)blob.data, "pkey", key};
+    size_t lens[17];
+    for (int i = 0; i < 17; i++) lens[i] = strlen(a[i]);
+    lens[14] = blob.len;
+    cmd(pkey ? 17 : 15, a, lens);
+    moeq_buf_free(&blob);
+}
+
+static void si_add_batch(run *r, int first, int n, double scale) { si_add_batch_instr(r, first, n, scale, 0, 1); }
+
+/* The sample `name{worker=...}` of the worker's /metrics on port, or -1. */
+static double metric_at(int port, const char *name) {
+    char c[256], line[512];
+    snprintf(c, sizeof c, "curl -s http://127.0.0.1:%d/metrics", port);
+    FILE *f = popen(c, "r");
+    double v = -1;
+    if (!f) return -1;
+    size_t n = strlen(name);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, name, n) && line[n] == '{') v = atof(strchr(line, '}') + 1);
+    pclose(f);
+    return v;
+}
+
+/* Wait until the worker on port answers /readyz with 200 (model loaded, Redis and Kafka reachable). */
+static void wait_ready(int port) {
+    char c[256];
+    snprintf(c, sizeof c, "curl -s -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/readyz | grep -q 200", port);
+    for (int64_t deadline = moeq_now_ms() + 120000; moeq_now_ms() < deadline; usleep(50000))
+        if (system(c) == 0) return;
+    die("worker", "not ready within 120 s");
+}
+
+typedef struct si_result {
+    double jobs_per_s, prefill_per_job, unused;
+} si_result;
+
+static si_result shared_instruction(int n_workers, int cache_on, int n_jobs, double scale, int last) {
+    run r;
+    char tag[16];
+    snprintf(tag, sizeof tag, "si%d%d", n_workers, cache_on);
+    run_open(&r, tag);
+    pid_t pids[2];
+    int ports[2];
+    for (int k = 0; k < n_workers; k++) {
+        char c[2048], extra[256];
+        ports[k] = 31000 + (int)(getpid() % 500) * 8 + n_workers * 2 + k;
+        snprintf(extra, sizeof extra, "%s --http_port=%d",
+                 cache_on ? "--prefix_cache=on" : "--prefix_cache=off --prefix_share_min=0", ports[k]);
+        snprintf(c, sizeof c,
+                 "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
+                 "--worker_id=si-%d-%d --max_seqs=32 --max_batches_held=4 --max_step_tokens=1024 --kv_cache_tokens=131072 "
+                 "--visibility_timeout_ms=600000 "
+                 "--n_threads=1 "
+                 "--block_ms=20 %s 2>/dev/null",
+                 g_moeq, g_si_model, g_redis, g_kafka, r.ns, r.topic, (int)getpid(), k, extra);
+        pids[k] = fork();
+        if (pids[k] == 0) {
+            execl("/bin/sh", "sh", "-c", c, (char *)NULL);
+            _exit(127);
+        }
+    }
+    for (int k = 0; k < n_workers; k++) wait_ready(ports[k]); /* timed from the first batch, not the model load */
+    int64_t t0 = moeq_now_ms();
+    for (int j = 0; j < n_jobs; j += 8) si_add_batch(&r, j, n_jobs - j < 8 ? n_jobs - j : 8, scale);
+    long long tokens = 0;
+    int got = consume(&r, n_jobs, 900000, &tokens, NULL);
+    double secs = (double)(moeq_now_ms() - t0) / 1000.0, prefill = 0, hit = 0, forked = 0;
+    for (int k = 0; k < n_workers; k++) {
+        prefill += metric_at(ports[k], "moeq_worker_prefill_tokens_total");
+        hit += metric_at(ports[k], "moeq_worker_prefix_cache_hit_tokens_total");
+        forked += metric_at(ports[k], "moeq_worker_prefix_tokens_shared_total");
+    }
+    stop_workers(pids, n_workers);
+    si_result out = {got / secs, got ? prefill / got : 0, 0};
+    printf("    \"workers_%d_cache_%s\": {\"jobs\": %d, \"results\": %d, \"seconds\": %.2f, \"jobs_per_s\": %.2f, "
+           "\"tokens_per_s\": %.1f, \"prefill_tokens_per_job\": %.1f, \"cache_hit_tokens_per_job\": %.1f, "
+           "\"forked_tokens_per_job\": %.1f}%s\n",
+           n_workers, cache_on ? "on" : "off", n_jobs, got, secs, out.jobs_per_s, (double)tokens / secs,
+           out.prefill_per_job, got ? hit / got : 0, got ? forked / got : 0, last ? "" : ",");
+    fflush(stdout);
+    moeq_kafka_consumer_destroy(r.consumer);
+    return out;
+}
+
+/*
+ * prefix_affinity: two workers whose caches hold about 3 instructions each besides their running jobs
+ * (kv_cache_tokens 16384 = 1,024 blocks, 4 sequences of ~154 blocks running), 6 instructions taking turns
+ * batch by batch, a batch of 2 every pace_ms (so a holder has room: affinity never idles one worker to use
+ * the other's cache). Without affinity each worker sees all 6 and its LRU cycles them out; with it each
+ * instruction tends to stay on one worker, 3 each: they fit.
+ */
+enum { AF_INSTR = 6, AF_BATCH = 2 };
+static void affinity_run(int on, int n_batches, double scale, int pace_ms, int last) {
+    run r;
+    run_open(&r, on ? "af1" : "af0");
+    pid_t pids[2];
+    int ports[2];
+    for (int k = 0; k < 2; k++) {
+        char c[2048];
+        ports[k] = 31000 + (int)(getpid() % 500) * 8 + 6 + k;
+        snprintf(c, sizeof c,
+                 "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
+                 "--worker_id=af-%d-%d --max_seqs=4 --max_batches_held=4 --max_step_tokens=1024 --kv_cache_tokens=16384 "
+                 "--visibility_timeout_ms=600000 --heartbeat_interval_ms=250 --n_threads=1 --block_ms=20 "
+                 "--prefix_cache=on --prefix_affinity=%s --http_port=%d 2>/dev/null",
+                 g_moeq, g_si_model, g_redis, g_kafka, r.ns, r.topic, (int)getpid(), k, on ? "on" : "off", ports[k]);
+        pids[k] = fork();
+        if (pids[k] == 0) {
+            execl("/bin/sh", "sh", "-c", c, (char *)NULL);
+            _exit(127);
+        }
+    }
+    for (int k = 0; k < 2; k++) wait_ready(ports[k]);
+    int64_t t0 = moeq_now_ms();
+    long long tokens = 0;
+    int got = 0;
+    for (int b = 0; b < n_batches; b++) {
+        si_add_batch_instr(&r, AF_BATCH * b, AF_BATCH, scale, b % AF_INSTR, 1);
+        got += consume(&r, AF_BATCH * n_batches - got, pace_ms, &tokens, NULL); /* the pause between batches */
+    }
+    got += consume(&r, AF_BATCH * n_batches - got, 900000, &tokens, NULL);
+    double secs = (double)(moeq_now_ms() - t0) / 1000.0, prefill = 0, hit = 0, forked = 0, handed = 0;
+    for (int k = 0; k < 2; k++) {
+        prefill += metric_at(ports[k], "moeq_worker_prefill_tokens_total");
+        hit += metric_at(ports[k], "moeq_worker_prefix_cache_hit_tokens_total");
+        forked += metric_at(ports[k], "moeq_worker_prefix_tokens_shared_total");
+        handed += metric_at(ports[k], "moeq_worker_affinity_handed_total");
+    }
+    stop_workers(pids, 2);
+    printf("    \"affinity_%s\": {\"jobs\": %d, \"results\": %d, \"seconds\": %.2f, \"prefill_tokens_per_job\": %.1f, "
+           "\"cache_hit_tokens_per_job\": %.1f, \"forked_tokens_per_job\": %.1f, \"batches_handed\": %.0f}%s\n",
+           on ? "on" : "off", AF_BATCH * n_batches, got, secs, got ? prefill / got : 0, got ? hit / got : 0,
+           got ? forked / got : 0, handed, last ? "" : ",");
+    fflush(stdout);
+    moeq_kafka_consumer_destroy(r.consumer);
+}
+
+static void affinity_all(int n_batches, double scale, int pace_ms) {
+    printf("  \"prefix_affinity\": {\"model\": \"small\", \"instructions\": %d, \"instruction_tokens\": %d, "
+           "\"batch_jobs\": %d, \"pace_ms\": %d, \"workers\": 2, \"max_seqs\": 4, \"kv_cache_tokens\": 16384,\n",
+           AF_INSTR, (int)(2000 * scale), AF_BATCH, pace_ms);
+    affinity_run(0, n_batches, scale, pace_ms, 0);
+    affinity_run(1, n_batches, scale, pace_ms, 1);
+    printf("  }");
+}
+
+static void shared_instruction_all(int n_jobs, double scale) {
+    char c[2048];
+    snprintf(c, sizeof c, "test -f %s/config.json || %s gen-model --preset small --out %s >/dev/null", g_si_model,
+             g_moeq, g_si_model);
+    if (system(c) != 0) die("gen-model", g_si_model);
+    printf("  \"shared_instruction\": {\"model\": \"small\", \"instruction_tokens\": %d, \"document_tokens\": "
+           "[%d, %d], \"max_new_tokens\": 64, \"scale\": %.3f, \"max_seqs\": 32, \"n_threads_per_worker\": 1,\n",
+           (int)(2000 * scale), (int)(100 * scale), (int)(400 * scale), scale);
+    si_result off1 = shared_instruction(1, 0, n_jobs, scale, 0), on1 = shared_instruction(1, 1, n_jobs, scale, 0);
+    si_result off2 = shared_instruction(2, 0, n_jobs, scale, 0), on2 = shared_instruction(2, 1, n_jobs, scale, 0);
+    printf("    \"ratios\": {\"cache_on_vs_off_1_worker\": %.2f, \"cache_on_vs_off_2_workers\": %.2f, "
+           "\"two_workers_vs_one_cache_on\": %.2f, \"two_workers_vs_one_cache_off\": %.2f}\n  }",
+           on1.jobs_per_s / off1.jobs_per_s, on2.jobs_per_s / off2.jobs_per_s, on2.jobs_per_s / on1.jobs_per_s,
+           off2.jobs_per_s / off1.jobs_per_s);
+}
+
 static int cmp64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return x < y ? -1 : x > y;
@@ -242,9 +459,16 @@ static void overhead(int n) {
 }
 
 int main(int argc, char **argv) {
-    int n_jobs = 256;
+    int n_jobs = 256, si_jobs = 64, pace_ms = 800;
+    double scale = 1.0;
+    const char *workload = "all";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--jobs")) n_jobs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--workload")) workload = argv[i + 1];
+        else if (!strcmp(argv[i], "--si-jobs")) si_jobs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--scale")) scale = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--pace-ms")) pace_ms = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--si-model")) snprintf(g_si_model, sizeof g_si_model, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--moeq")) snprintf(g_moeq, sizeof g_moeq, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--model")) snprintf(g_model, sizeof g_model, "%s", argv[i + 1]);
     }
@@ -258,6 +482,16 @@ int main(int argc, char **argv) {
     char err[256];
     if (moeq_redis_params_parse(g_redis, NULL, &rp, err, sizeof err) || moeq_redis_new(&rp, &g_rd, err, sizeof err))
         die("redis", err);
+    if (scale <= 0 || scale > 4 || si_jobs < 1) die("arguments", "--scale in (0, 4], --si-jobs >= 1");
+    if (!strcmp(workload, "shared_instruction") || !strcmp(workload, "prefix_affinity")) {
+        printf("{\n");
+        if (workload[0] == 's') shared_instruction_all(si_jobs, scale);
+        else affinity_all(si_jobs / AF_BATCH > 0 ? si_jobs / AF_BATCH : 1, scale, pace_ms);
+        printf("\n}\n");
+        moeq_redis_destroy(g_rd);
+        return 0;
+    }
+    if (strcmp(workload, "all")) die("--workload", "all, shared_instruction or prefix_affinity");
     printf("{\n  \"model\": \"tiny\", \"max_new_tokens\": 32, \"max_seqs\": 16, \"n_threads_per_worker\": 1,\n");
     throughput(1, n_jobs);
     throughput(2, n_jobs);
@@ -266,7 +500,11 @@ int main(int argc, char **argv) {
     shared_prefix(n_jobs, 1, 1);
     printf("  },\n");
     overhead(100);
-    printf("}\n");
+    printf(",\n");
+    shared_instruction_all(si_jobs, scale);
+    printf(",\n");
+    affinity_all(si_jobs / AF_BATCH > 0 ? si_jobs / AF_BATCH : 1, scale, pace_ms);
+    printf("\n}\n");
     moeq_redis_destroy(g_rd);
     return 0;
 }

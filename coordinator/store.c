@@ -16,7 +16,8 @@
 /*
  * KEYS[1] stream, KEYS[1+i] record of job i. ARGV: now_ms, ttl_s, priority,
  * n, prefix, closed_ms, jobs blob, then n job ids, n content hashes, n
- * sources (topic/partition/offset), n Kafka timestamps. A job is a duplicate
+ * sources (topic/partition/offset), n Kafka timestamps, then the prefix key
+ * (pkey, last so the others keep their places). A job is a duplicate
  * when its record exists, or when an earlier job of this same write has its
  * id (two copies in one batch must not both be written); each duplicate is
  * reported as index, state, and the earlier job's batched_ms, hash, source,
@@ -42,7 +43,7 @@ static const char ENQUEUE_LUA[] =
     "end\n"
     "if #dups > 0 then return {'dup', dups} end\n"
     "local id = redis.call('XADD', KEYS[1], '*', 'v', '1', 'priority', ARGV[3], 'n', ARGV[4],\n"
-    "  'prefix', ARGV[5], 'closed_ms', ARGV[6], 'jobs', ARGV[7])\n"
+    "  'prefix', ARGV[5], 'closed_ms', ARGV[6], 'jobs', ARGV[7], 'pkey', ARGV[8 + 4 * n])\n"
     "local ttl = tonumber(ARGV[2])\n"
     "for i = 1, n do\n"
     "  redis.call('HSET', KEYS[1 + i], 'id', ARGV[7 + i], 'state', 'batched', 'batch', id, 'stream', KEYS[1],\n"
@@ -77,7 +78,7 @@ struct moeq_store {
     char (*keys)[640];
     struct job_nums { char hash[MOEQ_JOB_HASH_SIZE], ts[24]; } *jn;
     size_t cap;
-    char nums[7][32];
+    char nums[8][32];
     moeq_buf blob;
 };
 
@@ -261,7 +262,7 @@ int moeq_store_dup_is_redelivery(const moeq_store_dup *d, const char *src) {
 static int enqueue_args(moeq_store *s, int priority, const moeq_batch_entry_job *jobs, const char *const *sources,
                         size_t n_jobs, int32_t shared_prefix, int64_t closed_ms, int64_t now_ms, char *errstr,
                         size_t n) {
-    size_t argc = 3 + (1 + n_jobs) + 7 + 4 * n_jobs;
+    size_t argc = 3 + (1 + n_jobs) + 7 + 4 * n_jobs + 1;
     if (grow(s, argc)) return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "store: out of memory"), 0;
     moeq_buf_reset(&s->blob);
     if (moeq_batch_entry_encode_jobs(jobs, n_jobs, &s->blob))
@@ -273,6 +274,9 @@ static int enqueue_args(moeq_store *s, int priority, const moeq_batch_entry_job 
     snprintf(s->nums[4], 32, "%zu", n_jobs);
     snprintf(s->nums[5], 32, "%d", (int)shared_prefix);
     snprintf(s->nums[6], 32, "%lld", (long long)closed_ms);
+    /* the key of the shared prefix (any job's tokens: they share it); workers prefer batches they hold */
+    uint64_t pkey = n_jobs && shared_prefix > 0 ? moeq_batch_entry_prefix_key(jobs[0].tokens, (size_t)shared_prefix) : 0;
+    snprintf(s->nums[7], 32, "%016llx", (unsigned long long)pkey);
     size_t a = 0;
 #define ARG(p, len) (s->argv[a] = (p), s->argv_len[a] = (len), a++)
     ARG("EVALSHA", 7);
@@ -299,6 +303,7 @@ static int enqueue_args(moeq_store *s, int priority, const moeq_batch_entry_job 
         snprintf(s->jn[i].ts, sizeof(s->jn[i].ts), "%lld", (long long)jobs[i].kafka_ts_ms);
         ARG(s->jn[i].ts, strlen(s->jn[i].ts));
     }
+    ARG(s->nums[7], strlen(s->nums[7]));
 #undef ARG
     return (int)a;
 }

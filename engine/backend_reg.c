@@ -5,14 +5,20 @@
  *
  * "cuda" is always a name the registry knows: in a build without the CUDA
  * backend (no nvcc or no cuBLAS; MOEQ_HAVE_CUDA_BACKEND undefined) asking for
- * it is a clear error saying so, not "unknown".
+ * it is a clear error saying so, not "unknown". In a build with it, the
+ * backend is a plugin (libmoeq_backend_cuda.so, engine/CMakeLists.txt) loaded
+ * on first use, so no process that runs on the CPU maps the CUDA libraries.
  */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#ifdef MOEQ_HAVE_CUDA_BACKEND
+#include <dlfcn.h>
+#endif
 
 #include "backend.h"
-#ifdef MOEQ_HAVE_CUDA_BACKEND
-#include "cuda/backend_cuda.h"
-#endif
 
 typedef struct backend_entry {
     const char *name;
@@ -25,10 +31,57 @@ static moeq_err cpu_create(const moeq_backend_config *config, moeq_backend **out
     return MOEQ_OK;
 }
 
+#ifdef MOEQ_HAVE_CUDA_BACKEND
+#define CUDA_PLUGIN "libmoeq_backend_cuda.so"
+
+/* Where the plugin may be: $MOEQ_BACKEND_DIR, beside the executable, its ../lib/moeq, the build tree. */
+static void *open_cuda_plugin(char *why, size_t why_size) {
+    char paths[4][PATH_MAX + 64];
+    int n = 0;
+    const char *dir = getenv("MOEQ_BACKEND_DIR");
+    if (dir && *dir) snprintf(paths[n++], sizeof paths[0], "%s/" CUDA_PLUGIN, dir);
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        snprintf(paths[n++], sizeof paths[0], "%s/" CUDA_PLUGIN, exe);
+        snprintf(paths[n++], sizeof paths[0], "%s/../lib/moeq/" CUDA_PLUGIN, exe);
+    }
+    snprintf(paths[n++], sizeof paths[0], "%s", MOEQ_CUDA_BACKEND_BUILD_PATH);
+    why[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (access(paths[i], F_OK) != 0) continue;
+        void *h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+        snprintf(why, why_size, "%s", dlerror()); /* there, but it or a library it needs would not load */
+        return NULL;
+    }
+    snprintf(why, why_size, "%s is not in $MOEQ_BACKEND_DIR, beside the executable, in ../lib/moeq or at %s",
+             CUDA_PLUGIN, MOEQ_CUDA_BACKEND_BUILD_PATH);
+    return NULL;
+}
+
+static moeq_err cuda_create(const moeq_backend_config *config, moeq_backend **out, char *errstr, size_t errstr_size) {
+    static moeq_backend_create_fn create; /* the plugin stays loaded for the process's life */
+    if (!create) {
+        char why[PATH_MAX + 256];
+        void *h = open_cuda_plugin(why, sizeof why);
+        if (h) *(void **)&create = dlsym(h, "moeq_backend_cuda_new");
+        if (h && !create) snprintf(why, sizeof why, "%s has no moeq_backend_cuda_new", CUDA_PLUGIN);
+        if (!create)
+            return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "backend cuda: cannot load the plugin: %s",
+                             why);
+    }
+    return create(config, out, errstr, errstr_size);
+}
+#endif
+
 static const backend_entry registry[] = {
     {"cpu", cpu_create},
 #ifdef MOEQ_HAVE_CUDA_BACKEND
-    {"cuda", moeq_backend_cuda_new},
+    {"cuda", cuda_create},
 #endif
 };
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "forward.h"
+#include "kv_blocks.h"
 #include "moe_layer.h"
 #include "mtp.h"
 
@@ -21,7 +22,9 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .batch_invariant = 1,
                                 .max_model_len = 0,
                                 .backend = "cpu",
-                                .device = 0};
+                                .device = 0,
+                                .prefix_cache = 1,
+                                .prefix_cache_share = 1.0};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -130,10 +133,11 @@ static int64_t max_weight_cols(const moeq_model *model) {
 static moeq_err check_params(const moeq_engine_params *p, const moeq_model_config *c, char *errstr,
                              size_t errstr_size) {
     if (p->max_seqs < 1 || p->max_step_tokens < 1 || p->kv_block_tokens < 1 || p->kv_cache_tokens < 1 ||
-        p->n_threads < 0 || p->max_model_len < 0 || p->device < 0)
+        p->n_threads < 0 || p->max_model_len < 0 || p->device < 0 ||
+        !(p->prefix_cache_share >= 0 && p->prefix_cache_share <= 1))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "engine params: max_seqs, max_step_tokens, kv_block_tokens, kv_cache_tokens must be >= 1, "
-                         "n_threads, max_model_len, device >= 0");
+                         "n_threads, max_model_len, device >= 0, prefix_cache_share in 0..1");
     if (p->max_model_len > c->max_position_embeddings)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "max_model_len %d exceeds the model's max_position_embeddings %d", p->max_model_len,
@@ -144,6 +148,22 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
 int moeq_engine_max_model_len(const moeq_engine *engine) {
     if (!engine) return 0;
     return engine->params.max_model_len > 0 ? engine->params.max_model_len : engine->cfg->max_position_embeddings;
+}
+
+uint64_t moeq_forward_cache_salt(const moeq_engine *e, int kind) {
+    const moeq_model_config *c = e->cfg;
+    int64_t v[] = {kind, e->params.batch_invariant, c->num_hidden_layers, c->hidden_size, c->vocab_size,
+                   c->kv_lora_rank, c->qk_rope_head_dim, c->n_routed_experts, e->model->n_tensors,
+                   (int64_t)(uintptr_t)e->model, e->params.kv_block_tokens};
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (size_t i = 0; i < sizeof v; i++) h = (h ^ ((const unsigned char *)v)[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+int64_t moeq_forward_max_cached(const moeq_engine *e, int64_t capacity_tokens) {
+    int64_t bt = e->params.kv_block_tokens, n = (capacity_tokens + bt - 1) / bt;
+    int64_t max = (int64_t)(e->params.prefix_cache_share * (double)n);
+    return max >= n ? 0 : max > 0 ? max : -1; /* kv_blocks: 0 = all, -1 = none */
 }
 
 static void copy_in_backend(void *ctx, float *dst, const float *src, size_t n_floats) {
@@ -192,7 +212,9 @@ static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
     if ((err = backend_create(e, errstr, errstr_size))) return err;
     if ((err = widen_layers(e, errstr, errstr_size))) return err;
     moeq_kv_cache_params kp = {c->num_hidden_layers, c->kv_lora_rank + c->qk_rope_head_dim, e->params.kv_block_tokens,
-                               e->params.kv_cache_tokens, e->params.max_seqs, NULL, NULL, NULL};
+                               e->params.kv_cache_tokens, e->params.max_seqs, NULL, NULL, NULL,
+                               e->params.prefix_cache, 0, moeq_forward_max_cached(e, e->params.kv_cache_tokens),
+                               moeq_forward_cache_salt(e, 0)};
     if ((err = moeq_forward_cache_new(e, &kp, &e->cache_pool, &e->cache, errstr, errstr_size))) return err;
     if ((err = moeq_mtp_state_new(e, &e->mtp, errstr, errstr_size))) return err;
     if ((err = moeq_moe_layer_new(e, &e->moe, errstr, errstr_size))) return err;
@@ -344,6 +366,64 @@ moeq_err moeq_engine_seq_fork(moeq_engine *engine, int src_seq, int n_tokens, in
     return MOEQ_OK;
 }
 
+/* ---- prefix cache -------------------------------------------------------------- */
+
+/* Whole blocks of prompt the caches hold, at most max_blocks, leaving the last prompt token to be stepped. */
+static int64_t prefix_blocks(const moeq_engine *e, const int32_t *prompt, int n_prompt, int mtp, int64_t max_blocks) {
+    int64_t bt = e->params.kv_block_tokens, lim = (n_prompt - 1) / bt;
+    if (max_blocks < lim) lim = max_blocks;
+    if (!e->params.prefix_cache || lim <= 0) return 0;
+    int64_t n = moeq_kv_cache_lookup(e->cache, prompt, n_prompt - 1, lim);
+    if (mtp && n > 0) n = moeq_mtp_prefix_blocks(e, prompt, n_prompt, n);
+    return n;
+}
+
+int moeq_engine_prefix_lookup(const moeq_engine *engine, const int32_t *prompt, int n_prompt, int mtp) {
+    if (!engine || !prompt || n_prompt < 1 || (mtp && !engine->mtp)) return 0;
+    return (int)(prefix_blocks(engine, prompt, n_prompt, mtp, INT64_MAX) * engine->params.kv_block_tokens);
+}
+
+moeq_err moeq_engine_seq_new_prefix(moeq_engine *e, const int32_t *prompt, int n_prompt, int max_cached, int mtp,
+                                    int *seq_id, int *n_cached, char *errstr, size_t errstr_size) {
+    if (!e || !prompt || n_prompt < 1 || !seq_id || !n_cached || (mtp != 0 && mtp != 1))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "seq_new_prefix: engine, prompt (n_prompt >= 1), seq_id, n_cached required, mtp 0 or 1");
+    if (mtp && !e->mtp) return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "seq_new_prefix: no MTP layer");
+    int seq;
+    if (moeq_engine_seq_new(e, &seq))
+        return moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size, "no free sequence slot (max_seqs %d)", e->params.max_seqs);
+    if (mtp) moeq_engine_seq_set_mtp(e, seq, 1); /* an empty sequence with an MTP layer: cannot fail */
+    int64_t bt = e->params.kv_block_tokens, max = max_cached >= 0 ? max_cached / bt : INT64_MAX;
+    int64_t n = prefix_blocks(e, prompt, n_prompt, mtp, max);
+    if (n > 0) n = moeq_kv_cache_take_prefix(e->cache, seq, prompt, n * bt, n);
+    if (mtp && n > 0) {
+        int64_t m = moeq_mtp_seq_take_prefix(e, seq, prompt, n_prompt, n);
+        if (m < n) moeq_kv_cache_truncate(e->cache, seq, m * bt); /* (the lookup said n: cannot happen) */
+        n = m;
+    }
+    e->prefix_lookups++;
+    e->prefix_hits += n > 0;
+    e->prefix_lookup_tokens += n_prompt - 1;
+    e->prefix_hit_tokens += n * bt;
+    *seq_id = seq;
+    *n_cached = (int)(n * bt);
+    return MOEQ_OK;
+}
+
+void moeq_engine_get_prefix_stats(const moeq_engine *e, moeq_engine_prefix_stats *stats) {
+    moeq_kv_blocks_stats main = {0}, mtp = {0};
+    moeq_kv_cache_prefix_stats(e->cache, &main);
+    if (e->mtp) moeq_mtp_prefix_stats(e, &mtp);
+    *stats = (moeq_engine_prefix_stats){.lookups = e->prefix_lookups,
+                                        .hits = e->prefix_hits,
+                                        .lookup_tokens = e->prefix_lookup_tokens,
+                                        .hit_tokens = e->prefix_hit_tokens,
+                                        .cached_blocks = main.cached,
+                                        .registered_blocks = main.registered,
+                                        .evictions = main.evictions + mtp.evictions,
+                                        .collisions = main.collisions + mtp.collisions};
+}
+
 void moeq_engine_set_naive_attention(moeq_engine *engine, int on) { engine->naive_attention = on; }
 
 /* Everything that can fail is checked before anything is appended. */
@@ -483,6 +563,11 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
         }
     }
     moeq_forward_tokens(engine, n_tok);
+    for (int i = 0; i < n_items; i++) { /* their entries are computed: full blocks get keys (prefix cache) */
+        int64_t len = moeq_kv_cache_seq_len(engine->cache, items[i].seq_id);
+        moeq_kv_cache_set_tokens(engine->cache, items[i].seq_id, len - items[i].n_tokens, items[i].tokens,
+                                 items[i].n_tokens);
+    }
     moeq_forward_logits(engine, n_rows, logits); /* leaves the normed rows in s.h */
     if (hidden)
         engine->backend->download(engine->backend, hidden, s->h,

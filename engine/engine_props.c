@@ -36,5 +36,11 @@ const moeq_prop moeq_engine_params_props[] = {
      "cuBLAS; docs/CUDA.md); an unknown name, or cuda in a build without it, fails engine creation"},
     {"device", MOEQ_PROP_INT, P(device), 0, 1024, "0",
      "device ordinal a device backend (cuda) runs on; one worker process per GPU; ignored by cpu"},
+    {"prefix_cache", MOEQ_PROP_BOOL, P(prefix_cache), 0, 1, "true",
+     "prefix cache: full KV blocks of ended sequences stay cached (keyed by their tokens) for later sequences "
+     "with the same leading tokens (docs/PREFIX_CACHE.md)"},
+    {"prefix_cache_share", MOEQ_PROP_DOUBLE, P(prefix_cache_share), 0, 1, "1",
+     "most of the KV pool that cached blocks no sequence uses may hold (0..1); cached blocks are evicted "
+     "(least recently used first) whenever the free list runs out, whatever this says"},
     MOEQ_PROP_END,
 };

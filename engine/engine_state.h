@@ -77,6 +77,7 @@ struct moeq_engine {
     struct moeq_moe_layer *moe; /* the MoE seam (moe_layer.c); NULL without routed experts */
     struct moeq_mtp_state *mtp; /* MTP layers' caches and per-sequence state (mtp.c); NULL without MTP */
     int *nonfinite_layer;    /* [max_seqs] first layer whose router saw a non-finite score, -1 none */
+    int64_t prefix_lookups, prefix_hits, prefix_lookup_tokens, prefix_hit_tokens; /* moeq_engine_seq_new_prefix */
 };
 
 /* One decoder block as the forward runs it: weights, widened vectors, and the cache layer it writes. */

@@ -17,6 +17,12 @@
 
 #include "engine_state.h"
 
+/* What decides a cache block's contents besides its tokens (model shape, weights, the reduction mode) and
+ * which cache it is (kind 0 main, 1 MTP): the prefix cache's key salt. */
+uint64_t moeq_forward_cache_salt(const moeq_engine *engine, int kind);
+/* Most cached blocks for a pool of capacity_tokens under params.prefix_cache_share (kv_cache max_cached_blocks). */
+int64_t moeq_forward_max_cached(const moeq_engine *engine, int64_t capacity_tokens);
+
 /* A paged cache whose entry pool is a backend buffer (*pool, the caller releases it after the cache). */
 moeq_err moeq_forward_cache_new(moeq_engine *engine, const moeq_kv_cache_params *params, float **pool,
                                 moeq_kv_cache **out, char *errstr, size_t errstr_size);

@@ -54,7 +54,8 @@ moeq_err moeq_kv_cache_new(const moeq_kv_cache_params *params, moeq_kv_cache **o
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "kv cache: %lld tokens x %zu bytes",
                          (long long)p->capacity_tokens, (size_t)p->n_layers * p->entry_floats * sizeof(float));
     }
-    moeq_kv_blocks_params bp = {p->block_tokens, p->capacity_tokens, p->max_seqs, copy_storage, c};
+    moeq_kv_blocks_params bp = {p->block_tokens, p->capacity_tokens, p->max_seqs, copy_storage, c,
+                                p->prefix_cache, p->lookahead, p->max_cached_blocks, p->salt};
     moeq_err err = moeq_kv_blocks_new(&bp, &c->blocks, errstr, errstr_size);
     if (err) {
         moeq_kv_cache_destroy(c);
@@ -122,3 +123,31 @@ float *moeq_kv_cache_entry(const moeq_kv_cache *cache, int seq_id, int layer, in
     moeq_kv_paged kv = moeq_kv_cache_paged(cache, layer);
     return moeq_kv_paged_entry(&kv, seq_id, pos);
 }
+
+void moeq_kv_cache_set_tokens(moeq_kv_cache *c, int seq_id, int64_t from, const int32_t *tokens, int64_t n) {
+    moeq_kv_blocks_set_tokens(c->blocks, seq_id, from, tokens, n);
+}
+
+int moeq_kv_cache_seq_tokens(const moeq_kv_cache *c, int seq_id, int64_t from, int64_t n, int32_t *out) {
+    return moeq_kv_blocks_seq_tokens(c->blocks, seq_id, from, n, out);
+}
+
+int64_t moeq_kv_cache_seq_keyed(const moeq_kv_cache *c, int seq_id) { return moeq_kv_blocks_seq_keyed(c->blocks, seq_id); }
+int moeq_kv_cache_key_next(moeq_kv_cache *c, int seq_id, const int32_t *row) {
+    return moeq_kv_blocks_key_next(c->blocks, seq_id, row);
+}
+
+int64_t moeq_kv_cache_lookup(const moeq_kv_cache *c, const int32_t *tokens, int64_t n_tokens, int64_t max_blocks) {
+    return moeq_kv_blocks_lookup(c->blocks, tokens, n_tokens, max_blocks);
+}
+
+int64_t moeq_kv_cache_take_prefix(moeq_kv_cache *c, int seq_id, const int32_t *tokens, int64_t n_tokens,
+                                  int64_t max_blocks) {
+    return moeq_kv_blocks_seq_take_prefix(c->blocks, seq_id, tokens, n_tokens, max_blocks);
+}
+
+int moeq_kv_cache_block_tokens(const moeq_kv_cache *c) { return c->p.block_tokens; }
+void moeq_kv_cache_prefix_stats(const moeq_kv_cache *c, moeq_kv_blocks_stats *stats) {
+    moeq_kv_blocks_get_stats(c->blocks, stats);
+}
+void moeq_kv_cache_set_hash(moeq_kv_cache *c, moeq_kv_blocks_hash_fn hash) { moeq_kv_blocks_set_hash(c->blocks, hash); }

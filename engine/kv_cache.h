@@ -40,6 +40,11 @@ typedef struct moeq_kv_cache_params {
     float *pool;
     void (*copy)(void *ctx, float *dst, const float *src, size_t n_floats);
     void *copy_ctx;
+    /* The prefix cache of kv_blocks.h (docs/PREFIX_CACHE.md); 0 = off. */
+    int prefix_cache;
+    int lookahead;            /* key row tokens past the block: 0 main, 1 MTP (entry i reads token i + 1) */
+    int64_t max_cached_blocks;/* most released blocks kept cached; 0 = all                                */
+    uint64_t salt;            /* model identity and cache kind                                            */
 } moeq_kv_cache_params;
 
 /* Floats of the pool a cache with these params uses. */
@@ -95,6 +100,20 @@ int64_t moeq_kv_cache_fork_blocks_needed(const moeq_kv_cache *cache, int64_t n_t
  * block for the copy. Nothing changes on error.
  */
 moeq_err moeq_kv_cache_seq_fork(moeq_kv_cache *cache, int src, int64_t n_tokens, int dst);
+
+/* The prefix cache: as moeq_kv_blocks_set_tokens / _seq_tokens / _seq_keyed / _key_next / _lookup /
+ * _seq_take_prefix / _get_stats / _set_hash (kv_blocks.h). lookup and take_prefix count blocks. */
+void moeq_kv_cache_set_tokens(moeq_kv_cache *cache, int seq_id, int64_t from, const int32_t *tokens, int64_t n);
+int moeq_kv_cache_seq_tokens(const moeq_kv_cache *cache, int seq_id, int64_t from, int64_t n, int32_t *out);
+int64_t moeq_kv_cache_seq_keyed(const moeq_kv_cache *cache, int seq_id);
+int moeq_kv_cache_key_next(moeq_kv_cache *cache, int seq_id, const int32_t *row);
+int64_t moeq_kv_cache_lookup(const moeq_kv_cache *cache, const int32_t *tokens, int64_t n_tokens, int64_t max_blocks);
+int64_t moeq_kv_cache_take_prefix(moeq_kv_cache *cache, int seq_id, const int32_t *tokens, int64_t n_tokens,
+                                  int64_t max_blocks);
+int moeq_kv_cache_block_tokens(const moeq_kv_cache *cache);
+struct moeq_kv_blocks_stats;
+void moeq_kv_cache_prefix_stats(const moeq_kv_cache *cache, struct moeq_kv_blocks_stats *stats);
+void moeq_kv_cache_set_hash(moeq_kv_cache *cache, uint64_t (*hash)(uint64_t parent_key, const int32_t *row, int n));
 
 /* The entry of (seq, layer, pos): entry_floats floats. pos < seq_len. */
 float *moeq_kv_cache_entry(const moeq_kv_cache *cache, int seq_id, int layer, int64_t pos);

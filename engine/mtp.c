@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_blocks.h"
 #include "mtp.h"
 
 struct moeq_mtp_state {
@@ -53,6 +54,7 @@ struct moeq_mtp_state {
     float *chain_h;            /* [max_seqs][D] the module's last output (backend) */
     int64_t *chain_pos;        /* [max_seqs] its position, -1 = none        */
     unsigned char *on;         /* [max_seqs] moeq_engine_seq_set_mtp        */
+    int32_t *key_row;          /* [kv_block_tokens + 1] scratch: an MTP block's key row */
     int64_t rows_run;          /* MTP block rows computed (tests)           */
 };
 
@@ -87,7 +89,8 @@ static moeq_err alloc_seq_state(moeq_engine *e, moeq_mtp_state *m) {
     m->chain_h = b->alloc(b, MOEQ_BUFFER_STATE, S * D * sizeof(float));
     m->chain_pos = malloc(S * sizeof(int64_t));
     m->on = calloc(S, 1);
-    if (!m->on || !m->ring_h || !m->ring_tok || !m->ring_lo || !m->done || !m->guess_pos || !m->guess_tok ||
+    m->key_row = malloc(((size_t)e->params.kv_block_tokens + 1) * sizeof(int32_t));
+    if (!m->on || !m->key_row || !m->ring_h || !m->ring_tok || !m->ring_lo || !m->done || !m->guess_pos || !m->guess_tok ||
         !m->chain_h || !m->chain_pos)
         return MOEQ_ERR_NOMEM;
     for (size_t i = 0; i < S; i++) m->chain_pos[i] = m->guess_pos[i] = -1;
@@ -129,7 +132,9 @@ moeq_err moeq_mtp_state_new(moeq_engine *e, moeq_mtp_state **out, char *errstr, 
     const moeq_model_config *c = e->cfg;
     moeq_kv_cache_params kp = {1, c->kv_lora_rank + c->qk_rope_head_dim, e->params.kv_block_tokens,
                                e->params.kv_cache_tokens + (int64_t)e->params.max_seqs * MOEQ_MTP_MAX_K,
-                               e->params.max_seqs, NULL, NULL, NULL};
+                               e->params.max_seqs, NULL, NULL, NULL, e->params.prefix_cache, 1,
+                               moeq_forward_max_cached(e, e->params.kv_cache_tokens + (int64_t)e->params.max_seqs * MOEQ_MTP_MAX_K),
+                               moeq_forward_cache_salt(e, 1)};
     if ((err = moeq_forward_cache_new(e, &kp, &m->cache_pool, &m->cache, errstr, errstr_size))) {
         moeq_mtp_state_destroy(e, m);
         return err;
@@ -160,6 +165,7 @@ void moeq_mtp_state_destroy(moeq_engine *e, moeq_mtp_state *m) {
     free(m->guess_tok);
     free(m->chain_pos);
     free(m->on);
+    free(m->key_row);
     free(m);
 }
 
@@ -215,6 +221,16 @@ static int32_t *ring_tok(const moeq_mtp_state *m, int seq, int64_t pos) {
 static int state_ok(const moeq_engine *e, int seq, int64_t len) {
     const moeq_mtp_state *m = e->mtp;
     return len == 0 || (m->ring_lo[seq] <= m->done[seq] && m->done[seq] <= len - 1);
+}
+
+/* Key the sequence's MTP blocks whose entries are all true now (done moved), from the main cache's tokens. */
+static void key_blocks(moeq_engine *e, int seq) {
+    moeq_mtp_state *m = e->mtp;
+    int64_t bt = e->params.kv_block_tokens;
+    for (int64_t b = moeq_kv_cache_seq_keyed(m->cache, seq); (b + 1) * bt <= m->done[seq]; b++)
+        if (!moeq_kv_cache_seq_tokens(e->cache, seq, b * bt, bt + 1, m->key_row) ||
+            !moeq_kv_cache_key_next(m->cache, seq, m->key_row))
+            return;
 }
 
 /* ---- the module's forward ------------------------------------------------- */
@@ -346,6 +362,8 @@ void moeq_mtp_after_step(moeq_engine *e, const moeq_step_item *items, int n_item
     for (int i = 0; i < n_items; t0 += items[i++].n_tokens)
         if (moeq_mtp_seq_on(e, items[i].seq_id)) n_mtp += catch_up_item(e, &items[i], t0, n_mtp);
     if (n_mtp > 0) mtp_forward(e, n_mtp);
+    for (int i = 0; i < n_items; i++) /* after the pass: the entries it computed are true now */
+        if (moeq_mtp_seq_on(e, items[i].seq_id)) key_blocks(e, items[i].seq_id);
 }
 
 /* ---- public --------------------------------------------------------------- */
@@ -493,6 +511,7 @@ static moeq_err compute_pending(moeq_engine *e, int seq, int64_t upto) {
         lay_entry(e, pos - done, ring_row(m, seq, pos, D), *ring_tok(m, seq, pos + 1), seq, pos);
     mtp_forward(e, upto - done);
     m->done[seq] = upto;
+    key_blocks(e, seq);
     return MOEQ_OK;
 }
 
@@ -532,3 +551,28 @@ const float *moeq_mtp_cache_entry(moeq_engine *engine, int seq_id, int64_t pos) 
 }
 
 int64_t moeq_mtp_rows_run(const moeq_engine *engine) { return engine->mtp ? engine->mtp->rows_run : 0; }
+
+/* ---- prefix cache ------------------------------------------------------------- */
+
+int64_t moeq_mtp_prefix_blocks(const moeq_engine *e, const int32_t *prompt, int n_prompt, int64_t max_blocks) {
+    return moeq_kv_cache_lookup(e->mtp->cache, prompt, n_prompt, max_blocks);
+}
+
+int64_t moeq_mtp_seq_take_prefix(moeq_engine *e, int seq, const int32_t *prompt, int n_prompt, int64_t n_blocks) {
+    moeq_mtp_state *m = e->mtp;
+    int64_t bt = e->params.kv_block_tokens, got = moeq_kv_cache_take_prefix(m->cache, seq, prompt, n_prompt, n_blocks);
+    if (got == 0) return 0;
+    int64_t n = got * bt;
+    reset_seq(m, seq);
+    m->done[seq] = n - 1; /* as moeq_mtp_seq_forked: entry n - 1 read prompt[n], which the first step appends */
+    m->guess_pos[seq] = n - 1;
+    m->guess_tok[seq] = prompt[n];
+    m->ring_lo[seq] = n;
+    return got;
+}
+
+void moeq_mtp_prefix_stats(const moeq_engine *e, moeq_kv_blocks_stats *stats) {
+    moeq_kv_cache_prefix_stats(e->mtp->cache, stats);
+}
+
+moeq_kv_cache *moeq_mtp_cache(const moeq_engine *e) { return e->mtp ? e->mtp->cache : NULL; }

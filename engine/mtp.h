@@ -48,6 +48,26 @@ void moeq_mtp_seq_truncated(moeq_engine *engine, int seq_id, int64_t n_tokens);
 moeq_err moeq_mtp_seq_forked(moeq_engine *engine, int src, int64_t n, int32_t next_token, int dst, char *errstr,
                              size_t errstr_size);
 
+/*
+ * Prefix cache: MTP block b (entries b*bt .. b*bt + bt - 1, entry i from h_i
+ * and token i + 1) is keyed by main tokens b*bt .. (b + 1)*bt (one past the
+ * block) once its entries are true (computed from true hidden rows and
+ * tokens), chained like the main cache's blocks.
+ * moeq_mtp_prefix_blocks: of the first max_blocks main blocks of prompt,
+ * how many lead an MTP chain the cache holds too. moeq_mtp_seq_take_prefix:
+ * the marked, empty seq (its main cache just took n_blocks) takes them and is
+ * set up as a fork at n = blocks x bt would be (entry n - 1 is kept as the
+ * first draft entry, drafted with prompt[n], confirmed by its first step);
+ * returns the blocks taken.
+ */
+int64_t moeq_mtp_prefix_blocks(const moeq_engine *engine, const int32_t *prompt, int n_prompt, int64_t max_blocks);
+int64_t moeq_mtp_seq_take_prefix(moeq_engine *engine, int seq_id, const int32_t *prompt, int n_prompt,
+                                 int64_t n_blocks);
+struct moeq_kv_blocks_stats;
+void moeq_mtp_prefix_stats(const moeq_engine *engine, struct moeq_kv_blocks_stats *stats);
+/* Tests: the MTP cache (its prefix-cache hash hook). */
+moeq_kv_cache *moeq_mtp_cache(const moeq_engine *engine);
+
 /* Validation of a step's items of marked sequences before anything changes; adds the MTP cache blocks they need. */
 moeq_err moeq_mtp_check_item(moeq_engine *engine, const moeq_step_item *item, int index, int64_t *mtp_blocks,
                              char *errstr, size_t errstr_size);

@@ -158,6 +158,7 @@ typedef struct h_batch {
     size_t n;
     int64_t budget, closed_ms;
     int32_t prefix, min_len, max_len;
+    uint64_t pkey, want_pkey; /* the entry's prefix key; the one its prefix and first job's tokens give */
 } h_batch;
 
 typedef struct h_walk {
@@ -193,6 +194,9 @@ static int h_entry_cb(const moeq_redis_entry *e, void *opaque) {
     b->n = n;
     b->closed_ms = closed ? atoll(closed) : 0;
     b->prefix = prefix ? atoi(prefix) : 0;
+    const char *pkey = moeq_redis_entry_get(e, "pkey", NULL);
+    b->pkey = pkey ? strtoull(pkey, NULL, 16) : 0;
+    b->want_pkey = n && b->prefix > 0 ? moeq_batch_entry_prefix_key(jobs[0].tokens, (size_t)b->prefix) : 0;
     b->min_len = INT32_MAX;
     for (size_t i = 0; i < n; i++) {
         moeq_job job;

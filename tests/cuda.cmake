@@ -14,7 +14,7 @@ if(TARGET moeq_engine AND TARGET moeq_genmodel)
   target_include_directories(test_backend_cuda_host PRIVATE ${CMAKE_SOURCE_DIR}/engine)
   if(MOEQ_HAVE_CUDA_BACKEND)
     target_compile_definitions(test_backend_cuda_host PRIVATE MOEQ_HAVE_CUDA_BACKEND)
-    target_link_libraries(test_backend_cuda_host PRIVATE moeq_cuda_kernels)
+    target_link_libraries(test_backend_cuda_host PRIVATE moeq_backend_cuda moeq_cuda_kernels)
   endif()
 endif()
 if(MOEQ_HAVE_CUDA AND TARGET moeq_engine)
@@ -26,7 +26,7 @@ endif()
 # the genmodel library, so the GPU check's engine-only build runs it).
 if(MOEQ_HAVE_CUDA_BACKEND AND TARGET moeq_genmodel)
   moeq_add_test(NAME test_backend_cuda_gpu SOURCES test_backend_cuda_gpu.c
-                LIBS moeq_engine moeq_genmodel moeq_cuda_kernels CUDA::cudart LABELS gpu TIMEOUT 300)
+                LIBS moeq_engine moeq_genmodel moeq_backend_cuda moeq_cuda_kernels CUDA::cudart LABELS gpu TIMEOUT 300)
   target_include_directories(test_backend_cuda_gpu PRIVATE ${CMAKE_SOURCE_DIR}/engine)
 endif()
 # The cuBLAS and NCCL the build found load at run time and are the pinned

@@ -69,6 +69,18 @@ def check_compose(moeq, keys):
         fail("docker-compose.yml: neither docker-compose nor docker compose is installed (scripts/setup.sh installs docker-compose)")
     text = open(path).read()
     check_env_vars("docker-compose.yml", text, keys)
+    # The build context must not carry models or build trees (a checkpoint can be hundreds of GB).
+    ignore = open(os.path.join(ROOT, ".dockerignore")).read().split()
+    for must in ("models/", "*.safetensors", "build*/", ".deps/", ".git/"):
+        if must not in ignore:
+            fail(".dockerignore does not exclude %s" % must)
+    # The submit service's entrypoint is a real command line: `moeq submit --config F --help` must parse.
+    m = re.search(r'entrypoint: \["moeq", "submit", "--config", "/etc/moeq/moeq.conf"\]', text)
+    if not m:
+        fail("docker-compose.yml: the submit service does not run `moeq submit --config /etc/moeq/moeq.conf`")
+    r = run([moeq, "submit", "--config", os.path.join(ROOT, "deploy", "moeq.conf"), "--help"])
+    if r.returncode != 0:
+        fail("`moeq submit --config deploy/moeq.conf --help` fails: %s" % r.stderr.strip())
     for mount in re.findall(r"- \./([^:]+):", text):
         if not os.path.exists(os.path.join(ROOT, mount)) and mount != "jobs":
             fail("docker-compose.yml mounts ./%s, which the repository does not have" % mount)

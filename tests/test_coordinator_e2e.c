@@ -106,10 +106,12 @@ static void mixed_jobs_become_batches_that_obey_every_bound(void **state) {
         int64_t wait = j->closed_ms - j->arrival_ms;
         if (wait > worst_wait) worst_wait = wait;
     }
-    size_t multi = 0;
+    size_t multi = 0, keyed = 0;
     for (size_t b = 0; b < w.n_batches; b++) {
         h_batch *x = &w.batches[b];
         assert_true(x->n >= 1 && x->n <= MAX_JOBS);
+        assert_true(x->pkey == x->want_pkey); /* the prefix key names the batch's shared prefix */
+        keyed += x->pkey != 0;
         assert_true(x->budget <= MAX_TOKENS);
         double allow = 0.1 * x->min_len > 8 ? 0.1 * x->min_len : 8;
         assert_true((double)(x->max_len - x->min_len) <= 2 * allow + 1e-9);
@@ -122,6 +124,7 @@ static void mixed_jobs_become_batches_that_obey_every_bound(void **state) {
      * write (one fsync) and for the CPU on a loaded machine: JITTER_MS allows for that. */
     assert_true(worst_wait <= MAX_WAIT_MS + POLL_MS + JITTER_MS);
     assert_true(multi > 0);
+    assert_true(keyed > 0); /* the prefix groups' batches carry a key */
     /* every job has its record, pointing at a batch */
     for (size_t i = 0; i < w.n_jobs; i += 7) {
         char key[160], err[256];

@@ -237,6 +237,21 @@ static void chat_messages_are_rendered_or_rejected_when_the_model_has_no_chat_fo
     moeq_intake_free(&in);
 }
 
+/* The batch's prefix key (pkey): one instruction, one key, whatever the documents share past 256 tokens. */
+static void a_batch_prefix_key_names_the_first_256_shared_tokens_rounded_to_16(void **state) {
+    (void)state;
+    int32_t a[300], b[300];
+    for (int i = 0; i < 300; i++) a[i] = b[i] = i * 7 + 1;
+    b[280] = 5; /* differs past the window */
+    assert_true(moeq_batch_entry_prefix_key(a, 15) == 0); /* below 16 shared tokens: no key */
+    assert_true(moeq_batch_entry_prefix_key(a, 16) != 0);
+    assert_true(moeq_batch_entry_prefix_key(a, 300) == moeq_batch_entry_prefix_key(b, 290));
+    assert_true(moeq_batch_entry_prefix_key(a, 40) == moeq_batch_entry_prefix_key(a, 47)); /* rounded to 32 */
+    assert_true(moeq_batch_entry_prefix_key(a, 40) != moeq_batch_entry_prefix_key(a, 48));
+    b[3] = 9;
+    assert_true(moeq_batch_entry_prefix_key(a, 64) != moeq_batch_entry_prefix_key(b, 64));
+}
+
 static void batch_entries_round_trip(void **state) {
     (void)state;
     int32_t t1[] = {1, 2, 3, -1, 2147483647}, t2[] = {9};
@@ -359,6 +374,7 @@ int main(void) {
         cmocka_unit_test(chat_messages_are_rendered_or_rejected_when_the_model_has_no_chat_format),
         cmocka_unit_test(no_context_length_check_prompt_and_max_new_tokens_past_the_context_get_prompt_too_long),
         cmocka_unit_test(batch_entries_round_trip),
+        cmocka_unit_test(a_batch_prefix_key_names_the_first_256_shared_tokens_rounded_to_16),
         cmocka_unit_test(coordinator_results_carry_the_hash_of_the_job_they_answer),
         cmocka_unit_test(metrics_render_as_prometheus_text),
         cmocka_unit_test(coordinator_metrics_follow_the_prometheus_conventions),

@@ -308,15 +308,23 @@ static long long prop_field(const moeq_prop *p, const void *params) {
 static void engine_params_table_defaults_equal_the_default_params(void **state) {
     (void)state;
     moeq_engine_params want = moeq_engine_default_params();
-    int n = 0, seen[9] = {0};
-    static const char *const names[9] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
-                                         "n_threads", "batch_invariant", "max_model_len",   "backend", "device"};
+    enum { N_PARAMS = 11 };
+    int n = 0, seen[N_PARAMS] = {0};
+    static const char *const names[N_PARAMS] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
+                                                "n_threads", "batch_invariant", "max_model_len",   "backend",
+                                                "device", "prefix_cache", "prefix_cache_share"};
     for (const moeq_prop *p = moeq_engine_params_props; p->name; p++, n++) {
         assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max); /* a meaning/unit and a range */
         assert_true(p->offset + p->size <= sizeof(moeq_engine_params));
-        for (int i = 0; i < 9; i++) seen[i] += !strcmp(p->name, names[i]);
+        for (int i = 0; i < N_PARAMS; i++) seen[i] += !strcmp(p->name, names[i]);
         if (p->type == MOEQ_PROP_STR) { /* the backend's name */
             assert_string_equal(p->def, (const char *)&want + p->offset);
+            continue;
+        }
+        if (p->type == MOEQ_PROP_DOUBLE) {
+            double d = strtod(p->def, NULL);
+            assert_true(d >= p->min && d <= p->max);
+            assert_true(d == *(const double *)((const char *)&want + p->offset));
             continue;
         }
         long long def = p->type == MOEQ_PROP_BOOL ? !strcmp(p->def, "true") : strtoll(p->def, NULL, 0);
@@ -324,8 +332,8 @@ static void engine_params_table_defaults_equal_the_default_params(void **state) 
         assert_true((double)def >= p->min && (double)def <= p->max);
         assert_int_equal(def, prop_field(p, &want)); /* the table's default is moeq_engine_default_params()'s */
     }
-    assert_int_equal(n, 9);
-    for (int i = 0; i < 9; i++) assert_int_equal(seen[i], 1);
+    assert_int_equal(n, N_PARAMS);
+    for (int i = 0; i < N_PARAMS; i++) assert_int_equal(seen[i], 1);
 }
 
 /* Regression: an int field set through the table must not spill into its neighbour (config.c stored 8 bytes). */
@@ -334,7 +342,7 @@ static void setting_one_engine_param_leaves_the_others_alone(void **state) {
     for (const moeq_prop *p = moeq_engine_params_props; p->name; p++) {
         moeq_engine_params want = moeq_engine_default_params(), got = want;
         char err[256] = "", out[32];
-        const char *v = p->type == MOEQ_PROP_BOOL ? "false" : "3";
+        const char *v = p->type == MOEQ_PROP_BOOL ? "false" : p->type == MOEQ_PROP_DOUBLE ? "0.5" : "3";
         assert_int_equal(moeq_props_set(moeq_engine_params_props, &got, p->name, v, err, sizeof(err)), MOEQ_OK);
         assert_int_equal(moeq_props_get(moeq_engine_params_props, &got, p->name, out, sizeof(out)), MOEQ_OK);
         assert_string_equal(out, v);

@@ -391,6 +391,54 @@ static void run_jobs(model_ref *m, int mtp_k, int expect_accepts) {
     scenario_close(&s);
 }
 
+/* Every result of s carries generate's tokens (the check of run_jobs, without the MTP bookkeeping). */
+static void expect_tokens(scenario *s, const char *round) {
+    for (int i = 0; i < N_JOBS; i++) {
+        tjob *j = &s->jobs[i];
+        assert_string_equal(j->status, "ok");
+        if (j->n_got != j->n_expect || memcmp(j->got, j->expect, (size_t)j->n_expect * sizeof *j->expect))
+            fail_msg("%s round: job %d: %d tokens, generate alone %d", round, i, j->n_got, j->n_expect);
+    }
+}
+
+/*
+ * The same prompts twice through one worker (new job ids the second time), MTP on: the second round finds
+ * the first round's blocks (prefix cache, plain and MTP entries) and still gives generate's tokens; /metrics
+ * shows the hits.
+ */
+static void a_second_round_of_the_same_prompts_hits_the_prefix_cache_and_gives_the_same_tokens(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    model_ref *m = &g_models[0];
+    scenario_open(&s, "wk-prefix");
+    make_jobs(&s, m, "pc1");
+    add_batch(&s, 0, N_JOBS);
+    int port = 20000 + (int)((getpid() + 7) % 20000);
+    pid_t w = start_worker(&s, m, 2, port);
+    collect(&s, 60000);
+    expect_tokens(&s, "first");
+    double hits0 = metric(port, "moeq_worker_prefix_cache_hit_tokens_total");
+    make_jobs(&s, m, "pc2");
+    add_batch(&s, 0, 8);
+    add_batch(&s, 8, N_JOBS);
+    collect(&s, 60000);
+    expect_tokens(&s, "second");
+    double hits = metric(port, "moeq_worker_prefix_cache_hit_tokens_total");
+    if (hits >= 0) { /* curl reached it */
+        double lookups = metric(port, "moeq_worker_prefix_cache_lookups_total");
+        double rate = metric(port, "moeq_worker_prefix_cache_hit_rate");
+        print_message("/metrics: prefix cache lookups %.0f, hit tokens %.0f (first round %.0f), hit rate %.3f, "
+                      "cached blocks %.0f\n", lookups, hits, hits0, rate,
+                      metric(port, "moeq_worker_prefix_cache_cached_blocks"));
+        assert_true(lookups >= N_JOBS);
+        assert_true(hits - hits0 >= 16 * (N_JOBS / 2)); /* at least a block of each instruction-led prompt */
+        assert_true(rate > 0 && rate <= 1);
+    }
+    assert_int_equal(stop_worker(w), 0);
+    scenario_close(&s);
+}
+
 static void tiny_mtp_with_mtp_gives_what_generate_alone_gives_and_reports_accepted_drafts(void **state) {
     (void)state;
     run_jobs(&g_models[0], 2, 1);
@@ -417,6 +465,7 @@ int main(void) {
         cmocka_unit_test(tiny_mtp_without_mtp_gives_the_same_tokens),
         cmocka_unit_test(tiny_with_a_random_mtp_layer_gives_the_same_tokens_with_mtp_on),
         cmocka_unit_test(tiny_without_mtp_gives_the_same_tokens),
+        cmocka_unit_test(a_second_round_of_the_same_prompts_hits_the_prefix_cache_and_gives_the_same_tokens),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

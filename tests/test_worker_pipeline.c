@@ -72,6 +72,7 @@ typedef struct tjob {
     size_t text_len;
     int n_result_tokens; /* of the first result, unclamped */
     char finish[16];
+    char worker[64];     /* of the first result */
 } tjob;
 
 typedef struct scenario {
@@ -290,6 +291,7 @@ static int collect(scenario *s, int timeout_ms) {
                 j->text_len = r.text ? strlen(r.text) : 0;
                 j->n_result_tokens = (int)r.n_tokens;
                 snprintf(j->finish, sizeof j->finish, "%s", moeq_finish_reason_name(r.finish_reason));
+                snprintf(j->worker, sizeof j->worker, "%s", r.worker ? r.worker : "");
                 if (j->n_got) memcpy(j->got, r.tokens, (size_t)j->n_got * sizeof *r.tokens);
                 have++;
             } else {
@@ -603,8 +605,8 @@ static void a_result_the_broker_refuses_for_good_becomes_an_error_result_and_a_d
     scenario_close(&s);
 }
 
-/* steps_total from the worker's /metrics. */
-static long long worker_steps(int port) {
+/* The sample `name{...}` of the worker's /metrics. */
+static long long worker_metric(int port, const char *name) {
     int fd = -1;
     for (int t = 0; t < 100 && fd < 0; t++) {
         fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -630,11 +632,16 @@ static long long worker_steps(int port) {
     if (moeq_test_metrics_lint(body + 4, why, sizeof why)) fail_msg("%s", why);
     if (moeq_test_metrics_documented(body + 4, why, sizeof why)) fail_msg("%s", why);
     close(fd);
-    const char *p = strstr(buf, "\nmoeq_worker_steps_total{");
+    char pat[128];
+    snprintf(pat, sizeof pat, "\n%s{", name);
+    const char *p = strstr(buf, pat);
     assert_non_null(p);
     p = strchr(p, '}');
     return strtoll(p + 1, NULL, 10);
 }
+
+/* steps_total from the worker's /metrics. */
+static long long worker_steps(int port) { return worker_metric(port, "moeq_worker_steps_total"); }
 
 static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -704,6 +711,151 @@ static void a_running_job_cancelled_stops_within_one_engine_step_with_its_partia
     scenario_close(&s);
 }
 
+/* ---- prefix affinity (docs/PREFIX_CACHE.md) ---------------------------------------- */
+
+#define AFF_KEY "00000000000abcde"
+
+/* Every job's prompt starts with the same n_lead token ids (an instruction); expected results again. */
+static void lead_jobs(scenario *s, int n_lead) {
+    for (int i = 0; i < s->n_jobs; i++) {
+        tjob *j = &s->jobs[i];
+        assert_true(j->n_tokens + n_lead <= 256);
+        memmove(j->tokens + n_lead, j->tokens, (size_t)j->n_tokens * sizeof *j->tokens);
+        for (int k = 0; k < n_lead; k++) j->tokens[k] = (int32_t)(100 + (k * 37) % 800);
+        j->n_tokens += n_lead;
+        int32_t eos = moeq_tokenizer_eos_id(g_tok);
+        moeq_generate_params gp = {.sampling = moeq_sampling_default_params(), .max_new_tokens = j->max_new,
+                                   .stop_ids = &eos, .n_stop_ids = eos >= 0};
+        gp.sampling.temperature = j->temperature;
+        gp.sampling.seed = j->seed;
+        int32_t *out = NULL;
+        int n_out = 0;
+        char err[256];
+        assert_int_equal(moeq_generate(g_engine, j->tokens, j->n_tokens, &gp, &out, &n_out, err, sizeof err), MOEQ_OK);
+        memcpy(j->expect, out, (size_t)(n_out < 512 ? n_out : 512) * sizeof *out);
+        j->n_expect = n_out;
+        free(out);
+    }
+}
+
+/* add_batch with the entry's prefix key field, as the coordinator writes it. */
+static void add_batch_key(scenario *s, int p, int from, int to, const char *pkey) {
+    moeq_batch_entry_job bj[MAX_JOBS];
+    for (int i = from; i < to; i++) {
+        tjob *j = &s->jobs[i];
+        bj[i - from] = (moeq_batch_entry_job){.id = j->id, .id_len = strlen(j->id), .job = j->json,
+                                              .job_len = strlen(j->json), .kafka_ts_ms = moeq_now_ms(),
+                                              .arrival_ms = moeq_now_ms(), .tokens = j->tokens,
+                                              .n_tokens = (size_t)j->n_tokens};
+    }
+    moeq_buf blob = {0};
+    assert_int_equal(moeq_batch_entry_encode_jobs(bj, (size_t)(to - from), &blob), MOEQ_OK);
+    char stream[512], count[16], closed[24], pr[4], err[256];
+    snprintf(stream, sizeof stream, "%s%d", s->prefix, p);
+    snprintf(count, sizeof count, "%d", to - from);
+    snprintf(closed, sizeof closed, "%lld", (long long)moeq_now_ms());
+    snprintf(pr, sizeof pr, "%d", p);
+    const char *argv[] = {"XADD", stream, "*", "v", "1", "priority", pr, "n", count, "prefix", "32", "closed_ms",
+                          closed, "jobs", (const char *)blob.data, "pkey", pkey};
+    size_t lens[17];
+    for (int i = 0; i < 17; i++) lens[i] = strlen(argv[i]);
+    lens[14] = blob.len;
+    assert_int_equal(moeq_redis_command_argv(s->redis, 17, argv, lens, NULL, err, sizeof err), MOEQ_OK);
+    moeq_buf_free(&blob);
+}
+
+/*
+ * A peer advertised the batch's prefix key (with room) and died: its heartbeat is still there, so the
+ * worker hands the fresh batch to it (XCLAIM, its visibility clock restarted). Nobody runs it there; the
+ * worker reclaims it after visibility_timeout_ms (3 s here) and every job gets generate's result.
+ */
+static void a_batch_handed_to_a_worker_that_is_gone_is_taken_by_another_within_the_visibility_timeout(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-aff-gone");
+    make_jobs(&s, 4, "ag", -1);
+    char key[512], err[256];
+    snprintf(key, sizeof key, "%s:worker:aff-ghost", s.ns);
+    const char *set[] = {"SET", key, "{\"id\":\"aff-ghost\",\"free_slots\":8,\"pending\":0,\"prefix_keys\":[\"" AFF_KEY "\"]}",
+                         "PX", "60000"};
+    assert_int_equal(moeq_redis_command_argv(s.redis, 5, set, NULL, NULL, err, sizeof err), MOEQ_OK);
+    int port = free_port();
+    char extra[96];
+    snprintf(extra, sizeof extra, "--http_port=%d", port);
+    pid_t w = start_worker(&s, "aff-w1", extra);
+    wait_heartbeat(&s, "aff-w1"); /* its first heartbeat read the peer's */
+    int64_t t0 = moeq_now_ms();
+    add_batch_key(&s, 2, 0, 4, AFF_KEY);
+    assert_int_equal(collect(&s, 30000), 4);
+    int64_t took = moeq_now_ms() - t0;
+    assert_results_equal_generate(&s);
+    long long handed = worker_metric(port, "moeq_worker_affinity_handed_total");
+    long long reclaimed = worker_metric(port, "moeq_worker_reclaims_total");
+    print_message("affinity: handed %lld to the dead peer, reclaimed %lld, all results after %lld ms\n", handed,
+                  reclaimed, (long long)took);
+    assert_int_equal(handed, 1);
+    assert_true(reclaimed >= 1);
+    assert_true(took >= 2500 && took < 20000); /* the visibility timeout, then the run */
+    wait_no_pending(&s, 10000);
+    kill(w, SIGTERM);
+    assert_int_equal(wait_exit(w, 15000), 0);
+    scenario_close(&s);
+}
+
+/*
+ * Worker A runs a batch with the key (its jobs share a 40-token instruction); B starts and sees A
+ * advertise it (A's cache still holds the prefix). A is then paused (SIGSTOP) while a
+ * fresh batch with the key arrives (after A's blocking read timed out on the server, so B is the only
+ * reader): B hands it to A, A (resumed) takes it
+ * from its pending list at its next heartbeat and runs it. Three times; every job ran on A with generate's
+ * result.
+ */
+static void fresh_batches_with_a_prefix_key_run_on_the_worker_that_holds_it(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-aff-hold");
+    make_jobs(&s, 16, "ah", -1);
+    lead_jobs(&s, 40); /* what A's cache keeps: the 32 tokens the key covers are two blocks */
+    int port_a = free_port(), port_b = free_port();
+    char extra[96];
+    snprintf(extra, sizeof extra, "--http_port=%d", port_a);
+    pid_t a = start_worker(&s, "aff-a", extra);
+    wait_heartbeat(&s, "aff-a");
+    s.n_jobs = 4;
+    add_batch_key(&s, 2, 0, 4, AFF_KEY);
+    assert_int_equal(collect(&s, 30000), 4);
+    snprintf(extra, sizeof extra, "--http_port=%d", port_b);
+    pid_t b = start_worker(&s, "aff-b", extra);
+    wait_heartbeat(&s, "aff-b");
+    for (int k = 1; k < 4; k++) {
+        usleep(1200 * 1000); /* two heartbeats: A advertises the key with its slots free, B has read it */
+        long long handed = worker_metric(port_b, "moeq_worker_affinity_handed_total");
+        kill(a, SIGSTOP);
+        usleep(250 * 1000); /* past A's XREADGROUP BLOCK (block_ms 100): only B waits on the stream now */
+        s.n_jobs = 4 * (k + 1);
+        add_batch_key(&s, 2, 4 * k, 4 * (k + 1), AFF_KEY);
+        for (int t = 0; t < 100 && worker_metric(port_b, "moeq_worker_affinity_handed_total") == handed; t++)
+            usleep(20000);
+        kill(a, SIGCONT);
+        assert_int_equal(collect(&s, 30000), s.n_jobs);
+    }
+    assert_results_equal_generate(&s);
+    for (int i = 0; i < s.n_jobs; i++) assert_string_equal(s.jobs[i].worker, "aff-a");
+    long long handed = worker_metric(port_b, "moeq_worker_affinity_handed_total");
+    long long received = worker_metric(port_a, "moeq_worker_affinity_received_total");
+    print_message("affinity: B handed %lld batches to A, A received %lld\n", handed, received);
+    assert_int_equal(handed, 3);
+    assert_int_equal(received, 3);
+    wait_no_pending(&s, 10000);
+    kill(a, SIGTERM);
+    kill(b, SIGTERM);
+    assert_int_equal(wait_exit(a, 15000), 0);
+    assert_int_equal(wait_exit(b, 15000), 0);
+    scenario_close(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_job_gets_what_generate_gives_alone_and_the_batch_is_acked),
@@ -714,6 +866,8 @@ int main(void) {
         cmocka_unit_test(dead_letter_copies_are_on_the_dlq_when_the_batch_is_acked),
         cmocka_unit_test(a_result_the_broker_refuses_for_good_becomes_an_error_result_and_a_dead_letter),
         cmocka_unit_test(a_running_job_cancelled_stops_within_one_engine_step_with_its_partial_text),
+        cmocka_unit_test(a_batch_handed_to_a_worker_that_is_gone_is_taken_by_another_within_the_visibility_timeout),
+        cmocka_unit_test(fresh_batches_with_a_prefix_key_run_on_the_worker_that_holds_it),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

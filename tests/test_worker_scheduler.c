@@ -877,6 +877,64 @@ static const moeq_sched_item *item_of(const moeq_sched_step *plan, const void *u
     return NULL;
 }
 
+/* A fake prefix cache: prompts starting with 1, 2, 3 have their first 8 tokens (two blocks of 4) cached. */
+static int fake_prefix(void *ctx, const int32_t *prompt, int n_prompt, int mtp) {
+    int *calls = ctx;
+    (*calls)++;
+    (void)mtp;
+    return n_prompt > 8 && prompt[0] == 1 && prompt[1] == 2 && prompt[2] == 3 ? 8 : 0;
+}
+
+/*
+ * With a prefix-cache lookup installed, a new job's first item starts after what the cache holds
+ * (cached_tokens), asked once per job; a running job's fork wins only when it shares more.
+ */
+static void a_new_job_starts_its_prefill_after_the_tokens_the_prefix_cache_holds(void **state) {
+    (void)state;
+    static const int32_t eos[] = {TOK_EOS};
+    static const int32_t pa[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    static const int32_t pb[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 99}; /* 11 shared with running a */
+    static const int32_t pc[6] = {5, 6, 7, 8, 9, 10};                        /* nothing cached */
+    moeq_sched_params p = moeq_sched_default_params();
+    p.max_seqs = 8, p.max_step_tokens = 64, p.kv_block_tokens = 4, p.stop_ids = eos, p.n_stop_ids = 1;
+    p.prefix_share_min = 4;
+    moeq_sched *s = NULL;
+    char err[256];
+    int calls = 0;
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &s, err, sizeof err), MOEQ_OK);
+    moeq_sched_set_prefix_lookup(s, fake_prefix, &calls);
+    fake_job f[3];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec a = spec(&f[0], "a", 12, 50);
+    a.prompt = pa;
+    add(s, NULL, &a, 1, 0);
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, 1, &plan), MOEQ_OK);
+    assert_int_equal(plan.n_items, 1);
+    assert_int_equal(plan.items[0].cached_tokens, 8);
+    assert_int_equal(plan.items[0].fork_tokens, 0);
+    assert_int_equal(plan.items[0].tokens[0], 9); /* prompt[8] on */
+    assert_int_equal(plan.items[0].n_tokens, 4);
+    assert_int_equal(plan.n_prefill_tokens, 4);
+    int32_t t[2] = {'y', 'y'};
+    assert_int_equal(moeq_sched_commit(s, t, 2), MOEQ_OK);
+    moeq_sched_job_spec more[2] = {spec(&f[1], "b", 12, 5), spec(&f[2], "c", 6, 5)};
+    more[0].prompt = pb, more[1].prompt = pc;
+    add(s, NULL, more, 2, 3);
+    assert_int_equal(moeq_sched_plan(s, 4, &plan), MOEQ_OK);
+    const moeq_sched_item *ib = item_of(&plan, &f[1]), *ic = item_of(&plan, &f[2]);
+    assert_int_equal(ib->fork_tokens, 11); /* the running a shares 11 > the cache's 8 */
+    assert_int_equal(ib->cached_tokens, 0);
+    assert_int_equal(ic->cached_tokens, 0);
+    assert_int_equal(ic->n_tokens, 6);
+    assert_int_equal(calls, 3); /* once per job */
+    moeq_sched_stats st;
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.prefix_tokens_cached, 8);
+    assert_int_equal(st.prefix_tokens_shared, 11);
+    moeq_sched_destroy(s);
+}
+
 /* A new job whose prompt starts like a running job's forks that job's sequence for the shared, fed part. */
 static void a_new_job_forks_the_running_job_that_holds_its_prompt_prefix(void **state) {
     (void)state;
@@ -1158,6 +1216,7 @@ int main(void) {
         cmocka_unit_test(rounds_pause_while_more_sequences_decode_than_mtp_max_seqs),
         cmocka_unit_test(a_job_with_poor_acceptance_pauses_drafting_and_looks_again),
         cmocka_unit_test(a_new_job_forks_the_running_job_that_holds_its_prompt_prefix),
+        cmocka_unit_test(a_new_job_starts_its_prefill_after_the_tokens_the_prefix_cache_holds),
         cmocka_unit_test(jobs_that_fork_a_running_jobs_prompt_prefix_get_the_tokens_they_would_get_alone),
         cmocka_unit_test(plain_and_speculative_jobs_share_a_plan_within_the_step_budget),
         cmocka_unit_test(a_failed_round_fails_the_jobs_of_the_plan),

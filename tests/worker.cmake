@@ -2,6 +2,7 @@
 # real Kafka + Redis and the tiny model (integration, fixture `services`).
 moeq_add_test(NAME test_worker_scheduler SOURCES test_worker_scheduler.c LIBS moeq_worker LABELS unit)
 moeq_add_test(NAME test_worker_params SOURCES test_worker_params.c LIBS moeq_worker LABELS unit)
+moeq_add_test(NAME test_worker_affinity SOURCES test_worker_affinity.c LIBS moeq_worker LABELS unit)
 
 get_target_property(_moeq_worker_defs moeq_worker INTERFACE_COMPILE_DEFINITIONS)
 if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
@@ -11,6 +12,10 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
     LABELS integration FIXTURES services TIMEOUT 240)
   # MTP inside continuous batching: tiny-mtp and tiny, mtp_k on and off, every result equal to generate alone.
   moeq_add_test(NAME test_worker_mtp SOURCES test_worker_mtp.c LIBS moeq_worker
+    LABELS integration FIXTURES services TIMEOUT 300)
+  # Issue 15: jobs sharing a 1,000-token instruction through two workers (small preset): generate's tokens,
+  # the instruction reused by nearly every job (prefix cache or a running job's fork).
+  moeq_add_test(NAME test_worker_prefix SOURCES test_worker_prefix.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)
   # Issue 11 through a worker: a NaN-poisoned job ends numerical_error beside a healthy batch-mate,
   # prompt_too_long at the model's context and at max_model_len, text with a 0x00 byte whole in both formats.

@@ -107,7 +107,9 @@ struct moeq_sched {
 
     int n_running, n_pending, n_unpublished, n_batches;
     int64_t kv_reserved;
-    int64_t prefill_tokens, decode_tokens, jobs_finished, prefix_tokens_shared;
+    int64_t prefill_tokens, decode_tokens, jobs_finished, prefix_tokens_shared, prefix_tokens_cached;
+    moeq_sched_prefix_fn prefix_fn;
+    void *prefix_ctx;
     uint64_t plans;             /* compose calls                                          */
     int64_t mtp_rounds, mtp_drafted, mtp_accepted;
 };
@@ -614,6 +616,18 @@ static int shared_prefix(const moeq_sched *sched, const sched_job *job, const in
     return best;
 }
 
+/* Prompt tokens the prefix cache holds for job (never its last one: its logits give the first output). */
+static int cached_prefix(const moeq_sched *sched, const sched_job *job) {
+    if (!sched->prefix_fn || job->n_prompt < 2) return 0;
+    int n = sched->prefix_fn(sched->prefix_ctx, job->prompt, job->n_prompt, job->mtp_k > 0);
+    return n > 0 && n < job->n_prompt ? n : 0;
+}
+
+void moeq_sched_set_prefix_lookup(moeq_sched *sched, moeq_sched_prefix_fn fn, void *ctx) {
+    sched->prefix_fn = fn;
+    sched->prefix_ctx = ctx;
+}
+
 /*
  * One plan = one engine step: decode tokens, round tokens and prefill chunks together fit max_step_tokens
  * (the worker runs rounds and ordinary items in one verify step). Every decoding sequence gets its token
@@ -651,12 +665,16 @@ static void compose(moeq_sched *sched, moeq_sched_step *plan) {
         int h = sched->slots[order_buf[k]];
         sched_job *job = sched->jobs[h];
         if (job->n_fed >= job->n_prompt) continue;
-        int new_seq = job->n_fed == 0, fork_slot = -1, fork_tokens = 0;
+        int new_seq = job->n_fed == 0, fork_slot = -1, fork_tokens = 0, cached = 0;
         if (new_seq) {
             job->first_plan = sched->plans;
             fork_slot = shared_prefix(sched, job, order_buf, n_order, &fork_tokens);
-            job->n_fed = fork_tokens; /* the fork holds them */
+            cached = cached_prefix(sched, job);
+            if (cached > 0 && cached >= fork_tokens) fork_slot = -1, fork_tokens = 0;
+            else cached = 0;
+            job->n_fed = fork_tokens + cached; /* the fork or the cache holds them */
             sched->prefix_tokens_shared += fork_tokens;
+            sched->prefix_tokens_cached += cached;
         }
         int chunk = job->n_prompt - job->n_fed;
         if (chunk > budget) chunk = budget;
@@ -664,7 +682,7 @@ static void compose(moeq_sched *sched, moeq_sched_step *plan) {
         *it = (moeq_sched_item){.slot = job->slot, .new_seq = new_seq, .tokens = job->prompt + job->n_fed,
                                 .n_tokens = chunk, .sample = job->n_fed + chunk == job->n_prompt, .job = h,
                                 .user = job->user, .mtp = job->mtp_k > 0, .fork_slot = fork_slot,
-                                .fork_tokens = fork_tokens};
+                                .fork_tokens = fork_tokens, .cached_tokens = cached};
         plan->n_prefill_tokens += chunk;
         budget -= chunk;
     }
@@ -979,6 +997,7 @@ void moeq_sched_get_stats(const moeq_sched *sched, moeq_sched_stats *stats) {
     stats->kv_reserved_tokens = sched->kv_reserved;
     stats->prefill_tokens = sched->prefill_tokens;
     stats->prefix_tokens_shared = sched->prefix_tokens_shared;
+    stats->prefix_tokens_cached = sched->prefix_tokens_cached;
     stats->decode_tokens = sched->decode_tokens;
     stats->jobs_finished = sched->jobs_finished;
     stats->mtp_rounds = sched->mtp_rounds;

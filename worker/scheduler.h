@@ -100,11 +100,22 @@ typedef size_t (*moeq_sched_detok_fn)(void *ctx, void *job_user, int32_t token, 
 
 typedef struct moeq_sched moeq_sched;
 
+/*
+ * The prefix cache, injected like detokenization: prompt tokens (whole
+ * cache blocks, at most n_prompt - 1) the engine already holds computed for
+ * a new job with this prompt (moeq_engine_prefix_lookup). Asked once per
+ * job, when it gets its first item; the job's prefill then starts after
+ * them (moeq_sched_item.cached_tokens). NULL = no cache.
+ */
+typedef int (*moeq_sched_prefix_fn)(void *ctx, const int32_t *prompt, int n_prompt, int mtp);
+
 /* Validates params (message names the field). detok may be NULL: no text, stop strings never match. */
 moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn detok, void *ctx,
                         moeq_sched **out, char *errstr, size_t errstr_size);
 /* Frees every job and batch still held. NULL is safe. */
 void moeq_sched_destroy(moeq_sched *sched);
+/* Install the prefix-cache lookup (NULL: none). A hit at least as long as a running job's fork wins. */
+void moeq_sched_set_prefix_lookup(moeq_sched *sched, moeq_sched_prefix_fn fn, void *ctx);
 
 /* One job of a batch, as the caller hands it in. Everything is copied except user. */
 typedef struct moeq_sched_job_spec {
@@ -167,6 +178,9 @@ typedef struct moeq_sched_item {
                                job's first fork_tokens prompt tokens: start the job's sequence as
                                a fork of it (moeq_engine_seq_fork); tokens start after them      */
     int fork_slot;
+    int cached_tokens;      /* new_seq and > 0: the prefix cache holds the job's first cached_tokens
+                               prompt tokens: start the sequence with them (moeq_engine_seq_new_prefix,
+                               max_cached = this); tokens start after them                       */
 } moeq_sched_item;
 
 /*
@@ -312,6 +326,7 @@ typedef struct moeq_sched_stats {
     int64_t kv_reserved_tokens;
     int64_t prefill_tokens, decode_tokens; /* totals committed                          */
     int64_t prefix_tokens_shared;          /* prompt tokens taken from a running job's cache */
+    int64_t prefix_tokens_cached;          /* prompt tokens taken from the prefix cache       */
     int64_t jobs_finished;
     int64_t mtp_rounds, mtp_drafted, mtp_accepted; /* speculative rounds committed      */
 } moeq_sched_stats;

@@ -27,6 +27,7 @@
 #include "moeq/result.h"
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"
+#include "affinity.h"
 #include "decode_proc.h"
 #include "scheduler.h"
 #include "worker_group.h"
@@ -107,6 +108,8 @@ struct moeq_worker {
     int n_held;
     int n_ack_failing;             /* held batches whose last acknowledgement failed: take nothing new */
     char own_cursors[4][48];       /* reading back entries pending for our worker_id (worker_io_take_own) */
+    int own_sweep;                 /* 1: the own-history read is a hand-off sweep, not the start-up one */
+    moeq_affinity *affinity;       /* prefix-key hints (prefix_affinity); NULL: off */
     volatile sig_atomic_t stop;
     /* An expert-parallel group (docs/EP.md): one engine step and one agreement per tick, in lockstep. */
     worker_group *group;           /* NULL: no group                           */
@@ -292,6 +295,12 @@ static moeq_err check_weights(moeq_worker *w, char *errstr, size_t errstr_size) 
     return MOEQ_OK;
 }
 
+/* The scheduler's view of the prefix cache (moeq_sched_prefix_fn). */
+static int prefix_lookup(void *ctx, const int32_t *prompt, int n_prompt, int mtp) {
+    const moeq_worker *w = ctx;
+    return moeq_engine_prefix_lookup(w->engine, prompt, n_prompt, mtp);
+}
+
 /* What a grammar may emit: vocabulary tokens, never added/special ones or the end of sequence. */
 static int grammar_token(void *ctx, int32_t id, const char **bytes, size_t *len) {
     const moeq_worker *w = ctx;
@@ -329,6 +338,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     snprintf(ep.backend, sizeof ep.backend, "%s", p->backend);
     ep.device = (int)p->device;
     ep.max_model_len = (int)p->max_model_len;
+    ep.prefix_cache = p->prefix_cache;
+    ep.prefix_cache_share = p->prefix_cache_share;
     if ((err = moeq_engine_new(w->model, &ep, &w->engine, errstr, errstr_size))) return err;
     w->vocab = moeq_model_get_config(w->model)->vocab_size;
     const char *base = strrchr(p->model, '/');
@@ -351,6 +362,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.stop_ids = &eos;
     sp.n_stop_ids = eos >= 0 ? 1 : 0;
     if ((err = moeq_sched_new(&sp, detok, w, &w->sched, errstr, errstr_size))) return err;
+    if (p->prefix_cache) moeq_sched_set_prefix_lookup(w->sched, prefix_lookup, w);
     w->eos = eos;
     if ((err = open_grammars(w, errstr, errstr_size))) return err;
 
@@ -426,6 +438,11 @@ moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *ka
         return err;
     }
     for (int p = 0; p < 4; p++) snprintf(w->own_cursors[p], sizeof w->own_cursors[p], "0");
+    /* affinity pays only where a held prefix saves prefill: not without the cache */
+    if (w->params.prefix_affinity && w->params.prefix_cache && moeq_affinity_new(16, 64, &w->affinity)) {
+        moeq_worker_destroy(w);
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "affinity hints");
+    }
     w->started_ms = moeq_now_ms();
     *out = w;
     return MOEQ_OK;
@@ -449,6 +466,7 @@ void moeq_worker_destroy(moeq_worker *w) {
     if (!w) return;
     if (g_signal_worker == w) g_signal_worker = NULL;
     moeq_worker_http_stop(w->http); /* first: its probes read the producer */
+    moeq_affinity_destroy(w->affinity);
     moeq_health_destroy(w->health);
     moeq_redis_probe_destroy(w->redis_probe);
     moeq_kafka_producer_destroy(w->producer); /* flushes; late reports reach the scheduler */
@@ -652,7 +670,13 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
     w->n_held++;
     b = NULL;
     atomic_fetch_add(&w->metrics.batches_taken, 1);
-    if (reclaimed) atomic_fetch_add(&w->metrics.batches_reclaimed, 1);
+    if (reclaimed == 1) atomic_fetch_add(&w->metrics.batches_reclaimed, 1);
+    if (reclaimed == 2) atomic_fetch_add(&w->metrics.affinity_received, 1);
+    if (w->affinity && n) {
+        const worker_entry_job *first = &w->held->entry.jobs[0];
+        int covered = first->n_tokens < w->held->entry.prefix_tokens ? first->n_tokens : w->held->entry.prefix_tokens;
+        moeq_affinity_note(w->affinity, w->held->entry.prefix_key, first->tokens, first->tokens ? covered : 0, now);
+    }
     moeq_log(MOEQ_LOG_INFO, COMP, "batch_taken", "stream=%s entry=%s jobs=%zu runnable=%zu reclaimed=%d deliveries=%d",
              w->held->entry.stream, w->held->entry.id, n, n_specs, reclaimed, w->held->entry.deliveries);
 out:
@@ -679,15 +703,43 @@ static int own_history_left(const moeq_worker *w) {
  * the visibility timeout. Nothing new or reclaimed is read before that history is through, so no entry of it
  * can come back twice.
  */
+static int is_held(const moeq_worker *w, const worker_entry *e) {
+    for (const wbatch *b = w->held; b; b = b->next)
+        if (!strcmp(b->entry.id, e->id) && !strcmp(b->entry.stream, e->stream)) return 1;
+    return 0;
+}
+
 static moeq_err take_own(moeq_worker *w, size_t room, char *errstr, size_t errstr_size) {
     worker_entry entries[MAX_TAKE];
     size_t n = 0;
     moeq_err err = worker_io_take_own(w->redis, &w->params, w->own_cursors, entries, room, &n, errstr, errstr_size);
-    for (size_t i = 0; i < n; i++) {
-        if (!err) err = admit_entry(w, &entries[i], 1, errstr, errstr_size);
+    for (size_t i = 0; i < n; i++) { /* a hand-off sweep also reads what this worker holds already */
+        if (!err && !is_held(w, &entries[i])) err = admit_entry(w, &entries[i], w->own_sweep ? 2 : 1, errstr, errstr_size);
         worker_entry_free(&entries[i]);
     }
     return err;
+}
+
+/* The affinity's view of the cache: most of these leading tokens are cached here (moeq_affinity_cached_fn). */
+static int prefix_cached(void *ctx, const int32_t *prefix, int n) {
+    const moeq_worker *w = ctx;
+    return n > 0 && moeq_engine_prefix_lookup(w->engine, prefix, n + 1, 0) * 2 >= n;
+}
+
+/* A fresh entry another live worker advertised the prefix key of: hand it over (1), or run it here (0). */
+static int hand_off(moeq_worker *w, const worker_entry *e) {
+    if (!w->affinity || !e->prefix_key || e->n_jobs == 0) return 0;
+    int n = (int)e->n_jobs, covered = e->jobs[0].n_tokens < e->prefix_tokens ? e->jobs[0].n_tokens : e->prefix_tokens;
+    /* held here: the cache has it (a job without token ids cannot be looked up: keep it, never guess) */
+    int held = !e->jobs[0].tokens || covered < 1 || prefix_cached(w, e->jobs[0].tokens, covered);
+    const char *to = moeq_affinity_route(w->affinity, e->prefix_key, n, 0, held);
+    char err[256];
+    if (!to || worker_io_hand_to(w->redis, &w->params, e, to, err, sizeof err) != MOEQ_OK) return 0;
+    moeq_affinity_handed(w->affinity, to, n);
+    atomic_fetch_add(&w->metrics.affinity_handed, 1);
+    moeq_log(MOEQ_LOG_INFO, COMP, "batch_handed", "stream=%s entry=%s to=%s key=%016llx", e->stream, e->id, to,
+             (unsigned long long)e->prefix_key);
+    return 1;
 }
 
 static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
@@ -714,7 +766,7 @@ static moeq_err take_batches(moeq_worker *w, char *errstr, size_t errstr_size) {
     if (block > until_reclaim) block = until_reclaim > 1 ? (int)until_reclaim : 1;
     if ((err = worker_io_take(w->redis, &w->params, block, entries, room, &n, errstr, errstr_size))) return err;
     for (size_t i = 0; i < n; i++) {
-        if (!err) err = admit_entry(w, &entries[i], 0, errstr, errstr_size);
+        if (!err && !hand_off(w, &entries[i])) err = admit_entry(w, &entries[i], 0, errstr, errstr_size);
         worker_entry_free(&entries[i]);
     }
     return err;
@@ -779,9 +831,11 @@ static void slot_clear(moeq_worker *w, int slot) {
 
 /*
  * A new job's sequence: a fork of the running sequence that holds its prompt's first fork_tokens tokens (the
- * scheduler compared the prompts), or a fresh one. When the fork cannot be made (no free cache block for the
- * copied partial block) the fresh sequence prefills those tokens itself, in steps of its own: the same cache
- * either way.
+ * scheduler compared the prompts), or one that takes its first cached_tokens from the prefix cache
+ * (moeq_engine_seq_new_prefix; with the cache on every job looks, so the metrics count every lookup), or a
+ * fresh one. When the fork cannot be made (no free cache block for the copied partial block) the new
+ * sequence takes what the cache holds of those tokens and prefills the rest itself, in steps of its own:
+ * the same cache either way.
  */
 static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errstr, size_t errstr_size) {
     slot_state *s = &w->slots[it->slot];
@@ -801,16 +855,40 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
         moeq_log(MOEQ_LOG_WARN, COMP, "fork_failed", "job=%s tokens=%d reason=\"%s\"", job->ej->job.id,
                  it->fork_tokens, errstr);
     }
-    if ((err = moeq_engine_seq_new(w->engine, &s->seq)))
-        return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
-    if (it->mtp && (err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1))) /* before its first token */
-        return moeq_errf(err, errstr, errstr_size, "mtp for job %s", job->ej->job.id);
-    const int32_t *prompt = it->tokens - it->fork_tokens; /* a failed fork's tokens, if any */
-    for (int done = 0, chunk = (int)w->params.max_step_tokens; done < it->fork_tokens; done += chunk) {
-        moeq_step_item one = {s->seq, prompt + done, it->fork_tokens - done < chunk ? it->fork_tokens - done : chunk, 0};
+    /* the prompt from its start: the item's tokens follow the forked or cached ones */
+    int skipped = it->fork_tokens + it->cached_tokens, got = 0;
+    const int32_t *prompt = it->tokens - skipped;
+    if (w->params.prefix_cache)
+        err = moeq_engine_seq_new_prefix(w->engine, prompt, skipped + it->n_tokens, skipped, it->mtp, &s->seq, &got,
+                                         errstr, errstr_size);
+    else if (!(err = moeq_engine_seq_new(w->engine, &s->seq)) && it->mtp)
+        err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1); /* before its first token */
+    if (err) return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
+    /* what neither a fork nor the cache gave (a failed fork; the cache cannot give less than it said). In an
+     * expert-parallel group every rank runs exactly one engine step per tick, so an extra step here would
+     * break the lockstep: there (no forks in a group) a shortfall is an error of this job, never a step. */
+    if (got < skipped && w->params.ep_group[0])
+        return moeq_errf(MOEQ_ERR_INTERNAL, errstr, errstr_size,
+                         "job %s: the prefix cache gave %d of the %d tokens its lookup promised", job->ej->job.id, got,
+                         skipped);
+    for (int done = got, chunk = (int)w->params.max_step_tokens; done < skipped; done += chunk) {
+        moeq_step_item one = {s->seq, prompt + done, skipped - done < chunk ? skipped - done : chunk, 0};
         if ((err = moeq_engine_step(w->engine, &one, 1, w->logits, 1, errstr, errstr_size))) return err;
     }
     return MOEQ_OK;
+}
+
+/* The engine's prefix-cache counters into the metrics (the HTTP thread must not read the engine). */
+static void prefix_metrics(moeq_worker *w) {
+    moeq_engine_prefix_stats ps;
+    moeq_engine_get_prefix_stats(w->engine, &ps);
+    atomic_store(&w->metrics.prefix_lookups, ps.lookups);
+    atomic_store(&w->metrics.prefix_hits, ps.hits);
+    atomic_store(&w->metrics.prefix_lookup_tokens, ps.lookup_tokens);
+    atomic_store(&w->metrics.prefix_hit_tokens, ps.hit_tokens);
+    atomic_store(&w->metrics.prefix_cached_blocks, ps.cached_blocks);
+    atomic_store(&w->metrics.prefix_evictions, ps.evictions);
+    atomic_store(&w->metrics.prefix_collisions, ps.collisions);
 }
 
 /* The plan's ordinary items: open (or fork) new sequences, fill w->items. */
@@ -933,6 +1011,7 @@ static int run_step(moeq_worker *w) {
     }
     moeq_sched_commit_mtp(w->sched, w->sampled, w->round_out, moeq_now_ms());
     atomic_fetch_add(&w->metrics.steps, 1);
+    prefix_metrics(w);
     atomic_fetch_add(&w->metrics.prefill_tokens, plan.n_prefill_tokens);
     atomic_fetch_add(&w->metrics.decode_tokens, plan.n_decode_tokens);
     return 1;
@@ -1204,6 +1283,23 @@ static int poll_wait_ms(const moeq_worker *w, int ran) {
 
 /* ---- timers ---------------------------------------------------------------------- */
 
+static void read_peer(void *ctx, const char *json, size_t len) {
+    moeq_worker *w = ctx;
+    moeq_affinity_peer_json(w->affinity, w->params.worker_id, json, len);
+}
+
+/* Each heartbeat: the peers' advertised keys again, and a sweep of our pending list for batches handed to us. */
+static void affinity_refresh(moeq_worker *w) {
+    if (!w->affinity) return;
+    char err[256];
+    moeq_affinity_peers_clear(w->affinity);
+    if (worker_io_heartbeats(w->redis, w->params.redis_prefix, read_peer, w, err, sizeof err))
+        moeq_affinity_peers_clear(w->affinity); /* half a list would route by chance; none routes nothing */
+    if (own_history_left(w)) return; /* the start-up history is not through yet */
+    for (int p = 0; p < 4; p++) snprintf(w->own_cursors[p], sizeof w->own_cursors[p], "0");
+    w->own_sweep = 1;
+}
+
 static void heartbeat(moeq_worker *w, int64_t now) {
     if (now < w->next_heartbeat_ms) return;
     w->next_heartbeat_ms = now + w->params.heartbeat_interval_ms;
@@ -1214,14 +1310,16 @@ static void heartbeat(moeq_worker *w, int64_t now) {
         w->tokens_per_s = (double)(tokens - w->last_hb_tokens) * 1000.0 / (double)(now - w->last_hb_ms);
     w->last_hb_tokens = tokens;
     w->last_hb_ms = now;
-    char json[768];
+    char json[1536], keys[640] = "[]";
+    if (w->affinity) moeq_affinity_hint_json(w->affinity, prefix_cached, w, keys, sizeof keys);
     snprintf(json, sizeof json,
              "{\"id\":\"%s\",\"model\":\"%s\",\"version\":\"%s\",\"max_seqs\":%lld,\"free_slots\":%d,\"running\":%d,"
              "\"pending\":%d,\"batches\":%d,\"tokens_per_s\":%.1f,\"jobs_finished\":%lld,\"draining\":%d,"
-             "\"started_ms\":%lld,\"ts\":%lld}",
+             "\"started_ms\":%lld,\"ts\":%lld,\"room\":%d,\"prefix_keys\":%s}",
              w->params.worker_id, w->model_name, "0.1.0", (long long)w->params.max_seqs, st.free_slots, st.running,
              st.pending, w->n_held, w->tokens_per_s, (long long)st.jobs_finished, (int)w->stop,
-             (long long)w->started_ms, (long long)now);
+             (long long)w->started_ms, (long long)now, want_batch(w) ? moeq_sched_free_capacity(w->sched) : 0, keys);
+    affinity_refresh(w);
     char err[256];
     moeq_err e = worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, json, 3 * w->params.heartbeat_interval_ms, err,
                                      sizeof err);

@@ -66,6 +66,22 @@ static moeq_err decode_one(const moeq_batch_entry_job *bj, size_t i, const moeq_
     return MOEQ_OK;
 }
 
+/* The entry's pkey; an entry of a coordinator from before it has none: computed alike from prefix and tokens. */
+static uint64_t entry_prefix_key(const moeq_redis_entry *entry, const moeq_batch_entry_job *jobs, size_t n) {
+    const char *pkey = moeq_redis_entry_get(entry, "pkey", NULL), *prefix = moeq_redis_entry_get(entry, "prefix", NULL);
+    if (pkey) return strtoull(pkey, NULL, 16);
+    long long shared = prefix ? strtoll(prefix, NULL, 10) : 0;
+    return n && shared > 0 && jobs[0].n_tokens >= (size_t)shared ? moeq_batch_entry_prefix_key(jobs[0].tokens, (size_t)shared)
+                                                                 : 0;
+}
+
+static int entry_prefix_tokens(const moeq_redis_entry *entry) {
+    const char *prefix = moeq_redis_entry_get(entry, "prefix", NULL);
+    long long n = prefix ? strtoll(prefix, NULL, 10) : 0;
+    if (n > MOEQ_BATCH_PREFIX_KEY_TOKENS) n = MOEQ_BATCH_PREFIX_KEY_TOKENS;
+    return n > 0 ? (int)(n - n % MOEQ_BATCH_PREFIX_KEY_ROUND) : 0;
+}
+
 moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, const moeq_job_limits *limits,
                              worker_entry *out, char *errstr, size_t errstr_size) {
     memset(out, 0, sizeof *out);
@@ -93,6 +109,8 @@ moeq_err worker_entry_decode(const moeq_redis_entry *entry, const char *stream, 
     out->n_jobs = out->jobs ? n : 0;
     for (size_t i = 0; !err && i < n; i++)
         if (decode_one(&jobs[i], i, limits, &out->jobs[i])) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "entry %s", entry->id);
+    if (!err) out->prefix_key = entry_prefix_key(entry, jobs, n);
+    if (!err) out->prefix_tokens = entry_prefix_tokens(entry);
     free(jobs);
     free(tokens);
     if (err) worker_entry_free(out);
@@ -547,4 +565,59 @@ moeq_err worker_io_heartbeat(moeq_redis *redis, const char *prefix, const char *
     snprintf(px, sizeof px, "%lld", (long long)ttl_ms);
     const char *argv[] = {"SET", key, json, "PX", px};
     return moeq_redis_command_argv(redis, 5, argv, NULL, NULL, errstr, errstr_size);
+}
+
+/* ---- affinity ------------------------------------------------------------------ */
+
+moeq_err worker_io_hand_to(moeq_redis *redis, const moeq_worker_params *params, const worker_entry *entry,
+                           const char *to, char *errstr, size_t errstr_size) {
+    const char *argv[] = {"XCLAIM", entry->stream, params->group, to, "0", entry->id, "JUSTID"};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 7, argv, NULL, &reply, errstr, errstr_size);
+    if (!err && moeq_redis_reply_len(reply) != 1) /* no longer pending (acknowledged, trimmed): nothing moved */
+        err = moeq_errf(MOEQ_ERR_NOT_FOUND, errstr, errstr_size, "entry %s is not pending", entry->id);
+    moeq_redis_reply_free(reply);
+    return err;
+}
+
+static moeq_err heartbeat_get(moeq_redis *redis, const char *key, size_t key_len, worker_io_heartbeat_fn fn, void *ctx,
+                              char *errstr, size_t errstr_size) {
+    char k[256];
+    snprintf(k, sizeof k, "%.*s", (int)key_len, key);
+    const char *argv[] = {"GET", k};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 2, argv, NULL, &reply, errstr, errstr_size);
+    size_t len = 0;
+    const char *json = err ? NULL : moeq_redis_reply_str(reply, &len);
+    if (json && len < 4096) {
+        char buf[4096];
+        memcpy(buf, json, len);
+        buf[len] = 0;
+        fn(ctx, buf, len);
+    }
+    moeq_redis_reply_free(reply);
+    return err;
+}
+
+moeq_err worker_io_heartbeats(moeq_redis *redis, const char *prefix, worker_io_heartbeat_fn fn, void *ctx,
+                              char *errstr, size_t errstr_size) {
+    char match[160], cursor[32] = "0";
+    snprintf(match, sizeof match, "%s:worker:*", prefix);
+    moeq_err err = MOEQ_OK;
+    do {
+        const char *argv[] = {"SCAN", cursor, "MATCH", match, "COUNT", "100"};
+        moeq_redis_reply *reply = NULL;
+        if ((err = moeq_redis_command_argv(redis, 6, argv, NULL, &reply, errstr, errstr_size))) break;
+        size_t n = 0;
+        const char *next = moeq_redis_reply_str(moeq_redis_reply_at(reply, 0), &n);
+        snprintf(cursor, sizeof cursor, "%.*s", next && n < sizeof cursor ? (int)n : 1, next ? next : "0");
+        const moeq_redis_reply *keys = moeq_redis_reply_at(reply, 1);
+        for (size_t i = 0; !err && i < moeq_redis_reply_len(keys); i++) {
+            size_t kl = 0;
+            const char *k = moeq_redis_reply_str(moeq_redis_reply_at(keys, i), &kl);
+            if (k) err = heartbeat_get(redis, k, kl, fn, ctx, errstr, errstr_size);
+        }
+        moeq_redis_reply_free(reply);
+    } while (!err && strcmp(cursor, "0") != 0);
+    return err;
 }

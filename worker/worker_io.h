@@ -40,6 +40,10 @@ typedef struct worker_entry {
     char id[48];               /* stream entry id                                    */
     int64_t batched_ms;        /* when the coordinator wrote it (from the id)        */
     int deliveries;            /* times delivered, this one included                 */
+    uint64_t prefix_key;       /* the entry's pkey, else computed from its prefix and
+                                  first job's tokens; 0 = none (affinity)             */
+    int prefix_tokens;         /* the leading tokens the key covers (its `prefix`, at most
+                                  MOEQ_BATCH_PREFIX_KEY_TOKENS, rounded down to 16)    */
     worker_entry_job *jobs;
     size_t n_jobs;
 } worker_entry;
@@ -158,6 +162,20 @@ moeq_err worker_io_cancels(moeq_redis *redis, const char *prefix, char *cursor, 
  */
 #define WORKER_DELIVERY_MAX_UNCLASSIFIED 3
 int worker_delivery_is_permanent(moeq_err err, int failures);
+
+/*
+ * Affinity (worker/affinity.h): XCLAIM the entry to consumer `to` with min
+ * idle 0 and JUSTID: it is pending on `to` now, its idle clock restarted, its
+ * delivery count unchanged; `to` takes it from its own pending list, and if
+ * `to` is gone any worker reclaims it after the visibility timeout.
+ */
+moeq_err worker_io_hand_to(moeq_redis *redis, const moeq_worker_params *params, const worker_entry *entry,
+                           const char *to, char *errstr, size_t errstr_size);
+
+/* Every live heartbeat under prefix (SCAN <prefix>:worker:*, then GET each): fn(ctx, json, len), NUL-terminated. */
+typedef void (*worker_io_heartbeat_fn)(void *ctx, const char *json, size_t len);
+moeq_err worker_io_heartbeats(moeq_redis *redis, const char *prefix, worker_io_heartbeat_fn fn, void *ctx,
+                              char *errstr, size_t errstr_size);
 
 /* SET <prefix>:worker:<id> json PX ttl_ms; DEL when json is NULL. */
 moeq_err worker_io_heartbeat(moeq_redis *redis, const char *prefix, const char *worker_id, const char *json, int64_t ttl_ms,

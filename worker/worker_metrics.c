@@ -143,6 +143,28 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
     counter(&o, "decode_tokens_total", "generated tokens run", "counter", wid, LOAD(m->decode_tokens));
     counter(&o, "prefix_tokens_shared_total", "prompt tokens taken from a running job's cache (not prefilled)",
             "counter", wid, LOAD(m->prefix_tokens_shared));
+    counter(&o, "prefix_cache_lookups_total", "jobs that looked their prompt up in the prefix cache", "counter",
+            wid, LOAD(m->prefix_lookups));
+    counter(&o, "prefix_cache_hits_total", "of them, jobs that took at least one cached block", "counter", wid,
+            LOAD(m->prefix_hits));
+    counter(&o, "prefix_cache_lookup_tokens_total", "prompt tokens those jobs could have taken (all but the last)",
+            "counter", wid, LOAD(m->prefix_lookup_tokens));
+    counter(&o, "prefix_cache_hit_tokens_total", "prompt tokens taken from the prefix cache (not prefilled)",
+            "counter", wid, LOAD(m->prefix_hit_tokens));
+    counter(&o, "prefix_cache_cached_blocks", "cache blocks kept for later jobs that no running job uses", "gauge",
+            wid, LOAD(m->prefix_cached_blocks));
+    counter(&o, "prefix_cache_evictions_total", "cached blocks reused for other entries", "counter", wid,
+            LOAD(m->prefix_evictions));
+    counter(&o, "prefix_cache_collisions_total", "key matches the token comparison rejected", "counter", wid,
+            LOAD(m->prefix_collisions));
+    counter(&o, "affinity_handed_total", "fresh batches handed to the worker that advertised their prefix key",
+            "counter", wid, LOAD(m->affinity_handed));
+    counter(&o, "affinity_received_total", "batches taken from this worker's pending list after a peer's hand-off",
+            "counter", wid, LOAD(m->affinity_received));
+    long long lookup_tokens = LOAD(m->prefix_lookup_tokens);
+    emit(&o, "# HELP moeq_worker_prefix_cache_hit_rate hit tokens / lookup tokens since start (0 before any)\n"
+             "# TYPE moeq_worker_prefix_cache_hit_rate gauge\nmoeq_worker_prefix_cache_hit_rate{worker=\"%s\"} %.4f\n",
+         wid, lookup_tokens > 0 ? (double)LOAD(m->prefix_hit_tokens) / (double)lookup_tokens : 0.0);
     counter(&o, "steps_total", "engine steps", "counter", wid, LOAD(m->steps));
     emit(&o, "# HELP moeq_worker_engine_seconds_total time inside engine steps, s\n"
              "# TYPE moeq_worker_engine_seconds_total counter\nmoeq_worker_engine_seconds_total{worker=\"%s\"} %.6f\n",

@@ -37,6 +37,10 @@ typedef struct moeq_worker_metrics {
     atomic_llong ack_failures;                    /* acknowledgements Redis did not take (retried) */
     atomic_llong prefill_tokens, decode_tokens, steps;
     atomic_llong prefix_tokens_shared;            /* prompt tokens forked from a running job */
+    atomic_llong prefix_lookups, prefix_hits;     /* prefix cache: jobs that looked, that hit    */
+    atomic_llong prefix_lookup_tokens, prefix_hit_tokens; /* prompt tokens they could take / took */
+    atomic_llong prefix_cached_blocks, prefix_evictions, prefix_collisions;
+    atomic_llong affinity_handed, affinity_received; /* batches handed to / taken from a peer's hand-off */
     atomic_llong sequences_active, slots_free;
     atomic_llong engine_ns;                       /* time inside engine steps (rendered in seconds) */
     atomic_llong mtp_rounds, mtp_drafted, mtp_accepted; /* speculative decoding (MTP)     */

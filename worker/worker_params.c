@@ -69,6 +69,17 @@ const moeq_prop moeq_worker_props[] = {
     {"prefix_share_min", MOEQ_PROP_INT, P(prefix_share_min), 0, 1048576, "16",
      "a new job whose prompt starts with at least this many tokens of a running job's prompt (already "
      "prefilled) shares that job's cache for them instead of prefilling them again; 0 = never"},
+    {"prefix_cache", MOEQ_PROP_BOOL, P(prefix_cache), 0, 1, "on",
+     "prefix cache: full KV cache blocks of finished jobs stay cached, keyed by their tokens, and a new job "
+     "whose prompt starts with them takes them instead of prefilling (results bit-identical; "
+     "docs/PREFIX_CACHE.md); a running job's blocks are found the same way"},
+    {"prefix_cache_share", MOEQ_PROP_DOUBLE, P(prefix_cache_share), 0, 1, "1",
+     "most of the KV cache (kv_cache_tokens) that cached blocks no running job uses may hold, 0..1; they "
+     "are evicted least recently used first whenever a job needs the room, so 1 costs running jobs nothing"},
+    {"prefix_affinity", MOEQ_PROP_BOOL, P(prefix_affinity), 0, 1, "on",
+     "advertise the prefix keys of the batches this worker ran (heartbeat) and hand a fresh batch whose key "
+     "another live worker advertises, and this one does not, to that worker (XCLAIM: it runs there, or is "
+     "reclaimed by any worker after visibility_timeout_ms if that worker is gone); at most one hand-off a batch"},
     {"grammar_cache_entries", MOEQ_PROP_INT, P(grammar_cache_entries), 1, 4096, "64",
      "structured output: compiled response_formats kept, least recently used first out; jobs with the same "
      "schema share one grammar, its automaton and its token masks"},

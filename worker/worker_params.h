@@ -56,6 +56,10 @@ typedef struct moeq_worker_params {
     int64_t mtp_max_batch;        /* rounds only while at most this many sequences decode; 0 = always */
     int64_t prefix_share_min;     /* a new job forks a running job's cached prompt prefix when they
                                      share at least this many tokens; 0 = never                     */
+    int prefix_cache;             /* 1: the engine's prefix cache serves every job (docs/PREFIX_CACHE.md) */
+    double prefix_cache_share;    /* most of the KV pool cached blocks no job uses may hold, 0..1     */
+    int prefix_affinity;          /* 1: hand a fresh batch whose prefix key a live peer advertises
+                                     (and this worker does not hold) to that peer                     */
     int64_t grammar_cache_entries; /* compiled response_formats kept (LRU, by content); 64          */
     int64_t grammar_max_nfa_states; /* one response_format's automaton; 200000                      */
     int64_t grammar_max_dfa_states; /* DFA states one grammar may reach (1 KiB each + a 16 KiB mask

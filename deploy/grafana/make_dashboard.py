@@ -41,8 +41,10 @@ ts("Queue time and end-to-end latency", [
 row += 8
 ts("Results by finish reason (per second)", [
     ("sum by (finish_reason) (rate(moeq_worker_results_total[$__rate_interval]))", "{{finish_reason}}")], "ops", 0, row)
-ts("MTP acceptance", [
-    ("moeq_worker_mtp_acceptance_rate", "MTP {{worker}}")], "percentunit", 12, row)
+ts("MTP acceptance and prefix cache hit rate", [
+    ("moeq_worker_mtp_acceptance_rate", "MTP {{worker}}"),
+    ("moeq_worker_prefix_cache_hit_rate", "prefix cache {{worker}}"),
+    ("rate(moeq_worker_prefix_cache_hit_tokens_total[$__rate_interval]) / clamp_min(rate(moeq_worker_prefill_tokens_total[$__rate_interval]) + rate(moeq_worker_prefix_cache_hit_tokens_total[$__rate_interval]), 1e-9)", "prompt tokens from the cache {{worker}}")], "percentunit", 12, row)
 row += 8
 ts("Kafka lag and Redis backlog", [
     ("sum(moeq_coordinator_consumer_lag_assigned)", "jobs lag"),

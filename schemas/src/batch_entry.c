@@ -160,3 +160,13 @@ moeq_err moeq_batch_entry_decode_jobs(const void *blob, size_t len, moeq_batch_e
     *tokens_out = toks;
     return MOEQ_OK;
 }
+
+uint64_t moeq_batch_entry_prefix_key(const int32_t *tokens, size_t n_shared) {
+    size_t n = n_shared < MOEQ_BATCH_PREFIX_KEY_TOKENS ? n_shared : MOEQ_BATCH_PREFIX_KEY_TOKENS;
+    n -= n % MOEQ_BATCH_PREFIX_KEY_ROUND;
+    if (!tokens || n == 0) return 0;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) h = (h ^ (((uint32_t)tokens[i] >> (8 * b)) & 0xff)) * 0x100000001b3ULL;
+    return h ? h : 1;
+}

@@ -101,6 +101,12 @@ typedef struct moeq_engine_params {
     char backend[16];          /* compute backend by name (default "cpu"; the known
                                   ones are in engine/backend_reg.c)                    */
     int device;                /* device ordinal for a device backend (default 0)     */
+    int prefix_cache;          /* keep full cache blocks of ended sequences for later
+                                  ones with the same leading tokens (default 1;
+                                  docs/PREFIX_CACHE.md)                                */
+    double prefix_cache_share; /* most of the pool cached blocks may hold while no
+                                  sequence uses them, 0..1 (default 1: all of it; they
+                                  are evicted on demand either way)                    */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
@@ -169,6 +175,42 @@ moeq_err moeq_engine_seq_truncate(moeq_engine *engine, int seq_id, int n_tokens)
  */
 moeq_err moeq_engine_seq_fork(moeq_engine *engine, int src_seq, int n_tokens, int mtp, int32_t next_token,
                               int *dst_seq, char *errstr, size_t errstr_size);
+
+/* ---- prefix cache (docs/PREFIX_CACHE.md) ---------------------------------- */
+
+/*
+ * Leading tokens of prompt a new sequence would find computed in the prefix
+ * cache: whole cache blocks, at most n_prompt - 1 (the last prompt token is
+ * always stepped: its logits are the first output). mtp = 1: only as far as
+ * the MTP entries are cached too. Changes nothing; 0 with the cache off.
+ */
+int moeq_engine_prefix_lookup(const moeq_engine *engine, const int32_t *prompt, int n_prompt, int mtp);
+
+/*
+ * moeq_engine_seq_new (and moeq_engine_seq_set_mtp when mtp = 1) for a
+ * sequence that will hold prompt, whose first *n_cached tokens (whole
+ * blocks, at most max_cached when >= 0, at most n_prompt - 1) are taken from
+ * the prefix cache: they are computed already, the caller steps prompt +
+ * *n_cached onwards. The result is bit for bit that of a sequence that
+ * prefilled them itself (a hit compares tokens, never only hashes). *n_cached
+ * may be 0 (a miss). INVALID_ARG: no prompt, n_prompt < 1, mtp not 0/1;
+ * UNSUPPORTED: mtp = 1 without an MTP layer; LIMIT: no free sequence slot.
+ */
+moeq_err moeq_engine_seq_new_prefix(moeq_engine *engine, const int32_t *prompt, int n_prompt, int max_cached, int mtp,
+                                    int *seq_id, int *n_cached, char *errstr, size_t errstr_size);
+
+typedef struct moeq_engine_prefix_stats {
+    int64_t lookups;           /* moeq_engine_seq_new_prefix calls                               */
+    int64_t hits;              /* of them, those that took >= 1 block                            */
+    int64_t lookup_tokens;     /* prompt tokens they could have taken (n_prompt - 1 each)        */
+    int64_t hit_tokens;        /* tokens they took                                               */
+    int64_t cached_blocks;     /* main-cache blocks cached now (no sequence uses them)           */
+    int64_t registered_blocks; /* main-cache blocks with a key now (cached or in use)            */
+    int64_t evictions;         /* cached blocks reused for other entries (main and MTP caches)   */
+    int64_t collisions;        /* key matches rejected by the token comparison (both caches)     */
+} moeq_engine_prefix_stats;
+
+void moeq_engine_get_prefix_stats(const moeq_engine *engine, moeq_engine_prefix_stats *stats);
 
 typedef struct moeq_step_item {
     int seq_id;

@@ -8,6 +8,11 @@
  *   priority   "0".."3"                 the stream's class (after aging)
  *   n          decimal job count
  *   prefix     decimal shared prefix length, tokens (the worker's prefix cache)
+ *   pkey       optional: 16 hex digits, moeq_batch_entry_prefix_key of the shared
+ *              prefix ("0" or absent: none); workers prefer batches whose key
+ *              they hold (docs/PREFIX_CACHE.md, affinity). Readers ignore fields
+ *              they do not know, so old workers read new entries and new
+ *              workers compute the key from the jobs when it is absent.
  *   closed_ms  decimal ms since the epoch when the batch closed
  *   jobs       binary, little-endian:
  *                magic "MQB1", u32 n, then n times:
@@ -64,6 +69,19 @@ moeq_err moeq_batch_entry_encode_jobs(const moeq_batch_entry_job *jobs, size_t n
  */
 moeq_err moeq_batch_entry_decode_jobs(const void *blob, size_t len, moeq_batch_entry_job **jobs_out,
                                       size_t *n_out, int32_t **tokens_out, char *errstr, size_t errstr_size);
+
+/* Leading tokens a batch's prefix key covers at most (rounded down to MOEQ_BATCH_PREFIX_KEY_ROUND). */
+#define MOEQ_BATCH_PREFIX_KEY_TOKENS 256
+#define MOEQ_BATCH_PREFIX_KEY_ROUND 16
+
+/*
+ * The affinity key of a batch whose jobs share their first n_shared prompt
+ * tokens (tokens: any job's prompt): a 64-bit hash (FNV-1a) of the first
+ * min(n_shared, 256) tokens rounded down to a multiple of 16, so batches of
+ * one instruction get one key whatever their documents share beyond it.
+ * 0 (no key) below 16 shared tokens. Coordinator and workers compute it alike.
+ */
+uint64_t moeq_batch_entry_prefix_key(const int32_t *tokens, size_t n_shared);
 
 #ifdef __cplusplus
 }
