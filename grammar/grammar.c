@@ -139,12 +139,8 @@ static moeq_err build(nfa *n, const moeq_grammar_spec *spec, const moeq_grammar_
     case MOEQ_GRAMMAR_JSON_SCHEMA: return build_schema(n, spec, lim, out, errstr, errstr_size);
     case MOEQ_GRAMMAR_JSON_OBJECT: *out = json_any_object(n, MOEQ_GRAMMAR_ANY_DEPTH); return MOEQ_OK;
     case MOEQ_GRAMMAR_REGEX:
-        if (!spec->text || regex_compile(n, spec->text, spec->text_len, 0, 1, lim->max_repeat, out, errstr, errstr_size))
-            return !spec->text ? moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "regex: no pattern")
-                   : strstr(errstr ? errstr : "", "not supported") ? MOEQ_ERR_UNSUPPORTED
-                   : strstr(errstr ? errstr : "", "max_repeat")    ? MOEQ_ERR_LIMIT
-                                                                    : MOEQ_ERR_PARSE;
-        return MOEQ_OK;
+        if (!spec->text) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "regex: no pattern");
+        return (moeq_err)regex_compile(n, spec->text, spec->text_len, 0, 1, lim->max_repeat, out, errstr, errstr_size);
     case MOEQ_GRAMMAR_CHOICE: return build_choice(n, spec, out, errstr, errstr_size) ? MOEQ_ERR_INVALID_ARG : MOEQ_OK;
     }
     return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "grammar: unknown kind %d", (int)spec->kind);

@@ -96,7 +96,8 @@ frag frag_class(nfa *n, const cp_set *s);
  * a JSON string, so characters that would need an escape (", \, controls)
  * are never produced (a literal one is an error). anchored: the whole text
  * matches (response_format regex); otherwise JSON Schema's search semantics
- * (".*" around unless ^ / $). max_repeat bounds {n,m}.
+ * (".*" around unless ^ / $). max_repeat bounds {n,m}. Returns 0, or the moeq_err (PARSE,
+ * UNSUPPORTED, LIMIT, NOMEM) with the message in errstr.
  */
 int regex_compile(nfa *n, const char *pattern, size_t len, int json_string, int anchored, int max_repeat,
                   frag *out, char *errstr, size_t errstr_size);

@@ -332,6 +332,10 @@ static int build_class(rp *r, nfa *n, const rx *x, const cp_set *allowed, frag *
 
 static int build(rp *r, nfa *n, const rx *x, const cp_set *allowed, frag *out) {
     frag f = {0, 0}, g;
+    if (n->failed) { /* over the state limit: stop here, or nested repeats would still cost m^depth calls */
+        rfail(r, n->nomem ? MOEQ_ERR_NOMEM : MOEQ_ERR_LIMIT, "%s", "the automaton is over max_nfa_states");
+        return -1;
+    }
     switch (x->t) {
     case RX_CLASS: return build_class(r, n, x, allowed, out);
     case RX_CONCAT:
@@ -402,7 +406,7 @@ int regex_compile(nfa *n, const char *pattern, size_t len, int json_string, int 
     cp_set_free(&allowed);
     cp_set_free(&any);
     rx_free(x);
-    if (r.err) return -1;
+    if (r.err) return (int)r.err;
     *out = f;
     return 0;
 }

@@ -278,11 +278,8 @@ static const char *const formats[][2] = {
 static int string_pattern(schema_ctx *c, const char *pattern, int anchored, frag *out) {
     char err[200] = "";
     frag body;
-    if (regex_compile(c->n, pattern, strlen(pattern), 1, anchored, c->limits->max_repeat, &body, err, sizeof err)) {
-        moeq_err e = strstr(err, "not supported") ? MOEQ_ERR_UNSUPPORTED : strstr(err, "max_repeat") ? MOEQ_ERR_LIMIT
-                                                                                                         : MOEQ_ERR_PARSE;
-        return sfail(c, e, "%s", err);
-    }
+    int e = regex_compile(c->n, pattern, strlen(pattern), 1, anchored, c->limits->max_repeat, &body, err, sizeof err);
+    if (e) return sfail(c, (moeq_err)e, "%s", err);
     *out = frag_seq(c->n, frag_seq(c->n, literal(c->n, "\""), body), literal(c->n, "\""));
     return 0;
 }
@@ -547,6 +544,9 @@ static int any_of(schema_ctx *c, const gj *s, int depth, frag *out) {
 }
 
 int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
+    if (c->n->failed) /* over the state limit: stop at once, or nested repeats would still cost m^depth calls */
+        return sfail(c, c->n->nomem ? MOEQ_ERR_NOMEM : MOEQ_ERR_LIMIT, "%s",
+                     "grammar_too_large: the automaton is over max_nfa_states");
     if (depth > c->limits->max_schema_depth) return sfail(c, MOEQ_ERR_LIMIT, "%s", "schemas nested deeper than max_schema_depth");
     if (s->type == GJ_BOOL) {
         if (!s->b) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "the schema false (nothing is valid) is not supported");

@@ -270,6 +270,13 @@ static void an_unsupported_feature_is_an_error_naming_it_and_where(void **state)
     expect_error(v, MOEQ_GRAMMAR_REGEX, "a(?=b)", MOEQ_ERR_UNSUPPORTED, "lookaround");
     expect_error(v, MOEQ_GRAMMAR_REGEX, "a{1,100000}", MOEQ_ERR_LIMIT, "max_repeat");
     expect_error(v, MOEQ_GRAMMAR_REGEX, "(ab", MOEQ_ERR_PARSE, "missing )");
+    /* nested repeats past the state limit fail at once, not after m^depth rebuilds */
+    expect_error(v, MOEQ_GRAMMAR_REGEX, "((((((a{256}){256}){256}){256}){256}){256})", MOEQ_ERR_LIMIT, "max_nfa_states");
+    char deep[2048] = "";
+    for (int i = 0; i < 8; i++) strcat(deep, "{\"type\":\"array\",\"minItems\":256,\"items\":");
+    strcat(deep, "{\"type\":\"integer\"}");
+    for (int i = 0; i < 8; i++) strcat(deep, "}");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, deep, MOEQ_ERR_LIMIT, "max_nfa_states");
     moeq_grammar_vocab_destroy(v);
 }
 
