@@ -176,7 +176,9 @@ static moeq_err draft_depth(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_seqs
         moeq_spec_seq *sq = &seqs[d->mseq[r]];
         const float *row = d->logits + (size_t)r * V;
         int32_t x;
-        if (sq->sampler || sq->sampling.temperature <= 0.0) { /* exact mode drafts greedily too */
+        if (sq->sampler) { /* exact mode: greedy, or what the sampler's hook allows (structured output) */
+            x = moeq_sampler_draft(sq->sampler, row, d->tokens + (size_t)d->mseq[r] * K1 + 1, j);
+        } else if (sq->sampling.temperature <= 0.0) {
             x = moeq_sampler_argmax(row, V);
         } else {
             float *keep = d->draft_logits + ((size_t)d->mseq[r] * d->max_k + j) * V;

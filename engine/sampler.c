@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #endif
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu/ops.h"
 #include "cpu/ops_matmul.h"
@@ -28,6 +29,8 @@ struct moeq_sampler {
     uint64_t n_draws;
     int32_t *cand;  /* [vocab] candidate ids   */
     float *prob;    /* [vocab] their weights    */
+    moeq_sampler_hook hook; /* process NULL: off   */
+    float *work;    /* [vocab] the processed copy (hook only) */
 };
 
 moeq_sampling_params moeq_sampling_default_params(void) {
@@ -57,6 +60,7 @@ void moeq_sampler_destroy(moeq_sampler *sampler) {
     if (!sampler) return;
     free(sampler->cand);
     free(sampler->prob);
+    free(sampler->work);
     free(sampler);
 }
 
@@ -176,9 +180,33 @@ int moeq_sampler_weights(const moeq_sampling_params *p, const float *logits, int
     return m;
 }
 
+void moeq_sampler_set_hook(moeq_sampler *s, const moeq_sampler_hook *hook) {
+    if (!s) return;
+    s->hook = hook ? *hook : (moeq_sampler_hook){0};
+    if (s->hook.process && !s->work) s->work = malloc((size_t)s->vocab_size * sizeof(float));
+    if (!s->work) s->hook = (moeq_sampler_hook){0}; /* no memory: the caller sees no processing happen */
+}
+
+static int32_t draw_from(moeq_sampler *s, const float *logits, uint64_t draw);
+
+/* The hook's path: process a copy, draw from it, report the draw with the model's own row. */
+static int32_t sample_hooked(moeq_sampler *s, const float *raw, uint64_t draw) {
+    memcpy(s->work, raw, (size_t)s->vocab_size * sizeof(float));
+    s->hook.process(s->hook.ctx, raw, s->work, s->vocab_size);
+    int32_t t = draw_from(s, s->work, draw);
+    if (s->hook.accept) s->hook.accept(s->hook.ctx, raw, t);
+    return t;
+}
+
 int32_t moeq_sampler_sample(moeq_sampler *s, const float *logits) {
     uint64_t draw = s->n_draws++;
     if (!moeq_ops_finite(logits, s->vocab_size)) return -1; /* broken weights or an overflow: no token to give */
+    if (s->hook.process) return sample_hooked(s, logits, draw);
+    return draw_from(s, logits, draw);
+}
+
+/* One draw from logits (masked entries are -inf: weight 0, never the argmax while one is finite). */
+static int32_t draw_from(moeq_sampler *s, const float *logits, uint64_t draw) {
     if (s->p.temperature <= 0.0) return moeq_sampler_argmax(logits, s->vocab_size);
     double sum;
     int m = moeq_sampler_weights(&s->p, logits, s->vocab_size, 1, s->cand, s->prob, &sum);
@@ -187,7 +215,13 @@ int32_t moeq_sampler_sample(moeq_sampler *s, const float *logits) {
         acc += s->prob[i];
         if (u < acc) return s->cand[i];
     }
+    while (m > 1 && s->prob[m - 1] == 0.0f) m--; /* rounding ran past the end: the last candidate with weight */
     return s->cand[m - 1];
 }
 
 int moeq_sampler_finite(const float *logits, int64_t n) { return moeq_ops_finite(logits, n); }
+
+int32_t moeq_sampler_draft(moeq_sampler *s, const float *row, const int32_t *prefix, int n_prefix) {
+    if (s->hook.draft) return s->hook.draft(s->hook.ctx, row, s->vocab_size, prefix, n_prefix);
+    return moeq_sampler_argmax(row, s->vocab_size);
+}

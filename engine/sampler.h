@@ -17,6 +17,9 @@ double moeq_sampler_uniform(uint64_t seed, uint64_t n);
 /* 1 when every logit is finite (the check the sampler makes before drawing). */
 int moeq_sampler_finite(const float *logits, int64_t n);
 
+/* Exact mode's draft from an MTP row: the sampler hook's draft when it has one, else the argmax. */
+int32_t moeq_sampler_draft(moeq_sampler *sampler, const float *row, const int32_t *prefix, int n_prefix);
+
 /* The highest logit's id, the lowest id on ties. */
 int32_t moeq_sampler_argmax(const float *logits, int vocab);
 

@@ -109,6 +109,52 @@ static int check_input(const char *name, const moeq_job *job, const cJSON *want)
     return bad;
 }
 
+/* response_format: type, name, strict, schema (as parsed JSON, compared by value), pattern, choices. */
+static int check_response_format(const char *name, const moeq_response_format *rf, const cJSON *want) {
+    static const char *const types[] = {"text", "json_object", "json_schema", "regex", "choice"};
+    int bad = 0;
+    if (!cJSON_IsObject(want)) {
+        EXPECT(rf->type == MOEQ_RESPONSE_TEXT, "response_format type %s, want absent", types[rf->type]);
+        return bad;
+    }
+    EXPECT(same_str(types[rf->type], str_or_null(want, "type")), "response_format.type %s", types[rf->type]);
+    EXPECT(same_str(rf->name, str_or_null(want, "name")), "response_format name");
+    EXPECT(rf->strict == cJSON_IsTrue(cJSON_GetObjectItem(want, "strict")), "strict %d", rf->strict);
+    EXPECT(same_str(rf->pattern, str_or_null(want, "pattern")), "pattern");
+    const cJSON *schema = cJSON_GetObjectItem(want, "schema");
+    EXPECT(!schema == !rf->schema, "schema presence");
+    if (schema && rf->schema) {
+        cJSON *got = cJSON_Parse(rf->schema);
+        EXPECT(got && cJSON_Compare(got, schema, 1), "schema %s", rf->schema);
+        EXPECT(strlen(rf->schema) == rf->schema_len, "schema_len");
+        cJSON_Delete(got);
+    }
+    const cJSON *ch = cJSON_GetObjectItem(want, "choices");
+    EXPECT((size_t)cJSON_GetArraySize(ch) == rf->n_choices, "n_choices %zu", rf->n_choices);
+    for (size_t i = 0; i < rf->n_choices && i < (size_t)cJSON_GetArraySize(ch); i++)
+        EXPECT(same_str(rf->choices[i], cJSON_GetArrayItem(ch, (int)i)->valuestring), "choice %zu", i);
+    return bad;
+}
+
+static int check_controls(const char *name, const moeq_job *job, const cJSON *want) {
+    int bad = check_response_format(name, &job->response_format, cJSON_GetObjectItem(want, "response_format"));
+    EXPECT(job->logprobs == cJSON_IsTrue(cJSON_GetObjectItem(want, "logprobs")), "logprobs %d", job->logprobs);
+    EXPECT(job->top_logprobs == cJSON_GetObjectItem(want, "top_logprobs")->valueint, "top_logprobs %d",
+           job->top_logprobs);
+    const cJSON *ids = cJSON_GetObjectItem(want, "stop_token_ids");
+    EXPECT((size_t)cJSON_GetArraySize(ids) == job->n_stop_token_ids, "n_stop_token_ids %zu", job->n_stop_token_ids);
+    for (size_t i = 0; i < job->n_stop_token_ids && i < (size_t)cJSON_GetArraySize(ids); i++)
+        EXPECT(job->stop_token_ids[i] == (int32_t)cJSON_GetArrayItem(ids, (int)i)->valuedouble, "stop_token_id %zu", i);
+    EXPECT(job->min_tokens == cJSON_GetObjectItem(want, "min_tokens")->valueint, "min_tokens %d", job->min_tokens);
+    EXPECT(job->repetition_penalty == cJSON_GetObjectItem(want, "repetition_penalty")->valuedouble,
+           "repetition_penalty %g", job->repetition_penalty);
+    EXPECT(job->presence_penalty == cJSON_GetObjectItem(want, "presence_penalty")->valuedouble, "presence_penalty %g",
+           job->presence_penalty);
+    EXPECT(job->frequency_penalty == cJSON_GetObjectItem(want, "frequency_penalty")->valuedouble,
+           "frequency_penalty %g", job->frequency_penalty);
+    return bad;
+}
+
 static int check_job(const char *name, const moeq_job *job, const cJSON *want) {
     int bad = check_input(name, job, want);
     EXPECT(same_str(job->id, str_or_null(want, "id")), "id '%s'", job->id);
@@ -133,6 +179,7 @@ static int check_job(const char *name, const moeq_job *job, const cJSON *want) {
     EXPECT((double)job->deadline_ms == cJSON_GetObjectItem(want, "deadline_ms")->valuedouble, "deadline_ms");
     EXPECT(same_str(job->reply_to, str_or_null(want, "reply_to")), "reply_to");
     EXPECT(job->mtp == cJSON_IsTrue(cJSON_GetObjectItem(want, "mtp")), "mtp %d", job->mtp);
+    bad += check_controls(name, job, want);
     const char *hex = str_or_null(want, "metadata_hex");
     EXPECT(!hex == !job->metadata, "metadata presence");
     if (hex && job->metadata) {
@@ -304,11 +351,56 @@ static void every_result_vector_decodes_to_its_fields(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* moeq_job_encode writes the structured-output fields so that they decode back to the same job. */
+static void a_job_with_the_structured_output_fields_encodes_and_decodes_to_itself(void **state) {
+    (void)state;
+    char schema[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,\"x\",null]}},\"required\":[\"a\"]}";
+    char *choices[] = {"yes", "no"};
+    int32_t stops[] = {3, 99};
+    moeq_job job = {.id = "rt", .input = MOEQ_JOB_INPUT_PROMPT, .prompt = "p", .prompt_len = 1, .max_new_tokens = 16,
+                    .temperature = 1.0, .top_p = 1.0, .mtp = 1, .logprobs = 1, .top_logprobs = 5,
+                    .stop_token_ids = stops, .n_stop_token_ids = 2, .min_tokens = 2, .repetition_penalty = 1.5,
+                    .presence_penalty = -0.5, .frequency_penalty = 0.25};
+    for (int kind = 0; kind < 3; kind++)
+        for (int f = MOEQ_WIRE_MSGPACK; f <= MOEQ_WIRE_JSON; f++) {
+            job.response_format = (moeq_response_format){0};
+            if (kind == 0) job.response_format = (moeq_response_format){.type = MOEQ_RESPONSE_JSON_SCHEMA, .name = "n",
+                                                                         .strict = 1, .schema = schema,
+                                                                         .schema_len = strlen(schema)};
+            if (kind == 1) job.response_format = (moeq_response_format){.type = MOEQ_RESPONSE_REGEX, .pattern = "a+"};
+            if (kind == 2) job.response_format = (moeq_response_format){.type = MOEQ_RESPONSE_CHOICE,
+                                                                         .choices = choices, .n_choices = 2};
+            moeq_buf buf = {0};
+            assert_int_equal(moeq_job_encode(&job, (moeq_wire_format)f, &buf), MOEQ_OK);
+            moeq_job back;
+            moeq_job_reject rej;
+            assert_int_equal(moeq_job_decode(buf.data, buf.len, NULL, NULL, &back, &rej), MOEQ_OK);
+            const moeq_response_format *a = &job.response_format, *b = &back.response_format;
+            assert_int_equal(b->type, a->type);
+            if (kind == 0) {
+                cJSON *x = cJSON_Parse(a->schema), *y = cJSON_Parse(b->schema);
+                assert_true(cJSON_Compare(x, y, 1));
+                cJSON_Delete(x), cJSON_Delete(y);
+                assert_string_equal(b->name, "n");
+                assert_int_equal(b->strict, 1);
+            }
+            if (kind == 1) assert_string_equal(b->pattern, "a+");
+            if (kind == 2) assert_true(b->n_choices == 2 && !strcmp(b->choices[1], "no"));
+            assert_true(back.logprobs == 1 && back.top_logprobs == 5 && back.min_tokens == 2);
+            assert_true(back.n_stop_token_ids == 2 && back.stop_token_ids[1] == 99);
+            assert_true(back.repetition_penalty == 1.5 && back.presence_penalty == -0.5 &&
+                        back.frequency_penalty == 0.25);
+            moeq_job_free(&back);
+            moeq_buf_free(&buf);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_vector_yields_its_documented_outcome),
         cmocka_unit_test(every_truncation_of_a_valid_vector_is_rejected_cleanly),
         cmocka_unit_test(every_result_vector_decodes_to_its_fields),
+        cmocka_unit_test(a_job_with_the_structured_output_fields_encodes_and_decodes_to_itself),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

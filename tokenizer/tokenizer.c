@@ -734,6 +734,13 @@ int moeq_tokenizer_is_special(const moeq_tokenizer *tok, int id) {
     return id >= 0 && id < tok->n_ids && (tok->tok_flags[id] & TOK_FLAG_SPECIAL);
 }
 
+int moeq_tokenizer_token_bytes(const moeq_tokenizer *tok, int id, const char **bytes, size_t *len) {
+    if (!tok || id < 0 || id >= tok->n_ids || tok->tok_len[id] == TOK_NO_TOKEN) return -1;
+    *bytes = tok->tok_data + tok->tok_off[id];
+    *len = tok->tok_len[id];
+    return (tok->tok_flags[id] & TOK_FLAG_ADDED) ? 1 : 0;
+}
+
 void moeq_tokens_free(moeq_tokens *tokens) {
     if (!tokens) return;
     free(tokens->ids);

@@ -47,6 +47,11 @@ typedef struct sched_job {
     int n_prompt, n_fed;      /* prompt tokens fed to the engine so far   */
     int max_new_tokens;
     int nonfinite_layer;      /* where the engine first saw NaN/inf (the message), -1 unknown */
+    int complete_at;          /* structured output complete after this many tokens; 0 = not yet */
+    const char *fail_code;    /* noted before a commit: the job ends there with this error (static) */
+    char fail_message[160];
+    int32_t *stop_token_ids;  /* the job's own stop ids                    */
+    size_t n_stop_token_ids;
     int64_t deadline_ms;
     char **stop;
     size_t n_stop, max_stop_len;
@@ -202,6 +207,7 @@ static void job_release(sched_job *job) {
     for (size_t i = 0; i < job->n_stop; i++) free(job->stop[i]);
     free(job->stop);
     free(job->out);
+    free(job->stop_token_ids);
     free(job->text);
     free(job->error_code);
     free(job->error_message);
@@ -316,6 +322,12 @@ static moeq_err job_fill(sched_job *job, const moeq_sched_job_spec *spec) {
             if (len > job->max_stop_len) job->max_stop_len = len;
             job->n_stop++;
         }
+    }
+    if (spec->n_stop_token_ids) {
+        job->stop_token_ids = malloc(sizeof *job->stop_token_ids * spec->n_stop_token_ids);
+        if (!job->stop_token_ids) return MOEQ_ERR_NOMEM;
+        memcpy(job->stop_token_ids, spec->stop_token_ids, sizeof *job->stop_token_ids * spec->n_stop_token_ids);
+        job->n_stop_token_ids = spec->n_stop_token_ids;
     }
     int cap = spec->max_new_tokens > 0 ? spec->max_new_tokens : 1;
     job->out = malloc(sizeof *job->out * cap);
@@ -455,7 +467,8 @@ static void job_finish(moeq_sched *sched, int h, moeq_result_status status, moeq
     } else {
         assert(job->state == JOB_RUNNING);
         slot_release(sched, job);
-        if (sched->detok && reason != MOEQ_FINISH_STOP) {
+        if (sched->detok && (reason != MOEQ_FINISH_STOP || (job->complete_at > 0 && job->n_out >= job->complete_at))) {
+            /* a stop string fixed the text; a completed grammar did not */
             const char *bytes = NULL;
             size_t n = sched->detok(sched->ctx, job->user, MOEQ_SCHED_DETOK_FLUSH, &bytes);
             if (n && bytes) text_append(job, bytes, n);
@@ -698,11 +711,15 @@ moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *pla
 
 /* ---- committing ---------------------------------------------------------------- */
 
-static int is_stop_id(const moeq_sched *sched, int32_t token) {
+static int is_stop_id(const moeq_sched *sched, const sched_job *job, int32_t token) {
     for (int i = 0; i < sched->params.n_stop_ids; i++)
         if (sched->stop_ids[i] == token) return 1;
+    for (size_t i = 0; i < job->n_stop_token_ids; i++)
+        if (job->stop_token_ids[i] == token) return 1;
     return 0;
 }
+
+static int is_complete(const sched_job *job) { return job->complete_at > 0 && job->n_out >= job->complete_at; }
 
 static int text_append(sched_job *job, const char *bytes, size_t n) {
     if (job->text_len + n + 1 > job->text_cap) {
@@ -742,11 +759,16 @@ static long stop_match(const sched_job *job, size_t old_len) {
 /* Account one sampled token; may finish the job. */
 static void job_take_token(moeq_sched *sched, int h, int32_t token, int64_t now_ms) {
     sched_job *job = sched->jobs[h];
+    if (job->fail_code) { /* the token was drawn after the failure: not part of the output */
+        job_finish(sched, h, MOEQ_RESULT_ERROR, MOEQ_FINISH_ERROR, job->fail_code, job->fail_message, now_ms);
+        return;
+    }
     if (job->n_out == 0) job->first_token_ms = now_ms;
     job->out[job->n_out++] = token;
     job->last = token;
-    if (is_stop_id(sched, token)) {
-        job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_STOP_TOKEN, NULL, NULL, now_ms);
+    if (is_stop_id(sched, job, token)) {
+        job_finish(sched, h, MOEQ_RESULT_OK, is_complete(job) ? MOEQ_FINISH_STOP : MOEQ_FINISH_STOP_TOKEN, NULL, NULL,
+                   now_ms);
         return;
     }
     if (sched->detok) {
@@ -768,7 +790,8 @@ static void job_take_token(moeq_sched *sched, int h, int32_t token, int64_t now_
             }
         }
     }
-    if (job->n_out >= job->max_new_tokens)
+    if (is_complete(job)) job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_STOP, NULL, NULL, now_ms);
+    else if (job->n_out >= job->max_new_tokens)
         job_finish(sched, h, MOEQ_RESULT_OK, MOEQ_FINISH_LENGTH, NULL, NULL, now_ms);
 }
 
@@ -836,6 +859,17 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
         job_take_token(sched, r->job, o->tokens[t], now_ms);
     }
     judge_acceptance(sched, job, o);
+}
+
+void moeq_sched_note_error(moeq_sched *sched, int job, const char *code, const char *message) {
+    if (!sched || job < 0 || job >= sched->n_jobs_cap || !code || sched->jobs[job]->fail_code) return;
+    sched->jobs[job]->fail_code = code;
+    snprintf(sched->jobs[job]->fail_message, sizeof sched->jobs[job]->fail_message, "%s", message ? message : "");
+}
+
+void moeq_sched_note_complete(moeq_sched *sched, int job, int n_tokens) {
+    if (sched && job >= 0 && job < sched->n_jobs_cap && n_tokens > 0 && sched->jobs[job]->complete_at == 0)
+        sched->jobs[job]->complete_at = n_tokens;
 }
 
 void moeq_sched_note_nonfinite_layer(moeq_sched *sched, int job, int layer) {

@@ -134,6 +134,9 @@ typedef struct moeq_sched_job_spec {
     const char *error_message;
     int mtp_k;                  /* drafts per speculative round, 0..MOEQ_SCHED_MAX_MTP_K;
                                    0 = plain decoding (one token per step)                    */
+    const int32_t *stop_token_ids; /* the job's own stop ids (besides the model's), copied;
+                                      one ends the job with finish_reason stop_token          */
+    size_t n_stop_token_ids;
 } moeq_sched_job_spec;
 
 /* Most drafts per round a job may ask for (the engine's MOEQ_MTP_MAX_K). */
@@ -239,6 +242,22 @@ moeq_err moeq_sched_commit(moeq_sched *sched, const int32_t *sampled, int64_t no
  * layer), named in the result's message. -1 = unknown.
  */
 void moeq_sched_note_nonfinite_layer(moeq_sched *sched, int job, int layer);
+
+/*
+ * Optional, before the commit that takes the token: the job's output is
+ * complete after its n_tokens-th generated token (structured output: the
+ * grammar cannot go on). The job then finishes there with finish_reason
+ * stop (also when that token is a stop id), and any later token of a round
+ * is dropped as after any stop. n_tokens <= 0: no effect.
+ */
+void moeq_sched_note_complete(moeq_sched *sched, int job, int n_tokens);
+
+/*
+ * Optional, before a commit: the job's next token must not be taken (its logits processing failed, e.g.
+ * a grammar outgrew its limits mid-output). At that token the job finishes with status error, this code
+ * (a MOEQ_CODE_* name, kept by pointer) and message, the tokens before it kept. The first note counts.
+ */
+void moeq_sched_note_error(moeq_sched *sched, int job, const char *code, const char *message);
 
 /*
  * moeq_sched_commit for a plan with rounds: rounds[i] is what the engine made

@@ -28,6 +28,7 @@
 #include "moeq/tokenizer.h"
 #include "moeq/util.h"
 #include "affinity.h"
+#include "decode_proc.h"
 #include "scheduler.h"
 #include "worker_group.h"
 #include "worker_io.h"
@@ -50,6 +51,8 @@ typedef struct wjob {
     unsigned char need, acked, inflight;
     unsigned char failures;        /* unclassified (IO) delivery failures of its messages */
     char *reason;                  /* owned: DLQ `moeq-reason` / undeliverable cause */
+    moeq_grammar *grammar;         /* response_format's compiled grammar (a reference), NULL = none */
+    moeq_decode_proc *proc;        /* masks, penalties, logprobs; created with its sampler */
 } wjob;
 
 /* The messages of one job, tagged into a delivery report's opaque (a wjob pointer's low bits). */
@@ -97,6 +100,9 @@ struct moeq_worker {
     moeq_mtp_decoder *mtp;         /* NULL: MTP off (mtp_k 0 or no MTP layer)  */
     moeq_spec_seq *spec;           /* max_seqs: one round's sequences          */
     moeq_sched_round_out *round_out; /* max_seqs                               */
+    moeq_grammar_vocab *gvocab;    /* the tokenizer's tokens as bytes; NULL without a tokenizer */
+    moeq_grammar_cache *grammars;  /* compiled response_formats by content hash */
+    int32_t eos;                   /* the model's end-of-sequence id, -1 none  */
 
     wbatch *held;                  /* batches taken, not yet acknowledged      */
     int n_held;
@@ -295,6 +301,25 @@ static int prefix_lookup(void *ctx, const int32_t *prompt, int n_prompt, int mtp
     return moeq_engine_prefix_lookup(w->engine, prompt, n_prompt, mtp);
 }
 
+/* What a grammar may emit: vocabulary tokens, never added/special ones or the end of sequence. */
+static int grammar_token(void *ctx, int32_t id, const char **bytes, size_t *len) {
+    const moeq_worker *w = ctx;
+    if (id == w->eos) return -1;
+    return moeq_tokenizer_token_bytes(w->tok, id, bytes, len) == 0 ? 0 : -1;
+}
+
+/* Structured output needs the tokens' bytes: without a tokenizer such jobs are refused (unsupported_schema). */
+static moeq_err open_grammars(moeq_worker *w, char *errstr, size_t errstr_size) {
+    if (!w->tok) return MOEQ_OK;
+    moeq_err err = moeq_grammar_vocab_new(w->vocab, grammar_token, w, &w->gvocab, errstr, errstr_size);
+    if (err) return err;
+    moeq_grammar_limits lim = moeq_grammar_default_limits();
+    lim.max_nfa_states = (int)w->params.grammar_max_nfa_states;
+    lim.max_dfa_states = (int)w->params.grammar_max_dfa_states;
+    return moeq_grammar_cache_new(w->gvocab, &lim, (int)w->params.grammar_cache_entries, &w->grammars, errstr,
+                                  errstr_size);
+}
+
 static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     const moeq_worker_params *p = &w->params;
     moeq_err err = moeq_model_load(p->model, NULL, &w->model, errstr, errstr_size);
@@ -338,6 +363,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.n_stop_ids = eos >= 0 ? 1 : 0;
     if ((err = moeq_sched_new(&sp, detok, w, &w->sched, errstr, errstr_size))) return err;
     if (p->prefix_cache) moeq_sched_set_prefix_lookup(w->sched, prefix_lookup, w);
+    w->eos = eos;
+    if ((err = open_grammars(w, errstr, errstr_size))) return err;
 
     size_t n = (size_t)p->max_seqs;
     w->slots = calloc(n, sizeof *w->slots);
@@ -426,6 +453,8 @@ static void batch_free(wbatch *b) {
     for (size_t i = 0; i < b->entry.n_jobs; i++) {
         moeq_tokenizer_stream_destroy(b->jobs[i].stream);
         free(b->jobs[i].reason);
+        moeq_decode_proc_destroy(b->jobs[i].proc);
+        moeq_grammar_release(b->jobs[i].grammar);
     }
     free(b->jobs);
     free(b->states);
@@ -456,6 +485,8 @@ void moeq_worker_destroy(moeq_worker *w) {
     moeq_mtp_decoder_destroy(w->mtp);
     moeq_engine_destroy(w->engine);
     worker_group_destroy(w->group); /* after the engine, which borrowed its handle */
+    moeq_grammar_cache_destroy(w->grammars); /* after the batches: their processors hold grammar references */
+    moeq_grammar_vocab_destroy(w->gvocab);
     moeq_tokenizer_destroy(w->tok);
     moeq_model_destroy(w->model);
     free(w->slots);
@@ -534,6 +565,27 @@ static int job_mtp_k(const moeq_worker *w, const moeq_job *job) {
     return w->mtp && job->mtp ? (int)w->params.mtp_k : 0;
 }
 
+/* The job's response_format compiled (through the cache); NULL, or the error code with the reason in why. */
+static const char *job_grammar(moeq_worker *w, const moeq_job *job, wjob *wj, char *why, size_t why_size) {
+    const moeq_response_format *rf = &job->response_format;
+    static const moeq_grammar_kind kinds[] = {0, MOEQ_GRAMMAR_JSON_OBJECT, MOEQ_GRAMMAR_JSON_SCHEMA,
+                                              MOEQ_GRAMMAR_REGEX, MOEQ_GRAMMAR_CHOICE};
+    if (rf->type == MOEQ_RESPONSE_TEXT) return NULL;
+    if (!w->grammars) {
+        snprintf(why, why_size, "response_format needs the model's tokenizer, and this worker has none");
+        return MOEQ_CODE_UNSUPPORTED_SCHEMA;
+    }
+    const char *text = rf->type == MOEQ_RESPONSE_REGEX ? rf->pattern : rf->schema;
+    moeq_grammar_spec spec = {kinds[rf->type], text, text ? strlen(text) : 0, (const char *const *)rf->choices,
+                              rf->n_choices};
+    char err[200] = "";
+    moeq_err e = moeq_grammar_cache_get(w->grammars, &spec, &wj->grammar, err, sizeof err);
+    if (!e) return NULL;
+    snprintf(why, why_size, "response_format: %s", err);
+    return e == MOEQ_ERR_LIMIT ? MOEQ_CODE_GRAMMAR_TOO_LARGE
+           : e == MOEQ_ERR_NOMEM ? MOEQ_CODE_INTERNAL : MOEQ_CODE_UNSUPPORTED_SCHEMA;
+}
+
 /* Read job records, then hand the batch's runnable jobs to the scheduler. */
 static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, char *errstr, size_t errstr_size) {
     int64_t now = moeq_now_ms();
@@ -586,7 +638,11 @@ static moeq_err admit_entry(moeq_worker *w, worker_entry *entry, int reclaimed, 
         } else if (!ej->tokens && tokenize_job(w, ej, why[i], sizeof why[i]) != MOEQ_OK) {
             s->error_code = MOEQ_CODE_TOKENIZE;
             s->error_message = why[i];
+        } else if ((s->error_code = job_grammar(w, &ej->job, job, why[i], sizeof why[i]))) {
+            s->error_message = why[i];
         }
+        s->stop_token_ids = ej->job.stop_token_ids;
+        s->n_stop_token_ids = ej->job.n_stop_token_ids;
         if (s->error_code) job->state = 'F';
         s->prompt = ej->tokens;
         s->n_prompt = ej->n_tokens;
@@ -727,6 +783,44 @@ static moeq_sampling_params sampling_for(const moeq_job *job) {
     return sp;
 }
 
+/* The job's decode processor (structured output, min_tokens, penalties, logprobs) on its fresh sampler. */
+static moeq_err attach_proc(moeq_worker *w, wjob *job, moeq_sampler *sampler, char *errstr, size_t errstr_size) {
+    const moeq_job *j = &job->ej->job;
+    moeq_decode_proc_params pp = {
+        .grammar = job->grammar, .eos_ids = &w->eos, .n_eos = w->eos >= 0, .stop_token_ids = j->stop_token_ids,
+        .n_stop_token_ids = (int)j->n_stop_token_ids, .max_new_tokens = j->max_new_tokens,
+        .min_tokens = j->min_tokens, .repetition_penalty = j->repetition_penalty,
+        .presence_penalty = j->presence_penalty, .frequency_penalty = j->frequency_penalty,
+        .prompt = job->ej->tokens, .n_prompt = job->ej->n_tokens, .logprobs = j->logprobs,
+        .top_logprobs = j->top_logprobs};
+    moeq_decode_proc_destroy(job->proc); /* a job opened again starts over */
+    job->proc = NULL;
+    if (!moeq_decode_proc_needed(&pp)) return MOEQ_OK;
+    moeq_err err = moeq_decode_proc_new(&pp, w->vocab, &job->proc, errstr, errstr_size);
+    if (err) return err;
+    moeq_sampler_hook hook = moeq_decode_proc_hook(job->proc);
+    moeq_sampler_set_hook(sampler, &hook);
+    return MOEQ_OK;
+}
+
+/* What a job's processor made of this plan's draws: complete (finish_reason stop), or failed (an error). */
+static void note_proc(moeq_worker *w, int job_handle, const wjob *job) {
+    if (!job->proc) return;
+    moeq_err e = moeq_decode_proc_error(job->proc);
+    if (e)
+        moeq_sched_note_error(w->sched, job_handle, e == MOEQ_ERR_LIMIT ? MOEQ_CODE_GRAMMAR_TOO_LARGE : MOEQ_CODE_INTERNAL,
+                              e == MOEQ_ERR_LIMIT ? "response_format: the grammar outgrew max_dfa_states while generating"
+                                                  : "response_format: the grammar failed while generating");
+    else if (moeq_decode_proc_complete_at(job->proc))
+        moeq_sched_note_complete(w->sched, job_handle, moeq_decode_proc_complete_at(job->proc));
+}
+
+static void note_complete(moeq_worker *w, const moeq_sched_step *plan) {
+    for (int i = 0; i < plan->n_items; i++)
+        if (plan->items[i].sample) note_proc(w, plan->items[i].job, plan->items[i].user);
+    for (int i = 0; i < plan->n_rounds; i++) note_proc(w, plan->rounds[i].job, plan->rounds[i].user);
+}
+
 static void slot_clear(moeq_worker *w, int slot) {
     slot_state *s = &w->slots[slot];
     if (s->seq >= 0) moeq_engine_seq_free(w->engine, s->seq);
@@ -750,6 +844,7 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
     moeq_sampling_params sp = sampling_for(&job->ej->job);
     moeq_err err = moeq_sampler_new(&sp, w->vocab, &s->sampler);
     if (err) return moeq_errf(err, errstr, errstr_size, "sampler for job %s", job->ej->job.id);
+    if ((err = attach_proc(w, (wjob *)job, s->sampler, errstr, errstr_size))) return err;
     if (it->fork_tokens > 0) {
         err = moeq_engine_seq_fork(w->engine, w->slots[it->fork_slot].seq, it->fork_tokens, it->mtp, it->tokens[0],
                                    &s->seq, errstr, errstr_size);
@@ -863,6 +958,7 @@ static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err,
     if (e) return e;
     sample_items(w, plan);
     note_nonfinite(w, plan);
+    note_complete(w, plan);
     int64_t drafted = 0, accepted = 0, emitted = 0;
     for (int i = 0; i < plan->n_rounds; i++) {
         const moeq_spec_seq *sq = &w->spec[i];
@@ -928,6 +1024,33 @@ static const char *result_topic(const moeq_worker *w, const moeq_job *job) {
     return w->params.results_topic;
 }
 
+/* The result's logprobs from the job's processor: one per kept token (a round may have drawn more). */
+static moeq_result_logprob *result_logprobs(const wjob *job, int n_tokens, size_t *n) {
+    *n = 0;
+    if (!job->proc || !job->ej->job.logprobs) return NULL;
+    int m = moeq_decode_proc_n_drawn(job->proc) < n_tokens ? moeq_decode_proc_n_drawn(job->proc) : n_tokens;
+    moeq_result_logprob *lps = calloc((size_t)m + 1, sizeof *lps);
+    if (!lps) return NULL; /* out of memory: the result goes without them rather than not at all */
+    for (int i = 0; i < m; i++) {
+        moeq_logprob lp;
+        if (moeq_decode_proc_logprob(job->proc, i, &lp)) break;
+        lps[i] = (moeq_result_logprob){lp.token, lp.logprob, 0, NULL, NULL};
+        if (lp.n_top && (lps[i].top_tokens = malloc((size_t)lp.n_top * sizeof(int32_t))) &&
+            (lps[i].top_logprobs = malloc((size_t)lp.n_top * sizeof(double)))) {
+            lps[i].n_top = lp.n_top;
+            memcpy(lps[i].top_tokens, lp.top_tokens, (size_t)lp.n_top * sizeof(int32_t));
+            for (int k = 0; k < lp.n_top; k++) lps[i].top_logprobs[k] = lp.top_logprobs[k];
+        }
+        *n = (size_t)i + 1;
+    }
+    return lps;
+}
+
+static void free_logprobs(moeq_result_logprob *lps, size_t n) {
+    for (size_t i = 0; lps && i < n; i++) free(lps[i].top_tokens), free(lps[i].top_logprobs);
+    free(lps);
+}
+
 static void publish_finished(moeq_worker *w) {
     moeq_sched_finished fin;
     while (moeq_sched_next_finished(w->sched, &fin)) {
@@ -965,6 +1088,8 @@ static void publish_finished(moeq_worker *w) {
         char job_hash[MOEQ_JOB_HASH_SIZE]; /* from the job bytes the entry carries: no second copy of the rule */
         moeq_job_content_hash(ej->raw, ej->raw_len, job_hash);
         r.job_hash = job_hash;
+        moeq_result_logprob *lps = result_logprobs(job, fin.n_tokens, &r.n_logprobs);
+        r.logprobs = lps;
         moeq_wire_format fmt = ej->job.format ? ej->job.format : MOEQ_WIRE_JSON;
         char err[256] = "";
         moeq_buf_reset(&w->buf);
@@ -975,6 +1100,7 @@ static void publish_finished(moeq_worker *w) {
             moeq_buf_reset(&w->buf);
             e = moeq_result_encode(&r, fmt, &w->buf, err, sizeof err);
         }
+        free_logprobs(lps, r.n_logprobs);
         const char *ct = moeq_wire_content_type(fmt);
         moeq_kafka_header h = {"content-type", ct, strlen(ct)};
         moeq_kafka_out msg = {.topic = result_topic(w, &ej->job), .partition = MOEQ_KAFKA_PARTITION_ANY,

@@ -80,6 +80,15 @@ const moeq_prop moeq_worker_props[] = {
      "advertise the prefix keys of the batches this worker ran (heartbeat) and hand a fresh batch whose key "
      "another live worker advertises, and this one does not, to that worker (XCLAIM: it runs there, or is "
      "reclaimed by any worker after visibility_timeout_ms if that worker is gone); at most one hand-off a batch"},
+    {"grammar_cache_entries", MOEQ_PROP_INT, P(grammar_cache_entries), 1, 4096, "64",
+     "structured output: compiled response_formats kept, least recently used first out; jobs with the same "
+     "schema share one grammar, its automaton and its token masks"},
+    {"grammar_max_nfa_states", MOEQ_PROP_INT, P(grammar_max_nfa_states), 1000, 10000000, "200000",
+     "structured output: automaton states one response_format may compile to; above it the job gets error "
+     "grammar_too_large"},
+    {"grammar_max_dfa_states", MOEQ_PROP_INT, P(grammar_max_dfa_states), 100, 1000000, "20000",
+     "structured output: DFA states one grammar may reach while generating (each 1 KiB, plus a token mask "
+     "of vocab/8 bytes once used); a job that needs more ends with grammar_too_large"},
     {"mtp_min_acceptance", MOEQ_PROP_DOUBLE, P(mtp_min_acceptance), -1, 1, "-1",
      "a job whose last 16 drafts were accepted less often than this decodes plainly for 32 tokens (doubling "
      "while it stays low, up to 1024), then drafts again; -1 = auto: 1.5 x the share of a step's weights one "

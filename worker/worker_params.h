@@ -60,6 +60,10 @@ typedef struct moeq_worker_params {
     double prefix_cache_share;    /* most of the KV pool cached blocks no job uses may hold, 0..1     */
     int prefix_affinity;          /* 1: hand a fresh batch whose prefix key a live peer advertises
                                      (and this worker does not hold) to that peer                     */
+    int64_t grammar_cache_entries; /* compiled response_formats kept (LRU, by content); 64          */
+    int64_t grammar_max_nfa_states; /* one response_format's automaton; 200000                      */
+    int64_t grammar_max_dfa_states; /* DFA states one grammar may reach (1 KiB each + a 16 KiB mask
+                                      when used, at DeepSeek's vocabulary); 20000                   */
     double mtp_min_acceptance;    /* a job pauses drafting while its acceptance is below this;
                                      -1 = auto (1.5 x a draft's share of a step's weight bytes)     */
     moeq_job_limits limits;       /* the job codec's limits, the coordinator's keys (max_job_bytes, ...) */

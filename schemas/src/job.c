@@ -38,6 +38,11 @@ const moeq_prop moeq_job_limits_props[] = {
     LIMIT(max_string_bytes, 256, 65536, "longest role or reply_to, bytes"),
     LIMIT(max_metadata_bytes, 16384, 16777216, "largest encoded metadata value, bytes"),
     LIMIT(max_depth, 32, MOEQ_JOB_DEPTH_HARD_MAX, "deepest nesting of maps/arrays; the job map is level 1"),
+    LIMIT(max_schema_bytes, 32768, 16777216, "largest response_format.json_schema.schema, encoded bytes"),
+    LIMIT(max_pattern_bytes, 1024, 65536, "longest response_format.pattern, bytes"),
+    LIMIT(max_choices, 256, 65536, "most response_format.choices"),
+    LIMIT(max_choice_bytes, 1024, 65536, "longest response_format choice, bytes"),
+    LIMIT(max_stop_token_ids, 64, 4096, "most entries in a job's stop_token_ids"),
     MOEQ_PROP_END,
 };
 
@@ -114,12 +119,14 @@ moeq_err moeq_job_reject_err(moeq_job_reject_code code) {
 
 typedef enum field {
     F_V, F_ID, F_PRIORITY, F_PROMPT, F_MESSAGES, F_TOKENS, F_MAX_NEW_TOKENS, F_TEMPERATURE, F_TOP_P, F_TOP_K,
-    F_SEED, F_STOP, F_DEADLINE_MS, F_REPLY_TO, F_MTP, F_METADATA, F__COUNT
+    F_SEED, F_STOP, F_DEADLINE_MS, F_REPLY_TO, F_MTP, F_METADATA, F_RESPONSE_FORMAT, F_LOGPROBS, F_TOP_LOGPROBS,
+    F_STOP_TOKEN_IDS, F_MIN_TOKENS, F_REPETITION_PENALTY, F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F__COUNT
 } field;
 
 static const char *const field_names[F__COUNT] = {
     "v", "id", "priority", "prompt", "messages", "tokens", "max_new_tokens", "temperature", "top_p", "top_k",
-    "seed", "stop", "deadline_ms", "reply_to", "mtp", "metadata",
+    "seed", "stop", "deadline_ms", "reply_to", "mtp", "metadata", "response_format", "logprobs", "top_logprobs",
+    "stop_token_ids", "min_tokens", "repetition_penalty", "presence_penalty", "frequency_penalty",
 };
 
 static int field_of(const wval *key) {
@@ -412,6 +419,162 @@ static int f_metadata(dec *d, const wval *v) {
     return 0;
 }
 
+
+/* ---- structured output (response_format) and decoding controls ----------- */
+
+static int stop_token_elem(dec *d, size_t i, const wval *elem, void *ctx) {
+    size_t *cap = ctx;
+    int64_t id;
+    if (want_int(d, elem, 0, INT32_MAX, &id) < 0) return -1;
+    if (grow(d, (void **)&d->job->stop_token_ids, cap, i, sizeof(int32_t), d->limits->max_stop_token_ids) < 0)
+        return -1;
+    d->job->stop_token_ids[i] = (int32_t)id;
+    d->job->n_stop_token_ids = i + 1;
+    return 0;
+}
+
+static int f_stop_token_ids(dec *d, const wval *v) {
+    size_t cap = 0;
+    return each_elem(d, v, d->limits->max_stop_token_ids, "stop_token_ids", stop_token_elem, &cap);
+}
+
+static int choice_elem(dec *d, size_t i, const wval *elem, void *ctx) {
+    size_t *cap = ctx;
+    moeq_response_format *rf = &d->job->response_format;
+    if (grow(d, (void **)&rf->choices, cap, i, sizeof(char *), d->limits->max_choices) < 0) return -1;
+    rf->choices[i] = NULL;
+    rf->n_choices = i + 1;
+    return want_str(d, elem, d->limits->max_choice_bytes, &rf->choices[i], NULL);
+}
+
+/* The schema value (any JSON value; a map in practice) kept as JSON text: msgpack is transcoded, JSON copied. */
+static int rf_schema(dec *d, const wval *v) {
+    moeq_response_format *rf = &d->job->response_format;
+    if (v->type != WV_MAP && v->type != WV_BOOL) return wrong_type(d, v, "a map (a JSON Schema)");
+    if (wrd_skip(&d->r, v, 4) < 0) return -1;
+    size_t n = (size_t)(d->r.p - v->start);
+    if (n > (size_t)d->limits->max_schema_bytes)
+        return fail_field(d, MOEQ_JOB_REJECT_TOO_LARGE, "%zu encoded bytes exceeds the limit %lld", n,
+                          (long long)d->limits->max_schema_bytes);
+    moeq_buf buf = {0};
+    ww w;
+    wrd r2;
+    ww_init(&w, &buf, MOEQ_WIRE_JSON);
+    if (ww_value_from(&w, v->start, n, d->r.fmt, (int)d->limits->max_depth, &r2) < 0 || w.err != MOEQ_OK) {
+        moeq_buf_free(&buf);
+        if (w.err == MOEQ_ERR_NOMEM) return d->r.nomem = 1, -1;
+        return fail_field(d, MOEQ_JOB_REJECT_WRONG_TYPE, "not expressible as JSON (%s)", r2.msg);
+    }
+    rf->schema = (char *)buf.data;
+    rf->schema_len = buf.len;
+    return 0;
+}
+
+/* json_schema: {name, schema, strict}; schema required, other keys ignored. */
+static int rf_json_schema(dec *d, const wval *v) {
+    moeq_response_format *rf = &d->job->response_format;
+    if (v->type != WV_MAP) return wrong_type(d, v, "a map");
+    witer it;
+    if (wrd_iter_begin(&d->r, v, 3, &it) < 0) return -1;
+    int more;
+    while ((more = wrd_iter_next(&d->r, &it)) == 1) {
+        wval key, val;
+        if (wrd_key(&d->r, &key) < 0 || wrd_head(&d->r, &val) < 0) return -1;
+        int is_name = wval_str_is(&key, "name"), is_schema = wval_str_is(&key, "schema"),
+            is_strict = wval_str_is(&key, "strict");
+        snprintf(d->r.path, sizeof d->r.path, "response_format.json_schema.%s",
+                 is_name ? "name" : is_schema ? "schema" : is_strict ? "strict" : "?");
+        if ((is_name && rf->name) || (is_schema && rf->schema))
+            return fail_field(d, MOEQ_JOB_REJECT_DUPLICATE_KEY, "given twice");
+        if (val.type == WV_NIL || (!is_name && !is_schema && !is_strict)) {
+            if (wrd_skip(&d->r, &val, 4) < 0) return -1;
+        } else if (is_name) {
+            if (want_str(d, &val, d->limits->max_string_bytes, &rf->name, NULL) < 0) return -1;
+        } else if (is_strict) {
+            if (val.type != WV_BOOL) return wrong_type(d, &val, "a boolean");
+            rf->strict = val.b;
+        } else if (rf_schema(d, &val) < 0) {
+            return -1;
+        }
+    }
+    snprintf(d->r.path, sizeof d->r.path, "response_format.json_schema");
+    if (more < 0) return -1;
+    if (!rf->schema) return fail_field(d, MOEQ_JOB_REJECT_MISSING_FIELD, "'schema' is required");
+    return 0;
+}
+
+static int rf_type(dec *d, const wval *v, moeq_response_type *type) {
+    static const char *const names[] = {"text", "json_object", "json_schema", "regex", "choice"};
+    if (v->type != WV_STR) return wrong_type(d, v, "a string");
+    for (int t = 0; t < 5; t++)
+        if (wval_str_is(v, names[t])) return *type = (moeq_response_type)t, 0;
+    return fail_field(d, MOEQ_JOB_REJECT_INVALID_VALUE, "not one of text, json_object, json_schema, regex, choice");
+}
+
+/* One response_format entry at depth 3 (the map is level 2). */
+static int rf_entry(dec *d, const wval *key, const wval *val, int *has_type, moeq_response_type *type) {
+    moeq_response_format *rf = &d->job->response_format;
+    size_t cap = 0;
+    if (wval_str_is(key, "type")) {
+        snprintf(d->r.path, sizeof d->r.path, "response_format.type");
+        if (*has_type) return fail_field(d, MOEQ_JOB_REJECT_DUPLICATE_KEY, "given twice");
+        *has_type = 1;
+        return rf_type(d, val, type);
+    }
+    if (wval_str_is(key, "json_schema")) {
+        snprintf(d->r.path, sizeof d->r.path, "response_format.json_schema");
+        if (rf->schema) return fail_field(d, MOEQ_JOB_REJECT_DUPLICATE_KEY, "given twice");
+        return rf_json_schema(d, val);
+    }
+    if (wval_str_is(key, "pattern")) {
+        snprintf(d->r.path, sizeof d->r.path, "response_format.pattern");
+        if (rf->pattern) return fail_field(d, MOEQ_JOB_REJECT_DUPLICATE_KEY, "given twice");
+        return want_str(d, val, d->limits->max_pattern_bytes, &rf->pattern, NULL);
+    }
+    if (wval_str_is(key, "choices")) {
+        snprintf(d->r.path, sizeof d->r.path, "response_format.choices");
+        if (rf->choices) return fail_field(d, MOEQ_JOB_REJECT_DUPLICATE_KEY, "given twice");
+        return each_elem(d, val, d->limits->max_choices, "response_format.choices", choice_elem, &cap);
+    }
+    return wrd_skip(&d->r, val, 3); /* unknown keys are ignored, as in the job map */
+}
+
+static int f_response_format(dec *d, const wval *v) {
+    moeq_response_format *rf = &d->job->response_format;
+    if (v->type != WV_MAP) return wrong_type(d, v, "a map");
+    witer it;
+    if (wrd_iter_begin(&d->r, v, 2, &it) < 0) return -1;
+    int more, has_type = 0;
+    moeq_response_type type = MOEQ_RESPONSE_TEXT;
+    while ((more = wrd_iter_next(&d->r, &it)) == 1) {
+        wval key, val;
+        if (wrd_key(&d->r, &key) < 0 || wrd_head(&d->r, &val) < 0) return -1;
+        if (key.type != WV_STR) return fail_field(d, MOEQ_JOB_REJECT_WRONG_TYPE, "keys must be strings");
+        if (val.type == WV_NIL) {
+            if (wrd_skip(&d->r, &val, 3) < 0) return -1;
+        } else if (rf_entry(d, &key, &val, &has_type, &type) < 0) {
+            return -1;
+        }
+    }
+    snprintf(d->r.path, sizeof d->r.path, "response_format");
+    if (more < 0) return -1;
+    if (!has_type) return fail_field(d, MOEQ_JOB_REJECT_MISSING_FIELD, "'type' is required");
+    rf->type = type;
+    if (type == MOEQ_RESPONSE_JSON_SCHEMA && !rf->schema)
+        return fail_field(d, MOEQ_JOB_REJECT_MISSING_FIELD, "type json_schema needs 'json_schema'");
+    if (type == MOEQ_RESPONSE_REGEX && !rf->pattern)
+        return fail_field(d, MOEQ_JOB_REJECT_MISSING_FIELD, "type regex needs 'pattern'");
+    if (type == MOEQ_RESPONSE_CHOICE && !rf->choices)
+        return fail_field(d, MOEQ_JOB_REJECT_MISSING_FIELD, "type choice needs 'choices'");
+    return 0;
+}
+
+static int f_logprobs(dec *d, const wval *v) {
+    if (v->type != WV_BOOL) return wrong_type(d, v, "a boolean");
+    d->job->logprobs = v->b;
+    return 0;
+}
+
 /* Decode one known field whose value head is in v. Containers are consumed by their decoder. */
 static int decode_field(dec *d, field f, const wval *v) {
     moeq_job *job = d->job;
@@ -454,6 +617,20 @@ static int decode_field(dec *d, field f, const wval *v) {
         job->mtp = v->b;
         return 0;
     case F_METADATA: return f_metadata(d, v);
+    case F_RESPONSE_FORMAT: return f_response_format(d, v);
+    case F_LOGPROBS: return f_logprobs(d, v);
+    case F_TOP_LOGPROBS:
+        if (want_int(d, v, 0, MOEQ_JOB_MAX_TOP_LOGPROBS, &i) < 0) return -1;
+        job->top_logprobs = (int)i;
+        return 0;
+    case F_STOP_TOKEN_IDS: return f_stop_token_ids(d, v);
+    case F_MIN_TOKENS:
+        if (want_int(d, v, 0, lim->max_new_tokens, &i) < 0) return -1;
+        job->min_tokens = (int32_t)i;
+        return 0;
+    case F_REPETITION_PENALTY: return want_num(d, v, 0, 1, 2, &job->repetition_penalty);
+    case F_PRESENCE_PENALTY: return want_num(d, v, -2, 0, 2, &job->presence_penalty);
+    case F_FREQUENCY_PENALTY: return want_num(d, v, -2, 0, 2, &job->frequency_penalty);
     case F__COUNT: break;
     }
     return wrd_fail(&d->r, MOEQ_JOB_REJECT_MALFORMED, "internal: unknown field %d", (int)f);
@@ -544,6 +721,15 @@ static int fields(dec *d) {
     }
     if (d->job->input == MOEQ_JOB_INPUT_NONE)
         return wrd_fail(r, MOEQ_JOB_REJECT_MISSING_FIELD, "one of 'prompt', 'messages', 'tokens' is required");
+    if (d->job->top_logprobs > 0 && !d->job->logprobs) {
+        snprintf(r->path, sizeof r->path, "top_logprobs");
+        return fail_field(d, MOEQ_JOB_REJECT_INVALID_VALUE, "needs 'logprobs': true (as OpenAI's API)");
+    }
+    if (d->job->min_tokens > d->job->max_new_tokens) {
+        snprintf(r->path, sizeof r->path, "min_tokens");
+        return fail_field(d, MOEQ_JOB_REJECT_OUT_OF_RANGE, "%d is above max_new_tokens %d", (int)d->job->min_tokens,
+                          (int)d->job->max_new_tokens);
+    }
     return 0;
 }
 
@@ -559,6 +745,7 @@ static void job_defaults(moeq_job *job, const moeq_job_limits *limits, moeq_wire
     job->top_p = MOEQ_JOB_DEFAULT_TOP_P;
     job->top_k = MOEQ_JOB_DEFAULT_TOP_K;
     job->mtp = 1;
+    job->repetition_penalty = 1.0;
 }
 
 static moeq_err finish_reject(dec *d, moeq_job_reject *reject) {
@@ -622,6 +809,13 @@ void moeq_job_free(moeq_job *job) {
     free(job->stop);
     free(job->reply_to);
     free(job->metadata);
+    moeq_response_format *rf = &job->response_format;
+    free(rf->name);
+    free(rf->schema);
+    free(rf->pattern);
+    for (size_t i = 0; rf->choices && i < rf->n_choices; i++) free(rf->choices[i]);
+    free(rf->choices);
+    free(job->stop_token_ids);
     memset(job, 0, sizeof *job);
 }
 
@@ -651,6 +845,61 @@ static void encode_input(ww *w, const moeq_job *job) {
     }
 }
 
+static void encode_response_format(ww *w, const moeq_response_format *rf) {
+    static const char *const names[] = {"text", "json_object", "json_schema", "regex", "choice"};
+    uint32_t n = 1 + (rf->type == MOEQ_RESPONSE_JSON_SCHEMA || rf->type == MOEQ_RESPONSE_REGEX ||
+                      rf->type == MOEQ_RESPONSE_CHOICE);
+    ww_key(w, "response_format");
+    ww_map(w, n);
+    ww_key(w, "type"), ww_str(w, names[rf->type], strlen(names[rf->type]));
+    if (rf->type == MOEQ_RESPONSE_JSON_SCHEMA) {
+        ww_key(w, "json_schema");
+        ww_map(w, 2 + (rf->name != NULL));
+        if (rf->name) ww_key(w, "name"), ww_str(w, rf->name, strlen(rf->name));
+        ww_key(w, "schema");
+        wrd r;
+        if (ww_value_from(w, rf->schema, rf->schema_len, MOEQ_WIRE_JSON, MOEQ_JOB_DEPTH_HARD_MAX, &r) < 0)
+            w->err = MOEQ_ERR_INVALID_ARG;
+        ww_key(w, "strict"), ww_bool(w, rf->strict);
+        ww_end_map(w);
+    } else if (rf->type == MOEQ_RESPONSE_REGEX) {
+        ww_key(w, "pattern"), ww_str(w, rf->pattern, strlen(rf->pattern));
+    } else if (rf->type == MOEQ_RESPONSE_CHOICE) {
+        ww_key(w, "choices");
+        ww_array(w, (uint32_t)rf->n_choices);
+        for (size_t i = 0; i < rf->n_choices; i++) ww_str(w, rf->choices[i], strlen(rf->choices[i]));
+        ww_end_array(w);
+    }
+    ww_end_map(w);
+}
+
+/* 0 (a zeroed job built in C) means unset, as 1 does. */
+static int has_repetition(const moeq_job *job) { return job->repetition_penalty != 1.0 && job->repetition_penalty != 0.0; }
+
+/* The structured-output and decoding-control fields, each only when set (a v1 job without them is unchanged). */
+static uint32_t count_controls(const moeq_job *job) {
+    return (uint32_t)(job->response_format.type != MOEQ_RESPONSE_TEXT) + (uint32_t)(job->logprobs != 0) +
+           (uint32_t)(job->top_logprobs != 0) + (uint32_t)(job->n_stop_token_ids > 0) +
+           (uint32_t)(job->min_tokens != 0) + (uint32_t)has_repetition(job) +
+           (uint32_t)(job->presence_penalty != 0.0) + (uint32_t)(job->frequency_penalty != 0.0);
+}
+
+static void encode_controls(ww *w, const moeq_job *job) {
+    if (job->response_format.type != MOEQ_RESPONSE_TEXT) encode_response_format(w, &job->response_format);
+    if (job->logprobs) ww_key(w, "logprobs"), ww_bool(w, 1);
+    if (job->top_logprobs) ww_key(w, "top_logprobs"), ww_int(w, job->top_logprobs);
+    if (job->n_stop_token_ids) {
+        ww_key(w, "stop_token_ids");
+        ww_array(w, (uint32_t)job->n_stop_token_ids);
+        for (size_t i = 0; i < job->n_stop_token_ids; i++) ww_int(w, job->stop_token_ids[i]);
+        ww_end_array(w);
+    }
+    if (job->min_tokens) ww_key(w, "min_tokens"), ww_int(w, job->min_tokens);
+    if (has_repetition(job)) ww_key(w, "repetition_penalty"), ww_double(w, job->repetition_penalty);
+    if (job->presence_penalty != 0.0) ww_key(w, "presence_penalty"), ww_double(w, job->presence_penalty);
+    if (job->frequency_penalty != 0.0) ww_key(w, "frequency_penalty"), ww_double(w, job->frequency_penalty);
+}
+
 moeq_err moeq_job_encode(const moeq_job *job, moeq_wire_format format, moeq_buf *out) {
     if (!job || !job->id || !out || (format != MOEQ_WIRE_MSGPACK && format != MOEQ_WIRE_JSON)) return MOEQ_ERR_INVALID_ARG;
     if (job->input < MOEQ_JOB_INPUT_PROMPT || job->input > MOEQ_JOB_INPUT_TOKENS) return MOEQ_ERR_INVALID_ARG;
@@ -660,7 +909,7 @@ moeq_err moeq_job_encode(const moeq_job *job, moeq_wire_format format, moeq_buf 
         job->n_stop > 0, job->deadline_ms != 0, job->reply_to != NULL,
     };
     /* always: v id <input> max_new_tokens temperature top_p mtp */
-    uint32_t n = 7 + (uint32_t)(job->metadata != NULL);
+    uint32_t n = 7 + (uint32_t)(job->metadata != NULL) + count_controls(job);
     for (int i = 0; i < 6; i++) n += (uint32_t)has[i];
     size_t len0 = out->len;
     ww w;
@@ -684,6 +933,7 @@ moeq_err moeq_job_encode(const moeq_job *job, moeq_wire_format format, moeq_buf 
     if (has[4]) ww_key(&w, "deadline_ms"), ww_int(&w, job->deadline_ms);
     if (has[5]) ww_key(&w, "reply_to"), ww_str(&w, job->reply_to, strlen(job->reply_to));
     ww_key(&w, "mtp"), ww_bool(&w, job->mtp);
+    encode_controls(&w, job);
     if (job->metadata) ww_key(&w, "metadata"), ww_raw(&w, job->metadata, job->metadata_len);
     ww_end_map(&w);
     if (w.err != MOEQ_OK) {

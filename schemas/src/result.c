@@ -34,7 +34,7 @@ const char *moeq_finish_reason_name(moeq_finish_reason reason) {
 static const char *const error_codes[] = {
     MOEQ_CODE_REPLY_TO_NOT_ALLOWED, MOEQ_CODE_PROMPT_TOO_LONG, MOEQ_CODE_TOKENIZE, MOEQ_CODE_NUMERICAL_ERROR,
     MOEQ_CODE_DEAD_LETTER, MOEQ_CODE_RESULT_UNDELIVERABLE, MOEQ_CODE_ENGINE, MOEQ_CODE_INTERNAL,
-    MOEQ_CODE_DEADLINE, MOEQ_CODE_CANCELLED,
+    MOEQ_CODE_DEADLINE, MOEQ_CODE_CANCELLED, MOEQ_CODE_UNSUPPORTED_SCHEMA, MOEQ_CODE_GRAMMAR_TOO_LARGE,
 };
 
 const char *const *moeq_result_error_codes(size_t *n) {
@@ -61,6 +61,11 @@ void moeq_result_free(moeq_result *result) {
     free(result->error.message);
     free(result->metadata);
     free(result->job_hash);
+    for (size_t i = 0; result->logprobs && i < result->n_logprobs; i++) {
+        free(result->logprobs[i].top_tokens);
+        free(result->logprobs[i].top_logprobs);
+    }
+    free(result->logprobs);
     memset(result, 0, sizeof *result);
 }
 
@@ -75,7 +80,7 @@ static uint32_t count_fields(const moeq_result *res) {
     return 4 /* v id status usage */ + (res->text != NULL) + (res->tokens != NULL) +
            (res->finish_reason != MOEQ_FINISH_NONE) + (uint32_t)has_timings(res) + (res->model != NULL) +
            (res->worker != NULL) + (res->error.code != NULL) + (res->metadata != NULL) + (uint32_t)(res->has_mtp != 0) +
-           (res->job_hash != NULL);
+           (res->job_hash != NULL) + (res->logprobs != NULL);
 }
 
 double moeq_result_mtp_acceptance(const moeq_result *res) {
@@ -111,6 +116,29 @@ static void encode_numbers(ww *w, const moeq_result *res) {
     }
 }
 
+/* [{token, logprob, top_logprobs: [{token, logprob}]}] — OpenAI's shape with ids for token strings. */
+static void encode_logprobs(ww *w, const moeq_result *res) {
+    ww_key(w, "logprobs");
+    ww_array(w, (uint32_t)res->n_logprobs);
+    for (size_t i = 0; i < res->n_logprobs; i++) {
+        const moeq_result_logprob *lp = &res->logprobs[i];
+        ww_map(w, 3);
+        put_int(w, "token", lp->token);
+        ww_key(w, "logprob"), ww_double(w, lp->logprob);
+        ww_key(w, "top_logprobs");
+        ww_array(w, (uint32_t)lp->n_top);
+        for (int k = 0; k < lp->n_top; k++) {
+            ww_map(w, 2);
+            put_int(w, "token", lp->top_tokens[k]);
+            ww_key(w, "logprob"), ww_double(w, lp->top_logprobs[k]);
+            ww_end_map(w);
+        }
+        ww_end_array(w);
+        ww_end_map(w);
+    }
+    ww_end_array(w);
+}
+
 static moeq_err check_result(const moeq_result *res, char *errstr, size_t errstr_size) {
     if (!res->id) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "result: field 'id' is required");
     if ((unsigned)res->status >= MOEQ_RESULT_STATUS__COUNT)
@@ -119,6 +147,10 @@ static moeq_err check_result(const moeq_result *res, char *errstr, size_t errstr
     if ((unsigned)res->finish_reason >= MOEQ_FINISH__COUNT)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "result: field 'finish_reason': %d is not one",
                          (int)res->finish_reason);
+    for (size_t i = 0; res->logprobs && i < res->n_logprobs; i++)
+        if (res->logprobs[i].n_top < 0 || (res->logprobs[i].n_top && (!res->logprobs[i].top_tokens ||
+                                                                      !res->logprobs[i].top_logprobs)))
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "result: logprobs[%zu]: bad top list", i);
     if (res->n_tokens > UINT32_MAX || (res->n_tokens && !res->tokens))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "result: field 'tokens': bad count %zu",
                          res->n_tokens);
@@ -183,6 +215,7 @@ moeq_err moeq_result_encode(const moeq_result *res, moeq_wire_format format, moe
         ww_double(&w, moeq_result_mtp_acceptance(res));
         ww_end_map(&w);
     }
+    if (res->logprobs) encode_logprobs(&w, res);
     if (res->job_hash) put_str(&w, "job_hash", res->job_hash); /* last: results without it encode as before */
     ww_end_map(&w);
     if (w.err != MOEQ_OK) {
@@ -309,6 +342,79 @@ static int r_tokens(rdec *d, const wval *v) {
     return more;
 }
 
+static int r_num(rdec *d, const wval *v, double *out) {
+    if (v->type == WV_FLOAT) *out = v->f;
+    else if (v->type == WV_INT) *out = (double)v->i;
+    else return rfail(d, MOEQ_ERR_FORMAT, "expected a number, got %s", wval_type_name(v));
+    return 0;
+}
+
+/* One {token, logprob[, top_logprobs]} map at depth `depth`; top entries (n_top of them) when top != NULL. */
+static int r_logprob_map(rdec *d, const wval *v, int depth, moeq_result_logprob *lp, int with_top) {
+    if (v->type != WV_MAP) return rfail(d, MOEQ_ERR_FORMAT, "expected a map, got %s", wval_type_name(v));
+    witer it;
+    if (wrd_iter_begin(&d->r, v, depth, &it) < 0) return -1;
+    int more;
+    while ((more = wrd_iter_next(&d->r, &it)) == 1) {
+        wval key, x;
+        int64_t id = 0;
+        if (wrd_key(&d->r, &key) < 0 || wrd_skip(&d->r, &key, depth + 1) < 0 || wrd_head(&d->r, &x) < 0) return -1;
+        if (wval_str_is(&key, "token")) {
+            if (r_int(d, &x, 0, INT32_MAX, &id) < 0) return -1;
+            lp->token = (int32_t)id;
+        } else if (wval_str_is(&key, "logprob")) {
+            if (r_num(d, &x, &lp->logprob) < 0) return -1;
+        } else if (with_top && wval_str_is(&key, "top_logprobs") && x.type == WV_ARRAY) {
+            witer it2;
+            if (wrd_iter_begin(&d->r, &x, depth + 1, &it2) < 0) return -1;
+            int m;
+            while ((m = wrd_iter_next(&d->r, &it2)) == 1) {
+                wval e;
+                moeq_result_logprob t = {0};
+                if (wrd_head(&d->r, &e) < 0 || r_logprob_map(d, &e, depth + 2, &t, 0) < 0) return -1;
+                if ((lp->n_top & (lp->n_top + 1)) == 0) { /* grow at 2^k - 1 entries */
+                    size_t c = (size_t)(lp->n_top + 1) * 2;
+                    int32_t *tt = realloc(lp->top_tokens, c * sizeof *tt);
+                    if (tt) lp->top_tokens = tt;
+                    double *tv = realloc(lp->top_logprobs, c * sizeof *tv);
+                    if (tv) lp->top_logprobs = tv;
+                    if (!tt || !tv) return d->r.nomem = 1, -1;
+                }
+                lp->top_tokens[lp->n_top] = t.token;
+                lp->top_logprobs[lp->n_top++] = t.logprob;
+            }
+            if (m < 0) return -1;
+        } else if (wrd_skip(&d->r, &x, depth + 1) < 0) {
+            return -1;
+        }
+    }
+    return more;
+}
+
+static int r_logprobs(rdec *d, const wval *v) {
+    if (v->type != WV_ARRAY) return rfail(d, MOEQ_ERR_FORMAT, "expected an array, got %s", wval_type_name(v));
+    moeq_result *res = d->res;
+    size_t cap = 0;
+    witer it;
+    if (res->logprobs) return rfail(d, MOEQ_ERR_FORMAT, "given twice");
+    if (wrd_iter_begin(&d->r, v, 2, &it) < 0) return -1;
+    int more;
+    while ((more = wrd_iter_next(&d->r, &it)) == 1) {
+        wval x;
+        if (res->n_logprobs == cap) {
+            size_t c = cap ? cap * 2 : 16;
+            moeq_result_logprob *l = realloc(res->logprobs, c * sizeof *l);
+            if (!l) return d->r.nomem = 1, -1;
+            res->logprobs = l, cap = c;
+        }
+        moeq_result_logprob *lp = &res->logprobs[res->n_logprobs++];
+        memset(lp, 0, sizeof *lp);
+        if (wrd_head(&d->r, &x) < 0 || r_logprob_map(d, &x, 3, lp, 1) < 0) return -1;
+    }
+    if (more == 0 && !res->logprobs) res->logprobs = calloc(1, sizeof *res->logprobs); /* present but empty */
+    return more;
+}
+
 static int r_metadata(rdec *d, const wval *v) {
     if (v->type != WV_MAP) return rfail(d, MOEQ_ERR_FORMAT, "expected a map, got %s", wval_type_name(v));
     if (wrd_skip(&d->r, v, 2) < 0) return -1;
@@ -365,6 +471,7 @@ static int r_field(rdec *d, const wval *key, const wval *v) {
     if (wval_str_is(key, "error")) return r_error(d, v);
     if (wval_str_is(key, "metadata")) return r_metadata(d, v);
     if (wval_str_is(key, "job_hash")) return r_str(d, v, &res->job_hash);
+    if (wval_str_is(key, "logprobs")) return r_logprobs(d, v);
     if (wval_str_is(key, "mtp")) {
         static const char *const keys[] = {"drafted", "accepted"};
         int64_t *const outs[] = {&res->mtp.drafted, &res->mtp.accepted};

@@ -32,11 +32,14 @@ SEED_CT = {None: 0, "application/msgpack": 1, "application/x-msgpack": 1, "appli
 # Defaults of moeq_job_limits (schemas/include/moeq/job.h); the edges below use them.
 LIM = dict(max_job_bytes=1048576, max_id_bytes=256, max_prompt_bytes=524288, max_input_tokens=131072,
            max_new_tokens=8192, max_messages=1024, max_stop=16, max_stop_bytes=256, max_string_bytes=256,
-           max_metadata_bytes=16384, max_depth=32)
+           max_metadata_bytes=16384, max_depth=32, max_schema_bytes=32768, max_pattern_bytes=1024,
+           max_choices=256, max_choice_bytes=1024, max_stop_token_ids=64)
 
 # Defaults of the optional fields (schemas/job.md).
 DEFAULTS = dict(priority=2, max_new_tokens=512, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=[],
-                deadline_ms=0, reply_to=None, mtp=True, metadata=None)
+                deadline_ms=0, reply_to=None, mtp=True, metadata=None, response_format=None, logprobs=False,
+                top_logprobs=0, stop_token_ids=[], min_tokens=0, repetition_penalty=1.0, presence_penalty=0.0,
+                frequency_penalty=0.0)
 
 vectors = []
 
@@ -247,6 +250,75 @@ def gen_valid():
     add("default_max_new_tokens_clamped", pk(base()), "msgpack", "ok", limits={"max_new_tokens": 100},
         job={"id": "job-1", "input": "prompt", "prompt": P, "max_new_tokens": 100},
         note="the default 512 is clamped to a lower cap")
+
+
+SCHEMA = {"type": "object", "properties": {"party": {"type": "string"}, "amount": {"type": "number"},
+                                           "date": {"type": "string", "format": "date"}},
+          "required": ["party", "amount"], "additionalProperties": False}
+
+
+def gen_structured_valid():
+    P = "Summarise: the cat sat on the mat."
+    rf = {"type": "json_schema", "json_schema": {"name": "invoice", "schema": SCHEMA, "strict": True}}
+    ok_both("response_format_json_schema", base(response_format=rf),
+            {"id": "job-1", "input": "prompt", "prompt": P,
+             "response_format": {"type": "json_schema", "name": "invoice", "strict": True, "schema": SCHEMA}},
+            note="the schema is kept as JSON text (msgpack transcoded); the worker compiles it")
+    ok_both("response_format_json_object", base(response_format={"type": "json_object"}),
+            {"id": "job-1", "input": "prompt", "prompt": P, "response_format": {"type": "json_object"}})
+    ok_both("response_format_regex", base(response_format={"type": "regex", "pattern": "[0-9]{4}-[0-9]{2}"}),
+            {"id": "job-1", "input": "prompt", "prompt": P,
+             "response_format": {"type": "regex", "pattern": "[0-9]{4}-[0-9]{2}"}})
+    ok_both("response_format_choice", base(response_format={"type": "choice", "choices": ["yes", "no", "unsure"]}),
+            {"id": "job-1", "input": "prompt", "prompt": P,
+             "response_format": {"type": "choice", "choices": ["yes", "no", "unsure"]}})
+    ok_both("response_format_text", base(response_format={"type": "text"}),
+            {"id": "job-1", "input": "prompt", "prompt": P}, note="type text = unconstrained, as absent")
+    ctl = base(max_new_tokens=64, logprobs=True, top_logprobs=20, stop_token_ids=[0, 7, 2147483647], min_tokens=64,
+               repetition_penalty=2.0, presence_penalty=-2.0, frequency_penalty=1.5)
+    ok_both("decoding_controls_at_edges", ctl,
+            {"id": "job-1", "input": "prompt", "prompt": P, "max_new_tokens": 64, "logprobs": True,
+             "top_logprobs": 20, "stop_token_ids": [0, 7, 2147483647], "min_tokens": 64,
+             "repetition_penalty": 2.0, "presence_penalty": -2.0, "frequency_penalty": 1.5},
+            note="min_tokens may equal max_new_tokens")
+
+
+def gen_structured_invalid():
+    rf_schema = lambda schema: {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    bad_both("response_format_type_unknown", base(response_format={"type": "grammar"}), "invalid_value",
+             "response_format.type")
+    bad_both("response_format_without_type", base(response_format={"pattern": "a"}), "missing_field",
+             "response_format")
+    bad_both("response_format_schema_missing", base(response_format={"type": "json_schema"}), "missing_field",
+             "response_format")
+    bad_both("response_format_json_schema_without_schema",
+             base(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "missing_field",
+             "response_format.json_schema")
+    bad_both("response_format_schema_not_a_map", base(response_format=rf_schema("string")), "wrong_type",
+             "response_format.json_schema.schema")
+    bad_both("response_format_schema_too_large", base(response_format=rf_schema({"description": "d" * 64})),
+             "too_large", "response_format.json_schema.schema", limits={"max_schema_bytes": 32})
+    bad_both("response_format_pattern_too_long", base(response_format={"type": "regex", "pattern": "a" * 1025}),
+             "too_large", "response_format.pattern")
+    bad_both("response_format_regex_without_pattern", base(response_format={"type": "regex"}), "missing_field",
+             "response_format")
+    bad_both("response_format_choices_empty", base(response_format={"type": "choice", "choices": []}),
+             "invalid_value", "response_format.choices")
+    bad_both("response_format_choices_too_many",
+             base(response_format={"type": "choice", "choices": ["c%d" % i for i in range(257)]}), "too_large",
+             "response_format.choices")
+    bad_both("response_format_choice_empty_string", base(response_format={"type": "choice", "choices": ["a", ""]}),
+             "invalid_value", "response_format.choices[1]")
+    bad_both("top_logprobs_above_20", base(logprobs=True, top_logprobs=21), "out_of_range", "top_logprobs")
+    bad_both("top_logprobs_without_logprobs", base(top_logprobs=2), "invalid_value", "top_logprobs")
+    bad_both("logprobs_not_a_boolean", base(logprobs=1), "wrong_type", "logprobs")
+    bad_both("repetition_penalty_zero", base(repetition_penalty=0), "out_of_range", "repetition_penalty")
+    bad_both("presence_penalty_above_2", base(presence_penalty=2.5), "out_of_range", "presence_penalty")
+    bad_both("frequency_penalty_below_minus_2", base(frequency_penalty=-3), "out_of_range", "frequency_penalty")
+    bad_both("stop_token_ids_negative", base(stop_token_ids=[1, -1]), "out_of_range", "stop_token_ids[1]")
+    bad_both("stop_token_ids_too_many", base(stop_token_ids=list(range(65))), "too_large", "stop_token_ids")
+    bad_both("min_tokens_above_max_new_tokens", base(max_new_tokens=10, min_tokens=11), "out_of_range",
+             "min_tokens")
 
 
 def gen_invalid():
@@ -491,6 +563,12 @@ def gen_results():
         "ok_job_hash": {"v": 1, "id": "j5", "status": "ok", "text": "hello", "tokens": [7],
                         "finish_reason": "length", "usage": {"prompt_tokens": 1, "completion_tokens": 1},
                         "job_hash": fnv1a64(b'{"v":1,"id":"j5","prompt":"hi"}')},
+        # structured output with logprobs (job fields response_format, logprobs, top_logprobs 2)
+        "ok_logprobs": {"v": 1, "id": "j6", "status": "ok", "text": "{\"a\":1}", "tokens": [90, 64, 25, 16, 92],
+                        "finish_reason": "stop", "usage": {"prompt_tokens": 5, "completion_tokens": 5},
+                        "logprobs": [{"token": t, "logprob": lp, "top_logprobs": [{"token": t, "logprob": lp},
+                                                                                  {"token": 7, "logprob": -3.5}]}
+                                     for t, lp in ((90, -0.5), (64, -1.25), (25, -0.125), (16, -2.5), (92, -0.25))]},
         # a token that decodes to byte 0x00: text is bytes-exact (msgpack str by length, JSON \u0000)
         "ok_nul_in_text": {"v": 1, "id": "j5", "status": "ok", "text": "a\x00 bre\x00", "tokens": [64, 0, 1627, 0],
                            "finish_reason": "length", "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
@@ -513,7 +591,9 @@ def main():
     os.makedirs(os.path.join(OUT, "valid"))
     os.makedirs(os.path.join(OUT, "invalid"))
     gen_valid()
+    gen_structured_valid()
     gen_invalid()
+    gen_structured_invalid()
     gen_results()
     names = [(v["file"]) for v in vectors]
     assert len(names) == len(set(names)), "duplicate vector file names"

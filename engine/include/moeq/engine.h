@@ -340,6 +340,29 @@ void moeq_sampler_destroy(moeq_sampler *sampler);
  * or an overflow), never a token chosen from it; the sequence cannot go on. Not thread-safe per sampler. */
 int32_t moeq_sampler_sample(moeq_sampler *sampler, const float *logits);
 
+/*
+ * A per-sequence logits processor (structured output, penalties, logprobs;
+ * worker/decode_proc.c): when set, each moeq_sampler_sample copies the row
+ * into the sampler's own buffer, calls process(ctx, raw, work) to change
+ * the copy (masks set -inf, penalties), draws from the copy, then calls
+ * accept(ctx, raw, token) with the model's unchanged row. process must
+ * leave at least one finite logit. Because every draw goes through the hook
+ * in order, a stateful processor sees exactly the emitted tokens, also in
+ * speculative exact mode (a draft the processor forbids can never equal the
+ * draw, so it is rejected like any other). NULL hook: off. The hook is
+ * copied; ctx is borrowed for the sampler's life.
+ */
+typedef struct moeq_sampler_hook {
+    void *ctx;
+    void (*process)(void *ctx, const float *raw, float *work, int vocab);
+    void (*accept)(void *ctx, const float *raw, int32_t token);
+    /* Optional (NULL: argmax): speculative exact mode's draft from an MTP row, given the n_prefix drafts
+     * already made this round after the last draw — e.g. the best token the grammar allows there. It
+     * only moves acceptance: the output is the draws' either way. */
+    int32_t (*draft)(void *ctx, const float *draft_row, int vocab, const int32_t *prefix, int n_prefix);
+} moeq_sampler_hook;
+void moeq_sampler_set_hook(moeq_sampler *sampler, const moeq_sampler_hook *hook);
+
 /* ---- speculative decoding with the MTP module (batched; docs/MTP.md) ------- */
 
 /*

@@ -49,6 +49,11 @@ typedef struct moeq_job_limits {
     int64_t max_string_bytes;   /* any other string we keep (role, reply_to), bytes; default 256   */
     int64_t max_metadata_bytes; /* encoded metadata value, bytes; default 16384                    */
     int64_t max_depth;          /* nesting depth, the job map = 1; default 32, at most 128         */
+    int64_t max_schema_bytes;   /* response_format.json_schema.schema, encoded bytes; default 32768 */
+    int64_t max_pattern_bytes;  /* response_format.pattern, bytes; default 1024                     */
+    int64_t max_choices;        /* response_format.choices entries; default 256                     */
+    int64_t max_choice_bytes;   /* one choice, bytes; default 1024                                  */
+    int64_t max_stop_token_ids; /* stop_token_ids entries; default 64                               */
 } moeq_job_limits;
 
 /* The defaults above. */
@@ -66,6 +71,29 @@ moeq_err moeq_job_limits_check(const moeq_job_limits *limits, char *errstr, size
 #define MOEQ_JOB_DEFAULT_TEMPERATURE 1.0
 #define MOEQ_JOB_DEFAULT_TOP_P 1.0
 #define MOEQ_JOB_DEFAULT_TOP_K 0 /* 0 = no top-k filter */
+#define MOEQ_JOB_MAX_TOP_LOGPROBS 20 /* top_logprobs 0..20 (OpenAI's bound) */
+
+/* response_format.type (schemas/job.md, "Structured output"). */
+typedef enum moeq_response_type {
+    MOEQ_RESPONSE_TEXT = 0,    /* absent or {type: "text"}: unconstrained                     */
+    MOEQ_RESPONSE_JSON_OBJECT, /* any JSON object                                             */
+    MOEQ_RESPONSE_JSON_SCHEMA, /* JSON valid against json_schema.schema (a supported subset)  */
+    MOEQ_RESPONSE_REGEX,       /* text matching pattern (whole text, anchored)                */
+    MOEQ_RESPONSE_CHOICE,      /* exactly one of choices                                      */
+} moeq_response_type;
+
+/* The decoded response_format. Plain data, owned by the job. */
+typedef struct moeq_response_format {
+    moeq_response_type type;
+    char *name;              /* json_schema.name; NULL = absent                              */
+    int strict;              /* json_schema.strict (accepted; output is always constrained)   */
+    char *schema;            /* json_schema.schema as JSON text (transcoded from msgpack),
+                                NUL-terminated; its grammar is compiled by the worker         */
+    size_t schema_len;
+    char *pattern;           /* REGEX: the pattern                                           */
+    char **choices;          /* CHOICE: n_choices strings, each 1..max_choice_bytes           */
+    size_t n_choices;
+} moeq_response_format;
 
 typedef enum moeq_job_input {
     MOEQ_JOB_INPUT_NONE = 0,
@@ -112,6 +140,17 @@ typedef struct moeq_job {
     int64_t deadline_ms;     /* absolute, ms since the Unix epoch; 0 = none               */
     char *reply_to;          /* result topic; NULL = the configured default topic         */
     int mtp;                 /* 1 = use multi-token prediction (default), 0 = off         */
+
+    moeq_response_format response_format; /* TEXT (zeroed) when absent                  */
+    int logprobs;            /* 1: the result carries each token's log-probability         */
+    int top_logprobs;        /* 0..MOEQ_JOB_MAX_TOP_LOGPROBS alternatives per token          */
+    int32_t *stop_token_ids; /* extra ids that end the job (finish_reason stop_token)       */
+    size_t n_stop_token_ids;
+    int32_t min_tokens;      /* end-of-sequence and stop_token_ids are masked before this    */
+    double repetition_penalty; /* (0, 2]; 1 = off (0 in a job built in C: off too); over prompt
+                                and output tokens (vLLM)                                  */
+    double presence_penalty;   /* [-2, 2]; 0 = off; over output tokens (OpenAI)               */
+    double frequency_penalty;  /* [-2, 2]; 0 = off; over output tokens (OpenAI)               */
 
     uint8_t *metadata;       /* the encoded bytes of the metadata map, verbatim, in       */
     size_t metadata_len;     /* `format`; NULL = absent. Echoed back in the result.        */

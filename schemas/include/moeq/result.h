@@ -62,6 +62,10 @@ const char *moeq_finish_reason_name(moeq_finish_reason reason);
 #define MOEQ_CODE_INTERNAL "internal"                         /* error: a bug or out of memory                */
 #define MOEQ_CODE_DEADLINE "deadline"                         /* status expired: deadline_ms passed           */
 #define MOEQ_CODE_CANCELLED "cancelled"                       /* status cancelled: an operator cancelled it   */
+#define MOEQ_CODE_UNSUPPORTED_SCHEMA "unsupported_schema"     /* error: response_format uses a feature outside
+                                                                 the supported subset, or is not valid        */
+#define MOEQ_CODE_GRAMMAR_TOO_LARGE "grammar_too_large"       /* error: response_format's automaton is over
+                                                                 the worker's grammar limits                  */
 /* The reject code the worker itself sends (an entry it cannot run as given). */
 #define MOEQ_CODE_INVALID_VALUE "invalid_value"
 
@@ -70,6 +74,15 @@ const char *const *moeq_result_error_codes(size_t *n);
 
 /* 1 when code is a reject code or one of the codes above. */
 int moeq_result_code_known(const char *code);
+
+/* One generated token's log-probability (job field `logprobs`): the model's log-softmax at temperature 1. */
+typedef struct moeq_result_logprob {
+    int32_t token;              /* the generated id                                  */
+    double logprob;             /* <= 0                                              */
+    int n_top;                  /* alternatives (job field top_logprobs), best first */
+    int32_t *top_tokens;        /* n_top ids                                         */
+    double *top_logprobs;       /* their log-probabilities                           */
+} moeq_result_logprob;
 
 /*
  * A result. Plain data. For encoding, every pointer is borrowed (may be NULL
@@ -113,6 +126,8 @@ typedef struct moeq_result {
     } mtp;
     char *job_hash;                /* the job's content hash (moeq_job_content_hash): which
                                       submission this answers; NULL = absent (older writers) */
+    moeq_result_logprob *logprobs; /* one per generated token when the job asked; NULL = absent */
+    size_t n_logprobs;
 } moeq_result;
 
 /* accepted / drafted rounded to 4 decimals (0 when nothing was drafted): the `mtp.acceptance` a result carries. */

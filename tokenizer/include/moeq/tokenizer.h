@@ -100,6 +100,9 @@ moeq_chat_format moeq_tokenizer_chat_format(const moeq_tokenizer *tok);
 int moeq_tokenizer_token_id(const moeq_tokenizer *tok, const char *token);
 /* 1 when id is an added token marked special (bos, eos, <｜User｜> is not). */
 int moeq_tokenizer_is_special(const moeq_tokenizer *tok, int id);
+/* The bytes id decodes to (the ByteLevel rule applied; borrowed, valid while tok lives): returns 0 for a
+ * vocabulary token, 1 for an added token, -1 for an id that names no token. Structured output walks these. */
+int moeq_tokenizer_token_bytes(const moeq_tokenizer *tok, int id, const char **bytes, size_t *len);
 
 /* ---- encode ------------------------------------------------------------------ */
 

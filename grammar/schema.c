@@ -1,0 +1,579 @@
+/*
+ * schema.c — a JSON Schema (the subset in docs/STRUCTURED_OUTPUT.md) into
+ * an NFA fragment that accepts exactly the compact JSON texts valid against
+ * it.
+ *
+ * Output shape: compact JSON (no whitespace), object properties in the
+ * schema's `properties` order, optional ones may be left out, no properties
+ * beyond `properties` (additionalProperties absent or false; OpenAI's
+ * strict mode). Every keyword is either compiled, an annotation that does
+ * not constrain (title, description, default, ...), or refused with its
+ * name and JSON pointer — never silently ignored.
+ *
+ * Lists (object members, array items, string characters) are loops with a
+ * single copy of their element (state -> element -> state), so untyped
+ * values nested d levels cost O(d), not 2^d.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar_internal.h"
+
+static int sfail(schema_ctx *c, moeq_err err, const char *fmt, const char *a) {
+    if (!c->err) {
+        char msg[256];
+        snprintf(msg, sizeof msg, fmt, a);
+        moeq_errf(err, c->errstr, c->errstr_size, "%s at %s", msg, c->path[0] ? c->path : "/");
+        c->err = err;
+    }
+    return -1;
+}
+
+/* ---- generic JSON ------------------------------------------------------------------ */
+
+static int json_chars(cp_set *s) {
+    return cp_set_add(s, 0x20, 0x21) || cp_set_add(s, 0x23, 0x5B) || cp_set_add(s, 0x5D, 0x10FFFF);
+}
+
+/* One JSON string character: unescaped, or an escape. */
+static frag json_char(nfa *n) {
+    cp_set s = {0}, hex = {0};
+    if (json_chars(&s)) n->failed = n->nomem = 1;
+    frag plain = frag_class(n, &s);
+    cp_set_free(&s);
+    frag simple = frag_seq(n, frag_bytes(n, "\\", 1), frag_empty(n));
+    int32_t after = nfa_state(n);
+    static const char esc[] = "\"\\/bfnrt";
+    for (const char *e = esc; *e; e++) nfa_range(n, simple.end, after, (uint8_t)*e, (uint8_t)*e);
+    if (cp_set_add(&hex, '0', '9') || cp_set_add(&hex, 'a', 'f') || cp_set_add(&hex, 'A', 'F')) n->failed = 1;
+    frag u = frag_bytes(n, "u", 1);
+    for (int i = 0; i < 4; i++) u = frag_seq(n, u, frag_class(n, &hex));
+    cp_set_free(&hex);
+    nfa_eps(n, simple.end, u.start);
+    nfa_eps(n, u.end, after);
+    frag parts[2] = {plain, {simple.start, after}};
+    return frag_alt(n, parts, 2);
+}
+
+frag json_string_frag(nfa *n, int min_chars, int max_chars) {
+    frag f = frag_bytes(n, "\"", 1);
+    for (int i = 0; i < min_chars; i++) f = frag_seq(n, f, json_char(n));
+    if (max_chars < 0) f = frag_seq(n, f, frag_star(n, json_char(n)));
+    else
+        for (int i = min_chars; i < max_chars; i++) f = frag_seq(n, f, frag_opt(n, json_char(n)));
+    return frag_seq(n, f, frag_bytes(n, "\"", 1));
+}
+
+static frag digit_run(nfa *n, int at_least) { /* [0-9]{at_least,} */
+    frag f = frag_empty(n);
+    for (int i = 0; i < at_least; i++) {
+        frag d = frag_empty(n);
+        int32_t t = nfa_state(n);
+        nfa_range(n, d.end, t, '0', '9');
+        f = frag_seq(n, f, (frag){d.start, t});
+    }
+    frag d = frag_empty(n);
+    int32_t t = nfa_state(n);
+    nfa_range(n, d.end, t, '0', '9');
+    return frag_seq(n, f, frag_star(n, (frag){d.start, t}));
+}
+
+static frag byte_range(nfa *n, char lo, char hi) {
+    frag f = frag_empty(n);
+    int32_t t = nfa_state(n);
+    nfa_range(n, f.start, t, (uint8_t)lo, (uint8_t)hi);
+    return (frag){f.start, t};
+}
+
+/* -?(0|[1-9][0-9]*)  */
+static frag json_integer(nfa *n) {
+    frag parts[2] = {frag_bytes(n, "0", 1), frag_seq(n, byte_range(n, '1', '9'), digit_run(n, 0))};
+    return frag_seq(n, frag_opt(n, frag_bytes(n, "-", 1)), frag_alt(n, parts, 2));
+}
+
+static frag fraction(nfa *n) { return frag_seq(n, frag_bytes(n, ".", 1), digit_run(n, 1)); }
+
+/* integer (\.[0-9]+)? ([eE][+-]?[0-9]{1,2})? — two exponent digits keep every value a finite double */
+static frag json_number(nfa *n) {
+    frag e = frag_seq(n, byte_range(n, 'E', 'E'), frag_empty(n));
+    nfa_range(n, e.start, e.end, 'e', 'e');
+    frag sign[2] = {frag_bytes(n, "+", 1), frag_bytes(n, "-", 1)};
+    e = frag_seq(n, e, frag_opt(n, frag_alt(n, sign, 2)));
+    e = frag_seq(n, frag_seq(n, e, byte_range(n, '0', '9')), frag_opt(n, byte_range(n, '0', '9')));
+    return frag_seq(n, frag_seq(n, json_integer(n), frag_opt(n, fraction(n))), frag_opt(n, e));
+}
+
+static frag literal(nfa *n, const char *s) { return frag_bytes(n, s, strlen(s)); }
+
+/* open elem (sep elem)* close, or open close: one copy of elem, looped. */
+static frag loop_list(nfa *n, const char *open, frag elem, const char *close) {
+    frag o = literal(n, open), cl = literal(n, close);
+    int32_t after = nfa_state(n);
+    nfa_eps(n, o.end, elem.start);
+    nfa_eps(n, o.end, cl.start);
+    nfa_eps(n, elem.end, after);
+    frag sep = literal(n, ",");
+    nfa_eps(n, after, sep.start);
+    nfa_eps(n, sep.end, elem.start);
+    nfa_eps(n, after, cl.start);
+    return (frag){o.start, cl.end};
+}
+
+frag json_any_value(nfa *n, int depth) {
+    frag parts[7];
+    int k = 0;
+    parts[k++] = json_string_frag(n, 0, -1);
+    parts[k++] = json_number(n);
+    parts[k++] = literal(n, "true");
+    parts[k++] = literal(n, "false");
+    parts[k++] = literal(n, "null");
+    if (depth > 0) {
+        parts[k++] = json_any_object(n, depth - 1);
+        parts[k++] = loop_list(n, "[", json_any_value(n, depth - 1), "]");
+    }
+    return frag_alt(n, parts, k);
+}
+
+frag json_any_object(nfa *n, int depth) {
+    frag kv = frag_seq(n, frag_seq(n, json_string_frag(n, 0, -1), literal(n, ":")), json_any_value(n, depth));
+    return loop_list(n, "{", kv, "}");
+}
+
+/* ---- integer ranges ------------------------------------------------------------------ */
+
+/* Digit strings of one length between a and b (same length, a <= b). */
+static frag digits_between(nfa *n, const char *a, const char *b, int len) {
+    if (len == 0) return frag_empty(n);
+    if (a[0] == b[0]) return frag_seq(n, frag_bytes(n, a, 1), digits_between(n, a + 1, b + 1, len - 1));
+    char nines[24], zeros[24];
+    memset(nines, '9', (size_t)len), memset(zeros, '0', (size_t)len);
+    frag parts[3];
+    int k = 0;
+    parts[k++] = frag_seq(n, frag_bytes(n, a, 1), digits_between(n, a + 1, nines, len - 1));
+    if (a[0] + 1 <= b[0] - 1) {
+        frag mid = byte_range(n, (char)(a[0] + 1), (char)(b[0] - 1));
+        for (int i = 1; i < len; i++) mid = frag_seq(n, mid, byte_range(n, '0', '9'));
+        parts[k++] = mid;
+    }
+    parts[k++] = frag_seq(n, frag_bytes(n, b, 1), digits_between(n, zeros, b + 1, len - 1));
+    return frag_alt(n, parts, k);
+}
+
+static int ndigits(long long x) {
+    int d = 1;
+    while (x >= 10) x /= 10, d++;
+    return d;
+}
+
+static long long pow10ll(int e) {
+    long long p = 1;
+    while (e-- > 0) p *= 10;
+    return p;
+}
+
+/* Decimal integers in [lo, hi] without sign or leading zeros, 0 <= lo; hi < 0: unbounded. */
+static frag nonneg_range(nfa *n, long long lo, long long hi) {
+    int la = ndigits(lo), lb = hi < 0 ? la : ndigits(hi);
+    frag parts[24];
+    int k = 0;
+    for (int len = la; len <= lb && k < 22; len++) {
+        long long a = len == la ? lo : pow10ll(len - 1), b = (hi >= 0 && len == lb) ? hi : pow10ll(len) - 1;
+        char sa[24], sb[24];
+        snprintf(sa, sizeof sa, "%lld", a);
+        snprintf(sb, sizeof sb, "%lld", b);
+        parts[k++] = digits_between(n, sa, sb, len);
+    }
+    if (hi < 0) parts[k++] = frag_seq(n, byte_range(n, '1', '9'), digit_run(n, la)); /* every longer number */
+    return k == 1 ? parts[0] : frag_alt(n, parts, k);
+}
+
+/* Integers in [lo, hi]; has_lo/has_hi 0: unbounded on that side. */
+static frag int_range(nfa *n, int has_lo, long long lo, int has_hi, long long hi) {
+    frag parts[2];
+    int k = 0;
+    if (!has_hi || hi >= 0) parts[k++] = nonneg_range(n, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+    if (!has_lo || lo < 0) {
+        long long nlo = has_hi && hi < 0 ? -hi : 1, nhi = has_lo ? -lo : -1;
+        parts[k++] = frag_seq(n, literal(n, "-"), nonneg_range(n, nlo, nhi));
+    }
+    return k == 1 ? parts[0] : frag_alt(n, parts, k);
+}
+
+/* ---- keywords ------------------------------------------------------------------------- */
+
+static const char *const annotations[] = {"title", "description", "$schema", "$id", "$comment", "default",
+                                          "examples", "deprecated", "readOnly", "writeOnly", "$defs",
+                                          "definitions", "name", "strict", NULL};
+static const char *const keywords[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
+                                       "items", "minItems", "maxItems", "anyOf", "minLength", "maxLength",
+                                       "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+                                       "exclusiveMaximum", "uniqueItems", NULL};
+
+static int in_list(const char *k, const char *const *list) {
+    for (; *list; list++)
+        if (!strcmp(k, *list)) return 1;
+    return 0;
+}
+
+static int check_keywords(schema_ctx *c, const gj *s) {
+    for (size_t i = 0; i < s->n; i++) {
+        const char *k = s->keys[i];
+        if (in_list(k, annotations)) continue;
+        if (!in_list(k, keywords)) return sfail(c, MOEQ_ERR_UNSUPPORTED, "schema keyword '%s' is not supported", k);
+        if (!strcmp(k, "uniqueItems") && !(s->items[i]->type == GJ_BOOL && !s->items[i]->b))
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "schema keyword '%s' is not supported (only false)", k);
+    }
+    return 0;
+}
+
+/* A non-negative integer keyword; -1 when absent. */
+static int count_kw(schema_ctx *c, const gj *s, const char *kw, long long *out) {
+    const gj *v = gj_get(s, kw);
+    *out = -1;
+    if (!v) return 0;
+    if (v->type != GJ_NUM || v->num < 0 || v->num != floor(v->num))
+        return sfail(c, MOEQ_ERR_FORMAT, "'%s' must be a non-negative integer", kw);
+    if (v->num > c->limits->max_repeat)
+        return sfail(c, MOEQ_ERR_LIMIT, "'%s' is above the grammar's max_repeat", kw);
+    *out = (long long)v->num;
+    return 0;
+}
+
+static void path_push(schema_ctx *c, size_t *mark, const char *a, const char *b) {
+    *mark = strlen(c->path);
+    snprintf(c->path + *mark, sizeof c->path - *mark, "/%s%s%s", a, b ? "/" : "", b ? b : "");
+}
+
+static void path_pop(schema_ctx *c, size_t mark) { c->path[mark] = 0; }
+
+static int sub(schema_ctx *c, const gj *s, int depth, const char *a, const char *b, frag *out) {
+    size_t mark;
+    path_push(c, &mark, a, b);
+    int rc = schema_compile(c, s, depth + 1, out);
+    if (rc == 0) path_pop(c, mark);
+    return rc;
+}
+
+/* ---- types ---------------------------------------------------------------------------- */
+
+/* Formats as regular expressions. date is exact (month lengths, leap years; year 0001..9999), as Python's
+ * date.fromisoformat, which jsonschema's format checker uses. */
+#define YEAR "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+#define LEAP "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+#define DATE "(" YEAR "-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|" YEAR "-(0[13-9]|1[0-2])-(29|30)|" YEAR \
+             "-(0[13578]|1[02])-31|" LEAP "-02-29)"
+#define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+static const char *const formats[][2] = {
+    {"date", DATE},
+    {"time", TIME},
+    {"date-time", DATE "T" TIME},
+    {"uuid", "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"},
+    {"ipv4", "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"},
+    /* unbounded parts: bounded repeats ({1,64}) would give a DFA state per position, each a vocabulary walk */
+    {"email", "[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,}"},
+    {NULL, NULL},
+};
+
+static int string_pattern(schema_ctx *c, const char *pattern, int anchored, frag *out) {
+    char err[200] = "";
+    frag body;
+    int e = regex_compile(c->n, pattern, strlen(pattern), 1, anchored, c->limits->max_repeat, &body, err, sizeof err);
+    if (e) return sfail(c, (moeq_err)e, "%s", err);
+    *out = frag_seq(c->n, frag_seq(c->n, literal(c->n, "\""), body), literal(c->n, "\""));
+    return 0;
+}
+
+static int type_string(schema_ctx *c, const gj *s, frag *out) {
+    const gj *pattern = gj_get(s, "pattern"), *format = gj_get(s, "format");
+    long long minl, maxl;
+    if (count_kw(c, s, "minLength", &minl) || count_kw(c, s, "maxLength", &maxl)) return -1;
+    if ((pattern || format) && (minl >= 0 || maxl >= 0))
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "minLength/maxLength together with pattern or format is not supported");
+    if (pattern && format) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "pattern together with format is not supported");
+    if (pattern) {
+        if (pattern->type != GJ_STR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'pattern' must be a string");
+        return string_pattern(c, pattern->str, 0, out);
+    }
+    if (format) {
+        if (format->type != GJ_STR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'format' must be a string");
+        for (int i = 0; formats[i][0]; i++)
+            if (!strcmp(format->str, formats[i][0])) return string_pattern(c, formats[i][1], 1, out);
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "string format '%s' is not supported", format->str);
+    }
+    if (maxl >= 0 && minl > maxl) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minLength is above maxLength");
+    *out = json_string_frag(c->n, minl < 0 ? 0 : (int)minl, (int)maxl);
+    return 0;
+}
+
+/* minimum/maximum/exclusive* as an integer range [lo, hi]. */
+static int bounds(schema_ctx *c, const gj *s, int integer, int *has_lo, long long *lo, int *has_hi, long long *hi) {
+    static const char *const kw[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    *has_lo = *has_hi = 0;
+    for (int i = 0; i < 4; i++) {
+        const gj *v = gj_get(s, kw[i]);
+        if (!v) continue;
+        if (v->type != GJ_NUM) return sfail(c, MOEQ_ERR_FORMAT, "'%s' must be a number", kw[i]);
+        if (fabs(v->num) > 1e15) return sfail(c, MOEQ_ERR_UNSUPPORTED, "'%s' beyond 1e15 is not supported", kw[i]);
+        if (!integer && (i % 2 == 1 || v->num != floor(v->num)))
+            return sfail(c, MOEQ_ERR_UNSUPPORTED,
+                         "'%s' on a number is supported only as an integer minimum/maximum (use type integer)", kw[i]);
+        if (i < 2) {
+            long long b = i == 0 ? (long long)ceil(v->num) : (long long)floor(v->num) + 1;
+            if (!*has_lo || b > *lo) *lo = b;
+            *has_lo = 1;
+        } else {
+            long long b = i == 2 ? (long long)floor(v->num) : (long long)ceil(v->num) - 1;
+            if (!*has_hi || b < *hi) *hi = b;
+            *has_hi = 1;
+        }
+    }
+    if (*has_lo && *has_hi && *lo > *hi) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minimum is above maximum");
+    return 0;
+}
+
+static int type_integer(schema_ctx *c, const gj *s, frag *out) {
+    int has_lo, has_hi;
+    long long lo = 0, hi = 0;
+    if (bounds(c, s, 1, &has_lo, &lo, &has_hi, &hi)) return -1;
+    *out = has_lo || has_hi ? int_range(c->n, has_lo, lo, has_hi, hi) : json_integer(c->n);
+    return 0;
+}
+
+static int type_number(schema_ctx *c, const gj *s, frag *out) {
+    int has_lo, has_hi;
+    long long lo = 0, hi = 0;
+    if (bounds(c, s, 0, &has_lo, &lo, &has_hi, &hi)) return -1;
+    nfa *n = c->n;
+    if (!has_lo && !has_hi) return *out = json_number(n), 0;
+    if (!has_lo || lo < 0)
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "a number range is supported only with an integer minimum >= 0");
+    if (!has_hi) return *out = frag_seq(n, nonneg_range(n, lo, -1), frag_opt(n, fraction(n))), 0;
+    char top[32];
+    snprintf(top, sizeof top, "%lld", hi);
+    frag zero = literal(n, "0");
+    frag zeros = frag_seq(n, literal(n, ".0"), frag_star(n, zero)); /* hi.000: still hi */
+    frag parts[2] = {frag_seq(n, literal(n, top), frag_opt(n, zeros)), {0, 0}};
+    if (hi > lo) {
+        parts[1] = frag_seq(n, nonneg_range(n, lo, hi - 1), frag_opt(n, fraction(n)));
+        *out = frag_alt(n, parts, 2);
+    } else {
+        *out = parts[0];
+    }
+    return 0;
+}
+
+static int is_required(const gj *req, const char *key) {
+    for (size_t i = 0; req && i < req->n; i++)
+        if (req->items[i]->type == GJ_STR && !strcmp(req->items[i]->str, key)) return 1;
+    return 0;
+}
+
+static frag key_frag(nfa *n, const char *key) {
+    gj k = {.type = GJ_STR, .str = (char *)key, .len = strlen(key)};
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    if (gj_write(&k, &buf, &len, &cap)) n->failed = n->nomem = 1;
+    frag f = frag_bytes(n, buf ? buf : "", buf ? len : 0);
+    free(buf);
+    return frag_seq(n, f, literal(n, ":"));
+}
+
+static int type_object(schema_ctx *c, const gj *s, int depth, frag *out) {
+    nfa *n = c->n;
+    const gj *props = gj_get(s, "properties"), *req = gj_get(s, "required"), *add = gj_get(s, "additionalProperties");
+    if (props && props->type != GJ_OBJ) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'properties' must be an object");
+    if (req && req->type != GJ_ARR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'required' must be an array");
+    int add_false = add && add->type == GJ_BOOL && !add->b;
+    if (add && !add_false && (props || req))
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s",
+                     "'additionalProperties' other than false beside 'properties' is not supported");
+    if (!props && !req) {
+        *out = add_false ? literal(n, "{}") : json_any_object(n, MOEQ_GRAMMAR_ANY_DEPTH - 1);
+        return 0;
+    }
+    for (size_t i = 0; req && i < req->n; i++)
+        if (req->items[i]->type != GJ_STR || !gj_get(props, req->items[i]->str))
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "required property '%s' is not in 'properties'",
+                         req->items[i]->type == GJ_STR ? req->items[i]->str : "?");
+    frag open = literal(n, "{");
+    int32_t s0 = open.end, s1 = -1; /* s0: nothing written yet; s1: a member written */
+    for (size_t i = 0; props && i < props->n; i++) {
+        frag value;
+        if (sub(c, props->items[i], depth, "properties", props->keys[i], &value)) return -1;
+        frag member = frag_seq(n, key_frag(n, props->keys[i]), value);
+        int32_t n0 = nfa_state(n), n1 = nfa_state(n);
+        nfa_eps(n, s0, member.start);
+        if (s1 >= 0) {
+            frag comma = literal(n, ",");
+            nfa_eps(n, s1, comma.start);
+            nfa_eps(n, comma.end, member.start);
+        }
+        nfa_eps(n, member.end, n1);
+        if (!is_required(req, props->keys[i])) {
+            nfa_eps(n, s0, n0);
+            if (s1 >= 0) nfa_eps(n, s1, n1);
+        }
+        s0 = n0, s1 = n1;
+    }
+    frag close = literal(n, "}");
+    nfa_eps(n, s0, close.start);
+    if (s1 >= 0) nfa_eps(n, s1, close.start);
+    *out = (frag){open.start, close.end};
+    return 0;
+}
+
+static int item(schema_ctx *c, const gj *items, int depth, frag *out) {
+    if (!items) return *out = json_any_value(c->n, MOEQ_GRAMMAR_ANY_DEPTH - 1), 0;
+    return sub(c, items, depth, "items", NULL, out);
+}
+
+static int type_array(schema_ctx *c, const gj *s, int depth, frag *out) {
+    nfa *n = c->n;
+    const gj *items = gj_get(s, "items");
+    long long mn, mx;
+    if (count_kw(c, s, "minItems", &mn) || count_kw(c, s, "maxItems", &mx)) return -1;
+    if (mn < 0) mn = 0;
+    if (mx >= 0 && mn > mx) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minItems is above maxItems");
+    if (items && items->type == GJ_ARR)
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'items' as an array (tuple validation) is not supported");
+    frag e;
+    if (mn == 0 && mx < 0) {
+        if (item(c, items, depth, &e)) return -1;
+        return *out = loop_list(n, "[", e, "]"), 0;
+    }
+    if (mx == 0) return *out = literal(n, "[]"), 0;
+    frag f = literal(n, "[");
+    int32_t none = f.end; /* mn == 0: the empty array */
+    for (long long i = 0; i < (mn ? mn : 1); i++) {
+        if (item(c, items, depth, &e)) return -1;
+        f = frag_seq(n, i ? frag_seq(n, f, literal(n, ",")) : f, e);
+    }
+    if (mx < 0) {
+        if (item(c, items, depth, &e)) return -1;
+        f = frag_seq(n, f, frag_star(n, frag_seq(n, literal(n, ","), e)));
+    } else {
+        for (long long i = (mn ? mn : 1); i < mx; i++) { /* nested optionals: ,e(,e(,e)?)? */
+            if (item(c, items, depth, &e)) return -1;
+            f = frag_seq(n, f, frag_opt(n, frag_seq(n, literal(n, ","), e)));
+        }
+    }
+    frag close = literal(n, "]");
+    f = frag_seq(n, f, close);
+    if (mn == 0) nfa_eps(n, none, close.start);
+    *out = f;
+    return 0;
+}
+
+static int type_one(schema_ctx *c, const gj *s, const char *type, int depth, frag *out) {
+    if (!strcmp(type, "string")) return type_string(c, s, out);
+    if (!strcmp(type, "integer")) return type_integer(c, s, out);
+    if (!strcmp(type, "number")) return type_number(c, s, out);
+    if (!strcmp(type, "boolean")) {
+        frag p[2] = {literal(c->n, "true"), literal(c->n, "false")};
+        return *out = frag_alt(c->n, p, 2), 0;
+    }
+    if (!strcmp(type, "null")) return *out = literal(c->n, "null"), 0;
+    if (!strcmp(type, "object")) return type_object(c, s, depth, out);
+    if (!strcmp(type, "array")) return type_array(c, s, depth, out);
+    return sfail(c, MOEQ_ERR_FORMAT, "unknown type '%s'", type);
+}
+
+/* ---- enum / const / anyOf ------------------------------------------------------------------ */
+
+static int type_matches(const gj *v, const gj *type) {
+    if (!type) return 1;
+    for (size_t i = 0; i < (type->type == GJ_ARR ? type->n : 1); i++) {
+        const gj *t = type->type == GJ_ARR ? type->items[i] : type;
+        if (t->type != GJ_STR) continue;
+        const char *ts = t->str;
+        if ((!strcmp(ts, "string") && v->type == GJ_STR) || (!strcmp(ts, "number") && v->type == GJ_NUM) ||
+            (!strcmp(ts, "integer") && v->type == GJ_NUM && v->num == floor(v->num)) ||
+            (!strcmp(ts, "boolean") && v->type == GJ_BOOL) || (!strcmp(ts, "null") && v->type == GJ_NULL) ||
+            (!strcmp(ts, "object") && v->type == GJ_OBJ) || (!strcmp(ts, "array") && v->type == GJ_ARR))
+            return 1;
+    }
+    return 0;
+}
+
+static int value_literal(schema_ctx *c, const gj *v, frag *out) {
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    if (gj_write(v, &buf, &len, &cap)) return free(buf), sfail(c, MOEQ_ERR_NOMEM, "%s", "out of memory");
+    *out = frag_bytes(c->n, buf, len);
+    free(buf);
+    return 0;
+}
+
+static int enum_values(schema_ctx *c, const gj *s, frag *out) {
+    const gj *e = gj_get(s, "enum"), *cst = gj_get(s, "const"), *type = gj_get(s, "type");
+    if (e && e->type != GJ_ARR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'enum' must be an array");
+    frag alts = {nfa_state(c->n), nfa_state(c->n)};
+    int k = 0;
+    for (size_t i = 0; i < (e ? e->n : 1); i++) {
+        const gj *v = e ? e->items[i] : cst;
+        if (cst && e && !(v->raw_len == cst->raw_len && !memcmp(v->raw, cst->raw, v->raw_len))) continue;
+        if (!type_matches(v, type)) continue;
+        frag f;
+        if (value_literal(c, v, &f)) return -1;
+        nfa_eps(c->n, alts.start, f.start);
+        nfa_eps(c->n, f.end, alts.end);
+        k++;
+    }
+    if (!k) return sfail(c, MOEQ_ERR_FORMAT, "%s", "no value of 'enum'/'const' matches the schema's type");
+    return *out = alts, 0;
+}
+
+static int any_of(schema_ctx *c, const gj *s, int depth, frag *out) {
+    const gj *a = gj_get(s, "anyOf");
+    if (a->type != GJ_ARR || a->n == 0) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'anyOf' must be a non-empty array");
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->keys[i], "anyOf") && !in_list(s->keys[i], annotations))
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "'anyOf' beside '%s' is not supported (move it into each branch)",
+                         s->keys[i]);
+    frag alts = {nfa_state(c->n), nfa_state(c->n)};
+    for (size_t i = 0; i < a->n; i++) {
+        char idx[24];
+        snprintf(idx, sizeof idx, "%u", (unsigned)i);
+        frag f;
+        if (sub(c, a->items[i], depth, "anyOf", idx, &f)) return -1;
+        nfa_eps(c->n, alts.start, f.start);
+        nfa_eps(c->n, f.end, alts.end);
+    }
+    return *out = alts, 0;
+}
+
+int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
+    if (c->n->failed) /* over the state limit: stop at once, or nested repeats would still cost m^depth calls */
+        return sfail(c, c->n->nomem ? MOEQ_ERR_NOMEM : MOEQ_ERR_LIMIT, "%s",
+                     "grammar_too_large: the automaton is over max_nfa_states");
+    if (depth > c->limits->max_schema_depth) return sfail(c, MOEQ_ERR_LIMIT, "%s", "schemas nested deeper than max_schema_depth");
+    if (s->type == GJ_BOOL) {
+        if (!s->b) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "the schema false (nothing is valid) is not supported");
+        return *out = json_any_value(c->n, MOEQ_GRAMMAR_ANY_DEPTH), 0;
+    }
+    if (s->type != GJ_OBJ) return sfail(c, MOEQ_ERR_FORMAT, "%s", "a schema must be an object or a boolean");
+    if (check_keywords(c, s)) return -1;
+    if (gj_get(s, "anyOf")) return any_of(c, s, depth, out);
+    if (gj_get(s, "enum") || gj_get(s, "const")) return enum_values(c, s, out);
+    const gj *type = gj_get(s, "type");
+    if (!type) {
+        if (gj_get(s, "properties") || gj_get(s, "required")) return type_object(c, s, depth, out);
+        if (gj_get(s, "items") || gj_get(s, "minItems") || gj_get(s, "maxItems")) return type_array(c, s, depth, out);
+        if (gj_get(s, "pattern") || gj_get(s, "format") || gj_get(s, "minLength") || gj_get(s, "maxLength"))
+            return type_string(c, s, out);
+        return *out = json_any_value(c->n, MOEQ_GRAMMAR_ANY_DEPTH), 0;
+    }
+    if (type->type == GJ_STR) return type_one(c, s, type->str, depth, out);
+    if (type->type != GJ_ARR || type->n == 0) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'type' must be a string or an array");
+    frag alts = {nfa_state(c->n), nfa_state(c->n)};
+    for (size_t i = 0; i < type->n; i++) {
+        frag f;
+        if (type->items[i]->type != GJ_STR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'type' entries must be strings");
+        if (type_one(c, s, type->items[i]->str, depth, &f)) return -1;
+        nfa_eps(c->n, alts.start, f.start);
+        nfa_eps(c->n, f.end, alts.end);
+    }
+    return *out = alts, 0;
+}

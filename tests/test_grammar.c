@@ -1,0 +1,342 @@
+/*
+ * test_grammar.c — the grammar library (moeq/grammar.h) on a synthetic
+ * byte-level vocabulary: every single byte plus multi-byte tokens that
+ * cross grammar boundaries ("}, ":, ,", {"a). Random walks over the masks
+ * must end in complete outputs within their budget; masks must allow a
+ * token exactly when its bytes walk the automaton; unsupported features are
+ * errors naming themselves. The corpus test (structured_corpus.py) checks
+ * real schemas against Python's jsonschema.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "moeq/grammar.h"
+
+static const char *const multi[] = {"{\"", "\":", ",\"", "\"}", "true", "false", "null", "12", "3.5", "ab", "a\"",
+                                    "\"name\":\"", "}}", "]}", "[\"", "\",\"", "é", "\xe4\xbd", "\xa0", "1\"}"};
+#define N_MULTI (sizeof multi / sizeof multi[0])
+#define N_IDS (256 + (int)N_MULTI + 2) /* + 2 unusable ids (specials) */
+
+static int token_bytes(void *ctx, int32_t id, const char **bytes, size_t *len) {
+    static char single[256];
+    (void)ctx;
+    if (id < 256) {
+        single[id] = (char)id;
+        *bytes = &single[id];
+        *len = 1;
+        return 0;
+    }
+    if (id < 256 + (int)N_MULTI) {
+        *bytes = multi[id - 256];
+        *len = strlen(multi[id - 256]);
+        return 0;
+    }
+    return -1;
+}
+
+static moeq_grammar_vocab *vocab(void) {
+    moeq_grammar_vocab *v = NULL;
+    assert_int_equal(moeq_grammar_vocab_new(N_IDS, token_bytes, NULL, &v, NULL, 0), MOEQ_OK);
+    return v;
+}
+
+static moeq_grammar *compile(moeq_grammar_vocab *v, moeq_grammar_kind kind, const char *text) {
+    moeq_grammar_spec spec = {kind, text, text ? strlen(text) : 0, NULL, 0};
+    moeq_grammar *g = NULL;
+    char err[256] = "";
+    moeq_err e = moeq_grammar_compile(&spec, v, NULL, &g, err, sizeof err);
+    if (e) print_error("compile %s: %s\n", text, err);
+    assert_int_equal(e, MOEQ_OK);
+    return g;
+}
+
+static uint64_t rng(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* One random output of at most budget tokens into out; returns its length, asserts it is complete. */
+static size_t random_walk(moeq_grammar *g, uint64_t seed, int budget, char *out, size_t cap) {
+    moeq_grammar_matcher *m = NULL;
+    assert_int_equal(moeq_grammar_matcher_new(g, &m), MOEQ_OK);
+    size_t words = moeq_grammar_mask_words(g), len = 0;
+    uint32_t *bits = calloc(words, sizeof *bits);
+    int32_t ids[N_IDS];
+    for (int left = budget; left > 0 && !moeq_grammar_matcher_done(m); left--) {
+        if (moeq_grammar_matcher_accepting(m) && rng(&seed) % 4 == 0) break; /* the model chose to end */
+        moeq_err err;
+        int64_t n = moeq_grammar_matcher_mask(m, left, bits, &err);
+        assert_true(n >= 0);
+        if (n == 0) {
+            assert_true(moeq_grammar_matcher_accepting(m)); /* nothing allowed: only ending */
+            break;
+        }
+        int k = 0;
+        for (int id = 0; id < N_IDS; id++)
+            if (bits[id / 32] >> (id % 32) & 1) ids[k++] = id;
+        assert_int_equal(k, n);
+        int32_t t = ids[rng(&seed) % (uint64_t)k];
+        const char *b = NULL;
+        size_t bl = 0;
+        token_bytes(NULL, t, &b, &bl);
+        assert_true(len + bl < cap);
+        memcpy(out + len, b, bl);
+        len += bl;
+        assert_int_equal(moeq_grammar_matcher_accept(m, t), MOEQ_OK);
+    }
+    out[len] = 0;
+    if (!moeq_grammar_matcher_accepting(m)) print_error("incomplete output: %s\n", out);
+    assert_true(moeq_grammar_matcher_accepting(m));
+    free(bits);
+    moeq_grammar_matcher_destroy(m);
+    return len;
+}
+
+static int matches(moeq_grammar *g, const char *text) {
+    moeq_grammar_matcher *m = NULL;
+    assert_int_equal(moeq_grammar_matcher_new(g, &m), MOEQ_OK);
+    int ok = moeq_grammar_matcher_accept_bytes(m, text, strlen(text)) == MOEQ_OK && moeq_grammar_matcher_accepting(m);
+    moeq_grammar_matcher_destroy(m);
+    return ok;
+}
+
+static void random_outputs_of_a_schema_are_complete_within_their_budget(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                         "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},"
+                         "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"maxItems\":3},"
+                         "\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"age\"]}";
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, schema);
+    moeq_grammar_stats st;
+    moeq_grammar_get_stats(g, &st);
+    char out[4096];
+    for (int budget = st.min_bytes; budget < st.min_bytes + 60; budget += 3)
+        for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed * 7919 + (uint64_t)budget, budget, out, sizeof out);
+    assert_true(matches(g, "{\"name\":\"x\",\"age\":150}"));
+    assert_true(matches(g, "{\"name\":\"\\u00e9\\n\",\"age\":0,\"tags\":[\"a\",\"c\"],\"ok\":true}"));
+    assert_false(matches(g, "{\"name\":\"x\",\"age\":151}"));
+    assert_false(matches(g, "{\"age\":1,\"name\":\"x\"}")); /* properties in schema order */
+    assert_false(matches(g, "{\"name\":\"x\"}"));            /* required */
+    assert_false(matches(g, "{\"name\":\"x\",\"age\":1,\"tags\":[\"a\",\"a\",\"a\",\"a\"]}"));
+    moeq_grammar_release(g);
+    moeq_grammar_vocab_destroy(v);
+}
+
+/* 1 when prefix then token walk the automaton from its start. */
+static int walks(moeq_grammar *g, const char *prefix, size_t plen, int32_t id) {
+    const char *b;
+    size_t len;
+    if (token_bytes(NULL, id, &b, &len) != 0) return 0;
+    moeq_grammar_matcher *m = NULL;
+    assert_int_equal(moeq_grammar_matcher_new(g, &m), MOEQ_OK);
+    int ok = moeq_grammar_matcher_accept_bytes(m, prefix, plen) == MOEQ_OK &&
+             moeq_grammar_matcher_accept_bytes(m, b, len) == MOEQ_OK;
+    moeq_grammar_matcher_destroy(m);
+    return ok;
+}
+
+static void a_token_is_allowed_exactly_when_all_its_bytes_walk_the_automaton(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                              "{\"properties\":{\"name\":{\"type\":\"string\"}},\"required\":[\"name\"]}");
+    moeq_grammar_matcher *m = NULL;
+    assert_int_equal(moeq_grammar_matcher_new(g, &m), MOEQ_OK);
+    uint32_t *bits = calloc(moeq_grammar_mask_words(g), 4);
+    char prefix[256];
+    size_t plen = 0;
+    int crossed = 0;
+    for (int step = 0; step < 12 && !moeq_grammar_matcher_done(m); step++) {
+        moeq_err err;
+        assert_true(moeq_grammar_matcher_mask(m, INT32_MAX, bits, &err) >= 0);
+        int32_t pick = -1;
+        for (int id = 0; id < N_IDS; id++) {
+            int allowed = (int)(bits[id / 32] >> (id % 32) & 1);
+            assert_int_equal(allowed, walks(g, prefix, plen, id));
+            if (allowed && (pick < 256 || id == 256 + 11)) pick = id; /* prefer multi-byte tokens */
+        }
+        const char *b = NULL;
+        size_t len = 0;
+        token_bytes(NULL, pick, &b, &len);
+        crossed += pick >= 256;
+        memcpy(prefix + plen, b, len);
+        plen += len;
+        assert_int_equal(moeq_grammar_matcher_accept(m, pick), MOEQ_OK);
+    }
+    assert_true(crossed > 0);
+    assert_true(moeq_grammar_matcher_done(m));
+    prefix[plen] = 0;
+    assert_true(matches(g, prefix));
+    free(bits);
+    moeq_grammar_matcher_destroy(m);
+    moeq_grammar_release(g);
+    moeq_grammar_vocab_destroy(v);
+}
+
+/* With a budget, a token is allowed exactly when its end state can still finish in budget - 1 bytes. */
+static void a_tight_budget_allows_exactly_the_tokens_that_can_still_finish(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                              "{\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"},"
+                              "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"ab\",\"true\"]}}},"
+                              "\"required\":[\"name\"]}");
+    uint32_t *bits = calloc(moeq_grammar_mask_words(g), 4);
+    uint64_t seed = 3;
+    for (int run = 0; run < 40; run++) {
+        moeq_grammar_matcher *m = NULL;
+        assert_int_equal(moeq_grammar_matcher_new(g, &m), MOEQ_OK);
+        char prefix[512];
+        size_t plen = 0;
+        for (int step = 0; step < 30 && !moeq_grammar_matcher_done(m); step++) {
+            int budget = 1 + (int)(rng(&seed) % 24);
+            moeq_err err;
+            int64_t n = moeq_grammar_matcher_mask(m, budget, bits, &err);
+            assert_true(n >= 0);
+            int64_t k = 0;
+            for (int id = 0; id < N_IDS; id++) {
+                const char *b = NULL;
+                size_t len = 0;
+                int want = 0;
+                if (token_bytes(NULL, id, &b, &len) == 0) {
+                    moeq_grammar_matcher *p = NULL;
+                    assert_int_equal(moeq_grammar_matcher_new(g, &p), MOEQ_OK);
+                    want = moeq_grammar_matcher_accept_bytes(p, prefix, plen) == MOEQ_OK &&
+                           moeq_grammar_matcher_accept_bytes(p, b, len) == MOEQ_OK &&
+                           moeq_grammar_matcher_distance(p) <= budget - 1;
+                    moeq_grammar_matcher_destroy(p);
+                }
+                assert_int_equal((int)(bits[id / 32] >> (id % 32) & 1), want);
+                k += want;
+            }
+            assert_int_equal(k, n);
+            /* advance by any token allowed without a budget */
+            n = moeq_grammar_matcher_mask(m, INT32_MAX, bits, &err);
+            int32_t ids[N_IDS], c = 0;
+            for (int id = 0; id < N_IDS; id++)
+                if (bits[id / 32] >> (id % 32) & 1) ids[c++] = id;
+            if (c == 0) break;
+            int32_t t = ids[rng(&seed) % (uint64_t)c];
+            const char *b = NULL;
+            size_t len = 0;
+            token_bytes(NULL, t, &b, &len);
+            if (plen + len >= sizeof prefix) break;
+            memcpy(prefix + plen, b, len);
+            plen += len;
+            assert_int_equal(moeq_grammar_matcher_accept(m, t), MOEQ_OK);
+        }
+        moeq_grammar_matcher_destroy(m);
+    }
+    free(bits);
+    moeq_grammar_release(g);
+    moeq_grammar_vocab_destroy(v);
+}
+
+static void expect_error(moeq_grammar_vocab *v, moeq_grammar_kind kind, const char *text, moeq_err want,
+                         const char *needle) {
+    moeq_grammar_spec spec = {kind, text, strlen(text), NULL, 0};
+    moeq_grammar *g = NULL;
+    char err[256] = "";
+    moeq_err e = moeq_grammar_compile(&spec, v, NULL, &g, err, sizeof err);
+    if (e != want || !strstr(err, needle)) print_error("%s: got %d '%s'\n", text, (int)e, err);
+    assert_int_equal(e, want);
+    assert_non_null(strstr(err, needle));
+    assert_null(g);
+}
+
+static void an_unsupported_feature_is_an_error_naming_it_and_where(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"a\":{\"patternProperties\":{}}}}",
+                 MOEQ_ERR_UNSUPPORTED, "'patternProperties' is not supported at /properties/a");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/x\"}", MOEQ_ERR_UNSUPPORTED, "'$ref'");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"hostname\"}", MOEQ_ERR_UNSUPPORTED,
+                 "format 'hostname'");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"type\":\"integer\"},{\"oneOf\":[]}]}",
+                 MOEQ_ERR_UNSUPPORTED, "'oneOf' is not supported at /anyOf/1");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", MOEQ_ERR_UNSUPPORTED,
+                 "backreferences");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0.5}", MOEQ_ERR_UNSUPPORTED,
+                 "'minimum' on a number");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":", MOEQ_ERR_PARSE, "schema JSON");
+    expect_error(v, MOEQ_GRAMMAR_REGEX, "a(?=b)", MOEQ_ERR_UNSUPPORTED, "lookaround");
+    expect_error(v, MOEQ_GRAMMAR_REGEX, "a{1,100000}", MOEQ_ERR_LIMIT, "max_repeat");
+    expect_error(v, MOEQ_GRAMMAR_REGEX, "(ab", MOEQ_ERR_PARSE, "missing )");
+    /* nested repeats past the state limit fail at once, not after m^depth rebuilds */
+    expect_error(v, MOEQ_GRAMMAR_REGEX, "((((((a{256}){256}){256}){256}){256}){256})", MOEQ_ERR_LIMIT, "max_nfa_states");
+    char deep[2048] = "";
+    for (int i = 0; i < 8; i++) strcat(deep, "{\"type\":\"array\",\"minItems\":256,\"items\":");
+    strcat(deep, "{\"type\":\"integer\"}");
+    for (int i = 0; i < 8; i++) strcat(deep, "}");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, deep, MOEQ_ERR_LIMIT, "max_nfa_states");
+    moeq_grammar_vocab_destroy(v);
+}
+
+static void regex_and_choice_outputs_match_exactly(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_REGEX, "(ab|[0-9]{2,3})+-?\\d");
+    assert_true(matches(g, "ab123-4"));
+    assert_true(matches(g, "12ab7"));
+    assert_false(matches(g, "ab-"));
+    char out[512];
+    for (uint64_t s = 1; s < 30; s++) random_walk(g, s, 40, out, sizeof out);
+    moeq_grammar_release(g);
+    const char *choices[] = {"yes", "no", "not sure"};
+    moeq_grammar_spec spec = {MOEQ_GRAMMAR_CHOICE, NULL, 0, choices, 3};
+    assert_int_equal(moeq_grammar_compile(&spec, v, NULL, &g, NULL, 0), MOEQ_OK);
+    for (uint64_t s = 1; s < 30; s++) {
+        random_walk(g, s, 10, out, sizeof out);
+        assert_true(!strcmp(out, "yes") || !strcmp(out, "no") || !strcmp(out, "not sure"));
+    }
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-[0-9]+$\"}");
+    assert_true(matches(g, "\"AB-12\""));
+    assert_false(matches(g, "\"AB-\""));
+    moeq_grammar_release(g);
+    moeq_grammar_vocab_destroy(v);
+}
+
+static void a_cached_grammar_is_compiled_once_and_shared(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar_cache *c = NULL;
+    assert_int_equal(moeq_grammar_cache_new(v, NULL, 2, &c, NULL, 0), MOEQ_OK);
+    const char *a = "{\"type\":\"integer\"}", *b = "{\"type\":\"boolean\"}", *d = "{\"type\":\"null\"}";
+    moeq_grammar_spec sa = {MOEQ_GRAMMAR_JSON_SCHEMA, a, strlen(a), NULL, 0}, sb = sa, sd = sa;
+    sb.text = b, sb.text_len = strlen(b), sd.text = d, sd.text_len = strlen(d);
+    moeq_grammar *g1, *g2, *g3, *g4;
+    assert_int_equal(moeq_grammar_cache_get(c, &sa, &g1, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_grammar_cache_get(c, &sa, &g2, NULL, 0), MOEQ_OK);
+    assert_ptr_equal(g1, g2);
+    assert_int_equal(moeq_grammar_cache_get(c, &sb, &g3, NULL, 0), MOEQ_OK);
+    assert_int_equal(moeq_grammar_cache_get(c, &sd, &g4, NULL, 0), MOEQ_OK); /* evicts b (least recent) */
+    int64_t hits, misses;
+    moeq_grammar_cache_counts(c, &hits, &misses);
+    assert_int_equal(hits, 1);
+    assert_int_equal(misses, 3);
+    assert_true(matches(g1, "-17") && matches(g3, "false") && matches(g4, "null")); /* evicted g3 still alive */
+    moeq_grammar_release(g1), moeq_grammar_release(g2), moeq_grammar_release(g3), moeq_grammar_release(g4);
+    moeq_grammar_cache_destroy(c);
+    moeq_grammar_vocab_destroy(v);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(random_outputs_of_a_schema_are_complete_within_their_budget),
+        cmocka_unit_test(a_token_is_allowed_exactly_when_all_its_bytes_walk_the_automaton),
+        cmocka_unit_test(a_tight_budget_allows_exactly_the_tokens_that_can_still_finish),
+        cmocka_unit_test(an_unsupported_feature_is_an_error_naming_it_and_where),
+        cmocka_unit_test(regex_and_choice_outputs_match_exactly),
+        cmocka_unit_test(a_cached_grammar_is_compiled_once_and_shared),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
