@@ -116,13 +116,10 @@ static int is_int(const cJSON *v, double lo, double hi) {
 /* A value only accepted as its default (n = 1, stream = false, ...): anything else moeq cannot honour. */
 static int default_only(const cJSON *v, const char *key) {
     if (!strcmp(key, "n") || !strcmp(key, "best_of")) return is_int(v, 1, 1);
-    if (!strcmp(key, "presence_penalty") || !strcmp(key, "frequency_penalty"))
-        return cJSON_IsNumber(v) && v->valuedouble == 0;
-    return cJSON_IsFalse(v); /* stream, echo, logprobs */
+    return cJSON_IsFalse(v); /* stream, echo */
 }
 
-static const char *const default_only_keys[] = {"n", "best_of", "presence_penalty", "frequency_penalty", "stream",
-                                                "echo", "logprobs", NULL};
+static const char *const default_only_keys[] = {"n", "best_of", "stream", "echo", NULL};
 
 static int in_list(const char *const *list, const char *key) {
     for (; *list; list++)
@@ -238,6 +235,45 @@ static moeq_err oa_integer(oa *a, const char *key, const char *job_key, const cJ
     return MOEQ_OK;
 }
 
+/* A JSON value copied into the job unchanged (its keys are the job's). */
+static moeq_err oa_copy(oa *a, const char *job_key, const cJSON *v) {
+    char *s = cJSON_PrintUnformatted(v);
+    if (!s) return MOEQ_ERR_NOMEM;
+    jw_fmt(&a->w, ",\"%s\":", job_key);
+    jw_put(&a->w, s);
+    free(s);
+    return MOEQ_OK;
+}
+
+/* {type: text} is the default; json_object and json_schema are the job's response_format as they are. */
+static moeq_err oa_response_format(oa *a, const cJSON *v) {
+    const cJSON *type = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return oa_fail(a->out, "body.response_format", "body.response_format: must be an object with a type");
+    if (!strcmp(type->valuestring, "text")) return MOEQ_OK;
+    if (strcmp(type->valuestring, "json_object") && strcmp(type->valuestring, "json_schema"))
+        return oa_fail(a->out, "body.response_format.type",
+                       "body.response_format.type '%s' is not supported (text, json_object, json_schema)",
+                       type->valuestring);
+    return oa_copy(a, "response_format", v);
+}
+
+static moeq_err oa_logprobs(oa *a, const cJSON *v) {
+    if (!cJSON_IsBool(v)) return oa_fail(a->out, "body.logprobs", "body.logprobs: must be true or false");
+    if (cJSON_IsTrue(v)) jw_put(&a->w, ",\"logprobs\":true");
+    a->out->logprobs = cJSON_IsTrue(v);
+    return MOEQ_OK;
+}
+
+/* The legacy completions API: logprobs = N alternatives per token (0..5 there; moeq's bound is 20). */
+static moeq_err oa_completion_logprobs(oa *a, const cJSON *v) {
+    if (!is_int(v, 0, MOEQ_JOB_MAX_TOP_LOGPROBS))
+        return oa_fail(a->out, "body.logprobs", "body.logprobs: must be an integer in [0, %d]", MOEQ_JOB_MAX_TOP_LOGPROBS);
+    jw_fmt(&a->w, ",\"logprobs\":true,\"top_logprobs\":%.0f", v->valuedouble);
+    a->out->logprobs = 1;
+    return MOEQ_OK;
+}
+
 /* One body key. An explicit null is the key's absence, as in OpenAI's API. */
 static moeq_err oa_body_key(oa *a, const cJSON *v) {
     const char *k = v->string;
@@ -262,6 +298,15 @@ static moeq_err oa_body_key(oa *a, const cJSON *v) {
     if (!strcmp(k, "top_k")) return oa_integer(a, k, k, v, 0); /* vLLM's extension, moeq's field */
     if (!strcmp(k, "seed")) return oa_integer(a, k, k, v, 0);
     if (!strcmp(k, "stop")) return oa_stop(a, v);
+    /* moeq's job fields carry OpenAI's names (schemas/job.md): checked by the job codec after the mapping */
+    if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty") || !strcmp(k, "repetition_penalty"))
+        return oa_number(a, k, k, v);
+    if (!strcmp(k, "min_tokens")) return oa_integer(a, k, k, v, 0); /* vLLM's extension */
+    if (!strcmp(k, "response_format")) return oa_response_format(a, v);
+    if (!strcmp(k, "logprobs") && chat) return oa_logprobs(a, v);
+    if (!strcmp(k, "top_logprobs") && chat) return oa_integer(a, k, k, v, 0);
+    if (!strcmp(k, "logprobs")) /* /v1/completions: an integer count of alternatives */
+        return oa_completion_logprobs(a, v);
     if (!strcmp(k, "user")) return MOEQ_OK; /* an end-user tag for OpenAI's abuse monitoring: nothing to do */
     if (!strcmp(k, "metadata")) {
         if (!cJSON_IsObject(v)) return oa_fail(a->out, "body.metadata", "body.metadata: must be an object");
@@ -430,6 +475,49 @@ static int oa_status_code(const char *code) {
     return 500;
 }
 
+/*
+ * OpenAI's logprobs objects from the result's. Results carry token ids, not
+ * strings: a token is written "token_id:<id>" with bytes null, the convention
+ * of vLLM's return_tokens_as_token_ids (docs/SUBMIT.md).
+ */
+static void oa_logprobs_chat(jw *w, const moeq_result *r) {
+    jw_put(w, "{\"content\":[");
+    for (size_t i = 0; i < r->n_logprobs; i++) {
+        const moeq_result_logprob *lp = &r->logprobs[i];
+        jw_fmt(w, "%s{\"token\":\"token_id:%d\",\"logprob\":", i ? "," : "", (int)lp->token);
+        jw_num(w, lp->logprob);
+        jw_put(w, ",\"bytes\":null,\"top_logprobs\":[");
+        for (int k = 0; k < lp->n_top; k++) {
+            jw_fmt(w, "%s{\"token\":\"token_id:%d\",\"logprob\":", k ? "," : "", (int)lp->top_tokens[k]);
+            jw_num(w, lp->top_logprobs[k]);
+            jw_put(w, ",\"bytes\":null}");
+        }
+        jw_put(w, "]}");
+    }
+    jw_put(w, "]}");
+}
+
+static void oa_logprobs_completion(jw *w, const moeq_result *r) {
+    jw_put(w, "{\"tokens\":[");
+    for (size_t i = 0; i < r->n_logprobs; i++) jw_fmt(w, "%s\"token_id:%d\"", i ? "," : "", (int)r->logprobs[i].token);
+    jw_put(w, "],\"token_logprobs\":[");
+    for (size_t i = 0; i < r->n_logprobs; i++) {
+        if (i) jw_put(w, ",");
+        jw_num(w, r->logprobs[i].logprob);
+    }
+    jw_put(w, "],\"top_logprobs\":[");
+    for (size_t i = 0; i < r->n_logprobs; i++) {
+        const moeq_result_logprob *lp = &r->logprobs[i];
+        jw_put(w, i ? ",{" : "{");
+        for (int k = 0; k < lp->n_top; k++) {
+            jw_fmt(w, "%s\"token_id:%d\":", k ? "," : "", (int)lp->top_tokens[k]);
+            jw_num(w, lp->top_logprobs[k]);
+        }
+        jw_put(w, "}");
+    }
+    jw_put(w, "],\"text_offset\":null}");
+}
+
 static void oa_ok_body(jw *w, const moeq_submit_line *req, const moeq_result *r, const char *hash, int64_t created) {
     int chat = req->endpoint == MOEQ_OPENAI_CHAT;
     const char *text = r->text ? r->text : "";
@@ -440,11 +528,17 @@ static void oa_ok_body(jw *w, const moeq_submit_line *req, const moeq_result *r,
     if (chat) {
         jw_put(w, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
         jw_strn(w, text, text_len);
-        jw_put(w, "},\"logprobs\":null,\"finish_reason\":");
+        jw_put(w, "},\"logprobs\":");
+        if (req->logprobs && r->logprobs) oa_logprobs_chat(w, r);
+        else jw_put(w, "null");
+        jw_put(w, ",\"finish_reason\":");
     } else {
         jw_put(w, ",\"choices\":[{\"text\":");
         jw_strn(w, text, text_len);
-        jw_put(w, ",\"index\":0,\"logprobs\":null,\"finish_reason\":");
+        jw_put(w, ",\"index\":0,\"logprobs\":");
+        if (req->logprobs && r->logprobs) oa_logprobs_completion(w, r);
+        else jw_put(w, "null");
+        jw_put(w, ",\"finish_reason\":");
     }
     jw_str(w, oa_finish(r->finish_reason));
     jw_fmt(w, "}],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld}}",

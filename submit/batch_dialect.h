@@ -55,6 +55,7 @@ typedef struct moeq_submit_line {
     size_t job_len;
     moeq_openai_endpoint endpoint;
     char *model;              /* OpenAI body.model, echoed when the result names none; may be NULL */
+    int logprobs;             /* OpenAI: the request asked for logprobs (the output carries them)  */
     /* on error: why, naming the field (OpenAI: `body.temperature`, `url`; moeq: the job field) */
     char code[32];            /* a job reject code name (moeq), or "invalid_request" (OpenAI) */
     char param[96];

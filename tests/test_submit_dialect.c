@@ -174,6 +174,74 @@ static const cJSON *at(const cJSON *j, const char *path) { /* "a.b.0.c" */
     return j;
 }
 
+static void openai_response_format_penalties_and_logprobs_map_to_the_job_fields(void **state) {
+    (void)state;
+    moeq_submit_line l;
+    assert_int_equal(parse(MOEQ_DIALECT_OPENAI,
+                           "{\"custom_id\":\"s-1\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[{"
+                           "\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
+                           "\"json_schema\":{\"name\":\"r\",\"strict\":true,\"schema\":{\"type\":\"object\","
+                           "\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}},"
+                           "\"presence_penalty\":0.5,\"frequency_penalty\":-0.25,\"logprobs\":true,\"top_logprobs\":3}}",
+                           &l),
+                     MOEQ_OK);
+    assert_true(l.logprobs);
+    moeq_job job;
+    decode_job(&l, &job);
+    assert_int_equal(job.response_format.type, MOEQ_RESPONSE_JSON_SCHEMA);
+    assert_string_equal(job.response_format.name, "r");
+    assert_non_null(strstr(job.response_format.schema, "\"required\":[\"a\"]"));
+    assert_true(job.presence_penalty == 0.5 && job.frequency_penalty == -0.25);
+    assert_true(job.logprobs);
+    assert_int_equal(job.top_logprobs, 3);
+    moeq_job_free(&job);
+    moeq_submit_line_free(&l);
+    /* the legacy completions API counts alternatives in logprobs itself */
+    assert_int_equal(parse(MOEQ_DIALECT_OPENAI,
+                           "{\"custom_id\":\"s-2\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
+                           "\"logprobs\":2,\"response_format\":{\"type\":\"text\"}}}",
+                           &l),
+                     MOEQ_OK);
+    decode_job(&l, &job);
+    assert_true(job.logprobs);
+    assert_int_equal(job.top_logprobs, 2);
+    assert_int_equal(job.response_format.type, MOEQ_RESPONSE_TEXT);
+    moeq_job_free(&job);
+    moeq_submit_line_free(&l);
+    expect_error("{\"custom_id\":\"e\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"x\"}],\"response_format\":{\"type\":\"xml\"}}}",
+                 "body.response_format.type", "'xml' is not supported");
+}
+
+static void result_logprobs_are_written_in_openais_shape_with_token_ids(void **state) {
+    (void)state;
+    moeq_submit_line chat = {.endpoint = MOEQ_OPENAI_CHAT, .logprobs = 1};
+    moeq_submit_line comp = {.endpoint = MOEQ_OPENAI_COMPLETIONS, .logprobs = 1};
+    moeq_result r = ok_result("req-1", "ab");
+    int32_t top[2] = {7, 9};
+    double top_lp[2] = {-0.5, -1.5};
+    moeq_result_logprob lps[2] = {{.token = 7, .logprob = -0.5, .n_top = 2, .top_tokens = top, .top_logprobs = top_lp},
+                                  {.token = 9, .logprob = -0.25}};
+    r.logprobs = lps;
+    r.n_logprobs = 2;
+    int to_errors = 1;
+    cJSON *j = result_json(MOEQ_DIALECT_OPENAI, &chat, &r, &to_errors);
+    assert_string_equal(at(j, "response.body.choices.0.logprobs.content.0.token")->valuestring, "token_id:7");
+    assert_true(at(j, "response.body.choices.0.logprobs.content.1.logprob")->valuedouble == -0.25);
+    assert_string_equal(at(j, "response.body.choices.0.logprobs.content.0.top_logprobs.1.token")->valuestring,
+                        "token_id:9");
+    cJSON_Delete(j);
+    j = result_json(MOEQ_DIALECT_OPENAI, &comp, &r, &to_errors);
+    assert_string_equal(at(j, "response.body.choices.0.logprobs.tokens.1")->valuestring, "token_id:9");
+    assert_true(at(j, "response.body.choices.0.logprobs.token_logprobs.0")->valuedouble == -0.5);
+    assert_true(at(j, "response.body.choices.0.logprobs.top_logprobs.0.token_id:9")->valuedouble == -1.5);
+    cJSON_Delete(j);
+    chat.logprobs = 0; /* not asked: null, as OpenAI writes it */
+    j = result_json(MOEQ_DIALECT_OPENAI, &chat, &r, &to_errors);
+    assert_true(cJSON_IsNull(at(j, "response.body.choices.0.logprobs")));
+    cJSON_Delete(j);
+}
+
 static void an_ok_result_becomes_an_openai_output_line(void **state) {
     (void)state;
     moeq_submit_line chat = {.endpoint = MOEQ_OPENAI_CHAT}, comp = {.endpoint = MOEQ_OPENAI_COMPLETIONS};
@@ -344,6 +412,8 @@ int main(void) {
         cmocka_unit_test(an_openai_completions_line_becomes_a_prompt_or_tokens_job),
         cmocka_unit_test(an_unsupported_openai_field_or_url_is_an_error_naming_it),
         cmocka_unit_test(a_moeq_line_is_judged_by_the_job_decoder),
+        cmocka_unit_test(openai_response_format_penalties_and_logprobs_map_to_the_job_fields),
+        cmocka_unit_test(result_logprobs_are_written_in_openais_shape_with_token_ids),
         cmocka_unit_test(an_ok_result_becomes_an_openai_output_line),
         cmocka_unit_test(a_failed_expired_or_cancelled_result_goes_to_the_openai_errors_file),
         cmocka_unit_test(result_text_with_nul_is_written_escaped),
