@@ -716,6 +716,62 @@ static void a_running_job_cancelled_stops_within_one_engine_step_with_its_partia
 #define AFF_KEY "00000000000abcde"
 
 /* Every job's prompt starts with the same n_lead token ids (an instruction); expected results again. */
+/*
+ * A batch that runs through many heartbeats is still on its first delivery: the affinity's hand-off sweep
+ * reads this worker's pending list every heartbeat, and a history XREADGROUP would count as a delivery each
+ * time (a restart then dead-lettered every batch that had run a few seconds). Killed mid-run and restarted,
+ * the worker runs the batch to generate's result instead.
+ */
+static void a_batch_running_through_many_heartbeats_is_not_counted_as_redelivered(void **state) {
+    (void)state;
+    static scenario s;
+    memset(&s, 0, sizeof s);
+    scenario_open(&s, "wk-hbcount");
+    g_long_new = 3000;
+    make_jobs(&s, 4, "hb", 0);
+    g_long_new = 400;
+    int longest = 0;
+    for (int i = 1; i < s.n_jobs; i++)
+        if (s.jobs[i].n_expect > s.jobs[longest].n_expect) longest = i;
+    assert_true(s.jobs[longest].n_expect >= 1000);
+    if (longest) memcpy(&s.jobs[0], &s.jobs[longest], sizeof s.jobs[0]);
+    s.n_jobs = 1;
+    int port = free_port();
+    char extra[256];
+    snprintf(extra, sizeof extra, "--kv_cache_tokens=8192 --http_port=%d --heartbeat_interval_ms=100 "
+             "--max_deliveries=3", port);
+    pid_t w = start_worker(&s, "hb-w1", extra);
+    wait_heartbeat(&s, "hb-w1");
+    char id[64];
+    add_batch(&s, 1, 0, 1, id, sizeof id);
+    int64_t t0 = moeq_now_ms();
+    long long before = worker_steps(port);
+    while ((moeq_now_ms() - t0 < 1500 || worker_steps(port) - before < 20) && moeq_now_ms() - t0 < 20000)
+        usleep(20000); /* 15 heartbeats or more while the batch runs */
+    char stream[512], err[256];
+    snprintf(stream, sizeof stream, "%s1", s.prefix);
+    const char *argv[] = {"XPENDING", stream, "workers", id, id, "1"};
+    moeq_redis_reply *r = NULL;
+    assert_int_equal(moeq_redis_command_argv(s.redis, 6, argv, NULL, &r, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_redis_reply_len(r), 1); /* still running: pending */
+    long long deliveries = moeq_redis_reply_int(moeq_redis_reply_at(moeq_redis_reply_at(r, 0), 3));
+    moeq_redis_reply_free(r);
+    print_message("heartbeats: after %lld ms of running the batch has %lld delivery\n",
+                  (long long)(moeq_now_ms() - t0), deliveries);
+    assert_int_equal(deliveries, 1);
+    kill(w, SIGKILL);
+    assert_true(wait_exit(w, 10000) >= 0);
+    w = start_worker(&s, "hb-w1", extra); /* the same id: it takes its pending batch back at once */
+    assert_int_equal(collect(&s, 60000), 1);
+    assert_string_equal(s.jobs[0].status, "ok");
+    /* generate's tokens: all of them counted, the first 512 compared (what the scenario keeps) */
+    assert_int_equal(s.jobs[0].n_result_tokens, s.jobs[0].n_expect);
+    assert_memory_equal(s.jobs[0].got, s.jobs[0].expect, 512 * sizeof *s.jobs[0].expect);
+    kill(w, SIGTERM);
+    assert_int_equal(wait_exit(w, 15000), 0);
+    scenario_close(&s);
+}
+
 static void lead_jobs(scenario *s, int n_lead) {
     for (int i = 0; i < s->n_jobs; i++) {
         tjob *j = &s->jobs[i];
@@ -866,6 +922,7 @@ int main(void) {
         cmocka_unit_test(dead_letter_copies_are_on_the_dlq_when_the_batch_is_acked),
         cmocka_unit_test(a_result_the_broker_refuses_for_good_becomes_an_error_result_and_a_dead_letter),
         cmocka_unit_test(a_running_job_cancelled_stops_within_one_engine_step_with_its_partial_text),
+        cmocka_unit_test(a_batch_running_through_many_heartbeats_is_not_counted_as_redelivered),
         cmocka_unit_test(a_batch_handed_to_a_worker_that_is_gone_is_taken_by_another_within_the_visibility_timeout),
         cmocka_unit_test(fresh_batches_with_a_prefix_key_run_on_the_worker_that_holds_it),
     };

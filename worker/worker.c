@@ -703,16 +703,20 @@ static int own_history_left(const moeq_worker *w) {
  * the visibility timeout. Nothing new or reclaimed is read before that history is through, so no entry of it
  * can come back twice.
  */
-static int is_held(const moeq_worker *w, const worker_entry *e) {
-    for (const wbatch *b = w->held; b; b = b->next)
-        if (!strcmp(b->entry.id, e->id) && !strcmp(b->entry.stream, e->stream)) return 1;
+/* The batch stream/id is held (running) here. */
+static int held_here(void *ctx, const char *stream, const char *id) {
+    for (const wbatch *b = ((const moeq_worker *)ctx)->held; b; b = b->next)
+        if (!strcmp(b->entry.id, id) && !strcmp(b->entry.stream, stream)) return 1;
     return 0;
 }
+
+static int is_held(const moeq_worker *w, const worker_entry *e) { return held_here((void *)w, e->stream, e->id); }
 
 static moeq_err take_own(moeq_worker *w, size_t room, char *errstr, size_t errstr_size) {
     worker_entry entries[MAX_TAKE];
     size_t n = 0;
-    moeq_err err = worker_io_take_own(w->redis, &w->params, w->own_cursors, entries, room, &n, errstr, errstr_size);
+    moeq_err err = worker_io_take_own(w->redis, &w->params, w->own_cursors, w->own_sweep, held_here, w, entries, room,
+                                      &n, errstr, errstr_size);
     for (size_t i = 0; i < n; i++) { /* a hand-off sweep also reads what this worker holds already */
         if (!err && !is_held(w, &entries[i])) err = admit_entry(w, &entries[i], w->own_sweep ? 2 : 1, errstr, errstr_size);
         worker_entry_free(&entries[i]);

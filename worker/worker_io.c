@@ -322,13 +322,63 @@ static moeq_err take_own_stream(moeq_redis *redis, const moeq_worker_params *par
     return err;
 }
 
-moeq_err worker_io_take_own(moeq_redis *redis, const moeq_worker_params *params, char cursors[4][48],
+/* XRANGE stream id id's entry into take (XRANGE is a read, not a delivery); a deleted entry is acknowledged. */
+static moeq_err take_by_id(moeq_redis *redis, const moeq_worker_params *params, const char *stream, const char *id,
+                           take_ctx *take, char *errstr, size_t errstr_size) {
+    const char *argv[] = {"XRANGE", stream, id, id};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 4, argv, NULL, &reply, errstr, errstr_size);
+    size_t before = *take->n;
+    if (!err) err = moeq_redis_entries_foreach(reply, MOEQ_REDIS_XRANGE, take_one, take, errstr, errstr_size);
+    moeq_redis_reply_free(reply);
+    if (!err && take->err) err = moeq_errf(take->err, errstr, errstr_size, "decoding a pending entry");
+    if (err) return err;
+    if (*take->n == before) { /* trimmed away while pending: nothing to run */
+        char ids[1][48];
+        snprintf(ids[0], sizeof ids[0], "%s", id);
+        return ack_ids(redis, params, stream, ids, 1, errstr, errstr_size);
+    }
+    snprintf(take->out[before].stream, sizeof take->out[before].stream, "%s", stream);
+    return delivery_count(redis, params, &take->out[before], errstr, errstr_size);
+}
+
+/*
+ * A hand-off sweep of stream p: the entries pending for this worker after cursor, listed with XPENDING and
+ * read with XRANGE. Unlike a history XREADGROUP neither counts as a delivery: a sweep every heartbeat
+ * would otherwise push every batch this worker runs past max_deliveries, and a restart would dead-letter
+ * them. Entries held() knows (running here) are skipped without being read.
+ */
+static moeq_err sweep_own_stream(moeq_redis *redis, const moeq_worker_params *params, int p, char *cursor,
+                                 take_ctx *take, int (*held)(void *, const char *, const char *), void *held_ctx,
+                                 char *errstr, size_t errstr_size) {
+    char stream[96], start[56], count[24];
+    moeq_worker_stream_name(params, p, stream, sizeof stream);
+    snprintf(start, sizeof start, "%s%s", strcmp(cursor, "0") ? "(" : "", strcmp(cursor, "0") ? cursor : "-");
+    snprintf(count, sizeof count, "%d", 64);
+    const char *argv[] = {"XPENDING", stream, params->group, start, "+", count, params->worker_id};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 7, argv, NULL, &reply, errstr, errstr_size);
+    size_t n_seen = err ? 0 : moeq_redis_reply_len(reply);
+    for (size_t i = 0; !err && i < n_seen && *take->n < take->cap; i++) {
+        const char *id = moeq_redis_reply_str(moeq_redis_reply_at(moeq_redis_reply_at(reply, i), 0), NULL);
+        if (!id) continue;
+        snprintf(cursor, 48, "%s", id);
+        if (!held || !held(held_ctx, stream, id)) err = take_by_id(redis, params, stream, id, take, errstr, errstr_size);
+    }
+    moeq_redis_reply_free(reply);
+    if (!err && n_seen == 0) cursor[0] = 0;
+    return err;
+}
+
+moeq_err worker_io_take_own(moeq_redis *redis, const moeq_worker_params *params, char cursors[4][48], int sweep,
+                            int (*held)(void *ctx, const char *stream, const char *id), void *held_ctx,
                             worker_entry *out, size_t cap, size_t *n, char *errstr, size_t errstr_size) {
     *n = 0;
     take_ctx take = {out, cap, n, MOEQ_OK, &params->limits};
     for (int p = 0; p < 4 && *n < cap; p++) {
         if (!cursors[p][0]) continue;
-        moeq_err err = take_own_stream(redis, params, p, cursors[p], &take, errstr, errstr_size);
+        moeq_err err = sweep ? sweep_own_stream(redis, params, p, cursors[p], &take, held, held_ctx, errstr, errstr_size)
+                             : take_own_stream(redis, params, p, cursors[p], &take, errstr, errstr_size);
         if (err) {
             for (size_t i = 0; i < *n; i++) worker_entry_free(&out[i]);
             *n = 0;

@@ -89,8 +89,14 @@ moeq_err worker_io_reclaim(moeq_redis *redis, const moeq_worker_params *params, 
  * once stream p has nothing more, so a worker reads its history once.
  * Entries deleted from the stream are acknowledged away. Appends to out[*n]
  * (capacity cap).
+ *
+ * sweep = 1 (the affinity's hand-off sweep, every heartbeat): the pending
+ * entries are listed with XPENDING and read with XRANGE instead, which Redis
+ * does not count as deliveries, and those held(held_ctx, stream, id) says run
+ * here already are not read at all.
  */
-moeq_err worker_io_take_own(moeq_redis *redis, const moeq_worker_params *params, char cursors[4][48],
+moeq_err worker_io_take_own(moeq_redis *redis, const moeq_worker_params *params, char cursors[4][48], int sweep,
+                            int (*held)(void *ctx, const char *stream, const char *id), void *held_ctx,
                             worker_entry *out, size_t cap, size_t *n, char *errstr, size_t errstr_size);
 
 /*
