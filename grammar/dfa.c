@@ -323,11 +323,11 @@ static struct dist_lists *make_lists(collector *c) {
     if (c->overflow) return NULL;
     struct dist_lists *l = malloc(sizeof *l + (size_t)c->n * sizeof(dist_tok));
     if (!l) return NULL;
-    qsort(c->items, (size_t)c->n, sizeof *c->items, cmp_near_far);
+    if (c->n > 1) qsort(c->items, (size_t)c->n, sizeof *c->items, cmp_near_far); /* items is NULL when empty */
     int near = 0;
     while (near < c->n && c->items[near].dist < c->level) near++;
     l->n_near = near, l->n_far = c->n - near;
-    memcpy(l->items, c->items, (size_t)near * sizeof(dist_tok));
+    if (near) memcpy(l->items, c->items, (size_t)near * sizeof(dist_tok));
     for (int i = 0; i < l->n_far; i++) l->items[near + i] = c->items[c->n - 1 - i];
     return l;
 }
