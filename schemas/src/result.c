@@ -342,10 +342,12 @@ static int r_tokens(rdec *d, const wval *v) {
     return more;
 }
 
+/* A finite number: JSON has no NaN or infinity, so a result holding one could not be written again. */
 static int r_num(rdec *d, const wval *v, double *out) {
     if (v->type == WV_FLOAT) *out = v->f;
     else if (v->type == WV_INT) *out = (double)v->i;
     else return rfail(d, MOEQ_ERR_FORMAT, "expected a number, got %s", wval_type_name(v));
+    if (!isfinite(*out)) return rfail(d, MOEQ_ERR_FORMAT, "expected a finite number");
     return 0;
 }
 

@@ -32,6 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int f = MOEQ_WIRE_MSGPACK; f <= MOEQ_WIRE_JSON; f++) {
         moeq_buf buf = {0};
         err = moeq_result_encode(&res, (moeq_wire_format)f, &buf, errstr, sizeof errstr);
+        if (err != MOEQ_OK) fprintf(stderr, "encode (%s): %s\n", f == MOEQ_WIRE_JSON ? "json" : "msgpack", errstr);
         CHECK(err == MOEQ_OK || (err == MOEQ_ERR_FORMAT && res.metadata && res.metadata_format != (moeq_wire_format)f));
         if (err == MOEQ_OK) {
             moeq_result back;
