@@ -159,9 +159,11 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
 
 /* ---- ucx_perftest beside it -------------------------------------------- */
 
-/* One ucx_perftest pair (server in the background, client here); the client's "Final:" line, or "". */
-static int perftest(const char *tls, const char *test, int64_t size, int iters, int port, double *field3,
-                    double *field5) {
+/*
+ * One ucx_perftest pair (server in the background, client here): *out = column `column` (1-based) of the
+ * client's "Final:" line (3: typical latency, us; 5: average bandwidth, MB/s). 0 when it did not run.
+ */
+static int perftest(const char *tls, const char *test, int64_t size, int iters, int port, int column, double *out) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
              "UCX_TLS=%s ucx_perftest -p %d -t %s -s %lld -n %d >/dev/null 2>&1 & srv=$!; sleep 0.5; "
@@ -174,7 +176,7 @@ static int perftest(const char *tls, const char *test, int64_t size, int iters, 
     pclose(f);
     double v[8] = {0};
     ok = ok && sscanf(line, "Final: %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) == 6;
-    if (ok) *field3 = v[2], *field5 = v[4];
+    if (ok) *out = v[column - 1];
     return ok;
 }
 
@@ -195,9 +197,9 @@ static void print_run(const bench_cfg *g, const bench_out *o, int first) {
            o->bw_dispatch_s > 0 ? bytes / o->bw_dispatch_s / 1e6 : 0.0,
            o->bw_combine_s > 0 ? cbytes / o->bw_combine_s / 1e6 : 0.0);
     if (!strcmp(g->transport, "ucx") && o->bw_msg_bytes > 0) {
-        double lat_us = 0, bw = 0, dummy = 0;
-        int have_lat = perftest(g->tls, "tag_lat", 8, g->quick ? 1000 : 10000, 13331, &lat_us, &dummy);
-        int have_bw = perftest(g->tls, "tag_bw", o->bw_msg_bytes, g->quick ? 5 : 20, 13332, &dummy, &bw);
+        double lat_us = 0, bw = 0;
+        int have_lat = perftest(g->tls, "tag_lat", 8, g->quick ? 1000 : 10000, 13331, 3, &lat_us);
+        int have_bw = perftest(g->tls, "tag_bw", o->bw_msg_bytes, g->quick ? 5 : 20, 13332, 5, &bw);
         printf(",\"ucx_perftest\":{");
         if (have_lat)
             printf("\"tag_lat_us\":%.2f,\"round_trip_us\":%.2f,\"dispatch1_over_round_trip\":%.2f", lat_us, 2 * lat_us,

@@ -112,13 +112,14 @@ static int hexval(rp *r, int digits, uint32_t *out) {
     return v <= 0x10FFFF ? 0 : -1;
 }
 
-/* After a backslash: a class escape into s (returns 1), or one code point in *cp (returns 0); -1 error. */
+/* After a backslash: a class escape into s (returns 1; s NULL where no class may stand: adds nothing), or one code
+ * point in *cp (returns 0); -1 error. */
 static int escape(rp *r, cp_set *s, uint32_t *cp) {
     if (r->p >= r->end) return rfail(r, MOEQ_ERR_PARSE, "%s", "trailing backslash"), -1;
     char c = *r->p++;
     switch (c) {
-    case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
-        return add_class_escape(s, c) ? (rfail(r, MOEQ_ERR_NOMEM, "%s", "out of memory"), -1) : 1;
+    case 'd': case 'D': case 'w': case 'W': case 's': case 'S': /* s NULL: no class allowed here, say 1 only */
+        return s && add_class_escape(s, c) ? (rfail(r, MOEQ_ERR_NOMEM, "%s", "out of memory"), -1) : 1;
     case 'n': *cp = '\n'; return 0;
     case 't': *cp = '\t'; return 0;
     case 'r': *cp = '\r'; return 0;
@@ -173,9 +174,7 @@ static rx *bracket(rp *r) {
             r->p++;
             if (*r->p == '\\') {
                 r->p++;
-                cp_set dummy = {0};
-                int k = escape(r, &dummy, &hi);
-                cp_set_free(&dummy);
+                int k = escape(r, NULL, &hi); /* a class (\d) cannot end a range */
                 if (k != 0) return cp_set_free(&s), k < 0 ? NULL : rfail(r, MOEQ_ERR_PARSE, "%s", "bad class range");
             } else {
                 hi = next_cp(r);

@@ -268,6 +268,7 @@ static void an_unsupported_feature_is_an_error_naming_it_and_where(void **state)
                  "'minimum' on a number");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":", MOEQ_ERR_PARSE, "schema JSON");
     expect_error(v, MOEQ_GRAMMAR_REGEX, "a(?=b)", MOEQ_ERR_UNSUPPORTED, "lookaround");
+    expect_error(v, MOEQ_GRAMMAR_REGEX, "[a-\\d]", MOEQ_ERR_PARSE, "bad class range"); /* a class cannot end a range */
     expect_error(v, MOEQ_GRAMMAR_REGEX, "a{1,100000}", MOEQ_ERR_LIMIT, "max_repeat");
     expect_error(v, MOEQ_GRAMMAR_REGEX, "(ab", MOEQ_ERR_PARSE, "missing )");
     /* nested repeats past the state limit fail at once, not after m^depth rebuilds */
