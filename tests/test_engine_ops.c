@@ -232,6 +232,49 @@ static void every_instruction_set_this_cpu_runs_matches_the_emulation_bit_for_bi
     print_message("kernels checked on %d instruction sets; best here: %s\n", ran, moeq_mm_isa_name(moeq_mm_isa_best()));
 }
 
+/*
+ * Blocks of many tokens take the K-blocked path (moeq_mm_nt_block_ws: accumulators carried in the workspace
+ * between K steps; F8 rows widened once per step): the bits are the emulation's for every dtype, K shorter
+ * and longer than one step (with a tail), any row offset (F8 blocks straddling 128-row scale blocks), token
+ * count and sub-block; a workspace too small falls back to the direct tiles with the same bits.
+ */
+static void many_token_blocked_path_matches_the_emulation_bit_for_bit(void **state) {
+    (void)state;
+    static const int colss[] = {301, 2500};
+    static const int toks[] = {5, 8, 13, 70};
+    static const int blocks[][2] = {{0, 290}, {7, 77}, {120, 140}, {250, 290}};
+    int rows = 300;
+    for (int d = 0; d < 4; d++)
+        for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
+            int cols = colss[ci];
+            fake_weight f;
+            fake_weight_make(&f, all_dtypes[d], rows, cols);
+            size_t ws_bytes = moeq_mm_nt_ws_bytes(cols);
+            void *ws = aligned_alloc(64, (ws_bytes + 63) / 64 * 64);
+            for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+                int T = toks[ti];
+                float *x = rand_floats((size_t)T * cols);
+                float *want = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
+                for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+                    moeq_mm_job j = {&f.t, 5, 290, x, cols, want, rows, T}; /* rows 5..294 of the weight */
+                    int n0 = blocks[bi][0], n1 = blocks[bi][1], t0 = T > 10 ? 3 : 0;
+                    memset(want, 0, (size_t)T * rows * 4);
+                    memset(got, 0, (size_t)T * rows * 4);
+                    moeq_mm_nt_block_scalar(&j, n0, n1, t0, T);
+                    j.y = got;
+                    moeq_mm_nt_block_ws(&j, n0, n1, t0, T, ws, ws_bytes);
+                    assert_memory_equal(got, want, (size_t)T * rows * 4);
+                    memset(got, 0, (size_t)T * rows * 4);
+                    moeq_mm_nt_block_ws(&j, n0, n1, t0, T, ws, ws_bytes - 1); /* too small: the direct tiles */
+                    assert_memory_equal(got, want, (size_t)T * rows * 4);
+                }
+                free(x), free(want), free(got);
+            }
+            free(ws);
+            fake_weight_free(&f);
+        }
+}
+
 /* An element's bits do not depend on the sub-block it is computed in (row tiles of 4 or 8, token tiles, tails). */
 static void kernel_output_of_an_element_never_depends_on_its_block(void **state) {
     (void)state;
@@ -1028,6 +1071,7 @@ int main(void) {
         cmocka_unit_test(kernel_output_of_a_token_never_depends_on_the_other_tokens),
         cmocka_unit_test(every_instruction_set_this_cpu_runs_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(kernel_output_of_an_element_never_depends_on_its_block),
+        cmocka_unit_test(many_token_blocked_path_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(backend_task_split_for_few_tokens_keeps_the_bits),
         cmocka_unit_test(engine_params_table_defaults_equal_the_default_params),
         cmocka_unit_test(setting_one_engine_param_leaves_the_others_alone),

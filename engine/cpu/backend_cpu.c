@@ -41,6 +41,8 @@ typedef struct cpu_backend {
     moeq_backend_config p;
     moeq_pool *pool;
     float **wbuf;      /* [n_threads] BLAS_ROWS * max_k   */
+    void **ws;         /* [n_threads] the NT kernels' workspace (moeq_mm_nt_ws_bytes(max_k)) */
+    size_t ws_bytes;
     float **scores;    /* [n_threads] HEAD_BLOCK * max_ctx */
     int64_t *task_end; /* [max_jobs] prefix sums of tasks per job */
     /* the current dispatch */
@@ -82,7 +84,8 @@ static int64_t nn_cols(const moeq_mm_job *job) {
 
 /* Output rows per NT task: the split decides only which thread computes an element, never its value. */
 static int64_t nt_rows(const moeq_mm_job *job) {
-    if (job->n_tok > NT_SMALL_TOKS) return NT_ROWS;
+    /* F8 tasks hold a whole 128-row scale block: the kernel scales the activations once per block */
+    if (job->n_tok > NT_SMALL_TOKS) return job->w->dtype == MOEQ_DTYPE_F8_E4M3 ? MOEQ_F8_BLOCK : NT_ROWS;
     int64_t row_bytes = moeq_tensor_cols(job->w) * (int64_t)moeq_dtype_size(job->w->dtype);
     int64_t rows = NT_TASK_BYTES / (row_bytes > 0 ? row_bytes : 1) / 16 * 16;
     return rows < NT_ROWS ? NT_ROWS : rows > NT_ROWS_MAX ? NT_ROWS_MAX : rows;
@@ -101,7 +104,7 @@ static void nt_task(void *ctx, int64_t task, int worker) {
     int64_t n0 = (local / n_tb) * rows, t0 = (local % n_tb) * NT_TOKS;
     int64_t n1 = n0 + rows < job->n_rows ? n0 + rows : job->n_rows;
     int64_t t1 = t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok;
-    moeq_mm_nt_block(job, n0, n1, t0, t1);
+    moeq_mm_nt_block_ws(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
 }
 
 static void nn_task(void *ctx, int64_t task, int worker) {
@@ -302,7 +305,9 @@ static void cpu_destroy(moeq_backend *b) {
     for (int i = 0; i < cb->p.n_threads; i++) {
         if (cb->wbuf) free(cb->wbuf[i]);
         if (cb->scores) free(cb->scores[i]);
+        if (cb->ws) free(cb->ws[i]);
     }
+    free(cb->ws);
     free(cb->wbuf);
     free(cb->scores);
     free(cb->task_end);
@@ -346,12 +351,15 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     int n = cb->p.n_threads;
     cb->wbuf = calloc((size_t)n, sizeof(float *));
     cb->scores = calloc((size_t)n, sizeof(float *));
+    cb->ws = calloc((size_t)n, sizeof(void *));
+    cb->ws_bytes = (moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) + 63) / 64 * 64;
     cb->task_end = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int64_t));
     cb->pool = moeq_pool_new(n);
-    if (!cb->wbuf || !cb->scores || !cb->task_end || !cb->pool) goto fail;
+    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->task_end || !cb->pool) goto fail;
     for (int i = 0; i < n; i++) {
         if (!cb->p.batch_invariant && !(cb->wbuf[i] = malloc((size_t)BLAS_ROWS * cb->p.max_k * sizeof(float))))
             goto fail;
+        if (!(cb->ws[i] = aligned_alloc(64, cb->ws_bytes))) goto fail;
         if (!(cb->scores[i] = malloc((size_t)MOEQ_ATTN_HEAD_BLOCK * (cb->p.max_ctx + 1) * sizeof(float)))) goto fail;
     }
     moeq_mm_blas_init();

@@ -55,6 +55,20 @@
 #define TILE_V 4   /* 16-column vectors per AVX-512 NN tile (64 columns)      */
 #define TILE_VMAX 16 /* ... and for one token (two: 8), see nn_tile512          */
 #define PF_BYTES 8192 /* weight bytes the NT prefetch runs ahead (>= one tile) */
+#define BLK_ROWS 32      /* the many-token path's blocks: rows, tokens, K per step   */
+#define BLK_TOKS 64
+#define BLK_K 1024
+#define BLK_MIN_TOKS 5    /* blocks of at least this many tokens take it (4 fit one tile) when K > BLK_K, */
+#define BLK_MIN_TOKS_F8 8 /* ... and F8 blocks of at least this many whatever K                          */
+#define BLK_TOKS_F8 32    /* F8: tokens per block, scaled once per step for a whole 128-row scale block */
+#define ACC_BYTES ((size_t)BLK_TOKS * BLK_ROWS * LANES * sizeof(float) * 2) /* = BLK_TOKS_F8 x 128 rows */
+#define STAGE_W_BYTES ((size_t)BLK_ROWS * BLK_K * 2)
+#define STAGE_X_BYTES ((size_t)BLK_TOKS_F8 * BLK_K * sizeof(float))
+
+size_t moeq_mm_nt_ws_bytes(int64_t k) {
+    (void)k; /* K is walked in steps: the workspace does not grow with it */
+    return ACC_BYTES + STAGE_W_BYTES + STAGE_X_BYTES;
+}
 
 static inline const uint8_t *row_ptr(const moeq_tensor *w, int64_t row) {
     return (const uint8_t *)w->data + (size_t)row * (size_t)moeq_tensor_cols(w) * moeq_dtype_size(w->dtype);
@@ -138,10 +152,23 @@ static inline float wscalar(moeq_dtype dt, const uint8_t *p, const float *srow, 
     return 0.0f;
 }
 
+/* e4m3 -> f16 by bit placement (sign to bit 15, exponent+mantissa to bits 7..14): the f16 value is the
+ * f8 value / 256 for normals and subnormals alike, so vcvtph2ps widens it without denormal stalls. */
+static inline uint16_t f8_to_f16_bits(uint8_t b) { return (uint16_t)(((b & 0x80u) << 8) | ((b & 0x7fu) << 7)); }
+
+/*
+ * The NT kernels' F8 operands: the weight as q / 256 (exact) and the activation as x * (256 * scale)
+ * (one rounding), so the product is x * scale * q with the scale on the activation side. The block
+ * scale is shared by the 128 rows of a block, so a tile multiplies each activation chunk once for all
+ * its rows, and a step of many tokens widens each weight to f16 once (ops_matmul.h).
+ */
+static inline float nt_x_factor(const float *srow, int64_t k) { return 256.0f * (srow ? srow[k / MOEQ_F8_BLOCK] : 1.0f); }
+
 /* Lanes past K get fma(0, 0, lane), as the vector paths' zero padding does (it turns a -0 lane into +0). */
 void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     const moeq_tensor *w = job->w;
     int64_t K = moeq_tensor_cols(w);
+    const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *p = row_ptr(w, job->row0 + n);
         const float *srow = scale_row(w, job->row0 + n);
@@ -149,9 +176,16 @@ void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int
             const float *x = job->x + t * job->ldx;
             float lanes[LANES] = {0};
             for (int64_t k = 0; k < K; k += LANES)
-                for (int l = 0; l < LANES; l++)
-                    lanes[l] = k + l < K ? fmaf(x[k + l], wscalar(w->dtype, p, srow, k + l), lanes[l])
-                                         : fmaf(0.0f, 0.0f, lanes[l]);
+                for (int l = 0; l < LANES; l++) {
+                    if (k + l >= K) {
+                        lanes[l] = fmaf(0.0f, 0.0f, lanes[l]);
+                        continue;
+                    }
+                    float xv = x[k + l], wv;
+                    if (f8) xv *= nt_x_factor(srow, k + l), wv = f16_to_f32(f8_to_f16_bits(p[k + l]));
+                    else wv = wscalar(w->dtype, p, srow, k + l);
+                    lanes[l] = fmaf(xv, wv, lanes[l]);
+                }
             job->y[t * job->ldy + n] = moeq_tree16(lanes);
         }
     }
@@ -212,7 +246,26 @@ static T512 ALWAYS_INLINE __m512 wload512(moeq_dtype dt, const uint8_t *p, const
     return _mm512_setzero_ps();
 }
 
-/* (mr tokens) x (nr weight rows) dot products over the whole K; pp: where each row's prefetch stream runs. */
+/*
+ * 16 e4m3 bytes as f16 bits (f8_to_f16_bits): sign-extended to 16 bits and shifted left by 7, the sign lands
+ * on bit 15 and the exponent and mantissa on bits 7..13; bit 14 (a copy of the sign) is masked off.
+ */
+static T512 ALWAYS_INLINE __m256i f8_to_f16_256(__m128i b) {
+    return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xBF80));
+}
+
+/* The NT kernels' weight chunk: as wload512, but F8 as q / 256 (its scale goes on the activation: nt_x_factor). */
+static T512 ALWAYS_INLINE __m512 wload512_nt(moeq_dtype dt, const uint8_t *p, int64_t k, __mmask16 m) {
+    if (dt != MOEQ_DTYPE_F8_E4M3) return wload512(dt, p, NULL, k, m);
+    const int full = m == (__mmask16)0xFFFF;
+    __m128i b = full ? _mm_loadu_si128((const __m128i *)(p + k)) : _mm_maskz_loadu_epi8(m, p + k);
+    return _mm512_cvtph_ps(f8_to_f16_256(b));
+}
+
+/*
+ * (mr tokens) x (nr weight rows) dot products over the whole K; pp: where each row's prefetch stream runs.
+ * F8: the tile's rows share one 128-row block (srow, its scales), so each activation chunk is scaled once.
+ */
 static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq_dtype dt, const float *x,
                                           int64_t ldx, const uint8_t *const *wp, const float *const *sp,
                                           const uint8_t *const *pp, int64_t K, float *y, int64_t ldy) {
@@ -222,16 +275,22 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
     const size_t esz = esize(dt);
+    const float *srow = sp[0];
     int64_t k = 0;
     for (; k + LANES <= K; k += LANES) { /* full chunks: unmasked loads, weights prefetched ahead */
         __m512 xv[TILE_T];
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
+        if (dt == MOEQ_DTYPE_F8_E4M3) {
+            __m512 f = _mm512_set1_ps(nt_x_factor(srow, k));
+#pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) xv[i] = _mm512_mul_ps(xv[i], f);
+        }
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
             if (esz >= 4 || ((size_t)k * esz) % 64 == 0) /* one prefetch per 64-byte stride of the row */
                 _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
-            __m512 wv = wload512(dt, wp[j], sp[j], k, (__mmask16)0xFFFF);
+            __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
         }
@@ -241,9 +300,14 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
         __m512 xv[TILE_T];
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+        if (dt == MOEQ_DTYPE_F8_E4M3) {
+            __m512 f = _mm512_set1_ps(nt_x_factor(srow, k));
+#pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) xv[i] = _mm512_mul_ps(xv[i], f);
+        }
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            __m512 wv = wload512(dt, wp[j], sp[j], k, m);
+            __m512 wv = wload512_nt(dt, wp[j], k, m);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
         }
@@ -257,15 +321,23 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
 #define NT512(MR, NR)                                                                                        \
     case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy); break;
 
-/* Row tiles of 4 (8 for blocks of 1-3 tokens, 6 for 4: more weight streams in flight, no spills), token tiles of 4. */
+/*
+ * Row tiles of 4 (8 for blocks of 1-3 tokens, 6 for 4: more weight streams in flight, no spills), token tiles
+ * of 4. F8 tiles end at 128-row block edges (one scale row per tile).
+ */
 static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
                                               int64_t t0, int64_t t1) {
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
     const int tn = t1 - t0 <= 3 ? TILE_N1 : t1 - t0 == 4 ? TILE_N4 : TILE_N;
     prefetch_head(base, row_bytes, n0, n1);
-    for (int64_t n = n0; n < n1; n += tn) {
+    for (int64_t n = n0, next; n < n1; n = next) {
         int nr = (int)(n1 - n < tn ? n1 - n : tn);
+        if (dt == MOEQ_DTYPE_F8_E4M3) {
+            int64_t edge = MOEQ_F8_BLOCK - (job->row0 + n) % MOEQ_F8_BLOCK;
+            if (nr > edge) nr = (int)edge;
+        }
+        next = n + nr;
         const uint8_t *wp[TILE_N1], *pp[TILE_N1];
         const float *sp[TILE_N1];
         tile_rows(job, base, row_bytes, n, nr, tn, n1, wp, sp, pp);
@@ -280,6 +352,158 @@ static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm
                 NT512(4, 1) NT512(4, 2) NT512(4, 3) NT512(4, 4) NT512(4, 5) NT512(4, 6)
             }
         }
+    }
+}
+
+/*
+ * Many tokens: blocks of BLK_ROWS rows x BLK_TOKS tokens, K in steps of BLK_K, each tile's 16-lane
+ * accumulators kept in the workspace between steps. A step's weights (BLK_ROWS x BLK_K) and activations
+ * (BLK_TOKS x BLK_K) stay in L2 however long K is, while a tile's rows stay in L1 across the block's tokens.
+ * The lanes carry on exactly where they stopped, so every element is the same chain of fmas and the same
+ * tree as in the direct tiles: the bits do not change. F8 is staged per step: the rows widened once to f16
+ * (q / 256, exact) and the activations scaled once (x * 256 * scale) — the direct F8 tiles' operands — and
+ * the F16 tiles run over them, instead of widening every weight again for every 4 tokens.
+ */
+static T512 ALWAYS_INLINE void nt_tile512_step(const int mr, const int nr, const moeq_dtype dt, const float *x,
+                                               int64_t ldx, const uint8_t *const *wp, int64_t L, int first,
+                                               int last, float *accs, float *y, int64_t ldy) {
+    __m512 acc[TILE_T][TILE_N4];
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++)
+            acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(accs + (i * BLK_ROWS + j) * LANES);
+    int64_t k = 0;
+    for (; k + LANES <= L; k += LANES) {
+        __m512 xv[TILE_T];
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++) {
+            __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF);
+#pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
+        }
+    }
+    if (k < L) { /* K's tail (the last step only): zero lanes add +0, as the emulation does */
+        __mmask16 m = moeq_tail_mask16(L - k);
+        __m512 xv[TILE_T];
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++) {
+            __m512 wv = wload512_nt(dt, wp[j], k, m);
+#pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++) {
+            if (last) y[i * ldy + j] = moeq_hsum512(acc[i][j]);
+            else _mm512_storeu_ps(accs + (i * BLK_ROWS + j) * LANES, acc[i][j]);
+        }
+}
+
+#define NTS512(MR, NR)                                                                                        \
+    case (MR)*16 + (NR): nt_tile512_step(MR, NR, dt, x, ldx, wp, L, first, last, accs, y, ldy); break;
+
+/* One K step of a block: rows [0, nrows) at w (row stride wstride bytes), tokens [0, ntok) at x (stride ldx). */
+static T512 ALWAYS_INLINE void nt_step_block512(const moeq_dtype dt, const uint8_t *w, int64_t wstride, int nrows,
+                                                const float *xb, int64_t ldx, int ntok, int64_t L, int first,
+                                                int last, float *acc_base, float *yb, int64_t ldy) {
+    for (int n = 0; n < nrows; n += TILE_N4) {
+        int nr = nrows - n < TILE_N4 ? nrows - n : TILE_N4;
+        const uint8_t *wp[TILE_N4];
+        for (int j = 0; j < TILE_N4; j++) wp[j] = w + (int64_t)(n + (j < nr ? j : 0)) * wstride;
+        for (int t = 0; t < ntok; t += TILE_T) {
+            int mr = ntok - t < TILE_T ? ntok - t : TILE_T;
+            const float *x = xb + t * ldx;
+            float *accs = acc_base + ((int64_t)t * BLK_ROWS + n) * LANES, *y = yb + t * ldy + n;
+            switch (mr * 16 + nr) {
+                NTS512(1, 1) NTS512(1, 2) NTS512(1, 3) NTS512(1, 4) NTS512(1, 5) NTS512(1, 6)
+                NTS512(2, 1) NTS512(2, 2) NTS512(2, 3) NTS512(2, 4) NTS512(2, 5) NTS512(2, 6)
+                NTS512(3, 1) NTS512(3, 2) NTS512(3, 3) NTS512(3, 4) NTS512(3, 5) NTS512(3, 6)
+                NTS512(4, 1) NTS512(4, 2) NTS512(4, 3) NTS512(4, 4) NTS512(4, 5) NTS512(4, 6)
+            }
+        }
+    }
+}
+
+/* F8: per 128-row scale block and BLK_TOKS_F8 tokens, each K step scales the activations once and widens
+ * each 32-row part's weights once; every part keeps its own accumulators. */
+static T512 void nt_blocked512_f8(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, void *ws) {
+    const moeq_tensor *w = job->w;
+    const int64_t K = moeq_tensor_cols(w);
+    float *accs = ws;
+    uint16_t *wh = (uint16_t *)((uint8_t *)ws + ACC_BYTES);
+    float *xs = (float *)((uint8_t *)wh + STAGE_W_BYTES);
+    const int64_t part_acc = (int64_t)BLK_TOKS_F8 * BLK_ROWS * LANES;
+    for (int64_t ra = n0, rb; ra < n1; ra = rb) {
+        rb = ra + MOEQ_F8_BLOCK - (job->row0 + ra) % MOEQ_F8_BLOCK;
+        if (rb > n1) rb = n1;
+        const float *srow = scale_row(w, job->row0 + ra);
+        for (int64_t tb = t0; tb < t1; tb += BLK_TOKS_F8) {
+            int64_t te = tb + BLK_TOKS_F8 < t1 ? tb + BLK_TOKS_F8 : t1;
+            for (int64_t k0 = 0; k0 < K; k0 += BLK_K) {
+                int64_t L = K - k0 < BLK_K ? K - k0 : BLK_K;
+                int first = k0 == 0, last = k0 + L == K;
+                for (int64_t i = tb; i < te; i++) { /* the tokens' step scaled: x * 256 * scale */
+                    const float *x = job->x + i * job->ldx + k0;
+                    float *o = xs + (i - tb) * BLK_K;
+                    int64_t k = 0;
+                    for (; k + LANES <= L; k += LANES)
+                        _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_loadu_ps(x + k),
+                                                              _mm512_set1_ps(nt_x_factor(srow, k0 + k))));
+                    for (; k < L; k++) o[k] = x[k] * nt_x_factor(srow, k0 + k);
+                }
+                for (int64_t nb = ra, part = 0; nb < rb; nb += BLK_ROWS, part++) {
+                    int64_t ne = nb + BLK_ROWS < rb ? nb + BLK_ROWS : rb;
+                    for (int64_t r = nb; r < ne; r++) { /* the part's rows, this step, as f16: q / 256 */
+                        const uint8_t *src = row_ptr(w, job->row0 + r) + k0;
+                        uint16_t *dst = wh + (r - nb) * BLK_K;
+                        int64_t k = 0;
+                        for (; k + 32 <= L; k += 32) {
+                            __m512i h = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(src + k)));
+                            h = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16((short)0xBF80));
+                            _mm512_storeu_si512(dst + k, h);
+                        }
+                        for (; k < L; k++) dst[k] = f8_to_f16_bits(src[k]);
+                    }
+                    nt_step_block512(MOEQ_DTYPE_F16, (const uint8_t *)wh, BLK_K * 2, (int)(ne - nb), xs, BLK_K,
+                                     (int)(te - tb), L, first, last, accs + part * part_acc,
+                                     job->y + tb * job->ldy + nb, job->ldy);
+                }
+            }
+        }
+    }
+}
+
+static T512 ALWAYS_INLINE void nt_blocked512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0,
+                                                int64_t n1, int64_t t0, int64_t t1, void *ws) {
+    const int64_t K = moeq_tensor_cols(job->w), row_bytes = K * (int64_t)esize(dt);
+    for (int64_t nb = n0; nb < n1; nb += BLK_ROWS) {
+        int64_t ne = nb + BLK_ROWS < n1 ? nb + BLK_ROWS : n1;
+        const uint8_t *wrow = row_ptr(job->w, job->row0 + nb);
+        for (int64_t tb = t0; tb < t1; tb += BLK_TOKS) {
+            int64_t te = tb + BLK_TOKS < t1 ? tb + BLK_TOKS : t1;
+            for (int64_t k0 = 0; k0 < K; k0 += BLK_K) {
+                int64_t L = K - k0 < BLK_K ? K - k0 : BLK_K;
+                nt_step_block512(dt, wrow + k0 * (int64_t)esize(dt), row_bytes, (int)(ne - nb),
+                                 job->x + tb * job->ldx + k0, job->ldx, (int)(te - tb), L, k0 == 0, k0 + L == K, ws,
+                                 job->y + tb * job->ldy + nb, job->ldy);
+            }
+        }
+    }
+}
+
+static T512 void nt_blocked512(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, void *ws) {
+    switch (job->w->dtype) {
+    case MOEQ_DTYPE_F32: nt_blocked512_dt(MOEQ_DTYPE_F32, job, n0, n1, t0, t1, ws); break;
+    case MOEQ_DTYPE_BF16: nt_blocked512_dt(MOEQ_DTYPE_BF16, job, n0, n1, t0, t1, ws); break;
+    case MOEQ_DTYPE_F16: nt_blocked512_dt(MOEQ_DTYPE_F16, job, n0, n1, t0, t1, ws); break;
+    case MOEQ_DTYPE_F8_E4M3: nt_blocked512_f8(job, n0, n1, t0, t1, ws); break;
     }
 }
 
@@ -394,8 +618,13 @@ static T256 ALWAYS_INLINE __m256 widen8(moeq_dtype dt, __m128i v, float scale) {
     }
 }
 
-/* 16 weights at p (element 0 of the chunk) as lanes 0-7 and 8-15. */
-static T256 ALWAYS_INLINE void wload256(moeq_dtype dt, const uint8_t *p, float scale, __m256 *lo, __m256 *hi) {
+/* 8 e4m3 bytes as q / 256 (the NT kernels' F8 weights, see nt_x_factor). */
+static T256 ALWAYS_INLINE __m256 widen8_f8_nt(__m128i v) { /* as f8_to_f16_256 */
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(v), 7), _mm_set1_epi16((short)0xBF80)));
+}
+
+/* 16 weights at p (element 0 of the chunk) as lanes 0-7 and 8-15 (F8: as q / 256). */
+static T256 ALWAYS_INLINE void wload256(moeq_dtype dt, const uint8_t *p, __m256 *lo, __m256 *hi) {
     switch (dt) {
     case MOEQ_DTYPE_F32:
         *lo = _mm256_loadu_ps((const float *)p);
@@ -403,28 +632,33 @@ static T256 ALWAYS_INLINE void wload256(moeq_dtype dt, const uint8_t *p, float s
         return;
     case MOEQ_DTYPE_BF16:
     case MOEQ_DTYPE_F16:
-        *lo = widen8(dt, _mm_loadu_si128((const __m128i *)p), scale);
-        *hi = widen8(dt, _mm_loadu_si128((const __m128i *)p + 1), scale);
+        *lo = widen8(dt, _mm_loadu_si128((const __m128i *)p), 1.0f);
+        *hi = widen8(dt, _mm_loadu_si128((const __m128i *)p + 1), 1.0f);
         return;
     case MOEQ_DTYPE_F8_E4M3: {
         __m128i b = _mm_loadu_si128((const __m128i *)p);
-        *lo = widen8(dt, b, scale);
-        *hi = widen8(dt, _mm_unpackhi_epi64(b, b), scale);
+        *lo = widen8_f8_nt(b);
+        *hi = widen8_f8_nt(_mm_unpackhi_epi64(b, b));
         return;
     }
     }
 }
 
-/* One 16-wide k step of an (mr x nr) tile; x and weight pointers already at the chunk. */
+/* One 16-wide k step of an (mr x nr) tile; x and weight pointers already at the chunk; xf: F8's activation factor. */
 static T256 ALWAYS_INLINE void nt_step256(const int mr, const int nr, const moeq_dtype dt, const float *const *xk,
-                                          const uint8_t *const *wk, const float *scale, __m256 (*acc)[TILE_N21][2]) {
+                                          const uint8_t *const *wk, float xf, __m256 (*acc)[TILE_N21][2]) {
     __m256 xl[TILE_T2], xh[TILE_T2];
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) xl[i] = _mm256_loadu_ps(xk[i]), xh[i] = _mm256_loadu_ps(xk[i] + 8);
+    if (dt == MOEQ_DTYPE_F8_E4M3) {
+        __m256 f = _mm256_set1_ps(xf);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) xl[i] = _mm256_mul_ps(xl[i], f), xh[i] = _mm256_mul_ps(xh[i], f);
+    }
 #pragma GCC unroll 4
     for (int j = 0; j < nr; j++) {
         __m256 wl, wh;
-        wload256(dt, wk[j], scale[j], &wl, &wh);
+        wload256(dt, wk[j], &wl, &wh);
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             acc[i][j][0] = _mm256_fmadd_ps(xl[i], wl, acc[i][j][0]);
@@ -444,7 +678,6 @@ static T256 ALWAYS_INLINE void nt_tile256(const int mr, const int nr, const moeq
     const size_t esz = esize(dt);
     const float *xk[TILE_T2];
     const uint8_t *wk[TILE_N21];
-    float scale[TILE_N21];
     int64_t k = 0;
     for (; k + LANES <= K; k += LANES) {
 #pragma GCC unroll 4
@@ -454,9 +687,8 @@ static T256 ALWAYS_INLINE void nt_tile256(const int mr, const int nr, const moeq
             if (esz >= 4 || ((size_t)k * esz) % 64 == 0) /* one prefetch per 64-byte stride of the row */
                 _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
             wk[j] = wp[j] + (size_t)k * esz;
-            scale[j] = dt == MOEQ_DTYPE_F8_E4M3 && sp[j] ? sp[j][k / MOEQ_F8_BLOCK] : 1.0f;
         }
-        nt_step256(mr, nr, dt, xk, wk, scale, acc);
+        nt_step256(mr, nr, dt, xk, wk, nt_x_factor(sp[0], k), acc);
     }
     if (k < K) { /* the tail, copied into zeroed chunks: zero lanes add +0 as in the emulation */
         float xt[TILE_T2][LANES];
@@ -471,9 +703,8 @@ static T256 ALWAYS_INLINE void nt_tile256(const int mr, const int nr, const moeq
             memset(wt[j], 0, sizeof(wt[j]));
             memcpy(wt[j], wp[j] + (size_t)k * esz, left * esz);
             wk[j] = wt[j];
-            scale[j] = dt == MOEQ_DTYPE_F8_E4M3 && sp[j] ? sp[j][k / MOEQ_F8_BLOCK] : 1.0f;
         }
-        nt_step256(mr, nr, dt, xk, wk, scale, acc);
+        nt_step256(mr, nr, dt, xk, wk, nt_x_factor(sp[0], k), acc);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
@@ -490,8 +721,13 @@ static T256 ALWAYS_INLINE void nt_block256_dt(const moeq_dtype dt, const moeq_mm
     const uint8_t *base = row_ptr(job->w, job->row0);
     const int tn = t1 - t0 <= 1 ? TILE_N21 : TILE_N2;
     prefetch_head(base, row_bytes, n0, n1);
-    for (int64_t n = n0; n < n1; n += tn) {
+    for (int64_t n = n0, next; n < n1; n = next) {
         int nr = (int)(n1 - n < tn ? n1 - n : tn);
+        if (dt == MOEQ_DTYPE_F8_E4M3) { /* one scale row per tile */
+            int64_t edge = MOEQ_F8_BLOCK - (job->row0 + n) % MOEQ_F8_BLOCK;
+            if (nr > edge) nr = (int)edge;
+        }
+        next = n + nr;
         const uint8_t *wp[TILE_N21], *pp[TILE_N21];
         const float *sp[TILE_N21];
         tile_rows(job, base, row_bytes, n, nr, tn, n1, wp, sp, pp);
@@ -685,6 +921,26 @@ float moeq_dot_f32_isa(moeq_mm_isa isa, const float *a, const float *b, int64_t 
 
 void moeq_mm_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     moeq_mm_nt_block_isa(moeq_mm_isa_best(), job, n0, n1, t0, t1);
+}
+
+void moeq_mm_nt_block_ws_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0,
+                             int64_t t1, void *ws, size_t ws_bytes) {
+#ifdef MOEQ_MM_X86
+    int64_t K = moeq_tensor_cols(job->w);
+    int many = job->w->dtype == MOEQ_DTYPE_F8_E4M3 ? t1 - t0 >= BLK_MIN_TOKS_F8 : K > BLK_K && t1 - t0 >= BLK_MIN_TOKS;
+    if (isa == MOEQ_MM_ISA_AVX512 && many && ws && ws_bytes >= moeq_mm_nt_ws_bytes(K)) {
+        nt_blocked512(job, n0, n1, t0, t1, ws);
+        return;
+    }
+#else
+    (void)ws, (void)ws_bytes;
+#endif
+    moeq_mm_nt_block_isa(isa, job, n0, n1, t0, t1);
+}
+
+void moeq_mm_nt_block_ws(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, void *ws,
+                         size_t ws_bytes) {
+    moeq_mm_nt_block_ws_isa(moeq_mm_isa_best(), job, n0, n1, t0, t1, ws, ws_bytes);
 }
 
 void moeq_mm_nn_block(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1) {

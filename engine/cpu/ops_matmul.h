@@ -13,6 +13,19 @@
  * sum is the tree's first level, the emulation in an array; all three are
  * bit-identical (the tests check each one the CPU runs against the emulation).
  *
+ * F8 E4M3 in the NT kernels: each product is (x * (256 * scale)) * (q / 256),
+ * the weight widened exactly (q / 256 is an f16 by bit placement) and the
+ * 128x128 block scale moved onto the activation (one rounding, as the weight's
+ * q * scale was): the scale is shared by a block's 128 rows, so the activation
+ * is scaled once for all of them and the weight needs no multiply. The NN
+ * kernels (MLA absorption) keep q * scale on the weight.
+ *
+ * Many tokens (moeq_mm_nt_block_ws with a workspace): K is walked in steps of
+ * 1024 with the 16-lane accumulators parked in the workspace between steps, so
+ * a step's weights and activations stay in L2 for any K; F8 rows are widened
+ * to f16 once per step and 32 tokens rather than once per 4-token tile. The
+ * lanes resume where they stopped: the same bits as the direct tiles.
+ *
  * They do not thread (backend_cpu.c splits work over its pool) and do not
  * allocate.
  */
@@ -30,6 +43,15 @@
  * on the best instruction set this CPU has (moeq_mm_isa_best()). NN: c0 a multiple of 16. */
 void moeq_mm_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
 void moeq_mm_nn_block(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
+
+/*
+ * The same products with a workspace (ws_bytes >= moeq_mm_nt_ws_bytes(cols), 64-byte aligned, the caller's
+ * per thread): F8 blocks of at least 8 tokens then widen each weight once per block instead of once per 4
+ * tokens (AVX-512). Identical bits to moeq_mm_nt_block(), which it falls back to without a big enough ws.
+ */
+void moeq_mm_nt_block_ws(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, void *ws,
+                         size_t ws_bytes);
+size_t moeq_mm_nt_ws_bytes(int64_t cols);
 
 /* The scalar emulation of the same lanes and tree: the fallback without AVX2, and the tests' oracle. */
 void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
@@ -61,6 +83,8 @@ const char *moeq_mm_isa_name(moeq_mm_isa isa); /* "scalar", "avx2", "avx512" */
 /* The same kernels on a given isa (which must be supported): for the tests and benchmarks. */
 void moeq_mm_nt_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
 void moeq_mm_nn_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
+void moeq_mm_nt_block_ws_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0,
+                             int64_t t1, void *ws, size_t ws_bytes);
 float moeq_dot_f32_isa(moeq_mm_isa isa, const float *a, const float *b, int64_t n);
 
 /* Set OpenBLAS to one thread (the pool threads); idempotent. */

@@ -245,9 +245,20 @@ MOEQ_HD void moeq_cu_mm_lanes(float *acc, moeq_cu_mm_at a, const float *x, int64
     for (int64_t c = 0, nc = moeq_cu_chunks(K); c < nc; c++) {
         int64_t k = c * MOEQ_CU_LANES + a.lane;
         int inside = k < K;
-        float wv = inside ? moeq_cu_widen(dtype, W, scale_inv, K, a.o, k) : 0.0f;
-        for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++)
-            if (j < a.nt) acc[j] = moeq_cu_lane_fma(inside, inside ? x[(a.t0 + j) * ldx + k] : 0.0f, wv, acc[j]);
+        /* F8 as the CPU's NT kernels take it: the weight q / 256 (exact), the activation x * (256 * scale) */
+        float wv = 0.0f, xf = 1.0f;
+        if (inside && dtype == MOEQ_CU_DTYPE_F8_E4M3) {
+            wv = moeq_cu_f8_e4m3_to_f32(((const uint8_t *)W)[a.o * K + k]) * 0x1p-8f;
+            xf = 256.0f * moeq_cu_f8_scale(scale_inv, K, a.o, k);
+        } else if (inside) {
+            wv = moeq_cu_widen(dtype, W, scale_inv, K, a.o, k);
+        }
+        for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++) {
+            if (j >= a.nt) continue;
+            float xv = inside ? x[(a.t0 + j) * ldx + k] : 0.0f;
+            if (dtype == MOEQ_CU_DTYPE_F8_E4M3) xv *= xf;
+            acc[j] = moeq_cu_lane_fma(inside, xv, wv, acc[j]);
+        }
     }
 }
 

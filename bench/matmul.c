@@ -1,0 +1,263 @@
+/*
+ * bench/matmul.c — `bench-matmul`: the CPU backend's matrix kernels against
+ * this CPU's arithmetic peak, measured in the same run.
+ *
+ * Peaks: a microkernel of independent 512-bit (or 256-bit) float32 FMAs, and
+ * where the CPU has AVX512-BF16 one of `vdpbf16ps` (32 bf16 products into 16
+ * float32 lanes), each on every thread at once. The kernels: the backend's
+ * matmul op (threaded by its pool, both batch_invariant modes) on weights of
+ * each dtype for the shapes of prefill and batched decode. GFLOP/s counts
+ * 2 * tokens * rows * cols. Prints one JSON document. A program, not a test.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "moeq/util.h"
+#include "tensor.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define BENCH_X86 1
+#include <immintrin.h>
+#endif
+
+/* ---- peaks ------------------------------------------------------------------- */
+
+typedef struct peak_arg {
+    int kind; /* 0: fp32 fma zmm, 1: fp32 fma ymm, 2: vdpbf16ps zmm */
+    long iters;
+    double flops, seconds;
+    float sink;
+} peak_arg;
+
+#ifdef BENCH_X86
+/* 12 independent accumulators: enough to cover an FMA's latency on two ports. */
+__attribute__((target("avx512f"))) static float peak_fma512(long iters) {
+    __m512 a[12], m = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) static float peak_fma256(long iters) {
+    __m256 a[12], m = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
+    __m256 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, a[i]);
+    float o[8];
+    _mm256_storeu_ps(o, s);
+    return o[0] + o[7];
+}
+
+__attribute__((target("avx512f,avx512bf16"))) static float peak_dpbf16(long iters) {
+    __m512 a[12];
+    __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3380);
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
+static void *peak_run(void *p) {
+    peak_arg *a = p;
+    int64_t t0 = moeq_mono_ns();
+#ifdef BENCH_X86
+    if (a->kind == 0) a->sink = peak_fma512(a->iters), a->flops = a->iters * 12.0 * 16 * 2;
+    if (a->kind == 1) a->sink = peak_fma256(a->iters), a->flops = a->iters * 12.0 * 8 * 2;
+    if (a->kind == 2) a->sink = peak_dpbf16(a->iters), a->flops = a->iters * 12.0 * 32 * 2;
+#endif
+    a->seconds = (moeq_mono_ns() - t0) * 1e-9;
+    return NULL;
+}
+
+/* GFLOP/s of kind on n_threads at once, best of 3. */
+static double peak_gflops(int kind, int n_threads) {
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        pthread_t th[64];
+        peak_arg args[64];
+        for (int i = 0; i < n_threads; i++) {
+            args[i] = (peak_arg){.kind = kind, .iters = 20000000};
+            pthread_create(&th[i], NULL, peak_run, &args[i]);
+        }
+        double total = 0;
+        for (int i = 0; i < n_threads; i++) {
+            pthread_join(th[i], NULL);
+            total += args[i].flops / args[i].seconds;
+        }
+        if (total / 1e9 > best) best = total / 1e9;
+    }
+    return best;
+}
+
+/* ---- kernels ----------------------------------------------------------------- */
+
+typedef struct weight {
+    moeq_tensor t, scale;
+    void *data;
+    float *scales;
+} weight;
+
+static uint32_t rng_state = 12345;
+static float urand(void) {
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return ((rng_state >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
+}
+
+static int weight_make(weight *w, moeq_dtype dt, int64_t rows, int64_t cols) {
+    size_t es = moeq_dtype_size(dt), n = (size_t)rows * (size_t)cols;
+    memset(w, 0, sizeof *w);
+    w->data = aligned_alloc(64, (n * es + 63) / 64 * 64);
+    if (!w->data) return -1;
+    for (size_t i = 0; i < n; i++) {
+        float f = urand() * 0.05f;
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        switch (dt) {
+        case MOEQ_DTYPE_F32: ((float *)w->data)[i] = f; break;
+        case MOEQ_DTYPE_BF16: ((uint16_t *)w->data)[i] = (uint16_t)(bits >> 16); break;
+        case MOEQ_DTYPE_F16: ((uint16_t *)w->data)[i] = 0x2000 | (uint16_t)(rng_state & 0x3ff); break;
+        case MOEQ_DTYPE_F8_E4M3: ((uint8_t *)w->data)[i] = (uint8_t)((rng_state >> 9) & 0x77); break;
+        }
+    }
+    w->t = (moeq_tensor){.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = w->data,
+                         .nbytes = n * es};
+    if (dt == MOEQ_DTYPE_F8_E4M3) {
+        int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+        w->scales = malloc((size_t)(rb * cb) * sizeof(float));
+        if (!w->scales) return -1;
+        for (int64_t i = 0; i < rb * cb; i++) w->scales[i] = 0.01f + 0.001f * (float)(i % 7);
+        w->scale = (moeq_tensor){.name = "s", .dtype = MOEQ_DTYPE_F32, .ndim = 2, .shape = {rb, cb},
+                                 .data = w->scales, .nbytes = (size_t)(rb * cb) * sizeof(float)};
+        w->t.scale_inv = &w->scale;
+    }
+    return 0;
+}
+
+static void weight_free(weight *w) {
+    free(w->data);
+    free(w->scales);
+}
+
+static const char *dtype_name(moeq_dtype dt) {
+    switch (dt) {
+    case MOEQ_DTYPE_F32: return "f32";
+    case MOEQ_DTYPE_BF16: return "bf16";
+    case MOEQ_DTYPE_F16: return "f16";
+    case MOEQ_DTYPE_F8_E4M3: return "f8";
+    }
+    return "?";
+}
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/*
+ * GFLOP/s of one (tokens x rows x cols) product through the backend, repeated for at least min_s; *per_cpu:
+ * the same per CPU-second the process used (less disturbed by other load on a shared machine; times the
+ * thread count it is the rate the threads reach while they run).
+ */
+static double kernel_gflops(moeq_backend *b, const weight *w, int64_t tokens, const float *x, float *y,
+                            double min_s, double *per_cpu) {
+    int64_t rows = w->t.shape[0], cols = w->t.shape[1];
+    moeq_mm_job job = {.w = &w->t, .row0 = 0, .n_rows = rows, .x = x, .ldx = cols, .y = y, .ldy = rows,
+                       .n_tok = tokens};
+    b->matmul(b, &job, 1); /* warm-up: caches, pages */
+    int reps = 0;
+    int64_t t0 = moeq_mono_ns();
+    double s, c0 = cpu_seconds();
+    do {
+        b->matmul(b, &job, 1);
+        reps++;
+        s = (moeq_mono_ns() - t0) * 1e-9;
+    } while (s < min_s);
+    double flop = 2.0 * (double)tokens * (double)rows * (double)cols * reps;
+    *per_cpu = flop / (cpu_seconds() - c0) / 1e9;
+    return flop / s / 1e9;
+}
+
+int main(int argc, char **argv) {
+    int n_threads = 2, inv_min = 0;
+    double min_s = 0.5;
+    int64_t rows = 4096, cols = 1024;
+    const char *tokens_list = "1,8,32,128,512";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-seconds") && i + 1 < argc) min_s = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--cols") && i + 1 < argc) cols = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_list = argv[++i];
+        else if (!strcmp(argv[i], "--invariant-only")) inv_min = 1;
+        else {
+            fprintf(stderr, "usage: bench-matmul [--threads N] [--rows N] [--cols K] [--tokens 1,8,32,128,512]"
+                            " [--min-seconds S]\n");
+            return 2;
+        }
+    }
+    int toks[16], n_toks = 0;
+    for (const char *p = tokens_list; *p && n_toks < 16;) {
+        toks[n_toks++] = atoi(p);
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    int max_tok = 1;
+    for (int i = 0; i < n_toks; i++) max_tok = toks[i] > max_tok ? toks[i] : max_tok;
+
+    printf("{\n  \"threads\": %d, \"rows\": %lld, \"cols\": %lld,\n  \"peak_gflops\": {", n_threads,
+           (long long)rows, (long long)cols);
+#ifdef BENCH_X86
+    printf("\"fp32_fma_avx2\": %.1f", peak_gflops(1, n_threads));
+    if (__builtin_cpu_supports("avx512f")) printf(", \"fp32_fma_avx512\": %.1f", peak_gflops(0, n_threads));
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
+        printf(", \"bf16_dp_avx512\": %.1f", peak_gflops(2, n_threads));
+#endif
+    printf("},\n  \"kernels\": [");
+    float *x = malloc((size_t)max_tok * (size_t)cols * sizeof(float));
+    float *y = malloc((size_t)max_tok * (size_t)rows * sizeof(float));
+    if (!x || !y) return 1;
+    for (int64_t i = 0; i < (int64_t)max_tok * cols; i++) x[i] = urand();
+    moeq_dtype dts[] = {MOEQ_DTYPE_BF16, MOEQ_DTYPE_F8_E4M3, MOEQ_DTYPE_F16, MOEQ_DTYPE_F32};
+    int first = 1;
+    for (int inv = 1; inv >= inv_min; inv--) {
+        moeq_backend_config cfg = {.n_threads = n_threads, .batch_invariant = inv, .blas_min_tokens = 16,
+                                   .max_k = cols, .max_ctx = 64, .max_jobs = 4, .max_tokens = max_tok};
+        moeq_backend *b = moeq_backend_cpu_new(&cfg);
+        if (!b) return 1;
+        for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+            weight w;
+            if (weight_make(&w, dts[d], rows, cols)) return 1;
+            for (int i = 0; i < n_toks; i++) {
+                double pc, g = kernel_gflops(b, &w, toks[i], x, y, min_s, &pc);
+                printf("%s\n    {\"batch_invariant\": %d, \"dtype\": \"%s\", \"tokens\": %d, \"gflops\": %.1f, "
+                       "\"gflops_per_cpu_s\": %.1f}",
+                       first ? "" : ",", inv, dtype_name(dts[d]), toks[i], g, pc);
+                first = 0;
+                fflush(stdout);
+            }
+            weight_free(&w);
+        }
+        moeq_backend_destroy(b);
+    }
+    printf("\n  ]\n}\n");
+    free(x), free(y);
+    return 0;
+}
