@@ -20,90 +20,7 @@
 #include "moeq/util.h"
 #include "tensor.h"
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#define BENCH_X86 1
-#include <immintrin.h>
-#endif
-
-/* ---- peaks ------------------------------------------------------------------- */
-
-typedef struct peak_arg {
-    int kind; /* 0: fp32 fma zmm, 1: fp32 fma ymm, 2: vdpbf16ps zmm */
-    long iters;
-    double flops, seconds;
-    float sink;
-} peak_arg;
-
-#ifdef BENCH_X86
-/* 12 independent accumulators: enough to cover an FMA's latency on two ports. */
-__attribute__((target("avx512f"))) static float peak_fma512(long iters) {
-    __m512 a[12], m = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < iters; it++)
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
-    __m512 s = a[0];
-    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
-    return _mm512_reduce_add_ps(s);
-}
-
-__attribute__((target("avx2,fma"))) static float peak_fma256(long iters) {
-    __m256 a[12], m = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps((float)i);
-    for (long it = 0; it < iters; it++)
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
-    __m256 s = a[0];
-    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, a[i]);
-    float o[8];
-    _mm256_storeu_ps(o, s);
-    return o[0] + o[7];
-}
-
-__attribute__((target("avx512f,avx512bf16"))) static float peak_dpbf16(long iters) {
-    __m512 a[12];
-    __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3380);
-    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < iters; it++)
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
-    __m512 s = a[0];
-    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
-    return _mm512_reduce_add_ps(s);
-}
-#endif
-
-static void *peak_run(void *p) {
-    peak_arg *a = p;
-    int64_t t0 = moeq_mono_ns();
-#ifdef BENCH_X86
-    if (a->kind == 0) a->sink = peak_fma512(a->iters), a->flops = a->iters * 12.0 * 16 * 2;
-    if (a->kind == 1) a->sink = peak_fma256(a->iters), a->flops = a->iters * 12.0 * 8 * 2;
-    if (a->kind == 2) a->sink = peak_dpbf16(a->iters), a->flops = a->iters * 12.0 * 32 * 2;
-#endif
-    a->seconds = (moeq_mono_ns() - t0) * 1e-9;
-    return NULL;
-}
-
-/* GFLOP/s of kind on n_threads at once, best of 3. */
-static double peak_gflops(int kind, int n_threads) {
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        pthread_t th[64];
-        peak_arg args[64];
-        for (int i = 0; i < n_threads; i++) {
-            args[i] = (peak_arg){.kind = kind, .iters = 20000000};
-            pthread_create(&th[i], NULL, peak_run, &args[i]);
-        }
-        double total = 0;
-        for (int i = 0; i < n_threads; i++) {
-            pthread_join(th[i], NULL);
-            total += args[i].flops / args[i].seconds;
-        }
-        if (total / 1e9 > best) best = total / 1e9;
-    }
-    return best;
-}
+#include "peak.h"
 
 /* ---- kernels ----------------------------------------------------------------- */
 
@@ -224,12 +141,9 @@ int main(int argc, char **argv) {
 
     printf("{\n  \"threads\": %d, \"rows\": %lld, \"cols\": %lld,\n  \"peak_gflops\": {", n_threads,
            (long long)rows, (long long)cols);
-#ifdef BENCH_X86
-    printf("\"fp32_fma_avx2\": %.1f", peak_gflops(1, n_threads));
-    if (__builtin_cpu_supports("avx512f")) printf(", \"fp32_fma_avx512\": %.1f", peak_gflops(0, n_threads));
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
-        printf(", \"bf16_dp_avx512\": %.1f", peak_gflops(2, n_threads));
-#endif
+    static const char *names[] = {"fp32_fma_avx512", "fp32_fma_avx2", "bf16_dp_avx512"};
+    for (int k = 0, n = 0; k < 3; k++)
+        if (peak_supported(k)) printf("%s\"%s\": %.1f", n++ ? ", " : "", names[k], peak_gflops(k, n_threads));
     printf("},\n  \"kernels\": [");
     float *x = malloc((size_t)max_tok * (size_t)cols * sizeof(float));
     float *y = malloc((size_t)max_tok * (size_t)rows * sizeof(float));

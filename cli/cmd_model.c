@@ -122,10 +122,11 @@ static void print_info(const char *dir, const moeq_model *model, double load_ms)
     const moeq_model_config *c = moeq_model_get_config(model);
     printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"load_ms\": %.3f, \"total_params\": %zu, "
            "\"active_bytes_per_token\": %zu, \"vocab_size\": %d, \"hidden_size\": %d, \"num_hidden_layers\": %d, "
-           "\"n_routed_experts\": %d, \"num_experts_per_tok\": %d, \"num_nextn_predict_layers\": %d}\n",
+           "\"n_routed_experts\": %d, \"num_experts_per_tok\": %d, \"num_nextn_predict_layers\": %d, "
+           "\"cpu_kernels\": \"%s\"}\n",
            dir, c->model_type, load_ms, moeq_model_total_params(model), moeq_model_active_bytes_per_token(model),
            c->vocab_size, c->hidden_size, c->num_hidden_layers, c->n_routed_experts, c->num_experts_per_tok,
-           c->num_nextn_predict_layers);
+           c->num_nextn_predict_layers, moeq_engine_cpu_kernels());
 }
 
 #define MODEL_INFO_USAGE                                                                                   \

@@ -19,6 +19,7 @@
  */
 #include "backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,7 @@
 #include "backend_pool.h"
 #include "moe_route.h"
 #include "ops.h"
+#include "moeq/engine.h"
 #include "ops_matmul.h"
 
 #define NT_ROWS 32
@@ -43,6 +45,7 @@ typedef struct cpu_backend {
     float **wbuf;      /* [n_threads] BLAS_ROWS * max_k   */
     void **ws;         /* [n_threads] the NT kernels' workspace (moeq_mm_nt_ws_bytes(max_k)) */
     size_t ws_bytes;
+    char info[224];    /* describe(): the kernels, threads and mode */
     float **scores;    /* [n_threads] HEAD_BLOCK * max_ctx */
     int64_t *task_end; /* [max_jobs] prefix sums of tasks per job */
     /* the current dispatch */
@@ -298,6 +301,13 @@ static void cpu_combine(moeq_backend *b, const moeq_combine_params *p) {
     }
 }
 
+const char *moeq_engine_cpu_kernels(void) { return moeq_mm_cpu_describe(); }
+
+static const char *cpu_describe(const moeq_backend *b) {
+    const cpu_backend *cb = (const cpu_backend *)b;
+    return cb->info;
+}
+
 static void cpu_destroy(moeq_backend *b) {
     cpu_backend *cb = (cpu_backend *)b;
     if (!cb) return;
@@ -338,6 +348,7 @@ static const moeq_backend cpu_table = {
     .route = cpu_route,
     .gather = cpu_gather,
     .combine = cpu_combine,
+    .describe = cpu_describe,
     .destroy = cpu_destroy,
 };
 
@@ -363,6 +374,8 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
         if (!(cb->scores[i] = malloc((size_t)MOEQ_ATTN_HEAD_BLOCK * (cb->p.max_ctx + 1) * sizeof(float)))) goto fail;
     }
     moeq_mm_blas_init();
+    snprintf(cb->info, sizeof cb->info, "cpu: %s kernels, %d thread%s, %s", moeq_mm_cpu_describe(), n,
+             n == 1 ? "" : "s", cb->p.batch_invariant ? "batch-invariant" : "OpenBLAS sgemm from 16 tokens");
     return &cb->base;
 fail:
     cpu_destroy(&cb->base);

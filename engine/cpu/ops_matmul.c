@@ -39,6 +39,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -878,6 +879,22 @@ moeq_mm_isa moeq_mm_isa_best(void) {
         atomic_store_explicit(&isa_best, b, memory_order_relaxed);
     }
     return (moeq_mm_isa)b;
+}
+
+const char *moeq_mm_cpu_describe(void) {
+    static char text[160];
+    static _Atomic int done;
+    if (atomic_load(&done)) return text;
+    int bf16 = 0, amx = 0;
+#ifdef MOEQ_MM_X86
+    bf16 = __builtin_cpu_supports("avx512bf16");
+    unsigned a, b, c, d; /* CPUID 7.0 EDX bit 22: AMX-BF16 (gcc 12's __builtin_cpu_supports has no "amx-bf16") */
+    amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
+#endif
+    snprintf(text, sizeof text, "%s (float32 lanes; the CPU has %s, %s)", moeq_mm_isa_name(moeq_mm_isa_best()),
+             bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (unused)" : "no amx_bf16");
+    atomic_store(&done, 1);
+    return text;
 }
 
 const char *moeq_mm_isa_name(moeq_mm_isa isa) {

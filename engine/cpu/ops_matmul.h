@@ -79,6 +79,9 @@ int moeq_mm_isa_supported(moeq_mm_isa isa);
 /* The fastest supported isa: what moeq_mm_nt_block() and friends run. Thread-safe. */
 moeq_mm_isa moeq_mm_isa_best(void);
 const char *moeq_mm_isa_name(moeq_mm_isa isa); /* "scalar", "avx2", "avx512" */
+/* The kernels this CPU runs and the matrix features it has, e.g. "avx512 (float32 lanes; the CPU has
+ * avx512_bf16, no amx_bf16)", for bench-engine and model-info. Thread-safe after the first call. */
+const char *moeq_mm_cpu_describe(void);
 
 /* The same kernels on a given isa (which must be supported): for the tests and benchmarks. */
 void moeq_mm_nt_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);

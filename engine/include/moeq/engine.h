@@ -115,6 +115,9 @@ moeq_engine_params moeq_engine_default_params(void);
  * are own kernels and which a library, how weights are held (F8's dequantising path). Never NULL. */
 const char *moeq_engine_backend_info(const moeq_engine *engine);
 
+/* The CPU backend's matrix kernels on this CPU and its matrix features (AVX512-BF16, AMX), one line. */
+const char *moeq_engine_cpu_kernels(void);
+
 /* Property table of moeq_engine_params (name, type, range, default, doc), for
  * `key = value` configuration of the engine by the worker and tools. */
 extern const moeq_prop moeq_engine_params_props[];
