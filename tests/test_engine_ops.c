@@ -864,6 +864,40 @@ static void attention_on_every_instruction_set_matches_the_emulation_bit_for_bit
     }
 }
 
+/*
+ * Prefill's grouped attention (moeq_mla_group: up to 4 consecutive query tokens reading each cache row once)
+ * gives the bits of one token at a time, for any split of the run into groups and any head block, across
+ * output slabs (contexts past 128 rows) and latent/rope tails.
+ */
+static void grouped_attention_for_prefill_runs_gives_the_bits_of_one_token_at_a_time(void **state) {
+    (void)state;
+    static const int shapes[][5] = {/* H, L, R, n_ctx, block_tokens */
+                                    {4, 32, 8, 4, 16}, {8, 64, 16, 50, 16}, {16, 256, 32, 300, 16},
+                                    {5, 40, 24, 19, 5}, {3, 17, 3, 9, 4}, {8, 64, 16, 260, 7}};
+    static const int splits[][4] = {{4, 0, 0, 0}, {2, 2, 0, 0}, {3, 1, 0, 0}, {1, 3, 0, 0}};
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        attn_case c;
+        int H = shapes[s][0], L = shapes[s][1], T = 4;
+        attn_case_make(&c, H, L, shapes[s][2], shapes[s][3], shapes[s][4], T);
+        moeq_attn_args a = attn_args(&c);
+        moeq_mla_params p = {moeq_kv_cache_paged(c.cache, a.layer), a.n_tok, a.seq, a.pos, a.n_heads, a.kv_lora,
+                             a.rope, a.q_lat, a.q_pe, a.out_lat, a.scale};
+        float *ref = malloc((size_t)T * H * L * 4), *scores = malloc((size_t)T * H * (shapes[s][3] + 1) * 4);
+        for (int t = 0; t < T; t++) moeq_attention_absorbed_block_isa(MOEQ_MM_ISA_SCALAR, &a, t, 0, H, scores);
+        memcpy(ref, c.out, (size_t)T * H * L * 4);
+        for (size_t sp = 0; sp < sizeof(splits) / sizeof(splits[0]); sp++)
+            for (int hb = 1; hb <= H; hb += (hb < 4 ? 3 : 4)) { /* head blocks of 1, 4, 8, ... */
+                memset(c.out, 0xff, (size_t)T * H * L * 4);
+                for (int g = 0, t0 = 0; g < 4 && splits[sp][g]; t0 += splits[sp][g], g++)
+                    for (int h0 = 0; h0 < H; h0 += hb)
+                        moeq_mla_group(&p, t0, splits[sp][g], h0, h0 + hb < H ? h0 + hb : H, scores);
+                assert_memory_equal(c.out, ref, (size_t)T * H * L * 4);
+            }
+        free(ref), free(scores);
+        attn_case_free(&c);
+    }
+}
+
 /* The absorbed kernel against the same formula in float64 (scores, softmax with libm's exp, weighted latents). */
 static void attention_matches_a_float64_computation(void **state) {
     (void)state;
@@ -1090,6 +1124,7 @@ int main(void) {
         cmocka_unit_test(kv_cache_fork_and_copy_on_write_refuse_without_a_free_block),
         cmocka_unit_test(kv_blocks_share_fork_and_copy_on_write_by_block_id_without_storage),
         cmocka_unit_test(attention_on_every_instruction_set_matches_the_emulation_bit_for_bit),
+        cmocka_unit_test(grouped_attention_for_prefill_runs_gives_the_bits_of_one_token_at_a_time),
         cmocka_unit_test(attention_matches_a_float64_computation),
         cmocka_unit_test(attention_exp_is_within_two_ulp),
         cmocka_unit_test(silu_product_matches_its_scalar_form_and_float64),

@@ -266,6 +266,67 @@ static T512 void block512(const moeq_mla_params *a, int64_t t, int h0, int h1, f
     }
 }
 
+/*
+ * nt consecutive query tokens t0.. of one sequence (positions consecutive), heads [h0, h1): each cache row
+ * tile is read once for all of them (prefill re-streamed the whole context from L3 for every token), and
+ * each output slab stays in L2 while every token's tiles pass over it. Per (token, head) the scores, the
+ * softmax and the output chains are block512's, element for element: the bits are the same. Scores: token
+ * i's rows at scores + i * (h1 - h0) * ld, ld = the last token's context length.
+ */
+static T512 void group512(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, float *scores) {
+    const int L = a->kv_lora, R = a->rope, H = a->n_heads, nh = h1 - h0;
+    const int64_t ld = a->pos[t0 + nt - 1] + 1;
+    moeq_kv_view kv = moeq_kv_paged_view(&a->kv, a->seq[t0]);
+    const int64_t entry_bytes = (int64_t)(L + R) * (int64_t)sizeof(float);
+    for (int64_t j0 = 0; j0 < ld; j0 += 4) {
+        const float *e[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) e[r] = j0 + r < ld ? moeq_kv_view_entry(&kv, j0 + r) : zeros;
+        for (int64_t j = j0 + 8; j < j0 + 12 && j < ld; j++) {
+            const char *pe = (const char *)moeq_kv_view_entry(&kv, j);
+            for (int64_t b = 0; b < entry_bytes; b += 64) _mm_prefetch(pe + b, _MM_HINT_T0);
+        }
+        for (int i = 0; i < nt; i++) {
+            const int64_t t = t0 + i, n_ctx = a->pos[t] + 1;
+            if (j0 >= n_ctx) continue;
+            const float *qlat = a->q_lat + t * H * L, *qpe = a->q_pe + t * H * R;
+            float *sc = scores + (int64_t)i * nh * ld;
+            for (int hg = h0; hg < h1; hg += 4) {
+                const float *ql[4], *qp[4];
+                float s[16];
+#pragma GCC unroll 16
+                for (int h = 0; h < 4; h++) {
+                    ql[h] = hg + h < h1 ? qlat + (int64_t)(hg + h) * L : zeros;
+                    qp[h] = hg + h < h1 ? qpe + (int64_t)(hg + h) * R : zeros;
+                }
+                score_tile512(ql, qp, e, L, R, s);
+                for (int h = 0; h < 4 && hg + h < h1; h++)
+                    for (int r = 0; r < 4 && j0 + r < n_ctx; r++) sc[(hg + h - h0) * ld + j0 + r] = s[4 * h + r] * a->scale;
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        for (int h = 0; h < nh; h++) softmax512(scores + ((int64_t)i * nh + h) * ld, a->pos[t0 + i] + 1);
+    for (int64_t s0 = 0; s0 < ld; s0 += ATTN_SLAB_ROWS) {
+        for (int i = 0; i < nt; i++) {
+            const int64_t t = t0 + i, n_ctx = a->pos[t] + 1;
+            if (s0 >= n_ctx) continue;
+            int64_t s1 = s0 + ATTN_SLAB_ROWS < n_ctx ? s0 + ATTN_SLAB_ROWS : n_ctx;
+            float *o = a->out_lat + (t * H) * L;
+            for (int hg = h0; hg < h1; hg += 4) {
+                const float *p = scores + ((int64_t)i * nh + (hg - h0)) * ld;
+                float *og = o + (int64_t)hg * L;
+                for (int c0 = 0; c0 < L; c0 += 4 * LANES) switch (h1 - hg < 4 ? h1 - hg : 4) {
+                    case 1: out_tile512(1, &kv, s0, s1, p, ld, og, L, c0, L); break;
+                    case 2: out_tile512(2, &kv, s0, s1, p, ld, og, L, c0, L); break;
+                    case 3: out_tile512(3, &kv, s0, s1, p, ld, og, L, c0, L); break;
+                    default: out_tile512(4, &kv, s0, s1, p, ld, og, L, c0, L); break;
+                    }
+            }
+        }
+    }
+}
+
 /* ---- AVX2 + FMA: 16 lanes as two ymm halves ----------------------------------- */
 
 /* Lanes [k, k+8) of a row of n floats, zero past n. */
@@ -381,6 +442,21 @@ void moeq_mla_block_isa(moeq_mm_isa isa, const moeq_mla_params *a, int64_t t, in
 
 void moeq_mla_block(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
     moeq_mla_block_isa(moeq_mm_isa_best(), a, t, h0, h1, scores);
+}
+
+void moeq_mla_group_isa(moeq_mm_isa isa, const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1,
+                        float *scores) {
+#ifdef ATTN_X86
+    if (isa == MOEQ_MM_ISA_AVX512 && nt > 1 && a->kv_lora + a->rope <= ZERO_FLOATS) {
+        group512(a, t0, nt, h0, h1, scores);
+        return;
+    }
+#endif
+    for (int i = 0; i < nt; i++) moeq_mla_block_isa(isa, a, t0 + i, h0, h1, scores);
+}
+
+void moeq_mla_group(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, float *scores) {
+    moeq_mla_group_isa(moeq_mm_isa_best(), a, t0, nt, h0, h1, scores);
 }
 
 /* The cache object's layer as the kernels' plain data. */

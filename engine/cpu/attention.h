@@ -43,6 +43,16 @@ typedef struct moeq_attn_args {
 void moeq_mla_block(const moeq_mla_params *params, int64_t t, int h0, int h1, float *scores);
 void moeq_mla_block_isa(moeq_mm_isa isa, const moeq_mla_params *params, int64_t t, int h0, int h1, float *scores);
 
+/*
+ * nt (<= MOEQ_ATTN_GROUP) consecutive query tokens t0.. of one sequence at consecutive positions, heads
+ * [h0, h1), computed together (each cache row read once for all of them: prefill); the bits of nt
+ * moeq_mla_block calls. scores: nt * (h1-h0) * (pos[t0+nt-1]+1) floats of scratch.
+ */
+#define MOEQ_ATTN_GROUP 4
+void moeq_mla_group(const moeq_mla_params *params, int64_t t0, int nt, int h0, int h1, float *scores);
+void moeq_mla_group_isa(moeq_mm_isa isa, const moeq_mla_params *params, int64_t t0, int nt, int h0, int h1,
+                        float *scores);
+
 /* The same on the cache object's layer (tests). */
 void moeq_attention_absorbed_block(const moeq_attn_args *args, int64_t t, int h0, int h1, float *scores);
 /* The same on a given instruction set (which must be supported); every one gives the same bits. For tests. */

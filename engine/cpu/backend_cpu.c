@@ -46,6 +46,9 @@ typedef struct cpu_backend {
     void **ws;         /* [n_threads] the NT kernels' workspace (moeq_mm_nt_ws_bytes(max_k)) */
     size_t ws_bytes;
     char info[224];    /* describe(): the kernels, threads and mode */
+    int64_t *attn_group;   /* [attn_group_max + 1] first token of each attention group, then n_tok */
+    int64_t attn_group_max;
+    int attn_grouped;      /* this call's tasks are groups (else one token each) */
     float **scores;    /* [n_threads] HEAD_BLOCK * max_ctx */
     int64_t *task_end; /* [max_jobs] prefix sums of tasks per job */
     /* the current dispatch */
@@ -159,20 +162,35 @@ static void cpu_matmul_nn(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) 
     moeq_pool_run(cb->pool, nn_task, cb, total);
 }
 
+/* Task = (group of query tokens, head block): groups are runs of up to MOEQ_ATTN_GROUP prefill tokens. */
 static void attn_task(void *ctx, int64_t task, int worker) {
     cpu_backend *cb = ctx;
     const moeq_mla_params *a = cb->attn;
-    int64_t n_hb = ceil_div(a->n_heads, MOEQ_ATTN_HEAD_BLOCK);
-    int64_t t = task / n_hb;
+    int64_t n_hb = ceil_div(a->n_heads, MOEQ_ATTN_HEAD_BLOCK), g = task / n_hb;
     int h0 = (int)(task % n_hb) * MOEQ_ATTN_HEAD_BLOCK;
     int h1 = h0 + MOEQ_ATTN_HEAD_BLOCK < a->n_heads ? h0 + MOEQ_ATTN_HEAD_BLOCK : a->n_heads;
-    moeq_mla_block(a, t, h0, h1, cb->scores[worker]);
+    if (!cb->attn_grouped) { /* a step longer than the group table: one token per task */
+        moeq_mla_block(a, g, h0, h1, cb->scores[worker]);
+        return;
+    }
+    int64_t t0 = cb->attn_group[g];
+    moeq_mla_group(a, t0, (int)(cb->attn_group[g + 1] - t0), h0, h1, cb->scores[worker]);
 }
 
 static void cpu_attention(moeq_backend *b, const moeq_mla_params *args) {
     cpu_backend *cb = (cpu_backend *)b;
     cb->attn = args;
-    moeq_pool_run(cb->pool, attn_task, cb, args->n_tok * ceil_div(args->n_heads, MOEQ_ATTN_HEAD_BLOCK));
+    int64_t n_groups = 0;
+    cb->attn_grouped = args->n_tok <= cb->attn_group_max;
+    if (!cb->attn_grouped) n_groups = args->n_tok;
+    for (int64_t t = 0; cb->attn_grouped && t < args->n_tok; t++) { /* a new group unless t continues t-1's run */
+        int64_t g0 = n_groups ? cb->attn_group[n_groups - 1] : -1;
+        int joins = n_groups && t - g0 < MOEQ_ATTN_GROUP && args->seq[t] == args->seq[t - 1] &&
+                    args->pos[t] == args->pos[t - 1] + 1;
+        if (!joins) cb->attn_group[n_groups++] = t;
+    }
+    if (cb->attn_grouped) cb->attn_group[n_groups] = args->n_tok;
+    moeq_pool_run(cb->pool, attn_task, cb, n_groups * ceil_div(args->n_heads, MOEQ_ATTN_HEAD_BLOCK));
 }
 
 
@@ -318,6 +336,7 @@ static void cpu_destroy(moeq_backend *b) {
         if (cb->ws) free(cb->ws[i]);
     }
     free(cb->ws);
+    free(cb->attn_group);
     free(cb->wbuf);
     free(cb->scores);
     free(cb->task_end);
@@ -363,15 +382,20 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->wbuf = calloc((size_t)n, sizeof(float *));
     cb->scores = calloc((size_t)n, sizeof(float *));
     cb->ws = calloc((size_t)n, sizeof(void *));
+    /* groups need one entry per token: steps of more tokens than this run one token per task */
+    cb->attn_group_max = cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048;
+    cb->attn_group = calloc((size_t)cb->attn_group_max + 2, sizeof(int64_t));
     cb->ws_bytes = (moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) + 63) / 64 * 64;
     cb->task_end = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int64_t));
     cb->pool = moeq_pool_new(n);
-    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->task_end || !cb->pool) goto fail;
+    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_group || !cb->task_end || !cb->pool) goto fail;
     for (int i = 0; i < n; i++) {
         if (!cb->p.batch_invariant && !(cb->wbuf[i] = malloc((size_t)BLAS_ROWS * cb->p.max_k * sizeof(float))))
             goto fail;
         if (!(cb->ws[i] = aligned_alloc(64, cb->ws_bytes))) goto fail;
-        if (!(cb->scores[i] = malloc((size_t)MOEQ_ATTN_HEAD_BLOCK * (cb->p.max_ctx + 1) * sizeof(float)))) goto fail;
+        if (!(cb->scores[i] = malloc((size_t)MOEQ_ATTN_GROUP * MOEQ_ATTN_HEAD_BLOCK * (cb->p.max_ctx + 1) *
+                                     sizeof(float))))
+            goto fail;
     }
     moeq_mm_blas_init();
     snprintf(cb->info, sizeof cb->info, "cpu: %s kernels, %d thread%s, %s", moeq_mm_cpu_describe(), n,
