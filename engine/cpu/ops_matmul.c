@@ -3,11 +3,11 @@
  *
  * Three implementations of one reduction order, chosen at run time from what
  * the CPU has (so a portable build is fast everywhere):
- *   AVX-512  4x4 register tiles (4 tokens x 4 weight rows, 16 zmm
- *            accumulators) for NT; for blocks of few tokens taller tiles
- *            (every weight vector widened once and used by all the tokens):
- *            8 rows for 1-3 tokens, 6 rows for exactly 4 (24 accumulators,
- *            no spills); 4 tokens x 64 columns for NN.
+ *   AVX-512  4x6 register tiles (4 tokens x 6 weight rows, 24 zmm
+ *            accumulators, no spills) for NT, 8 rows for blocks of 1-3
+ *            tokens (every weight vector widened once and used by all the
+ *            tokens); many tokens walk K in steps (see ops_matmul.h);
+ *            4 tokens x 64 columns for NN.
  *   AVX2     each 16-lane accumulator held as two ymm halves (lanes 0-7 and
  *            8-15); 2 tokens x 3 rows (1 token x 4 rows); NN 4 tokens x 16
  *            columns. The tree's first level adds the two halves, which is
@@ -50,7 +50,7 @@
 
 #define LANES MOEQ_LANES
 #define TILE_T 4   /* tokens per AVX-512 register tile                       */
-#define TILE_N 4   /* weight rows per AVX-512 NT tile (8 when <= 2 tokens)    */
+#define TILE_N 6   /* weight rows per AVX-512 NT tile (8 for 1-3 tokens)       */
 #define TILE_N1 8  /* rows per AVX-512 NT tile for blocks of 1-3 tokens       */
 #define TILE_N4 6  /* rows per AVX-512 NT tile for blocks of exactly 4 tokens */
 #define TILE_V 4   /* 16-column vectors per AVX-512 NN tile (64 columns)      */
