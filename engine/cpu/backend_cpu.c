@@ -243,10 +243,47 @@ static void cpu_embed(moeq_backend *b, const moeq_tensor *table, const int32_t *
     for (int64_t t = 0; t < n; t++) moeq_tensor_rows_to_f32(table, ids[t], 1, out + t * D);
 }
 
-static void cpu_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
-    (void)b;
-    for (int64_t r = 0; r < p->n_rows; r++)
+/*
+ * The per-row ops (RMSNorm, the MLA RoPE and cache write, SiLU, residual adds, gather, combine) over the
+ * pool when a call holds enough work: each row is computed exactly as alone, so the split changes no bit.
+ * Serial, they were a few percent of a prefill on 2 threads and would be most of it on 64 (Amdahl).
+ */
+#define ROWS_MIN_FLOATS 32768 /* less than this per call: inline (a dispatch costs a few microseconds) */
+
+typedef void (*rows_fn)(const void *params, int64_t r0, int64_t r1);
+
+typedef struct rows_call {
+    rows_fn fn;
+    const void *params;
+    int64_t n_rows, per_task;
+} rows_call;
+
+static void rows_task(void *ctx, int64_t task, int worker) {
+    (void)worker;
+    const rows_call *c = ctx;
+    int64_t r0 = task * c->per_task, r1 = r0 + c->per_task < c->n_rows ? r0 + c->per_task : c->n_rows;
+    c->fn(c->params, r0, r1);
+}
+
+/* fn over rows [0, n_rows) of floats_per_row each: inline when small, else about 4 tasks per thread. */
+static void run_rows(cpu_backend *cb, rows_fn fn, const void *params, int64_t n_rows, int64_t floats_per_row) {
+    int T = cb->p.n_threads;
+    if (T <= 1 || n_rows < 2 || n_rows * floats_per_row < ROWS_MIN_FLOATS) {
+        fn(params, 0, n_rows);
+        return;
+    }
+    rows_call c = {fn, params, n_rows, ceil_div(n_rows, 4 * (int64_t)T)};
+    moeq_pool_run(cb->pool, rows_task, &c, ceil_div(n_rows, c.per_task));
+}
+
+static void rmsnorm_rows(const void *params, int64_t r0, int64_t r1) {
+    const moeq_rmsnorm_params *p = params;
+    for (int64_t r = r0; r < r1; r++)
         moeq_ops_rmsnorm(p->out + r * p->ld_out, p->x + (p->rows ? p->rows[r] : r) * p->ldx, p->w, p->n, p->eps);
+}
+
+static void cpu_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
+    run_rows((cpu_backend *)b, rmsnorm_rows, p, p->n_rows, p->n);
 }
 
 static void cpu_rope_cos_sin(moeq_backend *b, const moeq_rope *rope, const int64_t *pos, int64_t n, float *cos_v,
@@ -256,10 +293,10 @@ static void cpu_rope_cos_sin(moeq_backend *b, const moeq_rope *rope, const int64
     for (int64_t t = 0; t < n; t++) moeq_rope_cos_sin(rope, pos[t], cos_v + t * half, sin_v + t * half);
 }
 
-static void cpu_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
-    (void)b;
+static void mla_rope_rows(const void *params, int64_t t0, int64_t t1) {
+    const moeq_mla_rope_params *p = params;
     int64_t Lr = p->kv_lora, R = p->rope->dim, H = p->n_heads, QH = p->nope + R;
-    for (int64_t t = 0; t < p->n_tok; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         const float *cs = p->cos_v + t * R / 2, *sn = p->sin_v + t * R / 2;
         float *entry = moeq_kv_paged_entry(&p->kv, p->seq[t], p->pos[t]);
         const float *kva = p->kva + t * (Lr + R);
@@ -270,14 +307,39 @@ static void cpu_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
     }
 }
 
+static void cpu_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
+    run_rows((cpu_backend *)b, mla_rope_rows, p, p->n_tok, p->kv_lora + (int64_t)p->n_heads * p->rope->dim);
+}
+
+/* Elementwise ops split in chunks of 4,096 floats (the "rows" of run_rows). */
+#define ELEM_CHUNK 4096
+
+typedef struct elem_params {
+    float *out;
+    const float *a, *b;
+    int64_t n;
+} elem_params;
+
+static void silu_rows(const void *params, int64_t c0, int64_t c1) {
+    const elem_params *p = params;
+    int64_t i0 = c0 * ELEM_CHUNK, i1 = c1 * ELEM_CHUNK < p->n ? c1 * ELEM_CHUNK : p->n;
+    moeq_ops_silu_mul(p->out + i0, p->a + i0, p->b + i0, i1 - i0);
+}
+
+static void add_rows(const void *params, int64_t c0, int64_t c1) {
+    const elem_params *p = params;
+    int64_t i0 = c0 * ELEM_CHUNK, i1 = c1 * ELEM_CHUNK < p->n ? c1 * ELEM_CHUNK : p->n;
+    for (int64_t i = i0; i < i1; i++) p->out[i] += p->b[i];
+}
+
 static void cpu_silu_mul(moeq_backend *b, float *out, const float *gate, const float *up, int64_t n) {
-    (void)b;
-    moeq_ops_silu_mul(out, gate, up, n);
+    elem_params p = {out, gate, up, n};
+    run_rows((cpu_backend *)b, silu_rows, &p, ceil_div(n, ELEM_CHUNK), ELEM_CHUNK);
 }
 
 static void cpu_add(moeq_backend *b, float *x, const float *y, int64_t n) {
-    (void)b;
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+    elem_params p = {x, NULL, y, n};
+    run_rows((cpu_backend *)b, add_rows, &p, ceil_div(n, ELEM_CHUNK), ELEM_CHUNK);
 }
 
 static void cpu_route(moeq_backend *b, const moeq_route_params *p) {
@@ -290,21 +352,25 @@ static void cpu_route(moeq_backend *b, const moeq_route_params *p) {
     if (p->offsets) moeq_moe_plan(p->ids, p->n_tok, (int)K, (int)E, p->offsets, p->order);
 }
 
-static void cpu_gather(moeq_backend *b, const moeq_gather_params *p) {
-    (void)b;
+static void gather_rows(const void *params, int64_t i0, int64_t i1) {
+    const moeq_gather_params *p = params;
     int64_t D = p->dim;
-    for (int64_t i = 0; i < p->n_slots; i++) {
+    for (int64_t i = i0; i < i1; i++) {
         int64_t slot = p->order[i];
         p->slot_row[slot] = i;
         memcpy(p->xg + i * D, p->x + (slot / p->top_k) * D, (size_t)D * sizeof(float));
     }
 }
 
+static void cpu_gather(moeq_backend *b, const moeq_gather_params *p) {
+    run_rows((cpu_backend *)b, gather_rows, p, p->n_slots, p->dim);
+}
+
 /* Slots in routing order (best first), the shared expert last: the order the tests pin. */
-static void cpu_combine(moeq_backend *b, const moeq_combine_params *p) {
-    (void)b;
+static void combine_rows(const void *params, int64_t t0, int64_t t1) {
+    const moeq_combine_params *p = params;
     int64_t K = p->top_k, D = p->dim;
-    for (int64_t t = 0; t < p->n_tok; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         float *acc = p->out + t * D;
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
         for (int64_t k = 0; k < K; k++) {
@@ -317,6 +383,10 @@ static void cpu_combine(moeq_backend *b, const moeq_combine_params *p) {
             for (int64_t d = 0; d < D; d++) acc[d] += y[d];
         }
     }
+}
+
+static void cpu_combine(moeq_backend *b, const moeq_combine_params *p) {
+    run_rows((cpu_backend *)b, combine_rows, p, p->n_tok, p->dim * (p->top_k + 1));
 }
 
 const char *moeq_engine_cpu_kernels(void) { return moeq_mm_cpu_describe(); }
