@@ -366,8 +366,10 @@ static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm
  * the F16 tiles run over them, instead of widening every weight again for every 4 tokens.
  */
 static T512 ALWAYS_INLINE void nt_tile512_step(const int mr, const int nr, const moeq_dtype dt, const float *x,
-                                               int64_t ldx, const uint8_t *const *wp, int64_t L, int first,
-                                               int last, float *accs, float *y, int64_t ldy) {
+                                               int64_t ldx, const uint8_t *const *wp, const uint8_t *const *pf,
+                                               int64_t L, int first, int last, float *accs, float *y,
+                                               int64_t ldy) {
+    const size_t esz = esize(dt);
     __m512 acc[TILE_T][TILE_N4];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
@@ -381,6 +383,8 @@ static T512 ALWAYS_INLINE void nt_tile512_step(const int mr, const int nr, const
         for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
+            if (pf && (esz >= 4 || ((size_t)k * esz) % 64 == 0)) /* the next rows' step, while this one runs */
+                _mm_prefetch((const char *)pf[j] + (size_t)k * esz, _MM_HINT_T0);
             __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
@@ -408,7 +412,7 @@ static T512 ALWAYS_INLINE void nt_tile512_step(const int mr, const int nr, const
 }
 
 #define NTS512(MR, NR)                                                                                        \
-    case (MR)*16 + (NR): nt_tile512_step(MR, NR, dt, x, ldx, wp, L, first, last, accs, y, ldy); break;
+    case (MR)*16 + (NR): nt_tile512_step(MR, NR, dt, x, ldx, wp, t ? NULL : pf, L, first, last, accs, y, ldy); break;
 
 /* One K step of a block: rows [0, nrows) at w (row stride wstride bytes), tokens [0, ntok) at x (stride ldx). */
 static T512 ALWAYS_INLINE void nt_step_block512(const moeq_dtype dt, const uint8_t *w, int64_t wstride, int nrows,
@@ -416,8 +420,12 @@ static T512 ALWAYS_INLINE void nt_step_block512(const moeq_dtype dt, const uint8
                                                 int last, float *acc_base, float *yb, int64_t ldy) {
     for (int n = 0; n < nrows; n += TILE_N4) {
         int nr = nrows - n < TILE_N4 ? nrows - n : TILE_N4;
-        const uint8_t *wp[TILE_N4];
-        for (int j = 0; j < TILE_N4; j++) wp[j] = w + (int64_t)(n + (j < nr ? j : 0)) * wstride;
+        const uint8_t *wp[TILE_N4], *pf[TILE_N4]; /* pf: the next row group's (the first token tile fetches it) */
+        for (int j = 0; j < TILE_N4; j++) {
+            int64_t next = n + TILE_N4 + j < nrows ? n + TILE_N4 + j : nrows - 1;
+            wp[j] = w + (int64_t)(n + (j < nr ? j : 0)) * wstride;
+            pf[j] = w + next * wstride;
+        }
         for (int t = 0; t < ntok; t += TILE_T) {
             int mr = ntok - t < TILE_T ? ntok - t : TILE_T;
             const float *x = xb + t * ldx;
