@@ -129,9 +129,58 @@ static void print_info(const char *dir, const moeq_model *model, double load_ms)
            c->num_nextn_predict_layers, moeq_engine_cpu_kernels());
 }
 
+/*
+ * What fits on a device of mem_gib GiB: the weights as the CUDA backend holds them (every tensor in its
+ * stored dtype, F8 with its scales), the step arena of an engine with these params (measured on a CPU
+ * engine: the same layout), a reserve for the CUDA context and cuBLAS workspaces, and the latent cache
+ * with what is left: tokens in all, and sequences of a few lengths (whole cache blocks each).
+ */
+static int print_device_fit(const moeq_model *model, const moeq_engine_params *ep, double mem_gib, double reserve_gib) {
+    const moeq_model_config *c = moeq_model_get_config(model);
+    moeq_engine_params p = *ep;
+    p.kv_cache_tokens = p.kv_block_tokens * 4; /* the arena does not depend on the pool's size */
+    p.n_threads = 1;
+    char errstr[512] = "";
+    moeq_engine *e = NULL;
+    moeq_err err = moeq_engine_new(model, &p, &e, errstr, sizeof errstr);
+    if (err) {
+        fprintf(stderr, "moeq model-info: --device-memory-gib: %s (%s)\n", errstr, moeq_err_str(err));
+        return 1;
+    }
+    size_t weights = 0;
+    for (int i = 0; i < model->n_tensors; i++) weights += model->tensors[i].nbytes;
+    size_t per_token = moeq_engine_kv_bytes_per_token(e), arena = moeq_engine_step_arena_bytes(e);
+    size_t mtp_per_token = model->n_mtp_layers > 0 ? (size_t)model->n_mtp_layers * (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * 4 : 0;
+    moeq_engine_destroy(e);
+    double mem = mem_gib * 1073741824.0, reserve = reserve_gib * 1073741824.0;
+    double left = mem - (double)weights - (double)arena - reserve;
+    int64_t bt = p.kv_block_tokens, tokens = left > 0 ? (int64_t)(left / (double)(per_token + mtp_per_token)) / bt * bt : 0;
+    printf("{\"device_fit\": {\"memory_bytes\": %.0f, \"weights_bytes\": %zu, \"step_arena_bytes\": %zu, "
+           "\"max_step_tokens\": %d, \"reserve_bytes\": %.0f, \"kv_bytes_per_token\": %zu, "
+           "\"mtp_kv_bytes_per_token\": %zu, \"fits\": %s, \"kv_cache_tokens\": %lld, \"sequences\": {",
+           mem, weights, arena, p.max_step_tokens, reserve, per_token, mtp_per_token, tokens > 0 ? "true" : "false",
+           (long long)tokens);
+    static const int lens[] = {1024, 4096, 32768, 131072};
+    for (int i = 0; i < 4; i++) {
+        int64_t per_seq = (lens[i] + bt - 1) / bt * bt;
+        printf("%s\"%d\": %lld", i ? ", " : "", lens[i], (long long)(tokens / per_seq));
+    }
+    printf("}}}\n");
+    if (tokens <= 0)
+        fprintf(stderr, "moeq model-info: %.1f GiB does not hold the weights (%.2f GiB), the step arena (%.2f GiB) "
+                        "and the reserve (%.2f GiB) with room for one cache block\n",
+                mem_gib, weights / 1073741824.0, arena / 1073741824.0, reserve_gib);
+    return tokens > 0 ? 0 : 1;
+}
+
 #define MODEL_INFO_USAGE                                                                                   \
     "usage: moeq model-info --model DIR [--no-mtp] [--check-weights]\n"                                        \
+    "                       [--device-memory-gib G [--reserve-gib R] [--max-step-tokens N] [--max-seqs N]]\n" \
     "\n"                                                                                                       \
+    "  --device-memory-gib G  what fits on a device of G GiB (the CUDA backend): weights as stored, the\n"     \
+    "                   step arena for --max-step-tokens (default 2048) and --max-seqs (default 64), a\n"   \
+    "                   reserve for the CUDA context and cuBLAS (--reserve-gib, default 2), then the latent\n" \
+    "                   cache: tokens in all and sequences of 1k-128k tokens; exit 1 when nothing fits\n"   \
     "  --check-weights  also read every tensor (dequantised as the engine does: FP8 value x scale) and\n"      \
     "                   report those holding NaN, inf or |x| >= 1e30; exit 1 when any does\n"
 
@@ -159,6 +208,8 @@ static int check_weights(const moeq_model *model) {
 int moeq_cmd_model_info(int argc, char **argv) {
     const char *dir = NULL;
     int check = 0;
+    double device_gib = 0, reserve_gib = 2;
+    moeq_engine_params ep = moeq_engine_default_params();
     moeq_model_params params = moeq_model_default_params();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) {
@@ -167,6 +218,14 @@ int moeq_cmd_model_info(int argc, char **argv) {
             params.load_mtp = 0;
         } else if (!strcmp(argv[i], "--check-weights")) {
             check = 1;
+        } else if (!strcmp(argv[i], "--device-memory-gib") && i + 1 < argc && atof(argv[i + 1]) > 0) {
+            device_gib = atof(argv[++i]);
+        } else if (!strcmp(argv[i], "--reserve-gib") && i + 1 < argc && atof(argv[i + 1]) >= 0) {
+            reserve_gib = atof(argv[++i]);
+        } else if (!strcmp(argv[i], "--max-step-tokens") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            ep.max_step_tokens = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--max-seqs") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            ep.max_seqs = atoi(argv[++i]);
         } else {
             int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr, MODEL_INFO_USAGE);
@@ -188,6 +247,7 @@ int moeq_cmd_model_info(int argc, char **argv) {
     }
     print_info(dir, model, load_ms);
     int rc = check ? check_weights(model) : 0;
+    if (!rc && device_gib > 0) rc = print_device_fit(model, &ep, device_gib, reserve_gib);
     moeq_model_destroy(model);
     return rc;
 }

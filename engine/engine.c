@@ -224,6 +224,7 @@ static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
     arena a = {0}, h = {0};
     layout_scratch(e, &a);
     layout_host(e, &h);
+    e->arena_bytes = a.off;
     if (!(e->arena = e->backend->alloc(e->backend, MOEQ_BUFFER_ARENA, a.off)) ||
         !(e->host_arena = aligned_alloc(64, h.off)))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "step scratch of %zu bytes (max_step_tokens %d)",
@@ -289,6 +290,8 @@ const char *moeq_engine_backend_info(const moeq_engine *engine) {
 }
 
 size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine) { return moeq_kv_cache_bytes_per_token(engine->cache); }
+
+size_t moeq_engine_step_arena_bytes(const moeq_engine *engine) { return engine->arena_bytes; }
 
 moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id) {
     if (!engine || !seq_id) return MOEQ_ERR_INVALID_ARG;

@@ -72,6 +72,7 @@ struct moeq_engine {
     float *final_norm;       /* [hidden] backend buffer */
     moeq_scratch s;
     void *arena;             /* backend buffer: the step's activations */
+    size_t arena_bytes;
     void *host_arena;        /* the step's metadata                    */
     int naive_attention;     /* tests: expanded K/V instead of absorption */
     struct moeq_moe_layer *moe; /* the MoE seam (moe_layer.c); NULL without routed experts */

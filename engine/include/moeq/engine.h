@@ -137,6 +137,8 @@ int moeq_engine_max_model_len(const moeq_engine *engine);
 
 /* Bytes of KV cache per token (compressed latent + rope key, all layers). */
 size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine);
+/* Bytes of the step arena (activations of max_step_tokens tokens) the backend holds for this engine. */
+size_t moeq_engine_step_arena_bytes(const moeq_engine *engine);
 
 /* A sequence: a slot with its own block table. Returns MOEQ_ERR_LIMIT when max_seqs are alive. */
 moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id);
