@@ -109,6 +109,13 @@ static inline __attribute__((always_inline)) void tile_rows(const moeq_mm_job *j
     }
 }
 
+/* Rows of the next NT tile with `left` rows to go: tn, but 6-row tiles end a run of 7 or 8 as 4 + 3 or 4 + 4
+ * (a 32-row block is 6+6+6+6+4+4, not ...+6+2: a 2-row tile does 8 fmas per 6 loads). */
+static inline int tile_rows_at(int64_t left, int tn) {
+    if (tn == 6 && (left == 7 || left == 8)) return 4;
+    return (int)(left < tn ? left : tn);
+}
+
 /* ---- scalar emulation (also the fallback) --------------------------------- */
 
 static float f16_to_f32(uint16_t h) {
@@ -333,7 +340,7 @@ static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm
     const int tn = t1 - t0 <= 3 ? TILE_N1 : t1 - t0 == 4 ? TILE_N4 : TILE_N;
     prefetch_head(base, row_bytes, n0, n1);
     for (int64_t n = n0, next; n < n1; n = next) {
-        int nr = (int)(n1 - n < tn ? n1 - n : tn);
+        int nr = tile_rows_at(n1 - n, tn);
         if (dt == MOEQ_DTYPE_F8_E4M3) {
             int64_t edge = MOEQ_F8_BLOCK - (job->row0 + n) % MOEQ_F8_BLOCK;
             if (nr > edge) nr = (int)edge;
@@ -418,8 +425,8 @@ static T512 ALWAYS_INLINE void nt_tile512_step(const int mr, const int nr, const
 static T512 ALWAYS_INLINE void nt_step_block512(const moeq_dtype dt, const uint8_t *w, int64_t wstride, int nrows,
                                                 const float *xb, int64_t ldx, int ntok, int64_t L, int first,
                                                 int last, float *acc_base, float *yb, int64_t ldy) {
-    for (int n = 0; n < nrows; n += TILE_N4) {
-        int nr = nrows - n < TILE_N4 ? nrows - n : TILE_N4;
+    for (int n = 0, nr; n < nrows; n += nr) {
+        nr = tile_rows_at(nrows - n, TILE_N4);
         const uint8_t *wp[TILE_N4], *pf[TILE_N4]; /* pf: the next row group's (the first token tile fetches it) */
         for (int j = 0; j < TILE_N4; j++) {
             int64_t next = n + TILE_N4 + j < nrows ? n + TILE_N4 + j : nrows - 1;
