@@ -107,6 +107,21 @@ function countDecodes(ctx) {
     return stats;
 }
 
+// node-llama-cpp's default schedule dispatches the batch on the next event-loop turn; the
+// sequences' tokens are sampled on worker threads and come back one by one, so on a busy
+// machine a step of B tokens was split into two or more llama_decode calls. This dispatches
+// when all B sequences have queued their token (LlamaContext._queuedDecodeSequenceIds, an
+// internal), or after 250 ms, so that a step is one llama_decode of B tokens as in moeq.
+function wholeStep(getCtx, B, dispatch) {
+    const t0 = now();
+    const tick = () => {
+        const queued = getCtx()?._queuedDecodeSequenceIds?.size;
+        if (queued === undefined || queued >= B || now() - t0 > 0.25) dispatch();
+        else setImmediate(tick);
+    };
+    setImmediate(tick);
+}
+
 // One sequence's greedy generation; `onToken` returns false to stop. A generation that ends
 // (an end-of-generation token) starts again from a fixed token, so the step count stays B.
 async function generate(seq, first, onToken) {
@@ -122,8 +137,10 @@ async function generate(seq, first, onToken) {
 
 async function decode(model, a, B, vocab) {
     const maxSteps = 200;
-    const ctx = await model.createContext({ contextSize: a.decodePrompt + maxSteps + 16, batchSize: Math.max(a.ubatch, B),
-        sequences: B, threads: a.threads, ignoreMemorySafetyChecks: true });
+    let ctx = null;
+    ctx = await model.createContext({ contextSize: a.decodePrompt + maxSteps + 16, batchSize: Math.max(a.ubatch, B),
+        sequences: B, threads: a.threads, ignoreMemorySafetyChecks: true,
+        batching: { dispatchSchedule: (dispatch) => wholeStep(() => ctx, B, dispatch) } });
     try {
         const seqs = Array.from({ length: B }, () => ctx.getSequence());
         await Promise.all(seqs.map((s, b) => s.evaluateWithoutGeneratingNewTokens(idsFor(a.decodePrompt, 10 + b, vocab))));

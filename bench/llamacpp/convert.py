@@ -43,8 +43,8 @@ import numpy as np
 
 try:
     import gguf
-except ImportError:  # scripts/setup.d/50-llamacpp-anchor.sh installs gguf-py into .deps/gguf-py
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".deps", "gguf-py"))
+except ImportError:  # scripts/setup.d/50-llamacpp-anchor.sh installs gguf-py (pip --target) beside this file
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pylib"))
     import gguf
 
 Q = gguf.GGMLQuantizationType
