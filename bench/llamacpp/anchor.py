@@ -27,7 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = (1, 8, 32, 128)
 PREFILLS = (512, 2048)
-AGREE_PROMPT_LEN = 16
+AGREE_PROMPT_LEN = 32
 GREEDY_TOKENS = 8
 
 
@@ -114,10 +114,13 @@ def llama_side(a, gguf, prompt):
 
 
 def agreement(moeq_logits, llama_positions, moeq_greedy, llama_greedy):
-    """Loose: both sides compute in BF16 / 8-bit with other reduction orders, and a random-weight
-    MoE's router has near-ties, so a rounding difference may pick another expert and move a
-    position's logits a lot. A wrong conversion (a transposed or misnamed tensor) agrees on
-    almost nothing (1 in 129,280 by chance); the same model agrees on most positions."""
+    """Loose on purpose: both sides compute in BF16 / 8-bit with other reduction orders, and a
+    random-weight MoE's router has near-ties, so a rounding difference may pick another expert
+    and move a position's logits (and, through its KV entries, later positions') a lot. On the
+    bench preset moeq's own BF16 and FP8 checkpoints (the same model, rounded apart by FP8)
+    agree on 25 % of top-1s; a wrong conversion (a transposed or misnamed tensor) agrees on
+    none (1 in 129,280 by chance). The greedy continuations are reported, not required to
+    match: one near-tie changes the rest."""
     m_pos = moeq_logits["positions"]
     n = min(len(m_pos), len(llama_positions))
     top1 = sum(m_pos[i]["ids"][0] == llama_positions[i]["ids"][0] for i in range(n))
@@ -126,7 +129,7 @@ def agreement(moeq_logits, llama_positions, moeq_greedy, llama_greedy):
     prefix = 0
     while prefix < min(len(moeq_greedy), len(llama_greedy)) and moeq_greedy[prefix] == llama_greedy[prefix]:
         prefix += 1
-    same = n > 0 and top1 / n >= 0.5 and in5 / n >= 0.6 and prefix >= 1
+    same = n > 0 and top1 / n >= 0.3 and in5 / n >= 0.5
     return {"positions": n, "top1_agree": round(top1 / n, 3) if n else 0,
             "top1_in_other_top5": round(in5 / n, 3) if n else 0,
             "greedy_common_prefix": prefix, "greedy_tokens": len(moeq_greedy), "same_model": same}
