@@ -110,13 +110,14 @@ function countDecodes(ctx) {
 // node-llama-cpp's default schedule dispatches the batch on the next event-loop turn; the
 // sequences' tokens are sampled on worker threads and come back one by one, so on a busy
 // machine a step of B tokens was split into two or more llama_decode calls. This dispatches
-// when all B sequences have queued their token (LlamaContext._queuedDecodeSequenceIds, an
-// internal), or after 250 ms, so that a step is one llama_decode of B tokens as in moeq.
-function wholeStep(getCtx, B, dispatch) {
+// when every sequence still generating has queued its token (LlamaContext._queuedDecodeSequenceIds,
+// an internal), or after 5 s (a safety net only), so that a step is one llama_decode of B
+// tokens as in moeq.
+function wholeStep(getCtx, active, dispatch) {
     const t0 = now();
     const tick = () => {
         const queued = getCtx()?._queuedDecodeSequenceIds?.size;
-        if (queued === undefined || queued >= B || now() - t0 > 0.25) dispatch();
+        if (queued === undefined || queued >= active() || now() - t0 > 5) dispatch();
         else setImmediate(tick);
     };
     setImmediate(tick);
@@ -127,7 +128,7 @@ function wholeStep(getCtx, B, dispatch) {
 async function generate(seq, first, onToken) {
     let next = first;
     for (;;) {
-        for await (const tok of seq.evaluate([next], { temperature: 0 })) {
+        for await (const tok of seq.evaluate([next], { temperature: 0, yieldEogToken: true })) {
             if (!onToken(tok)) return;
             next = tok;
         }
@@ -137,17 +138,17 @@ async function generate(seq, first, onToken) {
 
 async function decode(model, a, B, vocab) {
     const maxSteps = 200;
-    let ctx = null;
+    let ctx = null, active = B; // sequences still generating
     ctx = await model.createContext({ contextSize: a.decodePrompt + maxSteps + 16, batchSize: Math.max(a.ubatch, B),
         sequences: B, threads: a.threads, ignoreMemorySafetyChecks: true,
-        batching: { dispatchSchedule: (dispatch) => wholeStep(() => ctx, B, dispatch) } });
+        batching: { dispatchSchedule: (dispatch) => wholeStep(() => ctx, () => active, dispatch) } });
     try {
         const seqs = Array.from({ length: B }, () => ctx.getSequence());
         await Promise.all(seqs.map((s, b) => s.evaluateWithoutGeneratingNewTokens(idsFor(a.decodePrompt, 10 + b, vocab))));
         // steps[b] = tokens sequence b has generated; a step ends when every sequence has its token
         const done = new Array(B).fill(0);
         const decodes = countDecodes(ctx);
-        let t0 = 0, t1 = 0, stepsTimed = 0, stop = false, calls0 = 0, tokens0 = 0;
+        let t0 = 0, t1 = 0, stepsTimed = 0, stop = false, calls0 = 0, tokens0 = 0, calls1 = 0, tokens1 = 0;
         const onToken = (b) => () => {
             done[b]++;
             const minDone = Math.min(...done);
@@ -158,17 +159,18 @@ async function decode(model, a, B, vocab) {
             if (minDone > 1 && minDone - 1 > stepsTimed) {
                 stepsTimed = minDone - 1;
                 t1 = now();
+                if (decodes) [calls1, tokens1] = [decodes.calls, decodes.tokens];
                 if (t1 - t0 >= a.minSeconds || stepsTimed >= maxSteps - 1) stop = true;
             }
             return !stop && done[b] < maxSteps;
         };
-        await Promise.all(seqs.map((s, b) => generate(s, b + 2, onToken(b))));
+        await Promise.all(seqs.map((s, b) => generate(s, b + 2, onToken(b)).finally(() => active--)));
         const s = t1 - t0;
         const r = { batch: B, steps: stepsTimed, tokens_per_s: s > 0 ? +(B * stepsTimed / s).toFixed(2) : 0,
             step_ms: stepsTimed ? +(s / stepsTimed * 1e3).toFixed(2) : 0 };
-        if (decodes && decodes.calls > calls0) {
-            r.llama_decode_calls = decodes.calls - calls0;
-            r.tokens_per_llama_decode = +((decodes.tokens - tokens0) / (decodes.calls - calls0)).toFixed(2);
+        if (decodes && calls1 > calls0) { // the decodes of the timed steps
+            r.llama_decode_calls = calls1 - calls0;
+            r.tokens_per_llama_decode = +((tokens1 - tokens0) / (calls1 - calls0)).toFixed(2);
         }
         return r;
     } finally {

@@ -135,7 +135,7 @@ class Plan:
     def __init__(self, ckpt, hp, outtype):
         self.ckpt, self.hp, self.outtype = ckpt, hp, outtype
         self.items = []
-        self.fp8 = hp.get("quantization_config", {}).get("quant_method") == "fp8"
+        self.fp8 = (hp.get("quantization_config") or {}).get("quant_method") == "fp8"
         self.names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, hp["num_hidden_layers"])
 
     def gguf_name(self, hf_name):

@@ -32,7 +32,8 @@ elif ! command -v npm >/dev/null; then
   warn "npm not found"
 else
   echo "setup: installing node-llama-cpp for the llama.cpp anchor (bench/llamacpp, npm ci)"
-  retry bash -c "cd '$dir' && npm ci --omit=optional --no-audit --no-fund --loglevel=error >/dev/null" ||
+  npm_ci() { (cd "$dir" && npm ci --omit=optional --no-audit --no-fund --loglevel=error >/dev/null); }
+  retry npm_ci ||
     warn "npm ci in bench/llamacpp failed 3 times"
 fi
 
