@@ -73,7 +73,7 @@ def gguf_for(model_dir, work, outtype):
     return out, info
 
 
-def moeq_side(a, model_dir, vocab, prompt):
+def moeq_side(a, model_dir, prompt):
     bench = os.path.join(a.build, "bench", "bench-engine")
     moeq = os.path.join(a.build, "cli", "moeq")
     common = [bench, "--model", model_dir, "--threads", str(a.threads), "--contexts", "1"]
@@ -150,7 +150,7 @@ def one_model(a, model_dir):
     hp, (moeq_dtype, llama_type) = checkpoint_kind(model_dir)
     prompt = ids_for(AGREE_PROMPT_LEN, 3, hp["vocab_size"])
     gguf, conv = gguf_for(model_dir, a.work, llama_type)
-    moeq = moeq_side(a, model_dir, hp["vocab_size"], prompt)
+    moeq = moeq_side(a, model_dir, prompt)
     llama = llama_side(a, gguf, prompt)
     agree = agreement(moeq["raw"]["logits"], llama["raw"]["greedy"]["positions"], moeq["greedy"], llama["greedy"])
     if not agree["same_model"]:
