@@ -92,7 +92,8 @@ def scan(root):
     files = []
     for top in FOLDERS:
         for dirpath, dirnames, names in os.walk(os.path.join(root, top)):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            # node_modules: installed npm packages (bench/llamacpp's node-llama-cpp), not our sources
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "node_modules")
             for n in sorted(names):
                 if n.endswith(EXTS):
                     files.append(os.path.relpath(os.path.join(dirpath, n), root))
