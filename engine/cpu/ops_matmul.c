@@ -160,7 +160,7 @@ static inline float wscalar(moeq_dtype dt, const uint8_t *p, const float *srow, 
     return 0.0f;
 }
 
-/* e4m3 -> f16 by bit placement (sign to bit 15, exponent+mantissa to bits 7..14): the f16 value is the
+/* e4m3 -> f16 by bit placement (sign to bit 15, exponent+mantissa to bits 7..13): the f16 value is the
  * f8 value / 256 for normals and subnormals alike, so vcvtph2ps widens it without denormal stalls. */
 static inline uint16_t f8_to_f16_bits(uint8_t b) { return (uint16_t)(((b & 0x80u) << 8) | ((b & 0x7fu) << 7)); }
 
