@@ -209,6 +209,9 @@ struct moeq_backend {
     moeq_err (*status)(const moeq_backend *backend, char *errstr, size_t errstr_size);
     /* One line on how it runs (device, kernels vs libraries, weight paths); NULL: the name says it all. */
     const char *(*describe)(const moeq_backend *backend);
+    /* Memory of the device it runs on: *used bytes in use (by anyone: cudaMemGetInfo's total - free; the CPU
+     * counts what this backend allocated), *total its size. NULL: not known. */
+    void (*memory)(const moeq_backend *backend, size_t *used, size_t *total);
 
     /* ---- ops ---- */
     /* All jobs of one call run as one parallel dispatch (e.g. every expert's GEMM). */

@@ -293,6 +293,12 @@ size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine) { return moeq_k
 
 size_t moeq_engine_step_arena_bytes(const moeq_engine *engine) { return engine->arena_bytes; }
 
+void moeq_engine_device_memory(const moeq_engine *engine, size_t *used, size_t *total) {
+    *used = *total = 0;
+    const moeq_backend *b = engine ? engine->backend : NULL;
+    if (b && b->memory) b->memory(b, used, total);
+}
+
 moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id) {
     if (!engine || !seq_id) return MOEQ_ERR_INVALID_ARG;
     moeq_err err = moeq_kv_cache_seq_new(engine->cache, seq_id);

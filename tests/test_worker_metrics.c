@@ -122,10 +122,34 @@ static void running_and_waiting_jobs_and_kv_cache_usage_are_gauges(void **state)
     assert_non_null(strstr(buf, want));
 }
 
+/* The device the engine runs on (issue 14): backend and ordinal, its memory, the latent cache pool. */
+static void the_device_its_memory_and_the_kv_pool_are_gauges(void **state) {
+    (void)state;
+    static moeq_worker_metrics m;
+    memset(&m, 0, sizeof m);
+    char buf[65536];
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_null(strstr(buf, "moeq_worker_device_info")); /* before the engine exists: nothing claimed */
+    snprintf(m.device_backend, sizeof m.device_backend, "cuda");
+    m.device_ordinal = 3;
+    atomic_store(&m.device_used_bytes, 5000000000LL);
+    atomic_store(&m.device_total_bytes, 150000000000LL);
+    atomic_store(&m.kv_pool_bytes, 603979776LL);
+    atomic_store(&m.device_known, 1);
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_non_null(strstr(buf, "moeq_worker_device_info{worker=\"w1\",backend=\"cuda\",device=\"3\"} 1\n"));
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_device_memory_used_bytes gauge\n"
+                                "moeq_worker_device_memory_used_bytes{worker=\"w1\"} 5000000000\n"));
+    assert_non_null(strstr(buf, "moeq_worker_device_memory_total_bytes{worker=\"w1\"} 150000000000\n"));
+    assert_non_null(strstr(buf, "moeq_worker_kv_pool_bytes{worker=\"w1\"} 603979776\n"));
+}
+
 static void every_worker_metric_follows_the_prometheus_conventions(void **state) {
     (void)state;
     static moeq_worker_metrics m;
     memset(&m, 0, sizeof m);
+    snprintf(m.device_backend, sizeof m.device_backend, "cpu");
+    atomic_store(&m.device_known, 1); /* the device families too */
     moeq_result r = result(MOEQ_RESULT_OK, MOEQ_FINISH_STOP, 1, 2);
     moeq_worker_metrics_observe_result(&m, &r);
     char buf[65536];
@@ -163,6 +187,7 @@ int main(void) {
         cmocka_unit_test(engine_seconds_total_holds_seconds_not_nanoseconds),
         cmocka_unit_test(results_are_counted_by_status_and_finish_reason_with_their_tokens),
         cmocka_unit_test(running_and_waiting_jobs_and_kv_cache_usage_are_gauges),
+        cmocka_unit_test(the_device_its_memory_and_the_kv_pool_are_gauges),
         cmocka_unit_test(every_worker_metric_follows_the_prometheus_conventions),
         cmocka_unit_test(mtp_totals_and_the_acceptance_rate_are_rendered),
     };

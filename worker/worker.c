@@ -320,6 +320,14 @@ static moeq_err open_grammars(moeq_worker *w, char *errstr, size_t errstr_size) 
                                   errstr_size);
 }
 
+/* The device's memory into the metrics (cudaMemGetInfo on a GPU: cheap, no sync). */
+static void worker_device_metrics(moeq_worker *w) {
+    size_t used = 0, total = 0;
+    if (w->engine) moeq_engine_device_memory(w->engine, &used, &total);
+    atomic_store(&w->metrics.device_used_bytes, (long long)used);
+    atomic_store(&w->metrics.device_total_bytes, (long long)total);
+}
+
 static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     const moeq_worker_params *p = &w->params;
     moeq_err err = moeq_model_load(p->model, NULL, &w->model, errstr, errstr_size);
@@ -346,6 +354,12 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     snprintf(w->model_name, sizeof w->model_name, "%.127s", base && base[1] ? base + 1 : p->model);
     moeq_log(MOEQ_LOG_INFO, COMP, "engine_backend", "model=%s backend=%s device=%d info=\"%s\"", w->model_name,
              ep.backend, ep.device, moeq_engine_backend_info(w->engine));
+    worker_device_metrics(w);
+    snprintf(w->metrics.device_backend, sizeof w->metrics.device_backend, "%s", ep.backend);
+    w->metrics.device_ordinal = ep.device;
+    atomic_store(&w->metrics.kv_pool_bytes,
+                 (long long)(p->kv_cache_tokens * (int64_t)moeq_engine_kv_bytes_per_token(w->engine)));
+    atomic_store(&w->metrics.device_known, 1);
 
     int32_t eos = w->tok && moeq_tokenizer_eos_id(w->tok) >= 0 ? moeq_tokenizer_eos_id(w->tok)
                                                                : moeq_model_get_config(w->model)->eos_token_id;
@@ -1333,6 +1347,7 @@ static void heartbeat(moeq_worker *w, int64_t now) {
     atomic_store(&w->metrics.requests_waiting, st.pending);
     atomic_store(&w->metrics.kv_reserved_tokens, st.kv_reserved_tokens);
     atomic_store(&w->metrics.kv_capacity_tokens, w->params.kv_cache_tokens);
+    worker_device_metrics(w);
 }
 
 /*

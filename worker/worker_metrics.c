@@ -105,6 +105,17 @@ static void vllm_set(out_buf *o, const moeq_worker_metrics *m, const char *wid) 
     emit(o, "# HELP moeq_worker_kv_cache_usage_ratio KV cache tokens reserved by running jobs / kv_cache_tokens (0..1)\n"
             "# TYPE moeq_worker_kv_cache_usage_ratio gauge\nmoeq_worker_kv_cache_usage_ratio{worker=\"%s\"} %.4f\n",
          wid, cap > 0 ? (double)LOAD(m->kv_reserved_tokens) / (double)cap : 0.0);
+    if (atomic_load(&m->device_known)) {
+        emit(o, "# HELP moeq_worker_device_info the compute backend and device this worker runs on (always 1)\n"
+                "# TYPE moeq_worker_device_info gauge\nmoeq_worker_device_info{worker=\"%s\",backend=\"%s\",device=\"%d\"} 1\n",
+             wid, m->device_backend, m->device_ordinal);
+        counter(o, "device_memory_used_bytes", "memory in use on the device (cuda: the driver's total - free; cpu: "
+                "this engine's buffers)", "gauge", wid, LOAD(m->device_used_bytes));
+        counter(o, "device_memory_total_bytes", "memory of the device (cpu: the machine's)", "gauge", wid,
+                LOAD(m->device_total_bytes));
+        counter(o, "kv_pool_bytes", "bytes of the latent cache pool (kv_cache_tokens x bytes per token)", "gauge", wid,
+                LOAD(m->kv_pool_bytes));
+    }
     counter(o, "prompt_tokens_total", "prompt tokens of the jobs answered (results' usage)", "counter", wid,
             LOAD(m->prompt_tokens));
     counter(o, "generation_tokens_total", "tokens generated for the jobs answered (results' usage)", "counter", wid,

@@ -51,6 +51,12 @@ typedef struct moeq_worker_metrics {
     atomic_llong requests_waiting;                /* gauge: jobs taken, waiting for a slot          */
     atomic_llong kv_reserved_tokens, kv_capacity_tokens; /* gauges: kv_cache_usage_ratio = reserved / capacity */
     atomic_llong prompt_tokens, generation_tokens; /* results' usage                                */
+    /* The device the engine runs on: memory in use and in all (0/0 unknown), the latent cache pool's bytes;
+     * device_label holds the backend name and ordinal once device_known is 1 (set once the engine exists). */
+    atomic_llong device_used_bytes, device_total_bytes, kv_pool_bytes;
+    atomic_int device_known;
+    char device_backend[16];
+    int device_ordinal;
     atomic_llong results[MOEQ_RESULT_STATUS__COUNT][MOEQ_FINISH__COUNT]; /* by status, finish reason */
     moeq_worker_hist ttft;                        /* batch taken -> first token                    */
     moeq_worker_hist tpot;                        /* decode time / (completion tokens - 1)         */

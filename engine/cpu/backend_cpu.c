@@ -19,8 +19,10 @@
  */
 #include "backend.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "attention.h"
@@ -49,6 +51,7 @@ typedef struct cpu_backend {
     int64_t *attn_group;   /* [attn_group_max + 1] first token of each attention group, then n_tok */
     int64_t attn_group_max;
     int attn_grouped;      /* this call's tasks are groups (else one token each) */
+    atomic_llong held_bytes;   /* what alloc() handed out and release() has not taken back */
     float **scores;    /* [n_threads] HEAD_BLOCK * max_ctx */
     int64_t *task_end; /* [max_jobs] prefix sums of tasks per job */
     /* the current dispatch */
@@ -196,15 +199,33 @@ static void cpu_attention(moeq_backend *b, const moeq_mla_params *args) {
 
 /* ---- memory and stream ------------------------------------------------------ */
 
+/* Each buffer carries its size in a 64-byte header, so the backend can say what it holds (memory()). */
 static void *cpu_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
-    (void)b;
     (void)kind;
-    return aligned_alloc(64, (bytes + 63) / 64 * 64 + (bytes == 0) * 64);
+    size_t size = (bytes + 63) / 64 * 64 + (bytes == 0) * 64;
+    char *p = aligned_alloc(64, size + 64);
+    if (!p) return NULL;
+    memcpy(p, &size, sizeof size);
+    atomic_fetch_add(&((cpu_backend *)b)->held_bytes, (long long)size);
+    return p + 64;
 }
 
 static void cpu_release(moeq_backend *b, void *buffer) {
-    (void)b;
-    free(buffer);
+    if (!buffer) return;
+    char *p = (char *)buffer - 64;
+    size_t size;
+    memcpy(&size, p, sizeof size);
+    atomic_fetch_sub(&((cpu_backend *)b)->held_bytes, (long long)size);
+    free(p);
+}
+
+/* Used: the buffers this backend holds (the cache pool, the step arena; the weights are the mapped file, shared
+ * with the page cache); total: the machine's memory. */
+static void cpu_memory(const moeq_backend *b, size_t *used, size_t *total) {
+    long long held = atomic_load(&((const cpu_backend *)b)->held_bytes);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    *used = held > 0 ? (size_t)held : 0;
+    *total = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
 }
 
 static void cpu_copy(moeq_backend *b, void *dst, const void *src, size_t bytes) {
@@ -438,6 +459,7 @@ static const moeq_backend cpu_table = {
     .gather = cpu_gather,
     .combine = cpu_combine,
     .describe = cpu_describe,
+    .memory = cpu_memory,
     .destroy = cpu_destroy,
 };
 

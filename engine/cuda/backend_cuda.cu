@@ -908,6 +908,15 @@ static int cuda_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype d
 
 static const char *cuda_describe(const moeq_backend *b) { return ((const cuda_backend *)b)->info; }
 
+// The device's memory as the driver counts it (every process on it): used = total - free. 0/0 when it cannot say.
+static void cuda_memory(const moeq_backend *b, size_t *used, size_t *total) {
+    (void)b;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0;
+    *used = total_b - free_b;
+    *total = total_b;
+}
+
 static void cuda_destroy(moeq_backend *b) {
     cuda_backend *cb = (cuda_backend *)b;
     if (!cb) return;
@@ -936,6 +945,7 @@ static const moeq_backend cuda_table = {
     .sync = cuda_sync,
     .status = cuda_status,
     .describe = cuda_describe,
+    .memory = cuda_memory,
     .matmul = cuda_matmul,
     .matmul_nn = cuda_matmul_nn,
     .attention = cuda_attention,

@@ -140,6 +140,9 @@ size_t moeq_engine_kv_bytes_per_token(const moeq_engine *engine);
 /* Bytes of the step arena (activations of max_step_tokens tokens) the backend holds for this engine. */
 size_t moeq_engine_step_arena_bytes(const moeq_engine *engine);
 
+/* The memory of the device the engine runs on (see backend.h's memory op): 0 when its backend cannot say. */
+void moeq_engine_device_memory(const moeq_engine *engine, size_t *used, size_t *total);
+
 /* A sequence: a slot with its own block table. Returns MOEQ_ERR_LIMIT when max_seqs are alive. */
 moeq_err moeq_engine_seq_new(moeq_engine *engine, int *seq_id);
 void moeq_engine_seq_free(moeq_engine *engine, int seq_id);
