@@ -58,10 +58,23 @@ static moeq_err ucx_fail(ucs_status_t st, const char *what, char *errstr, size_t
     return moeq_errf(MOEQ_ERR_IO, errstr, n, "ep ucx: %s: %s", what, ucs_status_string(st));
 }
 
+/*
+ * Messages below this go eagerly (one send, copied once on arrival), above it
+ * by rendezvous (a handshake, then zero-copy). UCX's tcp default (8 KB) makes
+ * even a one-token dispatch of DeepSeek-V3's rows (28 KB in f32) a
+ * rendezvous: three messages where one would do (~240 us against ~10 us on
+ * the development machine). UCX_RNDV_THRESH, when set, wins.
+ */
+#define EP_UCX_RNDV_THRESH "65536"
+
 static moeq_err open_worker(moeq_ep_tp *tp, char *errstr, size_t n) {
     ucp_config_t *cfg = NULL;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) return ucx_fail(st, "ucp_config_read", errstr, n);
+    if (!getenv("UCX_RNDV_THRESH") && (st = ucp_config_modify(cfg, "RNDV_THRESH", EP_UCX_RNDV_THRESH)) != UCS_OK) {
+        ucp_config_release(cfg);
+        return ucx_fail(st, "ucp_config_modify RNDV_THRESH", errstr, n);
+    }
     ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG};
     st = ucp_init(&pp, cfg, &tp->ctx);
     ucp_config_release(cfg);
