@@ -49,6 +49,7 @@ typedef struct wjob {
      * before the scheduler hears "delivered" (MSG_* bits), and the ones it did. */
     int handle;                    /* scheduler handle of the published result, -1 before */
     unsigned char need, acked, inflight;
+    unsigned char delivered;       /* every message it needed was acknowledged (job_settle) */
     unsigned char failures;        /* unclassified (IO) delivery failures of its messages */
     char *reason;                  /* owned: DLQ `moeq-reason` / undeliverable cause */
     moeq_grammar *grammar;         /* response_format's compiled grammar (a reference), NULL = none */
@@ -165,6 +166,7 @@ static void job_settle(moeq_worker *w, wjob *job) {
     moeq_sched_delivered(w->sched, job->handle, 1);
     job->handle = -1;
     job->need = job->acked = 0;
+    job->delivered = 1;
 }
 
 /*
@@ -1443,14 +1445,42 @@ static int group_tick(moeq_worker *w) {
  * once by its next start) or for anyone after visibility_timeout_ms. A supervisor restarts every rank and the
  * group forms again under a new generation.
  */
+/*
+ * Batches left pending after a group failure: the jobs among them whose results went out are marked done in
+ * their records (the entry stays pending), so whoever takes the batch next skips them (admit_entry) instead of
+ * answering them again. Returns how many were marked.
+ */
+static int mark_delivered_jobs(moeq_worker *w) {
+    int marked = 0;
+    for (wbatch *b = w->held; b; b = b->next) {
+        if (b->ack_due) continue; /* its acknowledgement failed: the next turn's ack marks every job */
+        char *pick = calloc(b->entry.n_jobs ? b->entry.n_jobs : 1, 1);
+        int n = 0;
+        for (size_t i = 0; pick && i < b->entry.n_jobs; i++)
+            if (b->jobs[i].delivered && b->states[i] != 'D') {
+                pick[i] = 1, n++;
+                b->states[i] = b->jobs[i].state == 'F' ? 'F' : '-';
+            }
+        char err[256] = "";
+        if (n && worker_io_mark_finished(w->redis, &w->params, w->params.worker_id, &b->entry, b->states, pick, err,
+                                         sizeof err) == MOEQ_OK)
+            marked += n;
+        else if (n)
+            moeq_log(MOEQ_LOG_WARN, COMP, "mark_done_failed", "entry=%s jobs=%d reason=\"%s\"", b->entry.id, n, err);
+        free(pick);
+    }
+    return marked;
+}
+
 static moeq_err group_abort(moeq_worker *w, char *errstr, size_t errstr_size) {
     moeq_kafka_producer_flush(w->producer, 2000, NULL, 0);
     ack_batches(w);
+    int marked = mark_delivered_jobs(w);
     char err[256];
     worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, NULL, 0, err, sizeof err);
     moeq_log(MOEQ_LOG_ERROR, COMP, "ep_group_failed", "group=%s generation=%lld rank=%d ranks=%d batches_pending=%d "
-             "err=%s reason=\"%s\"", w->params.ep_group, (long long)worker_group_generation(w->group),
-             worker_group_rank(w->group), worker_group_ranks(w->group), w->n_held, moeq_err_str(w->group_err),
+             "jobs_marked_done=%d err=%s reason=\"%s\"", w->params.ep_group, (long long)worker_group_generation(w->group),
+             worker_group_rank(w->group), worker_group_ranks(w->group), w->n_held, marked, moeq_err_str(w->group_err),
              w->group_why);
     return moeq_errf(w->group_err, errstr, errstr_size,
                      "expert-parallel group %s (generation %lld, rank %d of %d) failed: %s; %d batch(es) left pending",
