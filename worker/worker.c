@@ -50,6 +50,7 @@ typedef struct wjob {
     int handle;                    /* scheduler handle of the published result, -1 before */
     unsigned char need, acked, inflight;
     unsigned char delivered;       /* every message it needed was acknowledged (job_settle) */
+    unsigned char marked;          /* ... and its record says so (mark_delivered_jobs)  */
     unsigned char failures;        /* unclassified (IO) delivery failures of its messages */
     char *reason;                  /* owned: DLQ `moeq-reason` / undeliverable cause */
     moeq_grammar *grammar;         /* response_format's compiled grammar (a reference), NULL = none */
@@ -1446,28 +1447,33 @@ static int group_tick(moeq_worker *w) {
  * group forms again under a new generation.
  */
 /*
- * Batches left pending after a group failure: the jobs among them whose results went out are marked done in
- * their records (the entry stays pending), so whoever takes the batch next skips them (admit_entry) instead of
- * answering them again. Returns how many were marked.
+ * Jobs whose results went out, in batches not yet acknowledged (a rolling
+ * batch finishes its jobs one by one): their records are marked done at once
+ * (the entry stays pending until every job is out), so a worker that takes
+ * the batch over after this one dies (kill -9, a failed group) skips them
+ * (admit_entry) instead of answering them again. One pipeline per batch with
+ * news, after the loop's acknowledgements. Returns how many were marked.
  */
 static int mark_delivered_jobs(moeq_worker *w) {
     int marked = 0;
     for (wbatch *b = w->held; b; b = b->next) {
-        if (b->ack_due) continue; /* its acknowledgement failed: the next turn's ack marks every job */
-        char *pick = calloc(b->entry.n_jobs ? b->entry.n_jobs : 1, 1);
-        int n = 0;
-        for (size_t i = 0; pick && i < b->entry.n_jobs; i++)
-            if (b->jobs[i].delivered && b->states[i] != 'D') {
-                pick[i] = 1, n++;
-                b->states[i] = b->jobs[i].state == 'F' ? 'F' : '-';
-            }
+        if (b->ack_due) continue; /* the acknowledgement writes every record */
+        size_t n_new = 0;
+        for (size_t i = 0; i < b->entry.n_jobs; i++) n_new += b->jobs[i].delivered && !b->jobs[i].marked;
+        if (!n_new) continue;
+        char *pick = calloc(b->entry.n_jobs, 1), *st = calloc(b->entry.n_jobs, 1);
+        for (size_t i = 0; pick && st && i < b->entry.n_jobs; i++)
+            pick[i] = b->jobs[i].delivered && !b->jobs[i].marked && b->states[i] != 'D', st[i] = b->jobs[i].state;
         char err[256] = "";
-        if (n && worker_io_mark_finished(w->redis, &w->params, w->params.worker_id, &b->entry, b->states, pick, err,
-                                         sizeof err) == MOEQ_OK)
-            marked += n;
-        else if (n)
-            moeq_log(MOEQ_LOG_WARN, COMP, "mark_done_failed", "entry=%s jobs=%d reason=\"%s\"", b->entry.id, n, err);
-        free(pick);
+        if (pick && st && worker_io_mark_finished(w->redis, &w->params, w->params.worker_id, &b->entry, st, pick, err,
+                                                  sizeof err) == MOEQ_OK) {
+            for (size_t i = 0; i < b->entry.n_jobs; i++) b->jobs[i].marked |= b->jobs[i].delivered;
+            marked += (int)n_new;
+        } else {
+            moeq_log(MOEQ_LOG_WARN, COMP, "mark_done_failed", "entry=%s jobs=%zu reason=\"%s\"", b->entry.id, n_new,
+                     err);
+        }
+        free(pick), free(st);
     }
     return marked;
 }
@@ -1527,6 +1533,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
         send_side(w);
         moeq_kafka_producer_poll(w->producer, poll_wait_ms(w, ran));
         ack_batches(w);
+        mark_delivered_jobs(w);
         if (w->group && group_tick(w)) break;
     }
     if (w->group_err) return group_abort(w, errstr, errstr_size);
