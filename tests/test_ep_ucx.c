@@ -1,7 +1,7 @@
 /*
  * test_ep_ucx.c — the UCX transport with 1-4 ranks as forked processes on one
  * host, over TCP loopback (UCX_TLS=tcp) and shared memory (UCX_TLS=posix,sysv):
- * the per-slot rows after dispatch → expert → combine equal, bit for bit, the
+ * the per-slot rows after dispatch (and dispatch_rows) → expert → combine equal, bit for bit, the
  * one-process local transport's, for identity, permuted and replicated
  * placements, F32, BF16 and FP8 payloads, with a rank that has zero tokens. Then
  * faults: a rank killed with -9, or stopped, fails the survivors' exchange
@@ -79,6 +79,19 @@ static int check_round(const group_cfg *g, moeq_ep *ep, int rank, int round, cha
     if ((last_code = ept_round(ep, T, ids, x, H, y, out, err, n))) return 2;
     if (memcmp(out, want, (size_t)T * K * H * sizeof(float)) != 0) {
         snprintf(err, n, "rank %d round %d: rows differ from the local transport's", rank, round);
+        return 1;
+    }
+    /* the same round through dispatch_rows, the rows gathered here: the same bits */
+    static float xs[4 * MAXT * K * H];
+    moeq_ep_recv r;
+    if ((last_code = moeq_ep_dispatch_rows(ep, T, ids, x, &r, err, n))) return 2;
+    for (int64_t i = 0; i < r.n_rows; i++) memcpy(xs + i * H, r.row[i], H * sizeof(float));
+    r.x = xs;
+    ept_experts(&r, H, y);
+    memset(out, 0xff, sizeof out);
+    if ((last_code = moeq_ep_combine(ep, y, out, err, n))) return 2;
+    if (memcmp(out, want, (size_t)T * K * H * sizeof(float)) != 0) {
+        snprintf(err, n, "rank %d round %d: dispatch_rows' rows differ from the local transport's", rank, round);
         return 1;
     }
     return 0;
