@@ -43,6 +43,7 @@ typedef struct bench_out {
     int64_t bw_remote_slots;            /* slots among them (one metadata entry, one combine row each) */
     int64_t bw_msg_bytes;               /* bytes of the dispatch message to the peer (rows + meta) */
     int64_t bw_combine_bytes;           /* bytes of the combine message back (one row per slot)    */
+    int64_t lat1_msg_bytes;             /* bytes of the 1-token dispatch message to the peer        */
     char err[512];
 } bench_out;
 
@@ -130,19 +131,20 @@ static size_t wire_row_bytes(const bench_cfg *g) {
 }
 
 /*
- * The bandwidth round's traffic from `rank` to its peer (pure: the layout of
- * its inputs on the identity placement): distinct token rows, slots, and the
- * dispatch and combine messages' bytes. Known before anything runs, so
- * ucx_perftest can measure the same size before and after.
+ * Rank `rank`'s traffic to its peer in a round of T tokens from seed (pure:
+ * the layout of its inputs on the identity placement): distinct token rows
+ * and slots; returns the dispatch message's bytes (16-byte header, 8 bytes a
+ * slot, one row a token). Known before anything runs, so ucx_perftest can
+ * measure the same sizes before and after.
  */
-static void bw_traffic(const bench_cfg *g, int rank, bench_out *o) {
-    int T = g->bw_tokens, peer = g->n_ranks == 2 ? 1 - rank : 0; /* local: rows to self */
+static int64_t traffic(const bench_cfg *g, int rank, int T, uint64_t seed, int64_t *rows, int64_t *slots) {
+    int peer = g->n_ranks == 2 ? 1 - rank : 0; /* local: rows to self */
     int32_t *ids = malloc((size_t)T * TOP_K * 4), *dr = malloc((size_t)T * TOP_K * 4), *dl = malloc((size_t)T * TOP_K * 4);
     float *x = malloc((size_t)T * g->hidden * sizeof(float));
     moeq_ep_placement *pl = NULL;
     int64_t count[2] = {0, 0}, toks = 0;
     if (ids && dr && dl && x && !moeq_ep_placement_new_identity(EXPERTS, g->n_ranks, &pl, NULL, 0)) {
-        inputs(99 + (uint64_t)rank, T, g->hidden, ids, x);
+        inputs(seed + (uint64_t)rank, T, g->hidden, ids, x);
         moeq_ep_layout(pl, rank, T, TOP_K, ids, dr, dl, count, NULL, 0);
         for (int t = 0; t < T; t++) {
             int any = 0;
@@ -150,11 +152,17 @@ static void bw_traffic(const bench_cfg *g, int rank, bench_out *o) {
             toks += any;
         }
     }
-    o->bw_remote_rows = toks, o->bw_remote_slots = count[peer];
-    o->bw_msg_bytes = 16 + toks * (int64_t)wire_row_bytes(g) + count[peer] * 8; /* header, meta, rows */
-    o->bw_combine_bytes = count[peer] * (int64_t)wire_row_bytes(g);
     moeq_ep_placement_destroy(pl);
     free(ids), free(dr), free(dl), free(x);
+    *rows = toks, *slots = count[peer];
+    return 16 + toks * (int64_t)wire_row_bytes(g) + count[peer] * 8;
+}
+
+static void bw_traffic(const bench_cfg *g, int rank, bench_out *o) {
+    o->bw_msg_bytes = traffic(g, rank, g->bw_tokens, 99, &o->bw_remote_rows, &o->bw_remote_slots);
+    o->bw_combine_bytes = o->bw_remote_slots * (int64_t)wire_row_bytes(g);
+    int64_t rows, slots;
+    o->lat1_msg_bytes = traffic(g, rank, 1, 77, &rows, &slots);
 }
 
 /* Every rank runs the same sequence of collectives; rank 0's figures are reported. */
@@ -190,6 +198,9 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
 
 /* ---- ucx_perftest beside it -------------------------------------------- */
 
+/* The eager/rendezvous switch ep_ucx.c sets for itself: perftest runs under the same UCX configuration. */
+#define BENCH_RNDV_THRESH "65536"
+
 /*
  * One ucx_perftest pair (server in the background, client here): *out = column `column` (1-based) of the
  * client's "Final:" line (3: typical latency, us; 5: average bandwidth, MB/s). 0 when it did not run.
@@ -197,8 +208,10 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
 static int perftest(const char *tls, const char *test, int64_t size, int iters, int port, int column, double *out) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
+             "export UCX_RNDV_THRESH=${UCX_RNDV_THRESH:-%s}; "
              "UCX_TLS=%s ucx_perftest -p %d -t %s -s %lld -n %d >/dev/null 2>&1 & srv=$!; sleep 0.5; "
              "UCX_TLS=%s ucx_perftest 127.0.0.1 -p %d -t %s -s %lld -n %d 2>/dev/null | grep '^Final:'; wait $srv",
+             BENCH_RNDV_THRESH,
              tls, port, test, (long long)size, iters, tls, port, test, (long long)size, iters);
     FILE *f = popen(cmd, "r");
     if (!f) return 0;
@@ -214,10 +227,14 @@ static int perftest(const char *tls, const char *test, int64_t size, int iters, 
 /* ucx_perftest on the run's UCX_TLS, before and after bench-ep's own rounds. */
 typedef struct perf_pair {
     double lat_us[2], bw_mb_s[2]; /* [0] before, [1] after; 0: did not run */
+    double lat1_us[2];            /* tag_lat at the 1-token dispatch message's size */
 } perf_pair;
 
-static void perf_measure(const bench_cfg *g, int64_t bw_bytes, perf_pair *pp, int when) {
+static void perf_measure(const bench_cfg *g, const bench_out *o, perf_pair *pp, int when) {
+    int64_t bw_bytes = o->bw_msg_bytes;
     if (!perftest(g->tls, "tag_lat", 8, g->quick ? 1000 : 10000, 13331, 3, &pp->lat_us[when])) pp->lat_us[when] = 0;
+    if (!perftest(g->tls, "tag_lat", o->lat1_msg_bytes, g->quick ? 1000 : 10000, 13333, 3, &pp->lat1_us[when]))
+        pp->lat1_us[when] = 0;
     if (!perftest(g->tls, "tag_bw", bw_bytes, g->quick ? 10 : 50, 13332, 5, &pp->bw_mb_s[when])) pp->bw_mb_s[when] = 0;
 }
 
@@ -227,12 +244,16 @@ static double best(const double v[2], int lowest) {
 }
 
 static void print_perftest(const bench_out *o, const perf_pair *pp) {
-    double lat = best(pp->lat_us, 1), bw = best(pp->bw_mb_s, 0), mb = (double)o->bw_msg_bytes / 1e6;
-    printf(",\"ucx_perftest\":{\"tag_lat_us\":[%.2f,%.2f],\"tag_bw_mb_s\":[%.1f,%.1f],\"msg_bytes\":%lld",
-           pp->lat_us[0], pp->lat_us[1], pp->bw_mb_s[0], pp->bw_mb_s[1], (long long)o->bw_msg_bytes);
+    double lat = best(pp->lat_us, 1), lat1 = best(pp->lat1_us, 1), bw = best(pp->bw_mb_s, 0);
+    double mb = (double)o->bw_msg_bytes / 1e6;
+    printf(",\"ucx_perftest\":{\"tag_lat_us\":[%.2f,%.2f],\"tag_lat1_us\":[%.2f,%.2f],\"lat1_msg_bytes\":%lld,"
+           "\"tag_bw_mb_s\":[%.1f,%.1f],\"msg_bytes\":%lld", pp->lat_us[0], pp->lat_us[1], pp->lat1_us[0],
+           pp->lat1_us[1], (long long)o->lat1_msg_bytes, pp->bw_mb_s[0], pp->bw_mb_s[1], (long long)o->bw_msg_bytes);
     if (lat > 0)
         printf(",\"round_trip_us\":%.2f,\"dispatch1_over_round_trip\":%.2f,\"dispatch_rows1_over_round_trip\":%.2f",
                2 * lat, o->dispatch_us[0] / (2 * lat), o->rows_us[0] / (2 * lat));
+    if (lat1 > 0)
+        printf(",\"round_trip1_us\":%.2f,\"dispatch1_over_round_trip1\":%.2f", 2 * lat1, o->dispatch_us[0] / (2 * lat1));
     if (bw > 0 && o->bw_dispatch_s > 0 && o->bw_rows_s > 0)
         printf(",\"tag_bw_best_mb_s\":%.1f,\"dispatch_bw_fraction\":%.3f,\"dispatch_rows_bw_fraction\":%.3f", bw,
                mb / o->bw_dispatch_s / bw, mb / o->bw_rows_s / bw);
@@ -247,8 +268,10 @@ static void print_method(void) {
            "moeq_ep_dispatch_rows (the exchange, rows left where they arrived)\","
            "\"bandwidth\":\"msg_bytes (rank 0's dispatch message to its peer: 16-byte header, 8 bytes a slot, one row "
            "a distinct token) / median seconds of one call at tokens_per_rank\","
-           "\"ucx_perftest\":\"tag_lat (8 bytes; round trip = 2 x its one-way average) and tag_bw (msg_bytes, "
-           "average MB/s) on the same UCX_TLS, run just before and just after bench-ep's rounds ([before, after]); "
+           "\"ucx_perftest\":\"tag_lat (8 bytes, and tag_lat1 at lat1_msg_bytes, the 1-token dispatch message; round "
+           "trip = 2 x the one-way average) and tag_bw (msg_bytes, average MB/s) on the same UCX_TLS and "
+           "UCX_RNDV_THRESH (65536 unless set, as the ep transport), run just before and just after bench-ep's "
+           "rounds ([before, after]); "
            "fractions use the better of the two (higher bandwidth, lower latency)\"},");
 }
 
@@ -479,13 +502,13 @@ int main(int argc, char **argv) {
         perf_pair pp;
         memset(&pp, 0, sizeof pp);
         bw_traffic(&g, 0, &o);
-        perf_measure(&g, o.bw_msg_bytes, &pp, 0);
+        perf_measure(&g, &o, &pp, 0);
         if (run_group(&g, &o)) {
             fprintf(stderr, "bench-ep ucx/%s: %s\n", tls, o.err[0] ? o.err : "a rank failed");
             rc = 1;
             continue;
         }
-        perf_measure(&g, o.bw_msg_bytes, &pp, 1);
+        perf_measure(&g, &o, &pp, 1);
         print_run(&g, &o, &pp, first), first = 0;
         fflush(stdout);
     }
