@@ -86,6 +86,12 @@ struct moeq_ep {
 };
 
 enum { HDR = 16 }; /* dispatch header: int64 slots, int64 token rows */
+/*
+ * The dispatch protocol's version, in the fingerprint: a rank of an older
+ * build (counts first, no header) makes every rank refuse the group at
+ * creation rather than misread each other's messages.
+ */
+enum { EP_WIRE = 2 };
 
 /* ---- dtype -------------------------------------------------------------- */
 
@@ -322,11 +328,11 @@ static uint64_t fnv(uint64_t h, int64_t v) {
     return h;
 }
 
-/* What every rank must agree on: the group's shape, the wire dtype and the whole placement. */
+/* What every rank must agree on: the group's shape, the wire dtype and protocol, and the whole placement. */
 static uint64_t fingerprint(const moeq_ep *ep) {
     const moeq_ep_params *p = &ep->params;
     uint64_t h = 0xcbf29ce484222325ull;
-    int64_t shape[] = {p->n_ranks, p->n_experts, p->hidden, p->max_tokens, p->top_k, ep->bf16, ep->fp8};
+    int64_t shape[] = {p->n_ranks, p->n_experts, p->hidden, p->max_tokens, p->top_k, ep->bf16, ep->fp8, EP_WIRE};
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) h = fnv(h, shape[i]);
     for (int e = 0; e < p->n_experts; e++) {
         h = fnv(h, moeq_ep_placement_n_replicas(ep->pl, e));
@@ -345,7 +351,7 @@ static moeq_err hello(moeq_ep *ep, char *errstr, size_t n) {
     for (int r = 0; r < ep->params.n_ranks && !err; r++)
         if ((uint64_t)ep->cnt_in[2 * r] != fp)
             err = ep->failed = 1, moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n,
-                                            "ep: rank %d has another group shape, payload or placement "
+                                            "ep: rank %d has another group shape, payload, placement or protocol "
                                             "(fingerprint %016llx, this rank %016llx)", r,
                                             (unsigned long long)ep->cnt_in[2 * r], (unsigned long long)fp);
     return err;
