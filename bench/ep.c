@@ -36,12 +36,14 @@ typedef struct bench_cfg {
 } bench_cfg;
 
 typedef struct bench_out {
-    double dispatch_us[N_LAT], combine_us[N_LAT];
+    double dispatch_us[N_LAT], combine_us[N_LAT], rows_us[N_LAT];
     double bw_dispatch_s, bw_combine_s; /* seconds per exchange at bw_tokens */
+    double bw_rows_s;                   /* moeq_ep_dispatch_rows at bw_tokens: no per-slot copy */
     int64_t bw_remote_rows;             /* token rows this rank sent to the other rank per dispatch */
     int64_t bw_remote_slots;            /* slots among them (one metadata entry, one combine row each) */
     int64_t bw_msg_bytes;               /* bytes of the dispatch message to the peer (rows + meta) */
     int64_t bw_combine_bytes;           /* bytes of the combine message back (one row per slot)    */
+    int64_t lat1_msg_bytes;             /* bytes of the 1-token dispatch message to the peer        */
     char err[512];
 } bench_out;
 
@@ -72,27 +74,38 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Median seconds of dispatch and of combine over iters rounds (after a few warm-up rounds). */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+/*
+ * Median seconds of dispatch, of combine, and of dispatch_rows (the same
+ * exchange without the per-slot copy into expert groups) over iters rounds of
+ * each, after a few warm-up rounds. The "expert" is the identity.
+ */
 static moeq_err time_rounds(moeq_ep *ep, int64_t T, int H, int iters, const int32_t *ids, const float *x, float *y,
-                            float *out, double *d_s, double *c_s, char *err, size_t n) {
+                            float *out, double *d_s, double *c_s, double *r_s, char *err, size_t n) {
     double *d = malloc((size_t)iters * sizeof(double)), *c = malloc((size_t)iters * sizeof(double));
-    moeq_err e = d && c ? MOEQ_OK : MOEQ_ERR_NOMEM;
+    double *rw = malloc((size_t)iters * sizeof(double));
+    moeq_err e = d && c && rw ? MOEQ_OK : MOEQ_ERR_NOMEM;
     for (int i = -3; i < iters && !e; i++) {
         moeq_ep_recv r;
         int64_t t0 = moeq_mono_ns();
         if ((e = moeq_ep_dispatch(ep, T, ids, x, &r, err, n))) break;
         int64_t t1 = moeq_mono_ns();
-        memcpy(y, r.x, (size_t)r.n_rows * H * sizeof(float)); /* the "expert": identity */
+        memcpy(y, r.x, (size_t)r.n_rows * H * sizeof(float));
         int64_t t2 = moeq_mono_ns();
         if ((e = moeq_ep_combine(ep, y, out, err, n))) break;
         int64_t t3 = moeq_mono_ns();
-        if (i >= 0) d[i] = (double)(t1 - t0) / 1e9, c[i] = (double)(t3 - t2) / 1e9;
+        if ((e = moeq_ep_dispatch_rows(ep, T, ids, x, &r, err, n))) break;
+        int64_t t4 = moeq_mono_ns();
+        for (int64_t p = 0; p < r.n_rows; p++) memcpy(y + p * H, r.row[p], (size_t)H * sizeof(float));
+        if ((e = moeq_ep_combine(ep, y, out, err, n))) break;
+        if (i >= 0) d[i] = (double)(t1 - t0) / 1e9, c[i] = (double)(t3 - t2) / 1e9, rw[i] = (double)(t4 - t3) / 1e9;
     }
-    if (!e) {
-        qsort(d, (size_t)iters, sizeof(double), cmp_double), qsort(c, (size_t)iters, sizeof(double), cmp_double);
-        *d_s = d[iters / 2], *c_s = c[iters / 2];
-    }
-    free(d), free(c);
+    if (!e) *d_s = median(d, iters), *c_s = median(c, iters), *r_s = median(rw, iters);
+    free(d), free(c), free(rw);
     return e;
 }
 
@@ -111,6 +124,47 @@ static moeq_err open_ep(const bench_cfg *g, const char *phase, int rank, int max
     return moeq_ep_new(&p, NULL, &rv, ep, err, n);
 }
 
+static size_t wire_row_bytes(const bench_cfg *g) {
+    int H = g->hidden;
+    return !strcmp(g->payload, "fp8")    ? (size_t)H + 4 * (size_t)((H + 127) / 128)
+           : !strcmp(g->payload, "bf16") ? (size_t)H * 2 : (size_t)H * 4;
+}
+
+/*
+ * Rank `rank`'s traffic to its peer in a round of T tokens from seed (pure:
+ * the layout of its inputs on the identity placement): distinct token rows
+ * and slots; returns the dispatch message's bytes (16-byte header, 8 bytes a
+ * slot, one row a token). Known before anything runs, so ucx_perftest can
+ * measure the same sizes before and after.
+ */
+static int64_t traffic(const bench_cfg *g, int rank, int T, uint64_t seed, int64_t *rows, int64_t *slots) {
+    int peer = g->n_ranks == 2 ? 1 - rank : 0; /* local: rows to self */
+    int32_t *ids = malloc((size_t)T * TOP_K * 4), *dr = malloc((size_t)T * TOP_K * 4), *dl = malloc((size_t)T * TOP_K * 4);
+    float *x = malloc((size_t)T * g->hidden * sizeof(float));
+    moeq_ep_placement *pl = NULL;
+    int64_t count[2] = {0, 0}, toks = 0;
+    if (ids && dr && dl && x && !moeq_ep_placement_new_identity(EXPERTS, g->n_ranks, &pl, NULL, 0)) {
+        inputs(seed + (uint64_t)rank, T, g->hidden, ids, x);
+        moeq_ep_layout(pl, rank, T, TOP_K, ids, dr, dl, count, NULL, 0);
+        for (int t = 0; t < T; t++) {
+            int any = 0;
+            for (int k = 0; k < TOP_K; k++) any |= dr[t * TOP_K + k] == peer;
+            toks += any;
+        }
+    }
+    moeq_ep_placement_destroy(pl);
+    free(ids), free(dr), free(dl), free(x);
+    *rows = toks, *slots = count[peer];
+    return 16 + toks * (int64_t)wire_row_bytes(g) + count[peer] * 8;
+}
+
+static void bw_traffic(const bench_cfg *g, int rank, bench_out *o) {
+    o->bw_msg_bytes = traffic(g, rank, g->bw_tokens, 99, &o->bw_remote_rows, &o->bw_remote_slots);
+    o->bw_combine_bytes = o->bw_remote_slots * (int64_t)wire_row_bytes(g);
+    int64_t rows, slots;
+    o->lat1_msg_bytes = traffic(g, rank, 1, 77, &rows, &slots);
+}
+
 /* Every rank runs the same sequence of collectives; rank 0's figures are reported. */
 static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
     int H = g->hidden, maxT = g->bw_tokens > LAT_MAX_T ? g->bw_tokens : LAT_MAX_T;
@@ -124,40 +178,28 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
     for (int i = 0; i < N_LAT && !e; i++) {
         inputs(77 + (uint64_t)rank, lat_tokens[i], H, ids, x);
         e = time_rounds(ep, lat_tokens[i], H, g->quick ? 20 : 200, ids, x, y, out, &o->dispatch_us[i],
-                        &o->combine_us[i], o->err, sizeof o->err);
-        o->dispatch_us[i] *= 1e6, o->combine_us[i] *= 1e6;
+                        &o->combine_us[i], &o->rows_us[i], o->err, sizeof o->err);
+        o->dispatch_us[i] *= 1e6, o->combine_us[i] *= 1e6, o->rows_us[i] *= 1e6;
     }
     if (!e) e = moeq_ep_barrier(ep, o->err, sizeof o->err);
     moeq_ep_destroy(ep), ep = NULL;
     if (!e) e = open_ep(g, "bandwidth", rank, g->bw_tokens, &ep, o->err, sizeof o->err);
     if (!e) {
         inputs(99 + (uint64_t)rank, g->bw_tokens, H, ids, x);
-        int32_t *dr = malloc((size_t)g->bw_tokens * TOP_K * 4), *dl = malloc((size_t)g->bw_tokens * TOP_K * 4);
-        int64_t count[2] = {0, 0}, toks = 0;
-        int peer = g->n_ranks == 2 ? 1 - rank : 0; /* local: rows to self */
-        if (dr && dl)
-            moeq_ep_layout(moeq_ep_placement_of(ep), rank, g->bw_tokens, TOP_K, ids, dr, dl, count, NULL, 0);
-        for (int t = 0; dr && dl && t < g->bw_tokens; t++) {
-            int any = 0;
-            for (int k = 0; k < TOP_K; k++) any |= dr[t * TOP_K + k] == peer;
-            toks += any;
-        }
-        o->bw_remote_rows = toks, o->bw_remote_slots = count[peer];
-        free(dr), free(dl);
-        e = time_rounds(ep, g->bw_tokens, H, g->quick ? 3 : 10, ids, x, y, out, &o->bw_dispatch_s, &o->bw_combine_s,
-                        o->err, sizeof o->err);
+        e = time_rounds(ep, g->bw_tokens, H, g->quick ? 5 : 20, ids, x, y, out, &o->bw_dispatch_s, &o->bw_combine_s,
+                        &o->bw_rows_s, o->err, sizeof o->err);
         if (!e) e = moeq_ep_barrier(ep, o->err, sizeof o->err);
     }
-    size_t row_bytes = !strcmp(g->payload, "fp8")    ? (size_t)H + 4 * (size_t)((H + 127) / 128)
-                       : !strcmp(g->payload, "bf16") ? (size_t)H * 2 : (size_t)H * 4;
-    o->bw_msg_bytes = o->bw_remote_rows * (int64_t)row_bytes + o->bw_remote_slots * 8;
-    o->bw_combine_bytes = o->bw_remote_slots * (int64_t)row_bytes;
+    bw_traffic(g, rank, o);
     moeq_ep_destroy(ep);
     free(ids), free(x), free(y), free(out);
     return e;
 }
 
 /* ---- ucx_perftest beside it -------------------------------------------- */
+
+/* The eager/rendezvous switch ep_ucx.c sets for itself: perftest runs under the same UCX configuration. */
+#define BENCH_RNDV_THRESH "65536"
 
 /*
  * One ucx_perftest pair (server in the background, client here): *out = column `column` (1-based) of the
@@ -166,8 +208,10 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
 static int perftest(const char *tls, const char *test, int64_t size, int iters, int port, int column, double *out) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
+             "export UCX_RNDV_THRESH=${UCX_RNDV_THRESH:-%s}; "
              "UCX_TLS=%s ucx_perftest -p %d -t %s -s %lld -n %d >/dev/null 2>&1 & srv=$!; sleep 0.5; "
              "UCX_TLS=%s ucx_perftest 127.0.0.1 -p %d -t %s -s %lld -n %d 2>/dev/null | grep '^Final:'; wait $srv",
+             BENCH_RNDV_THRESH,
              tls, port, test, (long long)size, iters, tls, port, test, (long long)size, iters);
     FILE *f = popen(cmd, "r");
     if (!f) return 0;
@@ -180,36 +224,72 @@ static int perftest(const char *tls, const char *test, int64_t size, int iters, 
     return ok;
 }
 
-/* ---- output ------------------------------------------------------------- */
+/* ucx_perftest on the run's UCX_TLS, before and after bench-ep's own rounds. */
+typedef struct perf_pair {
+    double lat_us[2], bw_mb_s[2]; /* [0] before, [1] after; 0: did not run */
+    double lat1_us[2];            /* tag_lat at the 1-token dispatch message's size */
+} perf_pair;
 
-static void print_run(const bench_cfg *g, const bench_out *o, int first) {
+static void perf_measure(const bench_cfg *g, const bench_out *o, perf_pair *pp, int when) {
+    int64_t bw_bytes = o->bw_msg_bytes;
+    if (!perftest(g->tls, "tag_lat", 8, g->quick ? 1000 : 10000, 13331, 3, &pp->lat_us[when])) pp->lat_us[when] = 0;
+    if (!perftest(g->tls, "tag_lat", o->lat1_msg_bytes, g->quick ? 1000 : 10000, 13333, 3, &pp->lat1_us[when]))
+        pp->lat1_us[when] = 0;
+    if (!perftest(g->tls, "tag_bw", bw_bytes, g->quick ? 10 : 50, 13332, 5, &pp->bw_mb_s[when])) pp->bw_mb_s[when] = 0;
+}
+
+static double best(const double v[2], int lowest) {
+    if (!v[0] || !v[1]) return v[0] ? v[0] : v[1];
+    return lowest ? (v[0] < v[1] ? v[0] : v[1]) : (v[0] > v[1] ? v[0] : v[1]);
+}
+
+static void print_perftest(const bench_out *o, const perf_pair *pp) {
+    double lat = best(pp->lat_us, 1), lat1 = best(pp->lat1_us, 1), bw = best(pp->bw_mb_s, 0);
+    double mb = (double)o->bw_msg_bytes / 1e6;
+    printf(",\"ucx_perftest\":{\"tag_lat_us\":[%.2f,%.2f],\"tag_lat1_us\":[%.2f,%.2f],\"lat1_msg_bytes\":%lld,"
+           "\"tag_bw_mb_s\":[%.1f,%.1f],\"msg_bytes\":%lld", pp->lat_us[0], pp->lat_us[1], pp->lat1_us[0],
+           pp->lat1_us[1], (long long)o->lat1_msg_bytes, pp->bw_mb_s[0], pp->bw_mb_s[1], (long long)o->bw_msg_bytes);
+    if (lat > 0)
+        printf(",\"round_trip_us\":%.2f,\"dispatch1_over_round_trip\":%.2f,\"dispatch_rows1_over_round_trip\":%.2f",
+               2 * lat, o->dispatch_us[0] / (2 * lat), o->rows_us[0] / (2 * lat));
+    if (lat1 > 0)
+        printf(",\"round_trip1_us\":%.2f,\"dispatch1_over_round_trip1\":%.2f", 2 * lat1, o->dispatch_us[0] / (2 * lat1));
+    if (bw > 0 && o->bw_dispatch_s > 0 && o->bw_rows_s > 0)
+        printf(",\"tag_bw_best_mb_s\":%.1f,\"dispatch_bw_fraction\":%.3f,\"dispatch_rows_bw_fraction\":%.3f", bw,
+               mb / o->bw_dispatch_s / bw, mb / o->bw_rows_s / bw);
+    if (!lat && !bw) printf(",\"error\":\"ucx_perftest did not run (ucx-utils installed?)\"");
+    printf("}");
+}
+
+/* How each figure is computed, once per output. */
+static void print_method(void) {
+    printf("\"method\":{\"latency\":\"median over rounds of one rank-0 call, 2 ranks (forked) in lockstep; "
+           "dispatch = moeq_ep_dispatch (exchange + per-slot copy into expert groups), dispatch_rows = "
+           "moeq_ep_dispatch_rows (the exchange, rows left where they arrived)\","
+           "\"bandwidth\":\"msg_bytes (rank 0's dispatch message to its peer: 16-byte header, 8 bytes a slot, one row "
+           "a distinct token) / median seconds of one call at tokens_per_rank\","
+           "\"ucx_perftest\":\"tag_lat (8 bytes, and tag_lat1 at lat1_msg_bytes, the 1-token dispatch message; round "
+           "trip = 2 x the one-way average) and tag_bw (msg_bytes, average MB/s) on the same UCX_TLS and "
+           "UCX_RNDV_THRESH (65536 unless set, as the ep transport), run just before and just after bench-ep's "
+           "rounds ([before, after]); "
+           "fractions use the better of the two (higher bandwidth, lower latency)\"},");
+}
+
+static void print_run(const bench_cfg *g, const bench_out *o, const perf_pair *pp, int first) {
     printf("%s{\"transport\":\"%s\"", first ? "" : ",", g->transport);
     if (g->tls[0]) printf(",\"tls\":\"%s\"", g->tls);
     printf(",\"ranks\":%d,\"latency\":[", g->n_ranks);
     for (int i = 0; i < N_LAT; i++)
-        printf("%s{\"tokens_per_rank\":%d,\"dispatch_us\":%.1f,\"combine_us\":%.1f}", i ? "," : "", lat_tokens[i],
-               o->dispatch_us[i], o->combine_us[i]);
-    double bytes = (double)o->bw_msg_bytes;
-    double cbytes = (double)o->bw_combine_bytes;
-    printf("],\"bandwidth\":{\"tokens_per_rank\":%d,\"dispatch_bytes_to_peer\":%.0f,\"combine_bytes_to_peer\":%.0f,"
-           "\"dispatch_ms\":%.2f,\"combine_ms\":%.2f,\"dispatch_mb_s\":%.1f,\"combine_mb_s\":%.1f}",
-           g->bw_tokens, bytes, cbytes, o->bw_dispatch_s * 1e3, o->bw_combine_s * 1e3,
-           o->bw_dispatch_s > 0 ? bytes / o->bw_dispatch_s / 1e6 : 0.0,
-           o->bw_combine_s > 0 ? cbytes / o->bw_combine_s / 1e6 : 0.0);
-    if (!strcmp(g->transport, "ucx") && o->bw_msg_bytes > 0) {
-        double lat_us = 0, bw = 0;
-        int have_lat = perftest(g->tls, "tag_lat", 8, g->quick ? 1000 : 10000, 13331, 3, &lat_us);
-        int have_bw = perftest(g->tls, "tag_bw", o->bw_msg_bytes, g->quick ? 5 : 20, 13332, 5, &bw);
-        printf(",\"ucx_perftest\":{");
-        if (have_lat)
-            printf("\"tag_lat_us\":%.2f,\"round_trip_us\":%.2f,\"dispatch1_over_round_trip\":%.2f", lat_us, 2 * lat_us,
-                   o->dispatch_us[0] / (2 * lat_us));
-        if (have_bw)
-            printf("%s\"tag_bw_mb_s\":%.1f,\"msg_bytes\":%lld,\"dispatch_bw_fraction\":%.3f", have_lat ? "," : "", bw,
-                   (long long)o->bw_msg_bytes, bw > 0 && o->bw_dispatch_s > 0 ? bytes / o->bw_dispatch_s / 1e6 / bw : 0.0);
-        if (!have_lat && !have_bw) printf("\"error\":\"ucx_perftest did not run (ucx-utils installed?)\"");
-        printf("}");
-    }
+        printf("%s{\"tokens_per_rank\":%d,\"dispatch_us\":%.1f,\"dispatch_rows_us\":%.1f,\"combine_us\":%.1f}",
+               i ? "," : "", lat_tokens[i], o->dispatch_us[i], o->rows_us[i], o->combine_us[i]);
+    double mb = (double)o->bw_msg_bytes / 1e6, cmb = (double)o->bw_combine_bytes / 1e6;
+    printf("],\"bandwidth\":{\"tokens_per_rank\":%d,\"dispatch_bytes_to_peer\":%lld,\"combine_bytes_to_peer\":%lld,"
+           "\"dispatch_ms\":%.2f,\"dispatch_rows_ms\":%.2f,\"combine_ms\":%.2f,\"dispatch_mb_s\":%.1f,"
+           "\"dispatch_rows_mb_s\":%.1f,\"combine_mb_s\":%.1f}",
+           g->bw_tokens, (long long)o->bw_msg_bytes, (long long)o->bw_combine_bytes, o->bw_dispatch_s * 1e3,
+           o->bw_rows_s * 1e3, o->bw_combine_s * 1e3, o->bw_dispatch_s > 0 ? mb / o->bw_dispatch_s : 0.0,
+           o->bw_rows_s > 0 ? mb / o->bw_rows_s : 0.0, o->bw_combine_s > 0 ? cmb / o->bw_combine_s : 0.0);
+    if (pp) print_perftest(o, pp);
     printf("}");
 }
 
@@ -403,26 +483,33 @@ int main(int argc, char **argv) {
         snprintf(dc.tls, sizeof dc.tls, "%s", strchr(tls_list, ',') ? "tcp" : tls_list);
         return decode_main(dc);
     }
-    printf("{\"bench\":\"ep\",\"hidden\":%d,\"experts\":%d,\"top_k\":%d,\"payload\":\"%s\",\"runs\":[", base.hidden,
-           EXPERTS, TOP_K, base.payload);
+    printf("{\"bench\":\"ep\",\"hidden\":%d,\"experts\":%d,\"top_k\":%d,\"payload\":\"%s\",", base.hidden, EXPERTS,
+           TOP_K, base.payload);
+    print_method();
+    printf("\"runs\":[");
     int first = 1, rc = 0;
     bench_cfg g = base;
     strcpy(g.transport, "local");
     bench_out o;
     memset(&o, 0, sizeof o);
     if (run_group(&g, &o)) fprintf(stderr, "bench-ep local: %s\n", o.err), rc = 1;
-    else print_run(&g, &o, first), first = 0;
+    else print_run(&g, &o, NULL, first), first = 0;
     for (char *save = NULL, *tls = strtok_r(tls_list, ",", &save); tls; tls = strtok_r(NULL, ",", &save)) {
         g = base, g.n_ranks = 2;
         strcpy(g.transport, "ucx");
         snprintf(g.tls, sizeof g.tls, "%s", tls);
         memset(&o, 0, sizeof o);
+        perf_pair pp;
+        memset(&pp, 0, sizeof pp);
+        bw_traffic(&g, 0, &o);
+        perf_measure(&g, &o, &pp, 0);
         if (run_group(&g, &o)) {
             fprintf(stderr, "bench-ep ucx/%s: %s\n", tls, o.err[0] ? o.err : "a rank failed");
             rc = 1;
             continue;
         }
-        print_run(&g, &o, first), first = 0;
+        perf_measure(&g, &o, &pp, 1);
+        print_run(&g, &o, &pp, first), first = 0;
         fflush(stdout);
     }
     printf("]}\n");

@@ -1,14 +1,18 @@
 /*
- * ep.c — the expert-parallel handle: layout, packing, the two exchanges and
- * the wire dtype. Transports (ep_local.c, ep_ucx.c) only move byte messages of
- * known sizes; everything that decides which row goes where, and every dtype
+ * ep.c — the expert-parallel handle: layout, packing, the exchanges and the
+ * wire dtype. Transports (ep_local.c, ep_ucx.c, ep_nccl.c) only move byte
+ * messages; everything that decides which row goes where, and every dtype
  * conversion, is here, so every transport gives the same bits.
  *
- * A dispatch message to rank d is [n slots × (int32 local, int32 slot)], in
- * slot order, then one row per distinct token among them (a token with three
- * experts on d sends its row once; d copies it to each expert's group). A
- * combine message is one row per slot, in the order the dispatch had them:
- * combine is per slot by design (no partial sums across ranks).
+ * A dispatch is one message per peer: a 16-byte header (int64 slots, int64
+ * token rows), then [slots × (int32 local, int32 slot)] in slot order, then
+ * one row per distinct token among them (a token with three experts on d
+ * sends its row once). The receiver learns the size from the header, so no
+ * counts go first (a transport that needs them first, nccl, gets them: see
+ * ep_int.h). Rows to self never touch a wire buffer in f32: the grouped rows
+ * point into the caller's x. A combine message is one row per slot, in the
+ * order the dispatch had them: combine is per slot by design (no partial sums
+ * across ranks).
  * Not done here: device memory (the nccl transport will take void * rows).
  */
 #include "moeq/ep.h"
@@ -55,13 +59,16 @@ struct moeq_ep {
     int32_t *dest_rank, *dest_local; /* (max_slots)                                 */
     int32_t *send_slot;              /* (max_slots) slot of the j-th row sent        */
     int64_t *send_count, *recv_count;  /* (n_ranks) slots (rows after combine)      */
-    int64_t *send_first, *recv_first;  /* (n_ranks) first slot of each peer          */
+    int64_t *send_first, *recv_first;  /* (n_ranks) first slot of each peer (combine)  */
     int64_t *send_tok, *recv_tok;      /* (n_ranks) distinct token rows in dispatch  */
-    int64_t *send_byte, *recv_byte;    /* (n_ranks) dispatch message offsets, bytes  */
+    int64_t *send_byte, *recv_byte;    /* (n_ranks) dispatch message lengths, bytes  */
     int64_t *cur_slot, *cur_tok, *last_tok; /* (n_ranks) packing cursors            */
     /* receiver side */
     int64_t n_recv;
+    size_t cap;                      /* bytes of one peer's dispatch region (the largest message) */
     float *x;                        /* (n_ranks * max_slots, hidden) grouped rows   */
+    const float **row;               /* (n_ranks * max_slots) each grouped slot's row */
+    float *dec;                      /* (n_ranks * max_tokens, hidden) decoded rows (bf16, fp8) */
     int32_t *src_rank, *src_slot;    /* (n_ranks * max_slots)                        */
     int64_t *grouped_of;             /* arrival index → grouped position             */
     int64_t *expert_offset;          /* (n_local + 1)                                */
@@ -72,10 +79,19 @@ struct moeq_ep {
     unsigned char *sendbuf, *recvbuf;
     const void **msg_send;
     void **msg_recv;
-    size_t *len_send, *len_recv;
+    size_t *len_send, *len_recv, *len_got;
     int64_t *cnt_out, *cnt_in;       /* (2 n_ranks) the count messages: slots, tokens */
     int failed;
+    moeq_ep_mangle mangle;           /* tests only: malform the next dispatch        */
 };
+
+enum { HDR = 16 }; /* dispatch header: int64 slots, int64 token rows */
+/*
+ * The dispatch protocol's version, in the fingerprint: a rank of an older
+ * build (counts first, no header) makes every rank refuse the group at
+ * creation rather than misread each other's messages.
+ */
+enum { EP_WIRE = 2 };
 
 /* ---- dtype -------------------------------------------------------------- */
 
@@ -179,29 +195,40 @@ static const moeq_ep_transport *find_transport(const char *name) {
     return NULL;
 }
 
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+/*
+ * Worst cases, sized once (nothing is allocated per exchange): a peer's
+ * dispatch region holds a header, max_slots entries and max_tokens rows; a
+ * combine sends back up to n_ranks * max_slots rows and receives max_slots.
+ */
 static moeq_err alloc_buffers(moeq_ep *ep) {
     int R = ep->params.n_ranks;
     size_t S = (size_t)ep->max_slots, RS = (size_t)R * S, H = (size_t)ep->params.hidden;
-    size_t wire = 8 + ep->row_bytes;
+    ep->cap = (HDR + S * 8 + (size_t)ep->params.max_tokens * ep->row_bytes + 63) & ~(size_t)63;
     ep->n_local = moeq_ep_placement_n_local(ep->pl, ep->params.rank);
     ep->dest_rank = malloc(S * 4), ep->dest_local = malloc(S * 4), ep->send_slot = malloc(S * 4);
     ep->send_count = calloc(R, 8), ep->recv_count = calloc(R, 8);
     ep->send_first = calloc(R, 8), ep->recv_first = calloc(R, 8);
     ep->send_tok = calloc(R, 8), ep->recv_tok = calloc(R, 8), ep->send_byte = calloc(R, 8), ep->recv_byte = calloc(R, 8);
     ep->cur_slot = calloc(R, 8), ep->cur_tok = calloc(R, 8), ep->last_tok = calloc(R, 8);
-    ep->x = malloc(RS * H * sizeof(float));
+    ep->x = malloc(RS * H * sizeof(float)), ep->row = malloc(RS * sizeof(float *));
+    if (ep->bf16 || ep->fp8) ep->dec = malloc((size_t)R * (size_t)ep->params.max_tokens * H * sizeof(float));
     ep->src_rank = malloc(RS * 4), ep->src_slot = malloc(RS * 4), ep->grouped_of = malloc(RS * 8);
     ep->expert_offset = calloc((size_t)ep->n_local + 1, 8), ep->cursor = calloc((size_t)ep->n_local + 1, 8);
     ep->local_expert = malloc(((size_t)ep->n_local + 1) * sizeof(int));
-    ep->sendbuf = malloc(S * wire), ep->recvbuf = malloc(RS * wire);
+    ep->sendbuf = malloc(max_size(R * ep->cap, S * ep->row_bytes));
+    ep->recvbuf = malloc(max_size(R * ep->cap, RS * ep->row_bytes));
     ep->msg_send = calloc(R, sizeof(void *)), ep->msg_recv = calloc(R, sizeof(void *));
     ep->len_send = calloc(R, sizeof(size_t)), ep->len_recv = calloc(R, sizeof(size_t));
+    ep->len_got = calloc(R, sizeof(size_t));
     ep->cnt_out = calloc(2 * (size_t)R, 8), ep->cnt_in = calloc(2 * (size_t)R, 8);
     if (!ep->dest_rank || !ep->dest_local || !ep->send_slot || !ep->send_count || !ep->recv_count ||
         !ep->send_first || !ep->recv_first || !ep->send_tok || !ep->recv_tok || !ep->send_byte || !ep->recv_byte ||
-        !ep->cur_slot || !ep->cur_tok || !ep->last_tok || !ep->x || !ep->src_rank || !ep->src_slot || !ep->grouped_of ||
-        !ep->expert_offset || !ep->cursor || !ep->local_expert || !ep->sendbuf || !ep->recvbuf || !ep->msg_send ||
-        !ep->msg_recv || !ep->len_send || !ep->len_recv || !ep->cnt_out || !ep->cnt_in)
+        !ep->cur_slot || !ep->cur_tok || !ep->last_tok || !ep->x || !ep->row || ((ep->bf16 || ep->fp8) && !ep->dec) ||
+        !ep->src_rank || !ep->src_slot || !ep->grouped_of || !ep->expert_offset || !ep->cursor || !ep->local_expert ||
+        !ep->sendbuf || !ep->recvbuf || !ep->msg_send || !ep->msg_recv || !ep->len_send || !ep->len_recv ||
+        !ep->len_got || !ep->cnt_out || !ep->cnt_in)
         return MOEQ_ERR_NOMEM;
     for (int l = 0; l < ep->n_local; l++) ep->local_expert[l] = moeq_ep_placement_local_expert(ep->pl, ep->params.rank, l);
     return MOEQ_OK;
@@ -243,8 +270,8 @@ moeq_err moeq_ep_new(const moeq_ep_params *params, const moeq_ep_placement *plac
                   (long long)ep->max_slots, ep->row_bytes);
         goto fail;
     }
-    size_t max_msg = (size_t)ep->max_slots * (8 + ep->row_bytes);
-    if ((err = ops->open(params, rv, max_msg > 16 ? max_msg : 16, &ep->tp, errstr, n))) goto fail;
+    size_t max_msg = max_size(ep->cap, (size_t)ep->max_slots * ep->row_bytes);
+    if ((err = ops->open(params, rv, max_msg, &ep->tp, errstr, n))) goto fail;
     if ((err = hello(ep, errstr, n))) goto fail;
     *out = ep;
     return MOEQ_OK;
@@ -261,7 +288,7 @@ void moeq_ep_destroy(moeq_ep *ep) {
                     ep->recv_first, ep->x, ep->src_rank, ep->src_slot, ep->grouped_of, ep->expert_offset,
                     ep->cursor, ep->local_expert, ep->sendbuf, ep->recvbuf, (void *)ep->msg_send, ep->msg_recv, ep->len_send,
                     ep->len_recv, ep->cnt_out, ep->cnt_in, ep->send_tok, ep->recv_tok, ep->send_byte,
-                    ep->recv_byte, ep->cur_slot, ep->cur_tok, ep->last_tok};
+                    ep->recv_byte, ep->cur_slot, ep->cur_tok, ep->last_tok, (void *)ep->row, ep->dec, ep->len_got};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(ep);
 }
@@ -278,46 +305,21 @@ static moeq_err exchange(moeq_ep *ep, char *errstr, size_t n) {
     return err;
 }
 
-/*
- * Counts first: every rank learns how many slots and distinct token rows each
- * peer will send it, so both sides know every message's size. Without
- * counts (with_counts 0): zeros, a barrier.
- */
-static moeq_err exchange_counts(moeq_ep *ep, int with_counts, char *errstr, size_t n) {
-    int R = ep->params.n_ranks;
-    for (int r = 0; r < R; r++) {
-        ep->cnt_out[2 * r] = with_counts ? ep->send_count[r] : 0;
-        ep->cnt_out[2 * r + 1] = with_counts ? ep->send_tok[r] : 0;
-        ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
-        ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
-    }
-    moeq_err err = exchange(ep, errstr, n);
-    if (err || !with_counts) return err;
-    int64_t total = 0;
-    for (int r = 0; r < R; r++) {
-        int64_t slots = ep->cnt_in[2 * r], toks = ep->cnt_in[2 * r + 1];
-        if (slots < 0 || slots > ep->max_slots || toks < (slots > 0) || toks > slots || toks > ep->params.max_tokens)
-            return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
-                                             "ep: rank %d announced %lld slots of %lld tokens (max %lld, %d)", r,
-                                             (long long)slots, (long long)toks, (long long)ep->max_slots,
-                                             ep->params.max_tokens);
-        ep->recv_count[r] = slots, ep->recv_tok[r] = toks, total += slots;
-    }
-    ep->n_recv = total;
-    return MOEQ_OK;
-}
-
-moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t n) { return exchange_counts(ep, 0, errstr, n); }
-
-moeq_err moeq_ep_allgather(moeq_ep *ep, int64_t value, int64_t *values, char *errstr, size_t n) {
-    int R = ep->params.n_ranks;
-    for (int r = 0; r < R; r++) {
+/* One 16-byte message to every rank (value, 0); cnt_in receives every rank's. */
+static moeq_err exchange_small(moeq_ep *ep, int64_t value, char *errstr, size_t n) {
+    for (int r = 0; r < ep->params.n_ranks; r++) {
         ep->cnt_out[2 * r] = value, ep->cnt_out[2 * r + 1] = 0;
         ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
         ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
     }
-    moeq_err err = exchange(ep, errstr, n);
-    for (int r = 0; r < R && !err; r++) values[r] = ep->cnt_in[2 * r];
+    return exchange(ep, errstr, n);
+}
+
+moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t n) { return exchange_small(ep, 0, errstr, n); }
+
+moeq_err moeq_ep_allgather(moeq_ep *ep, int64_t value, int64_t *values, char *errstr, size_t n) {
+    moeq_err err = exchange_small(ep, value, errstr, n);
+    for (int r = 0; r < ep->params.n_ranks && !err; r++) values[r] = ep->cnt_in[2 * r];
     return err;
 }
 
@@ -326,11 +328,11 @@ static uint64_t fnv(uint64_t h, int64_t v) {
     return h;
 }
 
-/* What every rank must agree on: the group's shape, the wire dtype and the whole placement. */
+/* What every rank must agree on: the group's shape, the wire dtype and protocol, and the whole placement. */
 static uint64_t fingerprint(const moeq_ep *ep) {
     const moeq_ep_params *p = &ep->params;
     uint64_t h = 0xcbf29ce484222325ull;
-    int64_t shape[] = {p->n_ranks, p->n_experts, p->hidden, p->max_tokens, p->top_k, ep->bf16, ep->fp8};
+    int64_t shape[] = {p->n_ranks, p->n_experts, p->hidden, p->max_tokens, p->top_k, ep->bf16, ep->fp8, EP_WIRE};
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) h = fnv(h, shape[i]);
     for (int e = 0; e < p->n_experts; e++) {
         h = fnv(h, moeq_ep_placement_n_replicas(ep->pl, e));
@@ -345,29 +347,28 @@ static uint64_t fingerprint(const moeq_ep *ep) {
  */
 static moeq_err hello(moeq_ep *ep, char *errstr, size_t n) {
     uint64_t fp = fingerprint(ep);
-    int R = ep->params.n_ranks;
-    for (int r = 0; r < R; r++) {
-        ep->cnt_out[2 * r] = (int64_t)fp, ep->cnt_out[2 * r + 1] = 0;
-        ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
-        ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
-    }
-    moeq_err err = exchange(ep, errstr, n);
-    for (int r = 0; r < R && !err; r++)
+    moeq_err err = exchange_small(ep, (int64_t)fp, errstr, n);
+    for (int r = 0; r < ep->params.n_ranks && !err; r++)
         if ((uint64_t)ep->cnt_in[2 * r] != fp)
             err = ep->failed = 1, moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n,
-                                            "ep: rank %d has another group shape, payload or placement "
+                                            "ep: rank %d has another group shape, payload, placement or protocol "
                                             "(fingerprint %016llx, this rank %016llx)", r,
                                             (unsigned long long)ep->cnt_in[2 * r], (unsigned long long)fp);
     return err;
 }
 
-/* Offsets of every peer's messages: slots (for combine) and dispatch bytes. */
-static void offsets(const moeq_ep *ep, const int64_t *slots, const int64_t *toks, int64_t *first, int64_t *byte) {
-    int64_t f = 0, b = 0;
-    for (int r = 0; r < ep->params.n_ranks; r++) {
-        first[r] = f, byte[r] = b;
-        f += slots[r], b += slots[r] * 8 + toks[r] * (int64_t)ep->row_bytes;
-    }
+/* ---- dispatch ------------------------------------------------------------ */
+
+/* f32 rows to self are read from the caller's x; other dtypes go through the codec, as on the wire. */
+static int self_direct(const moeq_ep *ep) { return !ep->bf16 && !ep->fp8; }
+
+/* Source r's dispatch message: in the receive buffer, or (self) where this rank packed it. */
+static const unsigned char *source_msg(const moeq_ep *ep, int r) {
+    return (r == ep->params.rank ? ep->sendbuf : ep->recvbuf) + (size_t)r * ep->cap;
+}
+
+static void prefix(const int64_t *count, int64_t *first, int R) {
+    for (int64_t r = 0, f = 0; r < R; f += count[r], r++) first[r] = f;
 }
 
 /* Distinct tokens per destination: a token with several slots on one rank sends its row once. */
@@ -380,45 +381,121 @@ static void count_tokens(moeq_ep *ep) {
     }
 }
 
-/* Sender side: to rank d, [slots_d × (local, slot)] in slot order, then each token's row once. */
+/*
+ * Sender side: to rank d (region d of sendbuf), the header, [slots_d × (local,
+ * slot)] in slot order, then each token's row once; send_byte[d] = its length.
+ */
 static void pack_dispatch(moeq_ep *ep, const float *x) {
-    int R = ep->params.n_ranks, K = ep->params.top_k;
-    for (int r = 0; r < R; r++) ep->cur_slot[r] = ep->cur_tok[r] = 0, ep->last_tok[r] = -1;
+    int R = ep->params.n_ranks, K = ep->params.top_k, me = ep->params.rank, direct = self_direct(ep);
+    for (int r = 0; r < R; r++) {
+        int64_t hdr[2] = {ep->send_count[r], ep->send_tok[r]};
+        memcpy(ep->sendbuf + (size_t)r * ep->cap, hdr, HDR);
+        ep->cur_slot[r] = ep->cur_tok[r] = 0, ep->last_tok[r] = -1;
+        ep->send_byte[r] = HDR + ep->send_count[r] * 8 + (r == me && direct ? 0 : ep->send_tok[r] * (int64_t)ep->row_bytes);
+    }
     for (int64_t s = 0; s < ep->T * K; s++) {
         int d = ep->dest_rank[s];
         if (d < 0) continue;
-        unsigned char *base = ep->sendbuf + ep->send_byte[d];
+        unsigned char *base = ep->sendbuf + (size_t)d * ep->cap + HDR;
         int64_t j = ep->cur_slot[d]++, t = s / K;
         int32_t meta[2] = {ep->dest_local[s], (int32_t)s};
         memcpy(base + (size_t)j * 8, meta, 8);
-        if (ep->last_tok[d] != t)
-            row_put(ep, base + (size_t)ep->send_count[d] * 8 + (size_t)ep->cur_tok[d]++ * ep->row_bytes,
-                    x + (size_t)t * ep->params.hidden),
-                ep->last_tok[d] = t;
+        if (ep->last_tok[d] != t) {
+            if (d != me || !direct)
+                row_put(ep, base + (size_t)ep->send_count[d] * 8 + (size_t)ep->cur_tok[d] * ep->row_bytes,
+                        x + (size_t)t * ep->params.hidden);
+            ep->cur_tok[d]++, ep->last_tok[d] = t;
+        }
         ep->send_slot[ep->send_first[d] + j] = (int32_t)s;
     }
 }
 
-static void set_views(moeq_ep *ep, unsigned char *out, const int64_t *out_first, const int64_t *out_count,
-                      unsigned char *in, const int64_t *in_first, const int64_t *in_count, size_t wire) {
-    for (int r = 0; r < ep->params.n_ranks; r++) {
-        ep->msg_send[r] = out + (size_t)out_first[r] * wire, ep->len_send[r] = (size_t)out_count[r] * wire;
-        ep->msg_recv[r] = in + (size_t)in_first[r] * wire, ep->len_recv[r] = (size_t)in_count[r] * wire;
+void moeq_ep_test_mangle(moeq_ep *ep, moeq_ep_mangle how) { ep->mangle = how; }
+
+/* Tests only: spoil every message to another rank, as moeq_ep_test_mangle asked. */
+static void apply_mangle(moeq_ep *ep) {
+    for (int r = 0; r < ep->params.n_ranks && ep->mangle; r++) {
+        unsigned char *msg = ep->sendbuf + (size_t)r * ep->cap;
+        int64_t hdr[2];
+        memcpy(hdr, msg, HDR);
+        if (r == ep->params.rank) continue;
+        if (ep->mangle == MOEQ_EP_MANGLE_TRUNCATED) ep->send_byte[r] = 8;
+        if (ep->mangle == MOEQ_EP_MANGLE_SHORT) hdr[1]++;
+        if (ep->mangle == MOEQ_EP_MANGLE_HUGE) hdr[0] = ep->max_slots + 1;
+        if (ep->mangle == MOEQ_EP_MANGLE_BAD_EXPERT && hdr[0] > 0) {
+            int32_t bad = INT32_MAX;
+            memcpy(msg + HDR, &bad, 4);
+        }
+        memcpy(msg, hdr, HDR);
     }
+    ep->mangle = MOEQ_EP_MANGLE_NONE;
 }
 
-static void set_dispatch_views(moeq_ep *ep) {
-    for (int r = 0; r < ep->params.n_ranks; r++) {
-        ep->msg_send[r] = ep->sendbuf + ep->send_byte[r];
-        ep->len_send[r] = (size_t)(ep->send_count[r] * 8 + ep->send_tok[r] * (int64_t)ep->row_bytes);
-        ep->msg_recv[r] = ep->recvbuf + ep->recv_byte[r];
-        ep->len_recv[r] = (size_t)(ep->recv_count[r] * 8 + ep->recv_tok[r] * (int64_t)ep->row_bytes);
+/*
+ * Move the packed messages: one per peer, received into region r of recvbuf
+ * (capacity cap), recv_byte[r] = its length. A transport that cannot receive
+ * an unknown size gets every length first.
+ */
+static moeq_err move_dispatch(moeq_ep *ep, char *errstr, size_t n) {
+    int R = ep->params.n_ranks, me = ep->params.rank;
+    moeq_err err = MOEQ_OK;
+    if (!ep->ops->exchange_any) {
+        for (int r = 0; r < R; r++) ep->cnt_out[2 * r] = r == me ? 0 : ep->send_byte[r];
+        for (int r = 0; r < R; r++) {
+            ep->msg_send[r] = &ep->cnt_out[2 * r], ep->len_send[r] = 16;
+            ep->msg_recv[r] = &ep->cnt_in[2 * r], ep->len_recv[r] = 16;
+        }
+        if ((err = exchange(ep, errstr, n))) return err;
+        for (int r = 0; r < R; r++)
+            if (r != me && (ep->cnt_in[2 * r] < 1 || (uint64_t)ep->cnt_in[2 * r] > ep->cap))
+                return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
+                                                 "ep: rank %d announced a %lld-byte dispatch message (at most %zu)", r,
+                                                 (long long)ep->cnt_in[2 * r], ep->cap);
     }
+    for (int r = 0; r < R; r++) {
+        ep->msg_send[r] = ep->sendbuf + (size_t)r * ep->cap, ep->len_send[r] = r == me ? 0 : (size_t)ep->send_byte[r];
+        ep->msg_recv[r] = ep->recvbuf + (size_t)r * ep->cap;
+        ep->len_recv[r] = r == me ? 0 : ep->ops->exchange_any ? ep->cap : (size_t)ep->cnt_in[2 * r];
+    }
+    if (ep->failed) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: the handle failed before; destroy it");
+    if (ep->ops->exchange_any)
+        err = ep->ops->exchange_any(ep->tp, ep->msg_send, ep->len_send, ep->msg_recv, ep->len_recv, ep->len_got,
+                                    errstr, n);
+    else
+        err = ep->ops->exchange(ep->tp, ep->msg_send, ep->len_send, ep->msg_recv, ep->len_recv, errstr, n);
+    if (err) return ep->failed = 1, err;
+    for (int r = 0; r < R; r++)
+        ep->recv_byte[r] = r == me ? ep->send_byte[me] : ep->ops->exchange_any ? (int64_t)ep->len_got[r] : ep->cnt_in[2 * r];
+    return MOEQ_OK;
+}
+
+/* Source r's header: counts in range, and exactly as many bytes as they announce. */
+static moeq_err read_header(moeq_ep *ep, int r, char *errstr, size_t n) {
+    size_t got = (size_t)ep->recv_byte[r];
+    if (got < HDR)
+        return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
+                                         "ep: rank %d sent a %zu-byte dispatch message, shorter than its %d-byte header",
+                                         r, got, HDR);
+    int64_t hdr[2];
+    memcpy(hdr, source_msg(ep, r), HDR);
+    int64_t slots = hdr[0], toks = hdr[1];
+    if (slots < 0 || slots > ep->max_slots || toks < (slots > 0) || toks > slots || toks > ep->params.max_tokens)
+        return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
+                                         "ep: rank %d announced %lld slots of %lld tokens (max %lld, %d)", r,
+                                         (long long)slots, (long long)toks, (long long)ep->max_slots,
+                                         ep->params.max_tokens);
+    size_t rows = r == ep->params.rank && self_direct(ep) ? 0 : (size_t)toks * ep->row_bytes;
+    if (got != HDR + (size_t)slots * 8 + rows)
+        return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
+                                         "ep: rank %d sent %zu bytes for %lld slots and %lld token rows (%zu expected)",
+                                         r, got, (long long)slots, (long long)toks, HDR + (size_t)slots * 8 + rows);
+    ep->recv_count[r] = slots, ep->recv_tok[r] = toks;
+    return MOEQ_OK;
 }
 
 /* Check one source's metadata (local index, slot range, ascending slots, token rows) and count per expert. */
 static moeq_err check_source(moeq_ep *ep, int r, char *errstr, size_t n) {
-    const unsigned char *base = ep->recvbuf + ep->recv_byte[r];
+    const unsigned char *base = source_msg(ep, r) + HDR;
     int64_t toks = 0, prev_slot = -1, K = ep->params.top_k;
     for (int64_t j = 0; j < ep->recv_count[r]; j++) {
         int32_t meta[2];
@@ -437,35 +514,49 @@ static moeq_err check_source(moeq_ep *ep, int r, char *errstr, size_t n) {
     return MOEQ_OK;
 }
 
-/* Receiver side: a counting sort by local expert over arrival order (source rank, then slot). */
-static moeq_err unpack_dispatch(moeq_ep *ep, char *errstr, size_t n) {
-    int R = ep->params.n_ranks, L = ep->n_local;
-    int64_t *off = ep->expert_offset, *pos = ep->cursor, K = ep->params.top_k;
+/*
+ * Receiver side: a counting sort by local expert over arrival order (source
+ * rank, then slot). Each grouped slot gets a pointer to its token's row: in
+ * the receive buffer (f32), in the caller's x (f32 rows to self), or decoded
+ * once per token row (bf16, fp8). No row is copied per slot here.
+ */
+static moeq_err group_rows(moeq_ep *ep, const float *x, char *errstr, size_t n) {
+    int R = ep->params.n_ranks, L = ep->n_local, me = ep->params.rank;
+    int64_t *off = ep->expert_offset, *pos = ep->cursor, K = ep->params.top_k, H = ep->params.hidden;
+    moeq_err err = MOEQ_OK;
     for (int l = 0; l <= L; l++) off[l] = 0;
-    for (int r = 0; r < R; r++) {
-        moeq_err err = check_source(ep, r, errstr, n);
-        if (err) return err;
-    }
+    for (int r = 0; r < R && !err; r++)
+        if (!(err = read_header(ep, r, errstr, n))) err = check_source(ep, r, errstr, n);
+    if (err) return err;
+    prefix(ep->recv_count, ep->recv_first, R);
+    ep->n_recv = ep->recv_first[R - 1] + ep->recv_count[R - 1];
     for (int l = 0; l < L; l++) off[l + 1] += off[l];
     memcpy(pos, off, ((size_t)L + 1) * 8);
-    int64_t a = 0;
+    int64_t a = 0, decoded = 0;
     for (int r = 0; r < R; r++) {
-        const unsigned char *base = ep->recvbuf + ep->recv_byte[r], *rows = base + (size_t)ep->recv_count[r] * 8;
+        const unsigned char *base = source_msg(ep, r) + HDR, *rows = base + (size_t)ep->recv_count[r] * 8;
+        int direct = r == me && self_direct(ep);
         int64_t row = -1, prev_t = -1;
+        const float *cur = NULL;
         for (int64_t j = 0; j < ep->recv_count[r]; j++, a++) {
             int32_t meta[2];
             memcpy(meta, base + (size_t)j * 8, 8);
-            if (meta[1] / K != prev_t) row++, prev_t = meta[1] / K;
+            if (meta[1] / K != prev_t) {
+                row++, prev_t = meta[1] / K;
+                const unsigned char *wire = rows + (size_t)row * ep->row_bytes;
+                if (direct) cur = x + (size_t)prev_t * H;
+                else if (self_direct(ep)) cur = (const float *)(const void *)wire;
+                else row_get(ep, ep->dec + (size_t)decoded * H, wire), cur = ep->dec + (size_t)decoded++ * H;
+            }
             int64_t p = pos[meta[0]]++;
-            ep->grouped_of[a] = p, ep->src_rank[p] = r, ep->src_slot[p] = meta[1];
-            row_get(ep, ep->x + (size_t)p * ep->params.hidden, rows + (size_t)row * ep->row_bytes);
+            ep->grouped_of[a] = p, ep->src_rank[p] = r, ep->src_slot[p] = meta[1], ep->row[p] = cur;
         }
     }
     return MOEQ_OK;
 }
 
-moeq_err moeq_ep_dispatch(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const float *x, moeq_ep_recv *recv,
-                          char *errstr, size_t n) {
+static moeq_err dispatch_core(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const float *x, moeq_ep_recv *recv,
+                              char *errstr, size_t n) {
     if (T < 0 || T > ep->params.max_tokens || (T > 0 && (!topk_ids || !x)) || !recv)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: dispatch of %lld tokens (max_tokens %d)", (long long)T,
                          ep->params.max_tokens);
@@ -474,33 +565,70 @@ moeq_err moeq_ep_dispatch(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const
     if (err) return err;
     ep->T = T;
     count_tokens(ep);
-    if ((err = exchange_counts(ep, 1, errstr, n))) return err;
-    offsets(ep, ep->send_count, ep->send_tok, ep->send_first, ep->send_byte);
-    offsets(ep, ep->recv_count, ep->recv_tok, ep->recv_first, ep->recv_byte);
+    prefix(ep->send_count, ep->send_first, ep->params.n_ranks);
     pack_dispatch(ep, x);
-    set_dispatch_views(ep);
-    if ((err = exchange(ep, errstr, n)) || (err = unpack_dispatch(ep, errstr, n))) return err;
-    *recv = (moeq_ep_recv){ep->n_recv, ep->x, ep->n_local, ep->local_expert, ep->expert_offset, ep->src_rank,
-                           ep->src_slot};
+    if (ep->mangle) apply_mangle(ep);
+    if ((err = move_dispatch(ep, errstr, n)) || (err = group_rows(ep, x, errstr, n))) return err;
+    *recv = (moeq_ep_recv){ep->n_recv, NULL, ep->n_local, ep->local_expert, ep->expert_offset, ep->src_rank,
+                           ep->src_slot, ep->row};
     return MOEQ_OK;
 }
 
-/* Rows go back in the order each source sent them; the source knows each one's slot. */
+moeq_err moeq_ep_dispatch_rows(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const float *x, moeq_ep_recv *recv,
+                               char *errstr, size_t n) {
+    return dispatch_core(ep, T, topk_ids, x, recv, errstr, n);
+}
+
+/* The per-slot copy into expert groups: the one place a row is copied on the receiving side. */
+moeq_err moeq_ep_dispatch(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const float *x, moeq_ep_recv *recv,
+                          char *errstr, size_t n) {
+    moeq_err err = dispatch_core(ep, T, topk_ids, x, recv, errstr, n);
+    if (err) return err;
+    size_t H = (size_t)ep->params.hidden;
+    for (int64_t p = 0; p < ep->n_recv; p++) memcpy(ep->x + (size_t)p * H, ep->row[p], H * sizeof(float));
+    recv->x = ep->x;
+    return MOEQ_OK;
+}
+
+/* ---- combine ------------------------------------------------------------- */
+
+static void set_views(moeq_ep *ep, unsigned char *out, const int64_t *out_first, const int64_t *out_count,
+                      unsigned char *in, const int64_t *in_first, const int64_t *in_count, size_t wire) {
+    for (int r = 0; r < ep->params.n_ranks; r++) {
+        ep->msg_send[r] = out + (size_t)out_first[r] * wire, ep->len_send[r] = (size_t)out_count[r] * wire;
+        ep->msg_recv[r] = in + (size_t)in_first[r] * wire, ep->len_recv[r] = (size_t)in_count[r] * wire;
+    }
+}
+
+/*
+ * Rows go back in the order each source sent them; the source knows each
+ * one's slot. Rows to self skip the transport: in f32 they are copied from y
+ * to out directly, otherwise through the codec (the bits the wire would give).
+ */
 moeq_err moeq_ep_combine(moeq_ep *ep, const float *y, float *out, char *errstr, size_t n) {
     if ((ep->n_recv > 0 && !y) || (ep->T > 0 && !out))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: combine without rows");
     size_t H = (size_t)ep->params.hidden;
+    int me = ep->params.rank, direct = self_direct(ep);
+    int64_t self_a = ep->recv_first[me], self_n = ep->recv_count[me], self_j = ep->send_first[me];
     for (int64_t a = 0; a < ep->n_recv; a++)
-        row_put(ep, ep->recvbuf + (size_t)a * ep->row_bytes, y + (size_t)ep->grouped_of[a] * H);
+        if (!direct || a < self_a || a >= self_a + self_n)
+            row_put(ep, ep->recvbuf + (size_t)a * ep->row_bytes, y + (size_t)ep->grouped_of[a] * H);
     set_views(ep, ep->recvbuf, ep->recv_first, ep->recv_count, ep->sendbuf, ep->send_first, ep->send_count,
               ep->row_bytes);
+    ep->len_send[me] = ep->len_recv[me] = 0;
     moeq_err err = exchange(ep, errstr, n);
     if (err) return err;
     int64_t S = ep->T * ep->params.top_k, sent = 0;
     for (int r = 0; r < ep->params.n_ranks; r++) sent += ep->send_count[r];
     for (int64_t s = 0; s < S; s++)
         if (ep->dest_rank[s] < 0) memset(out + (size_t)s * H, 0, H * sizeof(float));
-    for (int64_t j = 0; j < sent; j++)
-        row_get(ep, out + (size_t)ep->send_slot[j] * H, ep->sendbuf + (size_t)j * ep->row_bytes);
+    for (int64_t j = 0; j < sent; j++) {
+        float *dst = out + (size_t)ep->send_slot[j] * H;
+        int64_t a = self_a + (j - self_j);
+        if (j < self_j || j >= self_j + self_n) row_get(ep, dst, ep->sendbuf + (size_t)j * ep->row_bytes);
+        else if (direct) memcpy(dst, y + (size_t)ep->grouped_of[a] * H, H * sizeof(float));
+        else row_get(ep, dst, ep->recvbuf + (size_t)a * ep->row_bytes);
+    }
     return MOEQ_OK;
 }

@@ -1,7 +1,10 @@
 /*
  * ep_int.h — what a transport implements for ep.c: one collective exchange of
- * byte messages whose sizes both sides already know (ep.c sends the counts
- * first, as 8-byte messages, through the same call). Transports know nothing of
+ * byte messages, either of sizes both sides already know (exchange), or of
+ * sizes only the sender knows, each received into a buffer of known capacity
+ * (exchange_any: a dispatch is then one message per peer, its header carrying
+ * the counts). A transport without exchange_any (nccl: ncclRecv needs the
+ * count) gets the counts first, through exchange. Transports know nothing of
  * rows, experts or dtypes.
  */
 #ifndef MOEQ_EP_INT_H
@@ -28,6 +31,14 @@ typedef struct moeq_ep_transport {
      */
     moeq_err (*exchange)(moeq_ep_tp *tp, const void *const *send, const size_t *send_len, void *const *recv,
                          const size_t *recv_len, char *errstr, size_t errstr_size);
+    /*
+     * Optional (NULL: ep.c exchanges counts first). Like exchange, except that
+     * every peer s != self sends exactly one message of 1..recv_cap[s] bytes,
+     * and got[s] receives its length. A longer one is MOEQ_ERR_FORMAT naming s.
+     * The message to self: send_len[self] bytes copied into recv[self] (0: none).
+     */
+    moeq_err (*exchange_any)(moeq_ep_tp *tp, const void *const *send, const size_t *send_len, void *const *recv,
+                             const size_t *recv_cap, size_t *got, char *errstr, size_t errstr_size);
 } moeq_ep_transport;
 
 extern const moeq_ep_transport moeq_ep_transport_local;
@@ -46,5 +57,18 @@ void moeq_ep_fp8_put(unsigned char *dst, const float *src, int hidden);
 /* table: the 256 decoded codes (moeq_ep_fp8_table), so decoding is a lookup. */
 void moeq_ep_fp8_table(float table[256]);
 void moeq_ep_fp8_get(float *dst, const unsigned char *src, int hidden, const float table[256]);
+
+/*
+ * Tests only: the next dispatch's messages to other ranks are malformed in the
+ * given way, so the receivers' checks can be exercised over a real transport.
+ */
+typedef enum moeq_ep_mangle {
+    MOEQ_EP_MANGLE_NONE,
+    MOEQ_EP_MANGLE_TRUNCATED,   /* 8 bytes: half a header                         */
+    MOEQ_EP_MANGLE_SHORT,       /* the header announces one more token row than sent */
+    MOEQ_EP_MANGLE_HUGE,        /* the header announces more slots than max_slots  */
+    MOEQ_EP_MANGLE_BAD_EXPERT,  /* the first slot names a local expert out of range */
+} moeq_ep_mangle;
+void moeq_ep_test_mangle(moeq_ep *ep, moeq_ep_mangle how);
 
 #endif

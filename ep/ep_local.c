@@ -33,4 +33,15 @@ static moeq_err local_exchange(moeq_ep_tp *tp, const void *const *send, const si
     return MOEQ_OK;
 }
 
-const moeq_ep_transport moeq_ep_transport_local = {"local", local_open, local_close, local_exchange};
+static moeq_err local_exchange_any(moeq_ep_tp *tp, const void *const *send, const size_t *send_len, void *const *recv,
+                                   const size_t *recv_cap, size_t *got, char *errstr, size_t n) {
+    (void)tp;
+    if (send_len[0] > recv_cap[0] && send_len[0])
+        return moeq_errf(MOEQ_ERR_INTERNAL, errstr, n, "ep local: sending %zu bytes into %zu", send_len[0], recv_cap[0]);
+    if (send_len[0]) memmove(recv[0], send[0], send_len[0]);
+    got[0] = send_len[0];
+    return MOEQ_OK;
+}
+
+const moeq_ep_transport moeq_ep_transport_local = {"local", local_open, local_close, local_exchange,
+                                                   local_exchange_any};

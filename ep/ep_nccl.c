@@ -199,4 +199,5 @@ static moeq_err nccl_exchange(moeq_ep_tp *tp, const void *const *send, const siz
     return err;
 }
 
-const moeq_ep_transport moeq_ep_transport_nccl = {"nccl", nccl_open, nccl_close, nccl_exchange};
+/* No exchange_any: ncclRecv needs its count, so ep.c sends every message's length first. */
+const moeq_ep_transport moeq_ep_transport_nccl = {"nccl", nccl_open, nccl_close, nccl_exchange, NULL};

@@ -6,6 +6,8 @@ endif()
 if(TARGET moeq_ep)
   # Forked ranks on one host: no broker, no Redis; the ranks find each other through a temporary directory.
   moeq_add_test(NAME test_ep_ucx SOURCES test_ep_ucx.c LIBS moeq_ep LABELS unit TIMEOUT 600)
+  # ep_int.h: the test hook that malforms a rank's dispatch messages (moeq_ep_test_mangle)
+  target_include_directories(test_ep_ucx PRIVATE ${CMAKE_SOURCE_DIR}/ep)
 endif()
 # `moeq ep-plan`: a skewed stats file gives a placement file (with the predicted load) and JSON.
 if(TARGET moeq)

@@ -1,11 +1,14 @@
 /*
  * test_ep_ucx.c — the UCX transport with 1-4 ranks as forked processes on one
  * host, over TCP loopback (UCX_TLS=tcp) and shared memory (UCX_TLS=posix,sysv):
- * the per-slot rows after dispatch → expert → combine equal, bit for bit, the
+ * the per-slot rows after dispatch (and dispatch_rows) → expert → combine equal, bit for bit, the
  * one-process local transport's, for identity, permuted and replicated
  * placements, F32, BF16 and FP8 payloads, with a rank that has zero tokens. Then
  * faults: a rank killed with -9, or stopped, fails the survivors' exchange
- * within ep.timeout_ms with an error naming it. Skipped (77) without UCX.
+ * within ep.timeout_ms with an error naming it; a rank whose dispatch message
+ * is malformed (cut short, counts that do not match its bytes, out of range)
+ * fails the receivers' dispatch with MOEQ_ERR_FORMAT naming it. Skipped (77)
+ * without UCX.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ep_int.h"
 #include "ep_test_util.h"
 #include "moeq/ep.h"
 #include "moeq/util.h"
@@ -40,6 +44,7 @@ typedef struct group_cfg {
     char dir[64];
     int late_ms;       /* rank 0 starts round 1 this much later (0: on time) */
     int odd_rank;      /* > 0: this rank alone uses a permuted placement (a misconfigured group) */
+    moeq_ep_mangle mangle; /* rank 1 malforms its round-1 dispatch messages this way */
 } group_cfg;
 
 static moeq_err make_placement(const group_cfg *g, int rank, moeq_ep_placement **pl, char *err, size_t n) {
@@ -60,6 +65,8 @@ static int64_t tokens_of(const group_cfg *g, int rank, int round) {
     return round == 2 ? 1 : MAXT - rank;
 }
 
+static moeq_err last_code; /* the last failed round's error code */
+
 static int check_round(const group_cfg *g, moeq_ep *ep, int rank, int round, char *err, size_t n) {
     static int32_t ids[MAXT * K];
     static float x[MAXT * H], y[4 * MAXT * K * H], out[MAXT * K * H], want[MAXT * K * H];
@@ -69,9 +76,22 @@ static int check_round(const group_cfg *g, moeq_ep *ep, int rank, int round, cha
     p.n_experts = E, p.hidden = H, p.max_tokens = MAXT, p.top_k = K;
     snprintf(p.payload, sizeof p.payload, "%s", g->payload);
     if (ept_reference(&p, T, ids, x, want, err, n)) return 1;
-    if (ept_round(ep, T, ids, x, H, y, out, err, n)) return 2;
+    if ((last_code = ept_round(ep, T, ids, x, H, y, out, err, n))) return 2;
     if (memcmp(out, want, (size_t)T * K * H * sizeof(float)) != 0) {
         snprintf(err, n, "rank %d round %d: rows differ from the local transport's", rank, round);
+        return 1;
+    }
+    /* the same round through dispatch_rows, the rows gathered here: the same bits */
+    static float xs[4 * MAXT * K * H];
+    moeq_ep_recv r;
+    if ((last_code = moeq_ep_dispatch_rows(ep, T, ids, x, &r, err, n))) return 2;
+    for (int64_t i = 0; i < r.n_rows; i++) memcpy(xs + i * H, r.row[i], H * sizeof(float));
+    r.x = xs;
+    ept_experts(&r, H, y);
+    memset(out, 0xff, sizeof out);
+    if ((last_code = moeq_ep_combine(ep, y, out, err, n))) return 2;
+    if (memcmp(out, want, (size_t)T * K * H * sizeof(float)) != 0) {
+        snprintf(err, n, "rank %d round %d: dispatch_rows' rows differ from the local transport's", rank, round);
         return 1;
     }
     return 0;
@@ -96,6 +116,11 @@ static int run_rank(const group_cfg *g, int rank) {
         if (round == 1 && rank == g->victim) raise(g->victim_signal);
         if (round == 1 && rank == 0 && g->late_ms)
             nanosleep(&(struct timespec){g->late_ms / 1000, (long)(g->late_ms % 1000) * 1000000L}, NULL);
+        if (round == 1 && rank == 1 && g->mangle) {
+            moeq_ep_test_mangle(ep, g->mangle);
+            check_round(g, ep, rank, round, err, sizeof err); /* the others refuse it and leave: no verdict here */
+            break;
+        }
         t0 = moeq_mono_ns();
         rc = check_round(g, ep, rank, round, err, sizeof err);
     }
@@ -106,6 +131,12 @@ static int run_rank(const group_cfg *g, int rank) {
         int ok = rc == 3 && strstr(err, "another group shape") &&
                  (rank == g->odd_rank ? strstr(err, "rank 0") != NULL : strstr(err, "rank ") != NULL);
         if (!ok) fprintf(stderr, "rank %d: expected a refusal at creation; rc %d: %s\n", rank, rc, err);
+        rc = ok ? 0 : 1;
+    } else if (g->mangle) {
+        /* every receiver refuses rank 1's message as malformed, naming it; rank 1 itself gives no verdict */
+        int ok = rank == 1 || (rc == 2 && last_code == MOEQ_ERR_FORMAT && strstr(err, "rank 1") != NULL);
+        if (!ok) fprintf(stderr, "rank %d: expected a format error naming rank 1; rc %d (%d): %s\n", rank, rc,
+                         (int)last_code, err);
         rc = ok ? 0 : 1;
     } else if (g->victim >= 0 && rank != g->victim) {
         /* a survivor: the exchange must fail, naming the victim, within the timeout (+ slack for a loaded host) */
@@ -164,7 +195,7 @@ static void every_group(const char *tls, const char *payload) {
     for (int n = 1; n <= 4; n++)
         for (int pl = IDENTITY; pl <= REPLICATED; pl++) {
             if (n == 1 && pl != IDENTITY) continue;
-            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, "", 0, 0});
+            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
         }
 }
 
@@ -180,35 +211,43 @@ static void ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_fou
 
 static void bf16_and_fp8_payloads_over_ucx_give_the_local_transports_bits(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, "", 0, 0});
-    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, "", 0, 0});
-    run_group((group_cfg){"tcp", 4, REPLICATED, "fp8", -1, 0, 20000, "", 0, 0});
+    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
+    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
+    run_group((group_cfg){"tcp", 4, REPLICATED, "fp8", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 0, 0});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
 }
 
 /* Rank 1 sees rank 2 die and leaves before rank 0 even starts the round: rank 0 must still blame rank 2. */
 static void a_survivor_that_comes_late_still_names_the_rank_that_died(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 500, 0});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 500, 0, MOEQ_EP_MANGLE_NONE});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory(void **state) {
     (void)state;
-    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, "", 0, 0});
+    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
 }
 
 static void ranks_that_disagree_on_the_placement_refuse_to_form_a_group(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 20000, "", 0, 2});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 20000, "", 0, 2, MOEQ_EP_MANGLE_NONE});
 }
 
 static void a_rank_that_stops_answering_fails_the_exchange_within_the_timeout(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, "", 0, 0});
+    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, "", 0, 0, MOEQ_EP_MANGLE_NONE});
+}
+
+/* Cut short, counts that do not match the bytes, counts out of range, an expert this rank does not hold. */
+static void a_malformed_dispatch_message_fails_the_receivers_naming_the_sender(void **state) {
+    (void)state;
+    for (int how = MOEQ_EP_MANGLE_TRUNCATED; how <= MOEQ_EP_MANGLE_BAD_EXPERT; how++)
+        run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 3000, "", 0, 0, (moeq_ep_mangle)how});
+    run_group((group_cfg){"posix,sysv", 2, IDENTITY, "bf16", -1, 0, 3000, "", 0, 0, MOEQ_EP_MANGLE_SHORT});
 }
 
 int main(void) {
@@ -230,6 +269,7 @@ int main(void) {
         cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory),
         cmocka_unit_test(ranks_that_disagree_on_the_placement_refuse_to_form_a_group),
         cmocka_unit_test(a_rank_that_stops_answering_fails_the_exchange_within_the_timeout),
+        cmocka_unit_test(a_malformed_dispatch_message_fails_the_receivers_naming_the_sender),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,7 @@ typedef struct e2e_job {
     char status[16], finish[16];
     int32_t *tokens;         /* the first result's tokens (owned)                    */
     int n_tokens;
+    char worker[64];         /* the first result's worker id ("" when absent)        */
     void *user;              /* the test's                                           */
 } e2e_job;
 
@@ -227,6 +228,7 @@ static inline size_t e2e_collect(e2e *t, size_t want, int wait_ms) {
                 j->tokens = malloc((r.n_tokens ? r.n_tokens : 1) * sizeof *r.tokens);
                 if (r.n_tokens) memcpy(j->tokens, r.tokens, r.n_tokens * sizeof *r.tokens);
                 j->n_tokens = (int)r.n_tokens;
+                snprintf(j->worker, sizeof j->worker, "%s", r.worker ? r.worker : "");
                 have++;
             } else {
                 t->duplicates++;

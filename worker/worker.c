@@ -49,6 +49,8 @@ typedef struct wjob {
      * before the scheduler hears "delivered" (MSG_* bits), and the ones it did. */
     int handle;                    /* scheduler handle of the published result, -1 before */
     unsigned char need, acked, inflight;
+    unsigned char delivered;       /* every message it needed was acknowledged (job_settle) */
+    unsigned char marked;          /* ... and its record says so (mark_delivered_jobs)  */
     unsigned char failures;        /* unclassified (IO) delivery failures of its messages */
     char *reason;                  /* owned: DLQ `moeq-reason` / undeliverable cause */
     moeq_grammar *grammar;         /* response_format's compiled grammar (a reference), NULL = none */
@@ -165,6 +167,7 @@ static void job_settle(moeq_worker *w, wjob *job) {
     moeq_sched_delivered(w->sched, job->handle, 1);
     job->handle = -1;
     job->need = job->acked = 0;
+    job->delivered = 1;
 }
 
 /*
@@ -1458,14 +1461,47 @@ static int group_tick(moeq_worker *w) {
  * once by its next start) or for anyone after visibility_timeout_ms. A supervisor restarts every rank and the
  * group forms again under a new generation.
  */
+/*
+ * Jobs whose results went out, in batches not yet acknowledged (a rolling
+ * batch finishes its jobs one by one): their records are marked done at once
+ * (the entry stays pending until every job is out), so a worker that takes
+ * the batch over after this one dies (kill -9, a failed group) skips them
+ * (admit_entry) instead of answering them again. One pipeline per batch with
+ * news, after the loop's acknowledgements. Returns how many were marked.
+ */
+static int mark_delivered_jobs(moeq_worker *w) {
+    int marked = 0;
+    for (wbatch *b = w->held; b; b = b->next) {
+        if (b->ack_due) continue; /* the acknowledgement writes every record */
+        size_t n_new = 0;
+        for (size_t i = 0; i < b->entry.n_jobs; i++) n_new += b->jobs[i].delivered && !b->jobs[i].marked;
+        if (!n_new) continue;
+        char *pick = calloc(b->entry.n_jobs, 1), *st = calloc(b->entry.n_jobs, 1);
+        for (size_t i = 0; pick && st && i < b->entry.n_jobs; i++)
+            pick[i] = b->jobs[i].delivered && !b->jobs[i].marked && b->states[i] != 'D', st[i] = b->jobs[i].state;
+        char err[256] = "";
+        if (pick && st && worker_io_mark_finished(w->redis, &w->params, w->params.worker_id, &b->entry, st, pick, err,
+                                                  sizeof err) == MOEQ_OK) {
+            for (size_t i = 0; i < b->entry.n_jobs; i++) b->jobs[i].marked |= b->jobs[i].delivered;
+            marked += (int)n_new;
+        } else {
+            moeq_log(MOEQ_LOG_WARN, COMP, "mark_done_failed", "entry=%s jobs=%zu reason=\"%s\"", b->entry.id, n_new,
+                     err);
+        }
+        free(pick), free(st);
+    }
+    return marked;
+}
+
 static moeq_err group_abort(moeq_worker *w, char *errstr, size_t errstr_size) {
     moeq_kafka_producer_flush(w->producer, 2000, NULL, 0);
     ack_batches(w);
+    int marked = mark_delivered_jobs(w);
     char err[256];
     worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, NULL, 0, err, sizeof err);
     moeq_log(MOEQ_LOG_ERROR, COMP, "ep_group_failed", "group=%s generation=%lld rank=%d ranks=%d batches_pending=%d "
-             "err=%s reason=\"%s\"", w->params.ep_group, (long long)worker_group_generation(w->group),
-             worker_group_rank(w->group), worker_group_ranks(w->group), w->n_held, moeq_err_str(w->group_err),
+             "jobs_marked_done=%d err=%s reason=\"%s\"", w->params.ep_group, (long long)worker_group_generation(w->group),
+             worker_group_rank(w->group), worker_group_ranks(w->group), w->n_held, marked, moeq_err_str(w->group_err),
              w->group_why);
     return moeq_errf(w->group_err, errstr, errstr_size,
                      "expert-parallel group %s (generation %lld, rank %d of %d) failed: %s; %d batch(es) left pending",
@@ -1512,6 +1548,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
         send_side(w);
         moeq_kafka_producer_poll(w->producer, poll_wait_ms(w, ran));
         ack_batches(w);
+        mark_delivered_jobs(w);
         if (w->group && group_tick(w)) break;
     }
     if (w->group_err) return group_abort(w, errstr, errstr_size);

@@ -457,29 +457,46 @@ moeq_err worker_io_mark_running(moeq_redis *redis, const moeq_worker_params *par
     return drain_replies(redis, n, errstr, errstr_size);
 }
 
-moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
-                       const worker_entry *entry, const char *states, char *errstr, size_t errstr_size) {
+/* Queue HSET state done|failed (+ EXPIRE) of job i for every i with pick[i] (NULL: every job); *queued counts replies. */
+static moeq_err append_finished(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                                const worker_entry *entry, const char *states, const char *pick, size_t *queued,
+                                char *errstr, size_t errstr_size) {
     char key[JOB_KEY_MAX], now[24], ttl[24];
     snprintf(now, sizeof now, "%lld", (long long)moeq_now_ms());
     snprintf(ttl, sizeof ttl, "%lld", (long long)params->dedupe_window_s);
-    size_t queued = 0;
     for (size_t i = 0; i < entry->n_jobs; i++) {
         const worker_entry_job *wj = &entry->jobs[i];
         const char *id = wj->job.id ? wj->job.id : NULL;
-        if (!id) continue;
+        if (!id || (pick && !pick[i])) continue;
         job_key(params->redis_prefix, id, key, sizeof key);
         const char *st = states && states[i] == 'F' ? "failed" : "done";
         const char *argv[] = {"HSET", key, "state", st, "worker", worker_id, "finished_ms", now};
         moeq_err err = moeq_redis_append_argv(redis, 8, argv, NULL, errstr, errstr_size);
-        if (err) return append_failed(redis, err, queued);
-        queued++;
+        if (err) return append_failed(redis, err, *queued);
+        (*queued)++;
         if (params->dedupe_window_s > 0) {
             const char *ex[] = {"EXPIRE", key, ttl};
             if ((err = moeq_redis_append_argv(redis, 3, ex, NULL, errstr, errstr_size)))
-                return append_failed(redis, err, queued);
-            queued++;
+                return append_failed(redis, err, *queued);
+            (*queued)++;
         }
     }
+    return MOEQ_OK;
+}
+
+moeq_err worker_io_mark_finished(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                                 const worker_entry *entry, const char *states, const char *pick, char *errstr,
+                                 size_t errstr_size) {
+    size_t queued = 0;
+    moeq_err err = append_finished(redis, params, worker_id, entry, states, pick, &queued, errstr, errstr_size);
+    return err ? err : drain_replies(redis, queued, errstr, errstr_size);
+}
+
+moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                       const worker_entry *entry, const char *states, char *errstr, size_t errstr_size) {
+    size_t queued = 0;
+    moeq_err err = append_finished(redis, params, worker_id, entry, states, NULL, &queued, errstr, errstr_size);
+    if (err) return err;
     /* XACK and XDEL together or not at all: an entry acknowledged but left in the stream would stay forever */
     const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
     const char *xack[] = {"XACK", entry->stream, params->group, entry->id};
@@ -487,8 +504,8 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
     const char *const *tx[] = {multi, xack, xdel, exec};
     const int tx_argc[] = {1, 4, 3, 1};
     for (int k = 0; k < 4; k++) {
-        moeq_err err = moeq_redis_append_argv(redis, tx_argc[k], tx[k], NULL, errstr, errstr_size);
-        if (err) return append_failed(redis, err, queued);
+        if ((err = moeq_redis_append_argv(redis, tx_argc[k], tx[k], NULL, errstr, errstr_size)))
+            return append_failed(redis, err, queued);
         queued++;
     }
     return drain_replies(redis, queued, errstr, errstr_size);

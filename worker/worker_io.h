@@ -123,6 +123,17 @@ moeq_err worker_io_ack(moeq_redis *redis, const moeq_worker_params *params, cons
                        const worker_entry *entry, const char *states, char *errstr, size_t errstr_size);
 
 /*
+ * Only the records: HSET state done|failed (states as for worker_io_ack),
+ * finished_ms, worker, EXPIRE, for the jobs with pick[i] set; the entry stays
+ * pending. For a batch that will run again elsewhere (a group that failed):
+ * its jobs whose results went out are then skipped, as after a crash
+ * (admit_entry reads 'D'), rather than answered twice.
+ */
+moeq_err worker_io_mark_finished(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                                 const worker_entry *entry, const char *states, const char *pick, char *errstr,
+                                 size_t errstr_size);
+
+/*
  * The sweep of one stream (one atomic script): XTRIM MINID below the
  * group's oldest pending entry — or, with nothing pending, up to and
  * including its last delivered one — so entries acknowledged but never

@@ -9,10 +9,12 @@
  * both steps):
  *   1. dispatch(T tokens × top_k expert ids, T rows): the layout step gives
  *      each slot (t, k) a destination rank (a replica picked by
- *      moeq_ep_placement_pick, never by timing); row counts per rank are
- *      exchanged first, so no rank guesses a size; then every slot's row goes
- *      to its rank. The receiver gets rows grouped by local expert, each with
- *      the rank and slot it came from (moeq_ep_recv).
+ *      moeq_ep_placement_pick, never by timing); one message goes to every
+ *      rank, its header carrying the counts, so no rank guesses a size (a
+ *      transport that must know sizes first gets the counts first). A token's
+ *      row travels once per destination rank. The receiver gets rows grouped
+ *      by local expert, each with the rank and slot it came from
+ *      (moeq_ep_recv).
  *   2. the caller runs its local experts on those rows, in that order;
  *   3. combine(expert output rows): each row goes back to its token's rank,
  *      as a per-slot row. No partial sums are formed across ranks: the caller
@@ -117,6 +119,7 @@ typedef struct moeq_ep_recv {
     const int64_t *expert_offset;  /* (n_local + 1)                                  */
     const int32_t *src_rank;       /* (n_rows) rank the row came from                */
     const int32_t *src_slot;       /* (n_rows) slot t * top_k + k on that rank       */
+    const float *const *row;       /* (n_rows) each grouped row's source row (see _dispatch_rows) */
 } moeq_ep_recv;
 
 /*
@@ -138,6 +141,19 @@ moeq_err moeq_ep_layout(const moeq_ep_placement *pl, int rank, int64_t T, int to
  */
 moeq_err moeq_ep_dispatch(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const float *x, moeq_ep_recv *recv,
                           char *errstr, size_t errstr_size);
+
+/*
+ * Dispatch without the per-slot copy: the same collective and the same
+ * recv, except that recv->x is NULL and row p's values are at recv->row[p]
+ * (a token with several experts here has one row, shared). The rows live in
+ * the handle's receive buffers (f32 rows from this rank itself: in x, which
+ * must not change meanwhile; bf16 and fp8: decoded once per token row) and
+ * are valid until the next combine or dispatch. For a caller that gathers
+ * rows itself (a kernel reading them by index); moeq_ep_dispatch is this plus
+ * the copy into recv->x.
+ */
+moeq_err moeq_ep_dispatch_rows(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const float *x, moeq_ep_recv *recv,
+                               char *errstr, size_t errstr_size);
 
 /*
  * Combine: y (recv->n_rows, hidden) are the expert outputs for the rows of the
