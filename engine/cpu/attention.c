@@ -218,60 +218,12 @@ static T512 ALWAYS_INLINE void out_tile512(const int nh, const moeq_kv_view *kv,
         for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(o + h * ldo + c0 + v * LANES, m[v], acc[h][v]);
 }
 
-static T512 void block512(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
-    int64_t n_ctx = a->pos[t] + 1;
-    int L = a->kv_lora, R = a->rope, H = a->n_heads;
-    moeq_kv_view kv = moeq_kv_paged_view(&a->kv, a->seq[t]);
-    const float *qlat = a->q_lat + t * H * L, *qpe = a->q_pe + t * H * R;
-    const int64_t entry_bytes = (int64_t)(L + R) * (int64_t)sizeof(float);
-    for (int64_t j0 = 0; j0 < n_ctx; j0 += 4) {
-        const float *e[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) e[r] = j0 + r < n_ctx ? moeq_kv_view_entry(&kv, j0 + r) : zeros;
-        /* The cache was evicted by the step's weight stream and its blocks are scattered, so the hardware
-         * prefetcher restarts every block: request the rows two tiles ahead. */
-        for (int64_t j = j0 + 8; j < j0 + 12 && j < n_ctx; j++) {
-            const char *pe = (const char *)moeq_kv_view_entry(&kv, j);
-            for (int64_t b = 0; b < entry_bytes; b += 64) _mm_prefetch(pe + b, _MM_HINT_T0);
-        }
-        for (int hg = h0; hg < h1; hg += 4) {
-            const float *ql[4], *qp[4];
-            float s[16];
-#pragma GCC unroll 16
-            for (int h = 0; h < 4; h++) {
-                ql[h] = hg + h < h1 ? qlat + (int64_t)(hg + h) * L : zeros;
-                qp[h] = hg + h < h1 ? qpe + (int64_t)(hg + h) * R : zeros;
-            }
-            score_tile512(ql, qp, e, L, R, s);
-            for (int h = 0; h < 4 && hg + h < h1; h++)
-                for (int r = 0; r < 4 && j0 + r < n_ctx; r++) scores[(hg + h - h0) * n_ctx + j0 + r] = s[4 * h + r] * a->scale;
-        }
-    }
-    for (int h = h0; h < h1; h++) softmax512(scores + (h - h0) * n_ctx, n_ctx);
-    /* Slabs of context rows small enough to stay in L2 while every (head group, column chunk) tile passes
-     * over them; tiles over the whole context re-read it from L3 or DRAM once per tile at long context. */
-    float *o = a->out_lat + (t * H) * L;
-    for (int64_t s0 = 0; s0 == 0 || s0 < n_ctx; s0 += ATTN_SLAB_ROWS) { /* n_ctx 0 (never served): zeros */
-        int64_t s1 = s0 + ATTN_SLAB_ROWS < n_ctx ? s0 + ATTN_SLAB_ROWS : n_ctx;
-        for (int hg = h0; hg < h1; hg += 4) {
-            const float *p = scores + (hg - h0) * n_ctx;
-            float *og = o + (int64_t)hg * L;
-            for (int c0 = 0; c0 < L; c0 += 4 * LANES) switch (h1 - hg < 4 ? h1 - hg : 4) {
-                case 1: out_tile512(1, &kv, s0, s1, p, n_ctx, og, L, c0, L); break;
-                case 2: out_tile512(2, &kv, s0, s1, p, n_ctx, og, L, c0, L); break;
-                case 3: out_tile512(3, &kv, s0, s1, p, n_ctx, og, L, c0, L); break;
-                default: out_tile512(4, &kv, s0, s1, p, n_ctx, og, L, c0, L); break;
-                }
-        }
-    }
-}
-
 /*
  * nt consecutive query tokens t0.. of one sequence (positions consecutive), heads [h0, h1): each cache row
  * tile is read once for all of them (prefill re-streamed the whole context from L3 for every token), and
  * each output slab stays in L2 while every token's tiles pass over it. Per (token, head) the scores, the
- * softmax and the output chains are block512's, element for element: the bits are the same. Scores: token
- * i's rows at scores + i * (h1 - h0) * ld, ld = the last token's context length.
+ * softmax and the output chains do not depend on nt: the bits of one token alone (block512, nt = 1) are
+ * the same. Scores: token i's rows at scores + i * (h1 - h0) * ld, ld = the last token's context length.
  */
 static T512 void group512(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, float *scores) {
     const int L = a->kv_lora, R = a->rope, H = a->n_heads, nh = h1 - h0;
@@ -282,6 +234,8 @@ static T512 void group512(const moeq_mla_params *a, int64_t t0, int nt, int h0, 
         const float *e[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) e[r] = j0 + r < ld ? moeq_kv_view_entry(&kv, j0 + r) : zeros;
+        /* The cache was evicted by the step's weight stream and its blocks are scattered, so the hardware
+         * prefetcher restarts every block: request the rows two tiles ahead. */
         for (int64_t j = j0 + 8; j < j0 + 12 && j < ld; j++) {
             const char *pe = (const char *)moeq_kv_view_entry(&kv, j);
             for (int64_t b = 0; b < entry_bytes; b += 64) _mm_prefetch(pe + b, _MM_HINT_T0);
@@ -307,10 +261,12 @@ static T512 void group512(const moeq_mla_params *a, int64_t t0, int nt, int h0, 
     }
     for (int i = 0; i < nt; i++)
         for (int h = 0; h < nh; h++) softmax512(scores + ((int64_t)i * nh + h) * ld, a->pos[t0 + i] + 1);
-    for (int64_t s0 = 0; s0 < ld; s0 += ATTN_SLAB_ROWS) {
+    /* Slabs of context rows small enough to stay in L2 while every (head group, column chunk) tile passes
+     * over them; tiles over the whole context re-read it from L3 or DRAM once per tile at long context. */
+    for (int64_t s0 = 0; s0 == 0 || s0 < ld; s0 += ATTN_SLAB_ROWS) { /* n_ctx 0 (never served): zeros */
         for (int i = 0; i < nt; i++) {
             const int64_t t = t0 + i, n_ctx = a->pos[t] + 1;
-            if (s0 >= n_ctx) continue;
+            if (s0 && s0 >= n_ctx) continue;
             int64_t s1 = s0 + ATTN_SLAB_ROWS < n_ctx ? s0 + ATTN_SLAB_ROWS : n_ctx;
             float *o = a->out_lat + (t * H) * L;
             for (int hg = h0; hg < h1; hg += 4) {
@@ -325,6 +281,10 @@ static T512 void group512(const moeq_mla_params *a, int64_t t0, int nt, int h0, 
             }
         }
     }
+}
+
+static T512 void block512(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
+    group512(a, t, 1, h0, h1, scores);
 }
 
 /* ---- AVX2 + FMA: 16 lanes as two ymm halves ----------------------------------- */
