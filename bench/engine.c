@@ -254,6 +254,20 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     moeq_engine_destroy(e);
 }
 
+/* A comma-separated list of at most max ints in [lo, hi] into out: how many, or -1 (a value out of range,
+ * anything but a comma between them). Values past max are not read. */
+static int int_list(const char *v, int *out, int max, int lo, int hi) {
+    int n = 0;
+    for (char *s = (char *)v; *s && n < max;) {
+        long x = strtol(s, &s, 10);
+        if (x < lo || x > hi) return -1;
+        out[n++] = (int)x;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
 static int parse(int argc, char **argv, bench_args *a) {
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -262,45 +276,20 @@ static int parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(k, "--backend")) a->backend = v;
         else if (!strcmp(k, "--device")) a->device = atoi(v);
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
-        else if (!strcmp(k, "--prefill-tokens")) {
-            a->n_prefills = 0;
-            for (char *s = (char *)v; *s && a->n_prefills < 4;) {
-                int n = (int)strtol(s, &s, 10);
-                if (n < 1 || n > 1 << 16) return -1;
-                a->prefills[a->n_prefills++] = n;
-                a->prefill_tokens = n > a->prefill_tokens ? n : a->prefill_tokens;
-                if (*s == ',') s++;
-                else if (*s) return -1;
-            }
-        } else if (!strcmp(k, "--modes")) {
-            a->n_modes = 0;
-            for (char *s = (char *)v; *s && a->n_modes < 2;) {
-                int m = (int)strtol(s, &s, 10);
-                if (m != 0 && m != 1) return -1;
-                a->modes[a->n_modes++] = m;
-                if (*s == ',') s++;
-                else if (*s) return -1;
-            }
-        }
         else if (!strcmp(k, "--min-seconds")) a->min_seconds = atof(v);
-        else if (!strcmp(k, "--batches")) {
-            a->n_batches = 0;
-            for (char *s = (char *)v; *s && a->n_batches < 8;) {
-                int b = (int)strtol(s, &s, 10);
-                if (b < 1 || b > 256) return -1;
-                a->batches[a->n_batches++] = b;
-                a->max_batch = b > a->max_batch ? b : a->max_batch;
-                if (*s == ',') s++;
-            }
+        else if (!strcmp(k, "--prefill-tokens")) {
+            if ((a->n_prefills = int_list(v, a->prefills, 4, 1, 1 << 16)) < 0) return -1;
+            for (int j = 0; j < a->n_prefills; j++)
+                a->prefill_tokens = a->prefills[j] > a->prefill_tokens ? a->prefills[j] : a->prefill_tokens;
+        } else if (!strcmp(k, "--modes")) {
+            if ((a->n_modes = int_list(v, a->modes, 2, 0, 1)) < 0) return -1;
+        } else if (!strcmp(k, "--batches")) {
+            if ((a->n_batches = int_list(v, a->batches, 8, 1, 256)) < 0) return -1;
+            for (int j = 0; j < a->n_batches; j++)
+                a->max_batch = a->batches[j] > a->max_batch ? a->batches[j] : a->max_batch;
         } else if (!strcmp(k, "--contexts")) {
             a->n_contexts = 0;
-            if (!strcmp(v, "none")) continue;
-            for (char *s = (char *)v; *s && a->n_contexts < 8;) {
-                int c = (int)strtol(s, &s, 10);
-                if (c < 1 || c > 1 << 20) return -1;
-                a->contexts[a->n_contexts++] = c;
-                if (*s == ',') s++;
-            }
+            if (strcmp(v, "none") && (a->n_contexts = int_list(v, a->contexts, 8, 1, 1 << 20)) < 0) return -1;
         } else return -1;
     }
     return a->model_dir && (argc % 2) ? 0 : -1;
