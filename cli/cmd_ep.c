@@ -2,7 +2,8 @@
  * cmd_ep.c — `moeq ep-plan`: a placement for an expert-parallel group from
  * measured per-expert token counts (EPLB's greedy: replicas first, then
  * balanced packing), printed as a placement file (ep.placement) with the
- * predicted load in comments, or as JSON with --json. No I/O beyond the stats file.
+ * predicted load in comments, or as JSON with --json. No I/O beyond the stats files
+ * (several: summed, as each rank of a group counts its own tokens).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +14,9 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: moeq ep-plan --stats FILE --ranks N [--replicas R] [--json]\n"
-            "  --stats FILE    per-expert token counts (integers separated by blanks, commas, newlines; # comments)\n"
+            "usage: moeq ep-plan --stats FILE [--stats FILE ...] --ranks N [--replicas R] [--json]\n"
+            "  --stats FILE    per-expert token counts (integers separated by blanks, commas, newlines; # comments),\n"
+            "                  e.g. a worker's expert_stats_path; several files (one per rank of a group) are summed\n"
             "  --ranks N       ranks in the group (1..%d)\n"
             "  --replicas R    extra expert replicas allowed in all (default 0; fewer are used when they do not help)\n"
             "  --json          print the plan as JSON instead of a placement file\n",
@@ -52,20 +54,24 @@ static void print_text(const moeq_ep_placement *pl, const double *load, double m
 }
 
 int moeq_cmd_ep_plan(int argc, char **argv) {
-    const char *stats = NULL;
-    int ranks = 0, replicas = 0, json = 0;
+    enum { MAX_STATS = 64 };
+    const char *stats[MAX_STATS];
+    int n_stats = 0, ranks = 0, replicas = 0, json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 0;
         if (!strcmp(a, "--json")) { json = 1; continue; }
         if (!v) return fprintf(stderr, "ep-plan: %s needs a value\n", a), usage(stderr), 2;
-        if (!strcmp(a, "--stats")) stats = v;
+        if (!strcmp(a, "--stats")) {
+            if (n_stats == MAX_STATS) return fprintf(stderr, "ep-plan: at most %d --stats files\n", MAX_STATS), 2;
+            stats[n_stats++] = v;
+        }
         else if (!strcmp(a, "--ranks")) ranks = atoi(v);
         else if (!strcmp(a, "--replicas")) replicas = atoi(v);
         else return fprintf(stderr, "ep-plan: unknown option '%s'\n", a), usage(stderr), 2;
         i++;
     }
-    if (!stats || ranks < 1) return fprintf(stderr, "ep-plan: --stats and --ranks are required\n"), usage(stderr), 2;
+    if (!n_stats || ranks < 1) return fprintf(stderr, "ep-plan: --stats and --ranks are required\n"), usage(stderr), 2;
     char err[512];
     int64_t *counts = NULL;
     int E = 0;
@@ -73,7 +79,7 @@ int moeq_cmd_ep_plan(int argc, char **argv) {
     double *load = malloc((size_t)ranks * sizeof(double)), max, mean, id_max, id_mean;
     int rc = 1;
     if (!load) goto done;
-    if (moeq_ep_stats_load(stats, &counts, &E, err, sizeof err) || moeq_ep_plan(counts, E, ranks, replicas, &pl, err, sizeof err) ||
+    if (moeq_ep_stats_load_sum(stats, n_stats, &counts, &E, err, sizeof err) || moeq_ep_plan(counts, E, ranks, replicas, &pl, err, sizeof err) ||
         moeq_ep_placement_new_identity(E, ranks, &id, err, sizeof err)) {
         fprintf(stderr, "ep-plan: %s\n", err);
         goto done;

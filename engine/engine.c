@@ -535,6 +535,13 @@ moeq_err moeq_engine_join_group(moeq_engine *e, moeq_ep *ep, const moeq_ep_param
 
 int moeq_engine_in_group(const moeq_engine *e) { return e && moeq_moe_layer_in_group(e); }
 
+const uint64_t *moeq_engine_expert_counts(const moeq_engine *e, int *n_layers, int *n_experts) {
+    *n_layers = 0, *n_experts = 0;
+    if (!e || !e->moe) return NULL;
+    *n_experts = e->cfg->n_routed_experts;
+    return moeq_moe_layer_counts(e, n_layers);
+}
+
 moeq_err moeq_engine_group_status(const moeq_engine *e, char *errstr, size_t errstr_size) {
     return e && e->moe ? moeq_moe_layer_status(e, errstr, errstr_size) : MOEQ_OK;
 }

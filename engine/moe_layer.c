@@ -42,6 +42,9 @@ static void flag_nonfinite(moeq_engine *e, const moeq_layer *L, int64_t n_tok) {
     }
 }
 
+struct moeq_moe_layer;
+static void count_slots(moeq_engine *e, const moeq_layer *L, int64_t n_tok);
+
 struct moeq_moe_layer {
     moeq_ep *ep;                 /* the handle: local (made when a test asks for it) or the group's */
     int borrowed;                /* ep is the group's (moeq_moe_layer_join): not destroyed here */
@@ -61,6 +64,9 @@ struct moeq_moe_layer {
     int *group_expert;               /* (n_groups) global expert of each group   */
     int64_t *order;                  /* (max_slots) slots grouped                */
     int64_t max_slots;
+    /* routed slots per (layer, expert) since creation: main layers, then MTP layers (layer_number) */
+    uint64_t *slots;
+    int n_count_layers;
 };
 
 /* Where the rows of one exchange sit: groups of rows, each for one expert; groups by rank (parts). */
@@ -99,6 +105,12 @@ moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, 
     p.top_k = c->num_experts_per_tok;
     m->ep_params = p;
     m->max_slots = (int64_t)p.max_tokens * p.top_k;
+    m->n_count_layers = c->num_hidden_layers + e->model->n_mtp_layers;
+    m->slots = calloc((size_t)m->n_count_layers * (size_t)c->n_routed_experts, sizeof(uint64_t));
+    if (!m->slots) {
+        free(m);
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "moe layer: expert counts");
+    }
     moeq_ep_placement *id = NULL;
     moeq_err err = moeq_ep_placement_new_identity(c->n_routed_experts, 1, &id, errstr, errstr_size);
     if (!err) err = sim_set(m, c->n_routed_experts, id, errstr, errstr_size);
@@ -125,6 +137,7 @@ void moeq_moe_layer_destroy(moeq_moe_layer *m, moeq_backend *b) {
     if (!m->borrowed) moeq_ep_destroy(m->ep);
     if (b) b->release(b, m->gg), b->release(b, m->gu), b->release(b, m->gdown);
     free_sim(m);
+    free(m->slots);
     free(m);
 }
 
@@ -216,6 +229,26 @@ static moe_rows ep_dispatch(moeq_engine *e, int64_t T) {
     return rows;
 }
 
+/*
+ * The load each expert sees: every routed slot of this rank's tokens, counted
+ * on the token's rank (a group's ranks count disjoint tokens, so their sums
+ * add up). Host ids, after the router: no effect on any result.
+ */
+static void count_slots(moeq_engine *e, const moeq_layer *L, int64_t T) {
+    moeq_moe_layer *m = e->moe;
+    int E = e->cfg->n_routed_experts;
+    uint64_t *row = m->slots + (size_t)layer_number(e, L) * (size_t)E;
+    for (int64_t i = 0; i < T * e->router.top_k; i++) {
+        int32_t x = e->s.rids[i];
+        if (x >= 0 && x < E) row[x]++;
+    }
+}
+
+const uint64_t *moeq_moe_layer_counts(const moeq_engine *e, int *n_layers) {
+    *n_layers = e->moe ? e->moe->n_count_layers : 0;
+    return e->moe ? e->moe->slots : NULL;
+}
+
 /* Gate and up of the groups [g0, g1) (one rank's experts) from job n on; returns the jobs laid out. */
 static int gate_up_jobs(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, int64_t g0, int64_t g1, int n) {
     moeq_scratch *s = &e->s;
@@ -279,6 +312,7 @@ void moeq_moe_layer_run(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
                                 NULL, NULL}; /* no plan: the dispatch groups the rows */
         e->backend->route(e->backend, &rp);
         flag_nonfinite(e, L, T);
+        count_slots(e, L, T);
     }
     moe_rows rows = m->sim ? sim_dispatch(e, T) : ep_dispatch(e, T);
     run_experts(e, L, &rows, T);

@@ -45,6 +45,9 @@ int moeq_moe_layer_in_group(const moeq_engine *engine);
 /* An empty step's part (a rank with no tokens): every main MoE layer's exchange, in order, serving others' rows. */
 void moeq_moe_layer_run_empty(moeq_engine *engine);
 
+/* Routed slots per (layer, expert) since creation, (n_layers, n_routed_experts); NULL without routed experts. */
+const uint64_t *moeq_moe_layer_counts(const moeq_engine *engine, int *n_layers);
+
 /* MOEQ_OK, or the first exchange error since creation (the transport failed; the step's results are void). */
 moeq_err moeq_moe_layer_status(const moeq_engine *engine, char *errstr, size_t errstr_size);
 

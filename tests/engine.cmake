@@ -5,7 +5,7 @@ if(TARGET moeq_engine)
   moeq_add_test(NAME test_engine_ops SOURCES test_engine_ops.c LIBS moeq_engine PkgConfig::OPENBLAS
     LABELS unit)
   target_include_directories(test_engine_ops PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
-  moeq_add_test(NAME test_engine_model SOURCES test_engine_model.c LIBS moeq_engine LABELS unit
+  moeq_add_test(NAME test_engine_model SOURCES test_engine_model.c LIBS moeq_engine moeq_ep LABELS unit
     TIMEOUT 600)
   target_include_directories(test_engine_model PRIVATE ${CMAKE_SOURCE_DIR}/engine)
   if(TARGET moeq)
@@ -31,7 +31,7 @@ endif()
 # The engine as one rank of an expert-parallel group (docs/EP.md): 2 and 3 forked ranks over UCX (tcp, shared
 # memory) give the single-process logits bit for bit, with empty and refused steps; a rank killed mid-run is named.
 if(TARGET moeq_engine AND TARGET moeq)
-  moeq_add_test(NAME test_engine_group SOURCES test_engine_group.c LIBS moeq_engine LABELS unit TIMEOUT 600)
+  moeq_add_test(NAME test_engine_group SOURCES test_engine_group.c LIBS moeq_engine moeq_ep LABELS unit TIMEOUT 600)
   target_include_directories(test_engine_group PRIVATE ${CMAKE_SOURCE_DIR}/engine)
   add_dependencies(test_engine_group moeq)
 endif()

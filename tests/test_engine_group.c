@@ -8,7 +8,9 @@
  * has no tokens (an empty step that still serves the others' rows) and a step
  * one rank's checks refuse (it still takes part). Then a rank killed with -9
  * mid-run fails the survivors' step, naming it. moeq_ep_allgather (the worker
- * group's per-tick agreement) over UCX is checked at the end. Skipped (77) without UCX.
+ * group's per-tick agreement) over UCX is checked at the end, and each rank's
+ * routed-expert load table equals the single-process engine's for its tokens
+ * (a rank counts its own tokens). Skipped (77) without UCX.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,6 +39,9 @@ static char g_dir[64];
 static const char *g_presets[2] = {"tiny", "tiny-v2"};
 /* Reference logits: [preset][n_ranks - 2][rank][tick][row][vocab], from the single-process engine. */
 static float *g_ref[2][2][MAX_RANKS];
+/* The same engines' routed-expert load tables: a rank of a group counts its own tokens, so it must match. */
+static uint64_t *g_ref_counts[2][2][MAX_RANKS];
+static size_t g_counts_bytes[2];
 static int g_vocab[2];
 
 /*
@@ -125,6 +130,11 @@ static int setup(void **state) {
                     fprintf(stderr, "reference %s rank %d/%d: %s\n", g_presets[p], r, R, err);
                     return -1;
                 }
+                int L = 0, E = 0;
+                const uint64_t *c = moeq_engine_expert_counts(e, &L, &E);
+                g_counts_bytes[p] = (size_t)L * E * sizeof(uint64_t);
+                if (!c || !(g_ref_counts[p][R - 2][r] = malloc(g_counts_bytes[p]))) return -1;
+                memcpy(g_ref_counts[p][R - 2][r], c, g_counts_bytes[p]);
                 moeq_engine_destroy(e);
             }
         moeq_model_destroy(m);
@@ -136,7 +146,7 @@ static int teardown(void **state) {
     (void)state;
     for (int p = 0; p < 2; p++)
         for (int R = 0; R < 2; R++)
-            for (int r = 0; r < MAX_RANKS; r++) free(g_ref[p][R][r]);
+            for (int r = 0; r < MAX_RANKS; r++) free(g_ref[p][R][r]), free(g_ref_counts[p][R][r]);
     return moeq_test_remove_dir(g_dir);
 }
 
@@ -191,6 +201,10 @@ static int run_rank(const group_cfg *g, int r) {
     } else {
         rc = run_script(e, r, g->n_ranks, g_vocab[g->preset], NULL, g_ref[g->preset][g->n_ranks - 2][r], -1, err,
                         sizeof err);
+        int L = 0, E = 0;
+        const uint64_t *c = moeq_engine_expert_counts(e, &L, &E);
+        if (!rc && (!c || memcmp(c, g_ref_counts[g->preset][g->n_ranks - 2][r], g_counts_bytes[g->preset])))
+            rc = 1, snprintf(err, sizeof err, "its expert load table differs from the single-process engine's");
         int64_t all[MAX_RANKS] = {0}; /* the worker's per-tick agreement; nobody leaves while another still steps */
         if (!rc) rc = moeq_ep_allgather(ep, 1000 + r, all, err, sizeof err) != MOEQ_OK;
         for (int q = 0; q < g->n_ranks && !rc; q++)

@@ -21,6 +21,7 @@
 #include "moe_layer.h"
 #include "cpu/moe_route.h"
 #include "moeq/engine.h"
+#include "moeq/ep_plan.h"
 #include "engine_test_util.h"
 
 static char g_dir[256];
@@ -500,6 +501,64 @@ static void the_whole_model_through_the_moe_layer_with_permuted_and_replicated_p
     }
 }
 
+/* One step per token (decode shape), or the whole prompt in one step (prefill shape), then 3 greedy tokens. */
+static void count_script(moeq_engine *e, const int32_t *ids, int n, int one_by_one, int vocab) {
+    int seq = -1;
+    assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
+    float *logits = malloc((size_t)n * vocab * sizeof(float));
+    char err[256] = "";
+    for (int i = 0; i < n; i += one_by_one ? 1 : n) {
+        moeq_step_item it = {seq, ids + i, one_by_one ? 1 : n, 0};
+        assert_int_equal(moeq_engine_step(e, &it, 1, logits, (size_t)n, err, sizeof err), MOEQ_OK);
+    }
+    free(logits);
+    moeq_engine_seq_free(e, seq);
+}
+
+static void the_engine_counts_each_routed_slot_by_layer_and_expert_whatever_the_batching(void **state) {
+    (void)state;
+    const moeq_model *models[2] = {g_tiny, g_tiny_v2};
+    for (int mi = 0; mi < 2; mi++) {
+        const moeq_model *m = models[mi];
+        const moeq_model_config *c = &m->config;
+        int vocab = moeq_test_vocab(m), n = 13, L = 0, E = 0, L2 = 0, E2 = 0;
+        int32_t ids[13];
+        moeq_test_prompt(ids, n, 5, vocab);
+        moeq_engine *a = engine_for(m, 2, 64), *b = engine_for(m, 1, 64);
+        const uint64_t *ca = moeq_engine_expert_counts(a, &L, &E), *cb = moeq_engine_expert_counts(b, &L2, &E2);
+        assert_non_null(ca);
+        assert_int_equal(E, c->n_routed_experts);
+        assert_int_equal(L, c->num_hidden_layers + c->num_nextn_predict_layers);
+        for (int i = 0; i < L * E; i++) assert_int_equal(ca[i], 0); /* nothing ran yet */
+        count_script(a, ids, n, 0, vocab);
+        count_script(b, ids, n, 1, vocab);
+        assert_int_equal(L2, L);
+        assert_memory_equal(ca, cb, (size_t)L * E * sizeof(uint64_t)); /* the same routes, prefill or decode */
+        int64_t *parsed = NULL;
+        int parsed_E = 0;
+        for (int l = 0; l < L; l++) {
+            uint64_t sum = 0;
+            for (int x = 0; x < E; x++) sum += ca[(size_t)l * E + x];
+            int moe = l < c->num_hidden_layers && l >= c->first_k_dense_replace && (l % c->moe_layer_freq) == 0;
+            assert_int_equal(sum, moe ? (uint64_t)n * c->num_experts_per_tok : 0); /* MTP: no draft ran */
+        }
+        /* the stats file round-trips: its one parsed line is the per-expert sum over layers */
+        char *text = NULL, err[256] = "";
+        size_t len = 0;
+        assert_int_equal(moeq_ep_stats_format(ca, L, E, "a test", &text, &len, err, sizeof err), MOEQ_OK);
+        assert_int_equal(moeq_ep_stats_parse(text, len, &parsed, &parsed_E, err, sizeof err), MOEQ_OK);
+        assert_int_equal(parsed_E, E);
+        for (int x = 0; x < E; x++) {
+            uint64_t sum = 0;
+            for (int l = 0; l < L; l++) sum += ca[(size_t)l * E + x];
+            assert_int_equal(parsed[x], (int64_t)sum);
+        }
+        assert_non_null(strstr(text, "# a test\n"));
+        free(text), free(parsed);
+        moeq_engine_destroy(a), moeq_engine_destroy(b);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(absorbed_and_naive_mla_agree),
@@ -514,6 +573,7 @@ int main(void) {
         cmocka_unit_test(nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_its_batch_mate_keeps_its_bits),
         cmocka_unit_test(the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error),
         cmocka_unit_test(the_whole_model_through_the_moe_layer_with_permuted_and_replicated_placements_gives_the_same_bits),
+        cmocka_unit_test(the_engine_counts_each_routed_slot_by_layer_and_expert_whatever_the_batching),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -38,6 +38,7 @@
 #include "ep_rendezvous_redis.h"
 #include "moeq/engine.h"
 #include "moeq/ep_placement.h"
+#include "moeq/ep_plan.h"
 #include "moeq/job.h"
 #include "moeq/tokenizer.h"
 #include "test_worker_e2e_harness.h"
@@ -219,10 +220,42 @@ static pid_t start_rank(const char *tag, int r, const char *extra) {
     return track(e2e_start_worker(&g_t, wid, flags));
 }
 
+/*
+ * Each rank wrote the load of its own tokens at exit (expert_stats_path): every token adds
+ * top_k slots in each MoE layer, and `moeq ep-plan` plans from the two files summed.
+ */
+static void each_rank_wrote_its_expert_load(const char *f0, const char *f1) {
+    const moeq_model_config *c = moeq_model_get_config(g_mdl);
+    int moe_layers = 0;
+    for (int l = c->first_k_dense_replace; l < c->num_hidden_layers; l++) moe_layers += l % c->moe_layer_freq == 0;
+    const char *files[2] = {f0, f1};
+    int64_t total = 0;
+    for (int r = 0; r < 2; r++) {
+        int64_t *counts = NULL, sum = 0;
+        int E = 0;
+        char err[256] = "";
+        moeq_err rc = moeq_ep_stats_load(files[r], &counts, &E, err, sizeof err);
+        if (rc) fprintf(stderr, "rank %d's expert stats: %s\n", r, err);
+        assert_int_equal(rc, MOEQ_OK);
+        assert_int_equal(E, c->n_routed_experts);
+        for (int x = 0; x < E; x++) sum += counts[x];
+        free(counts);
+        assert_int_equal(sum % ((int64_t)c->num_experts_per_tok * moe_layers), 0); /* whole tokens only */
+        total += sum;
+    }
+    char cmd[3072];
+    snprintf(cmd, sizeof cmd, "'%s' ep-plan --stats '%s' --stats '%s' --ranks 2 --replicas 2 --json > '%s.plan'",
+             g_t.moeq, f0, f1, f0);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "grep -q '\"max_over_mean\"' '%s.plan'", f0);
+    assert_int_equal(system(cmd), 0);
+    assert_true(total > 0); /* a rank that took no batch wrote zeros */
+}
+
 static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void **state) {
     (void)state;
     enum { N = 40 };
-    char path[640], flags[720];
+    char path[640], flags[1500];
     snprintf(path, sizeof path, "%s/%s-placement.txt", g_t.logdir, g_t.ns);
     moeq_ep_placement *pl = NULL;
     int n_experts = moeq_model_get_config(g_mdl)->n_routed_experts;
@@ -232,9 +265,12 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
     assert_int_equal(moeq_ep_placement_print(pl, f), MOEQ_OK);
     fclose(f);
     moeq_ep_placement_destroy(pl);
-    snprintf(flags, sizeof flags, "--ep.placement=%s", path);
+    char stats[2][700], flags1[1500];
+    for (int r = 0; r < 2; r++) snprintf(stats[r], sizeof stats[r], "%s/%s-eq-r%d.stats", g_t.logdir, g_t.ns, r);
+    snprintf(flags, sizeof flags, "--ep.placement=%s --expert_stats_path=%s", path, stats[0]);
+    snprintf(flags1, sizeof flags1, "--ep.placement=%s --expert_stats_path=%s", path, stats[1]);
     pid_t coord = track(e2e_start_coordinator(&g_t, NULL));
-    pid_t r0 = start_rank("eq", 0, flags), r1 = start_rank("eq", 1, flags);
+    pid_t r0 = start_rank("eq", 0, flags), r1 = start_rank("eq", 1, flags1);
     produce("eq", N);
     int have = collect_tag("eq", N, N, 120000);
     e2e_collect(&g_t, g_t.n_jobs + 1, 1000); /* late duplicates, if any */
@@ -262,6 +298,7 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
         bad += check_job("eq", i, r);
     }
     assert_int_equal(bad, 0);
+    each_rank_wrote_its_expert_load(stats[0], stats[1]);
 }
 
 static int log_has(const char *tag, int r, const char *needle) {

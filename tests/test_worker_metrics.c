@@ -150,6 +150,10 @@ static void every_worker_metric_follows_the_prometheus_conventions(void **state)
     memset(&m, 0, sizeof m);
     snprintf(m.device_backend, sizeof m.device_backend, "cpu");
     atomic_store(&m.device_known, 1); /* the device families too */
+    static atomic_llong slots[2 * 3];
+    atomic_store(&slots[4], 7);
+    m.expert_slots = slots, m.expert_layers = 2, m.expert_n = 3; /* and the expert load */
+    atomic_store(&m.expert_known, 1);
     moeq_result r = result(MOEQ_RESULT_OK, MOEQ_FINISH_STOP, 1, 2);
     moeq_worker_metrics_observe_result(&m, &r);
     char buf[65536];
@@ -181,6 +185,30 @@ static void mtp_totals_and_the_acceptance_rate_are_rendered(void **state) {
     assert_non_null(strstr(buf, "moeq_worker_mtp_acceptance_rate{worker=\"w1\"} 0.7500\n"));
 }
 
+/* The routed experts' load (issue 13's planner input): slots per expert over layers, max / mean per layer. */
+static void the_experts_load_is_a_counter_per_expert_and_an_imbalance_per_layer(void **state) {
+    (void)state;
+    static moeq_worker_metrics m;
+    memset(&m, 0, sizeof m);
+    char buf[65536];
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_null(strstr(buf, "expert_slots_total")); /* before the engine exists: nothing */
+    static atomic_llong slots[3 * 4];                /* 3 layers x 4 experts; layer 0 dense */
+    const long long v[12] = {0, 0, 0, 0, 6, 2, 0, 0, 1, 1, 1, 1};
+    for (int i = 0; i < 12; i++) atomic_store(&slots[i], v[i]);
+    m.expert_slots = slots, m.expert_layers = 3, m.expert_n = 4;
+    atomic_store(&m.expert_known, 1);
+    assert_true(moeq_worker_metrics_render_size(&m) >= 65536 + 7 * 80);
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_expert_slots_total counter\n"));
+    assert_non_null(strstr(buf, "moeq_worker_expert_slots_total{worker=\"w1\",expert=\"0\"} 7\n"));
+    assert_non_null(strstr(buf, "moeq_worker_expert_slots_total{worker=\"w1\",expert=\"3\"} 1\n"));
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_expert_load_imbalance gauge\n"));
+    assert_non_null(strstr(buf, "moeq_worker_expert_load_imbalance{worker=\"w1\",layer=\"1\"} 3.0000\n"));
+    assert_non_null(strstr(buf, "moeq_worker_expert_load_imbalance{worker=\"w1\",layer=\"2\"} 1.0000\n"));
+    assert_null(strstr(buf, "layer=\"0\"")); /* a layer without routed slots is absent */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(latency_histograms_render_in_seconds),
@@ -190,6 +218,7 @@ int main(void) {
         cmocka_unit_test(the_device_its_memory_and_the_kv_pool_are_gauges),
         cmocka_unit_test(every_worker_metric_follows_the_prometheus_conventions),
         cmocka_unit_test(mtp_totals_and_the_acceptance_rate_are_rendered),
+        cmocka_unit_test(the_experts_load_is_a_counter_per_expert_and_an_imbalance_per_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

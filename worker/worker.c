@@ -12,6 +12,7 @@
  */
 #include "worker.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 
 #include "worker_metrics.h"
 #include "moeq/engine.h"
+#include "moeq/ep_plan.h"
 #include "moeq/kafka.h"
 #include "moeq/log.h"
 #include "moeq/redis.h"
@@ -121,6 +123,7 @@ struct moeq_worker {
     moeq_err group_err;            /* the group failed (a rank died or went silent): end, leave batches pending */
     char group_why[512];
     int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, next_sweep_ms, started_ms;
+    int64_t next_expert_stats_ms;  /* expert_stats_path's next rewrite */
     char cancel_cursor[48];        /* last <prefix>:cancels entry read; "" = not yet initialised */
     int side_dirty;                /* a DLQ copy or replacement error result waits to be produced */
     int64_t last_hb_tokens, last_hb_ms;
@@ -331,6 +334,54 @@ static void worker_device_metrics(moeq_worker *w) {
     atomic_store(&w->metrics.device_total_bytes, (long long)total);
 }
 
+/* The metrics' copy of the engine's expert load table (published once: the HTTP thread reads it). */
+static moeq_err open_expert_metrics(moeq_worker *w, char *errstr, size_t errstr_size) {
+    int L = 0, E = 0;
+    if (!moeq_engine_expert_counts(w->engine, &L, &E)) return MOEQ_OK;
+    w->metrics.expert_slots = calloc((size_t)L * (size_t)E, sizeof(atomic_llong));
+    if (!w->metrics.expert_slots)
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "expert load metrics: %d layers x %d experts", L, E);
+    w->metrics.expert_layers = L, w->metrics.expert_n = E;
+    atomic_store(&w->metrics.expert_known, 1);
+    return MOEQ_OK;
+}
+
+/* expert_stats_path, rewritten whole: a temporary file beside it, renamed over it (a reader never sees half). */
+static void write_expert_stats(moeq_worker *w, const uint64_t *counts, int L, int E) {
+    char note[512], tmp[600], err[256];
+    snprintf(note, sizeof note, "worker %s, model %s, %d layers x %d experts, counted since %lld ms (unix), written "
+             "at %lld", w->params.worker_id, w->model_name, L, E, (long long)w->started_ms, (long long)moeq_now_ms());
+    char *text = NULL;
+    size_t len = 0;
+    if (moeq_ep_stats_format(counts, L, E, note, &text, &len, err, sizeof err)) {
+        moeq_log(MOEQ_LOG_WARN, COMP, "expert_stats_failed", "path=%s reason=\"%s\"", w->params.expert_stats_path, err);
+        return;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", w->params.expert_stats_path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    int ok = f && fwrite(text, 1, len, f) == len;
+    ok = (f && fclose(f) == 0) && ok;
+    ok = ok && rename(tmp, w->params.expert_stats_path) == 0;
+    if (!ok) {
+        moeq_log(MOEQ_LOG_WARN, COMP, "expert_stats_failed", "path=%s reason=\"%s\"", w->params.expert_stats_path,
+                 strerror(errno));
+        unlink(tmp);
+    }
+    free(text);
+}
+
+/* The engine's expert load into the metrics (each heartbeat) and, when due or forced (exit), into its file. */
+static void expert_stats(moeq_worker *w, int64_t now, int force) {
+    int L = 0, E = 0;
+    const uint64_t *c = w->engine ? moeq_engine_expert_counts(w->engine, &L, &E) : NULL;
+    if (!c || !w->metrics.expert_slots) return;
+    for (size_t i = 0; i < (size_t)L * (size_t)E; i++)
+        atomic_store_explicit(&w->metrics.expert_slots[i], (long long)c[i], memory_order_relaxed);
+    if (!w->params.expert_stats_path[0] || (!force && now < w->next_expert_stats_ms)) return;
+    w->next_expert_stats_ms = now + w->params.expert_stats_interval_ms;
+    write_expert_stats(w, c, L, E);
+}
+
 static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     const moeq_worker_params *p = &w->params;
     moeq_err err = moeq_model_load(p->model, NULL, &w->model, errstr, errstr_size);
@@ -363,6 +414,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     atomic_store(&w->metrics.kv_pool_bytes,
                  (long long)(p->kv_cache_tokens * (int64_t)moeq_engine_kv_bytes_per_token(w->engine)));
     atomic_store(&w->metrics.device_known, 1);
+    if ((err = open_expert_metrics(w, errstr, errstr_size))) return err;
 
     int32_t eos = w->tok && moeq_tokenizer_eos_id(w->tok) >= 0 ? moeq_tokenizer_eos_id(w->tok)
                                                                : moeq_model_get_config(w->model)->eos_token_id;
@@ -482,7 +534,7 @@ static void batch_free(wbatch *b) {
 void moeq_worker_destroy(moeq_worker *w) {
     if (!w) return;
     if (g_signal_worker == w) g_signal_worker = NULL;
-    moeq_worker_http_stop(w->http); /* first: its probes read the producer */
+    moeq_worker_http_stop(w->http); /* first: its probes read the producer (and the metrics' expert table) */
     moeq_affinity_destroy(w->affinity);
     moeq_health_destroy(w->health);
     moeq_redis_probe_destroy(w->redis_probe);
@@ -506,6 +558,7 @@ void moeq_worker_destroy(moeq_worker *w) {
     moeq_grammar_vocab_destroy(w->gvocab);
     moeq_tokenizer_destroy(w->tok);
     moeq_model_destroy(w->model);
+    free(w->metrics.expert_slots);
     free(w->slots);
     free(w->items);
     free(w->sampled);
@@ -1351,6 +1404,7 @@ static void heartbeat(moeq_worker *w, int64_t now) {
     atomic_store(&w->metrics.kv_reserved_tokens, st.kv_reserved_tokens);
     atomic_store(&w->metrics.kv_capacity_tokens, w->params.kv_cache_tokens);
     worker_device_metrics(w);
+    expert_stats(w, now, 0);
 }
 
 /*
@@ -1551,6 +1605,7 @@ moeq_err moeq_worker_run(moeq_worker *w, char *errstr, size_t errstr_size) {
         mark_delivered_jobs(w);
         if (w->group && group_tick(w)) break;
     }
+    expert_stats(w, moeq_now_ms(), 1);
     if (w->group_err) return group_abort(w, errstr, errstr_size);
     moeq_kafka_producer_flush(w->producer, 5000, NULL, 0);
     ack_batches(w);

@@ -131,6 +131,40 @@ static void vllm_set(out_buf *o, const moeq_worker_metrics *m, const char *wid) 
               long_bounds);
 }
 
+/*
+ * The load each routed expert saw from this worker's tokens, summed over layers (what `moeq ep-plan` packs),
+ * and each MoE layer's max / mean over its experts (1 = even; in a group the rank with the hottest experts
+ * sets the pace). Per layer and expert: expert_stats_path.
+ */
+static void expert_load(out_buf *o, const moeq_worker_metrics *m, const char *wid) {
+    if (!atomic_load(&m->expert_known)) return;
+    int L = m->expert_layers, E = m->expert_n;
+    emit(o, "# HELP moeq_worker_expert_slots_total routed slots of this worker's tokens each expert received, "
+            "summed over MoE layers\n# TYPE moeq_worker_expert_slots_total counter\n");
+    for (int x = 0; x < E; x++) {
+        long long sum = 0;
+        for (int l = 0; l < L; l++) sum += LOAD(m->expert_slots[(size_t)l * (size_t)E + (size_t)x]);
+        emit(o, "moeq_worker_expert_slots_total{worker=\"%s\",expert=\"%d\"} %lld\n", wid, x, sum);
+    }
+    emit(o, "# HELP moeq_worker_expert_load_imbalance max / mean of a MoE layer's slots per expert (1 = even)\n"
+            "# TYPE moeq_worker_expert_load_imbalance gauge\n");
+    for (int l = 0; l < L; l++) {
+        long long max = 0, sum = 0;
+        for (int x = 0; x < E; x++) {
+            long long v = LOAD(m->expert_slots[(size_t)l * (size_t)E + (size_t)x]);
+            max = v > max ? v : max, sum += v;
+        }
+        if (sum > 0)
+            emit(o, "moeq_worker_expert_load_imbalance{worker=\"%s\",layer=\"%d\"} %.4f\n", wid, l,
+                 (double)max * E / (double)sum);
+    }
+}
+
+size_t moeq_worker_metrics_render_size(const moeq_worker_metrics *m) {
+    size_t lines = atomic_load(&m->expert_known) ? (size_t)m->expert_n + (size_t)m->expert_layers : 0;
+    return 65536 + 160 * lines; /* the fixed families: ~12 KB; an expert line ~80 bytes with a long worker id */
+}
+
 size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid, char *buf, size_t size) {
     out_buf o = {buf, size, 0};
     if (size) buf[0] = 0;
@@ -189,6 +223,7 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
              "# TYPE moeq_worker_mtp_acceptance_rate gauge\nmoeq_worker_mtp_acceptance_rate{worker=\"%s\"} %.4f\n",
          wid, drafted > 0 ? (double)LOAD(m->mtp_accepted) / (double)drafted : 0.0);
     vllm_set(&o, m, wid);
+    expert_load(&o, m, wid);
     return o.len;
 }
 
@@ -209,7 +244,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     size_t len = 0;
     unsigned status = MHD_HTTP_OK;
     if (strcmp(url, "/metrics") == 0) {
-        size_t cap = 65536; /* four histograms and results by status: ~12 KB per worker id */
+        size_t cap = moeq_worker_metrics_render_size(h->m);
         body = malloc(cap);
         if (!body) return MHD_NO;
         len = moeq_worker_metrics_render(h->m, h->worker_id, body, cap);

@@ -57,6 +57,11 @@ typedef struct moeq_worker_metrics {
     atomic_int device_known;
     char device_backend[16];
     int device_ordinal;
+    /* The routed experts' load: expert_slots[l * expert_n + x], the engine's counts (moeq_engine_expert_counts)
+     * copied by the loop each heartbeat; the array and its shape are set before expert_known becomes 1. */
+    atomic_llong *expert_slots;
+    int expert_layers, expert_n;
+    atomic_int expert_known;
     atomic_llong results[MOEQ_RESULT_STATUS__COUNT][MOEQ_FINISH__COUNT]; /* by status, finish reason */
     moeq_worker_hist ttft;                        /* batch taken -> first token                    */
     moeq_worker_hist tpot;                        /* decode time / (completion tokens - 1)         */
@@ -75,6 +80,8 @@ void moeq_worker_metrics_observe_ttft(moeq_worker_metrics *m, int64_t ms);
 void moeq_worker_metrics_observe_result(moeq_worker_metrics *m, const moeq_result *r);
 
 /* Prometheus text into buf (NUL-terminated, truncated at size). Returns bytes written. */
+/* Bytes that always hold the rendering (the fixed families plus the expert ones, a line per expert and layer). */
+size_t moeq_worker_metrics_render_size(const moeq_worker_metrics *m);
 size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *worker_id, char *buf, size_t size);
 
 typedef struct moeq_worker_http moeq_worker_http;

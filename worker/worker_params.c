@@ -99,6 +99,12 @@ const moeq_prop moeq_worker_props[] = {
     {"check_weights", MOEQ_PROP_BOOL, P(check_weights), 0, 1, "off",
      "scan every weight for NaN/inf (and FP8 values that overflow when scaled) at start-up and refuse to start "
      "on any, naming the tensors (moeq model-info --check-weights); reads every page of the checkpoint"},
+    {"expert_stats_path", MOEQ_PROP_STR, P(expert_stats_path), 0, 0, "",
+     "file the worker writes the routed-expert load to (slots per layer and expert of its tokens since start; "
+     "`moeq ep-plan --stats` reads it, one file per rank of a group summed), every expert_stats_interval_ms and at "
+     "exit, atomically (a temporary file renamed); empty = not written (metrics expert_slots_total still count)"},
+    {"expert_stats_interval_ms", MOEQ_PROP_INT, P(expert_stats_interval_ms), 1000, 86400000, "60000",
+     "how often expert_stats_path is rewritten, ms"},
     {"ep.group", MOEQ_PROP_STR, P(ep_group), 0, 0, "",
      "expert-parallel group this worker is a rank of (docs/EP.md): ep.ranks processes act as one model, each "
      "holding its share of the experts, stepping in lockstep; they meet through Redis (<redis_prefix>:ep:<group>); "

@@ -71,6 +71,9 @@ typedef struct moeq_worker_params {
                                      max_position_embeddings (never more)                           */
     int check_weights;            /* 1: scan every tensor for non-finite values at start-up (reads
                                      every page); refuse to start when one has any                  */
+    char expert_stats_path[512];  /* where the routed-expert load is written (moeq ep-plan --stats);
+                                     "" = not written                                                 */
+    int64_t expert_stats_interval_ms; /* how often it is rewritten (and once at exit); 60000         */
     /* An expert-parallel group (docs/EP.md): ep_group "" = no group, this process runs the whole model */
     char ep_group[64];            /* group name: the rendezvous key <redis_prefix>:ep:<group>        */
     char ep_placement[512];       /* placement file (moeq ep-plan); "" = the identity                 */

@@ -278,6 +278,19 @@ moeq_err moeq_engine_join_group(moeq_engine *engine, moeq_ep *ep, const moeq_ep_
 /* 1 when the engine is a rank of a group (moeq_engine_join_group). */
 int moeq_engine_in_group(const moeq_engine *engine);
 
+/*
+ * The load each routed expert has seen since the engine was made: counts[l *
+ * n_experts + x] = slots of this engine's tokens that layer l's router sent to
+ * expert x (prefill, decode and MTP verification tokens alike; in a group,
+ * this rank's tokens only, so the ranks' tables add up to the group's). l is
+ * the model's layer index (dense layers' rows stay 0); MTP layers follow the
+ * main ones. The table is the engine's (valid for its life, updated by each
+ * step: read it between steps). NULL, with *n_layers = *n_experts = 0, when
+ * the model has no routed experts. What `moeq ep-plan --stats` plans from
+ * (docs/EP.md "Measuring the load").
+ */
+const uint64_t *moeq_engine_expert_counts(const moeq_engine *engine, int *n_layers, int *n_experts);
+
 /* MOEQ_OK, or the group's first exchange failure (TIMEOUT / IO naming the rank): a failed group, not a refused step. */
 moeq_err moeq_engine_group_status(const moeq_engine *engine, char *errstr, size_t errstr_size);
 

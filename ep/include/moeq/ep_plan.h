@@ -43,6 +43,21 @@ void moeq_ep_plan_predict(const moeq_ep_placement *pl, const int64_t *counts, do
  */
 moeq_err moeq_ep_stats_parse(const char *text, size_t len, int64_t **counts, int *n_experts, char *errstr,
                              size_t errstr_size);
+
+/*
+ * The text moeq_ep_stats_parse reads back, from a load table counts[l *
+ * n_experts + x] (an engine's moeq_engine_expert_counts): comment lines
+ * first ('# ' + note, when given; then '# layer L:' and that layer's counts,
+ * for every layer with any), then the per-expert sums over layers, the one
+ * line the parser reads (one placement serves every layer). *text is
+ * malloc'd, NUL-terminated.
+ */
+moeq_err moeq_ep_stats_format(const uint64_t *counts, int n_layers, int n_experts, const char *note, char **text,
+                              size_t *len, char *errstr, size_t errstr_size);
+
+/* Several ranks' stats files summed (each rank counts its own tokens); every file must have the same experts. */
+moeq_err moeq_ep_stats_load_sum(const char *const *paths, int n_paths, int64_t **counts, int *n_experts,
+                                char *errstr, size_t errstr_size);
 moeq_err moeq_ep_stats_load(const char *path, int64_t **counts, int *n_experts, char *errstr, size_t errstr_size);
 
 #ifdef __cplusplus
