@@ -14,6 +14,11 @@ if(TARGET moeq)
   add_test(NAME ep_plan_prints_a_placement_file_and_its_predicted_load
            COMMAND sh -c "printf '# layer 0\\n900 10 10 10 50 20 5 5\\n' > ep_plan_stats.txt && '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_stats.txt --ranks 2 --replicas 2 > ep_plan_out.txt && grep -q '^moeq-ep-placement 1 experts=8 ranks=2$' ep_plan_out.txt && grep -q '^0 0 1$' ep_plan_out.txt && grep -q 'max/mean 1.0099 (identity placement: 1.8416)' ep_plan_out.txt && '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_stats.txt --ranks 2 --json | grep -q '\"max_over_mean\":1.8218,\"identity_max_over_mean\":1.8416' && echo ok")
   set_tests_properties(ep_plan_prints_a_placement_file_and_its_predicted_load PROPERTIES LABELS unit)
+  # One stats file per rank of a group (each counts its own tokens): summed, they plan as the whole; files
+  # with different numbers of experts are refused, naming both.
+  add_test(NAME ep_plan_sums_the_stats_files_of_every_rank
+           COMMAND sh -c "printf '450 5 5 5 25 10 3 2\n' > ep_plan_r0.txt && printf '# rank 1\n450,5,5,5,25,10,2,3\n' > ep_plan_r1.txt && printf '1 2 3\n' > ep_plan_r2.txt && '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_r0.txt --stats ep_plan_r1.txt --ranks 2 --replicas 2 | grep -q 'max/mean 1.0099 (identity placement: 1.8416)' && ! '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_r0.txt --stats ep_plan_r2.txt --ranks 2 2> ep_plan_err.txt && grep -q 'ep_plan_r2.txt has 3 experts, ep_plan_r0.txt has 8' ep_plan_err.txt && echo ok")
+  set_tests_properties(ep_plan_sums_the_stats_files_of_every_rank PROPERTIES LABELS unit)
 endif()
 # The NCCL transport where the toolkit and NCCL are found (label gpu: skipped, 77, with the reason, without a device).
 if(TARGET moeq_ep_nccl)
