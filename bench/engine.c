@@ -2,7 +2,9 @@
  * bench/engine.c — `bench-engine --model DIR`: load time, prefill and decode
  * throughput (batch 1, 8, 32, 128) in both batch_invariant modes, peak RSS,
  * KV bytes per token, and the decode roofline: active weight bytes per token
- * over the memory bandwidth measured here (STREAM triad, same thread count).
+ * over the memory bandwidth measured here (STREAM triad, same thread count;
+ * on --backend cuda, bench-cuda-peak's device-to-device bandwidth, and each
+ * prefill's weight-product TFLOP/s against a cuBLAS BF16 GEMM of its size).
  * Decode at long context (`--contexts`, batch 1 after a prompt of that many
  * tokens, prefilled in 2048-token chunks) shows what attention over the
  * cache adds to a step. Prints one JSON document. A program, not a test:
@@ -31,6 +33,7 @@ typedef struct bench_args {
     int modes[2], n_modes;        /* batch_invariant values to run (--modes 1,0)                                 */
     double peak_fp32_gflops;      /* this CPU's float32 FMA peak on n_threads, measured (0: not a CPU run)       */
     double matmul_flops_per_token;
+    double cublas_tflops[4];      /* bench-cuda-peak's BF16 GEMM at (prefills[i], hidden, hidden); 0: not run   */
     int contexts[8], n_contexts; /* batch-1 decode after this many tokens of context */
     double min_seconds;
 } bench_args;
@@ -185,6 +188,45 @@ static double decode_at_context_tps(moeq_engine *e, int vocab, int ctx, double m
     }
 }
 
+/*
+ * A device backend's own figures, from bench-cuda-peak beside this program (the same run, as bench-ep runs
+ * ucx_perftest): device-to-device bandwidth (the decode roofline's denominator) and a cuBLAS BF16 GEMM of each
+ * prefill's size. The JSON line goes into *json (malloc'd; NULL when it did not run). Returns the D2D GB/s.
+ */
+static double device_peak(bench_args *a, int hidden, char **json) {
+    char self[1024], cmd[2048];
+    *json = NULL;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 0;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    int at = snprintf(cmd, sizeof cmd, "'%s/bench-cuda-peak' --device %d", self, a->device);
+    for (int i = 0; i < a->n_prefills && at < (int)sizeof cmd - 64; i++)
+        at += snprintf(cmd + at, sizeof cmd - (size_t)at, " --gemm %d,%d,%d", a->prefills[i], hidden, hidden);
+    snprintf(cmd + at, sizeof cmd - (size_t)at, " 2>&1");
+    FILE *f = popen(cmd, "r");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len = getline(&line, &cap, f);
+    pclose(f);
+    if (len <= 0 || line[0] != '{') {
+        fprintf(stderr, "bench-engine: bench-cuda-peak gave no figures%s%s", len > 0 ? ": " : "\n", len > 0 ? line : "");
+        free(line);
+        return 0;
+    }
+    if (line[len - 1] == '\n') line[len - 1] = 0;
+    *json = line;
+    const char *d2d = strstr(line, "\"d2d_copy_gb_s\": ");
+    const char *g = strstr(line, "\"cublas_bf16\": [");
+    for (int i = 0; g && i < a->n_prefills; i++) {
+        g = strstr(g, "\"tflops\": ");
+        if (g) a->cublas_tflops[i] = strtod(g += 10, NULL);
+    }
+    return d2d ? strtod(d2d + 17, NULL) : 0;
+}
+
 static long peak_rss_kb(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -220,6 +262,9 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
                a->prefills[i], tps, gflops);
         if (a->peak_fp32_gflops > 0)
             printf(", \"fraction_of_fp32_peak\": %.3f", gflops / a->peak_fp32_gflops);
+        if (a->cublas_tflops[i] > 0)
+            printf(", \"cublas_bf16_gemm_tflops\": %.1f, \"fraction_of_cublas_bf16\": %.3f", a->cublas_tflops[i],
+                   gflops / (a->cublas_tflops[i] * 1e3));
         printf("}");
         fflush(stdout);
         if (i == 0) pre = tps;
@@ -333,7 +378,7 @@ int main(int argc, char **argv) {
     }
     if (ensure_model(&a)) return 1;
     int n_threads = a.n_threads ? a.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    /* the host's bandwidth is the CPU's roofline; a device's (HBM) is not measured here yet: no roofline then */
+    /* the roofline's bandwidth: the host's (STREAM triad) for the CPU, the device's (bench-cuda-peak) for cuda */
     double bw = strcmp(a.backend, "cpu") ? 0.0 : stream_triad_gbs(n_threads);
     char err[512] = "";
     moeq_model *model = NULL;
@@ -348,6 +393,8 @@ int main(int argc, char **argv) {
     const moeq_model_config *c = moeq_model_get_config(model);
     a.matmul_flops_per_token = matmul_flops_per_token(c);
     int cpu = !strcmp(a.backend, "cpu");
+    char *device_json = NULL;
+    if (!strcmp(a.backend, "cuda")) bw = device_peak(&a, c->hidden_size, &device_json);
     double peak_dp = 0;
     if (cpu) {
         a.peak_fp32_gflops = peak_supported(PEAK_FMA512)   ? peak_gflops(PEAK_FMA512, n_threads)
@@ -357,8 +404,13 @@ int main(int argc, char **argv) {
     }
     printf("{\n  \"model\": \"%s\", \"backend\": \"%s\", \"total_params\": %zu, \"threads\": %d, \"load_s\": %.4f,\n",
            a.model_dir, a.backend, moeq_model_total_params(model), n_threads, load_s);
-    printf("  \"layers\": %d, \"active_weight_bytes_per_token\": %zu, \"stream_triad_gb_s\": %.2f,\n",
-           c->num_hidden_layers, active, bw);
+    if (device_json)
+        printf("  \"layers\": %d, \"active_weight_bytes_per_token\": %zu, \"device_d2d_gb_s\": %.1f,\n"
+               "  \"device_peak\": %s,\n", c->num_hidden_layers, active, bw, device_json);
+    else
+        printf("  \"layers\": %d, \"active_weight_bytes_per_token\": %zu, \"stream_triad_gb_s\": %.2f,\n",
+               c->num_hidden_layers, active, bw);
+    free(device_json);
     if (cpu)
         printf("  \"cpu_kernels\": \"%s\", \"peak_gflops\": {\"fp32_fma\": %.1f, \"bf16_dp\": %.1f},\n",
                moeq_engine_cpu_kernels(), a.peak_fp32_gflops, peak_dp);

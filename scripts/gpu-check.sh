@@ -9,7 +9,8 @@
 #                                    engine with the CUDA backend, engine/cuda, genmodel, bench-engine and the
 #                                    cuda tests), build, every test of that build (the gpu-labelled
 #                                    test_kernels_gpu and test_backend_cuda_gpu among them), then
-#                                    bench-engine --backend cuda on a generated preset, JSON summary
+#                                    bench-engine --backend cuda on a generated preset (it runs bench-cuda-peak
+#                                    beside: D2D bandwidth for the HBM roofline, cuBLAS BF16 GEMMs), JSON summary
 #
 # The GPU machine may be offline and lack pkg-config, cJSON, PCRE2, OpenBLAS and cmocka (the engine and the
 # tests need them): where pkg-config cannot find one, the .debs in .gpu/debs are unpacked into a private
@@ -178,10 +179,15 @@ bench = None
 try:
     with open(bench_path) as f:
         b = json.load(f)
-    bench = {"model": b.get("model"), "total_params": b.get("total_params"), "modes": {}}
+    bench = {"model": b.get("model"), "total_params": b.get("total_params"),
+             "active_weight_bytes_per_token": b.get("active_weight_bytes_per_token"),
+             "device_peak": b.get("device_peak"), "modes": {}}
+    pick = lambda d, keys: {k: d[k] for k in keys if k in d}
     for mode, m in (b.get("modes") or {}).items():
         bench["modes"][mode] = {"backend_info": m.get("backend_info"), "prefill_tokens_per_s": m.get("prefill_tokens_per_s"),
-                                "decode": [{"batch": d["batch"], "tokens_per_s": d["tokens_per_s"]} for d in m.get("decode", [])],
+                                "prefill": [pick(p, ("tokens", "tokens_per_s", "matmul_gflops", "cublas_bf16_gemm_tflops",
+                                                     "fraction_of_cublas_bf16")) for p in m.get("prefill", [])],
+                                "decode": [pick(d, ("batch", "tokens_per_s", "fraction_of_roofline")) for d in m.get("decode", [])],
                                 "decode_at_context": m.get("decode_at_context")}
     if not bench["modes"]: bench["error"] = "no mode ran: " + (bench_why or "see gpu-check.log")
 except (OSError, ValueError, KeyError, TypeError) as e:
