@@ -490,6 +490,7 @@ static moeq_err check_step(moeq_engine *e, const moeq_step_item *items, int n_it
  * others' rows are served and the group stays in lockstep. err: the refusal, returned after the exchanges.
  */
 static moeq_err empty_step(moeq_engine *e, moeq_err err, char *errstr, size_t errstr_size) {
+    e->main_steps++;
     moeq_moe_layer_run_empty(e);
     e->backend->sync(e->backend);
     char why[256];
@@ -527,13 +528,14 @@ moeq_err moeq_engine_join_group(moeq_engine *e, moeq_ep *ep, const moeq_ep_param
     for (int i = 0; i < e->params.max_seqs; i++)
         if (moeq_kv_cache_seq_alive(e->cache, i))
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "join the group before any sequence");
-    if ((err = moeq_moe_layer_join(e, ep, p->rank, p->n_ranks, errstr, errstr_size))) return err;
-    moeq_mtp_state_destroy(e, e->mtp); /* an MTP draft is extra exchanges on one rank only: off in a group */
-    e->mtp = NULL;
-    return MOEQ_OK;
+    /* MTP stays: its layers run whole on every rank (moe_layer.c), so a draft is no collective and a round's
+     * verify step is the tick's one main step */
+    return moeq_moe_layer_join(e, ep, p->rank, p->n_ranks, errstr, errstr_size);
 }
 
 int moeq_engine_in_group(const moeq_engine *e) { return e && moeq_moe_layer_in_group(e); }
+
+int64_t moeq_engine_main_steps(const moeq_engine *e) { return e ? e->main_steps : 0; }
 
 const uint64_t *moeq_engine_expert_counts(const moeq_engine *e, int *n_layers, int *n_experts) {
     *n_layers = 0, *n_experts = 0;
@@ -578,6 +580,7 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
             if (it->all_logits || k == it->n_tokens - 1) s->logit_tok[r++] = t;
         }
     }
+    engine->main_steps++;
     moeq_forward_tokens(engine, n_tok);
     for (int i = 0; i < n_items; i++) { /* their entries are computed: full blocks get keys (prefix cache) */
         int64_t len = moeq_kv_cache_seq_len(engine->cache, items[i].seq_id);

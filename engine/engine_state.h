@@ -60,6 +60,7 @@ typedef struct moeq_scratch {
 } moeq_scratch;
 
 struct moeq_engine {
+    int64_t main_steps; /* main forward passes run, a group's empty steps included (moeq_engine_main_steps) */
     const moeq_model *model;
     const moeq_model_config *cfg;
     moeq_engine_params params;

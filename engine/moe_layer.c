@@ -314,10 +314,12 @@ void moeq_moe_layer_run(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
         flag_nonfinite(e, L, T);
         count_slots(e, L, T);
     }
-    moe_rows rows = m->sim ? sim_dispatch(e, T) : ep_dispatch(e, T);
+    /* MTP layers stay on the rank in a group: every rank holds their experts, so a draft exchanges nothing */
+    int local = m->sim && (!m->borrowed || layer_number(e, L) >= e->cfg->num_hidden_layers);
+    moe_rows rows = local ? sim_dispatch(e, T) : ep_dispatch(e, T);
     run_experts(e, L, &rows, T);
     const float *shared = L->shared.gate_proj ? rows.down + rows.n_rows * D : NULL;
-    if (m->sim) { /* rows stay where the experts wrote them; the gather's slot map finds them */
+    if (local) { /* rows stay where the experts wrote them; the gather's slot map finds them */
         moeq_combine_params cp = {s->tmp, s->down, s->slot_row, s->rw, shared, T, K, D};
         e->backend->combine(e->backend, &cp);
         return;
@@ -337,7 +339,8 @@ void moeq_moe_layer_run_empty(moeq_engine *e) {
 
 int moeq_moe_layer_in_group(const moeq_engine *e) { return e->moe && e->moe->borrowed; }
 
-/* A group's rank never reads another rank's experts: drop whatever pages of them were read (check_weights). */
+/* A group's rank never reads another rank's main-layer experts: drop whatever pages of them were read
+ * (check_weights). The MTP layers' experts all stay: drafts run on the rank, without an exchange. */
 static void drop_remote_experts(moeq_engine *e, const moeq_ep_placement *pl, int rank) {
     const moeq_model *md = e->model;
     int n_main = e->cfg->num_hidden_layers, E = e->cfg->n_routed_experts;
@@ -348,7 +351,7 @@ static void drop_remote_experts(moeq_engine *e, const moeq_ep_placement *pl, int
             int local = 0;
             for (int i = 0; i < moeq_ep_placement_n_replicas(pl, x); i++)
                 local |= moeq_ep_placement_replica(pl, x, i) == rank;
-            if (local && l < n_main) continue;
+            if (local || l >= n_main) continue; /* MTP layers: every rank runs them whole */
             const moeq_expert *ex = &L->experts[x];
             moeq_tensor_drop_pages(ex->gate_proj);
             moeq_tensor_drop_pages(ex->up_proj);
@@ -377,7 +380,13 @@ moeq_err moeq_moe_layer_join(moeq_engine *e, moeq_ep *ep, int rank, int n_ranks,
         !(m->gdown = b->alloc(b, MOEQ_BUFFER_ARENA, dn)))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "expert rows of a %d-rank group (%lld rows)", n_ranks,
                          (long long)m->cap_rows);
-    free_sim(m);
+    /* the one-rank identity layout stays for the MTP layers (rank-local; a test's placement is dropped) */
+    moeq_ep_placement *id = NULL;
+    moeq_err err = moeq_ep_placement_new_identity(e->cfg->n_routed_experts, 1, &id, errstr, errstr_size);
+    if (!err) err = sim_set(m, e->cfg->n_routed_experts, id, errstr, errstr_size);
+    moeq_ep_placement_destroy(id);
+    if (err) return err;
+    if (!e->model->n_mtp_layers) free_sim(m);
     moeq_ep_destroy(m->ep);
     m->ep = ep;
     m->borrowed = 1;

@@ -186,8 +186,9 @@ static int run_rank(const group_cfg *g, int r) {
              moeq_engine_ep_params(e, &base, &p, err, sizeof err) ||
              make_placement(g, moeq_model_get_config(m)->n_routed_experts, &pl, err, sizeof err) ||
              moeq_ep_new(&p, pl, &rv, &ep, err, sizeof err) || moeq_engine_join_group(e, ep, &p, err, sizeof err);
-    if (!rc && (moeq_engine_mtp_available(e) || !moeq_engine_in_group(e)))
-        rc = 1, snprintf(err, sizeof err, "in a group: MTP must be off and the engine in the group");
+    int has_mtp = m && moeq_model_get_config(m)->num_nextn_predict_layers > 0;
+    if (!rc && (moeq_engine_mtp_available(e) != has_mtp || !moeq_engine_in_group(e)))
+        rc = 1, snprintf(err, sizeof err, "in a group: MTP as the model has it, and the engine in the group");
     if (rc) {
         fprintf(stderr, "rank %d: setup: %s\n", r, err);
     } else if (g->victim >= 0) {
@@ -249,6 +250,151 @@ static void run_group(group_cfg g) {
     assert_false(failed);
 }
 
+/* ---- MTP rounds in a group ------------------------------------------------------------------------------ */
+
+enum { MTP_PROMPT = 9, MTP_NEW = 24, MTP_K = 2 };
+
+/* Rank r's prompt of sequence i (two per rank), and the plain greedy continuation the single process gives. */
+static void mtp_prompt(int r, int i, int vocab, int32_t *ids) { moeq_test_prompt(ids, MTP_PROMPT, 40 + 2 * r + i, vocab); }
+
+static int greedy_plain(const moeq_model *m, const int32_t *prompt, int vocab, int32_t *out) {
+    char err[256] = "";
+    moeq_engine *e = new_engine(m, err, sizeof err);
+    static float logits[4096];
+    int seq = -1, rc = !e || moeq_engine_seq_new(e, &seq);
+    moeq_step_item it = {seq, prompt, MTP_PROMPT, 0};
+    for (int t = 0; !rc && t < MTP_NEW; t++) {
+        rc = moeq_engine_step(e, &it, 1, logits, 1, err, sizeof err) != MOEQ_OK;
+        int best = 0;
+        for (int v = 1; v < vocab; v++) best = logits[v] > logits[best] ? v : best;
+        out[t] = best;
+        it = (moeq_step_item){seq, &out[t], 1, 0};
+    }
+    moeq_engine_destroy(e);
+    return rc;
+}
+
+/*
+ * Rank r of a group: prefill its two sequences, then greedy MTP rounds (k = 2) until each has MTP_NEW tokens;
+ * the last rank stops drafting its second sequence early (k = 0: a plain decode in the round) and every rank
+ * that is done runs empty steps while the others go on, `ticks` ticks in all. Returns 0 when every token equals
+ * want (the single process's plain greedy decode).
+ */
+static int mtp_rank_script(moeq_engine *e, int r, int R, int vocab, int ticks, const int32_t *want, char *err,
+                           size_t n) {
+    moeq_mtp_decoder *d = NULL;
+    if (moeq_mtp_decoder_new(e, 2, MTP_K, &d, err, n)) return 1;
+    static float logits[2 * 4096];
+    moeq_spec_seq sq[2];
+    int32_t prompt[2][MTP_PROMPT], got[2][MTP_NEW + MTP_K + 1];
+    int have[2] = {0, 0}, rc = 0;
+    moeq_step_item it[2];
+    for (int i = 0; i < 2 && !rc; i++) {
+        mtp_prompt(r, i, vocab, prompt[i]);
+        memset(&sq[i], 0, sizeof sq[i]);
+        sq[i].sampling = moeq_sampling_default_params(); /* temperature 0: greedy */
+        rc = moeq_engine_seq_new(e, &sq[i].seq_id) || moeq_engine_seq_set_mtp(e, sq[i].seq_id, 1);
+        it[i] = (moeq_step_item){sq[i].seq_id, prompt[i], MTP_PROMPT, 0};
+    }
+    rc = rc || moeq_engine_step(e, it, 2, logits, 2, err, n); /* tick 0: both prefills */
+    for (int i = 0; i < 2 && !rc; i++) {
+        int best = 0;
+        for (int v = 1; v < vocab; v++) best = logits[(size_t)i * vocab + v] > logits[(size_t)i * vocab + best] ? v : best;
+        sq[i].next_token = got[i][have[i]++] = best;
+    }
+    for (int tick = 1; tick < ticks && !rc; tick++) {
+        moeq_spec_seq *run[2];
+        int k = 0;
+        for (int i = 0; i < 2; i++)
+            if (have[i] < MTP_NEW) {
+                sq[i].k = r == R - 1 && i == 1 && tick > 3 ? 0 : MTP_K;
+                run[k++] = &sq[i];
+            }
+        if (k == 0) { /* done: serve the others' rows */
+            rc = moeq_engine_step(e, NULL, 0, NULL, 0, err, n) != MOEQ_OK;
+            continue;
+        }
+        moeq_spec_seq batch[2];
+        for (int j = 0; j < k; j++) batch[j] = *run[j];
+        rc = moeq_mtp_decode_step(d, batch, k, err, n) != MOEQ_OK;
+        for (int j = 0; j < k && !rc; j++) {
+            int i = run[j] == &sq[0] ? 0 : 1;
+            sq[i] = batch[j];
+            for (int o = 0; o < batch[j].n_out; o++) got[i][have[i]++] = batch[j].out[o];
+        }
+    }
+    for (int i = 0; i < 2 && !rc; i++) {
+        if (have[i] < MTP_NEW) rc = 1, snprintf(err, n, "rank %d seq %d: %d tokens after %d ticks", r, i, have[i], ticks);
+        else if (memcmp(got[i], want + (size_t)i * MTP_NEW, MTP_NEW * sizeof(int32_t)))
+            rc = 1, snprintf(err, n, "rank %d seq %d: MTP tokens in the group differ from plain greedy decoding", r, i);
+        else if (sq[i].drafted == 0 && !(r == R - 1 && i == 1))
+            rc = 1, snprintf(err, n, "rank %d seq %d drafted nothing", r, i);
+    }
+    moeq_mtp_decoder_destroy(d);
+    return rc;
+}
+
+/* Every rank runs the same number of ticks: the most any rank needs, at worst one token a round. */
+static void mtp_in_a_group(const char *tls, int R) {
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s", g_dir, g_presets[0]);
+    moeq_model *m = NULL;
+    char err[512] = "";
+    assert_int_equal(moeq_model_load(path, NULL, &m, err, sizeof err), MOEQ_OK);
+    int vocab = moeq_test_vocab(m);
+    int32_t want[MAX_RANKS][2 * MTP_NEW];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 2; i++) {
+            int32_t prompt[MTP_PROMPT];
+            mtp_prompt(r, i, vocab, prompt);
+            assert_int_equal(greedy_plain(m, prompt, vocab, want[r] + i * MTP_NEW), 0);
+        }
+    moeq_model_destroy(m);
+    char rv[96];
+    snprintf(rv, sizeof rv, "%s/rv-XXXXXX", g_dir);
+    assert_non_null(mkdtemp(rv));
+    pid_t pid[MAX_RANKS];
+    for (int r = 0; r < R; r++) {
+        fflush(NULL);
+        if ((pid[r] = fork()) == 0) {
+            setenv("UCX_TLS", tls, 1);
+            setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+            moeq_model *mm = NULL;
+            moeq_engine *e = NULL;
+            moeq_ep *ep = NULL;
+            moeq_ep_params base = moeq_ep_default_params(), p;
+            strcpy(base.transport, "ucx");
+            base.rank = r, base.n_ranks = R, base.timeout_ms = 20000;
+            moeq_ep_rendezvous rvz = moeq_ep_rendezvous_dir(rv);
+            int rc = moeq_model_load(path, NULL, &mm, err, sizeof err) || !(e = new_engine(mm, err, sizeof err)) ||
+                     moeq_engine_ep_params(e, &base, &p, err, sizeof err) ||
+                     moeq_ep_new(&p, NULL, &rvz, &ep, err, sizeof err) ||
+                     moeq_engine_join_group(e, ep, &p, err, sizeof err);
+            if (!rc && !moeq_engine_mtp_available(e)) rc = 1, snprintf(err, sizeof err, "MTP is off in the group");
+            if (!rc) rc = mtp_rank_script(e, r, R, moeq_test_vocab(mm), 1 + MTP_NEW, want[r], err, sizeof err);
+            if (rc) fprintf(stderr, "mtp rank %d/%d (%s): %s\n", r, R, tls, err);
+            moeq_engine_destroy(e);
+            moeq_ep_destroy(ep);
+            moeq_model_destroy(mm);
+            _exit(rc);
+        }
+        assert_true(pid[r] > 0);
+    }
+    int failed = 0;
+    for (int r = 0; r < R; r++) {
+        int st = 0;
+        waitpid(pid[r], &st, 0);
+        failed |= !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    assert_false(failed);
+}
+
+static void mtp_rounds_in_a_group_give_the_plain_greedy_tokens_and_keep_the_lockstep(void **state) {
+    (void)state;
+    mtp_in_a_group("tcp", 2);
+    mtp_in_a_group("tcp", 3);
+}
+
 static void every_group(const char *tls) {
     for (int p = 0; p < 2; p++)
         for (int R = 2; R <= 3; R++)
@@ -285,6 +431,7 @@ int main(void) {
         cmocka_unit_test(two_and_three_ranks_over_tcp_give_the_single_process_logits_bit_for_bit),
         cmocka_unit_test(two_and_three_ranks_over_shared_memory_give_the_single_process_logits_bit_for_bit),
         cmocka_unit_test(a_rank_killed_mid_run_fails_the_survivors_step_naming_it),
+        cmocka_unit_test(mtp_rounds_in_a_group_give_the_plain_greedy_tokens_and_keep_the_lockstep),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -222,12 +222,11 @@ static pid_t start_rank(const char *tag, int r, const char *extra) {
 
 /*
  * Each rank wrote the load of its own tokens at exit (expert_stats_path): every token adds
- * top_k slots in each MoE layer, and `moeq ep-plan` plans from the two files summed.
+ * top_k slots in each MoE layer, the MTP layer counted drafts, and `moeq ep-plan` plans from the two
+ * files summed.
  */
 static void each_rank_wrote_its_expert_load(const char *f0, const char *f1) {
     const moeq_model_config *c = moeq_model_get_config(g_mdl);
-    int moe_layers = 0;
-    for (int l = c->first_k_dense_replace; l < c->num_hidden_layers; l++) moe_layers += l % c->moe_layer_freq == 0;
     const char *files[2] = {f0, f1};
     int64_t total = 0;
     for (int r = 0; r < 2; r++) {
@@ -240,7 +239,7 @@ static void each_rank_wrote_its_expert_load(const char *f0, const char *f1) {
         assert_int_equal(E, c->n_routed_experts);
         for (int x = 0; x < E; x++) sum += counts[x];
         free(counts);
-        assert_int_equal(sum % ((int64_t)c->num_experts_per_tok * moe_layers), 0); /* whole tokens only */
+        assert_int_equal(sum % c->num_experts_per_tok, 0); /* whole tokens only (drafts add MTP-layer slots) */
         total += sum;
     }
     char cmd[3072];
@@ -250,6 +249,9 @@ static void each_rank_wrote_its_expert_load(const char *f0, const char *f1) {
     snprintf(cmd, sizeof cmd, "grep -q '\"max_over_mean\"' '%s.plan'", f0);
     assert_int_equal(system(cmd), 0);
     assert_true(total > 0); /* a rank that took no batch wrote zeros */
+    /* the MTP layer (after the main ones) routed draft tokens: the group ran speculative rounds */
+    snprintf(cmd, sizeof cmd, "cat '%s' '%s' | grep -q '^# layer %d:'", f0, f1, c->num_hidden_layers);
+    assert_int_equal(system(cmd), 0);
 }
 
 static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void **state) {
@@ -267,8 +269,11 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
     moeq_ep_placement_destroy(pl);
     char stats[2][700], flags1[1500];
     for (int r = 0; r < 2; r++) snprintf(stats[r], sizeof stats[r], "%s/%s-eq-r%d.stats", g_t.logdir, g_t.ns, r);
-    snprintf(flags, sizeof flags, "--ep.placement=%s --expert_stats_path=%s", path, stats[0]);
-    snprintf(flags1, sizeof flags1, "--ep.placement=%s --expert_stats_path=%s", path, stats[1]);
+    /* MTP rounds in the group (drafts on the rank; never paused for low acceptance: tiny's drafts are poor) */
+    snprintf(flags, sizeof flags, "--ep.placement=%s --expert_stats_path=%s --mtp_k=2 --mtp_min_acceptance=0", path,
+             stats[0]);
+    snprintf(flags1, sizeof flags1, "--ep.placement=%s --expert_stats_path=%s --mtp_k=2 --mtp_min_acceptance=0", path,
+             stats[1]);
     pid_t coord = track(e2e_start_coordinator(&g_t, NULL));
     pid_t r0 = start_rank("eq", 0, flags), r1 = start_rank("eq", 1, flags1);
     produce("eq", N);

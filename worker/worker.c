@@ -119,7 +119,8 @@ struct moeq_worker {
     worker_group *group;           /* NULL: no group                           */
     int group_idle;                /* no rank had work at the last agreement: a rank may block for batches */
     int handed_back;               /* drain timed out: batches handed back; only empty steps from now on */
-    int stepped;                   /* this tick's engine step ran (a group's lockstep needs exactly one) */
+    int64_t main_steps0;           /* the engine's main passes before this tick's step (a group's lockstep
+                                      needs exactly one per tick: moeq_engine_main_steps)               */
     moeq_err group_err;            /* the group failed (a rank died or went silent): end, leave batches pending */
     char group_why[512];
     int64_t next_reclaim_ms, next_heartbeat_ms, next_cancel_ms, next_sweep_ms, started_ms;
@@ -252,13 +253,7 @@ static double mtp_min_acceptance(const moeq_worker *w) {
 
 /* The speculative decoder, when mtp_k > 0 and the model has an MTP layer (else MTP stays off, logged). */
 static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
-    if (w->params.mtp_k <= 0) return MOEQ_OK;
-    if (w->group) {
-        moeq_log(MOEQ_LOG_INFO, COMP, "mtp_off",
-                 "model=%s reason=\"an expert-parallel group: every rank must run the same forward passes per tick\"",
-                 w->model_name);
-        return MOEQ_OK;
-    }
+    if (w->params.mtp_k <= 0) return MOEQ_OK; /* a group's ranks draft too: the MTP layers run on each rank */
     if (!moeq_engine_mtp_available(w->engine)) {
         moeq_log(MOEQ_LOG_INFO, COMP, "mtp_off", "model=%s reason=\"the model has no MTP layer\"", w->model_name);
         return MOEQ_OK;
@@ -1022,7 +1017,6 @@ static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err,
                                      .sampler = w->slots[r->slot].sampler}; /* exact mode: plain's tokens */
     }
     int64_t t0 = moeq_mono_ns();
-    w->stepped = 1;
     if (plan->n_rounds > 0)
         e = moeq_mtp_decode_step_with(w->mtp, w->spec, plan->n_rounds, w->items, plan->n_items, w->logits,
                                       (size_t)plan->n_items, err, err_size);
@@ -1059,7 +1053,6 @@ static int group_failed(moeq_worker *w) {
 /* A group rank with nothing to run still takes part in every layer's exchange (moeq_engine_step of no items). */
 static int group_empty_step(moeq_worker *w) {
     char err[512] = "";
-    w->stepped = 1;
     if (moeq_engine_step(w->engine, NULL, 0, NULL, 0, err, sizeof err)) group_failed(w);
     return 0;
 }
@@ -1068,14 +1061,15 @@ static int group_empty_step(moeq_worker *w) {
 static int run_step(moeq_worker *w) {
     char err[512] = "";
     moeq_sched_step plan;
-    w->stepped = 0;
+    w->main_steps0 = moeq_engine_main_steps(w->engine);
     if (w->handed_back) return group_empty_step(w); /* a group's rank past its drain: serve the others only */
     if (moeq_sched_plan(w->sched, moeq_now_ms(), &plan)) return w->group ? group_empty_step(w) : 0;
     for (int i = 0; i < plan.n_released; i++) slot_clear(w, plan.released[i]);
     if (plan.n_items == 0 && plan.n_rounds == 0) return w->group ? group_empty_step(w) : 0;
     moeq_err e = run_plan(w, &plan, err, sizeof err);
     if (e && group_failed(w)) return 1; /* no abort: the step's jobs are unfinished, their batches stay pending */
-    if (e && w->group && !w->stepped) group_empty_step(w); /* failed before the engine: keep the lockstep */
+    if (w->group && moeq_engine_main_steps(w->engine) == w->main_steps0)
+        group_empty_step(w); /* no main pass ran (a round refused while drafting): keep the lockstep */
     if (w->group_err) return 1;
     if (e) { /* the caches of sequences of a failed step are as before it; all of them are freed anyway */
         moeq_log(MOEQ_LOG_ERROR, COMP, "step_failed", "err=%s items=%d rounds=%d reason=\"%s\"", moeq_err_str(e),

@@ -263,8 +263,9 @@ moeq_err moeq_engine_ep_params(const moeq_engine *engine, const moeq_ep_params *
  * with moeq_engine_ep_params), runs only the experts ep's placement gives
  * this rank and gives back the pages of the others' experts (dense weights,
  * attention and shared experts stay on every rank). Call once, before any
- * sequence. MTP is off in a group (every rank must run the same exchanges per
- * step): the engine then reports no MTP layer. From then on every step is a
+ * sequence. MTP stays on: the MTP layers run whole on every rank (their
+ * experts are held by all), so drafts exchange nothing and a speculative
+ * round's verify step is the rank's one main step of the tick. From then on every step is a
  * collective: each rank calls moeq_engine_step once per tick, with n_items = 0
  * when it has nothing (an empty step still serves the others' rows); a step
  * that fails its checks still takes part, then returns the error. An exchange
@@ -274,6 +275,14 @@ moeq_err moeq_engine_ep_params(const moeq_engine *engine, const moeq_ep_params *
  */
 moeq_err moeq_engine_join_group(moeq_engine *engine, moeq_ep *ep, const moeq_ep_params *params, char *errstr,
                                 size_t errstr_size);
+
+/*
+ * Main forward passes run so far, a group's empty steps included. A group's
+ * lockstep needs exactly one per rank and tick: a caller whose step failed
+ * (e.g. a speculative round refused before its verify step) runs an empty step
+ * when this did not move.
+ */
+int64_t moeq_engine_main_steps(const moeq_engine *engine);
 
 /* 1 when the engine is a rank of a group (moeq_engine_join_group). */
 int moeq_engine_in_group(const moeq_engine *engine);
