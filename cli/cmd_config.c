@@ -85,7 +85,8 @@ static const char intro[] =
     "connection's options below (`MOEQ_REDIS__<KEY>`).\n\n"
     "Health: every process serves `/metrics`, `/livez` (the loop ticked within `livez_stall_ms`),\n"
     "`/readyz` (the broker answers a metadata request, Redis answers PING, the worker's model is\n"
-    "loaded; probed at most every 2 s, about 1 s each) and `/healthz` (= `/readyz`) on `http_port`:\n"
+    "loaded and, for a rank of an `ep.group`, every rank joined; probed at most every 2 s, about 1 s\n"
+    "each) and `/healthz` (= `/readyz`) on `http_port`:\n"
     "9464 for the coordinator, 9465 for the worker; 0 = an ephemeral port (logged as\n"
     "`http_listening`), -1 = off. A taken port is a start-up error naming `http_port`.\n\n";
 

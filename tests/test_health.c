@@ -33,20 +33,11 @@ typedef struct hrun {
     pid_t pid;
 } hrun;
 
-/* HTTP status of GET path, or -1 when nothing answers. */
-static int http_status(int port, const char *path) {
-    char page[4096];
-    if (h_http_get(port, path, page, sizeof page) <= 0) return -1;
-    int code = -1;
-    if (sscanf(page, "HTTP/%*s %d", &code) != 1) return -1;
-    return code;
-}
-
 /* Wait up to ms until GET path answers want; 1 when it did. */
 static int wait_status(int port, const char *path, int want, long ms) {
     int64_t end = moeq_now_ms() + ms;
     for (;;) {
-        if (http_status(port, path) == want) return 1;
+        if (h_http_status(port, path) == want) return 1;
         if (moeq_now_ms() >= end) return 0;
         h_sleep_ms(250);
     }
@@ -122,15 +113,15 @@ static void broker_stopped_and_recovers(role which, const char *name) {
     assert_int_equal(rc, 0);
     start_role(&r, which);
     assert_true(wait_status(r.port, "/readyz", 200, 90000)); /* the worker loads its model first */
-    assert_int_equal(http_status(r.port, "/healthz"), 200);
+    assert_int_equal(h_http_status(r.port, "/healthz"), 200);
     char err[256];
     assert_int_equal(moeq_kafka_mock_broker_down(r.mock, 1, err, sizeof err), MOEQ_OK);
     assert_true(wait_status(r.port, "/readyz", 503, 20000));
-    assert_int_equal(http_status(r.port, "/healthz"), 503);
-    assert_int_equal(http_status(r.port, "/livez"), 200); /* the loop runs: no restart wanted, just no traffic */
+    assert_int_equal(h_http_status(r.port, "/healthz"), 503);
+    assert_int_equal(h_http_status(r.port, "/livez"), 200); /* the loop runs: no restart wanted, just no traffic */
     assert_int_equal(moeq_kafka_mock_broker_up(r.mock, 1, err, sizeof err), MOEQ_OK);
     assert_true(wait_status(r.port, "/readyz", 200, 30000));
-    assert_int_equal(http_status(r.port, "/livez"), 200);
+    assert_int_equal(h_http_status(r.port, "/livez"), 200);
     close_run(&r);
 }
 
@@ -170,8 +161,8 @@ static void redis_stopped_and_recovers(role which, const char *name) {
     kill(redis, SIGKILL);
     waitpid(redis, NULL, 0);
     assert_true(wait_status(r.port, "/readyz", 503, 20000));
-    assert_int_equal(http_status(r.port, "/healthz"), 503);
-    assert_int_equal(http_status(r.port, "/livez"), 200);
+    assert_int_equal(h_http_status(r.port, "/healthz"), 503);
+    assert_int_equal(h_http_status(r.port, "/livez"), 200);
     redis = redis_start(dir, rport);
     assert_true(redis_up(rport));
     assert_true(wait_status(r.port, "/readyz", 200, 30000));
@@ -192,8 +183,8 @@ static void wrong_broker_is_not_ready(role which, const char *name) {
     start_role(&r, which);
     assert_true(wait_status(r.port, "/livez", 200, 90000));
     h_sleep_ms(3000); /* past the first probe round and its cache */
-    assert_int_equal(http_status(r.port, "/readyz"), 503);
-    assert_int_equal(http_status(r.port, "/healthz"), 503);
+    assert_int_equal(h_http_status(r.port, "/readyz"), 503);
+    assert_int_equal(h_http_status(r.port, "/healthz"), 503);
     char page[4096];
     assert_true(h_http_get(r.port, "/readyz", page, sizeof page) > 0);
     assert_non_null(strstr(page, "kafka")); /* the reason names the dependency */

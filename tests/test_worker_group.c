@@ -41,6 +41,7 @@
 #include "moeq/ep_plan.h"
 #include "moeq/job.h"
 #include "moeq/tokenizer.h"
+#include "http_client.h"
 #include "test_worker_e2e_harness.h"
 #include "worker.h"
 
@@ -304,6 +305,61 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
     }
     assert_int_equal(bad, 0);
     each_rank_wrote_its_expert_load(stats[0], stats[1]);
+}
+
+/* The page of GET path (headers included) on port into page; its status code, -1 when nothing answers. */
+static int get_page(int port, const char *path, char *page, size_t size) {
+    int code = -1;
+    if (h_http_get(port, path, page, size) <= 0 || sscanf(page, "HTTP/%*s %d", &code) != 1) return -1;
+    return code;
+}
+
+/*
+ * A rank serves nothing until its whole group formed: its /readyz says so (503, naming the group and the wait)
+ * while it waits for rank 1, and turns 200 once rank 1 joined; the heartbeat then names the group, its
+ * generation and the rank.
+ */
+static void a_rank_is_not_ready_until_its_group_formed_and_its_heartbeat_names_the_group(void **state) {
+    (void)state;
+    int port = h_free_port();
+    char flags[128], page[4096], want[256];
+    snprintf(flags, sizeof flags, "--http_port=%d", port);
+    pid_t r0 = start_rank("ready", 0, flags), r1 = -1;
+    int64_t t0 = moeq_now_ms();
+    int code = -1;
+    while (moeq_now_ms() - t0 < 60000 && !((code = get_page(port, "/readyz", page, sizeof page)) == 503 &&
+                                             strstr(page, "waiting for the other ranks")))
+        usleep(100000);
+    snprintf(want, sizeof want, "expert-parallel group %s-ready: rank 0 of 2", g_t.ns);
+    int waited = code == 503 && strstr(page, want) != NULL;
+    if (!waited) fprintf(stderr, "group: /readyz while alone: %d %s\n", code, page);
+    r1 = start_rank("ready", 1, NULL);
+    t0 = moeq_now_ms();
+    while (moeq_now_ms() - t0 < 60000 && (code = get_page(port, "/readyz", page, sizeof page)) != 200) usleep(100000);
+    int ready_ms = (int)(moeq_now_ms() - t0);
+    moeq_redis *redis = redis_connect();
+    char key[256], err[256];
+    snprintf(key, sizeof key, "%s:worker:ready-r0", g_t.ns);
+    moeq_redis_reply *r = NULL;
+    const char *hb = NULL;
+    for (int i = 0; i < 50 && !(hb && strstr(hb, "\"ep_rank\":0")); i++) {
+        moeq_redis_reply_free(r), r = NULL, hb = NULL;
+        if (moeq_redis_command(redis, &r, err, sizeof err, "GET %s", key) == MOEQ_OK)
+            hb = moeq_redis_reply_str(r, NULL);
+        if (!(hb && strstr(hb, "\"ep_rank\":0"))) usleep(100000);
+    }
+    snprintf(want, sizeof want, "\"ep_group\":\"%s-ready\",\"ep_generation\":", g_t.ns);
+    int hb_ok = hb && strstr(hb, want) && strstr(hb, "\"ep_rank\":0,\"ep_ranks\":2");
+    if (!hb_ok) fprintf(stderr, "group: heartbeat %s\n", hb ? hb : "(none)");
+    moeq_redis_reply_free(r);
+    moeq_redis_destroy(redis);
+    kill(r0, SIGTERM);
+    e2e_term(r0, 20000), e2e_term(r1, 20000);
+    fprintf(stderr, "group: rank 0 not ready alone: %s; ready %d ms after rank 1 started\n", waited ? "yes" : "no",
+            ready_ms);
+    assert_true(waited);
+    assert_int_equal(code, 200);
+    assert_true(hb_ok);
 }
 
 static int log_has(const char *tag, int r, const char *needle) {
@@ -666,6 +722,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(the_redis_rendezvous_hands_out_the_current_generation_only),
         cmocka_unit_test(a_two_rank_group_answers_every_job_once_as_moeq_generate_alone),
+        cmocka_unit_test(a_rank_is_not_ready_until_its_group_formed_and_its_heartbeat_names_the_group),
         cmocka_unit_test(killing_one_rank_with_sigkill_loses_no_job_and_the_group_forms_again),
         cmocka_unit_test(jobs_answered_before_a_kill_are_not_run_again),
         cmocka_unit_test(a_rank_that_stops_answering_is_named_within_the_timeout_and_no_job_is_lost),

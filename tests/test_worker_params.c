@@ -44,6 +44,14 @@ static void params_check_names_the_key_at_fault(void **state) {
     assert_non_null(strstr(err, "visibility_timeout_ms"));
     assert_int_equal(moeq_props_set(moeq_worker_props, &p, "max_deliveries", "0", err, sizeof err),
                      MOEQ_ERR_INVALID_ARG);
+    p.visibility_timeout_ms = 30000;
+    strcpy(p.ep_group, "docs-a.1:x_y"); /* a Redis key part and a JSON string: no quote, blank or slash */
+    strcpy(p.ep.transport, "ucx");
+    p.ep.n_ranks = 2;
+    assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_OK);
+    strcpy(p.ep_group, "a\"b");
+    assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "ep.group"));
 }
 
 static void mtp_k_defaults_to_one_draft_and_stays_within_zero_to_three(void **state) {

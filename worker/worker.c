@@ -92,6 +92,7 @@ struct moeq_worker {
     moeq_health *health;           /* /livez, /readyz: loop ticks, model, broker, Redis */
     moeq_redis_probe *redis_probe;
     atomic_int model_loaded, io_open; /* set once, read by the HTTP thread's probes */
+    atomic_int group_formed;          /* an ep.group's ranks all joined (set once; the "group" probe) */
     moeq_worker_metrics metrics;
     char model_name[128];
     int vocab;
@@ -465,6 +466,16 @@ static moeq_err kafka_probe(void *opaque, char *errstr, size_t errstr_size) {
     return moeq_kafka_producer_ping(w->producer, 1000, errstr, errstr_size);
 }
 
+/* A rank of a group serves nothing until every rank joined: not ready meanwhile (a supervisor sees why). */
+static moeq_err group_probe(void *opaque, char *errstr, size_t errstr_size) {
+    moeq_worker *w = opaque;
+    if (!w->params.ep_group[0] || atomic_load(&w->group_formed)) return MOEQ_OK;
+    return moeq_errf(MOEQ_ERR_TRANSIENT, errstr, errstr_size,
+                     "expert-parallel group %s: rank %d of %d is waiting for the other ranks (up to "
+                     "ep.join_timeout_ms = %lld ms)", w->params.ep_group, w->params.ep.rank, w->params.ep.n_ranks,
+                     (long long)w->params.ep_join_timeout_ms);
+}
+
 /* Health first: a taken http_port fails before a long model load; /readyz says "loading" meanwhile. */
 static moeq_err open_health(moeq_worker *w, const moeq_kvlist *redis, char *errstr, size_t errstr_size) {
     moeq_redis_params rp;
@@ -475,6 +486,7 @@ static moeq_err open_health(moeq_worker *w, const moeq_kvlist *redis, char *errs
     moeq_health_add_probe(w->health, "model", model_probe, w);
     moeq_health_add_probe(w->health, "kafka", kafka_probe, w);
     moeq_health_add_probe(w->health, "redis", moeq_redis_probe_check, w->redis_probe);
+    if (w->params.ep_group[0]) moeq_health_add_probe(w->health, "group", group_probe, w);
     if (w->params.http_port < 0) return MOEQ_OK;
     return moeq_worker_http_start(&w->metrics, w->params.worker_id, w->health, w->params.http_addr,
                                   (int)w->params.http_port, &w->http, errstr, errstr_size);
@@ -494,8 +506,9 @@ moeq_err moeq_worker_new(const moeq_worker_params *params, const moeq_kvlist *ka
     if (!(err = open_health(w, redis, errstr, errstr_size)) && !(err = open_engine(w, errstr, errstr_size)))
         atomic_store(&w->model_loaded, 1);
     if (!err && !(err = open_io(w, kafka, redis, errstr, errstr_size))) atomic_store(&w->io_open, 1);
-    if (!err && w->params.ep_group[0])
-        err = worker_group_new(&w->params, w->redis, w->engine, &w->group, errstr, errstr_size);
+    if (!err && w->params.ep_group[0] &&
+        !(err = worker_group_new(&w->params, w->redis, w->engine, &w->group, errstr, errstr_size)))
+        atomic_store(&w->group_formed, 1);
     if (!err) err = open_mtp(w, errstr, errstr_size);
     if (err) {
         moeq_worker_destroy(w);
@@ -1378,15 +1391,20 @@ static void heartbeat(moeq_worker *w, int64_t now) {
         w->tokens_per_s = (double)(tokens - w->last_hb_tokens) * 1000.0 / (double)(now - w->last_hb_ms);
     w->last_hb_tokens = tokens;
     w->last_hb_ms = now;
-    char json[1536], keys[640] = "[]";
+    char json[1792], keys[640] = "[]", group[200] = "";
+    if (w->group) /* which group, generation and rank this worker is (docs/EP.md) */
+        snprintf(group, sizeof group, ",\"ep_group\":\"%s\",\"ep_generation\":%lld,\"ep_rank\":%d,\"ep_ranks\":%d",
+                 w->params.ep_group, (long long)worker_group_generation(w->group), worker_group_rank(w->group),
+                 worker_group_ranks(w->group));
     if (w->affinity) moeq_affinity_hint_json(w->affinity, prefix_cached, w, keys, sizeof keys);
     snprintf(json, sizeof json,
              "{\"id\":\"%s\",\"model\":\"%s\",\"version\":\"%s\",\"max_seqs\":%lld,\"free_slots\":%d,\"running\":%d,"
              "\"pending\":%d,\"batches\":%d,\"tokens_per_s\":%.1f,\"jobs_finished\":%lld,\"draining\":%d,"
-             "\"started_ms\":%lld,\"ts\":%lld,\"room\":%d,\"prefix_keys\":%s}",
+             "\"started_ms\":%lld,\"ts\":%lld,\"room\":%d,\"prefix_keys\":%s%s}",
              w->params.worker_id, w->model_name, "0.1.0", (long long)w->params.max_seqs, st.free_slots, st.running,
              st.pending, w->n_held, w->tokens_per_s, (long long)st.jobs_finished, (int)w->stop,
-             (long long)w->started_ms, (long long)now, want_batch(w) ? moeq_sched_free_capacity(w->sched) : 0, keys);
+             (long long)w->started_ms, (long long)now, want_batch(w) ? moeq_sched_free_capacity(w->sched) : 0, keys,
+             group);
     affinity_refresh(w);
     char err[256];
     moeq_err e = worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, json, 3 * w->params.heartbeat_interval_ms, err,

@@ -2,6 +2,7 @@
  * worker_params.c — the worker's property table and the pure helpers over
  * its params (topic allow-list, stream names, default seeds). No I/O.
  */
+#include <ctype.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -143,6 +144,10 @@ static moeq_err check_group(const moeq_worker_params *p, char *errstr, size_t er
                              ep->n_ranks);
         return MOEQ_OK;
     }
+    for (const char *c = p->ep_group; *c; c++) /* it names a Redis key and goes into the heartbeat's JSON */
+        if (!isalnum((unsigned char)*c) && !strchr("._:-", *c))
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                             "ep.group: '%s' has a '%c'; use letters, digits and . _ : -", p->ep_group, *c);
     if (ep->rank >= ep->n_ranks)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "ep.rank: %d is not below ep.ranks %d", ep->rank,
                          ep->n_ranks);
