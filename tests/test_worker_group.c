@@ -122,12 +122,18 @@ static void the_redis_rendezvous_hands_out_the_current_generation_only(void **st
 static int g_long_every; /* > 0: all but every g_long_every-th job ask for LONG_TOKENS (a batch that runs long) */
 enum { LONG_TOKENS = 220 }; /* the test model's context is 256 tokens */
 
+static int get_page(int port, const char *path, char *page, size_t size);
+
+/* Put before every prompt: a long shared instruction makes later jobs fork a running job's cache. */
+static const char *g_instruction = "";
+
 static int job_json(const char *tag, int i, char *out, size_t size) {
     static const char *docs[] = {"Kafka stores records.", "Redis streams hold entries.", "A worker runs batches.",
                                  "Translate: good night", "List two colours."};
     int is_long = g_long_every > 0 && i % g_long_every != 0, tokens = is_long ? LONG_TOKENS : 2 + i % 6;
-    int n = snprintf(out, size, "{\"v\":1,\"id\":\"grp-%s-%s-%d\",\"prompt\":\"%s (%d)\",\"max_new_tokens\":%d,"
-                     "\"temperature\":%s", g_t.ns, tag, i, docs[i % 5], i, tokens, i % 2 ? "0.8" : "0.0");
+    int n = snprintf(out, size, "{\"v\":1,\"id\":\"grp-%s-%s-%d\",\"prompt\":\"%s%s (%d)\",\"max_new_tokens\":%d,"
+                     "\"temperature\":%s", g_t.ns, tag, i, g_instruction, docs[i % 5], i, tokens,
+                     i % 2 ? "0.8" : "0.0");
     if (is_long) n += snprintf(out + n, size - (size_t)n, ",\"min_tokens\":%d", LONG_TOKENS);
     if (i % 3) n += snprintf(out + n, size - (size_t)n, ",\"seed\":%d", i);
     n += snprintf(out + n, size - (size_t)n, "}");
@@ -140,7 +146,7 @@ static void produce(const char *tag, int n_jobs) {
     moeq_kafka_producer_params pp = {.brokers = g_t.kafka};
     assert_int_equal(moeq_kafka_producer_new(&pp, NULL, &prod, err, sizeof err), MOEQ_OK);
     for (int i = 0; i < n_jobs; i++) {
-        char json[768], id[160];
+        char json[1536], id[160];
         int len = job_json(tag, i, json, sizeof json);
         snprintf(id, sizeof id, "grp-%s-%s-%d", g_t.ns, tag, i);
         moeq_kafka_header h = {"content-type", "application/json", 16};
@@ -158,7 +164,7 @@ static void produce(const char *tag, int n_jobs) {
 
 /* 0 when the job's result equals generate alone (ok, same tokens). */
 static int check_job(const char *tag, int i, const e2e_job *r) {
-    char json[768], err[256];
+    char json[1536], err[256];
     int len = job_json(tag, i, json, sizeof json);
     moeq_job job;
     moeq_job_reject rej;
@@ -270,16 +276,30 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
     moeq_ep_placement_destroy(pl);
     char stats[2][700], flags1[1500];
     for (int r = 0; r < 2; r++) snprintf(stats[r], sizeof stats[r], "%s/%s-eq-r%d.stats", g_t.logdir, g_t.ns, r);
-    /* MTP rounds in the group (drafts on the rank; never paused for low acceptance: tiny's drafts are poor) */
-    snprintf(flags, sizeof flags, "--ep.placement=%s --expert_stats_path=%s --mtp_k=2 --mtp_min_acceptance=0", path,
-             stats[0]);
-    snprintf(flags1, sizeof flags1, "--ep.placement=%s --expert_stats_path=%s --mtp_k=2 --mtp_min_acceptance=0", path,
-             stats[1]);
+    /* MTP rounds in the group (drafts on the rank; never paused for low acceptance: tiny's drafts are poor), and
+     * forks of running jobs' prompts (the prefix cache off, so that the shared instruction is forked, not cached) */
+    int port[2] = {h_free_port(), h_free_port()};
+    const char *common = "--mtp_k=2 --mtp_min_acceptance=0 --prefix_cache=off --prefix_share_min=8";
+    snprintf(flags, sizeof flags, "--ep.placement=%s --expert_stats_path=%s --http_port=%d %s", path, stats[0], port[0],
+             common);
+    snprintf(flags1, sizeof flags1, "--ep.placement=%s --expert_stats_path=%s --http_port=%d %s", path, stats[1],
+             port[1], common);
+    g_instruction = "You are a careful analyst. Read the document below, then answer in one short line, "
+                    "plainly and without any preamble. Document: ";
     pid_t coord = track(e2e_start_coordinator(&g_t, NULL));
     pid_t r0 = start_rank("eq", 0, flags), r1 = start_rank("eq", 1, flags1);
     produce("eq", N);
     int have = collect_tag("eq", N, N, 120000);
     e2e_collect(&g_t, g_t.n_jobs + 1, 1000); /* late duplicates, if any */
+    long long shared = 0;
+    for (int r = 0; r < 2; r++) { /* prompt tokens taken from a running job's cache, on either rank */
+        static char page[262144];
+        const char *at = get_page(port[r], "/metrics", page, sizeof page) == 200
+                             ? strstr(page, "\nmoeq_worker_prefix_tokens_shared_total{") : NULL;
+        at = at ? strchr(at, '}') : NULL;
+        if (at) shared += atoll(at + 1);
+    }
+    fprintf(stderr, "group: %lld prompt tokens forked from running jobs\n", shared);
     /* SIGTERM to one rank drains the whole group: both end cleanly */
     int64_t t0 = moeq_now_ms();
     kill(r1, SIGTERM);
@@ -303,7 +323,9 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
         bad += r->n_results != 1;
         bad += check_job("eq", i, r);
     }
+    g_instruction = "";
     assert_int_equal(bad, 0);
+    assert_true(shared > 0); /* forks ran in the group, and every result is still generate's */
     each_rank_wrote_its_expert_load(stats[0], stats[1]);
 }
 

@@ -419,8 +419,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.max_step_tokens = (int)p->max_step_tokens;
     sp.mtp_max_seqs = (int)p->mtp_max_batch;
     sp.mtp_min_acceptance = mtp_min_acceptance(w);
-    sp.prefix_share_min = p->ep_group[0] ? 0 : (int)p->prefix_share_min; /* a failed fork's own prefill steps
-                                                                             would break a group's lockstep */
+    sp.prefix_share_min = (int)p->prefix_share_min;
     sp.kv_cache_tokens = p->kv_cache_tokens;
     sp.kv_block_tokens = ep.kv_block_tokens;
     sp.max_model_len = moeq_engine_max_model_len(w->engine);
@@ -916,11 +915,12 @@ static void slot_clear(moeq_worker *w, int slot) {
  * scheduler compared the prompts), or one that takes its first cached_tokens from the prefix cache
  * (moeq_engine_seq_new_prefix; with the cache on every job looks, so the metrics count every lookup), or a
  * fresh one. When the fork cannot be made (no free cache block for the copied partial block) the new
- * sequence takes what the cache holds of those tokens and prefills the rest itself, in steps of its own:
- * the same cache either way.
+ * sequence takes what the cache holds of those tokens and prefills the rest itself, in steps of its own
+ * (in a group: *lead of them, in front of its item in this tick's step): the same cache either way.
  */
-static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errstr, size_t errstr_size) {
+static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, int *lead, char *errstr, size_t errstr_size) {
     slot_state *s = &w->slots[it->slot];
+    *lead = 0;
     slot_clear(w, it->slot);
     const wjob *job = it->user;
     moeq_sampling_params sp = sampling_for(&job->ej->job);
@@ -947,12 +947,12 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, char *errst
         err = moeq_engine_seq_set_mtp(w->engine, s->seq, 1); /* before its first token */
     if (err) return moeq_errf(err, errstr, errstr_size, "no engine sequence for job %s", job->ej->job.id);
     /* what neither a fork nor the cache gave (a failed fork; the cache cannot give less than it said). In an
-     * expert-parallel group every rank runs exactly one engine step per tick, so an extra step here would
-     * break the lockstep: there (no forks in a group) a shortfall is an error of this job, never a step. */
-    if (got < skipped && w->params.ep_group[0])
-        return moeq_errf(MOEQ_ERR_INTERNAL, errstr, errstr_size,
-                         "job %s: the prefix cache gave %d of the %d tokens its lookup promised", job->ej->job.id, got,
-                         skipped);
+     * expert-parallel group every rank runs exactly one engine step per tick, so an extra step would break the
+     * lockstep: there those tokens lead the job's item in this tick's step instead (prepare_items). */
+    if (w->group) {
+        *lead = skipped - got;
+        return MOEQ_OK;
+    }
     for (int done = got, chunk = (int)w->params.max_step_tokens; done < skipped; done += chunk) {
         moeq_step_item one = {s->seq, prompt + done, skipped - done < chunk ? skipped - done : chunk, 0};
         if ((err = moeq_engine_step(w->engine, &one, 1, w->logits, 1, errstr, errstr_size))) return err;
@@ -975,13 +975,23 @@ static void prefix_metrics(moeq_worker *w) {
 
 /* The plan's ordinary items: open (or fork) new sequences, fill w->items. */
 static moeq_err prepare_items(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
+    int64_t total = 0;
+    for (int i = 0; i < plan->n_items; i++) total += plan->items[i].n_tokens;
     for (int i = 0; i < plan->n_items; i++) {
         const moeq_sched_item *it = &plan->items[i];
+        int lead = 0;
         if (it->new_seq) {
-            moeq_err e = slot_open(w, it, err, err_size);
+            moeq_err e = slot_open(w, it, &lead, err, err_size);
             if (e) return e;
         }
-        w->items[i] = (moeq_step_item){w->slots[it->slot].seq, it->tokens, it->n_tokens, 0};
+        /* a group's failed fork: the prompt tokens it should have shared ride in this step, when they fit */
+        if (lead > 0 && total + lead > w->params.max_step_tokens)
+            return moeq_errf(MOEQ_ERR_LIMIT, err, err_size,
+                             "job %s: its fork failed and the %d prompt tokens it was to share do not fit this "
+                             "step (%lld of max_step_tokens %lld taken)", ((const wjob *)it->user)->ej->job.id, lead,
+                             (long long)total, (long long)w->params.max_step_tokens);
+        total += lead;
+        w->items[i] = (moeq_step_item){w->slots[it->slot].seq, it->tokens - lead, it->n_tokens + lead, 0};
     }
     return MOEQ_OK;
 }
