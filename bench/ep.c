@@ -133,7 +133,7 @@ static size_t wire_row_bytes(const bench_cfg *g) {
 /*
  * Rank `rank`'s traffic to its peer in a round of T tokens from seed (pure:
  * the layout of its inputs on the identity placement): distinct token rows
- * and slots; returns the dispatch message's bytes (16-byte header, 8 bytes a
+ * and slots; returns the dispatch message's bytes (24-byte header, 8 bytes a
  * slot, one row a token). Known before anything runs, so ucx_perftest can
  * measure the same sizes before and after.
  */
@@ -155,7 +155,7 @@ static int64_t traffic(const bench_cfg *g, int rank, int T, uint64_t seed, int64
     moeq_ep_placement_destroy(pl);
     free(ids), free(dr), free(dl), free(x);
     *rows = toks, *slots = count[peer];
-    return 16 + toks * (int64_t)wire_row_bytes(g) + count[peer] * 8;
+    return 24 + toks * (int64_t)wire_row_bytes(g) + count[peer] * 8;
 }
 
 static void bw_traffic(const bench_cfg *g, int rank, bench_out *o) {
@@ -324,8 +324,9 @@ static void print_method(void) {
     printf("\"method\":{\"latency\":\"median over rounds of one rank-0 call, 2 ranks (forked) in lockstep; "
            "dispatch = moeq_ep_dispatch (exchange + per-slot copy into expert groups), dispatch_rows = "
            "moeq_ep_dispatch_rows (the exchange, rows left where they arrived)\","
-           "\"bandwidth\":\"msg_bytes (rank 0's dispatch message to its peer: 16-byte header, 8 bytes a slot, one row "
-           "a distinct token) / median seconds of one call at tokens_per_rank\","
+           "\"bandwidth\":\"msg_bytes (rank 0's dispatch message to its peer: 24-byte header, 8 bytes a slot, one row "
+           "a distinct token; f32 rows sent apart from x as a span also carry the span's few gap rows, not counted) / "
+           "median seconds of one call at tokens_per_rank\","
            "\"ucx_perftest\":\"tag_lat (8 bytes, and tag_lat1 at lat1_msg_bytes, the 1-token dispatch message; round "
            "trip = 2 x the one-way average) and tag_bw (msg_bytes, average MB/s) on the same UCX_TLS and "
            "UCX_RNDV_THRESH (65536 unless set, as the ep transport), run just before and just after bench-ep's "
