@@ -133,7 +133,7 @@ static size_t wire_row_bytes(const bench_cfg *g) {
 /*
  * Rank `rank`'s traffic to its peer in a round of T tokens from seed (pure:
  * the layout of its inputs on the identity placement): distinct token rows
- * and slots; returns the dispatch message's bytes (16-byte header, 8 bytes a
+ * and slots; returns the dispatch message's bytes (24-byte header, 8 bytes a
  * slot, one row a token). Known before anything runs, so ucx_perftest can
  * measure the same sizes before and after.
  */
@@ -155,7 +155,7 @@ static int64_t traffic(const bench_cfg *g, int rank, int T, uint64_t seed, int64
     moeq_ep_placement_destroy(pl);
     free(ids), free(dr), free(dl), free(x);
     *rows = toks, *slots = count[peer];
-    return 16 + toks * (int64_t)wire_row_bytes(g) + count[peer] * 8;
+    return 24 + toks * (int64_t)wire_row_bytes(g) + count[peer] * 8;
 }
 
 static void bw_traffic(const bench_cfg *g, int rank, bench_out *o) {
@@ -224,10 +224,49 @@ static int perftest(const char *tls, const char *test, int64_t size, int iters, 
     return ok;
 }
 
+/*
+ * Two tag_bw pairs at once, the traffic of one 2-rank exchange: an exchange
+ * moves msg_bytes each way at the same time, tag_bw one way. Both servers
+ * start in the background, then both clients together. Pinned (-c): flow 0's
+ * server (its receiver) and flow 1's client (its sender) on CPU 0, the other
+ * two on CPU 1, so each CPU holds one sender and one receiver, as each rank
+ * of an exchange does. Unpinned, the scheduler may put both ends of a flow on
+ * one CPU, and busy-polling shared memory then moves data only when a time
+ * slice ends (35-230 MB/s a flow, measured on the 2-CPU development machine).
+ * flow[i] = client i's overall MB/s (column 6: a run that spans perftest's
+ * one-second reports has only the last interval in column 5). 0: did not run
+ * (or ran past 20 s: timeout kills it). The servers get 1 s to start
+ * listening: with 0.5 s one run on the loaded 2-CPU machine came back without
+ * a result (a client refused is the likeliest cause; not confirmed).
+ */
+static int perftest_two_flows(const char *tls, int64_t size, int iters, double flow[2]) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "export UCX_RNDV_THRESH=${UCX_RNDV_THRESH:-%s} UCX_TLS=%s; t='-t tag_bw -s %lld -n %d'; "
+             "timeout 20 ucx_perftest -p 13334 $t -c 0 >/dev/null 2>&1 & "
+             "timeout 20 ucx_perftest -p 13335 $t -c 1 >/dev/null 2>&1 & sleep 1; "
+             "timeout 20 ucx_perftest 127.0.0.1 -p 13334 $t -c 1 2>/dev/null | grep '^Final:' & "
+             "timeout 20 ucx_perftest 127.0.0.1 -p 13335 $t -c 0 2>/dev/null | grep '^Final:' & wait",
+             BENCH_RNDV_THRESH, tls, (long long)size, iters);
+    FILE *f = popen(cmd, "r");
+    if (!f) return 0;
+    char line[512];
+    int got = 0;
+    while (got < 2 && fgets(line, sizeof line, f)) {
+        double v[6];
+        if (sscanf(line, "Final: %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) == 6)
+            flow[got++] = v[5];
+    }
+    pclose(f);
+    if (got < 2) flow[0] = flow[1] = 0;
+    return got == 2;
+}
+
 /* ucx_perftest on the run's UCX_TLS, before and after bench-ep's own rounds. */
 typedef struct perf_pair {
     double lat_us[2], bw_mb_s[2]; /* [0] before, [1] after; 0: did not run */
     double lat1_us[2];            /* tag_lat at the 1-token dispatch message's size */
+    double two[2][2];             /* two tag_bw flows at once, pinned: [before, after][flow] */
 } perf_pair;
 
 static void perf_measure(const bench_cfg *g, const bench_out *o, perf_pair *pp, int when) {
@@ -236,11 +275,31 @@ static void perf_measure(const bench_cfg *g, const bench_out *o, perf_pair *pp, 
     if (!perftest(g->tls, "tag_lat", o->lat1_msg_bytes, g->quick ? 1000 : 10000, 13333, 3, &pp->lat1_us[when]))
         pp->lat1_us[when] = 0;
     if (!perftest(g->tls, "tag_bw", bw_bytes, g->quick ? 10 : 50, 13332, 5, &pp->bw_mb_s[when])) pp->bw_mb_s[when] = 0;
+    /*
+     * Flows that do not overlap measure one flow each: iterations for ~0.6 s (0.2 quick) at the one-flow rate
+     * just measured, so the clients' start skew (a few ms) is small beside the run.
+     */
+    double secs = g->quick ? 0.2 : 0.6, one = pp->bw_mb_s[when] > 0 ? pp->bw_mb_s[when] : 1000;
+    int iters = (int)(one * 1e6 * secs / (double)bw_bytes);
+    iters = iters < 20 ? 20 : iters > 20000 ? 20000 : iters;
+    perftest_two_flows(g->tls, bw_bytes, iters, pp->two[when]);
 }
 
 static double best(const double v[2], int lowest) {
     if (!v[0] || !v[1]) return v[0] ? v[0] : v[1];
     return lowest ? (v[0] < v[1] ? v[0] : v[1]) : (v[0] > v[1] ? v[0] : v[1]);
+}
+
+/* The two-flow anchor: per-flow mean and sum, before and after; fractions of the better mean. */
+static void print_two_flows(const bench_out *o, const perf_pair *pp) {
+    const double(*f)[2] = pp->two;
+    double mb = (double)o->bw_msg_bytes / 1e6, mean[2] = {(f[0][0] + f[0][1]) / 2, (f[1][0] + f[1][1]) / 2};
+    double top = best(mean, 0);
+    printf(",\"tag_bw_two_flows_mb_s\":{\"pinned\":true,\"per_flow\":[%.1f,%.1f],\"sum\":[%.1f,%.1f],"
+           "\"flows\":[[%.1f,%.1f],[%.1f,%.1f]]}", mean[0], mean[1], 2 * mean[0], 2 * mean[1], f[0][0], f[0][1], f[1][0], f[1][1]);
+    if (top > 0 && o->bw_dispatch_s > 0 && o->bw_rows_s > 0)
+        printf(",\"tag_bw_two_flows_best_mb_s\":%.1f,\"dispatch_bw_fraction_two_flows\":%.3f,"
+               "\"dispatch_rows_bw_fraction_two_flows\":%.3f", top, mb / o->bw_dispatch_s / top, mb / o->bw_rows_s / top);
 }
 
 static void print_perftest(const bench_out *o, const perf_pair *pp) {
@@ -257,6 +316,7 @@ static void print_perftest(const bench_out *o, const perf_pair *pp) {
     if (bw > 0 && o->bw_dispatch_s > 0 && o->bw_rows_s > 0)
         printf(",\"tag_bw_best_mb_s\":%.1f,\"dispatch_bw_fraction\":%.3f,\"dispatch_rows_bw_fraction\":%.3f", bw,
                mb / o->bw_dispatch_s / bw, mb / o->bw_rows_s / bw);
+    print_two_flows(o, pp);
     if (!lat && !bw) printf(",\"error\":\"ucx_perftest did not run (ucx-utils installed?)\"");
     printf("}");
 }
@@ -266,13 +326,22 @@ static void print_method(void) {
     printf("\"method\":{\"latency\":\"median over rounds of one rank-0 call, 2 ranks (forked) in lockstep; "
            "dispatch = moeq_ep_dispatch (exchange + per-slot copy into expert groups), dispatch_rows = "
            "moeq_ep_dispatch_rows (the exchange, rows left where they arrived)\","
-           "\"bandwidth\":\"msg_bytes (rank 0's dispatch message to its peer: 16-byte header, 8 bytes a slot, one row "
-           "a distinct token) / median seconds of one call at tokens_per_rank\","
+           "\"bandwidth\":\"msg_bytes (rank 0's dispatch message to its peer: 24-byte header, 8 bytes a slot, one row "
+           "a distinct token; f32 rows sent apart from x as a span also carry the span's few gap rows, not counted) / "
+           "median seconds of one call at tokens_per_rank\","
            "\"ucx_perftest\":\"tag_lat (8 bytes, and tag_lat1 at lat1_msg_bytes, the 1-token dispatch message; round "
            "trip = 2 x the one-way average) and tag_bw (msg_bytes, average MB/s) on the same UCX_TLS and "
            "UCX_RNDV_THRESH (65536 unless set, as the ep transport), run just before and just after bench-ep's "
            "rounds ([before, after]); "
-           "fractions use the better of the two (higher bandwidth, lower latency)\"},");
+           "fractions use the better of the two (higher bandwidth, lower latency)\","
+           "\"ucx_perftest_two_flows\":\"an exchange moves msg_bytes both ways at once (each rank sends one message and "
+           "receives one), tag_bw one way; so two tag_bw pairs run at once (both servers, then both clients together; "
+           "same UCX_TLS, UCX_RNDV_THRESH and msg_bytes; ~0.6 s at the one-flow rate), before and after the rounds: "
+           "per_flow = the mean of the two clients' overall MB/s, sum = twice it. Pinned with -c: each of CPUs 0 and 1 "
+           "holds one flow's sender and the other flow's receiver, as each rank of an exchange does (unpinned, "
+           "the scheduler can put both ends of a flow on one CPU). Four busy-polling perftest processes share the "
+           "CPUs where the exchange has two ranks, so on a 2-CPU host this anchor is pessimistic. "
+           "*_fraction_two_flows = the dispatch's MB/s / the better per_flow\"},");
 }
 
 static void print_run(const bench_cfg *g, const bench_out *o, const perf_pair *pp, int first) {

@@ -4,13 +4,17 @@
  * messages; everything that decides which row goes where, and every dtype
  * conversion, is here, so every transport gives the same bits.
  *
- * A dispatch is one message per peer: a 16-byte header (int64 slots, int64
- * token rows), then [slots × (int32 local, int32 slot)] in slot order, then
- * one row per distinct token among them (a token with three experts on d
+ * A dispatch is one message per peer: a 24-byte header (int64 slots, int64
+ * rows, int64 apart), then [slots × (int32 local, int32 slot)] in slot order,
+ * then one row per distinct token among them (a token with three experts on d
  * sends its row once). The receiver learns the size from the header, so no
  * counts go first (a transport that needs them first, nccl, gets them: see
  * ep_int.h). Rows to self never touch a wire buffer in f32: the grouped rows
- * point into the caller's x. A combine message is one row per slot, in the
+ * point into the caller's x. Large f32 rows to a peer are not packed at all
+ * when its tokens form a dense span of x (apart = 1): the message then ends
+ * after the entries, and the span [first token, last token] of x goes
+ * straight from the caller's x in a second exchange whose sizes every
+ * receiver knows from the verified headers (see move_apart). A combine message is one row per slot, in the
  * order the dispatch had them: combine is per slot by design (no partial sums
  * across ranks).
  * Not done here: device memory (the nccl transport will take void * rows).
@@ -63,6 +67,12 @@ struct moeq_ep {
     int64_t *send_tok, *recv_tok;      /* (n_ranks) distinct token rows in dispatch  */
     int64_t *send_byte, *recv_byte;    /* (n_ranks) dispatch message lengths, bytes  */
     int64_t *cur_slot, *cur_tok, *last_tok; /* (n_ranks) packing cursors            */
+    int64_t *first_tok;              /* (n_ranks) first token with a slot on each rank  */
+    int64_t *send_apart;             /* (n_ranks) rows sent apart from x (a span), 0: packed */
+    int64_t *recv_apart;             /* (n_ranks) 1: the source's rows come in the second exchange */
+    size_t apart_min;                /* smallest span sent apart, bytes                 */
+    int apart_always;                /* tests only: every f32 span to a peer goes apart */
+    int rows_short;                  /* tests only: the next rows sent apart are one row short */
     /* receiver side */
     int64_t n_recv;
     size_t cap;                      /* bytes of one peer's dispatch region (the largest message) */
@@ -85,13 +95,22 @@ struct moeq_ep {
     moeq_ep_mangle mangle;           /* tests only: malform the next dispatch        */
 };
 
-enum { HDR = 16 }; /* dispatch header: int64 slots, int64 token rows */
+enum { HDR = 24 }; /* dispatch header: int64 slots, int64 rows, int64 apart (0: rows inline, 1: a span apart) */
 /*
  * The dispatch protocol's version, in the fingerprint: a rank of an older
- * build (counts first, no header) makes every rank refuse the group at
- * creation rather than misread each other's messages.
+ * build (2: a 16-byte header and rows always inline; 1: counts first) makes
+ * every rank refuse the group at creation rather than misread each other's
+ * messages.
  */
-enum { EP_WIRE = 2 };
+enum { EP_WIRE = 3 };
+/*
+ * f32 rows to a peer go apart from x (no pack) from this many bytes on (37
+ * rows of DeepSeek-V3's 7168). The copy saved is ~0.1 ms a MB on the
+ * development machine; the second exchange waits for every peer's first
+ * message (~10-20 us over tcp loopback), and at 8 and 32 tokens a rank
+ * (0.2 and 0.9 MB) tcp showed no gain. See docs/EP.md, Benchmark.
+ */
+#define EP_APART_MIN ((size_t)1 << 20)
 
 /* ---- dtype -------------------------------------------------------------- */
 
@@ -212,6 +231,7 @@ static moeq_err alloc_buffers(moeq_ep *ep) {
     ep->send_first = calloc(R, 8), ep->recv_first = calloc(R, 8);
     ep->send_tok = calloc(R, 8), ep->recv_tok = calloc(R, 8), ep->send_byte = calloc(R, 8), ep->recv_byte = calloc(R, 8);
     ep->cur_slot = calloc(R, 8), ep->cur_tok = calloc(R, 8), ep->last_tok = calloc(R, 8);
+    ep->first_tok = calloc(R, 8), ep->send_apart = calloc(R, 8), ep->recv_apart = calloc(R, 8);
     ep->x = malloc(RS * H * sizeof(float)), ep->row = malloc(RS * sizeof(float *));
     if (ep->bf16 || ep->fp8) ep->dec = malloc((size_t)R * (size_t)ep->params.max_tokens * H * sizeof(float));
     ep->src_rank = malloc(RS * 4), ep->src_slot = malloc(RS * 4), ep->grouped_of = malloc(RS * 8);
@@ -225,7 +245,7 @@ static moeq_err alloc_buffers(moeq_ep *ep) {
     ep->cnt_out = calloc(2 * (size_t)R, 8), ep->cnt_in = calloc(2 * (size_t)R, 8);
     if (!ep->dest_rank || !ep->dest_local || !ep->send_slot || !ep->send_count || !ep->recv_count ||
         !ep->send_first || !ep->recv_first || !ep->send_tok || !ep->recv_tok || !ep->send_byte || !ep->recv_byte ||
-        !ep->cur_slot || !ep->cur_tok || !ep->last_tok || !ep->x || !ep->row || ((ep->bf16 || ep->fp8) && !ep->dec) ||
+        !ep->cur_slot || !ep->cur_tok || !ep->last_tok || !ep->first_tok || !ep->send_apart || !ep->recv_apart || !ep->x || !ep->row || ((ep->bf16 || ep->fp8) && !ep->dec) ||
         !ep->src_rank || !ep->src_slot || !ep->grouped_of || !ep->expert_offset || !ep->cursor || !ep->local_expert ||
         !ep->sendbuf || !ep->recvbuf || !ep->msg_send || !ep->msg_recv || !ep->len_send || !ep->len_recv ||
         !ep->len_got || !ep->cnt_out || !ep->cnt_in)
@@ -255,6 +275,7 @@ moeq_err moeq_ep_new(const moeq_ep_params *params, const moeq_ep_placement *plac
     moeq_ep_fp8_table(ep->e4m3);
     ep->row_bytes = ep->fp8 ? moeq_ep_fp8_row_bytes(params->hidden) : (size_t)params->hidden * (ep->bf16 ? 2 : 4);
     ep->max_slots = (int64_t)params->max_tokens * params->top_k;
+    ep->apart_min = EP_APART_MIN;
     err = placement ? moeq_ep_placement_clone(placement, &ep->pl)
                     : moeq_ep_placement_new_identity(params->n_experts, params->n_ranks, &ep->pl, errstr, n);
     if (err) goto fail;
@@ -288,7 +309,8 @@ void moeq_ep_destroy(moeq_ep *ep) {
                     ep->recv_first, ep->x, ep->src_rank, ep->src_slot, ep->grouped_of, ep->expert_offset,
                     ep->cursor, ep->local_expert, ep->sendbuf, ep->recvbuf, (void *)ep->msg_send, ep->msg_recv, ep->len_send,
                     ep->len_recv, ep->cnt_out, ep->cnt_in, ep->send_tok, ep->recv_tok, ep->send_byte,
-                    ep->recv_byte, ep->cur_slot, ep->cur_tok, ep->last_tok, (void *)ep->row, ep->dec, ep->len_got};
+                    ep->recv_byte, ep->cur_slot, ep->cur_tok, ep->last_tok, (void *)ep->row, ep->dec, ep->len_got,
+                    ep->first_tok, ep->send_apart, ep->recv_apart};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(ep);
 }
@@ -371,14 +393,31 @@ static void prefix(const int64_t *count, int64_t *first, int R) {
     for (int64_t r = 0, f = 0; r < R; f += count[r], r++) first[r] = f;
 }
 
-/* Distinct tokens per destination: a token with several slots on one rank sends its row once. */
+/* Distinct tokens per destination (a token with several slots on one rank sends its row once), first and last. */
 static void count_tokens(moeq_ep *ep) {
     int R = ep->params.n_ranks, K = ep->params.top_k;
-    for (int r = 0; r < R; r++) ep->send_tok[r] = 0, ep->last_tok[r] = -1;
+    for (int r = 0; r < R; r++) ep->send_tok[r] = 0, ep->last_tok[r] = ep->first_tok[r] = -1;
     for (int64_t s = 0; s < ep->T * K; s++) {
         int d = ep->dest_rank[s];
-        if (d >= 0 && ep->last_tok[d] != s / K) ep->send_tok[d]++, ep->last_tok[d] = s / K;
+        if (d < 0 || ep->last_tok[d] == s / K) continue;
+        if (ep->first_tok[d] < 0) ep->first_tok[d] = s / K;
+        ep->send_tok[d]++, ep->last_tok[d] = s / K;
     }
+}
+
+/*
+ * Rows to send apart to rank d (0: pack them). In f32 to a peer, when the
+ * span of x from d's first token to its last holds at most 1/16 more rows
+ * than d's distinct tokens, and is at least apart_min bytes: the whole span
+ * then goes straight from x (the gap rows too; the receiver skips them), and
+ * no row is copied on the way out. Only with exchange_any: a transport that
+ * needs counts first (nccl) stages through its own buffers anyway.
+ */
+static int64_t rows_apart(const moeq_ep *ep, int d) {
+    int64_t toks = ep->send_tok[d], span = toks ? ep->last_tok[d] - ep->first_tok[d] + 1 : 0;
+    if (d == ep->params.rank || !self_direct(ep) || !ep->ops->exchange_any || toks == 0) return 0;
+    if (ep->apart_always) return span;
+    return span - toks <= toks / 16 && (size_t)span * ep->row_bytes >= ep->apart_min ? span : 0;
 }
 
 /*
@@ -388,10 +427,12 @@ static void count_tokens(moeq_ep *ep) {
 static void pack_dispatch(moeq_ep *ep, const float *x) {
     int R = ep->params.n_ranks, K = ep->params.top_k, me = ep->params.rank, direct = self_direct(ep);
     for (int r = 0; r < R; r++) {
-        int64_t hdr[2] = {ep->send_count[r], ep->send_tok[r]};
+        int64_t apart = ep->send_apart[r] = rows_apart(ep, r);
+        int64_t hdr[3] = {ep->send_count[r], apart ? apart : ep->send_tok[r], apart > 0};
         memcpy(ep->sendbuf + (size_t)r * ep->cap, hdr, HDR);
         ep->cur_slot[r] = ep->cur_tok[r] = 0, ep->last_tok[r] = -1;
-        ep->send_byte[r] = HDR + ep->send_count[r] * 8 + (r == me && direct ? 0 : ep->send_tok[r] * (int64_t)ep->row_bytes);
+        int inline_rows = !(r == me && direct) && !apart;
+        ep->send_byte[r] = HDR + ep->send_count[r] * 8 + (inline_rows ? ep->send_tok[r] * (int64_t)ep->row_bytes : 0);
     }
     for (int64_t s = 0; s < ep->T * K; s++) {
         int d = ep->dest_rank[s];
@@ -401,7 +442,7 @@ static void pack_dispatch(moeq_ep *ep, const float *x) {
         int32_t meta[2] = {ep->dest_local[s], (int32_t)s};
         memcpy(base + (size_t)j * 8, meta, 8);
         if (ep->last_tok[d] != t) {
-            if (d != me || !direct)
+            if ((d != me || !direct) && !ep->send_apart[d])
                 row_put(ep, base + (size_t)ep->send_count[d] * 8 + (size_t)ep->cur_tok[d] * ep->row_bytes,
                         x + (size_t)t * ep->params.hidden);
             ep->cur_tok[d]++, ep->last_tok[d] = t;
@@ -411,16 +452,18 @@ static void pack_dispatch(moeq_ep *ep, const float *x) {
 }
 
 void moeq_ep_test_mangle(moeq_ep *ep, moeq_ep_mangle how) { ep->mangle = how; }
+void moeq_ep_test_apart_always(moeq_ep *ep) { ep->apart_always = 1; }
 
 /* Tests only: spoil every message to another rank, as moeq_ep_test_mangle asked. */
 static void apply_mangle(moeq_ep *ep) {
     for (int r = 0; r < ep->params.n_ranks && ep->mangle; r++) {
         unsigned char *msg = ep->sendbuf + (size_t)r * ep->cap;
-        int64_t hdr[2];
+        int64_t hdr[3];
         memcpy(hdr, msg, HDR);
         if (r == ep->params.rank) continue;
         if (ep->mangle == MOEQ_EP_MANGLE_TRUNCATED) ep->send_byte[r] = 8;
         if (ep->mangle == MOEQ_EP_MANGLE_SHORT) hdr[1]++;
+        if (ep->mangle == MOEQ_EP_MANGLE_ROWS_SHORT) ep->rows_short = 1;
         if (ep->mangle == MOEQ_EP_MANGLE_HUGE) hdr[0] = ep->max_slots + 1;
         if (ep->mangle == MOEQ_EP_MANGLE_BAD_EXPERT && hdr[0] > 0) {
             int32_t bad = INT32_MAX;
@@ -476,27 +519,33 @@ static moeq_err read_header(moeq_ep *ep, int r, char *errstr, size_t n) {
         return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
                                          "ep: rank %d sent a %zu-byte dispatch message, shorter than its %d-byte header",
                                          r, got, HDR);
-    int64_t hdr[2];
+    int64_t hdr[3];
     memcpy(hdr, source_msg(ep, r), HDR);
-    int64_t slots = hdr[0], toks = hdr[1];
-    if (slots < 0 || slots > ep->max_slots || toks < (slots > 0) || toks > slots || toks > ep->params.max_tokens)
+    int64_t slots = hdr[0], toks = hdr[1], apart = hdr[2];
+    int may_apart = r != ep->params.rank && self_direct(ep) && ep->ops->exchange_any;
+    if (slots < 0 || slots > ep->max_slots || toks < (slots > 0) || (!apart && toks > slots) ||
+        toks > ep->params.max_tokens || apart < 0 || apart > may_apart)
         return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
-                                         "ep: rank %d announced %lld slots of %lld tokens (max %lld, %d)", r,
-                                         (long long)slots, (long long)toks, (long long)ep->max_slots,
-                                         ep->params.max_tokens);
-    size_t rows = r == ep->params.rank && self_direct(ep) ? 0 : (size_t)toks * ep->row_bytes;
+                                         "ep: rank %d announced %lld slots of %lld token rows, apart %lld (max %lld, %d)",
+                                         r, (long long)slots, (long long)toks, (long long)apart,
+                                         (long long)ep->max_slots, ep->params.max_tokens);
+    size_t rows = (r == ep->params.rank && self_direct(ep)) || apart ? 0 : (size_t)toks * ep->row_bytes;
     if (got != HDR + (size_t)slots * 8 + rows)
         return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n,
                                          "ep: rank %d sent %zu bytes for %lld slots and %lld token rows (%zu expected)",
                                          r, got, (long long)slots, (long long)toks, HDR + (size_t)slots * 8 + rows);
-    ep->recv_count[r] = slots, ep->recv_tok[r] = toks;
+    ep->recv_count[r] = slots, ep->recv_tok[r] = toks, ep->recv_apart[r] = apart;
     return MOEQ_OK;
 }
 
-/* Check one source's metadata (local index, slot range, ascending slots, token rows) and count per expert. */
+/*
+ * Check one source's metadata (local index, slot range, ascending slots; token
+ * rows: distinct tokens inline, the span from first to last token apart) and
+ * count per expert.
+ */
 static moeq_err check_source(moeq_ep *ep, int r, char *errstr, size_t n) {
     const unsigned char *base = source_msg(ep, r) + HDR;
-    int64_t toks = 0, prev_slot = -1, K = ep->params.top_k;
+    int64_t toks = 0, prev_slot = -1, first_slot = -1, K = ep->params.top_k;
     for (int64_t j = 0; j < ep->recv_count[r]; j++) {
         int32_t meta[2];
         memcpy(meta, base + (size_t)j * 8, 8);
@@ -505,13 +554,45 @@ static moeq_err check_source(moeq_ep *ep, int r, char *errstr, size_t n) {
                                              "ep: rank %d sent local expert %d slot %d (this rank has %d)", r,
                                              meta[0], meta[1], ep->n_local);
         toks += prev_slot < 0 || meta[1] / K != prev_slot / K;
+        if (prev_slot < 0) first_slot = meta[1];
         prev_slot = meta[1];
         ep->expert_offset[meta[0] + 1]++;
     }
+    if (ep->recv_apart[r]) toks = prev_slot < 0 ? 0 : prev_slot / K - first_slot / K + 1;
     if (toks != ep->recv_tok[r])
         return ep->failed = 1, moeq_errf(MOEQ_ERR_FORMAT, errstr, n, "ep: rank %d sent %lld token rows for %lld",
                                          r, (long long)ep->recv_tok[r], (long long)toks);
     return MOEQ_OK;
+}
+
+/* Every source's header and entries, before any row is awaited or read; counts per local expert. */
+static moeq_err check_sources(moeq_ep *ep, char *errstr, size_t n) {
+    moeq_err err = MOEQ_OK;
+    for (int l = 0; l <= ep->n_local; l++) ep->expert_offset[l] = 0;
+    for (int r = 0; r < ep->params.n_ranks && !err; r++)
+        if (!(err = read_header(ep, r, errstr, n))) err = check_source(ep, r, errstr, n);
+    return err;
+}
+
+/*
+ * The second exchange: each span of x a sender put apart, exactly as many
+ * bytes as its verified header announced (a longer or shorter one fails with
+ * FORMAT naming it), landing right after its entries, where inline rows would
+ * be. Every rank takes part whether or not anyone put rows apart (all lengths
+ * 0: nothing moves); without exchange_any nothing is ever apart and it is not
+ * run at all.
+ */
+static moeq_err move_apart(moeq_ep *ep, const float *x, char *errstr, size_t n) {
+    if (!ep->ops->exchange_any) return MOEQ_OK;
+    for (int r = 0; r < ep->params.n_ranks; r++) {
+        size_t out = (size_t)ep->send_apart[r] * ep->row_bytes;
+        if (out && ep->rows_short && ep->send_apart[r] > 1) out -= ep->row_bytes;
+        ep->msg_send[r] = out ? x + (size_t)ep->first_tok[r] * ep->params.hidden : NULL, ep->len_send[r] = out;
+        ep->msg_recv[r] = ep->recvbuf + (size_t)r * ep->cap + HDR + (size_t)ep->recv_count[r] * 8;
+        ep->len_recv[r] = ep->recv_apart[r] ? (size_t)ep->recv_tok[r] * ep->row_bytes : 0;
+    }
+    ep->rows_short = 0;
+    return exchange(ep, errstr, n);
 }
 
 /*
@@ -520,14 +601,9 @@ static moeq_err check_source(moeq_ep *ep, int r, char *errstr, size_t n) {
  * the receive buffer (f32), in the caller's x (f32 rows to self), or decoded
  * once per token row (bf16, fp8). No row is copied per slot here.
  */
-static moeq_err group_rows(moeq_ep *ep, const float *x, char *errstr, size_t n) {
+static void group_rows(moeq_ep *ep, const float *x) {
     int R = ep->params.n_ranks, L = ep->n_local, me = ep->params.rank;
     int64_t *off = ep->expert_offset, *pos = ep->cursor, K = ep->params.top_k, H = ep->params.hidden;
-    moeq_err err = MOEQ_OK;
-    for (int l = 0; l <= L; l++) off[l] = 0;
-    for (int r = 0; r < R && !err; r++)
-        if (!(err = read_header(ep, r, errstr, n))) err = check_source(ep, r, errstr, n);
-    if (err) return err;
     prefix(ep->recv_count, ep->recv_first, R);
     ep->n_recv = ep->recv_first[R - 1] + ep->recv_count[R - 1];
     for (int l = 0; l < L; l++) off[l + 1] += off[l];
@@ -536,13 +612,15 @@ static moeq_err group_rows(moeq_ep *ep, const float *x, char *errstr, size_t n) 
     for (int r = 0; r < R; r++) {
         const unsigned char *base = source_msg(ep, r) + HDR, *rows = base + (size_t)ep->recv_count[r] * 8;
         int direct = r == me && self_direct(ep);
-        int64_t row = -1, prev_t = -1;
+        int64_t row = -1, prev_t = -1, first_t = -1;
         const float *cur = NULL;
         for (int64_t j = 0; j < ep->recv_count[r]; j++, a++) {
             int32_t meta[2];
             memcpy(meta, base + (size_t)j * 8, 8);
             if (meta[1] / K != prev_t) {
-                row++, prev_t = meta[1] / K;
+                prev_t = meta[1] / K;
+                if (first_t < 0) first_t = prev_t;
+                row = ep->recv_apart[r] ? prev_t - first_t : row + 1; /* a span apart holds the gap rows too */
                 const unsigned char *wire = rows + (size_t)row * ep->row_bytes;
                 if (direct) cur = x + (size_t)prev_t * H;
                 else if (self_direct(ep)) cur = (const float *)(const void *)wire;
@@ -552,7 +630,6 @@ static moeq_err group_rows(moeq_ep *ep, const float *x, char *errstr, size_t n) 
             ep->grouped_of[a] = p, ep->src_rank[p] = r, ep->src_slot[p] = meta[1], ep->row[p] = cur;
         }
     }
-    return MOEQ_OK;
 }
 
 static moeq_err dispatch_core(moeq_ep *ep, int64_t T, const int32_t *topk_ids, const float *x, moeq_ep_recv *recv,
@@ -568,7 +645,10 @@ static moeq_err dispatch_core(moeq_ep *ep, int64_t T, const int32_t *topk_ids, c
     prefix(ep->send_count, ep->send_first, ep->params.n_ranks);
     pack_dispatch(ep, x);
     if (ep->mangle) apply_mangle(ep);
-    if ((err = move_dispatch(ep, errstr, n)) || (err = group_rows(ep, x, errstr, n))) return err;
+    if ((err = move_dispatch(ep, errstr, n)) || (err = check_sources(ep, errstr, n)) ||
+        (err = move_apart(ep, x, errstr, n)))
+        return err;
+    group_rows(ep, x);
     *recv = (moeq_ep_recv){ep->n_recv, NULL, ep->n_local, ep->local_expert, ep->expert_offset, ep->src_rank,
                            ep->src_slot, ep->row};
     return MOEQ_OK;

@@ -68,7 +68,14 @@ typedef enum moeq_ep_mangle {
     MOEQ_EP_MANGLE_SHORT,       /* the header announces one more token row than sent */
     MOEQ_EP_MANGLE_HUGE,        /* the header announces more slots than max_slots  */
     MOEQ_EP_MANGLE_BAD_EXPERT,  /* the first slot names a local expert out of range */
+    MOEQ_EP_MANGLE_ROWS_SHORT,  /* the rows sent apart (second exchange) are one row short */
 } moeq_ep_mangle;
 void moeq_ep_test_mangle(moeq_ep *ep, moeq_ep_mangle how);
+/*
+ * Tests only: every f32 dispatch to a peer sends its rows apart from x (a span
+ * from its first token to its last, gaps and all), whatever its size or gaps,
+ * so the second exchange runs at test sizes.
+ */
+void moeq_ep_test_apart_always(moeq_ep *ep);
 
 #endif

@@ -7,8 +7,10 @@
  * faults: a rank killed with -9, or stopped, fails the survivors' exchange
  * within ep.timeout_ms with an error naming it; a rank whose dispatch message
  * is malformed (cut short, counts that do not match its bytes, out of range)
- * fails the receivers' dispatch with MOEQ_ERR_FORMAT naming it. Skipped (77)
- * without UCX.
+ * fails the receivers' dispatch with MOEQ_ERR_FORMAT naming it. The same with
+ * f32 rows sent apart from x in the second exchange (forced at these small
+ * sizes): the same bits, and rows one short fail the receivers naming the
+ * sender. Skipped (77) without UCX.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,6 +47,7 @@ typedef struct group_cfg {
     int late_ms;       /* rank 0 starts round 1 this much later (0: on time) */
     int odd_rank;      /* > 0: this rank alone uses a permuted placement (a misconfigured group) */
     moeq_ep_mangle mangle; /* rank 1 malforms its round-1 dispatch messages this way */
+    int apart;             /* 1: every f32 span to a peer goes apart from x (moeq_ep_test_apart_always) */
 } group_cfg;
 
 static moeq_err make_placement(const group_cfg *g, int rank, moeq_ep_placement **pl, char *err, size_t n) {
@@ -111,6 +114,7 @@ static int run_rank(const group_cfg *g, int rank) {
     moeq_ep *ep = NULL;
     moeq_ep_rendezvous rv = moeq_ep_rendezvous_dir(g->dir);
     int rc = make_placement(g, rank, &pl, err, sizeof err) || moeq_ep_new(&p, pl, &rv, &ep, err, sizeof err) ? 3 : 0;
+    if (!rc && g->apart) moeq_ep_test_apart_always(ep);
     int64_t t0 = 0;
     for (int round = 0; round < ROUNDS && !rc; round++) {
         if (round == 1 && rank == g->victim) raise(g->victim_signal);
@@ -191,13 +195,16 @@ static void run_group(group_cfg g) {
     assert_false(failed);
 }
 
-static void every_group(const char *tls, const char *payload) {
+static void every_group_apart(const char *tls, const char *payload, int apart) {
     for (int n = 1; n <= 4; n++)
         for (int pl = IDENTITY; pl <= REPLICATED; pl++) {
             if (n == 1 && pl != IDENTITY) continue;
-            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
+            run_group((group_cfg){tls, n, (placement_kind)pl, payload, -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE,
+                                  apart});
         }
 }
+
+static void every_group(const char *tls, const char *payload) { every_group_apart(tls, payload, 0); }
 
 static void ucx_over_tcp_gives_the_local_transports_bits_on_one_to_four_ranks(void **state) {
     (void)state;
@@ -209,45 +216,59 @@ static void ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_fou
     every_group("posix,sysv", "f32");
 }
 
+/* A span of x from a rank's first token to its last (gap rows too) in the second exchange: the same bits. */
+static void rows_sent_apart_from_x_give_the_local_transports_bits_over_tcp_and_shared_memory(void **state) {
+    (void)state;
+    every_group_apart("tcp", "f32", 1);
+    every_group_apart("posix,sysv", "f32", 1);
+}
+
 static void bf16_and_fp8_payloads_over_ucx_give_the_local_transports_bits(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
-    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
-    run_group((group_cfg){"tcp", 4, REPLICATED, "fp8", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
+    run_group((group_cfg){"tcp", 3, REPLICATED, "bf16", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE, 0});
+    run_group((group_cfg){"posix,sysv", 2, PERMUTED, "bf16", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE, 0});
+    run_group((group_cfg){"tcp", 4, REPLICATED, "fp8", -1, 0, 20000, "", 0, 0, MOEQ_EP_MANGLE_NONE, 0});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 0, 0, MOEQ_EP_MANGLE_NONE, 0});
 }
 
 /* Rank 1 sees rank 2 die and leaves before rank 0 even starts the round: rank 0 must still blame rank 2. */
 static void a_survivor_that_comes_late_still_names_the_rank_that_died(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 500, 0, MOEQ_EP_MANGLE_NONE});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", 2, SIGKILL, 2000, "", 500, 0, MOEQ_EP_MANGLE_NONE, 0});
 }
 
 static void a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_shared_memory(void **state) {
     (void)state;
-    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, "", 0, 0, MOEQ_EP_MANGLE_NONE});
+    run_group((group_cfg){"posix,sysv", 3, IDENTITY, "f32", 1, SIGKILL, 2000, "", 0, 0, MOEQ_EP_MANGLE_NONE, 0});
 }
 
 static void ranks_that_disagree_on_the_placement_refuse_to_form_a_group(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 20000, "", 0, 2, MOEQ_EP_MANGLE_NONE});
+    run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 20000, "", 0, 2, MOEQ_EP_MANGLE_NONE, 0});
 }
 
 static void a_rank_that_stops_answering_fails_the_exchange_within_the_timeout(void **state) {
     (void)state;
-    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, "", 0, 0, MOEQ_EP_MANGLE_NONE});
+    run_group((group_cfg){"tcp", 2, IDENTITY, "f32", 1, SIGSTOP, 1500, "", 0, 0, MOEQ_EP_MANGLE_NONE, 0});
 }
 
-/* Cut short, counts that do not match the bytes, counts out of range, an expert this rank does not hold. */
+/*
+ * Cut short, counts that do not match the bytes, counts out of range, an
+ * expert this rank does not hold; then each again with the rows apart from x,
+ * and rows apart one row short of what the header announced.
+ */
 static void a_malformed_dispatch_message_fails_the_receivers_naming_the_sender(void **state) {
     (void)state;
     for (int how = MOEQ_EP_MANGLE_TRUNCATED; how <= MOEQ_EP_MANGLE_BAD_EXPERT; how++)
-        run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 3000, "", 0, 0, (moeq_ep_mangle)how});
-    run_group((group_cfg){"posix,sysv", 2, IDENTITY, "bf16", -1, 0, 3000, "", 0, 0, MOEQ_EP_MANGLE_SHORT});
+        run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 3000, "", 0, 0, (moeq_ep_mangle)how, 0});
+    run_group((group_cfg){"posix,sysv", 2, IDENTITY, "bf16", -1, 0, 3000, "", 0, 0, MOEQ_EP_MANGLE_SHORT, 0});
+    for (int how = MOEQ_EP_MANGLE_TRUNCATED; how <= MOEQ_EP_MANGLE_ROWS_SHORT; how++)
+        run_group((group_cfg){"tcp", 3, IDENTITY, "f32", -1, 0, 3000, "", 0, 0, (moeq_ep_mangle)how, 1});
+    run_group((group_cfg){"posix,sysv", 2, IDENTITY, "f32", -1, 0, 3000, "", 0, 0, MOEQ_EP_MANGLE_ROWS_SHORT, 1});
 }
 
 int main(void) {
@@ -263,6 +284,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ucx_over_tcp_gives_the_local_transports_bits_on_one_to_four_ranks),
         cmocka_unit_test(ucx_over_shared_memory_gives_the_local_transports_bits_on_one_to_four_ranks),
+        cmocka_unit_test(rows_sent_apart_from_x_give_the_local_transports_bits_over_tcp_and_shared_memory),
         cmocka_unit_test(bf16_and_fp8_payloads_over_ucx_give_the_local_transports_bits),
         cmocka_unit_test(a_rank_killed_with_sigkill_fails_the_exchange_naming_it_over_tcp),
         cmocka_unit_test(a_survivor_that_comes_late_still_names_the_rank_that_died),
