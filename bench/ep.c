@@ -36,9 +36,10 @@ typedef struct bench_cfg {
 } bench_cfg;
 
 typedef struct bench_out {
-    double dispatch_us[N_LAT], combine_us[N_LAT], rows_us[N_LAT];
+    double dispatch_us[N_LAT], combine_us[N_LAT], rows_us[N_LAT], combine_rows_us[N_LAT];
     double bw_dispatch_s, bw_combine_s; /* seconds per exchange at bw_tokens */
     double bw_rows_s;                   /* moeq_ep_dispatch_rows at bw_tokens: no per-slot copy */
+    double bw_combine_rows_s;           /* moeq_ep_combine_rows at bw_tokens: no copy out (what the engine runs) */
     int64_t bw_remote_rows;             /* token rows this rank sent to the other rank per dispatch */
     int64_t bw_remote_slots;            /* slots among them (one metadata entry, one combine row each) */
     int64_t bw_msg_bytes;               /* bytes of the dispatch message to the peer (rows + meta) */
@@ -85,10 +86,11 @@ static double median(double *v, int n) {
  * each, after a few warm-up rounds. The "expert" is the identity.
  */
 static moeq_err time_rounds(moeq_ep *ep, int64_t T, int H, int iters, const int32_t *ids, const float *x, float *y,
-                            float *out, double *d_s, double *c_s, double *r_s, char *err, size_t n) {
+                            float *out, double *d_s, double *c_s, double *r_s, double *cr_s, char *err, size_t n) {
     double *d = malloc((size_t)iters * sizeof(double)), *c = malloc((size_t)iters * sizeof(double));
-    double *rw = malloc((size_t)iters * sizeof(double));
-    moeq_err e = d && c && rw ? MOEQ_OK : MOEQ_ERR_NOMEM;
+    double *rw = malloc((size_t)iters * sizeof(double)), *cr = malloc((size_t)iters * sizeof(double));
+    const float **rows = malloc((size_t)(T > 0 ? T : 1) * TOP_K * sizeof(*rows));
+    moeq_err e = d && c && rw && cr && rows ? MOEQ_OK : MOEQ_ERR_NOMEM;
     for (int i = -3; i < iters && !e; i++) {
         moeq_ep_recv r;
         int64_t t0 = moeq_mono_ns();
@@ -101,11 +103,14 @@ static moeq_err time_rounds(moeq_ep *ep, int64_t T, int H, int iters, const int3
         if ((e = moeq_ep_dispatch_rows(ep, T, ids, x, &r, err, n))) break;
         int64_t t4 = moeq_mono_ns();
         for (int64_t p = 0; p < r.n_rows; p++) memcpy(y + p * H, r.row[p], (size_t)H * sizeof(float));
-        if ((e = moeq_ep_combine(ep, y, out, err, n))) break;
+        int64_t t5 = moeq_mono_ns();
+        if ((e = moeq_ep_combine_rows(ep, y, rows, err, n))) break;
+        int64_t t6 = moeq_mono_ns();
         if (i >= 0) d[i] = (double)(t1 - t0) / 1e9, c[i] = (double)(t3 - t2) / 1e9, rw[i] = (double)(t4 - t3) / 1e9;
+        if (i >= 0) cr[i] = (double)(t6 - t5) / 1e9;
     }
-    if (!e) *d_s = median(d, iters), *c_s = median(c, iters), *r_s = median(rw, iters);
-    free(d), free(c), free(rw);
+    if (!e) *d_s = median(d, iters), *c_s = median(c, iters), *r_s = median(rw, iters), *cr_s = median(cr, iters);
+    free(d), free(c), free(rw), free(cr), free((void *)rows);
     return e;
 }
 
@@ -178,8 +183,8 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
     for (int i = 0; i < N_LAT && !e; i++) {
         inputs(77 + (uint64_t)rank, lat_tokens[i], H, ids, x);
         e = time_rounds(ep, lat_tokens[i], H, g->quick ? 20 : 200, ids, x, y, out, &o->dispatch_us[i],
-                        &o->combine_us[i], &o->rows_us[i], o->err, sizeof o->err);
-        o->dispatch_us[i] *= 1e6, o->combine_us[i] *= 1e6, o->rows_us[i] *= 1e6;
+                        &o->combine_us[i], &o->rows_us[i], &o->combine_rows_us[i], o->err, sizeof o->err);
+        o->dispatch_us[i] *= 1e6, o->combine_us[i] *= 1e6, o->rows_us[i] *= 1e6, o->combine_rows_us[i] *= 1e6;
     }
     if (!e) e = moeq_ep_barrier(ep, o->err, sizeof o->err);
     moeq_ep_destroy(ep), ep = NULL;
@@ -187,7 +192,7 @@ static moeq_err run_rank(const bench_cfg *g, int rank, bench_out *o) {
     if (!e) {
         inputs(99 + (uint64_t)rank, g->bw_tokens, H, ids, x);
         e = time_rounds(ep, g->bw_tokens, H, g->quick ? 5 : 20, ids, x, y, out, &o->bw_dispatch_s, &o->bw_combine_s,
-                        &o->bw_rows_s, o->err, sizeof o->err);
+                        &o->bw_rows_s, &o->bw_combine_rows_s, o->err, sizeof o->err);
         if (!e) e = moeq_ep_barrier(ep, o->err, sizeof o->err);
     }
     bw_traffic(g, rank, o);
@@ -300,6 +305,10 @@ static void print_two_flows(const bench_out *o, const perf_pair *pp) {
     if (top > 0 && o->bw_dispatch_s > 0 && o->bw_rows_s > 0)
         printf(",\"tag_bw_two_flows_best_mb_s\":%.1f,\"dispatch_bw_fraction_two_flows\":%.3f,"
                "\"dispatch_rows_bw_fraction_two_flows\":%.3f", top, mb / o->bw_dispatch_s / top, mb / o->bw_rows_s / top);
+    double cmb = (double)o->bw_combine_bytes / 1e6;
+    if (top > 0 && o->bw_combine_s > 0 && o->bw_combine_rows_s > 0)
+        printf(",\"combine_bw_fraction_two_flows\":%.3f,\"combine_rows_bw_fraction_two_flows\":%.3f",
+               cmb / o->bw_combine_s / top, cmb / o->bw_combine_rows_s / top);
 }
 
 static void print_perftest(const bench_out *o, const perf_pair *pp) {
@@ -325,7 +334,9 @@ static void print_perftest(const bench_out *o, const perf_pair *pp) {
 static void print_method(void) {
     printf("\"method\":{\"latency\":\"median over rounds of one rank-0 call, 2 ranks (forked) in lockstep; "
            "dispatch = moeq_ep_dispatch (exchange + per-slot copy into expert groups), dispatch_rows = "
-           "moeq_ep_dispatch_rows (the exchange, rows left where they arrived)\","
+           "moeq_ep_dispatch_rows (the exchange, rows left where they arrived); combine = moeq_ep_combine (exchange + "
+           "each slot's row copied out), combine_rows = moeq_ep_combine_rows (the exchange, rows left where they "
+           "arrived: what the engine runs on the CPU)\","
            "\"bandwidth\":\"msg_bytes (rank 0's dispatch message to its peer: 24-byte header, 8 bytes a slot, one row "
            "a distinct token; f32 rows sent apart from x as a span also carry the span's few gap rows, not counted) / "
            "median seconds of one call at tokens_per_rank\","
@@ -349,15 +360,17 @@ static void print_run(const bench_cfg *g, const bench_out *o, const perf_pair *p
     if (g->tls[0]) printf(",\"tls\":\"%s\"", g->tls);
     printf(",\"ranks\":%d,\"latency\":[", g->n_ranks);
     for (int i = 0; i < N_LAT; i++)
-        printf("%s{\"tokens_per_rank\":%d,\"dispatch_us\":%.1f,\"dispatch_rows_us\":%.1f,\"combine_us\":%.1f}",
-               i ? "," : "", lat_tokens[i], o->dispatch_us[i], o->rows_us[i], o->combine_us[i]);
+        printf("%s{\"tokens_per_rank\":%d,\"dispatch_us\":%.1f,\"dispatch_rows_us\":%.1f,\"combine_us\":%.1f,"
+               "\"combine_rows_us\":%.1f}", i ? "," : "", lat_tokens[i], o->dispatch_us[i], o->rows_us[i],
+               o->combine_us[i], o->combine_rows_us[i]);
     double mb = (double)o->bw_msg_bytes / 1e6, cmb = (double)o->bw_combine_bytes / 1e6;
     printf("],\"bandwidth\":{\"tokens_per_rank\":%d,\"dispatch_bytes_to_peer\":%lld,\"combine_bytes_to_peer\":%lld,"
            "\"dispatch_ms\":%.2f,\"dispatch_rows_ms\":%.2f,\"combine_ms\":%.2f,\"dispatch_mb_s\":%.1f,"
-           "\"dispatch_rows_mb_s\":%.1f,\"combine_mb_s\":%.1f}",
+           "\"dispatch_rows_mb_s\":%.1f,\"combine_mb_s\":%.1f,\"combine_rows_ms\":%.2f,\"combine_rows_mb_s\":%.1f}",
            g->bw_tokens, (long long)o->bw_msg_bytes, (long long)o->bw_combine_bytes, o->bw_dispatch_s * 1e3,
            o->bw_rows_s * 1e3, o->bw_combine_s * 1e3, o->bw_dispatch_s > 0 ? mb / o->bw_dispatch_s : 0.0,
-           o->bw_rows_s > 0 ? mb / o->bw_rows_s : 0.0, o->bw_combine_s > 0 ? cmb / o->bw_combine_s : 0.0);
+           o->bw_rows_s > 0 ? mb / o->bw_rows_s : 0.0, o->bw_combine_s > 0 ? cmb / o->bw_combine_s : 0.0,
+           o->bw_combine_rows_s * 1e3, o->bw_combine_rows_s > 0 ? cmb / o->bw_combine_rows_s : 0.0);
     if (pp) print_perftest(o, pp);
     printf("}");
 }

@@ -184,6 +184,9 @@ typedef struct moeq_combine_params {
     const float *weights;
     const float *shared;
     int64_t n_tok, top_k, dim;
+    /* host backends (host_visible) only, NULL otherwise: slot s's row is slot_ptr[s] (rows, slot_row unused) —
+     * an expert-parallel group's combine rows where the transport left them */
+    const float *const *slot_ptr;
 } moeq_combine_params;
 
 typedef struct moeq_backend moeq_backend;

@@ -64,6 +64,7 @@ struct moeq_moe_layer {
     int *group_expert;               /* (n_groups) global expert of each group   */
     int64_t *order;                  /* (max_slots) slots grouped                */
     int64_t max_slots;
+    const float **slot_ptr;      /* (max_slots) combine rows through the handle, where the transport left them */
     /* routed slots per (layer, expert) since creation: main layers, then MTP layers (layer_number) */
     uint64_t *slots;
     int n_count_layers;
@@ -107,7 +108,9 @@ moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, 
     m->max_slots = (int64_t)p.max_tokens * p.top_k;
     m->n_count_layers = c->num_hidden_layers + e->model->n_mtp_layers;
     m->slots = calloc((size_t)m->n_count_layers * (size_t)c->n_routed_experts, sizeof(uint64_t));
-    if (!m->slots) {
+    m->slot_ptr = malloc((size_t)m->max_slots * sizeof(*m->slot_ptr));
+    if (!m->slots || !m->slot_ptr) {
+        free(m->slots), free((void *)m->slot_ptr);
         free(m);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "moe layer: expert counts");
     }
@@ -138,6 +141,7 @@ void moeq_moe_layer_destroy(moeq_moe_layer *m, moeq_backend *b) {
     if (b) b->release(b, m->gg), b->release(b, m->gu), b->release(b, m->gdown);
     free_sim(m);
     free(m->slots);
+    free((void *)m->slot_ptr);
     free(m);
 }
 
@@ -320,14 +324,18 @@ void moeq_moe_layer_run(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
     run_experts(e, L, &rows, T);
     const float *shared = L->shared.gate_proj ? rows.down + rows.n_rows * D : NULL;
     if (local) { /* rows stay where the experts wrote them; the gather's slot map finds them */
-        moeq_combine_params cp = {s->tmp, s->down, s->slot_row, s->rw, shared, T, K, D};
+        moeq_combine_params cp = {s->tmp, s->down, s->slot_row, s->rw, shared, T, K, D, NULL};
         e->backend->combine(e->backend, &cp);
         return;
     }
-    moeq_err err = m->failed ? m->failed : moeq_ep_combine(m->ep, rows.down, s->xg, m->why, sizeof(m->why));
-    if (err && !m->failed) m->failed = err; /* per-slot rows, (T, K, D) */
-    if (T == 0) return;
-    moeq_combine_params cp = {s->tmp, s->xg, NULL, s->rw, shared, T, K, D};
+    /* per-slot rows: on a host backend read where the transport left them, else copied out to (T, K, D) */
+    int by_ptr = e->backend->host_visible;
+    moeq_err err = m->failed       ? m->failed
+                   : by_ptr        ? moeq_ep_combine_rows(m->ep, rows.down, m->slot_ptr, m->why, sizeof(m->why))
+                                   : moeq_ep_combine(m->ep, rows.down, s->xg, m->why, sizeof(m->why));
+    if (err && !m->failed) m->failed = err;
+    if (T == 0 || err) return; /* a failed exchange: the step's results are void */
+    moeq_combine_params cp = {s->tmp, s->xg, NULL, s->rw, shared, T, K, D, by_ptr ? m->slot_ptr : NULL};
     e->backend->combine(e->backend, &cp);
 }
 

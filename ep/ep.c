@@ -79,6 +79,7 @@ struct moeq_ep {
     float *x;                        /* (n_ranks * max_slots, hidden) grouped rows   */
     const float **row;               /* (n_ranks * max_slots) each grouped slot's row */
     float *dec;                      /* (n_ranks * max_tokens, hidden) decoded rows (bf16, fp8) */
+    float *zero;                     /* (hidden) zeros: a masked slot's combine row  */
     int32_t *src_rank, *src_slot;    /* (n_ranks * max_slots)                        */
     int64_t *grouped_of;             /* arrival index → grouped position             */
     int64_t *expert_offset;          /* (n_local + 1)                                */
@@ -232,7 +233,7 @@ static moeq_err alloc_buffers(moeq_ep *ep) {
     ep->send_tok = calloc(R, 8), ep->recv_tok = calloc(R, 8), ep->send_byte = calloc(R, 8), ep->recv_byte = calloc(R, 8);
     ep->cur_slot = calloc(R, 8), ep->cur_tok = calloc(R, 8), ep->last_tok = calloc(R, 8);
     ep->first_tok = calloc(R, 8), ep->send_apart = calloc(R, 8), ep->recv_apart = calloc(R, 8);
-    ep->x = malloc(RS * H * sizeof(float)), ep->row = malloc(RS * sizeof(float *));
+    ep->x = malloc(RS * H * sizeof(float)), ep->row = malloc(RS * sizeof(float *)), ep->zero = calloc(H, sizeof(float));
     if (ep->bf16 || ep->fp8) ep->dec = malloc((size_t)R * (size_t)ep->params.max_tokens * H * sizeof(float));
     ep->src_rank = malloc(RS * 4), ep->src_slot = malloc(RS * 4), ep->grouped_of = malloc(RS * 8);
     ep->expert_offset = calloc((size_t)ep->n_local + 1, 8), ep->cursor = calloc((size_t)ep->n_local + 1, 8);
@@ -245,7 +246,7 @@ static moeq_err alloc_buffers(moeq_ep *ep) {
     ep->cnt_out = calloc(2 * (size_t)R, 8), ep->cnt_in = calloc(2 * (size_t)R, 8);
     if (!ep->dest_rank || !ep->dest_local || !ep->send_slot || !ep->send_count || !ep->recv_count ||
         !ep->send_first || !ep->recv_first || !ep->send_tok || !ep->recv_tok || !ep->send_byte || !ep->recv_byte ||
-        !ep->cur_slot || !ep->cur_tok || !ep->last_tok || !ep->first_tok || !ep->send_apart || !ep->recv_apart || !ep->x || !ep->row || ((ep->bf16 || ep->fp8) && !ep->dec) ||
+        !ep->cur_slot || !ep->cur_tok || !ep->last_tok || !ep->first_tok || !ep->send_apart || !ep->recv_apart || !ep->x || !ep->row || !ep->zero || ((ep->bf16 || ep->fp8) && !ep->dec) ||
         !ep->src_rank || !ep->src_slot || !ep->grouped_of || !ep->expert_offset || !ep->cursor || !ep->local_expert ||
         !ep->sendbuf || !ep->recvbuf || !ep->msg_send || !ep->msg_recv || !ep->len_send || !ep->len_recv ||
         !ep->len_got || !ep->cnt_out || !ep->cnt_in)
@@ -310,7 +311,7 @@ void moeq_ep_destroy(moeq_ep *ep) {
                     ep->cursor, ep->local_expert, ep->sendbuf, ep->recvbuf, (void *)ep->msg_send, ep->msg_recv, ep->len_send,
                     ep->len_recv, ep->cnt_out, ep->cnt_in, ep->send_tok, ep->recv_tok, ep->send_byte,
                     ep->recv_byte, ep->cur_slot, ep->cur_tok, ep->last_tok, (void *)ep->row, ep->dec, ep->len_got,
-                    ep->first_tok, ep->send_apart, ep->recv_apart};
+                    ep->first_tok, ep->send_apart, ep->recv_apart, ep->zero};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(ep);
 }
@@ -685,8 +686,13 @@ static void set_views(moeq_ep *ep, unsigned char *out, const int64_t *out_first,
  * one's slot. Rows to self skip the transport: in f32 they are copied from y
  * to out directly, otherwise through the codec (the bits the wire would give).
  */
-moeq_err moeq_ep_combine(moeq_ep *ep, const float *y, float *out, char *errstr, size_t n) {
-    if ((ep->n_recv > 0 && !y) || (ep->T > 0 && !out))
+/*
+ * The exchange of combine: every grouped row back to its source, in the order it came. rows[s] then points
+ * at slot s's expert output: in the receive region (f32 from a peer), in y (f32 from this rank's experts),
+ * decoded into x (bf16, fp8: the bits the wire gives, for self rows too), or at zeros (a masked slot).
+ */
+moeq_err moeq_ep_combine_rows(moeq_ep *ep, const float *y, const float **rows, char *errstr, size_t n) {
+    if ((ep->n_recv > 0 && !y) || (ep->T > 0 && !rows))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: combine without rows");
     size_t H = (size_t)ep->params.hidden;
     int me = ep->params.rank, direct = self_direct(ep);
@@ -702,13 +708,26 @@ moeq_err moeq_ep_combine(moeq_ep *ep, const float *y, float *out, char *errstr, 
     int64_t S = ep->T * ep->params.top_k, sent = 0;
     for (int r = 0; r < ep->params.n_ranks; r++) sent += ep->send_count[r];
     for (int64_t s = 0; s < S; s++)
-        if (ep->dest_rank[s] < 0) memset(out + (size_t)s * H, 0, H * sizeof(float));
+        if (ep->dest_rank[s] < 0) rows[s] = ep->zero;
     for (int64_t j = 0; j < sent; j++) {
-        float *dst = out + (size_t)ep->send_slot[j] * H;
-        int64_t a = self_a + (j - self_j);
-        if (j < self_j || j >= self_j + self_n) row_get(ep, dst, ep->sendbuf + (size_t)j * ep->row_bytes);
-        else if (direct) memcpy(dst, y + (size_t)ep->grouped_of[a] * H, H * sizeof(float));
-        else row_get(ep, dst, ep->recvbuf + (size_t)a * ep->row_bytes);
+        int64_t slot = ep->send_slot[j], a = self_a + (j - self_j);
+        int remote = j < self_j || j >= self_j + self_n;
+        const unsigned char *wire = remote ? ep->sendbuf + (size_t)j * ep->row_bytes
+                                           : ep->recvbuf + (size_t)a * ep->row_bytes;
+        if (direct) rows[slot] = remote ? (const float *)(const void *)wire : y + (size_t)ep->grouped_of[a] * H;
+        else row_get(ep, ep->x + (size_t)slot * H, wire), rows[slot] = ep->x + (size_t)slot * H;
     }
+    return MOEQ_OK;
+}
+
+/* The same exchange, each slot's row copied out (one copy more than combine_rows). */
+moeq_err moeq_ep_combine(moeq_ep *ep, const float *y, float *out, char *errstr, size_t n) {
+    if (ep->T > 0 && !out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep: combine without rows");
+    const float **rows = ep->row; /* (n_ranks * max_slots) >= T * top_k: free once the experts ran */
+    moeq_err err = moeq_ep_combine_rows(ep, y, rows, errstr, n);
+    if (err) return err;
+    size_t H = (size_t)ep->params.hidden;
+    for (int64_t s = 0; s < ep->T * ep->params.top_k; s++)
+        if (rows[s] != out + (size_t)s * H) memcpy(out + (size_t)s * H, rows[s], H * sizeof(float));
     return MOEQ_OK;
 }

@@ -343,7 +343,7 @@ static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
         p.cpu->gather(p.cpu, &gc), p.gpu->gather(p.gpu, &gg);
         float *sh = rand_host((size_t)(T * D), 1.0f), *dsh = dev(&p, sh, (size_t)(T * D) * 4);
         float *out = malloc((size_t)(T * D) * 4), *dout = dev(&p, NULL, (size_t)(T * D) * 4);
-        moeq_combine_params cc = {out, xg, sr, wc, sh, T, K, D}, cg = {dout, dxg, dsr, dw, dsh, T, K, D};
+        moeq_combine_params cc = {out, xg, sr, wc, sh, T, K, D, NULL}, cg = {dout, dxg, dsr, dw, dsh, T, K, D, NULL};
         p.gpu->upload(p.gpu, dw, wc, (size_t)S * 4); /* the CPU's weights: the combine alone is compared */
         p.cpu->combine(p.cpu, &cc), p.gpu->combine(p.gpu, &cg);
         check_status(&p, "gather, combine");

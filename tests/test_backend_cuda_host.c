@@ -321,7 +321,7 @@ static void gather_and_combine_grids_give_the_cpu_backends_bits(void **state) {
                 for (int with_shared = 0; with_shared < 2; with_shared++)
                     for (int via_map = 0; via_map < 2; via_map++) {
                         moeq_combine_params cp = {out_cpu, xg, via_map ? sr : NULL, w,
-                                                  with_shared ? sh : NULL, T, K, D};
+                                                  with_shared ? sh : NULL, T, K, D, NULL};
                         cpu->combine(cpu, &cp);
                         for (int64_t idx = 0; idx < T * D; idx++) /* combine_kernel's threads */
                             out[idx] = moeq_cu_combine_elem(xg, cp.slot_row, w, cp.shared, idx / D, K, D, idx % D);

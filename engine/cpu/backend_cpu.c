@@ -396,7 +396,8 @@ static void combine_rows(const void *params, int64_t t0, int64_t t1) {
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
         for (int64_t k = 0; k < K; k++) {
             float w = p->weights[t * K + k];
-            const float *y = p->rows + (p->slot_row ? p->slot_row[t * K + k] : t * K + k) * D;
+            const float *y = p->slot_ptr ? p->slot_ptr[t * K + k]
+                                         : p->rows + (p->slot_row ? p->slot_row[t * K + k] : t * K + k) * D;
             for (int64_t d = 0; d < D; d++) acc[d] += w * y[d];
         }
         if (p->shared) {

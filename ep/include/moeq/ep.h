@@ -163,6 +163,15 @@ moeq_err moeq_ep_dispatch_rows(moeq_ep *ep, int64_t T, const int32_t *topk_ids, 
  */
 moeq_err moeq_ep_combine(moeq_ep *ep, const float *y, float *out, char *errstr, size_t errstr_size);
 
+/*
+ * Combine without the copy out: rows (T * top_k) receives, for every slot,
+ * a pointer to its expert's output row (hidden floats; zeros for a masked
+ * slot): in the handle's receive buffer, in y (rows of this rank's own
+ * experts), or decoded (bf16, fp8). Valid until the next dispatch or
+ * combine, and while y is. The same values as moeq_ep_combine's out.
+ */
+moeq_err moeq_ep_combine_rows(moeq_ep *ep, const float *y, const float **rows, char *errstr, size_t errstr_size);
+
 /* An exchange of nothing: returns once every rank has reached it (or a peer failed, named). */
 moeq_err moeq_ep_barrier(moeq_ep *ep, char *errstr, size_t errstr_size);
 
