@@ -505,8 +505,12 @@ static void guard_set(guarded *g, int prot) {
 static void *g_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
     (void)kind;
     size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (bytes + page - 1) / page * page + (bytes == 0) * page;
-    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
+    /* cudaMalloc does not zero: every float of a fresh buffer is a NaN, so an op or an engine path that reads
+     * what nothing wrote shows in the logits (mmap's zero pages would hide it) */
+    memset(p, 0xff, len);
+    assert_int_equal(mprotect(p, len, PROT_NONE), 0);
     for (int i = 0; i < GUARD_MAX; i++)
         if (!G(b)->buf[i]) {
             G(b)->buf[i] = p, G(b)->len[i] = len;
