@@ -19,7 +19,9 @@
 # machine's python3 (the CUDA images carry nvidia-cublas and nvidia-nccl-cu13).
 #
 # Exit status: 0 when every test passed, every gpu test ran (not skipped) and the bench gave numbers, 1 otherwise.
-# Environment: MOEQ_GPU_BUILD (build dir, default build-gpu), MOEQ_GPU_SYSROOT (default /tmp/moeq-sysroot),
+# Environment: MOEQ_GPU_DEADLINE_S (seconds the whole script may take, default 450: every stage's timeout is
+# cut to what is left, so the summary is printed inside the device call's timeout_s of 480),
+# MOEQ_GPU_BUILD (build dir, default build-gpu), MOEQ_GPU_SYSROOT (default /tmp/moeq-sysroot),
 # MOEQ_GPU_BENCH_PRESET (the gen-model preset bench-engine runs, written into the build dir: default bench, the
 # issue's 1.4 B-parameter preset, ~3 GB, a few seconds to write), MOEQ_GPU_BENCH=0 (skip the bench),
 # CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200), MOEQ_GPU_FORCE_SYSROOT=1 (use .gpu/debs even where the
@@ -46,6 +48,11 @@ if [ "${1:-}" = --prepare ]; then
 fi
 
 t_start=$(date +%s)
+# every stage's timeout is cut to what is left of MOEQ_GPU_DEADLINE_S (default 450: the run's timeout_s of 480
+# less room for the summary), so that the JSON line is printed even when a stage is slow, before the device
+# tool kills the whole command and nothing but the log comes back
+deadline=$(( t_start + ${MOEQ_GPU_DEADLINE_S:-450} ))
+budget() { local l=$(( deadline - $(date +%s) - 10 )); [ "$l" -lt "$1" ] && echo $(( l > 1 ? l : 1 )) || echo "$1"; }
 logdir=${OUT:-"$build"}
 mkdir -p "$logdir" "$build"
 log="$logdir/gpu-check.log"
@@ -119,7 +126,7 @@ if [ -z "$error" ]; then
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   [ -f "$build/CMakeCache.txt" ] && ! grep -q "MOEQ_CUDA_CHECK_ONLY:BOOL=ON" "$build/CMakeCache.txt" && rm -rf "$build"
-  timeout 240 cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEQ_CUDA=ON \
+  timeout "$(budget 240)" cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEQ_CUDA=ON \
     -DMOEQ_CUDA_CHECK_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" ${wheels_dir:+-DMOEQ_CUDA_WHEELS_DIR="$wheels_dir"} \
     >>"$log" 2>&1 || error="cmake configure failed (see gpu-check.log)"
 fi
@@ -128,7 +135,8 @@ if [ -z "$error" ] && ! grep -q 'CUDA backend ("cuda") built' "$log"; then
   error="the CUDA backend was not configured (nvcc or cuBLAS missing: cuda_libs = $wheels; see gpu-check.log)"
 fi
 if [ -z "$error" ]; then
-  timeout 240 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1 || error="build failed (see gpu-check.log)"
+  timeout "$(budget 240)" cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1 ||
+    error="build failed or timed out (see gpu-check.log)"
 fi
 build_s=$(( $(date +%s) - t_build ))
 
@@ -136,7 +144,12 @@ build_s=$(( $(date +%s) - t_build ))
 junit="$build/gpu-check-junit.xml"
 rm -f "$junit"
 if [ -z "$error" ]; then
-  (cd "$build" && timeout 200 ctest --timeout 120 --output-on-failure --output-junit "$junit") >>"$log" 2>&1
+  # --stop-time ends a hung test (its own TIMEOUT may be longer) and still writes the junit file naming it
+  # as failed; an outer timeout that killed ctest would leave no junit and so no per-test results at all
+  t_tests=$(budget 200)
+  stop=$(date -d "+$(( t_tests > 15 ? t_tests - 10 : t_tests )) seconds" +%H:%M:%S)
+  (cd "$build" && timeout "$t_tests" ctest --timeout 120 --stop-time "$stop" --output-on-failure \
+    --output-junit "$junit") >>"$log" 2>&1
 fi
 
 # ---- bench-engine --backend cuda --------------------------------------------------------------------------------
@@ -145,7 +158,7 @@ rm -f "$bench_json"
 preset=${MOEQ_GPU_BENCH_PRESET:-bench}
 if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
   note "bench-engine --backend cuda on preset $preset"
-  timeout 150 "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda \
+  timeout "$(budget 150)" "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda \
     --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 >"$bench_json" \
     2>"$build/gpu-check-bench.err" || note "bench-engine failed or timed out (see gpu-check.log)"
   cat "$build/gpu-check-bench.err" >>"$log" 2>/dev/null

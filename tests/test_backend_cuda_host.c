@@ -114,6 +114,7 @@ static void compact_tables_address_every_entry_as_the_engines_block_tables(void 
                 int32_t *ctab = malloc((size_t)cap * sizeof(int32_t));
                 int64_t used = moeq_cu_kv_compact(c.table, c.kv.table_stride, seq, pos, T, bts[bi], row_off, ctab, cap);
                 assert_true(used > 0 && used <= cap);
+                assert_int_equal(used, moeq_cu_kv_compact_entries(seq, pos, T, bts[bi])); /* what is staged */
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t p = 0; p <= pos[t]; p++) { /* every entry the token's attention reads */
                         size_t off = moeq_cu_kv_entry_offset(ctab + row_off[t], p, bts[bi], c.kv.block_floats,
@@ -127,6 +128,18 @@ static void compact_tables_address_every_entry_as_the_engines_block_tables(void 
             }
             fake_cache_free(&c);
         }
+}
+
+/* A prefill chunk late in a long context stages one row of blocks, not one per token (2048 x ~3700 blocks). */
+static void a_long_prefill_chunk_stages_one_row_of_blocks(void **state) {
+    (void)state;
+    int64_t T = 2048, *pos = malloc((size_t)T * sizeof(int64_t));
+    int32_t *seq = malloc((size_t)T * sizeof(int32_t));
+    for (int64_t t = 0; t < T; t++) seq[t] = 3, pos[t] = 58000 + t;
+    assert_int_equal(moeq_cu_kv_compact_entries(seq, pos, T, 16), (58000 + 2048 + 15) / 16);
+    seq[T - 1] = 4, pos[T - 1] = 10; /* a decode token of another sequence after it: a second row */
+    assert_int_equal(moeq_cu_kv_compact_entries(seq, pos, T, 16), (58000 + 2047 + 15) / 16 + 1);
+    free(pos), free(seq);
 }
 
 static void split_partitions_cover_each_context_once_and_depend_only_on_its_length(void **state) {
@@ -492,8 +505,12 @@ static void guard_set(guarded *g, int prot) {
 static void *g_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
     (void)kind;
     size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (bytes + page - 1) / page * page + (bytes == 0) * page;
-    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
+    /* cudaMalloc does not zero: every float of a fresh buffer is a NaN, so an op or an engine path that reads
+     * what nothing wrote shows in the logits (mmap's zero pages would hide it) */
+    memset(p, 0xff, len);
+    assert_int_equal(mprotect(p, len, PROT_NONE), 0);
     for (int i = 0; i < GUARD_MAX; i++)
         if (!G(b)->buf[i]) {
             G(b)->buf[i] = p, G(b)->len[i] = len;
@@ -766,6 +783,7 @@ static void the_cuda_backend_refuses_what_it_cannot_run_by_name(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compact_tables_address_every_entry_as_the_engines_block_tables),
+        cmocka_unit_test(a_long_prefill_chunk_stages_one_row_of_blocks),
         cmocka_unit_test(split_partitions_cover_each_context_once_and_depend_only_on_its_length),
         cmocka_unit_test(split_kv_partials_merged_equal_the_cpu_attention),
         cmocka_unit_test(split_merge_of_random_partials_equals_the_float64_softmax),

@@ -190,11 +190,15 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
         const moeq_tensor *t = &model->tensors[i];
         f8 |= t->dtype == MOEQ_DTYPE_F8_E4M3;
         cb->wdev[i] = cb->wslab + cb->weight_bytes;
-        if (t->nbytes && !cu_ok(cb, cudaMemcpy(cb->wdev[i], t->data, t->nbytes, cudaMemcpyHostToDevice),
-                                "cudaMemcpy (weights)"))
+        // on the backend's stream: a cudaMemcpy (legacy stream) from pageable memory returns before its last DMA
+        // lands, and the non-blocking stream does not wait for the legacy one, so a first kernel could read it
+        if (t->nbytes && !cu_ok(cb, cudaMemcpyAsync(cb->wdev[i], t->data, t->nbytes, cudaMemcpyHostToDevice,
+                                                    cb->stream),
+                                "cudaMemcpyAsync (weights)"))
             break;
         cb->weight_bytes += STAGED(t->nbytes ? t->nbytes : 1);
     }
+    if (!cb->err) drain(cb, "cudaStreamSynchronize (weights)");
     // the attention workspace for the model's shape, so that a step allocates nothing (it only grows past this)
     const moeq_model_config *c = &model->config;
     if (!cb->err && c->num_attention_heads > 0 && c->kv_lora_rank > 0) {
@@ -434,22 +438,22 @@ typedef struct kv_dev {
     const int32_t *row_off, *ctab; // device: each token's compact block-table row
 } kv_dev;
 
-// Entries of the compact table of a call: what the tokens' contexts span (runs share rows: a bound).
-static int64_t kv_bound(const moeq_kv_paged *kv, const int64_t *pos, int64_t T) {
-    int64_t cap = 0;
-    for (int64_t t = 0; t < T; t++) cap += moeq_cu_kv_blocks(pos[t] + 1, kv->block_tokens);
+// Entries of the compact table of a call, exactly (a per-token sum would be quadratic in a prefill chunk: at
+// long contexts it filled the staging every layer or two, each time a drain of the stream).
+static int64_t kv_bound(const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T) {
+    int64_t cap = moeq_cu_kv_compact_entries(seq, pos, T, kv->block_tokens);
     return cap > 0 ? cap : 1;
 }
 
 // Staging kv_upload takes.
-static size_t kv_staged(const moeq_kv_paged *kv, const int64_t *pos, int64_t T) {
-    return STAGED((size_t)T * sizeof(int32_t)) + STAGED((size_t)kv_bound(kv, pos, T) * sizeof(int32_t));
+static size_t kv_staged(const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T) {
+    return STAGED((size_t)T * sizeof(int32_t)) + STAGED((size_t)kv_bound(kv, seq, pos, T) * sizeof(int32_t));
 }
 
 // The call's compact block table (backend_index.cuh) on the device, in regions reserved by the caller.
 static int kv_upload(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T,
                      kv_dev *out) {
-    int64_t cap = kv_bound(kv, pos, T);
+    int64_t cap = kv_bound(kv, seq, pos, T);
     void *d_off = NULL, *d_tab = NULL;
     int32_t *h_off = (int32_t *)stage(cb, (size_t)T * sizeof(int32_t), &d_off);
     int32_t *h_tab = h_off ? (int32_t *)stage(cb, (size_t)cap * sizeof(int32_t), &d_tab) : NULL;
@@ -583,7 +587,7 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     // region overwrite the table while the chunks' kernels still read it
     // (each chunk's three regions round up: at most one chunk per token)
     size_t plan = STAGED((size_t)all_items * sizeof(moeq_cu_split_item)) + 2 * STAGED((size_t)T * sizeof(int32_t));
-    if (!stage_reserve(cb, kv_staged(&a->kv, a->pos, T) + plan + (size_t)T * 3 * STAGE_ALIGN)) return;
+    if (!stage_reserve(cb, kv_staged(&a->kv, a->seq, a->pos, T) + plan + (size_t)T * 3 * STAGE_ALIGN)) return;
     kv_dev kv;
     if (!kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
     int64_t cap = (int64_t)(cb->ws_bytes / per_item);
@@ -668,7 +672,7 @@ static void cuda_attention_naive(moeq_backend *b, const moeq_mla_naive_params *a
     if (cb->err || a->n_tok <= 0) return;
     kv_dev kv;
     size_t pos_bytes = (size_t)a->n_tok * sizeof(int64_t);
-    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&a->kv, a->pos, a->n_tok))) return;
+    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&a->kv, a->seq, a->pos, a->n_tok))) return;
     const int64_t *pos = (const int64_t *)stage_up(cb, a->pos, pos_bytes, "cudaMemcpyAsync (positions)");
     if (!pos || !kv_upload(cb, &a->kv, a->seq, a->pos, a->n_tok, &kv)) return;
     const void *W = wdev(cb, a->kv_b);
@@ -778,7 +782,7 @@ static void cuda_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
     if (cb->err || p->n_tok <= 0) return;
     kv_dev kv;
     size_t pos_bytes = (size_t)p->n_tok * sizeof(int64_t);
-    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&p->kv, p->pos, p->n_tok))) return;
+    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&p->kv, p->seq, p->pos, p->n_tok))) return;
     const int64_t *pos = (const int64_t *)stage_up(cb, p->pos, pos_bytes, "cudaMemcpyAsync (positions)");
     if (!pos || !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv)) return;
     for (int64_t t0 = 0; t0 < p->n_tok && !cb->err; t0 += INT32_MAX) {
@@ -823,9 +827,28 @@ static moeq_cu_router cu_router(const moeq_moe_router *r) {
     return c;
 }
 
+// The host outputs of a route that could not run (an error is kept): valid, distinct experts 0..K-1 and finite
+// flags, so the MoE layer's host layout, which indexes its tables by these ids, stays in bounds until the
+// step's status check fails the step (stale or uninitialised ids there were wild writes on the host).
+static void route_placeholder(const moeq_route_params *p) {
+    int64_t T = p->n_tok, K = p->router->top_k;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t k = 0; k < K; k++) p->ids[t * K + k] = (int32_t)k;
+        p->finite[t] = 1;
+    }
+    if (p->offsets) moeq_moe_plan(p->ids, T, (int)K, p->router->n_experts, p->offsets, p->order);
+}
+
+static void route_on_device(cuda_backend *cb, const moeq_route_params *p);
+
 static void cuda_route(moeq_backend *b, const moeq_route_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || p->n_tok <= 0) return;
+    if (p->n_tok <= 0) return;
+    if (!cb->err) route_on_device(cb, p);
+    if (cb->err) route_placeholder(p);
+}
+
+static void route_on_device(cuda_backend *cb, const moeq_route_params *p) {
     moeq_cu_router r = cu_router(p->router);
     int64_t T = p->n_tok, K = r.top_k;
     void *d_ids = NULL, *d_fin = NULL;

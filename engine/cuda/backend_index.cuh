@@ -47,6 +47,23 @@ MOEQ_HD size_t moeq_cu_kv_entry_offset(const int32_t *row, int64_t pos, int bloc
 MOEQ_HD int64_t moeq_cu_kv_blocks(int64_t n_pos, int block_tokens) { return (n_pos + block_tokens - 1) / block_tokens; }
 
 /*
+ * Host: the int32 entries moeq_cu_kv_compact uses for a call: one row per run of a sequence's consecutive
+ * tokens, as many blocks as the run's largest position needs. Linear in the tokens, where the sum over
+ * tokens of each one's blocks (a bound) is quadratic in a prefill chunk's length.
+ */
+static inline int64_t moeq_cu_kv_compact_entries(const int32_t *seq, const int64_t *pos, int64_t n_tok,
+                                                 int block_tokens) {
+    int64_t used = 0;
+    for (int64_t t0 = 0; t0 < n_tok;) {
+        int64_t t1 = t0 + 1, max_pos = pos[t0];
+        while (t1 < n_tok && seq[t1] == seq[t0]) max_pos = pos[t1] > max_pos ? pos[t1] : max_pos, t1++;
+        used += moeq_cu_kv_blocks(max_pos + 1, block_tokens);
+        t0 = t1;
+    }
+    return used;
+}
+
+/*
  * Host: the compact block table of one call. Token t's row starts at ctab + row_off[t]; a run of
  * consecutive tokens of one sequence shares a row holding the blocks its largest position needs.
  * Returns the int32 entries of ctab used, or -1 when they would pass cap (nothing is promised then).
