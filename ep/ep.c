@@ -728,6 +728,6 @@ moeq_err moeq_ep_combine(moeq_ep *ep, const float *y, float *out, char *errstr, 
     if (err) return err;
     size_t H = (size_t)ep->params.hidden;
     for (int64_t s = 0; s < ep->T * ep->params.top_k; s++)
-        if (rows[s] != out + (size_t)s * H) memcpy(out + (size_t)s * H, rows[s], H * sizeof(float));
+        memcpy(out + (size_t)s * H, rows[s], H * sizeof(float));
     return MOEQ_OK;
 }

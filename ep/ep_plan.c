@@ -8,7 +8,6 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,57 +168,28 @@ moeq_err moeq_ep_stats_load(const char *path, int64_t **counts, int *n_experts, 
     return err;
 }
 
-typedef struct text_buf {
-    char *p;
-    size_t len, cap;
-    int nomem;
-} text_buf;
-
-static void put(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text_buf *b, const char *fmt, ...) {
-    for (;;) {
-        if (b->nomem) return;
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (k < 0) { b->nomem = 1; return; }
-        if (b->len + (size_t)k < b->cap) { b->len += (size_t)k; return; }
-        char *bigger = realloc(b->p, b->cap * 2 + (size_t)k);
-        if (!bigger) { b->nomem = 1; return; }
-        b->p = bigger, b->cap = b->cap * 2 + (size_t)k;
-    }
-}
-
-moeq_err moeq_ep_stats_format(const uint64_t *counts, int n_layers, int n_experts, const char *note, char **text,
-                              size_t *len, char *errstr, size_t n) {
-    if (!counts || n_layers < 1 || n_experts < 1 || n_experts > MOEQ_EP_MAX_EXPERTS)
+moeq_err moeq_ep_stats_print(const uint64_t *counts, int n_layers, int n_experts, const char *note, FILE *out,
+                             char *errstr, size_t n) {
+    if (!counts || !out || n_layers < 1 || n_experts < 1 || n_experts > MOEQ_EP_MAX_EXPERTS)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "ep stats: %d layers of %d experts", n_layers, n_experts);
-    text_buf b = {malloc(4096), 0, 4096, 0};
-    b.nomem = !b.p;
-    put(&b, "# moeq expert stats: routed slots per expert; the last line sums the layers (what moeq ep-plan reads)\n");
-    if (note && *note) put(&b, "# %s\n", note);
+    fprintf(out, "# moeq expert stats: routed slots per expert; the last line sums the layers (what moeq ep-plan reads)\n");
+    if (note && *note) fprintf(out, "# %s\n", note);
     for (int l = 0; l < n_layers; l++) {
         const uint64_t *row = counts + (size_t)l * (size_t)n_experts;
         uint64_t any = 0;
         for (int x = 0; x < n_experts; x++) any |= row[x];
         if (!any) continue;
-        put(&b, "# layer %d:", l);
-        for (int x = 0; x < n_experts; x++) put(&b, " %llu", (unsigned long long)row[x]);
-        put(&b, "\n");
+        fprintf(out, "# layer %d:", l);
+        for (int x = 0; x < n_experts; x++) fprintf(out, " %llu", (unsigned long long)row[x]);
+        fprintf(out, "\n");
     }
     for (int x = 0; x < n_experts; x++) {
         uint64_t sum = 0;
         for (int l = 0; l < n_layers; l++) sum += counts[(size_t)l * (size_t)n_experts + (size_t)x];
-        put(&b, "%s%llu", x ? " " : "", (unsigned long long)(sum > (uint64_t)INT64_MAX ? (uint64_t)INT64_MAX : sum));
+        fprintf(out, "%s%llu", x ? " " : "", (unsigned long long)(sum > (uint64_t)INT64_MAX ? (uint64_t)INT64_MAX : sum));
     }
-    put(&b, "\n");
-    if (b.nomem) {
-        free(b.p);
-        return moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "ep stats: text of %d layers x %d experts", n_layers, n_experts);
-    }
-    *text = b.p, *len = b.len;
-    return MOEQ_OK;
+    fprintf(out, "\n");
+    return ferror(out) ? moeq_errf(MOEQ_ERR_IO, errstr, n, "ep stats: write failed") : MOEQ_OK;
 }
 
 moeq_err moeq_ep_stats_load_sum(const char *const *paths, int n_paths, int64_t **counts, int *n_experts, char *errstr,

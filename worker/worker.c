@@ -344,26 +344,20 @@ static moeq_err open_expert_metrics(moeq_worker *w, char *errstr, size_t errstr_
 
 /* expert_stats_path, rewritten whole: a temporary file beside it, renamed over it (a reader never sees half). */
 static void write_expert_stats(moeq_worker *w, const uint64_t *counts, int L, int E) {
-    char note[512], tmp[600], err[256];
+    char note[512], tmp[600], err[1200] = "";
     snprintf(note, sizeof note, "worker %s, model %s, %d layers x %d experts, counted since %lld ms (unix), written "
              "at %lld", w->params.worker_id, w->model_name, L, E, (long long)w->started_ms, (long long)moeq_now_ms());
-    char *text = NULL;
-    size_t len = 0;
-    if (moeq_ep_stats_format(counts, L, E, note, &text, &len, err, sizeof err)) {
-        moeq_log(MOEQ_LOG_WARN, COMP, "expert_stats_failed", "path=%s reason=\"%s\"", w->params.expert_stats_path, err);
-        return;
-    }
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", w->params.expert_stats_path, (int)getpid());
     FILE *f = fopen(tmp, "w");
-    int ok = f && fwrite(text, 1, len, f) == len;
-    ok = (f && fclose(f) == 0) && ok;
-    ok = ok && rename(tmp, w->params.expert_stats_path) == 0;
-    if (!ok) {
-        moeq_log(MOEQ_LOG_WARN, COMP, "expert_stats_failed", "path=%s reason=\"%s\"", w->params.expert_stats_path,
-                 strerror(errno));
+    moeq_err e = f ? moeq_ep_stats_print(counts, L, E, note, f, err, sizeof err) : MOEQ_ERR_IO;
+    if (!f) snprintf(err, sizeof err, "%s: %s", tmp, strerror(errno));
+    if (f && fclose(f) != 0 && !e) e = MOEQ_ERR_IO, snprintf(err, sizeof err, "%s: %s", tmp, strerror(errno));
+    if (!e && rename(tmp, w->params.expert_stats_path) != 0)
+        e = MOEQ_ERR_IO, snprintf(err, sizeof err, "rename to %s: %s", w->params.expert_stats_path, strerror(errno));
+    if (e) {
+        moeq_log(MOEQ_LOG_WARN, COMP, "expert_stats_failed", "path=%s reason=\"%s\"", w->params.expert_stats_path, err);
         unlink(tmp);
     }
-    free(text);
 }
 
 /* The engine's expert load into the metrics (each heartbeat) and, when due or forced (exit), into its file. */

@@ -830,7 +830,7 @@ static moeq_cu_router cu_router(const moeq_moe_router *r) {
 // The host outputs of a route that could not run (an error is kept): valid, distinct experts 0..K-1 and finite
 // flags, so the MoE layer's host layout, which indexes its tables by these ids, stays in bounds until the
 // step's status check fails the step (stale or uninitialised ids there were wild writes on the host).
-static void route_placeholder(const moeq_route_params *p) {
+static void route_valid_ids_after_error(const moeq_route_params *p) {
     int64_t T = p->n_tok, K = p->router->top_k;
     for (int64_t t = 0; t < T; t++) {
         for (int64_t k = 0; k < K; k++) p->ids[t * K + k] = (int32_t)k;
@@ -845,7 +845,7 @@ static void cuda_route(moeq_backend *b, const moeq_route_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
     if (p->n_tok <= 0) return;
     if (!cb->err) route_on_device(cb, p);
-    if (cb->err) route_placeholder(p);
+    if (cb->err) route_valid_ids_after_error(p);
 }
 
 static void route_on_device(cuda_backend *cb, const moeq_route_params *p) {

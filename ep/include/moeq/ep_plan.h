@@ -13,6 +13,7 @@
 #define MOEQ_EP_PLAN_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "moeq/ep_placement.h"
 #include "moeq/err.h"
@@ -45,15 +46,15 @@ moeq_err moeq_ep_stats_parse(const char *text, size_t len, int64_t **counts, int
                              size_t errstr_size);
 
 /*
- * The text moeq_ep_stats_parse reads back, from a load table counts[l *
+ * Write the text moeq_ep_stats_parse reads back, from a load table counts[l *
  * n_experts + x] (an engine's moeq_engine_expert_counts): comment lines
  * first ('# ' + note, when given; then '# layer L:' and that layer's counts,
  * for every layer with any), then the per-expert sums over layers, the one
- * line the parser reads (one placement serves every layer). *text is
- * malloc'd, NUL-terminated.
+ * line the parser reads (one placement serves every layer). IO when out
+ * reports a write error.
  */
-moeq_err moeq_ep_stats_format(const uint64_t *counts, int n_layers, int n_experts, const char *note, char **text,
-                              size_t *len, char *errstr, size_t errstr_size);
+moeq_err moeq_ep_stats_print(const uint64_t *counts, int n_layers, int n_experts, const char *note, FILE *out,
+                             char *errstr, size_t errstr_size);
 
 /* Several ranks' stats files summed (each rank counts its own tokens); every file must have the same experts. */
 moeq_err moeq_ep_stats_load_sum(const char *const *paths, int n_paths, int64_t **counts, int *n_experts,
