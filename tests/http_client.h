@@ -54,12 +54,17 @@ static inline int h_http_get(int port, const char *path, char *out, size_t cap) 
     return (int)got;
 }
 
+/* GET path into page (headers included); its status code, or -1 when nothing answers. */
+static inline int h_http_page(int port, const char *path, char *page, size_t size) {
+    int code = -1;
+    if (h_http_get(port, path, page, size) <= 0 || sscanf(page, "HTTP/%*s %d", &code) != 1) return -1;
+    return code;
+}
+
 /* The status code of GET path, or -1 when nothing answers. */
 static inline int h_http_status(int port, const char *path) {
     char page[4096];
-    int code = -1;
-    if (h_http_get(port, path, page, sizeof page) <= 0 || sscanf(page, "HTTP/%*s %d", &code) != 1) return -1;
-    return code;
+    return h_http_page(port, path, page, sizeof page);
 }
 
 #endif

@@ -122,8 +122,6 @@ static void the_redis_rendezvous_hands_out_the_current_generation_only(void **st
 static int g_long_every; /* > 0: all but every g_long_every-th job ask for LONG_TOKENS (a batch that runs long) */
 enum { LONG_TOKENS = 220 }; /* the test model's context is 256 tokens */
 
-static int get_page(int port, const char *path, char *page, size_t size);
-
 /* Put before every prompt: a long shared instruction makes later jobs fork a running job's cache. */
 static const char *g_instruction = "";
 
@@ -294,7 +292,7 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
     long long shared = 0;
     for (int r = 0; r < 2; r++) { /* prompt tokens taken from a running job's cache, on either rank */
         static char page[262144];
-        const char *at = get_page(port[r], "/metrics", page, sizeof page) == 200
+        const char *at = h_http_page(port[r], "/metrics", page, sizeof page) == 200
                              ? strstr(page, "\nmoeq_worker_prefix_tokens_shared_total{") : NULL;
         at = at ? strchr(at, '}') : NULL;
         if (at) shared += atoll(at + 1);
@@ -329,13 +327,6 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
     each_rank_wrote_its_expert_load(stats[0], stats[1]);
 }
 
-/* The page of GET path (headers included) on port into page; its status code, -1 when nothing answers. */
-static int get_page(int port, const char *path, char *page, size_t size) {
-    int code = -1;
-    if (h_http_get(port, path, page, size) <= 0 || sscanf(page, "HTTP/%*s %d", &code) != 1) return -1;
-    return code;
-}
-
 /*
  * A rank serves nothing until its whole group formed: its /readyz says so (503, naming the group and the wait)
  * while it waits for rank 1, and turns 200 once rank 1 joined; the heartbeat then names the group, its
@@ -349,7 +340,7 @@ static void a_rank_is_not_ready_until_its_group_formed_and_its_heartbeat_names_t
     pid_t r0 = start_rank("ready", 0, flags), r1 = -1;
     int64_t t0 = moeq_now_ms();
     int code = -1;
-    while (moeq_now_ms() - t0 < 60000 && !((code = get_page(port, "/readyz", page, sizeof page)) == 503 &&
+    while (moeq_now_ms() - t0 < 60000 && !((code = h_http_page(port, "/readyz", page, sizeof page)) == 503 &&
                                              strstr(page, "waiting for the other ranks")))
         usleep(100000);
     snprintf(want, sizeof want, "expert-parallel group %s-ready: rank 0 of 2", g_t.ns);
@@ -357,7 +348,7 @@ static void a_rank_is_not_ready_until_its_group_formed_and_its_heartbeat_names_t
     if (!waited) fprintf(stderr, "group: /readyz while alone: %d %s\n", code, page);
     r1 = start_rank("ready", 1, NULL);
     t0 = moeq_now_ms();
-    while (moeq_now_ms() - t0 < 60000 && (code = get_page(port, "/readyz", page, sizeof page)) != 200) usleep(100000);
+    while (moeq_now_ms() - t0 < 60000 && (code = h_http_page(port, "/readyz", page, sizeof page)) != 200) usleep(100000);
     int ready_ms = (int)(moeq_now_ms() - t0);
     moeq_redis *redis = redis_connect();
     char key[256], err[256];
