@@ -275,6 +275,53 @@ static void many_token_blocked_path_matches_the_emulation_bit_for_bit(void **sta
         }
 }
 
+/*
+ * Blocks of few tokens (decode) read a tile's rows one from each of several stretches of the block, each
+ * stretch a sequential stream (nt_streams512); the rows the stretches leave over take adjacent-row tiles.
+ * The bits are the emulation's for every dtype and instruction set, for 1-16 tokens (8- and 6-row tiles),
+ * blocks whose length leaves 0 to 7 rows over, blocks too short to split, F8 blocks cut at 128-row scale
+ * edges (the weight starts at row 5, so no block is aligned to them), and K with and without a tail.
+ */
+static void few_token_stream_tiles_match_the_emulation_bit_for_bit(void **state) {
+    (void)state;
+    static const int colss[] = {256, 301};
+    static const int toks[] = {1, 2, 3, 4, 5, 8, 16};
+    static const int blocks[][2] = {{0, 290}, {0, 31}, {3, 40}, {7, 77}, {100, 262}, {120, 140}, {250, 290}};
+    int rows = 300;
+    for (int d = 0; d < 4; d++)
+        for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
+            int cols = colss[ci];
+            fake_weight f;
+            fake_weight_make(&f, all_dtypes[d], rows, cols);
+            for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+                int T = toks[ti];
+                float *x = rand_floats((size_t)T * cols);
+                float *want = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
+                for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
+                    for (int i = 0; i < 3; i++) {
+                        if (!moeq_mm_isa_supported(all_isas[i])) continue;
+                        moeq_mm_job j = {&f.t, 5, 290, x, cols, want, rows, T}; /* rows 5..294 of the weight */
+                        int n0 = blocks[bi][0], n1 = blocks[bi][1];
+                        memset(want, 0, (size_t)T * rows * 4);
+                        memset(got, 0xff, (size_t)T * rows * 4);
+                        moeq_mm_nt_block_scalar(&j, n0, n1, 0, T);
+                        j.y = got;
+                        moeq_mm_nt_block_isa(all_isas[i], &j, n0, n1, 0, T);
+                        for (int t = 0; t < T; t++) /* the block's elements, and nothing outside it written */
+                            for (int r = 0; r < rows; r++) {
+                                float w = r >= n0 && r < n1 ? want[t * rows + r] : 0.0f;
+                                uint32_t gb, wb;
+                                memcpy(&gb, &got[t * rows + r], 4), memcpy(&wb, &w, 4);
+                                if (r < n0 || r >= n1) assert_int_equal(gb, 0xffffffffu);
+                                else assert_int_equal(gb, wb);
+                            }
+                    }
+                free(x), free(want), free(got);
+            }
+            fake_weight_free(&f);
+        }
+}
+
 /* An element's bits do not depend on the sub-block it is computed in (row tiles of 4 or 8, token tiles, tails). */
 static void kernel_output_of_an_element_never_depends_on_its_block(void **state) {
     (void)state;
@@ -1106,6 +1153,7 @@ int main(void) {
         cmocka_unit_test(every_instruction_set_this_cpu_runs_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(kernel_output_of_an_element_never_depends_on_its_block),
         cmocka_unit_test(many_token_blocked_path_matches_the_emulation_bit_for_bit),
+        cmocka_unit_test(few_token_stream_tiles_match_the_emulation_bit_for_bit),
         cmocka_unit_test(backend_task_split_for_few_tokens_keeps_the_bits),
         cmocka_unit_test(engine_params_table_defaults_equal_the_default_params),
         cmocka_unit_test(setting_one_engine_param_leaves_the_others_alone),
