@@ -26,6 +26,12 @@
  * moeq_mtp_decode_step_with also carries other sequences' ordinary items
  * (prefill chunks, plain decodes) in the verify step.
  *
+ * On a device (moeq_step_out with records) a round reads records where
+ * they decide: greedy drafts and verification their argmax and finite flag,
+ * exact mode's draws moeq_sampler_sample_out (the engine brings a row whole
+ * where the record cannot decide the draw); rejection sampling and a
+ * hook's draft read whole rows.
+ *
  * A round costs the verify step plus the k draft passes, nothing else: the
  * verify step runs no MTP block (mtp.c keeps the rows; the accepted
  * positions' MTP entries are computed by the next round's first draft pass,

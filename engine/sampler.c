@@ -11,6 +11,9 @@
  * this stream. The distribution itself is moeq_sampler_weights (sampler.h),
  * shared with mtp_spec.c's rejection sampler.
  * The candidate buffer is allocated in _new; sampling allocates nothing.
+ * A draw can also be made from a logits record (a device's row reduced to
+ * argmax, 64 candidates and sums; moeq_sampler_sample_record): the same
+ * token whenever the record decides, else MOEQ_SAMPLE_INSUFFICIENT.
  */
 #include <math.h>
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)

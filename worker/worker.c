@@ -1031,7 +1031,7 @@ static void note_nonfinite(moeq_worker *w, const moeq_sched_step *plan) {
 
 /*
  * The plan in one engine step: its ordinary items alone, or — when it has speculative rounds — the rounds'
- * drafts and then one verify step that also carries the items (moeq_mtp_decode_step_with: one pass over the
+ * drafts and then one verify step that also carries the items (moeq_mtp_decode_step_out: one pass over the
  * weights, the same bits as separate steps). Round outcomes go to round_out.
  */
 static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
