@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cpu/logits_reduce.h"
 #include "engine_state.h"
 #include "kv_paged.h"
 #include "moeq/engine.h"
@@ -814,6 +815,71 @@ static void generation_on_a_device_brings_back_records_and_the_cpus_tokens(void 
     rm_dir(dir);
 }
 
+/*
+ * moeq_engine_step_out over two 64-row chunks (a 70-token prompt with every row's logits, and a decode token):
+ * every record is the CPU op's on the CPU engine's row, bit for bit; exactly the rows asked whole (full, or
+ * a draw its record cannot decide) come back, equal to the CPU's, and the others are left as they were.
+ */
+static void records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new);
+    char dir[] = "/tmp/moeq-guard-chunks-XXXXXX", err[512] = "";
+    moeq_model *m = gen_model("tiny", dir);
+    int V = moeq_model_get_config(m)->vocab_size, R = 71;
+    moeq_engine *cpu = engine_on(m, "cpu"), *g = engine_on(m, "guarded");
+    float *want = calloc((size_t)R * V, sizeof(float)), *got = malloc((size_t)R * V * sizeof(float));
+    moeq_logits_record *rec = calloc((size_t)R, sizeof *rec);
+    moeq_row_use *use = calloc((size_t)R, sizeof *use);
+    uint8_t *have = calloc((size_t)R, 1);
+    moeq_sampler *greedy = NULL, *wide = NULL;
+    moeq_sampling_params wp = {1.0, 100, 1.0, 3}; /* top_k past the record: always a whole row */
+    assert_int_equal(moeq_sampler_new(NULL, V, &greedy), MOEQ_OK);
+    assert_int_equal(moeq_sampler_new(&wp, V, &wide), MOEQ_OK);
+    for (int r = 0; r < R; r++)
+        use[r] = r % 4 == 0 ? (moeq_row_use){NULL, 0, 1} : r % 4 == 1 ? (moeq_row_use){greedy, 0, 0}
+               : r % 4 == 2 ? (moeq_row_use){wide, r % 3, 0} : (moeq_row_use){NULL, 0, 0};
+    for (size_t i = 0; i < (size_t)R * V; i++) got[i] = -7.0f; /* what a row not brought keeps */
+    int32_t prompt[70], tok = 5;
+    for (int i = 0; i < 70; i++) prompt[i] = (int32_t)((i * 29 + 3) % V);
+    for (int run = 0; run < 2; run++) {
+        moeq_engine *e = run ? g : cpu;
+        int a, b;
+        assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+        moeq_step_item first = {a, &tok, 1, 0};
+        float *scratch = malloc((size_t)V * sizeof(float));
+        if (moeq_engine_step(e, &first, 1, scratch, 1, err, sizeof err)) fail_msg("%s", err); /* a has 1 token */
+        free(scratch);
+        moeq_step_item items[2] = {{b, prompt, 70, 1}, {a, &tok, 1, 0}};
+        moeq_step_out out = {run ? got : want, (size_t)R, rec, use, have};
+        g_down_bytes = 0;
+        if (moeq_engine_step_out(e, items, 2, &out, err, sizeof err)) fail_msg("%s", err);
+        for (int r = 0; r < R; r++) assert_int_equal(have[r], run ? use[r].full || use[r].sampler == wide : 1);
+    }
+    size_t whole = 0;
+    for (int r = 0; r < R; r++) {
+        moeq_logits_record ref;
+        moeq_cpu_logits_reduce_row(want + (size_t)r * V, V, use[r].sampler ? moeq_sampler_temperature(use[r].sampler) : 0,
+                                   MOEQ_LOGITS_TOP, &ref);
+        if (memcmp(&rec[r], &ref, sizeof ref)) /* the guarded run's record = the CPU op on the CPU's row */
+            fail_msg("row %d: record argmax %d, the cpu row's %d", r, rec[r].argmax, ref.argmax);
+        if (have[r]) {
+            assert_same_bits(got + (size_t)r * V, want + (size_t)r * V, (size_t)V, "a row brought whole");
+            whole++;
+        } else {
+            for (int i = 0; i < V; i++) assert_true(got[(size_t)r * V + i] == -7.0f);
+        }
+    }
+    assert_int_equal(g_down_bytes, whole * (size_t)V * sizeof(float)); /* nothing else came through download */
+    print_message("71 rows in 2 chunks: 71 records, %zu rows whole (the full and top_k 100 ones)\n", whole);
+    moeq_sampler_destroy(greedy), moeq_sampler_destroy(wide);
+    free(want), free(got), free(rec), free(use), free(have);
+    moeq_engine_destroy(cpu), moeq_engine_destroy(g);
+    moeq_model_destroy(m);
+    rm_dir(dir);
+}
+
 /* ---- error paths ---------------------------------------------------------------------------------------------- */
 
 static void the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error(void **state) {
@@ -865,6 +931,7 @@ int main(void) {
         cmocka_unit_test(an_engine_touches_backend_memory_only_through_ops),
         cmocka_unit_test(mtp_rounds_touch_backend_memory_only_through_ops),
         cmocka_unit_test(generation_on_a_device_brings_back_records_and_the_cpus_tokens),
+        cmocka_unit_test(records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come),
         cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),
         cmocka_unit_test(the_cuda_backend_refuses_what_it_cannot_run_by_name),
     };
