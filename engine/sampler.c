@@ -239,6 +239,38 @@ double moeq_logits_sum_bound(double sum, int64_t vocab) {
     return sum * (0x1p-22 + (double)vocab * 0x1p-51) + (double)vocab * 0x1p-148;
 }
 
+double moeq_logits_sum1_bound(double sum_1, int64_t vocab) {
+    /* per term two exps within 2 ulps each (2^-51 relative), and each order's double rounding, doubled */
+    return sum_1 * (0x1p-49 + (double)vocab * 0x1p-51) + (double)vocab * 0x1p-1070;
+}
+
+/* (float)((double)x - lse) for every lse in [lo, hi], or NAN when the rounding differs across it. */
+static float logprob_at(float x, double lo, double hi) {
+    float a = (float)((double)x - hi), b = (float)((double)x - lo);
+    return a == b ? a : NAN;
+}
+
+int moeq_logits_record_logprobs(const moeq_logits_record *r, int64_t vocab, int32_t token, int k,
+                                float *token_logprob, int32_t *top_ids, float *top_logprobs) {
+    if (!r || !r->finite || k < 0 || k > r->n_top || !(r->sum_1 > 0)) return MOEQ_SAMPLE_INSUFFICIENT;
+    double e = moeq_logits_sum1_bound(r->sum_1, vocab), top = (double)r->max;
+    double lo = top + log(r->sum_1 - e), hi = top + log(r->sum_1 + e);
+    lo -= fabs(lo) * 0x1p-50 + 0x1p-1070, hi += fabs(hi) * 0x1p-50 + 0x1p-1070; /* log's and the sum's rounding */
+    int at = -1;
+    for (int i = 0; i < r->n_top && at < 0; i++)
+        if (r->top_id[i] == token) at = i;
+    if (at < 0) return MOEQ_SAMPLE_INSUFFICIENT;
+    float v = logprob_at(r->top_logit[at], lo, hi);
+    if (v != v) return MOEQ_SAMPLE_INSUFFICIENT;
+    for (int i = 0; i < k; i++) {
+        float w = logprob_at(r->top_logit[i], lo, hi);
+        if (w != w) return MOEQ_SAMPLE_INSUFFICIENT;
+        top_ids[i] = r->top_id[i], top_logprobs[i] = w;
+    }
+    *token_logprob = v;
+    return 0;
+}
+
 double moeq_sampler_temperature(const moeq_sampler *s) { return s ? s->p.temperature : 0.0; }
 
 /* Candidate i's weight exactly as moeq_sampler_weights computes it for the row. */

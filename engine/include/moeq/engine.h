@@ -279,6 +279,18 @@ typedef struct moeq_logits_record {
 /* How far two summation orders of sum_t (or sum_1) over vocab terms can be apart, the device's exp
  * included (one float ulp per term, the double rounding of each order): the margin the sampler decides with. */
 double moeq_logits_sum_bound(double sum, int64_t vocab);
+/* The same for sum_1, whose terms are doubles (no float rounding): two exps a few double ulps apart. */
+double moeq_logits_sum1_bound(double sum_1, int64_t vocab);
+
+/*
+ * The log-probabilities the worker's logprobs record (worker/decode_proc.c: (float)((double)x - lse), lse =
+ * max + log(the sum of exp(x - max)) over the row) of token and of the k best ids (k <= rec->n_top: those
+ * are rec's first k), from rec alone: 0, or MOEQ_SAMPLE_INSUFFICIENT when token is not among rec's
+ * candidates, k > n_top, the row is not finite, or a value's float rounding is not the same at both ends of
+ * sum_1's bound (the row is needed). Not yet used by the worker (its logprobs run in the sampler hook).
+ */
+int moeq_logits_record_logprobs(const moeq_logits_record *rec, int64_t vocab, int32_t token, int k,
+                                float *token_logprob, int32_t *top_ids, float *top_logprobs);
 
 /* One logits row's reader in a step (moeq_step_out.use). */
 typedef struct moeq_row_use {
