@@ -103,9 +103,8 @@ moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq
     d->q = malloc(V * sizeof(double));
     d->cand = malloc(V * sizeof(int32_t));
     d->weight = malloc(V * sizeof(float));
-    if (!d->draft_logits || !d->logits || !d->rec || !d->use || !d->have || !d->tokens || !d->len0 || !d->row0 || !d->mitems || !d->mseq ||
-        !d->items || !d->p || !d->q || !d->cand ||
-        !d->weight) {
+    if (!d->draft_logits || !d->logits || !d->rec || !d->use || !d->have || !d->tokens || !d->len0 || !d->row0 ||
+        !d->mitems || !d->mseq || !d->items || !d->p || !d->q || !d->cand || !d->weight) {
         moeq_mtp_decoder_destroy(d);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp decoder buffers (%zu seqs, k %zu, vocab %zu)", S,
                          K, V);

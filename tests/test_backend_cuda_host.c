@@ -860,8 +860,8 @@ static void records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_co
     size_t whole = 0;
     for (int r = 0; r < R; r++) {
         moeq_logits_record ref;
-        moeq_cpu_logits_reduce_row(want + (size_t)r * V, V, use[r].sampler ? moeq_sampler_temperature(use[r].sampler) : 0,
-                                   MOEQ_LOGITS_TOP, &ref);
+        double temp = use[r].sampler ? moeq_sampler_temperature(use[r].sampler) : 0;
+        moeq_cpu_logits_reduce_row(want + (size_t)r * V, V, temp, MOEQ_LOGITS_TOP, &ref);
         if (memcmp(&rec[r], &ref, sizeof ref)) /* the guarded run's record = the CPU op on the CPU's row */
             fail_msg("row %d: record argmax %d, the cpu row's %d", r, rec[r].argmax, ref.argmax);
         if (have[r]) {

@@ -95,7 +95,8 @@ static void reference(const float *x, int64_t n, double temperature, int c, moeq
 }
 
 static void same_bits_f(float a, float b, const char *what, int64_t n, int kind) {
-    if (memcmp(&a, &b, 4) && !(isnan(a) && isnan(b))) fail_msg("%s: n %lld kind %d: %.9g vs %.9g", what, (long long)n, kind, a, b);
+    if (memcmp(&a, &b, 4) && !(isnan(a) && isnan(b)))
+        fail_msg("%s: n %lld kind %d: %.9g vs %.9g", what, (long long)n, kind, a, b);
 }
 
 /* got == want field by field; the sums bit for bit (exact) or within moeq_logits_sum_bound. */
@@ -360,7 +361,8 @@ static void drawing_from_a_record_equals_drawing_from_the_row(void **state) {
                 for (int ki = 0; ki < 7; ki++)
                     for (int pi = 0; pi < 4; pi++) {
                         if (ti == 0 && (ki || pi)) continue;
-                        moeq_sampling_params p = {temps[ti], top_ks[ki], top_ps[pi], (uint64_t)(vi * 131 + ki * 7 + pi)};
+                        uint64_t seed = (uint64_t)(vi * 131 + ki * 7 + pi);
+                        moeq_sampling_params p = {temps[ti], top_ks[ki], top_ps[pi], seed};
                         draw_stats one = {0};
                         draws_agree(&p, x, V, 1.0, 12, &one);
                         int all_in = p.temperature <= 0 || V <= MOEQ_LOGITS_TOP ||
@@ -404,7 +406,9 @@ static void a_sum_at_the_edge_of_its_bound_never_changes_a_decided_draw(void **s
     free(x);
 }
 
-static void keep_row(void *ctx, const float *raw, float *work, int vocab) { (void)ctx, (void)raw, (void)work, (void)vocab; }
+static void keep_row(void *ctx, const float *raw, float *work, int vocab) {
+    (void)ctx, (void)raw, (void)work, (void)vocab;
+}
 
 /* top_p set so that the nucleus ends exactly where a prefix's mass meets top_p * total: the decision then lies
  * inside the total's bound, so a record with sum_t anywhere in its bound must leave it to the row. */

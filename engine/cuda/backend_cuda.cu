@@ -917,7 +917,7 @@ static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {
     launched(cb, "combine_kernel launch");
 }
 
-// ---- logits: per-row records (argmax, candidates, sums) back to the host ---------------------------------------------
+// ---- logits: per-row records (argmax, candidates, sums) back to the host -----------------------------------------
 
 // Block-wide exclusive scan of v over the block's NT threads (Hillis-Steele in shared memory); *total: the sum.
 template <int NT>
