@@ -7,8 +7,10 @@
  * prefill's weight-product TFLOP/s against a cuBLAS BF16 GEMM of its size).
  * Decode at long context (`--contexts`, batch 1 after a prompt of that many
  * tokens, prefilled in 2048-token chunks) shows what attention over the
- * cache adds to a step. Prints one JSON document. A program, not a test:
- * numbers depend on the machine and on what else runs on it.
+ * cache adds to a step. Decode steps bring logits records back, as the
+ * worker does (a device then copies no whole rows). Prints one JSON
+ * document. A program, not a test: numbers depend on the machine and on
+ * what else runs on it.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -100,6 +102,15 @@ static void ids_for(int32_t *ids, int n, int salt, int vocab) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)(((int64_t)i * 7919 + salt * 104729 + 3) % (vocab - 2) + 2);
 }
 
+/* A decode step as a server runs it: on a device the rows come back as records (greedy needs nothing else);
+ * on the CPU this is moeq_engine_step. */
+static moeq_err step_records(moeq_engine *e, const moeq_step_item *items, int n, float *logits) {
+    static moeq_logits_record rec[256];
+    static uint8_t have[256];
+    moeq_step_out out = {logits, 256, rec, NULL, have};
+    return moeq_engine_step_out(e, items, n, &out, NULL, 0);
+}
+
 static double prefill_tps(moeq_engine *e, int vocab, int n, float *logits) {
     int seq;
     int32_t *ids = malloc((size_t)n * sizeof(int32_t));
@@ -148,7 +159,7 @@ static double decode_tps(moeq_engine *e, int vocab, int B, int prompt, double mi
     int64_t t0 = 0;
     for (;;) {
         for (int b = 0; b < B; b++) items[b] = (moeq_step_item){seqs[b], &next[b], 1, 0};
-        if (moeq_engine_step(e, items, B, logits, 256, NULL, 0)) return 0;
+        if (step_records(e, items, B, logits)) return 0;
         if (steps == 0) t0 = moeq_mono_ns(); /* the first step is warm-up */
         steps++;
         double s = (moeq_mono_ns() - t0) * 1e-9;
@@ -177,7 +188,7 @@ static double decode_at_context_tps(moeq_engine *e, int vocab, int ctx, double m
     int64_t t0 = 0;
     for (;;) {
         moeq_step_item it = {seq, &next, 1, 0};
-        if (moeq_engine_step(e, &it, 1, logits, 1, NULL, 0)) return moeq_engine_seq_free(e, seq), 0;
+        if (step_records(e, &it, 1, logits)) return moeq_engine_seq_free(e, seq), 0;
         if (steps++ == 0) t0 = moeq_mono_ns(); /* the first step is warm-up */
         double s = (moeq_mono_ns() - t0) * 1e-9;
         if (steps > 1 && (s >= min_seconds || steps > 100)) {

@@ -13,8 +13,9 @@
  * router's finite flags and routed expert ids, the gather order); a device
  * backend copies what it needs through pinned memory. A backend whose
  * buffers are host memory (host_visible) gets the caller's logits buffer as
- * the lm_head's output; any other gets a buffer of its own and the rows come
- * back through download (forward.c). Ops return nothing: a backend that can
+ * the lm_head's output; any other gets a buffer of its own and what comes
+ * back is a small record per row (logits_reduce), the whole row through
+ * download only where the caller needs it (forward.c). Ops return nothing: a backend that can
  * fail (a device) keeps its first error for status, checked after each sync.
  *
  * A backend is chosen by name (moeq_backend_new, backend_reg.c): a new one is
@@ -52,6 +53,7 @@ typedef enum moeq_backend_op {
     MOEQ_BACKEND_OP_GATHER,        /* token permutation: each expert's slots into contiguous rows      */
     MOEQ_BACKEND_OP_COMBINE,       /* per token: weighted sum over its slots in slot order, + shared   */
     MOEQ_BACKEND_OP_ATTENTION_NAIVE, /* expanded K/V (tests)                                           */
+    MOEQ_BACKEND_OP_LOGITS_REDUCE, /* per logits row: argmax, max, top candidates, sums (records, to the host) */
     MOEQ_BACKEND_OP_COUNT
 } moeq_backend_op;
 
@@ -236,6 +238,14 @@ struct moeq_backend {
     void (*route)(moeq_backend *backend, const moeq_route_params *params);
     void (*gather)(moeq_backend *backend, const moeq_gather_params *params);
     void (*combine)(moeq_backend *backend, const moeq_combine_params *params);
+    /*
+     * Per row r < n_rows of logits (backend memory, row stride ld floats, vocab values): out[r] (host) = its
+     * record (moeq_logits_record, moeq/engine.h), sum_t taken at temperature[r] (host; <= 0: none). Everything
+     * but the sums is exact (the CPU backend's op is the reference); the sums are within
+     * moeq_logits_sum_bound of the CPU's. A device backend copies the records back: the op ends in a wait.
+     */
+    void (*logits_reduce)(moeq_backend *backend, const float *logits, int64_t ld, int64_t n_rows, int64_t vocab,
+                          const double *temperature, moeq_logits_record *out);
 
     void (*destroy)(moeq_backend *backend);
 };

@@ -118,7 +118,7 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     int mtp = e->model->n_mtp_layers > 0;
     s->hid = mtp ? take(a, T * D * f) : NULL;
     s->eh = mtp ? take(a, T * 2 * D * f) : NULL;
-    /* a device backend's lm_head writes here, the rows come back by download (moeq_forward_head) */
+    /* a device backend's lm_head writes here; records and the rows needed come back (moeq_forward_head) */
     s->logits_rows = e->backend->host_visible ? 0 : (T < MOEQ_LOGITS_CHUNK ? (int64_t)T : MOEQ_LOGITS_CHUNK);
     s->logits = s->logits_rows ? take(a, (size_t)s->logits_rows * (size_t)c->vocab_size * f) : NULL;
 }
@@ -553,16 +553,34 @@ moeq_err moeq_engine_step(moeq_engine *engine, const moeq_step_item *items, int 
     return moeq_engine_step_hidden(engine, items, n_items, logits, logits_rows, NULL, 0, errstr, errstr_size);
 }
 
+static moeq_err step_out(moeq_engine *engine, const moeq_step_item *items, int n_items, const moeq_step_out *out,
+                         float *hidden, size_t hidden_rows, char *errstr, size_t errstr_size);
+
 moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *items, int n_items, float *logits,
                                  size_t logits_rows, float *hidden, size_t hidden_rows, char *errstr,
                                  size_t errstr_size) {
+    moeq_step_out out = {.logits = logits, .logits_rows = logits_rows};
+    return step_out(engine, items, n_items, &out, hidden, hidden_rows, errstr, errstr_size);
+}
+
+moeq_err moeq_engine_step_out(moeq_engine *engine, const moeq_step_item *items, int n_items,
+                              const moeq_step_out *out, char *errstr, size_t errstr_size) {
+    if (!out) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "step out is NULL");
+    return step_out(engine, items, n_items, out, NULL, 0, errstr, errstr_size);
+}
+
+int moeq_engine_logits_on_device(const moeq_engine *engine) { return engine && !engine->backend->host_visible; }
+
+static moeq_err step_out(moeq_engine *engine, const moeq_step_item *items, int n_items, const moeq_step_out *out,
+                         float *hidden, size_t hidden_rows, char *errstr, size_t errstr_size) {
     if (!engine || (n_items > 0 && !items) || n_items < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine and items are required");
     int64_t n_tok = 0, n_rows = 0;
-    moeq_err err = check_step(engine, items, n_items, logits_rows, &n_tok, &n_rows, errstr, errstr_size);
+    moeq_err err = check_step(engine, items, n_items, out->logits_rows, &n_tok, &n_rows, errstr, errstr_size);
     if ((err || n_tok == 0) && moeq_moe_layer_in_group(engine)) return empty_step(engine, err, errstr, errstr_size);
     if (err || n_tok == 0) return err;
-    if (n_rows > 0 && !logits) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "logits is NULL");
+    if (n_rows > 0 && (!out->logits || (out->records && !out->have_row)))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "logits (or have_row with records) is NULL");
     if (hidden && (size_t)n_rows > hidden_rows)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "hidden buffer of %zu rows, step needs %lld",
                          hidden_rows, (long long)n_rows);
@@ -587,7 +605,7 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
         moeq_kv_cache_set_tokens(engine->cache, items[i].seq_id, len - items[i].n_tokens, items[i].tokens,
                                  items[i].n_tokens);
     }
-    moeq_forward_logits(engine, n_rows, logits); /* leaves the normed rows in s.h */
+    moeq_forward_logits(engine, n_rows, out); /* leaves the normed rows in s.h */
     if (hidden)
         engine->backend->download(engine->backend, hidden, s->h,
                                   (size_t)(n_rows * engine->cfg->hidden_size) * sizeof(float));

@@ -55,6 +55,7 @@ typedef struct moeq_scratch {
     float *eh;       /* (T, 2D) MTP: [enorm(embed) ; hnorm(hidden)]; NULL without MTP     */
     float *logits;   /* (logits_rows, vocab) lm_head output of a backend that is not host_visible; else NULL */
     int64_t logits_rows;
+    double logits_temp[MOEQ_LOGITS_CHUNK]; /* host: each chunk row's temperature for logits_reduce */
     moeq_mm_job *jobs; /* host */
     int max_jobs;
 } moeq_scratch;

@@ -13,9 +13,11 @@
  * the backend's buffers: this file composes ops and builds their plain-data
  * parameters; it reads only host metadata (positions, the router's finite
  * flags) and never an activation; the logits reach the caller's buffer
- * directly or, from a device, through download (moeq_forward_head).
+ * directly or, from a device, as per-row records (logits_reduce) plus the
+ * rows the caller needs whole, through download (moeq_forward_head).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "forward.h"
 #include "moe_layer.h"
@@ -182,27 +184,56 @@ void moeq_forward_tokens(moeq_engine *e, int64_t T) {
     }
 }
 
-void moeq_forward_logits(moeq_engine *e, int64_t n_rows, float *logits) {
-    moeq_forward_head(e, e->final_norm, e->model->lm_head, n_rows, logits);
+void moeq_forward_logits(moeq_engine *e, int64_t n_rows, const moeq_step_out *out) {
+    moeq_forward_head(e, e->final_norm, e->model->lm_head, n_rows, out, 0);
 }
 
-/* A backend whose memory is the host's writes the caller's buffer; a device computes chunks of rows into
- * s.logits and downloads each (the same per-row arithmetic: rows are independent). */
-void moeq_forward_head(moeq_engine *e, const float *norm, const moeq_tensor *head, int64_t n_rows, float *logits) {
+/* Whether row r (of out) must come back whole: asked for, or its draw is not decided by its record. */
+static int row_needed(const moeq_step_out *out, int64_t r, const moeq_logits_record *rec) {
+    if (!out->use) return 0;
+    const moeq_row_use *u = &out->use[r];
+    return u->full || (u->sampler && !moeq_sampler_record_decides(u->sampler, rec, u->draw));
+}
+
+/* A device's chunk of n rows (out's rows r0..): records for all, the rows whole where needed. */
+static void chunk_out(moeq_engine *e, const moeq_step_out *out, int64_t r0, int64_t n, int64_t V) {
+    moeq_scratch *s = &e->s;
+    if (!out->records) {
+        e->backend->download(e->backend, out->logits + r0 * V, s->logits, (size_t)(n * V) * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const moeq_row_use *u = out->use ? &out->use[r0 + i] : NULL;
+        s->logits_temp[i] = u && u->sampler ? moeq_sampler_temperature(u->sampler) : 0.0;
+    }
+    e->backend->logits_reduce(e->backend, s->logits, V, n, V, s->logits_temp, out->records + r0);
+    for (int64_t i = 0; i < n; i++) {
+        out->have_row[r0 + i] = (uint8_t)row_needed(out, r0 + i, &out->records[r0 + i]);
+        if (out->have_row[r0 + i])
+            e->backend->download(e->backend, out->logits + (r0 + i) * V, s->logits + i * V, (size_t)V * sizeof(float));
+    }
+}
+
+/* A backend whose memory is the host's writes the caller's buffer (every row whole); a device computes chunks
+ * of rows into s.logits and brings back each chunk whole, or (records asked for) each row's record and the
+ * rows whole only where needed (the same per-row arithmetic: rows are independent). */
+void moeq_forward_head(moeq_engine *e, const float *norm, const moeq_tensor *head, int64_t n_rows,
+                       const moeq_step_out *out, int64_t row0) {
     moeq_scratch *s = &e->s;
     int64_t D = e->cfg->hidden_size, V = moeq_tensor_rows(head);
     moeq_forward_rmsnorm(e, s->h, D, s->x, D, s->logit_tok, n_rows, D, norm);
     if (n_rows == 0) return;
     if (e->backend->host_visible) {
-        moeq_mm_job j = linear(head, s->h, logits, n_rows);
+        moeq_mm_job j = linear(head, s->h, out->logits + row0 * V, n_rows);
         e->backend->matmul(e->backend, &j, 1);
+        if (out->records) memset(out->have_row + row0, 1, (size_t)n_rows);
         return;
     }
     for (int64_t r0 = 0; r0 < n_rows; r0 += s->logits_rows) {
         int64_t n = n_rows - r0 < s->logits_rows ? n_rows - r0 : s->logits_rows;
         moeq_mm_job j = linear(head, s->h + r0 * D, s->logits, n);
         e->backend->matmul(e->backend, &j, 1);
-        e->backend->download(e->backend, logits + r0 * V, s->logits, (size_t)(n * V) * sizeof(float));
+        chunk_out(e, out, row0 + r0, n, V);
     }
 }
 

@@ -36,8 +36,10 @@ void moeq_forward_rope(moeq_engine *engine, int64_t n_tok);
 /* One block over the residual stream s.x (T, D): x += MLA(norm x); x += MLP/MoE(norm x). Needs rope set. */
 void moeq_forward_block(moeq_engine *engine, const moeq_block *block, int64_t n_tok);
 
-/* rmsnorm(s.x row s.logit_tok[r], norm) -> head, for r < n_rows, into logits (n_rows, vocab). Uses s.h. */
-void moeq_forward_head(moeq_engine *engine, const float *norm, const moeq_tensor *head, int64_t n_rows, float *logits);
+/* rmsnorm(s.x row s.logit_tok[r], norm) -> head, for r < n_rows, into out's rows row0 + r (moeq_step_out: whole
+ * rows, or on a device records and the rows needed whole). Uses s.h. */
+void moeq_forward_head(moeq_engine *engine, const float *norm, const moeq_tensor *head, int64_t n_rows,
+                       const moeq_step_out *out, int64_t row0);
 
 /* Widen a small tensor (norm weight, bias) into a backend weights buffer; NULL for NULL or on failure. */
 float *moeq_forward_widen(moeq_engine *engine, const moeq_tensor *t);
@@ -57,8 +59,8 @@ void moeq_forward_moe(moeq_engine *engine, int layer, int64_t n_tok);
 
 /* Tokens [0, n_tok) whose router saw a non-finite logit (s.finite) flag their sequence at layer L. */
 
-/* Final norm + lm_head for s.logit_tok[0..n_rows) into logits (n_rows, vocab). */
-void moeq_forward_logits(moeq_engine *engine, int64_t n_rows, float *logits);
+/* Final norm + lm_head for s.logit_tok[0..n_rows) into out (moeq_forward_head). */
+void moeq_forward_logits(moeq_engine *engine, int64_t n_rows, const moeq_step_out *out);
 
 /* Tests: 1 = run the naive (expanded K/V) attention instead of the absorbed one. */
 void moeq_engine_set_naive_attention(moeq_engine *engine, int on);

@@ -3,7 +3,9 @@
  * chunks of max_step_tokens, then decode one token per step) until a stop id
  * or max_new_tokens; with mtp_k, speculative rounds (mtp_spec.c) after the
  * first token. A convenience for `moeq generate` and tests; the worker
- * drives moeq_engine_step itself to batch many sequences.
+ * drives moeq_engine_step itself to batch many sequences. On a device each
+ * step brings back the row's record, and the row itself only when the
+ * sampler's draw needs it (moeq_engine_step_out).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,13 +18,33 @@ static int is_stop(const moeq_generate_params *p, int32_t id) {
     return 0;
 }
 
-static moeq_err prefill(moeq_engine *engine, int seq, const int32_t *prompt, int n_prompt, float *logits,
-                        char *errstr, size_t errstr_size) {
+/* One step's row: on a device its record, and the row itself only when the sampler's next draw needs it. */
+typedef struct gen_row {
+    float *logits;
+    moeq_logits_record rec;
+    uint8_t have;
+} gen_row;
+
+static moeq_err step_one(moeq_engine *engine, const moeq_step_item *item, moeq_sampler *sampler, gen_row *row,
+                         char *errstr, size_t errstr_size) {
+    moeq_row_use use = {sampler, 0, 0};
+    moeq_step_out out = {row->logits, 1, &row->rec, sampler ? &use : NULL, &row->have};
+    return moeq_engine_step_out(engine, item, 1, &out, errstr, errstr_size);
+}
+
+/* The draw the sampler makes on the last step's row (moeq_sampler_sample's result). */
+static int32_t sample_row(moeq_sampler *sampler, const gen_row *row) {
+    return moeq_sampler_sample_out(sampler, &row->rec, row->have ? row->logits : NULL);
+}
+
+static moeq_err prefill(moeq_engine *engine, int seq, const int32_t *prompt, int n_prompt, moeq_sampler *sampler,
+                        gen_row *row, char *errstr, size_t errstr_size) {
     int chunk = engine->params.max_step_tokens;
     for (int off = 0; off < n_prompt; off += chunk) {
         int n = n_prompt - off < chunk ? n_prompt - off : chunk;
         moeq_step_item item = {seq, prompt + off, n, 0};
-        moeq_err err = moeq_engine_step(engine, &item, 1, logits, 1, errstr, errstr_size);
+        /* only the last chunk's row is read: the others need no row at all (their records are dropped) */
+        moeq_err err = step_one(engine, &item, off + n == n_prompt ? sampler : NULL, row, errstr, errstr_size);
         if (err) return err;
     }
     return MOEQ_OK;
@@ -75,6 +97,7 @@ moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt,
     *n_out = 0;
     int vocab = engine->cfg->vocab_size, seq = -1, n = 0;
     float *logits = malloc((size_t)vocab * sizeof(float));
+    gen_row row = {.logits = logits};
     int32_t *ids = malloc((size_t)(params->max_new_tokens + 1) * sizeof(int32_t));
     moeq_sampler *sampler = NULL;
     moeq_err err = MOEQ_ERR_NOMEM;
@@ -91,9 +114,9 @@ moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt,
         moeq_errf(err, errstr, errstr_size, "mtp_k %d: the model has no MTP layer", params->mtp_k);
         goto free_all;
     }
-    if ((err = prefill(engine, seq, prompt, n_prompt, logits, errstr, errstr_size))) goto free_all;
+    if ((err = prefill(engine, seq, prompt, n_prompt, sampler, &row, errstr, errstr_size))) goto free_all;
     if (params->mtp_k > 0 && n < params->max_new_tokens) {
-        if ((ids[n] = moeq_sampler_sample(sampler, logits)) < 0) {
+        if ((ids[n] = sample_row(sampler, &row)) < 0) {
             err = numerical(engine, seq, n, errstr, errstr_size);
             goto free_all;
         }
@@ -101,7 +124,7 @@ moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt,
         if ((err = generate_mtp(engine, seq, params, sampler, ids, &n, errstr, errstr_size))) goto free_all;
     }
     while (params->mtp_k <= 0 && n < params->max_new_tokens) {
-        int32_t id = moeq_sampler_sample(sampler, logits);
+        int32_t id = sample_row(sampler, &row);
         if (id < 0) {
             err = numerical(engine, seq, n, errstr, errstr_size);
             goto free_all;
@@ -109,7 +132,7 @@ moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt,
         ids[n++] = id;
         if (is_stop(params, id) || n == params->max_new_tokens) break;
         moeq_step_item item = {seq, &id, 1, 0};
-        if ((err = moeq_engine_step(engine, &item, 1, logits, 1, errstr, errstr_size))) goto free_all;
+        if ((err = step_one(engine, &item, sampler, &row, errstr, errstr_size))) goto free_all;
     }
     *out = ids;
     *n_out = n;

@@ -457,7 +457,8 @@ static int64_t lay_draft(moeq_engine *e, const moeq_mtp_item *item, int64_t t) {
  * of item i0 + r (its draft entry): run the block, keep the chain rows, and
  * only those rows go through the head.
  */
-static void draft_pass(moeq_engine *e, const moeq_mtp_item *items, int i0, int i1, int64_t T, float *logits) {
+static void draft_pass(moeq_engine *e, const moeq_mtp_item *items, int i0, int i1, int64_t T,
+                       const moeq_step_out *out) {
     moeq_mtp_state *m = e->mtp;
     moeq_scratch *s = &e->s;
     int64_t D = e->cfg->hidden_size;
@@ -468,15 +469,21 @@ static void draft_pass(moeq_engine *e, const moeq_mtp_item *items, int i0, int i
         e->backend->copy(e->backend, m->chain_h + (size_t)seq * D, s->x + last * D, (size_t)D * sizeof(float));
         m->chain_pos[seq] = s->tok_pos[last];
     }
-    moeq_forward_head(e, m->head_norm, m->head, i1 - i0, logits + (size_t)i0 * e->cfg->vocab_size);
+    moeq_forward_head(e, m->head_norm, m->head, i1 - i0, out, i0);
 }
 
 moeq_err moeq_engine_mtp_step(moeq_engine *engine, const moeq_mtp_item *items, int n_items, float *logits,
                               size_t logits_rows, char *errstr, size_t errstr_size) {
-    if (!engine || n_items < 0 || (n_items > 0 && (!items || !logits)))
+    moeq_step_out out = {.logits = logits, .logits_rows = logits_rows};
+    return moeq_engine_mtp_step_out(engine, items, n_items, &out, errstr, errstr_size);
+}
+
+moeq_err moeq_engine_mtp_step_out(moeq_engine *engine, const moeq_mtp_item *items, int n_items,
+                                  const moeq_step_out *out, char *errstr, size_t errstr_size) {
+    if (!engine || !out || n_items < 0 || (n_items > 0 && (!items || !out->logits || (out->records && !out->have_row))))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "engine, items and logits are required");
     if (!engine->mtp) return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "the model has no MTP layer");
-    moeq_err err = check_draft(engine, items, n_items, logits_rows, errstr, errstr_size);
+    moeq_err err = check_draft(engine, items, n_items, out->logits_rows, errstr, errstr_size);
     if (err || n_items == 0) return err;
     int64_t T_max = engine->params.max_step_tokens, start, end;
     for (int i0 = 0, i1; i0 < n_items; i0 = i1) { /* passes of at most max_step_tokens rows, whole items */
@@ -487,7 +494,7 @@ moeq_err moeq_engine_mtp_step(moeq_engine *engine, const moeq_mtp_item *items, i
             T += lay_draft(engine, &items[i1], T);
             engine->s.logit_tok[i1 - i0] = T - 1;
         }
-        draft_pass(engine, items, i0, i1, T, logits);
+        draft_pass(engine, items, i0, i1, T, out);
     }
     return MOEQ_OK;
 }

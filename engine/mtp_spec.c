@@ -26,6 +26,12 @@
  * moeq_mtp_decode_step_with also carries other sequences' ordinary items
  * (prefill chunks, plain decodes) in the verify step.
  *
+ * On a device (moeq_step_out with records) a round reads records where
+ * they decide: greedy drafts and verification their argmax and finite flag,
+ * exact mode's draws moeq_sampler_sample_out (the engine brings a row whole
+ * where the record cannot decide the draw); rejection sampling and a
+ * hook's draft read whole rows.
+ *
  * A round costs the verify step plus the k draft passes, nothing else: the
  * verify step runs no MTP block (mtp.c keeps the rows; the accepted
  * positions' MTP entries are computed by the next round's first draft pass,
@@ -52,7 +58,10 @@ struct moeq_mtp_decoder {
     moeq_engine *engine;
     int max_seqs, max_k, vocab;
     float *draft_logits;      /* [max_seqs][max_k][V]     (sampling only)   */
-    float *logits;            /* [max_seqs * (max_k + 1)][V] verify rows    */
+    float *logits;            /* [max_seqs * (max_k + 1) + max_extra][V] verify rows, then ordinary ones */
+    moeq_logits_record *rec;  /* [same rows] on a device: each row's record  */
+    moeq_row_use *use;        /* [same rows] who reads each row              */
+    uint8_t *have;            /* [same rows] 1: the row came whole           */
     int32_t *tokens;          /* [max_seqs][max_k + 1] next_token, drafts   */
     int64_t *len0;            /* [max_seqs] seq_len before the round        */
     int64_t *row0;            /* [max_seqs] first verify row                */
@@ -81,6 +90,9 @@ moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq
     d->max_seqs = max_seqs, d->max_k = max_k, d->vocab = (int)V, d->max_extra = (int)X;
     d->draft_logits = malloc(S * (K ? K : 1) * V * sizeof(float));
     d->logits = malloc((S * (K + 1) + X) * V * sizeof(float));
+    d->rec = malloc((S * (K + 1) + X) * sizeof(moeq_logits_record));
+    d->use = calloc(S * (K + 1) + X, sizeof(moeq_row_use));
+    d->have = calloc(S * (K + 1) + X, 1);
     d->tokens = malloc(S * (K + 1) * sizeof(int32_t));
     d->len0 = malloc(S * sizeof(int64_t));
     d->row0 = malloc(S * sizeof(int64_t));
@@ -91,9 +103,8 @@ moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq
     d->q = malloc(V * sizeof(double));
     d->cand = malloc(V * sizeof(int32_t));
     d->weight = malloc(V * sizeof(float));
-    if (!d->draft_logits || !d->logits || !d->tokens || !d->len0 || !d->row0 || !d->mitems || !d->mseq ||
-        !d->items || !d->p || !d->q || !d->cand ||
-        !d->weight) {
+    if (!d->draft_logits || !d->logits || !d->rec || !d->use || !d->have || !d->tokens || !d->len0 || !d->row0 ||
+        !d->mitems || !d->mseq || !d->items || !d->p || !d->q || !d->cand || !d->weight) {
         moeq_mtp_decoder_destroy(d);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp decoder buffers (%zu seqs, k %zu, vocab %zu)", S,
                          K, V);
@@ -106,6 +117,9 @@ void moeq_mtp_decoder_destroy(moeq_mtp_decoder *d) {
     if (!d) return;
     free(d->draft_logits);
     free(d->logits);
+    free(d->rec);
+    free(d->use);
+    free(d->have);
     free(d->tokens);
     free(d->len0);
     free(d->row0);
@@ -142,6 +156,42 @@ static int32_t draw(const double *probs, int V, double u) {
     return last;
 }
 
+/* ---- rows or records ------------------------------------------------------ */
+
+/* Row r of the last step: whole (host memory, or brought back), else NULL (its record says what is needed). */
+static const float *row_at(const moeq_mtp_decoder *d, int64_t r) {
+    return d->have[r] ? d->logits + (size_t)r * d->vocab : NULL;
+}
+
+static int32_t argmax_at(const moeq_mtp_decoder *d, int64_t r) {
+    const float *row = row_at(d, r);
+    return row ? moeq_sampler_argmax(row, d->vocab) : d->rec[r].argmax;
+}
+
+static int finite_at(const moeq_mtp_decoder *d, int64_t r) {
+    const float *row = row_at(d, r);
+    return row ? moeq_sampler_finite(row, d->vocab) : d->rec[r].finite;
+}
+
+/* The step's output: whole rows where the round reads them whole, records for the rest (on a device). */
+static moeq_step_out round_out(moeq_mtp_decoder *d, size_t rows) {
+    return (moeq_step_out){.logits = d->logits, .logits_rows = rows, .records = d->rec, .use = d->use,
+                           .have_row = d->have};
+}
+
+/* What a draft row of sq is read for: its argmax (greedy, exact mode without a draft hook) or whole. */
+static moeq_row_use draft_use(const moeq_spec_seq *sq) {
+    int whole = sq->sampler ? moeq_sampler_has_draft_hook(sq->sampler) : sq->sampling.temperature > 0.0;
+    return (moeq_row_use){NULL, 0, whole};
+}
+
+/* Verify row a of sq: exact mode draws on it (the sampler's a-th next draw), greedy reads its argmax,
+ * rejection sampling its whole distribution. */
+static moeq_row_use verify_use(const moeq_spec_seq *sq, int a) {
+    if (sq->sampler) return (moeq_row_use){sq->sampler, a, 0};
+    return (moeq_row_use){NULL, 0, sq->sampling.temperature > 0.0};
+}
+
 /* ---- a round -------------------------------------------------------------- */
 
 static moeq_err check_round(const moeq_mtp_decoder *d, const moeq_spec_seq *seqs, int n, char *errstr,
@@ -166,17 +216,20 @@ static moeq_err draft_depth(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_seqs
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].k > j) {
             d->mitems[n] = (moeq_mtp_item){seqs[i].seq_id, d->tokens[(size_t)i * K1 + j]};
+            d->use[n] = draft_use(&seqs[i]);
             d->mseq[n++] = i;
         }
     if (n == 0) return MOEQ_OK;
-    moeq_err err = moeq_engine_mtp_step(d->engine, d->mitems, n, d->logits, (size_t)d->max_seqs * K1, errstr,
-                                        errstr_size);
+    moeq_step_out out = round_out(d, (size_t)d->max_seqs * K1);
+    moeq_err err = moeq_engine_mtp_step_out(d->engine, d->mitems, n, &out, errstr, errstr_size);
     if (err) return err;
     for (int r = 0; r < n; r++) {
         moeq_spec_seq *sq = &seqs[d->mseq[r]];
-        const float *row = d->logits + (size_t)r * V;
+        const float *row = row_at(d, r);
         int32_t x;
-        if (sq->sampler) { /* exact mode: greedy, or what the sampler's hook allows (structured output) */
+        if (!row) { /* a device's record: greedy drafts need its argmax alone */
+            x = d->rec[r].argmax;
+        } else if (sq->sampler) { /* exact mode: greedy, or what the sampler's hook allows (structured output) */
             x = moeq_sampler_draft(sq->sampler, row, d->tokens + (size_t)d->mseq[r] * K1 + 1, j);
         } else if (sq->sampling.temperature <= 0.0) {
             x = moeq_sampler_argmax(row, V);
@@ -196,17 +249,18 @@ static void accept(moeq_mtp_decoder *d, moeq_spec_seq *sq, int i) {
     int V = d->vocab, K1 = d->max_k + 1, k = sq->k, a = 0;
     const int32_t *drafts = d->tokens + (size_t)i * K1 + 1;
     const float *P = d->logits + (size_t)d->row0[i] * V;
+    int64_t r0 = d->row0[i];
     if (sq->sampler) { /* exact: the sampler's own draws, one per emitted token */
         for (;; a++) { /* the bonus row (a == k) always ends the round */
-            sq->out[a] = moeq_sampler_sample(sq->sampler, P + (size_t)a * V);
+            sq->out[a] = moeq_sampler_sample_out(sq->sampler, &d->rec[r0 + a], row_at(d, r0 + a));
             if (a == k || sq->out[a] != drafts[a]) break;
         }
         sq->n_out = a + 1;
         return;
     }
     if (sq->sampling.temperature <= 0.0) {
-        while (a < k && moeq_sampler_argmax(P + (size_t)a * V, V) == drafts[a]) sq->out[a] = drafts[a], a++;
-        sq->out[a] = moeq_sampler_argmax(P + (size_t)a * V, V);
+        while (a < k && argmax_at(d, r0 + a) == drafts[a]) sq->out[a] = drafts[a], a++;
+        sq->out[a] = argmax_at(d, r0 + a);
         sq->n_out = a + 1;
         return;
     }
@@ -239,9 +293,8 @@ static void accept(moeq_mtp_decoder *d, moeq_spec_seq *sq, int i) {
  * never read, just as plain decoding never computes them.
  */
 static int rows_finite(const moeq_mtp_decoder *d, const moeq_spec_seq *sq, int i) {
-    const float *P = d->logits + (size_t)d->row0[i] * d->vocab;
     for (int a = 0; a < sq->n_out; a++)
-        if (!moeq_sampler_finite(P + (size_t)a * d->vocab, d->vocab)) return 0;
+        if (!finite_at(d, d->row0[i] + a)) return 0;
     return 1;
 }
 
@@ -258,21 +311,38 @@ moeq_err moeq_mtp_decode_step(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_se
 moeq_err moeq_mtp_decode_step_with(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_seqs, const moeq_step_item *extra,
                                    int n_extra, float *extra_logits, size_t extra_rows, char *errstr,
                                    size_t errstr_size) {
+    moeq_step_out out = {.logits = extra_logits, .logits_rows = extra_rows};
+    return moeq_mtp_decode_step_out(d, seqs, n_seqs, extra, n_extra, &out, errstr, errstr_size);
+}
+
+/* The ordinary items' rows (after the verify rows) into the caller's out: records, and the rows that came. */
+static void extra_rows_out(const moeq_mtp_decoder *d, int64_t rows, int n_extra, const moeq_step_out *out) {
+    size_t V = (size_t)d->vocab;
+    for (int j = 0; j < n_extra; j++) {
+        int64_t r = rows + j;
+        if (out->records) out->records[j] = d->rec[r], out->have_row[j] = d->have[r];
+        if (!out->records || d->have[r])
+            memcpy(out->logits + (size_t)j * V, d->logits + (size_t)r * V, V * sizeof(float));
+    }
+}
+
+moeq_err moeq_mtp_decode_step_out(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int n_seqs, const moeq_step_item *extra,
+                                  int n_extra, const moeq_step_out *extra_out, char *errstr, size_t errstr_size) {
     if (!d) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "decoder is NULL");
     moeq_err err = check_round(d, seqs, n_seqs, errstr, errstr_size);
     if (err) return err;
-    if (n_extra < 0 || n_extra > d->max_extra || (n_extra > 0 && (!extra || !extra_logits)) ||
-        (size_t)n_extra > extra_rows)
+    if (n_extra < 0 || n_extra > d->max_extra ||
+        (n_extra > 0 && (!extra || !extra_out || !extra_out->logits || (extra_out->records && !extra_out->have_row))) ||
+        (n_extra > 0 && (size_t)n_extra > extra_out->logits_rows))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "mtp round: %d ordinary items (at most %d, one logits row each; %zu rows given)", n_extra,
-                         d->max_extra, extra_rows);
+                         d->max_extra, n_extra > 0 && extra_out ? extra_out->logits_rows : 0);
     for (int i = 0; i < n_extra; i++)
         if (extra[i].all_logits)
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                              "mtp round: ordinary item %d asks for all logits (only the last row is kept)", i);
     if (n_seqs == 0) /* nothing to draft: the ordinary step alone */
-        return n_extra ? moeq_engine_step(d->engine, extra, n_extra, extra_logits, extra_rows, errstr, errstr_size)
-                       : MOEQ_OK;
+        return n_extra ? moeq_engine_step_out(d->engine, extra, n_extra, extra_out, errstr, errstr_size) : MOEQ_OK;
     int K1 = d->max_k + 1, max_depth = 0;
     int64_t rows = 0;
     for (int i = 0; i < n_seqs; i++) {
@@ -285,16 +355,21 @@ moeq_err moeq_mtp_decode_step_with(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int
     for (int i = 0; i < n_seqs; i++) {
         d->items[i] = (moeq_step_item){seqs[i].seq_id, d->tokens + (size_t)i * K1, seqs[i].k + 1, 1};
         d->row0[i] = rows;
+        for (int a = 0; a <= seqs[i].k; a++) d->use[rows + a] = verify_use(&seqs[i], a);
         rows += seqs[i].k + 1;
     }
     /* The ordinary items ride in the verify step (batch invariance: the same bits as a step of their own), so
      * a plan with both reads the weights once, not twice. Their rows follow the verify rows. */
-    for (int i = 0; i < n_extra; i++) d->items[n_seqs + i] = extra[i];
-    if ((err = moeq_engine_step(d->engine, d->items, n_seqs + n_extra, d->logits,
-                                (size_t)d->max_seqs * K1 + (size_t)d->max_extra, errstr, errstr_size)))
+    for (int i = 0; i < n_extra; i++) {
+        d->items[n_seqs + i] = extra[i];
+        d->use[rows + i] = !extra_out->records ? (moeq_row_use){NULL, 0, 1}
+                           : extra_out->use    ? extra_out->use[i]
+                                               : (moeq_row_use){NULL, 0, 0};
+    }
+    moeq_step_out out = round_out(d, (size_t)d->max_seqs * K1 + (size_t)d->max_extra);
+    if ((err = moeq_engine_step_out(d->engine, d->items, n_seqs + n_extra, &out, errstr, errstr_size)))
         goto undo_round;
-    if (n_extra)
-        memcpy(extra_logits, d->logits + (size_t)rows * d->vocab, (size_t)n_extra * d->vocab * sizeof(float));
+    if (n_extra) extra_rows_out(d, rows, n_extra, extra_out);
     for (int i = 0; i < n_seqs; i++) {
         moeq_spec_seq *sq = &seqs[i];
         accept(d, sq, i);

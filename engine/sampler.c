@@ -11,6 +11,9 @@
  * this stream. The distribution itself is moeq_sampler_weights (sampler.h),
  * shared with mtp_spec.c's rejection sampler.
  * The candidate buffer is allocated in _new; sampling allocates nothing.
+ * A draw can also be made from a logits record (a device's row reduced to
+ * argmax, 64 candidates and sums; moeq_sampler_sample_record): the same
+ * token whenever the record decides, else MOEQ_SAMPLE_INSUFFICIENT.
  */
 #include <math.h>
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -221,7 +224,146 @@ static int32_t draw_from(moeq_sampler *s, const float *logits, uint64_t draw) {
 
 int moeq_sampler_finite(const float *logits, int64_t n) { return moeq_ops_finite(logits, n); }
 
+int moeq_sampler_has_draft_hook(const moeq_sampler *s) { return s && s->hook.draft != NULL; }
+
 int32_t moeq_sampler_draft(moeq_sampler *s, const float *row, const int32_t *prefix, int n_prefix) {
     if (s->hook.draft) return s->hook.draft(s->hook.ctx, row, s->vocab_size, prefix, n_prefix);
     return moeq_sampler_argmax(row, s->vocab_size);
+}
+
+/* ---- draws from a logits record (a device's rows; moeq/engine.h) ---------------------------------------- */
+
+double moeq_logits_sum_bound(double sum, int64_t vocab) {
+    /* per term one float ulp (2^-23 relative; 2^-149 absolute below the normal range) between two exps, and
+     * each order's double rounding (n 2^-53 relative): doubled for slack */
+    return sum * (0x1p-22 + (double)vocab * 0x1p-51) + (double)vocab * 0x1p-148;
+}
+
+double moeq_logits_sum1_bound(double sum_1, int64_t vocab) {
+    /* per term two exps within 2 ulps each (2^-51 relative), and each order's double rounding, doubled */
+    return sum_1 * (0x1p-49 + (double)vocab * 0x1p-51) + (double)vocab * 0x1p-1070;
+}
+
+/* (float)((double)x - lse) for every lse in [lo, hi], or NAN when the rounding differs across it. */
+static float logprob_at(float x, double lo, double hi) {
+    float a = (float)((double)x - hi), b = (float)((double)x - lo);
+    return a == b ? a : NAN;
+}
+
+int moeq_logits_record_logprobs(const moeq_logits_record *r, int64_t vocab, int32_t token, int k,
+                                float *token_logprob, int32_t *top_ids, float *top_logprobs) {
+    if (!r || !r->finite || k < 0 || k > r->n_top || !(r->sum_1 > 0)) return MOEQ_SAMPLE_INSUFFICIENT;
+    double e = moeq_logits_sum1_bound(r->sum_1, vocab), top = (double)r->max;
+    double lo = top + log(r->sum_1 - e), hi = top + log(r->sum_1 + e);
+    lo -= fabs(lo) * 0x1p-50 + 0x1p-1070, hi += fabs(hi) * 0x1p-50 + 0x1p-1070; /* log's and the sum's rounding */
+    int at = -1;
+    for (int i = 0; i < r->n_top && at < 0; i++)
+        if (r->top_id[i] == token) at = i;
+    if (at < 0) return MOEQ_SAMPLE_INSUFFICIENT;
+    float v = logprob_at(r->top_logit[at], lo, hi);
+    if (v != v) return MOEQ_SAMPLE_INSUFFICIENT;
+    for (int i = 0; i < k; i++) {
+        float w = logprob_at(r->top_logit[i], lo, hi);
+        if (w != w) return MOEQ_SAMPLE_INSUFFICIENT;
+        top_ids[i] = r->top_id[i], top_logprobs[i] = w;
+    }
+    *token_logprob = v;
+    return 0;
+}
+
+double moeq_sampler_temperature(const moeq_sampler *s) { return s ? s->p.temperature : 0.0; }
+
+/* Candidate i's weight exactly as moeq_sampler_weights computes it for the row. */
+static float record_weight(const moeq_logits_record *r, int i, double inv_t) {
+    return (float)exp(((double)r->top_logit[i] - (double)r->max) * inv_t);
+}
+
+/* [lo, hi] holding x * s for every s in [s_lo, s_hi] after the product's rounding. */
+static void product_range(double x, double s_lo, double s_hi, double *lo, double *hi) {
+    *lo = x * s_lo * (1.0 - 0x1p-50);
+    *hi = x * s_hi * (1.0 + 0x1p-50);
+}
+
+/* The walk of draw_from over candidates 0..m) with weights w (sums acc in draw order) for the target
+ * u * sum with sum exact: sampler.c's loop, rounding fallback included. */
+static int32_t walk_exact(const moeq_logits_record *r, const float *w, int m, double target) {
+    double acc = 0.0;
+    for (int i = 0; i < m; i++) {
+        acc += w[i];
+        if (target < acc) return r->top_id[i];
+    }
+    while (m > 1 && w[m - 1] == 0.0f) m--;
+    return r->top_id[m - 1];
+}
+
+/*
+ * The draw for uniform u, or MOEQ_SAMPLE_INSUFFICIENT. Candidates: the top_k first when top_k <= n_top
+ * (every weight and sum then exact: the sampler's own arithmetic on the same values in the same order);
+ * the whole vocabulary when top_k is off (or >= vocab): the record's n_top first, and the total sum_t is
+ * known only within its bound, so each comparison against it must come out the same at both ends.
+ */
+static int32_t record_draw(const moeq_sampling_params *p, const moeq_logits_record *r, int vocab, double u) {
+    if (p->temperature <= 0.0) return r->argmax;
+    int k = p->top_k <= 0 || p->top_k > vocab ? vocab : p->top_k, n = r->n_top;
+    double inv_t = 1.0 / p->temperature;
+    float w[MOEQ_LOGITS_TOP];
+    int m = k < n ? k : n;
+    for (int i = 0; i < m; i++) w[i] = record_weight(r, i, inv_t);
+    if (k <= n) { /* every candidate is in the record: exact */
+        double s = 0.0;
+        for (int i = 0; i < m; i++) s += w[i];
+        if (p->top_p < 1.0) {
+            double acc = 0.0;
+            int keep = m;
+            for (int i = 0; i < m; i++) {
+                acc += w[i];
+                if (acc >= p->top_p * s) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            m = keep, s = acc;
+        }
+        return walk_exact(r, w, m, u * s);
+    }
+    if (k < vocab || r->temperature != p->temperature || !(r->sum_t > 0)) return MOEQ_SAMPLE_INSUFFICIENT;
+    double e = moeq_logits_sum_bound(r->sum_t, vocab), lo, hi, acc = 0.0;
+    if (p->top_p < 1.0) { /* the prefix whose mass reaches top_p * total, decided at both ends of the total */
+        product_range(p->top_p, r->sum_t - e, r->sum_t + e, &lo, &hi);
+        for (int i = 0; i < m; i++) {
+            acc += w[i];
+            if (acc >= hi) return walk_exact(r, w, i + 1, u * acc);
+            if (acc >= lo) return MOEQ_SAMPLE_INSUFFICIENT;
+        }
+        return MOEQ_SAMPLE_INSUFFICIENT; /* the nucleus runs past the record */
+    }
+    product_range(u, r->sum_t - e, r->sum_t + e, &lo, &hi);
+    for (int i = 0; i < m; i++) {
+        acc += w[i];
+        if (hi < acc) return r->top_id[i];
+        if (lo < acc) return MOEQ_SAMPLE_INSUFFICIENT;
+    }
+    return MOEQ_SAMPLE_INSUFFICIENT; /* the draw lands past the record */
+}
+
+int moeq_sampler_record_decides(const moeq_sampler *s, const moeq_logits_record *rec, int ahead) {
+    if (!s || !rec || s->hook.process) return 0;
+    if (!rec->finite) return 1;
+    double u = moeq_sampler_uniform(s->p.seed, s->n_draws + (uint64_t)ahead);
+    return record_draw(&s->p, rec, s->vocab_size, u) != MOEQ_SAMPLE_INSUFFICIENT;
+}
+
+int32_t moeq_sampler_sample_record(moeq_sampler *s, const moeq_logits_record *rec) {
+    if (s->hook.process) return MOEQ_SAMPLE_INSUFFICIENT;
+    if (!rec->finite) {
+        s->n_draws++;
+        return -1;
+    }
+    int32_t t = record_draw(&s->p, rec, s->vocab_size, moeq_sampler_uniform(s->p.seed, s->n_draws));
+    if (t != MOEQ_SAMPLE_INSUFFICIENT) s->n_draws++;
+    return t;
+}
+
+int32_t moeq_sampler_sample_out(moeq_sampler *s, const moeq_logits_record *rec, const float *row) {
+    return row ? moeq_sampler_sample(s, row) : moeq_sampler_sample_record(s, rec);
 }

@@ -20,6 +20,9 @@ int moeq_sampler_finite(const float *logits, int64_t n);
 /* Exact mode's draft from an MTP row: the sampler hook's draft when it has one, else the argmax. */
 int32_t moeq_sampler_draft(moeq_sampler *sampler, const float *row, const int32_t *prefix, int n_prefix);
 
+/* 1 when the sampler's hook drafts (moeq_sampler_draft then reads the whole MTP row). */
+int moeq_sampler_has_draft_hook(const moeq_sampler *sampler);
+
 /* The highest logit's id, the lowest id on ties. */
 int32_t moeq_sampler_argmax(const float *logits, int vocab);
 

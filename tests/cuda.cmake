@@ -6,6 +6,12 @@ if(TARGET moeq_engine)
   moeq_add_test(NAME test_cuda_ops_host SOURCES test_cuda_ops_host.c test_cuda_ops_cxx.cpp LIBS moeq_cuda_ops moeq_engine LABELS unit)
   target_include_directories(test_cuda_ops_host PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
 endif()
+# The logits records (logits_reduce): the CPU op against a full sort, the CUDA kernel's block (logits_reduce.cuh)
+# emulated on the host against the CPU op, and draws from a record against draws from the row, on every machine.
+if(TARGET moeq_engine)
+  moeq_add_test(NAME test_logits_reduce SOURCES test_logits_reduce.c LIBS moeq_cuda_ops moeq_engine LABELS unit)
+  target_include_directories(test_logits_reduce PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+endif()
 # The CUDA backend's index and split-KV arithmetic (backend_index.cuh) against the CPU backend, and its error
 # paths (no device: a clear error; a build without CUDA: says so), on every machine.
 if(TARGET moeq_engine AND TARGET moeq_genmodel)

@@ -34,7 +34,8 @@ endif()
 
 # Decoding controls below the corpus: penalties vs a reference, min_tokens, stop ids, grammar ends, logprobs.
 if(TARGET moeq_worker AND TARGET moeq_grammar)
-  moeq_add_test(NAME test_decode_proc SOURCES test_decode_proc.c LIBS moeq_worker LABELS unit)
+  moeq_add_test(NAME test_decode_proc SOURCES test_decode_proc.c LIBS moeq_worker moeq_engine LABELS unit)
+  target_include_directories(test_decode_proc PRIVATE ${CMAKE_SOURCE_DIR}/engine) # cpu/logits_reduce.h: records
 endif()
 
 # Structured output through `moeq worker` (Redis + Kafka of the `services` fixture).

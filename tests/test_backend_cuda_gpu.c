@@ -14,7 +14,9 @@
  * (split-KV): 2e-6 abs + 2e-6 rel; naive attention 1e-4 of the largest
  * output; cuBLAS SGEMM: 1e-4 of the largest |y|; whole-model logits against
  * the CPU engine: 1e-4 of the largest |logit| (invariant) and 1e-3
- * (cuBLAS), equal greedy choices where the CPU's top-1 margin exceeds that.
+ * (cuBLAS), equal greedy choices where the CPU's top-1 margin exceeds that;
+ * logits records: equal argmax, flags and candidates, sums within
+ * moeq_logits_sum_bound.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -389,6 +391,52 @@ static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
 
 /* ---- whole models through the engine ------------------------------------------------------------------------- */
 
+/* Row r of a logits_reduce case: random, ties, all equal, a NaN first or inside, inf, -0 beside +0. */
+static void logits_row(float *x, int64_t V, int r) {
+    for (int64_t i = 0; i < V; i++) {
+        float v = frand() * 8.0f;
+        x[i] = r == 1 ? (float)((int)(v + 8.0f) / 4) : r == 2 ? 0.5f : r == 6 ? (i & 1 ? 0.0f : -0.0f) : v;
+    }
+    if (r == 3) x[0] = NAN;
+    if (r == 4) x[V / 2] = NAN;
+    if (r == 5) x[V - 1] = INFINITY;
+}
+
+/* logits_reduce: the record of every row equal to the CPU op's (the sums within moeq_logits_sum_bound). */
+static void logits_records_on_cuda_equal_the_cpu_ops(void **state) {
+    (void)state;
+    static const int64_t Vs[] = {1, 63, 64, 65, 1000, 4097, 129280};
+    pair p;
+    pair_new(&p, models[0], 1);
+    for (int vi = 0; vi < 7; vi++) {
+        int64_t V = Vs[vi], ld = V + 3, R = 7;
+        float *x = malloc((size_t)(R * ld) * sizeof(float));
+        double temp[7] = {0.0, 1.0, 0.7, 1.0, 0.9, 1.3, 2.0};
+        for (int r = 0; r < R; r++) logits_row(x + r * ld, V, r);
+        float *dx = dev(&p, x, (size_t)(R * ld) * sizeof(float));
+        moeq_logits_record got[7], want[7];
+        p.cpu->logits_reduce(p.cpu, x, ld, R, V, temp, want);
+        p.gpu->logits_reduce(p.gpu, dx, ld, R, V, temp, got);
+        check_status(&p, "logits_reduce");
+        for (int r = 0; r < R; r++) {
+            const moeq_logits_record *g = &got[r], *w = &want[r];
+            if (g->argmax != w->argmax || g->finite != w->finite || g->n_top != w->n_top ||
+                memcmp(&g->max, &w->max, 4) || g->temperature != w->temperature)
+                fail_msg("V %lld row %d: argmax %d/%d finite %d/%d n_top %d/%d", (long long)V, r, g->argmax,
+                         w->argmax, g->finite, w->finite, g->n_top, w->n_top);
+            for (int i = 0; i < w->n_top; i++)
+                if (g->top_id[i] != w->top_id[i] || memcmp(&g->top_logit[i], &w->top_logit[i], 4))
+                    fail_msg("V %lld row %d: candidate %d: %d vs %d", (long long)V, r, i, g->top_id[i], w->top_id[i]);
+            if (fabs(g->sum_t - w->sum_t) > moeq_logits_sum_bound(w->sum_t, V) ||
+                fabs(g->sum_1 - w->sum_1) > moeq_logits_sum1_bound(w->sum_1, V))
+                fail_msg("V %lld row %d: sums %.17g %.17g vs %.17g %.17g", (long long)V, r, g->sum_t, g->sum_1,
+                         w->sum_t, w->sum_1);
+        }
+        free(x);
+    }
+    pair_free(&p);
+}
+
 /* Three sequences: prefill (two chunks for seq 0), then 4 decode steps; every step's logits rows appended. */
 static float *run_engine(const moeq_model *m, const char *backend, int invariant, int *n_rows_out) {
     moeq_engine_params p = moeq_engine_default_params();
@@ -513,6 +561,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(row_ops_give_the_cpu_backends_bits),
         cmocka_unit_test(cache_ops_match_the_cpu_backend),
         cmocka_unit_test(moe_ops_route_like_the_cpu_and_permute_exactly),
+        cmocka_unit_test(logits_records_on_cuda_equal_the_cpu_ops),
         cmocka_unit_test(whole_model_logits_on_cuda_match_the_cpu_engine),
         cmocka_unit_test(batch_invariance_holds_on_the_gpu),
     };

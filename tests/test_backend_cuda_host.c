@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cpu/logits_reduce.h"
 #include "engine_state.h"
 #include "kv_paged.h"
 #include "moeq/engine.h"
@@ -494,6 +495,9 @@ typedef struct guarded {
     size_t len[GUARD_MAX];
 } guarded;
 
+/* What came back from the guarded backends since the last reset: bytes through download, records. */
+static size_t g_down_bytes, g_records;
+
 static void guard_set(guarded *g, int prot) {
     for (int i = 0; i < GUARD_MAX; i++)
         if (g->buf[i]) assert_int_equal(mprotect(g->buf[i], g->len[i], prot), 0);
@@ -550,6 +554,7 @@ static void g_upload(moeq_backend *b, void *d, const void *h, size_t n) {
 }
 static void g_download(moeq_backend *b, void *h, const void *d, size_t n) {
     DEV(b, d, "src");
+    g_down_bytes += n;
     OPEN(b), G(b)->cpu->download(G(b)->cpu, h, d, n), SHUT(b);
 }
 static void g_copy(moeq_backend *b, void *d, const void *s, size_t n) {
@@ -614,6 +619,13 @@ static void g_add(moeq_backend *b, float *x, const float *y, int64_t n) {
     DEV(b, x, "x"), DEV(b, y, "y");
     OPEN(b), G(b)->cpu->add(G(b)->cpu, x, y, n), SHUT(b);
 }
+static void g_logits_reduce(moeq_backend *b, const float *x, int64_t ld, int64_t n, int64_t V, const double *t,
+                            moeq_logits_record *out) {
+    DEV(b, x, "logits");
+    if (in_buf(G(b), out) || in_buf(G(b), t)) fail_msg("logits_reduce: temperatures and records are host memory");
+    g_records += (size_t)n;
+    OPEN(b), G(b)->cpu->logits_reduce(G(b)->cpu, x, ld, n, V, t, out), SHUT(b);
+}
 static void g_destroy(moeq_backend *b) {
     for (int i = 0; i < GUARD_MAX; i++) g_release(b, G(b)->buf[i]);
     moeq_backend_destroy(G(b)->cpu);
@@ -630,7 +642,7 @@ static moeq_err guarded_new(const moeq_backend_config *config, moeq_backend **ou
                              .attention = g_attention, .attention_naive = g_attention_naive, .embed = g_embed,
                              .rmsnorm = g_rmsnorm, .rope_cos_sin = g_rope_cos_sin, .mla_rope = g_mla_rope,
                              .silu_mul = g_silu_mul, .add = g_add, .route = g_route, .gather = g_gather,
-                             .combine = g_combine, .destroy = g_destroy};
+                             .combine = g_combine, .logits_reduce = g_logits_reduce, .destroy = g_destroy};
     *out = &g->base;
     return MOEQ_OK;
 }
@@ -726,11 +738,13 @@ static void mtp_rounds_touch_backend_memory_only_through_ops(void **state) {
         for (int i = 1; i < V; i++) best = logits[i] > logits[best] ? i : best;
         moeq_spec_seq sq = {.seq_id = seq, .next_token = best, .k = 2, .sampling = moeq_sampling_default_params()};
         int n = 0;
+        g_down_bytes = 0;
         while (n < 30) {
             if (moeq_mtp_decode_step(d, &sq, 1, err, sizeof err)) fail_msg("%s", err);
             for (int k = 0; k < sq.n_out && n < 40; k++) toks[run][n++] = sq.out[k];
         }
         acc[run] = sq.accepted;
+        if (run) assert_int_equal(g_down_bytes, 0); /* greedy drafts and verification: records only */
         free(logits);
         moeq_mtp_decoder_destroy(d);
         moeq_engine_destroy(e);
@@ -738,6 +752,130 @@ static void mtp_rounds_touch_backend_memory_only_through_ops(void **state) {
     assert_memory_equal(toks[1], toks[0], 30 * sizeof(int32_t));
     assert_int_equal(acc[1], acc[0]);
     print_message("mtp on the guarded backend: 30 tokens, %lld drafts accepted, as on the cpu\n", (long long)acc[0]);
+    moeq_model_destroy(m);
+    rm_dir(dir);
+}
+
+/* ---- logits records: what comes back from a device -------------------------------------------------------------- */
+
+/* moeq_generate of 24 tokens with sampling on e; *rows_back: whole rows that came back (download bytes / row). */
+static void generate_on(moeq_engine *e, const moeq_sampling_params *sp, int mtp_k, int32_t *out, int V,
+                        double *rows_back) {
+    int32_t prompt[9];
+    for (int i = 0; i < 9; i++) prompt[i] = (int32_t)((i * 53 + 7) % V);
+    moeq_generate_params gp = {.sampling = *sp, .max_new_tokens = 24, .mtp_k = mtp_k};
+    int32_t *ids = NULL;
+    int n = 0;
+    char err[512] = "";
+    g_down_bytes = 0, g_records = 0;
+    if (moeq_generate(e, prompt, 9, &gp, &ids, &n, err, sizeof err)) fail_msg("generate: %s", err);
+    assert_int_equal(n, 24);
+    memcpy(out, ids, 24 * sizeof(int32_t));
+    free(ids);
+    *rows_back = (double)g_down_bytes / ((double)V * sizeof(float));
+}
+
+/*
+ * moeq generate's loop on a backend the host cannot read: the CPU engine's tokens, greedy and sampled, with
+ * and without MTP drafts, and what came back: greedy and top-k <= MOEQ_LOGITS_TOP bring records only (no
+ * byte through download); a full-vocabulary top-p draw brings a row only where its record cannot decide.
+ */
+static void generation_on_a_device_brings_back_records_and_the_cpus_tokens(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new); /* taken already is fine */
+    char dir[] = "/tmp/moeq-guard-rec-XXXXXX";
+    moeq_model *m = gen_model("tiny-mtp", dir);
+    int V = moeq_model_get_config(m)->vocab_size;
+    assert_true(V > MOEQ_LOGITS_TOP); /* rows the record does not hold whole */
+    moeq_engine *cpu = engine_on(m, "cpu"), *g = engine_on(m, "guarded");
+    assert_false(moeq_engine_logits_on_device(cpu));
+    assert_true(moeq_engine_logits_on_device(g));
+    moeq_sampling_params sp[6] = {moeq_sampling_default_params(), {0.8, 40, 1.0, 11}, {0.7, 0, 0.9, 12},
+                                  {1.0, 0, 1.0, 13}, {8.0, 0, 1.0, 14}, {1.0, 100, 1.0, 15}};
+    const char *names[6] = {"greedy", "T 0.8 top_k 40", "T 0.7 top_p 0.9", "T 1 (whole vocabulary)",
+                            "T 8 (flat: draws past the record)", "T 1 top_k 100 (past the record)"};
+    for (int i = 0; i < 6; i++)
+        for (int mtp_k = 0; mtp_k <= 2; mtp_k += 2) {
+            int32_t want[24], got[24];
+            double rows_cpu, rows_dev;
+            generate_on(cpu, &sp[i], mtp_k, want, V, &rows_cpu);
+            generate_on(g, &sp[i], mtp_k, got, V, &rows_dev);
+            assert_memory_equal(got, want, sizeof want);
+            assert_int_equal(g_down_bytes % ((size_t)V * sizeof(float)), 0); /* whole rows, nothing else */
+            if (i < 2) assert_int_equal(g_down_bytes, 0);                    /* records decide every draw */
+            assert_true(rows_dev <= (double)g_records);                      /* at most a row per record */
+            if (i == 5 && mtp_k == 0) assert_true(rows_dev == 24);           /* every draw needs its row */
+            if (i == 4) assert_true(rows_dev > 0);                           /* the fallback ran */
+            print_message("  %s, mtp_k %d: the cpu's 24 tokens; %zu records (%zu bytes), %.0f whole rows back\n",
+                          names[i], mtp_k, g_records, g_records * sizeof(moeq_logits_record), rows_dev);
+        }
+    moeq_engine_destroy(cpu), moeq_engine_destroy(g);
+    moeq_model_destroy(m);
+    rm_dir(dir);
+}
+
+/*
+ * moeq_engine_step_out over two 64-row chunks (a 70-token prompt with every row's logits, and a decode token):
+ * every record is the CPU op's on the CPU engine's row, bit for bit; exactly the rows asked whole (full, or
+ * a draw its record cannot decide) come back, equal to the CPU's, and the others are left as they were.
+ */
+static void records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new);
+    char dir[] = "/tmp/moeq-guard-chunks-XXXXXX", err[512] = "";
+    moeq_model *m = gen_model("tiny", dir);
+    int V = moeq_model_get_config(m)->vocab_size, R = 71;
+    moeq_engine *cpu = engine_on(m, "cpu"), *g = engine_on(m, "guarded");
+    float *want = calloc((size_t)R * V, sizeof(float)), *got = malloc((size_t)R * V * sizeof(float));
+    moeq_logits_record *rec = calloc((size_t)R, sizeof *rec);
+    moeq_row_use *use = calloc((size_t)R, sizeof *use);
+    uint8_t *have = calloc((size_t)R, 1);
+    moeq_sampler *greedy = NULL, *wide = NULL;
+    moeq_sampling_params wp = {1.0, 100, 1.0, 3}; /* top_k past the record: always a whole row */
+    assert_int_equal(moeq_sampler_new(NULL, V, &greedy), MOEQ_OK);
+    assert_int_equal(moeq_sampler_new(&wp, V, &wide), MOEQ_OK);
+    for (int r = 0; r < R; r++)
+        use[r] = r % 4 == 0 ? (moeq_row_use){NULL, 0, 1} : r % 4 == 1 ? (moeq_row_use){greedy, 0, 0}
+               : r % 4 == 2 ? (moeq_row_use){wide, r % 3, 0} : (moeq_row_use){NULL, 0, 0};
+    for (size_t i = 0; i < (size_t)R * V; i++) got[i] = -7.0f; /* what a row not brought keeps */
+    int32_t prompt[70], tok = 5;
+    for (int i = 0; i < 70; i++) prompt[i] = (int32_t)((i * 29 + 3) % V);
+    for (int run = 0; run < 2; run++) {
+        moeq_engine *e = run ? g : cpu;
+        int a, b;
+        assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+        assert_int_equal(moeq_engine_seq_new(e, &b), MOEQ_OK);
+        moeq_step_item first = {a, &tok, 1, 0};
+        float *scratch = malloc((size_t)V * sizeof(float));
+        if (moeq_engine_step(e, &first, 1, scratch, 1, err, sizeof err)) fail_msg("%s", err); /* a has 1 token */
+        free(scratch);
+        moeq_step_item items[2] = {{b, prompt, 70, 1}, {a, &tok, 1, 0}};
+        moeq_step_out out = {run ? got : want, (size_t)R, rec, use, have};
+        g_down_bytes = 0;
+        if (moeq_engine_step_out(e, items, 2, &out, err, sizeof err)) fail_msg("%s", err);
+        for (int r = 0; r < R; r++) assert_int_equal(have[r], run ? use[r].full || use[r].sampler == wide : 1);
+    }
+    size_t whole = 0;
+    for (int r = 0; r < R; r++) {
+        moeq_logits_record ref;
+        double temp = use[r].sampler ? moeq_sampler_temperature(use[r].sampler) : 0;
+        moeq_cpu_logits_reduce_row(want + (size_t)r * V, V, temp, MOEQ_LOGITS_TOP, &ref);
+        if (memcmp(&rec[r], &ref, sizeof ref)) /* the guarded run's record = the CPU op on the CPU's row */
+            fail_msg("row %d: record argmax %d, the cpu row's %d", r, rec[r].argmax, ref.argmax);
+        if (have[r]) {
+            assert_same_bits(got + (size_t)r * V, want + (size_t)r * V, (size_t)V, "a row brought whole");
+            whole++;
+        } else {
+            for (int i = 0; i < V; i++) assert_true(got[(size_t)r * V + i] == -7.0f);
+        }
+    }
+    assert_int_equal(g_down_bytes, whole * (size_t)V * sizeof(float)); /* nothing else came through download */
+    print_message("71 rows in 2 chunks: 71 records, %zu rows whole (the full and top_k 100 ones)\n", whole);
+    moeq_sampler_destroy(greedy), moeq_sampler_destroy(wide);
+    free(want), free(got), free(rec), free(use), free(have);
+    moeq_engine_destroy(cpu), moeq_engine_destroy(g);
     moeq_model_destroy(m);
     rm_dir(dir);
 }
@@ -792,6 +930,8 @@ int main(void) {
         cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),
         cmocka_unit_test(an_engine_touches_backend_memory_only_through_ops),
         cmocka_unit_test(mtp_rounds_touch_backend_memory_only_through_ops),
+        cmocka_unit_test(generation_on_a_device_brings_back_records_and_the_cpus_tokens),
+        cmocka_unit_test(records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come),
         cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),
         cmocka_unit_test(the_cuda_backend_refuses_what_it_cannot_run_by_name),
     };

@@ -3,7 +3,8 @@
  * reference implementation written here (vLLM's repetition penalty, OpenAI's presence/frequency), min_tokens
  * and stop ids masked until allowed, end-of-sequence allowed only where the grammar is complete, logprobs
  * equal to a float64 log-softmax, and the scheduler's ends: a job's stop_token_ids (finish_reason stop_token)
- * and a completed grammar (finish_reason stop).
+ * and a completed grammar (finish_reason stop); the logprobs a device's logits record gives
+ * (moeq_logits_record_logprobs) equal the processor's from the whole row wherever the record decides.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/logits_reduce.h"
 #include "decode_proc.h"
+#include "moeq/engine.h"
 #include "scheduler.h"
 
 #define V 64
@@ -264,6 +267,68 @@ static void a_completed_grammar_ends_the_job_with_finish_reason_stop(void **stat
     moeq_sched_destroy(s);
 }
 
+/* Rows of nv values, the processor's logprobs of a token and its top alternatives from the row, and the same from
+ * the row's record (the CPU op; sum_1 moved by scale within its bound as another device's order would). */
+static void record_logprobs_case(int nv, int kind, int top, double scale, int *decided, int *cases) {
+    float *raw = malloc(sizeof(float) * (size_t)nv);
+    unsigned seed = (unsigned)(nv * 31 + kind);
+    for (int i = 0; i < nv; i++) {
+        seed = seed * 1103515245u + 12345u;
+        float u = (float)((int)(seed >> 16 & 0x7fff) - 16384) / 2048.0f;
+        raw[i] = kind == 0 ? u : kind == 1 ? u * 0.25f + (i % 211 == 7 ? 9.0f : 0.0f) : (float)((int)u / 2);
+    }
+    moeq_logits_record rec;
+    moeq_cpu_logits_reduce_row(raw, nv, 0.0, MOEQ_LOGITS_TOP, &rec);
+    rec.sum_1 *= scale;
+    for (int pick = 0; pick < 3; pick++) { /* the best token, the 10th, one outside the record */
+        int32_t t = pick == 0 ? rec.top_id[0] : pick == 1 ? rec.top_id[9] : -1;
+        if (pick == 2)
+            for (int32_t i = 0; i < nv && t < 0; i++) {
+                int in = 0;
+                for (int j = 0; j < rec.n_top; j++) in |= rec.top_id[j] == i;
+                if (!in) t = i;
+            }
+        moeq_decode_proc_params p = {.max_new_tokens = 4, .logprobs = 1, .top_logprobs = top};
+        moeq_decode_proc *d = NULL;
+        char err[256] = "";
+        assert_int_equal(moeq_decode_proc_new(&p, nv, &d, err, sizeof err), MOEQ_OK);
+        moeq_sampler_hook h = moeq_decode_proc_hook(d);
+        h.accept(h.ctx, raw, t);
+        moeq_logprob want;
+        assert_int_equal(moeq_decode_proc_logprob(d, 0, &want), 0);
+        float lp, vals[20];
+        int32_t ids[20];
+        int rc = moeq_logits_record_logprobs(&rec, nv, t, top, &lp, ids, vals);
+        (*cases)++;
+        if (pick == 2) assert_int_equal(rc, MOEQ_SAMPLE_INSUFFICIENT); /* its value is not in the record */
+        if (rc == 0) {
+            (*decided)++;
+            assert_memory_equal(&lp, &want.logprob, sizeof lp);
+            assert_memory_equal(ids, want.top_tokens, (size_t)top * sizeof(int32_t));
+            assert_memory_equal(vals, want.top_logprobs, (size_t)top * sizeof(float));
+        }
+        moeq_decode_proc_destroy(d);
+    }
+    free(raw);
+}
+
+static void logprobs_from_a_logits_record_equal_the_processors_from_the_row(void **state) {
+    (void)state;
+    int decided = 0, cases = 0;
+    static const int nvs[] = {65, 1000, 5003, 129280};
+    for (int vi = 0; vi < 4; vi++)
+        for (int kind = 0; kind < 3; kind++)
+            for (int top = 0; top <= 20; top += 5)
+                for (int side = -1; side <= 1; side++) {
+                    double scale = 1.0 + side * 0.999 * 0x1p-49; /* inside moeq_logits_sum1_bound */
+                    record_logprobs_case(nvs[vi], kind, top, scale, &decided, &cases);
+                }
+    /* two of three picks are in the record; nearly all of those are decided (a value on a float boundary
+     * within the bound is not) */
+    assert_true(decided >= cases * 2 / 3 * 9 / 10);
+    print_message("logprobs from records: %d of %d decided, every one the row's\n", decided, cases);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(penalties_match_a_reference_implementation),
@@ -273,6 +338,7 @@ int main(void) {
         cmocka_unit_test(a_noted_error_ends_the_job_before_the_token_with_the_code),
         cmocka_unit_test(a_jobs_stop_token_ids_end_it_with_finish_reason_stop_token),
         cmocka_unit_test(a_completed_grammar_ends_the_job_with_finish_reason_stop),
+        cmocka_unit_test(logprobs_from_a_logits_record_equal_the_processors_from_the_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,7 +99,10 @@ struct moeq_worker {
 
     slot_state *slots;
     moeq_step_item *items;
-    float *logits;
+    float *logits;                 /* 2 max_seqs rows: whole rows (the CPU; on a device where a draw needs one) */
+    moeq_logits_record *rec;       /* their records (a device backend: moeq_engine_step_out)                  */
+    moeq_row_use *use;             /* who draws on each row                                                    */
+    uint8_t *have;                 /* 1: the row came whole                                                    */
     int32_t *sampled;
     moeq_buf buf;
     moeq_mtp_decoder *mtp;         /* NULL: MTP off (mtp_k 0 or no MTP layer)  */
@@ -429,7 +432,10 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     w->items = calloc(2 * n, sizeof *w->items);
     w->sampled = calloc(2 * n, sizeof *w->sampled);
     w->logits = malloc(2 * n * (size_t)w->vocab * sizeof *w->logits);
-    if (!w->slots || !w->items || !w->sampled || !w->logits)
+    w->rec = malloc(2 * n * sizeof *w->rec);
+    w->use = calloc(2 * n, sizeof *w->use);
+    w->have = calloc(2 * n, 1);
+    if (!w->slots || !w->items || !w->sampled || !w->logits || !w->rec || !w->use || !w->have)
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "step buffers");
     for (size_t i = 0; i < n; i++) w->slots[i].seq = -1;
     return MOEQ_OK;
@@ -564,6 +570,9 @@ void moeq_worker_destroy(moeq_worker *w) {
     free(w->items);
     free(w->sampled);
     free(w->logits);
+    free(w->rec);
+    free(w->use);
+    free(w->have);
     free(w->spec);
     free(w->round_out);
     moeq_buf_free(&w->buf);
@@ -949,7 +958,8 @@ static moeq_err slot_open(moeq_worker *w, const moeq_sched_item *it, int *lead, 
     }
     for (int done = got, chunk = (int)w->params.max_step_tokens; done < skipped; done += chunk) {
         moeq_step_item one = {s->seq, prompt + done, skipped - done < chunk ? skipped - done : chunk, 0};
-        if ((err = moeq_engine_step(w->engine, &one, 1, w->logits, 1, errstr, errstr_size))) return err;
+        moeq_step_out out = {w->logits, 1, w->rec, NULL, w->have}; /* nothing reads the row: records only */
+        if ((err = moeq_engine_step_out(w->engine, &one, 1, &out, errstr, errstr_size))) return err;
     }
     return MOEQ_OK;
 }
@@ -986,16 +996,19 @@ static moeq_err prepare_items(moeq_worker *w, const moeq_sched_step *plan, char 
                              (long long)total, (long long)w->params.max_step_tokens);
         total += lead;
         w->items[i] = (moeq_step_item){w->slots[it->slot].seq, it->tokens - lead, it->n_tokens + lead, 0};
+        w->use[i] = (moeq_row_use){it->sample ? w->slots[it->slot].sampler : NULL, 0, 0};
     }
     return MOEQ_OK;
 }
 
-/* Sample the items that end in a token (w->logits: one row per item). */
+/* Sample the items that end in a token (one row per item: whole, or on a device its record where that decides
+ * the draw exactly). */
 static void sample_items(moeq_worker *w, const moeq_sched_step *plan) {
     for (int i = 0; i < plan->n_items; i++) {
         const moeq_sched_item *it = &plan->items[i];
         if (!it->sample) continue;
-        w->sampled[i] = moeq_sampler_sample(w->slots[it->slot].sampler, w->logits + (size_t)i * w->vocab);
+        w->sampled[i] = moeq_sampler_sample_out(w->slots[it->slot].sampler, &w->rec[i],
+                                                w->have[i] ? w->logits + (size_t)i * w->vocab : NULL);
         wjob *job = it->user;
         if (!job->got_first) {
             job->got_first = 1;
@@ -1018,7 +1031,7 @@ static void note_nonfinite(moeq_worker *w, const moeq_sched_step *plan) {
 
 /*
  * The plan in one engine step: its ordinary items alone, or — when it has speculative rounds — the rounds'
- * drafts and then one verify step that also carries the items (moeq_mtp_decode_step_with: one pass over the
+ * drafts and then one verify step that also carries the items (moeq_mtp_decode_step_out: one pass over the
  * weights, the same bits as separate steps). Round outcomes go to round_out.
  */
 static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
@@ -1034,11 +1047,11 @@ static moeq_err run_plan(moeq_worker *w, const moeq_sched_step *plan, char *err,
                                      .sampler = w->slots[r->slot].sampler}; /* exact mode: plain's tokens */
     }
     int64_t t0 = moeq_mono_ns();
+    moeq_step_out out = {w->logits, (size_t)plan->n_items, w->rec, w->use, w->have};
     if (plan->n_rounds > 0)
-        e = moeq_mtp_decode_step_with(w->mtp, w->spec, plan->n_rounds, w->items, plan->n_items, w->logits,
-                                      (size_t)plan->n_items, err, err_size);
+        e = moeq_mtp_decode_step_out(w->mtp, w->spec, plan->n_rounds, w->items, plan->n_items, &out, err, err_size);
     else
-        e = moeq_engine_step(w->engine, w->items, plan->n_items, w->logits, (size_t)plan->n_items, err, err_size);
+        e = moeq_engine_step_out(w->engine, w->items, plan->n_items, &out, err, err_size);
     atomic_fetch_add(&w->metrics.engine_ns, moeq_mono_ns() - t0);
     if (e) return e;
     sample_items(w, plan);

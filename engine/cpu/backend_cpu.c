@@ -27,6 +27,7 @@
 
 #include "attention.h"
 #include "backend_pool.h"
+#include "logits_reduce.h"
 #include "moe_route.h"
 #include "ops.h"
 #include "moeq/engine.h"
@@ -435,6 +436,12 @@ static void cpu_destroy(moeq_backend *b) {
     free(cb);
 }
 
+static void cpu_logits_reduce(moeq_backend *b, const float *logits, int64_t ld, int64_t n_rows, int64_t vocab,
+                              const double *temperature, moeq_logits_record *out) {
+    (void)b;
+    moeq_cpu_logits_reduce(logits, ld, n_rows, vocab, temperature, out);
+}
+
 static const moeq_backend cpu_table = {
     .name = "cpu",
     .host_visible = 1,
@@ -459,6 +466,7 @@ static const moeq_backend cpu_table = {
     .route = cpu_route,
     .gather = cpu_gather,
     .combine = cpu_combine,
+    .logits_reduce = cpu_logits_reduce,
     .describe = cpu_describe,
     .memory = cpu_memory,
     .destroy = cpu_destroy,

@@ -31,6 +31,7 @@ extern "C" {
 
 #include "backend_cuda.h"
 #include "backend_index.cuh"
+#include "logits_reduce.cuh"
 #include "common.cuh"
 
 #define STAGE_MIN_BYTES (64u << 20)     // pinned staging (and its device twin) at least ...
@@ -916,6 +917,145 @@ static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {
     launched(cb, "combine_kernel launch");
 }
 
+// ---- logits: per-row records (argmax, candidates, sums) back to the host -----------------------------------------
+
+// Block-wide exclusive scan of v over the block's NT threads (Hillis-Steele in shared memory); *total: the sum.
+template <int NT>
+__device__ uint32_t block_scan_excl(uint32_t v, uint32_t *buf, uint32_t *total) {
+    int t = threadIdx.x;
+    buf[t] = v;
+    __syncthreads();
+    for (int off = 1; off < NT; off <<= 1) {
+        uint32_t add = t >= off ? buf[t - off] : 0u;
+        __syncthreads();
+        buf[t] += add;
+        __syncthreads();
+    }
+    uint32_t incl = buf[t];
+    *total = buf[NT - 1];
+    __syncthreads();
+    return incl - v;
+}
+
+// Thread 0 picks pass p's bucket from hist: the prefix and the rank left (logits_reduce.cuh).
+__device__ void lr_pick(const uint32_t *hist, int pass, uint32_t *prefix, uint32_t *k_left) {
+    if (threadIdx.x == 0) {
+        uint32_t b = moeq_cu_lr_pick(hist, *k_left, k_left);
+        *prefix |= b << (24 - 8 * pass);
+    }
+    __syncthreads();
+}
+
+// One block per row (NT threads): the record of row blockIdx.x of logits (row stride ld, V values), sum_t at
+// temp[row]. The steps are logits_reduce.cuh's, in its order; tests/test_logits_reduce.c emulates this block.
+template <int NT>
+__global__ void logits_reduce_kernel(const float *logits, int64_t ld, int64_t V, const double *temp,
+                                     moeq_logits_record *out) {
+    __shared__ uint32_t hist[MOEQ_CU_LR_BUCKETS];
+    __shared__ uint32_t scan[NT];
+    __shared__ uint32_t b_key[NT];
+    __shared__ int32_t b_id[NT];
+    __shared__ int b_nf[NT];
+    __shared__ double s_t[NT], s_1[NT];
+    __shared__ uint32_t c_key[MOEQ_LOGITS_TOP];
+    __shared__ int32_t c_id[MOEQ_LOGITS_TOP];
+    __shared__ uint32_t prefix, k_left;
+    const float *x = logits + (int64_t)blockIdx.x * ld;
+    moeq_logits_record *r = out + blockIdx.x;
+    int t = threadIdx.x, c = V < MOEQ_LOGITS_TOP ? (int)V : MOEQ_LOGITS_TOP;
+    double temperature = temp[blockIdx.x];
+    if (t == 0) prefix = 0, k_left = (uint32_t)c;
+    moeq_cu_lr_best best = {0u, (int32_t)V, 0};
+    for (int pass = 0; pass < MOEQ_CU_LR_PASSES; pass++) {
+        for (int b = t; b < MOEQ_CU_LR_BUCKETS; b += NT) hist[b] = 0;
+        __syncthreads();
+        moeq_cu_lr_pass_thread(x, V, NT, t, pass, prefix, hist, &best);
+        if (pass == 0) { // the block's best (a total order: the tree's shape does not matter) and finite flag
+            b_key[t] = best.key, b_id[t] = best.id, b_nf[t] = best.nonfinite;
+            __syncthreads();
+            for (int s = NT / 2; s > 0; s >>= 1) {
+                if (t < s) {
+                    moeq_cu_lr_best a = {b_key[t], b_id[t], b_nf[t]}, o = {b_key[t + s], b_id[t + s], b_nf[t + s]};
+                    a = moeq_cu_lr_best_merge(a, o);
+                    b_key[t] = a.key, b_id[t] = a.id, b_nf[t] = a.nonfinite;
+                }
+                __syncthreads();
+            }
+        }
+        __syncthreads();
+        lr_pick(hist, pass, &prefix, &k_left);
+    }
+    int32_t argmax = moeq_cu_lr_argmax(x, b_id[0]);
+    int finite = !b_nf[0];
+    double top = (double)x[argmax], inv_t = temperature > 0 ? 1.0 / temperature : 0.0;
+    if (finite) { // per thread in tile order, then the fixed tree
+        moeq_cu_lr_sum_thread(x, V, NT, t, top, inv_t, &s_t[t], &s_1[t]);
+        __syncthreads();
+        for (int s = NT / 2; s > 0; s >>= 1) {
+            if (t < s) s_t[t] += s_t[t + s], s_1[t] += s_1[t + s];
+            __syncthreads();
+        }
+    }
+    // the candidates: above the threshold key, then the lowest ids equal to it, in index order
+    uint32_t thr = prefix, n_eq = k_left, n_gt = (uint32_t)c - n_eq, gt_base = 0, eq_base = 0;
+    for (int64_t j = 0; j < moeq_cu_lr_tiles(V, NT); j++) {
+        int64_t i = j * NT + t;
+        uint32_t key = i < V ? moeq_cu_lr_key(x[i]) : 0u;
+        int gt = i < V && key > thr, eq = i < V && key == thr;
+        uint32_t total, before = block_scan_excl<NT>((uint32_t)gt | ((uint32_t)eq << 16), scan, &total);
+        int slot = i < V ? moeq_cu_lr_slot(key, thr, gt_base + (before & 0xffffu), eq_base + (before >> 16), n_gt, n_eq)
+                         : -1;
+        if (slot >= 0) c_key[slot] = key, c_id[slot] = (int32_t)i;
+        gt_base += total & 0xffffu, eq_base += total >> 16;
+        if (gt_base >= n_gt && eq_base >= n_eq) break; // every thread sees the same totals: the same exit
+    }
+    __syncthreads();
+    int32_t my_id = 0;
+    int my_rank = -1;
+    if (t < c) my_id = c_id[t], my_rank = moeq_cu_lr_rank(c_key, c_id, c, t);
+    __syncthreads();
+    if (t < c) r->top_id[my_rank] = my_id, r->top_logit[my_rank] = x[my_id];
+    if (t == 0) {
+        r->argmax = argmax;
+        r->finite = finite;
+        r->max = x[argmax];
+        r->n_top = c;
+        r->temperature = finite && temperature > 0 ? temperature : 0.0;
+        r->sum_t = finite && temperature > 0 ? s_t[0] : 0.0;
+        r->sum_1 = finite ? s_1[0] : 0.0;
+    }
+    for (int i = c + t; i < MOEQ_LOGITS_TOP; i += NT) r->top_id[i] = 0, r->top_logit[i] = 0.0f; // the CPU's zeros
+}
+
+static void cuda_logits_reduce(moeq_backend *b, const float *logits, int64_t ld, int64_t n_rows, int64_t vocab,
+                               const double *temperature, moeq_logits_record *out) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (n_rows <= 0) return;
+    size_t rec_bytes = (size_t)n_rows * sizeof(moeq_logits_record), t_bytes = (size_t)n_rows * sizeof(double);
+    void *d_rec = NULL;
+    if (!stage_reserve(cb, STAGED(rec_bytes) + STAGED(t_bytes))) goto failed;
+    {
+        const double *d_t = (const double *)stage_up(cb, temperature, t_bytes, "cudaMemcpyAsync (temperatures)");
+        moeq_logits_record *h_rec = d_t ? (moeq_logits_record *)stage(cb, rec_bytes, &d_rec) : NULL;
+        if (!h_rec) goto failed;
+        logits_reduce_kernel<MOEQ_CU_LR_THREADS><<<(unsigned)n_rows, MOEQ_CU_LR_THREADS, 0, cb->stream>>>(
+            logits, ld, vocab, d_t, (moeq_logits_record *)d_rec);
+        if (!launched(cb, "logits_reduce_kernel launch") ||
+            !cu_ok(cb, cudaMemcpyAsync(h_rec, d_rec, rec_bytes, cudaMemcpyDeviceToHost, cb->stream),
+                   "cudaMemcpyAsync (logits records)") ||
+            !cu_ok(cb, cudaStreamSynchronize(cb->stream), "cudaStreamSynchronize (logits records)"))
+            goto failed;
+        memcpy(out, h_rec, rec_bytes);
+        cb->stage_off = 0; // drained: the staging is free again
+        return;
+    }
+failed: // an error is kept (the step fails at its status check): records that decide nothing wrong meanwhile
+    for (int64_t i = 0; i < n_rows; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].finite = 0; // "non-finite": a sampler returns -1 and reads nothing of it
+    }
+}
+
 // ---- lifetime -------------------------------------------------------------------------------------------------------
 
 extern "C" int moeq_backend_cuda_supports(moeq_backend_op op, moeq_dtype dtype) {
@@ -982,6 +1122,7 @@ static const moeq_backend cuda_table = {
     .route = cuda_route,
     .gather = cuda_gather,
     .combine = cuda_combine,
+    .logits_reduce = cuda_logits_reduce,
     .destroy = cuda_destroy,
 };
 

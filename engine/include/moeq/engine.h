@@ -88,6 +88,7 @@ moeq_err moeq_model_check_weights(const moeq_model *model, moeq_weight_issue_fn 
 /* ---- engine --------------------------------------------------------------- */
 
 typedef struct moeq_engine moeq_engine;
+typedef struct moeq_sampler moeq_sampler; /* sampling, below */
 
 typedef struct moeq_engine_params {
     int max_seqs;              /* sequences alive at once (default 64)                */
@@ -246,6 +247,86 @@ moeq_err moeq_engine_step_hidden(moeq_engine *engine, const moeq_step_item *item
                                  size_t logits_rows, float *hidden, size_t hidden_rows, char *errstr,
                                  size_t errstr_size);
 
+/* ---- logits records: the lm_head's rows reduced where they are computed ------ */
+
+/*
+ * A device backend (not host_visible) computes the logits in its own memory;
+ * bringing every row back costs vocab_size floats per row (517 KB for
+ * DeepSeek-V3's 129 280). A record is what the samplers read of a row, a few
+ * hundred bytes: greedy, temperature / top-k / top-p draws and the MTP argmax
+ * are decided from it exactly whenever it suffices (moeq_sampler_sample_record),
+ * and the engine brings the whole row only where it does not (docs/CUDA.md).
+ * MOEQ_LOGITS_TOP candidates: every top_k up to 64 (HF's default 50), top_logprobs
+ * (at most 20) and, in practice, the top-p nucleus and most temperature draws.
+ */
+#define MOEQ_LOGITS_TOP 64
+
+typedef struct moeq_logits_record {
+    int32_t argmax;      /* moeq_sampler_argmax of the row: the lowest id of the highest value (NaNs skipped;
+                            0 when the row starts with a NaN)                                               */
+    int32_t finite;      /* 1 when every value is finite (the sampler's check: else it gives -1)             */
+    float max;           /* row[argmax]                                                                      */
+    int32_t n_top;       /* min(MOEQ_LOGITS_TOP, vocab_size)                                                 */
+    double temperature;  /* what sum_t was taken at; <= 0: no sum_t                                          */
+    double sum_t;        /* finite rows, temperature > 0: the sum over the row of
+                            (float)exp(((double)x - max) * (1.0 / temperature)), in double, in the
+                            backend's order (another order differs within moeq_logits_sum_bound); else 0     */
+    double sum_1;        /* finite rows: the sum of exp((double)x - max) (log-sum-exp: max + log(sum_1)); else 0 */
+    int32_t top_id[MOEQ_LOGITS_TOP];  /* the n_top best ids: value descending, id ascending on ties, NaN below -inf */
+    float top_logit[MOEQ_LOGITS_TOP]; /* their values                                                        */
+} moeq_logits_record;
+
+/* How far two summation orders of sum_t (or sum_1) over vocab terms can be apart, the device's exp
+ * included (one float ulp per term, the double rounding of each order): the margin the sampler decides with. */
+double moeq_logits_sum_bound(double sum, int64_t vocab);
+/* The same for sum_1, whose terms are doubles (no float rounding): two exps a few double ulps apart. */
+double moeq_logits_sum1_bound(double sum_1, int64_t vocab);
+
+/*
+ * The log-probabilities the worker's logprobs record (worker/decode_proc.c: (float)((double)x - lse), lse =
+ * max + log(the sum of exp(x - max)) over the row) of token and of the k best ids (k <= rec->n_top: those
+ * are rec's first k), from rec alone: 0, or MOEQ_SAMPLE_INSUFFICIENT when token is not among rec's
+ * candidates, k > n_top, the row is not finite, or a value's float rounding is not the same at both ends of
+ * sum_1's bound (the row is needed). Not yet used by the worker (its logprobs run in the sampler hook).
+ */
+int moeq_logits_record_logprobs(const moeq_logits_record *rec, int64_t vocab, int32_t token, int k,
+                                float *token_logprob, int32_t *top_ids, float *top_logprobs);
+
+/* One logits row's reader in a step (moeq_step_out.use). */
+typedef struct moeq_row_use {
+    moeq_sampler *sampler; /* the sampler whose draw reads this row (borrowed for the call), or NULL: the
+                              caller reads only the record (argmax, finite)                                 */
+    int draw;              /* which of its draws reads it: 0 = its next, 1 = the one after, ...             */
+    int full;              /* 1: the whole row, whatever the record says (rejection sampling, a hook's draft) */
+} moeq_row_use;
+
+/*
+ * Where a step's logits go (moeq_engine_step_out, moeq_engine_mtp_step_out).
+ * records NULL: every row whole into logits (moeq_engine_step's behaviour).
+ * Otherwise, on a backend whose memory the host reads (the CPU): every row
+ * whole, have_row[r] = 1, records untouched (the caller samples the rows, as
+ * before). On any other backend: records[r] for every row, and row r whole
+ * (have_row[r] = 1) only when use[r].full, or use[r].sampler's draw
+ * use[r].draw cannot be decided by the record (moeq_sampler_record_decides;
+ * a sampler with a hook never can: processors read the whole row); use NULL:
+ * records only. Rows not brought are left as they were.
+ */
+typedef struct moeq_step_out {
+    float *logits;               /* logits_rows rows of vocab_size floats                                   */
+    size_t logits_rows;
+    moeq_logits_record *records; /* logits_rows records, or NULL                                           */
+    const moeq_row_use *use;     /* one per row, or NULL                                                    */
+    uint8_t *have_row;           /* out, one per row (required with records)                                */
+} moeq_step_out;
+
+/* moeq_engine_step with its logits as out says. */
+moeq_err moeq_engine_step_out(moeq_engine *engine, const moeq_step_item *items, int n_items,
+                              const moeq_step_out *out, char *errstr, size_t errstr_size);
+
+/* 1 when the engine's rows come back as records (its backend is not host_visible): a caller may then plan
+ * for rows it will not have. */
+int moeq_engine_logits_on_device(const moeq_engine *engine);
+
 /* ---- a rank of an expert-parallel group (docs/EP.md) ------------------------ */
 
 /*
@@ -350,6 +431,10 @@ typedef struct moeq_mtp_item {
 moeq_err moeq_engine_mtp_step(moeq_engine *engine, const moeq_mtp_item *items, int n_items, float *logits,
                               size_t logits_rows, char *errstr, size_t errstr_size);
 
+/* moeq_engine_mtp_step with its draft logits as out says (moeq_step_out): greedy drafts need records only. */
+moeq_err moeq_engine_mtp_step_out(moeq_engine *engine, const moeq_mtp_item *items, int n_items,
+                                  const moeq_step_out *out, char *errstr, size_t errstr_size);
+
 /* ---- sampling ------------------------------------------------------------- */
 
 typedef struct moeq_sampling_params {
@@ -360,8 +445,6 @@ typedef struct moeq_sampling_params {
 } moeq_sampling_params;
 
 moeq_sampling_params moeq_sampling_default_params(void);
-
-typedef struct moeq_sampler moeq_sampler;
 
 moeq_err moeq_sampler_new(const moeq_sampling_params *params, int vocab_size, moeq_sampler **out);
 void moeq_sampler_destroy(moeq_sampler *sampler);
@@ -392,6 +475,32 @@ typedef struct moeq_sampler_hook {
     int32_t (*draft)(void *ctx, const float *draft_row, int vocab, const int32_t *prefix, int n_prefix);
 } moeq_sampler_hook;
 void moeq_sampler_set_hook(moeq_sampler *sampler, const moeq_sampler_hook *hook);
+
+/* moeq_sampler_sample_record: the record cannot decide this draw exactly; the caller samples the whole row. */
+#define MOEQ_SAMPLE_INSUFFICIENT (-2)
+
+/*
+ * The token moeq_sampler_sample would draw from the row rec summarises,
+ * decided from rec alone: the same token and the same draw count, or
+ * MOEQ_SAMPLE_INSUFFICIENT with no draw used. -1 (one draw used) when the
+ * row holds a non-finite value. Insufficient: a hook (processors read the
+ * row); top_k above rec->n_top (and below the vocabulary); a top-p or
+ * temperature draw that leaves the n_top candidates, or whose decision lies
+ * within moeq_logits_sum_bound of sum_t; sum_t taken at another
+ * temperature. Greedy is always decided.
+ */
+int32_t moeq_sampler_sample_record(moeq_sampler *sampler, const moeq_logits_record *rec);
+
+/* 1 when moeq_sampler_sample_record would decide the draw `ahead` draws after the next one from rec (it
+ * does not draw). A pure function of the sampler's state and rec: the engine asks it to choose the rows it
+ * brings whole. */
+int moeq_sampler_record_decides(const moeq_sampler *sampler, const moeq_logits_record *rec, int ahead);
+
+/* A step row's draw: moeq_sampler_sample(row) when the row was brought (row not NULL), else from rec. */
+int32_t moeq_sampler_sample_out(moeq_sampler *sampler, const moeq_logits_record *rec, const float *row);
+
+/* The temperature the sampler draws at (what the engine takes sum_t at). */
+double moeq_sampler_temperature(const moeq_sampler *sampler);
 
 /* ---- speculative decoding with the MTP module (batched; docs/MTP.md) ------- */
 
@@ -462,6 +571,17 @@ moeq_err moeq_mtp_decode_step(moeq_mtp_decoder *decoder, moeq_spec_seq *seqs, in
 moeq_err moeq_mtp_decode_step_with(moeq_mtp_decoder *decoder, moeq_spec_seq *seqs, int n_seqs,
                                    const moeq_step_item *extra, int n_extra, float *extra_logits, size_t extra_rows,
                                    char *errstr, size_t errstr_size);
+
+/*
+ * moeq_mtp_decode_step_with whose ordinary items' rows go as extra_out says
+ * (moeq_step_out, its rows and records counted from 0; use may name each
+ * item's sampler): on a device, records, and rows only where needed. The
+ * round's own rows follow the same rule (greedy: records only; exact mode:
+ * the rows its sampler's draws cannot take from the record).
+ */
+moeq_err moeq_mtp_decode_step_out(moeq_mtp_decoder *decoder, moeq_spec_seq *seqs, int n_seqs,
+                                  const moeq_step_item *extra, int n_extra, const moeq_step_out *extra_out,
+                                  char *errstr, size_t errstr_size);
 
 /* ---- generation (convenience over engine + sampler, used by `moeq generate`) */
 
