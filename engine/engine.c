@@ -108,6 +108,8 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     s->router = take(a, T * E * f);
     s->rw = take(a, T * K * f);
     s->slot_row = take(a, T * K * sizeof(int64_t));
+    s->dids = take(a, T * K * sizeof(int32_t));
+    s->moe_plan = take(a, (size_t)MOEQ_MOE_PLAN_LEN(E, T * K) * sizeof(int64_t));
     s->xg = take(a, T * K * D * f);
     s->g = take(a, gu * f);
     s->u = take(a, gu * f);

@@ -353,8 +353,8 @@ static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
         int64_t *off_c = malloc((size_t)(E + 1) * 8), *off_g = malloc((size_t)(E + 1) * 8);
         int64_t *ord_c = malloc((size_t)S * 8), *ord_g = malloc((size_t)S * 8);
         const float *b = m->layers[c->num_hidden_layers - 1].e_score_correction_bias ? bias : NULL;
-        moeq_route_params pc = {&r, T, lg, b, ids_c, wc, fin_c, scratch, off_c, ord_c};
-        moeq_route_params pg = {&r, T, dlg, b ? dbias : NULL, ids_g, dw, fin_g, NULL, off_g, ord_g};
+        moeq_route_params pc = {&r, T, lg, b, ids_c, wc, fin_c, scratch, off_c, ord_c, 0};
+        moeq_route_params pg = {&r, T, dlg, b ? dbias : NULL, ids_g, dw, fin_g, NULL, off_g, ord_g, 0};
         p.cpu->route(p.cpu, &pc), p.gpu->route(p.gpu, &pg);
         check_status(&p, "route");
         assert_memory_equal(ids_g, ids_c, (size_t)S * 4);

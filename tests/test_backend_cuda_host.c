@@ -24,6 +24,8 @@
 #include "cpu/logits_reduce.h"
 #include "engine_state.h"
 #include "kv_paged.h"
+#include "moe_layer.h"
+#include "moeq/ep_placement.h"
 #include "moeq/engine.h"
 #include "moeq/genmodel.h"
 #include "tensor.h"
@@ -493,10 +495,14 @@ typedef struct guarded {
     moeq_backend *cpu;
     void *buf[GUARD_MAX];
     size_t len[GUARD_MAX];
+    moeq_buffer_kind kind[GUARD_MAX];
 } guarded;
 
-/* What came back from the guarded backends since the last reset: bytes through download, records. */
-static size_t g_down_bytes, g_records;
+/* What came back from the guarded backends since the last reset: bytes through download from the arena,
+ * records; downloads from state buffers (the MoE layer's router flags, counts) apart; round trips: calls
+ * that copy to the host and wait (downloads, logits_reduce, a route with host ids). */
+static size_t g_down_bytes, g_records, g_state_bytes, g_round_trips, g_host_routes, g_moe_ops;
+static int g_no_moe_op; /* 1: moe_experts unsupported (the composed path, host ids) */
 
 static void guard_set(guarded *g, int prot) {
     for (int i = 0; i < GUARD_MAX; i++)
@@ -507,7 +513,6 @@ static void guard_set(guarded *g, int prot) {
 #define SHUT(b) guard_set(G(b), PROT_NONE)
 
 static void *g_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
-    (void)kind;
     size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (bytes + page - 1) / page * page + (bytes == 0) * page;
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
@@ -517,7 +522,7 @@ static void *g_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
     assert_int_equal(mprotect(p, len, PROT_NONE), 0);
     for (int i = 0; i < GUARD_MAX; i++)
         if (!G(b)->buf[i]) {
-            G(b)->buf[i] = p, G(b)->len[i] = len;
+            G(b)->buf[i] = p, G(b)->len[i] = len, G(b)->kind[i] = kind;
             return p;
         }
     munmap(p, len);
@@ -528,6 +533,7 @@ static void g_release(moeq_backend *b, void *p) {
         if (G(b)->buf[i] == p) munmap(p, G(b)->len[i]), G(b)->buf[i] = NULL;
 }
 static int g_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dt) {
+    if (op == MOEQ_BACKEND_OP_MOE_EXPERTS && g_no_moe_op) return 0;
     return G(b)->cpu->supports(G(b)->cpu, op, dt);
 }
 static moeq_err g_map(moeq_backend *b, const moeq_model *m, char *e, size_t n) {
@@ -552,9 +558,17 @@ static void g_upload(moeq_backend *b, void *d, const void *h, size_t n) {
     DEV(b, d, "dst");
     OPEN(b), G(b)->cpu->upload(G(b)->cpu, d, h, n), SHUT(b);
 }
+static int buf_kind(const guarded *g, const void *p) {
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (g->buf[i] && (const char *)p >= (const char *)g->buf[i] && (const char *)p < (char *)g->buf[i] + g->len[i])
+            return (int)g->kind[i];
+    return -1;
+}
 static void g_download(moeq_backend *b, void *h, const void *d, size_t n) {
     DEV(b, d, "src");
-    g_down_bytes += n;
+    if (buf_kind(G(b), d) == MOEQ_BUFFER_STATE) g_state_bytes += n;
+    else g_down_bytes += n;
+    g_round_trips++;
     OPEN(b), G(b)->cpu->download(G(b)->cpu, h, d, n), SHUT(b);
 }
 static void g_copy(moeq_backend *b, void *d, const void *s, size_t n) {
@@ -580,8 +594,17 @@ static void g_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
 }
 static void g_route(moeq_backend *b, const moeq_route_params *p) {
     DEV(b, p->logits, "logits"), DEV(b, p->bias, "bias"), DEV(b, p->weights, "weights");
-    if (in_buf(G(b), p->ids) || in_buf(G(b), p->finite)) fail_msg("route: ids and finite must be host memory");
+    if (p->on_backend) DEV(b, p->ids, "ids"), DEV(b, p->finite, "finite");
+    else if (in_buf(G(b), p->ids) || in_buf(G(b), p->finite)) fail_msg("route: ids and finite must be host memory");
+    if (!p->on_backend) g_host_routes++, g_round_trips++; /* a device copies the ids back and waits */
     OPEN(b), G(b)->cpu->route(G(b)->cpu, p), SHUT(b);
+}
+static void g_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
+    DEV(b, p->x, "x"), DEV(b, p->ids, "ids"), DEV(b, p->weights, "weights"), DEV(b, p->out, "out");
+    DEV(b, p->xg, "xg"), DEV(b, p->g, "g"), DEV(b, p->u, "u"), DEV(b, p->down, "down");
+    DEV(b, p->slot_row, "slot_row"), DEV(b, p->plan, "plan"), DEV(b, p->stats, "stats");
+    g_moe_ops++;
+    OPEN(b), G(b)->cpu->moe_experts(G(b)->cpu, p), SHUT(b);
 }
 static void g_gather(moeq_backend *b, const moeq_gather_params *p) {
     DEV(b, p->xg, "xg"), DEV(b, p->slot_row, "slot_row"), DEV(b, p->x, "x");
@@ -623,7 +646,7 @@ static void g_logits_reduce(moeq_backend *b, const float *x, int64_t ld, int64_t
                             moeq_logits_record *out) {
     DEV(b, x, "logits");
     if (in_buf(G(b), out) || in_buf(G(b), t)) fail_msg("logits_reduce: temperatures and records are host memory");
-    g_records += (size_t)n;
+    g_records += (size_t)n, g_round_trips++;
     OPEN(b), G(b)->cpu->logits_reduce(G(b)->cpu, x, ld, n, V, t, out), SHUT(b);
 }
 static void g_destroy(moeq_backend *b) {
@@ -642,7 +665,7 @@ static moeq_err guarded_new(const moeq_backend_config *config, moeq_backend **ou
                              .attention = g_attention, .attention_naive = g_attention_naive, .embed = g_embed,
                              .rmsnorm = g_rmsnorm, .rope_cos_sin = g_rope_cos_sin, .mla_rope = g_mla_rope,
                              .silu_mul = g_silu_mul, .add = g_add, .route = g_route, .gather = g_gather,
-                             .combine = g_combine, .logits_reduce = g_logits_reduce, .destroy = g_destroy};
+                             .combine = g_combine, .moe_experts = g_moe_experts, .logits_reduce = g_logits_reduce, .destroy = g_destroy};
     *out = &g->base;
     return MOEQ_OK;
 }
@@ -705,6 +728,121 @@ static void an_engine_touches_backend_memory_only_through_ops(void **state) {
         run_steps(g, V, got); /* a host touch of a guarded buffer would fault here */
         assert_same_bits(got, want, n, presets[i]);
         moeq_engine_destroy(cpu), moeq_engine_destroy(g);
+        moeq_model_destroy(m);
+        free(want), free(got);
+        rm_dir(dir);
+    }
+}
+
+/* MoE layers of the model (main layers; the decode steps run no MTP). */
+static int moe_layers(const moeq_model *m) {
+    int n = 0;
+    for (int l = 0; l < moeq_model_get_config(m)->num_hidden_layers; l++) n += m->layers[l].is_moe;
+    return n;
+}
+
+/* Round trips of one decode step of the two sequences two_steps left (tokens `next`), its logits into out. */
+static size_t decode_round_trips(moeq_engine *e, const int32_t next[2], float *out) {
+    char err[256] = "";
+    moeq_step_item it[2] = {{0, &next[0], 1, 0}, {1, &next[1], 1, 0}};
+    g_round_trips = 0, g_host_routes = 0, g_moe_ops = 0;
+    if (moeq_engine_step(e, it, 2, out, 2, err, sizeof err)) fail_msg("%s", err);
+    return g_round_trips;
+}
+
+/*
+ * A one-rank engine on the guarded backend runs each MoE layer through moe_experts: route leaves ids and
+ * flags in backend memory and nothing comes back inside a layer. A decode step's round trips: the logits
+ * (one download) and the pass's router flags (one download of a state buffer), where the composed path
+ * (moe_experts unsupported) adds one wait per MoE layer (route's ids). Logits equal the CPU engine's bit for
+ * bit on both paths (so do the greedy tokens), and so do the expert counts (downloaded only when asked).
+ */
+static void a_decode_step_on_one_rank_makes_no_round_trip_inside_moe_layers(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new);
+    char dir[] = "/tmp/moeq-guard-moe-XXXXXX";
+    moeq_model *m = gen_model("tiny", dir);
+    int V = moeq_model_get_config(m)->vocab_size, n_moe = moe_layers(m);
+    assert_true(n_moe > 0);
+    moeq_engine *cpu = engine_on(m, "cpu"), *g = engine_on(m, "guarded");
+    g_no_moe_op = 1;
+    moeq_engine *gc = engine_on(m, "guarded");
+    g_no_moe_op = 0;
+    size_t n = (size_t)28 * V;
+    float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float)), *got_c = calloc(n, sizeof(float));
+    two_steps(cpu, V, want, NULL);
+    two_steps(g, V, got, NULL);
+    g_no_moe_op = 1, two_steps(gc, V, got_c, NULL), g_no_moe_op = 0;
+    int32_t tok[2] = {3, 5};
+    for (int step = 0; step < 3; step++) {
+        float *w = want + (size_t)26 * V, *o = got + (size_t)26 * V, *oc = got_c + (size_t)26 * V;
+        (void)decode_round_trips(cpu, tok, w);
+        size_t rt = decode_round_trips(g, tok, o);
+        assert_int_equal(g_host_routes, 0);
+        assert_int_equal(g_moe_ops, n_moe);
+        assert_int_equal(rt, 2); /* logits + the pass's router flags */
+        g_no_moe_op = 1;
+        size_t rt_c = decode_round_trips(gc, tok, oc);
+        g_no_moe_op = 0;
+        assert_int_equal(g_host_routes, n_moe);
+        assert_int_equal(g_moe_ops, 0);
+        assert_int_equal(rt_c, 1 + (size_t)n_moe);
+        if (!step)
+            print_message("  decode step of 2 tokens: %zu round trips with moe_experts, %zu composed (%d MoE layers)\n",
+                          rt, rt_c, n_moe);
+        for (int r = 0; r < 2; r++) { /* the greedy token of each row, from the same bits */
+            int32_t best = 0;
+            for (int v = 1; v < V; v++) best = w[(size_t)r * V + v] > w[(size_t)r * V + best] ? v : best;
+            tok[r] = best;
+        }
+    }
+    assert_same_bits(got, want, n, "moe_experts on the guarded backend");
+    assert_same_bits(got_c, want, n, "composed path on the guarded backend");
+    int nl[3], ne[3];
+    const uint64_t *c0 = moeq_engine_expert_counts(cpu, &nl[0], &ne[0]);
+    size_t nc = (size_t)nl[0] * (size_t)ne[0];
+    uint64_t *c_cpu = malloc(nc * sizeof(uint64_t));
+    memcpy(c_cpu, c0, nc * sizeof(uint64_t));
+    g_state_bytes = 0;
+    const uint64_t *c1 = moeq_engine_expert_counts(g, &nl[1], &ne[1]);
+    assert_true(g_state_bytes > 0); /* brought back when asked */
+    assert_memory_equal(c1, c_cpu, nc * sizeof(uint64_t));
+    const uint64_t *c2 = moeq_engine_expert_counts(gc, &nl[2], &ne[2]);
+    assert_memory_equal(c2, c_cpu, nc * sizeof(uint64_t));
+    uint64_t total = 0;
+    for (size_t i = 0; i < nc; i++) total += c_cpu[i];
+    assert_true(total > 0);
+    moeq_engine_destroy(cpu), moeq_engine_destroy(g), moeq_engine_destroy(gc);
+    moeq_model_destroy(m);
+    free(want), free(got), free(got_c), free(c_cpu);
+    rm_dir(dir);
+}
+
+/*
+ * The CPU backend's moe_experts (the engine's one-rank path) against the composed path it replaced (the
+ * same engine with its identity placement set by a test, which runs route with host ids, gather, the
+ * jobs, combine): the same bits for prefill and decode steps, V3 and V2 routers.
+ */
+static void the_cpu_moe_experts_op_equals_the_composed_path_bit_for_bit(void **state) {
+    (void)state;
+    const char *presets[] = {"tiny", "tiny-v2"};
+    for (int i = 0; i < 2; i++) {
+        char dir[] = "/tmp/moeq-moe-op-XXXXXX", err[256] = "";
+        moeq_model *m = gen_model(presets[i], dir);
+        const moeq_model_config *c = moeq_model_get_config(m);
+        int V = c->vocab_size;
+        moeq_engine *op = engine_on(m, "cpu"), *composed = engine_on(m, "cpu");
+        moeq_ep_placement *id = NULL;
+        assert_int_equal(moeq_ep_placement_new_identity(c->n_routed_experts, 1, &id, err, sizeof err), MOEQ_OK);
+        assert_int_equal(moeq_moe_layer_set_placement(composed, id, err, sizeof err), MOEQ_OK);
+        moeq_ep_placement_destroy(id);
+        size_t n = (size_t)27 * V;
+        float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+        run_steps(composed, V, want);
+        run_steps(op, V, got);
+        assert_same_bits(got, want, n, presets[i]);
+        moeq_engine_destroy(op), moeq_engine_destroy(composed);
         moeq_model_destroy(m);
         free(want), free(got);
         rm_dir(dir);
@@ -930,6 +1068,8 @@ int main(void) {
         cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),
         cmocka_unit_test(an_engine_touches_backend_memory_only_through_ops),
         cmocka_unit_test(mtp_rounds_touch_backend_memory_only_through_ops),
+        cmocka_unit_test(a_decode_step_on_one_rank_makes_no_round_trip_inside_moe_layers),
+        cmocka_unit_test(the_cpu_moe_experts_op_equals_the_composed_path_bit_for_bit),
         cmocka_unit_test(generation_on_a_device_brings_back_records_and_the_cpus_tokens),
         cmocka_unit_test(records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come),
         cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),
