@@ -31,6 +31,7 @@
 #include "tensor.h"
 
 #include "backend_index.cuh"
+#include "moe_index.cuh"
 #ifdef MOEQ_HAVE_CUDA_BACKEND
 #include "cuda/backend_cuda.h"
 #include "moeq/cuda_kernels.h"
@@ -414,6 +415,204 @@ static void f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_r
     }
     free(q), free(scale), free(x), free(row), free(y), free(want);
     moeq_backend_destroy(cpu);
+}
+
+/* ---- moe_experts: the plan, the work list, the grouped GEMM (moe_index.cuh) ------------------------------------ */
+
+/* ids (T, K): distinct experts per token; mode 0 random, 1 every token's first choice is expert e0 (one
+ * expert takes every token), 2 only experts 0..K-1 (the others get nothing). */
+static void moe_ids(int32_t *ids, int64_t T, int K, int E, int mode) {
+    int e0 = (int)(urand() % (uint32_t)E);
+    for (int64_t t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int32_t x;
+            int again;
+            do {
+                x = mode == 2 ? (int32_t)(urand() % (uint32_t)K) : (int32_t)(urand() % (uint32_t)E);
+                if (mode == 1 && k == 0) x = e0;
+                again = 0;
+                for (int j = 0; j < k; j++) again |= ids[t * K + j] == x;
+            } while (again);
+            ids[t * K + k] = x;
+        }
+}
+
+/* The device plan as its threads run it: thread e counts, one thread scans, thread e places (here in reverse
+ * order of experts: the result cannot depend on which thread goes first). */
+static void moe_plan_emulated(const int32_t *ids, int64_t S, int E, int64_t tile, int64_t *counts, int64_t *offsets,
+                              int64_t *tile_first, int64_t *order, int64_t *slot_row) {
+    for (int e = 0; e < E; e++) counts[e] = moeq_cu_moe_count(ids, S, e);
+    moeq_cu_moe_scan(counts, E, tile, offsets, tile_first);
+    for (int e = E - 1; e >= 0; e--) moeq_cu_moe_place(ids, S, e, offsets[e], order, slot_row);
+}
+
+/*
+ * Over experts with zero tokens, one expert taking every token, top_k 1..8, 1..300 tokens and tile sizes
+ * 1..64: the emulated plan is moeq_moe_plan's (the host layout the composed path uses) with slot_row its
+ * inverse, and the work list is the plain enumeration of (expert, token tile) in expert order: every item
+ * found by its y, none past the last, all within the capacity the launch is sized by, the items' rows an
+ * exact cover of the permuted rows.
+ */
+static void moe_plan_and_work_list_helpers_match_a_plain_c_model_over_many_shapes(void **state) {
+    (void)state;
+    const int Es[] = {1, 2, 3, 8, 64, 256};
+    const int64_t Ts[] = {1, 2, 3, 7, 8, 9, 16, 31, 64, 129, 300}, tiles[] = {1, 2, 8, 16, 64};
+    int64_t maxS = 300 * 8, n_checked = 0;
+    int32_t *ids = malloc((size_t)maxS * sizeof(int32_t));
+    int64_t *order = malloc((size_t)maxS * sizeof(int64_t)), *want_order = malloc((size_t)maxS * sizeof(int64_t));
+    int64_t *slot_row = malloc((size_t)maxS * sizeof(int64_t)), *covered = malloc((size_t)maxS * sizeof(int64_t));
+    int64_t counts[257], offsets[257], want_off[257], tile_first[257];
+    int64_t *items_e = malloc((size_t)maxS * sizeof(int64_t)), *items_j = malloc((size_t)maxS * sizeof(int64_t));
+    for (size_t ei = 0; ei < sizeof Es / sizeof *Es; ei++)
+        for (int K = 1; K <= 8 && K <= Es[ei]; K++)
+            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+                for (int mode = 0; mode < 3; mode++)
+                    for (size_t tl = 0; tl < sizeof tiles / sizeof *tiles; tl++) {
+                        int E = Es[ei];
+                        int64_t T = Ts[ti], S = T * K, tile = tiles[tl];
+                        moe_ids(ids, T, K, E, mode);
+                        moe_plan_emulated(ids, S, E, tile, counts, offsets, tile_first, order, slot_row);
+                        moeq_moe_plan(ids, T, K, E, want_off, want_order);
+                        assert_memory_equal(offsets, want_off, (size_t)(E + 1) * sizeof(int64_t));
+                        assert_memory_equal(order, want_order, (size_t)S * sizeof(int64_t));
+                        for (int64_t i = 0; i < S; i++) assert_int_equal(slot_row[order[i]], i);
+                        /* the model's work list: experts in order, each one's tiles in order */
+                        int64_t n = 0;
+                        for (int e = 0; e < E; e++)
+                            for (int64_t j = 0; j * tile < counts[e]; j++) items_e[n] = e, items_j[n] = j, n++;
+                        int64_t cap = moeq_cu_moe_tile_cap(S, E, tile), cap_big = moeq_cu_moe_tile_cap(maxS, E, tile);
+                        assert_int_equal(tile_first[E], n);
+                        assert_true(n <= cap && cap <= cap_big);
+                        for (int64_t i = 0; i < S; i++) covered[i] = 0;
+                        for (int64_t y = 0; y < cap_big; y++) {
+                            int64_t j = -1;
+                            int e = moeq_cu_moe_item(tile_first, E, y, &j);
+                            if (y >= n) {
+                                assert_int_equal(e, -1);
+                                continue;
+                            }
+                            assert_int_equal(e, items_e[y]);
+                            assert_int_equal(j, items_j[y]);
+                            int64_t cnt = offsets[e + 1] - offsets[e];
+                            for (int r = 0; r < MOEQ_CU_MM_ROWS * MOEQ_CU_LANES; r += MOEQ_CU_LANES) {
+                                moeq_cu_mm_at a = moeq_cu_mm_index(0, j, r, cnt, MOEQ_CU_MM_ROWS);
+                                if (tile == MOEQ_CU_MM_TILE_T && r == 0)
+                                    for (int jt = 0; jt < a.nt; jt++) covered[offsets[e] + a.t0 + jt]++;
+                            }
+                        }
+                        if (tile == MOEQ_CU_MM_TILE_T)
+                            for (int64_t i = 0; i < S; i++) assert_int_equal(covered[i], 1);
+                        n_checked++;
+                    }
+    print_message("%lld plans and work lists checked\n", (long long)n_checked);
+    free(ids), free(order), free(want_order), free(slot_row), free(covered), free(items_e), free(items_j);
+}
+
+/* The grouped NT kernel's grid over (row tiles of O, the capacity's items), on the host: half-warps, lanes,
+ * the butterfly. w[e] is expert e's [O, Kd] weight; x and y are the permuted rows (strides Kd and O). */
+static void grouped_nt_emulated(const moeq_tensor *const *w, const int64_t *offsets, const int64_t *tile_first, int E,
+                                int64_t cap, const float *x, int64_t Kd, float *y, int64_t O) {
+    for (int64_t bx = 0; bx < moeq_cu_mm_grid_x(O); bx++)
+        for (int64_t by = 0; by < cap; by++) {
+            int64_t j;
+            int e = moeq_cu_moe_item(tile_first, E, by, &j);
+            if (e < 0) continue;
+            int64_t cnt = offsets[e + 1] - offsets[e];
+            const float *xe = x + offsets[e] * Kd;
+            for (int r = 0; r < MOEQ_CU_MM_ROWS; r++) {
+                float acc[MOEQ_CU_LANES][MOEQ_CU_MM_TILE_T];
+                moeq_cu_mm_at a = moeq_cu_mm_index(bx, j, r * MOEQ_CU_LANES, cnt, O);
+                if (a.nt == 0) continue;
+                for (int lane = 0; lane < MOEQ_CU_LANES; lane++) {
+                    moeq_cu_mm_at al = moeq_cu_mm_index(bx, j, r * MOEQ_CU_LANES + lane, cnt, O);
+                    moeq_cu_mm_lanes(acc[lane], al, xe, Kd, (int)w[e]->dtype, w[e]->data, NULL, Kd);
+                }
+                for (int jt = 0; jt < a.nt; jt++) {
+                    float v[MOEQ_CU_LANES];
+                    for (int lane = 0; lane < MOEQ_CU_LANES; lane++) v[lane] = acc[lane][jt];
+                    moeq_cu_butterfly16(v);
+                    y[(offsets[e] + a.t0 + jt) * O + a.o] = v[0];
+                }
+            }
+        }
+}
+
+static moeq_tensor bf16_tensor(int64_t rows, int64_t cols) {
+    uint16_t *d = malloc((size_t)(rows * cols) * sizeof(uint16_t));
+    for (int64_t i = 0; i < rows * cols; i++) d[i] = (uint16_t)(moeq_cu_f32_bits(frand() * 0.5f) >> 16);
+    return (moeq_tensor){.name = "w", .dtype = MOEQ_DTYPE_BF16, .ndim = 2, .shape = {rows, cols}, .data = d,
+                         .nbytes = (size_t)(rows * cols) * 2};
+}
+
+/*
+ * The whole CUDA moe_experts op played on the host (the plan, the gather's index, the grouped GEMMs over the
+ * capacity's items, the shared expert as a plain matmul grid, SiLU, the combine) against the CPU backend's
+ * op, bit for bit, bf16 experts, over token counts, top_k and experts without tokens; the CPU op's expert
+ * counts land in stats.
+ */
+static void moe_experts_grids_emulated_give_the_cpu_ops_bits(void **state) {
+    (void)state;
+    enum { E = 6, D = 40, MI = 24, SI = 16, MAXT = 40 };
+    moeq_tensor t[3 * E + 3];
+    moeq_expert ex[E], sh;
+    for (int e = 0; e < E; e++) {
+        t[3 * e] = bf16_tensor(MI, D), t[3 * e + 1] = bf16_tensor(MI, D), t[3 * e + 2] = bf16_tensor(D, MI);
+        ex[e] = (moeq_expert){&t[3 * e], &t[3 * e + 1], &t[3 * e + 2]};
+    }
+    t[3 * E] = bf16_tensor(SI, D), t[3 * E + 1] = bf16_tensor(SI, D), t[3 * E + 2] = bf16_tensor(D, SI);
+    sh = (moeq_expert){&t[3 * E], &t[3 * E + 1], &t[3 * E + 2]};
+    const moeq_tensor *wg[E], *wu[E], *wd[E];
+    for (int e = 0; e < E; e++) wg[e] = ex[e].gate_proj, wu[e] = ex[e].up_proj, wd[e] = ex[e].down_proj;
+    moeq_backend *cpu = cpu_backend(16);
+    size_t S_MAX = (size_t)MAXT * 4, rows = S_MAX + MAXT;
+    float *x = malloc((size_t)MAXT * D * 4), *w = malloc(S_MAX * 4), *out = malloc((size_t)MAXT * D * 4);
+    float *xg = malloc(S_MAX * D * 4), *g = malloc(rows * MI * 4), *u = malloc(rows * MI * 4);
+    float *down = malloc(rows * D * 4), *want = malloc((size_t)MAXT * D * 4);
+    float *eg = malloc(rows * MI * 4), *eu = malloc(rows * MI * 4), *ed = malloc(rows * D * 4), *exg = malloc(S_MAX * D * 4);
+    int64_t *slot_row = malloc(S_MAX * 8), *plan = malloc((size_t)MOEQ_MOE_PLAN_LEN(E, S_MAX) * 8);
+    int64_t counts[E], offsets[E + 1], tile_first[E + 1], *order = malloc(S_MAX * 8), *srow = malloc(S_MAX * 8);
+    int32_t *ids = malloc(S_MAX * 4);
+    uint64_t stats[E];
+    const int64_t Ts[] = {1, 2, 5, 9, 17, 40};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+        for (int K = 1; K <= 4; K++)
+            for (int mode = 0; mode < 3; mode++) {
+                int64_t T = Ts[ti], S = T * K;
+                for (int64_t i = 0; i < T * D; i++) x[i] = frand();
+                for (int64_t i = 0; i < S; i++) w[i] = frand();
+                moe_ids(ids, T, K, E, mode);
+                memset(stats, 0, sizeof stats);
+                moeq_moe_experts_params p = {ex, &sh, E, T, K, D, MI, x, ids, w, want, xg, g, u, down,
+                                             slot_row, plan, stats, MAXT};
+                cpu->moe_experts(cpu, &p);
+                /* the device's order of work */
+                int64_t cap = moeq_cu_moe_tile_cap(S_MAX, E, MOEQ_CU_MM_TILE_T);
+                moe_plan_emulated(ids, S, E, MOEQ_CU_MM_TILE_T, counts, offsets, tile_first, order, srow);
+                for (int e = 0; e < E; e++) assert_int_equal(stats[e], (uint64_t)counts[e]);
+                for (int64_t idx = 0; idx < S * D; idx++) {
+                    moeq_cu_gather_at a = moeq_cu_gather_index(idx, D);
+                    exg[a.i * D + a.d] = x[moeq_cu_gather_src(order, a.i, K) * D + a.d];
+                }
+                grouped_nt_emulated(wg, offsets, tile_first, E, cap, exg, D, eg, MI);
+                grouped_nt_emulated(wu, offsets, tile_first, E, cap, exg, D, eu, MI);
+                /* the shared expert: one expert of every token (the plain matmul's grid is this with one item per
+                 * tile of T) */
+                int64_t one_off[2] = {0, T}, one_tiles[2] = {0, moeq_cu_moe_tiles(T, MOEQ_CU_MM_TILE_T)};
+                const moeq_tensor *sg[1] = {sh.gate_proj}, *su[1] = {sh.up_proj}, *sd[1] = {sh.down_proj};
+                grouped_nt_emulated(sg, one_off, one_tiles, 1, one_tiles[1], x, D, eg + S * MI, SI);
+                grouped_nt_emulated(su, one_off, one_tiles, 1, one_tiles[1], x, D, eu + S * MI, SI);
+                for (int64_t i = 0; i < S * MI + T * SI; i++) eg[i] = moeq_cu_silu_mul(eg[i], eu[i]);
+                grouped_nt_emulated(wd, offsets, tile_first, E, cap, eg, MI, ed, D);
+                grouped_nt_emulated(sd, one_off, one_tiles, 1, one_tiles[1], eg + S * MI, SI, ed + S * D, D);
+                for (int64_t tt = 0; tt < T; tt++)
+                    for (int64_t d = 0; d < D; d++)
+                        out[tt * D + d] = moeq_cu_combine_elem(ed, srow, w, ed + S * D, tt, K, D, d);
+                assert_same_bits(out, want, (size_t)(T * D), "moe_experts emulated");
+            }
+    moeq_backend_destroy(cpu);
+    for (int i = 0; i < 3 * E + 3; i++) free((void *)t[i].data);
+    free(x), free(w), free(out), free(xg), free(g), free(u), free(down), free(want), free(eg), free(eu), free(ed);
+    free(exg), free(slot_row), free(plan), free(order), free(srow), free(ids);
 }
 
 /* ---- the engine's device path, played on the CPU ----------------------------------------------------------------- */
@@ -1065,6 +1264,8 @@ int main(void) {
         cmocka_unit_test(split_merge_of_random_partials_equals_the_float64_softmax),
         cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
         cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),
+        cmocka_unit_test(moe_plan_and_work_list_helpers_match_a_plain_c_model_over_many_shapes),
+        cmocka_unit_test(moe_experts_grids_emulated_give_the_cpu_ops_bits),
         cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),
         cmocka_unit_test(an_engine_touches_backend_memory_only_through_ops),
         cmocka_unit_test(mtp_rounds_touch_backend_memory_only_through_ops),
