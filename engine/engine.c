@@ -608,6 +608,7 @@ static moeq_err step_out(moeq_engine *engine, const moeq_step_item *items, int n
                                  items[i].n_tokens);
     }
     moeq_forward_logits(engine, n_rows, out); /* leaves the normed rows in s.h */
+    moeq_moe_layer_flush(engine); /* the pass's router flags, once the logits are out: no wait before the head */
     if (hidden)
         engine->backend->download(engine->backend, hidden, s->h,
                                   (size_t)(n_rows * engine->cfg->hidden_size) * sizeof(float));

@@ -182,7 +182,6 @@ void moeq_forward_tokens(moeq_engine *e, int64_t T) {
         moeq_block b = moeq_forward_main_block(e, l);
         moeq_forward_block(e, &b, T);
     }
-    moeq_moe_layer_flush(e); /* the pass's router flags: one download (none came back inside a layer) */
 }
 
 void moeq_forward_logits(moeq_engine *e, int64_t n_rows, const moeq_step_out *out) {

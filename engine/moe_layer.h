@@ -36,8 +36,9 @@ void moeq_moe_layer_destroy(moeq_moe_layer *layer, moeq_backend *backend); /* NU
  */
 void moeq_moe_layer_run(moeq_engine *engine, const moeq_layer *L, const moeq_layer_vecs *vecs, int64_t n_tok);
 
-/* After a forward pass (main tokens, an MTP pass): the router flags of the layers it ran on the backend come
- * back in one download and mark each sequence's first non-finite layer (tok_seq still the pass's). */
+/* After a forward pass (a main step once its logits are out, an MTP pass), before s.tok_seq changes: the
+ * router flags of the layers it ran on the backend come back in one download (read in place on a host
+ * backend) and mark each sequence's first non-finite layer. */
 void moeq_moe_layer_flush(moeq_engine *engine);
 
 /*

@@ -1018,6 +1018,43 @@ static void a_decode_step_on_one_rank_makes_no_round_trip_inside_moe_layers(void
     rm_dir(dir);
 }
 
+/* The router flags left on the guarded backend come back once after the step and still name a poisoned
+ * sequence's first MoE layer (a NaN in its embedding row), its batch-mate unflagged: the device path of
+ * moeq_engine_seq_nonfinite_layer. */
+static void router_flags_on_the_backend_still_name_the_first_non_finite_layer(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new);
+    char dir[] = "/tmp/moeq-guard-nan-XXXXXX", err[256] = "";
+    moeq_model *m = gen_model("tiny", dir);
+    const moeq_model_config *c = moeq_model_get_config(m);
+    int V = c->vocab_size, b, d;
+    moeq_engine *g = engine_on(m, "guarded");
+    moeq_tensor *embed = (moeq_tensor *)m->embed_tokens;
+    const void *keep = embed->data;
+    size_t row = (size_t)c->hidden_size * 2;
+    uint8_t *copy = malloc(embed->nbytes);
+    memcpy(copy, keep, embed->nbytes);
+    copy[row * 3 + 1] = 0x7f, copy[row * 3] = 0xc0; /* token 3, element 0: BF16 NaN */
+    embed->data = copy;
+    int32_t bad[2] = {3, 9}, good[3] = {5, 9, 11};
+    float *l = malloc((size_t)2 * V * sizeof(float));
+    assert_int_equal(moeq_engine_seq_new(g, &b), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(g, &d), MOEQ_OK);
+    moeq_step_item two[2] = {{b, bad, 2, 0}, {d, good, 3, 0}};
+    g_state_bytes = 0, g_host_routes = 0;
+    assert_int_equal(moeq_engine_step(g, two, 2, l, 2, err, sizeof err), MOEQ_OK);
+    embed->data = keep;
+    assert_int_equal(g_host_routes, 0);
+    assert_true(g_state_bytes > 0); /* the flags, in one download */
+    assert_int_equal(moeq_engine_seq_nonfinite_layer(g, b), c->first_k_dense_replace);
+    assert_int_equal(moeq_engine_seq_nonfinite_layer(g, d), -1);
+    moeq_engine_destroy(g);
+    moeq_model_destroy(m);
+    free(copy), free(l);
+    rm_dir(dir);
+}
+
 /*
  * The CPU backend's moe_experts (the engine's one-rank path) against the composed path it replaced (the
  * same engine with its identity placement set by a test, which runs route with host ids, gather, the
@@ -1270,6 +1307,7 @@ int main(void) {
         cmocka_unit_test(an_engine_touches_backend_memory_only_through_ops),
         cmocka_unit_test(mtp_rounds_touch_backend_memory_only_through_ops),
         cmocka_unit_test(a_decode_step_on_one_rank_makes_no_round_trip_inside_moe_layers),
+        cmocka_unit_test(router_flags_on_the_backend_still_name_the_first_non_finite_layer),
         cmocka_unit_test(the_cpu_moe_experts_op_equals_the_composed_path_bit_for_bit),
         cmocka_unit_test(generation_on_a_device_brings_back_records_and_the_cpus_tokens),
         cmocka_unit_test(records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come),

@@ -5,8 +5,10 @@
 // pool, MTP state) is device memory. The host data an op reads (token ids, positions, rows, block tables,
 // the gather order) goes through a pinned staging buffer with a device twin, bump-allocated and reset
 // whenever the stream is drained (sync, download, route): a region is never rewritten while a copy from it
-// may still be queued. route copies its ids and finite flags back and waits (the MoE layer lays its
-// dispatch out on the host from them).
+// may still be queued. route with host ids copies its ids and finite flags back and waits (the composed MoE
+// path lays its dispatch out on the host from them); route on_backend leaves them on the device, where
+// moe_experts plans, permutes, runs the experts (a grouped kernel over a work list the device computes) and
+// combines, launched by capacities alone.
 //
 // Matmuls: batch_invariant = 1 (the default) runs own kernels with the CPU's 16-lane order per element
 // (ops.cuh: bits equal to the CPU's for every dtype, F8 dequantised in the kernel with its block scale);
@@ -1338,6 +1340,9 @@ static void create_on_device(cuda_backend *cb) {
              cb->p.batch_invariant ? "batch invariant: own kernels (the CPU's 16-lane order), split-KV attention"
                                    : "cuBLAS SGEMM (FP32, no TF32) for >= blas_min_tokens, own kernels below, "
                                      "split-KV attention");
+    // cublasGemmGroupedBatchedEx takes each group's m/n/k from host arrays: the counts would have to come back
+    snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
+             "; MoE layers: moe_experts on the device (own grouped kernel, no host round trip)");
 }
 
 extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moeq_backend **out, char *errstr,
