@@ -209,7 +209,9 @@ typedef struct moeq_combine_params {
  * Every element is the value the composed ops (matmul jobs per expert, silu_mul, combine) give: the CPU
  * backend's op is that composition, a device's follows the same per-element order (batch_invariant = 1).
  * stats (or NULL) is backend memory: stats[e] += counts[e] (the engine's expert-count statistics, downloaded
- * only when asked). ids must be the router's (each in [0, n_experts), distinct per token).
+ * only when asked). ids must be the router's (each in [0, n_experts), distinct per token). The CPU backend
+ * runs it as one dispatch of up to 2 E + 2 jobs: created with max_jobs >= 2 E + 3 (the engine's is), else
+ * the op does nothing.
  */
 typedef struct moeq_moe_experts_params {
     const moeq_expert *experts; /* host (n_experts): the layer's routed experts (model tensors)                 */

@@ -113,7 +113,8 @@ static moeq_err op_buffers(moeq_engine *e, moeq_moe_layer *m, char *errstr, size
     m->counts_out = malloc(nc * sizeof(uint64_t));
     m->hfinite = malloc(nf);
     m->ran = calloc((size_t)m->n_count_layers, 1);
-    if (!m->counts_out || !m->hfinite || !m->ran || !(m->dstats = b->alloc(b, MOEQ_BUFFER_STATE, nc * sizeof(uint64_t))) ||
+    if (!m->counts_out || !m->hfinite || !m->ran ||
+        !(m->dstats = b->alloc(b, MOEQ_BUFFER_STATE, nc * sizeof(uint64_t))) ||
         !(m->dfinite = b->alloc(b, MOEQ_BUFFER_STATE, nf)))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "moe layer: expert counts and router flags");
     b->upload(b, m->dstats, m->slots, nc * sizeof(uint64_t));

@@ -568,7 +568,8 @@ static void moe_experts_grids_emulated_give_the_cpu_ops_bits(void **state) {
     float *x = malloc((size_t)MAXT * D * 4), *w = malloc(S_MAX * 4), *out = malloc((size_t)MAXT * D * 4);
     float *xg = malloc(S_MAX * D * 4), *g = malloc(rows * MI * 4), *u = malloc(rows * MI * 4);
     float *down = malloc(rows * D * 4), *want = malloc((size_t)MAXT * D * 4);
-    float *eg = malloc(rows * MI * 4), *eu = malloc(rows * MI * 4), *ed = malloc(rows * D * 4), *exg = malloc(S_MAX * D * 4);
+    float *eg = malloc(rows * MI * 4), *eu = malloc(rows * MI * 4), *ed = malloc(rows * D * 4);
+    float *exg = malloc(S_MAX * D * 4);
     int64_t *slot_row = malloc(S_MAX * 8), *plan = malloc((size_t)MOEQ_MOE_PLAN_LEN(E, S_MAX) * 8);
     int64_t counts[E], offsets[E + 1], tile_first[E + 1], *order = malloc(S_MAX * 8), *srow = malloc(S_MAX * 8);
     int32_t *ids = malloc(S_MAX * 4);
@@ -864,7 +865,8 @@ static moeq_err guarded_new(const moeq_backend_config *config, moeq_backend **ou
                              .attention = g_attention, .attention_naive = g_attention_naive, .embed = g_embed,
                              .rmsnorm = g_rmsnorm, .rope_cos_sin = g_rope_cos_sin, .mla_rope = g_mla_rope,
                              .silu_mul = g_silu_mul, .add = g_add, .route = g_route, .gather = g_gather,
-                             .combine = g_combine, .moe_experts = g_moe_experts, .logits_reduce = g_logits_reduce, .destroy = g_destroy};
+                             .combine = g_combine, .moe_experts = g_moe_experts, .logits_reduce = g_logits_reduce,
+                             .destroy = g_destroy};
     *out = &g->base;
     return MOEQ_OK;
 }
