@@ -61,6 +61,9 @@ typedef struct cuda_backend {
     size_t wide_floats;
     float *ws;         // split-KV partials (o, then m and l)
     size_t ws_bytes;
+    const void **moe_tab;            // per MoE layer 6 E device pointers: gate, up, down, then their F8 scales
+    const moeq_expert **moe_key;     // [n_moe] the layer's experts array (NULL: none, or built per call)
+    int n_moe;
 } cuda_backend;
 
 // ---- errors -------------------------------------------------------------------------------------------------
@@ -170,6 +173,53 @@ static const float *scale_dev(cuda_backend *cb, const moeq_tensor *t) {
 
 static int ws_reserve(cuda_backend *cb, size_t bytes);
 
+// Device copy of tensor t (NULL: none) without failing the backend: map_weights' tables are built from it.
+static const void *wdev_or_null(const cuda_backend *cb, const moeq_tensor *t) {
+    int i = tensor_index(cb, t);
+    return i < 0 ? NULL : cb->wdev[i];
+}
+
+// Every MoE layer's expert tables (gate, up, down pointers, then their F8 scales), built once: moe_experts finds
+// its layer's by the experts array, so a step stages none and its pointers stay fixed (a graph could replay it).
+// A layer whose experts mix dtypes gets none: moe_experts stages its tables and refuses it, named.
+static void build_expert_tables(cuda_backend *cb, const moeq_model *model) {
+    int E = model->config.n_routed_experts, n_main = model->config.num_hidden_layers;
+    int n = n_main + model->n_mtp_layers;
+    free(cb->moe_key);
+    cudaFree(cb->moe_tab);
+    cb->moe_key = NULL, cb->moe_tab = NULL, cb->n_moe = 0;
+    if (E <= 0 || n <= 0) return;
+    size_t per = (size_t)6 * (size_t)E;
+    const void **h = (const void **)calloc((size_t)n * per, sizeof(void *));
+    cb->moe_key = (const moeq_expert **)calloc((size_t)n, sizeof(*cb->moe_key));
+    if (!h || !cb->moe_key) {
+        free(h);
+        fail(cb, MOEQ_ERR_NOMEM, "expert tables of %s MoE layers%s", "all", "");
+        return;
+    }
+    for (int l = 0; l < n; l++) {
+        const moeq_layer *L = l < n_main ? &model->layers[l] : &model->mtp_layers[l - n_main];
+        if (!L->experts) continue;
+        const void **row = h + (size_t)l * per;
+        int ok = 1;
+        for (int e = 0; e < E && ok; e++) {
+            const moeq_tensor *w[3] = {L->experts[e].gate_proj, L->experts[e].up_proj, L->experts[e].down_proj};
+            for (int i = 0; i < 3 && ok; i++) {
+                ok = w[i] && w[i]->dtype == L->experts[0].gate_proj->dtype && (row[i * E + e] = wdev_or_null(cb, w[i]));
+                int scaled = ok && w[i]->dtype == MOEQ_DTYPE_F8_E4M3 && w[i]->scale_inv;
+                if (scaled) ok = (row[(3 + i) * E + e] = wdev_or_null(cb, w[i]->scale_inv)) != NULL;
+            }
+        }
+        if (ok) cb->moe_key[l] = L->experts;
+    }
+    if (cu_ok(cb, cudaMalloc((void **)&cb->moe_tab, (size_t)n * per * sizeof(void *)), "cudaMalloc (expert tables)") &&
+        cu_ok(cb, cudaMemcpyAsync(cb->moe_tab, h, (size_t)n * per * sizeof(void *), cudaMemcpyHostToDevice,
+                                  cb->stream), "cudaMemcpyAsync (expert tables)"))
+        drain(cb, "cudaStreamSynchronize (expert tables)");
+    free(h);
+    cb->n_moe = cb->err ? 0 : n;
+}
+
 static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char *errstr, size_t errstr_size) {
     cuda_backend *cb = (cuda_backend *)b;
     if (model->config.n_routed_experts > MOEQ_CU_ROUTE_MAX_EXPERTS) // refused here, not at the first step
@@ -203,6 +253,7 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
         cb->weight_bytes += STAGED(t->nbytes ? t->nbytes : 1);
     }
     if (!cb->err) drain(cb, "cudaStreamSynchronize (weights)");
+    if (!cb->err) build_expert_tables(cb, model);
     // the attention workspace for the model's shape, so that a step allocates nothing (it only grows past this)
     const moeq_model_config *c = &model->config;
     if (!cb->err && c->num_attention_heads > 0 && c->kv_lora_rank > 0) {
@@ -1066,9 +1117,11 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
         fail(cb, MOEQ_ERR_UNSUPPORTED, "moe_experts: at most %s experts and max_tok tokens%s", "256", "");
         return;
     }
-    int dtype = 0;
-    const void *const *tab = expert_tables(cb, p, &dtype);
-    if (!tab) return;
+    int dtype = (int)p->experts[0].gate_proj->dtype;
+    const void *const *tab = NULL; // the layer's tables from map_weights, else staged for this call
+    for (int l = 0; l < cb->n_moe && !tab; l++)
+        if (cb->moe_key[l] == p->experts) tab = cb->moe_tab + (size_t)l * 6 * (size_t)E;
+    if (!tab && !(tab = expert_tables(cb, p, &dtype))) return;
     const void *const *wg = tab, *const *wu = tab + E, *const *wd = tab + 2 * E;
     const float *const *sg = (const float *const *)(tab + 3 * E), *const *su = (const float *const *)(tab + 4 * E);
     const float *const *sd = (const float *const *)(tab + 5 * E);
@@ -1269,6 +1322,8 @@ static void cuda_destroy(moeq_backend *b) {
     if (cb->stream) cudaStreamSynchronize(cb->stream); // errors here have nowhere to go: the backend is ending
     cudaFree(cb->wslab);
     free(cb->wdev);
+    cudaFree(cb->moe_tab);
+    free(cb->moe_key);
     cudaFree(cb->ws);
     cudaFree(cb->wide);
     cudaFree(cb->stage_d);
