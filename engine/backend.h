@@ -54,6 +54,7 @@ typedef enum moeq_backend_op {
     MOEQ_BACKEND_OP_COMBINE,       /* per token: weighted sum over its slots in slot order, + shared   */
     MOEQ_BACKEND_OP_ATTENTION_NAIVE, /* expanded K/V (tests)                                           */
     MOEQ_BACKEND_OP_LOGITS_REDUCE, /* per logits row: argmax, max, top candidates, sums (records, to the host) */
+    MOEQ_BACKEND_OP_MOE_EXPERTS,   /* a one-rank MoE layer's routed experts from backend ids: plan, GEMMs, combine */
     MOEQ_BACKEND_OP_COUNT
 } moeq_backend_op;
 
@@ -146,11 +147,14 @@ typedef struct moeq_mla_rope_params {
  * Route every token (logits (T, E) from the router matmul; bias or NULL) to
  * ids/weights (T, K) best first; finite[t] = 0 when token t's logits held a
  * NaN/inf; then, when offsets is not NULL, the gather plan: experts'
- * slots in order[offsets[e] .. offsets[e+1]). ids, finite, offsets and order
- * are host memory: the MoE layer lays its dispatch out from the ids and the
- * expert GEMMs are sized by the groups (a device backend copies them back, so
- * route ends in a wait on the device). The MoE layer passes offsets NULL: its
- * dispatch groups the rows. weights stay in backend memory (combine reads them).
+ * slots in order[offsets[e] .. offsets[e+1]). With on_backend = 0, ids,
+ * finite, offsets and order are host memory: the MoE layer lays its dispatch
+ * out from the ids and the expert GEMMs are sized by the groups (a device
+ * backend copies them back, so route ends in a wait on the device). With
+ * on_backend = 1, ids and finite are backend memory and nothing comes back
+ * (no wait): moe_experts reads the ids there; offsets must be NULL. The MoE
+ * layer passes offsets NULL: its dispatch groups the rows. weights stay in
+ * backend memory (combine reads them).
  */
 typedef struct moeq_route_params {
     const moeq_moe_router *router;
@@ -163,6 +167,7 @@ typedef struct moeq_route_params {
     float *scratch;          /* moeq_moe_route_scratch floats                             */
     int64_t *offsets;        /* host (E + 1)                                              */
     int64_t *order;          /* host (T * K)                                              */
+    int on_backend;          /* 1: ids and finite are backend memory, nothing comes back  */
 } moeq_route_params;
 
 /* xg[i] = x[order[i] / K] for i < n_slots; slot_row[order[i]] = i. Rows of D floats; order on the host. */
@@ -190,6 +195,45 @@ typedef struct moeq_combine_params {
      * an expert-parallel group's combine rows where the transport left them */
     const float *const *slot_ptr;
 } moeq_combine_params;
+
+/*
+ * A one-rank MoE layer's routed experts (and the shared expert) from the router's output in backend memory,
+ * nothing about the call depending on host-side counts (only on n_tok and the capacities):
+ *   plan      counts[e] = slots routed to expert e; offsets = their exclusive prefix sum (integers: any order
+ *             gives the same); order[offsets[e] ..] = e's slots (slot = t*K + k) ascending, slot_row its inverse
+ *             — moeq_moe_plan's plan, the one the host layout of moe_layer.c makes
+ *   gather    xg[i] = x[order[i] / K]
+ *   experts   per expert e with rows: g = xg W_gate^T, u = xg W_up^T over its rows; the shared expert over all
+ *             T tokens into the rows after the routed ones; g = silu(g) * u; down = g W_down^T
+ *   combine   out[t] = sum over k in slot order of weights[t, k] * down[slot_row[t*K + k]], + the shared row
+ * Every element is the value the composed ops (matmul jobs per expert, silu_mul, combine) give: the CPU
+ * backend's op is that composition, a device's follows the same per-element order (batch_invariant = 1).
+ * stats (or NULL) is backend memory: stats[e] += counts[e] (the engine's expert-count statistics, downloaded
+ * only when asked). ids must be the router's (each in [0, n_experts), distinct per token). The CPU backend
+ * runs it as one dispatch of up to 2 E + 2 jobs: created with max_jobs >= 2 E + 3 (the engine's is), else
+ * the op does nothing.
+ */
+typedef struct moeq_moe_experts_params {
+    const moeq_expert *experts; /* host (n_experts): the layer's routed experts (model tensors)                 */
+    const moeq_expert *shared;  /* the fused shared expert, or NULL (or gate_proj NULL): none                  */
+    int n_experts;
+    int64_t n_tok, top_k, dim, inter; /* T, K, D (hidden), MI (moe_intermediate_size)                          */
+    const float *x;             /* (T, D) the layer's normed rows                                             */
+    const int32_t *ids;         /* (T, K) route's ids, backend memory (route with on_backend = 1)             */
+    const float *weights;       /* (T, K) route's weights                                                     */
+    float *out;                 /* (T, D)                                                                     */
+    /* workspace, backend memory, sized for max_tok tokens (MOEQ_MOE_PLAN_LEN int64 for plan) */
+    float *xg;                  /* (T*K, D)                                                                   */
+    float *g, *u;               /* (T*K*MI + T*SI)                                                            */
+    float *down;                /* ((T*K + T), D)                                                              */
+    int64_t *slot_row;          /* (T*K)                                                                      */
+    int64_t *plan;              /* offsets (E+1), order (max_tok*K), tile starts (E+1)                         */
+    uint64_t *stats;            /* (E) += counts, or NULL                                                      */
+    int64_t max_tok;            /* capacity: n_tok <= max_tok                                                  */
+} moeq_moe_experts_params;
+
+/* int64 entries of moe_experts' plan workspace for E experts and up to max_slots slots. */
+#define MOEQ_MOE_PLAN_LEN(E, max_slots) (2 * ((int64_t)(E) + 1) + (int64_t)(max_slots))
 
 typedef struct moeq_backend moeq_backend;
 
@@ -238,6 +282,8 @@ struct moeq_backend {
     void (*route)(moeq_backend *backend, const moeq_route_params *params);
     void (*gather)(moeq_backend *backend, const moeq_gather_params *params);
     void (*combine)(moeq_backend *backend, const moeq_combine_params *params);
+    /* NULL or supports() 0: the MoE layer composes route (host ids), gather, matmul, silu_mul, combine. */
+    void (*moe_experts)(moeq_backend *backend, const moeq_moe_experts_params *params);
     /*
      * Per row r < n_rows of logits (backend memory, row stride ld floats, vocab values): out[r] (host) = its
      * record (moeq_logits_record, moeq/engine.h), sum_t taken at temperature[r] (host; <= 0: none). Everything

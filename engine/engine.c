@@ -108,6 +108,8 @@ static void layout_scratch(moeq_engine *e, arena *a) {
     s->router = take(a, T * E * f);
     s->rw = take(a, T * K * f);
     s->slot_row = take(a, T * K * sizeof(int64_t));
+    s->dids = take(a, T * K * sizeof(int32_t));
+    s->moe_plan = take(a, (size_t)MOEQ_MOE_PLAN_LEN(E, T * K) * sizeof(int64_t));
     s->xg = take(a, T * K * D * f);
     s->g = take(a, gu * f);
     s->u = take(a, gu * f);
@@ -606,6 +608,7 @@ static moeq_err step_out(moeq_engine *engine, const moeq_step_item *items, int n
                                  items[i].n_tokens);
     }
     moeq_forward_logits(engine, n_rows, out); /* leaves the normed rows in s.h */
+    moeq_moe_layer_flush(engine); /* the pass's router flags, once the logits are out: no wait before the head */
     if (hidden)
         engine->backend->download(engine->backend, hidden, s->h,
                                   (size_t)(n_rows * engine->cfg->hidden_size) * sizeof(float));

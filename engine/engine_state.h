@@ -43,6 +43,8 @@ typedef struct moeq_scratch {
     int32_t *rids;   /* host (T, k) routed experts (the dispatch's layout reads them) */
     uint8_t *finite; /* host (T) the router saw only finite logits */
     int64_t *slot_row;/* (T*k) row of each slot in xg/down     */
+    int32_t *dids;   /* (T, k) routed experts in backend memory (the moe_experts op reads them) */
+    int64_t *moe_plan; /* MOEQ_MOE_PLAN_LEN(E, T*k) the moe_experts op's plan */
     float *xg;       /* (T*k, D) gathered tokens               */
     float *g, *u;    /* gate/up outputs, max(T*I, T*k*MI + T*SI) */
     float *down;     /* (T*k + T, D) routed rows, then shared  */

@@ -68,6 +68,17 @@ struct moeq_moe_layer {
     /* routed slots per (layer, expert) since creation: main layers, then MTP layers (layer_number) */
     uint64_t *slots;
     int n_count_layers;
+    /* the moe_experts path (one rank, the identity placement, a backend that has the op): nothing comes back
+     * inside a layer. Its counts add up in backend memory (downloaded when asked), its router flags stay in
+     * backend memory until the pass ends (moeq_moe_layer_flush: one download per pass). */
+    int identity;                /* sim is the engine's own one-rank identity placement */
+    uint64_t *dstats;            /* backend (n_count_layers, E) the op's counts */
+    uint64_t *counts_out;        /* host: slots + dstats, what moeq_moe_layer_counts returns */
+    uint8_t *dfinite;            /* backend (n_count_layers, max_tokens) the router's flags of this pass */
+    uint8_t *hfinite;            /* host twin of dfinite */
+    uint8_t *ran;                /* host (n_count_layers): layer routed on the backend since the last flush */
+    int ran_lo, ran_hi;          /* their range, ran_lo > ran_hi: none */
+    int64_t ran_tok;             /* the pass's tokens */
 };
 
 /* Where the rows of one exchange sit: groups of rows, each for one expert; groups by rank (parts). */
@@ -92,6 +103,23 @@ typedef struct moe_rows {
  */
 static moeq_err sim_set(moeq_moe_layer *m, int n_experts, const moeq_ep_placement *pl, char *errstr,
                         size_t errstr_size);
+
+/* The moe_experts path's buffers: counts (zeroed: slots is calloc'd and of the same size) and flags. */
+static moeq_err op_buffers(moeq_engine *e, moeq_moe_layer *m, char *errstr, size_t errstr_size) {
+    moeq_backend *b = e->backend;
+    size_t nc = (size_t)m->n_count_layers * (size_t)e->cfg->n_routed_experts;
+    size_t nf = (size_t)m->n_count_layers * (size_t)m->ep_params.max_tokens;
+    m->ran_lo = m->n_count_layers, m->ran_hi = -1;
+    m->counts_out = malloc(nc * sizeof(uint64_t));
+    m->hfinite = malloc(nf);
+    m->ran = calloc((size_t)m->n_count_layers, 1);
+    if (!m->counts_out || !m->hfinite || !m->ran ||
+        !(m->dstats = b->alloc(b, MOEQ_BUFFER_STATE, nc * sizeof(uint64_t))) ||
+        !(m->dfinite = b->alloc(b, MOEQ_BUFFER_STATE, nf)))
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "moe layer: expert counts and router flags");
+    b->upload(b, m->dstats, m->slots, nc * sizeof(uint64_t));
+    return MOEQ_OK;
+}
 
 moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, size_t errstr_size) {
     *out = NULL;
@@ -118,10 +146,12 @@ moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, 
     moeq_err err = moeq_ep_placement_new_identity(c->n_routed_experts, 1, &id, errstr, errstr_size);
     if (!err) err = sim_set(m, c->n_routed_experts, id, errstr, errstr_size);
     moeq_ep_placement_destroy(id);
+    if (!err) err = op_buffers(e, m, errstr, errstr_size);
     if (err) {
         moeq_moe_layer_destroy(m, e->backend);
         return err;
     }
+    m->identity = 1;
     *out = m;
     return MOEQ_OK;
 }
@@ -139,6 +169,8 @@ void moeq_moe_layer_destroy(moeq_moe_layer *m, moeq_backend *b) {
     if (!m) return;
     if (!m->borrowed) moeq_ep_destroy(m->ep);
     if (b) b->release(b, m->gg), b->release(b, m->gu), b->release(b, m->gdown);
+    if (b) b->release(b, m->dstats), b->release(b, m->dfinite);
+    free(m->counts_out), free(m->hfinite), free(m->ran);
     free_sim(m);
     free(m->slots);
     free((void *)m->slot_ptr);
@@ -183,6 +215,7 @@ moeq_err moeq_moe_layer_set_placement(moeq_engine *e, const moeq_ep_placement *p
     if (m->borrowed)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "the engine is a rank of a group: its placement is the group's");
+    m->identity = 0; /* a test's placement (or the handle) runs the composed path it checks */
     if (pl) return sim_set(m, e->cfg->n_routed_experts, pl, errstr, errstr_size);
     free_sim(m);
     return m->ep ? MOEQ_OK : moeq_ep_new(&m->ep_params, NULL, NULL, &m->ep, errstr, errstr_size);
@@ -248,9 +281,67 @@ static void count_slots(moeq_engine *e, const moeq_layer *L, int64_t T) {
     }
 }
 
+/* A device's: the host path's counts plus the op's, brought from backend memory now (no step waits for them). */
 const uint64_t *moeq_moe_layer_counts(const moeq_engine *e, int *n_layers) {
-    *n_layers = e->moe ? e->moe->n_count_layers : 0;
-    return e->moe ? e->moe->slots : NULL;
+    moeq_moe_layer *m = e->moe;
+    *n_layers = m ? m->n_count_layers : 0;
+    if (!m) return NULL;
+    if (e->backend->host_visible) return m->slots; /* the op counts into it directly: a live table */
+    size_t nc = (size_t)m->n_count_layers * (size_t)e->cfg->n_routed_experts;
+    e->backend->download(e->backend, m->counts_out, m->dstats, nc * sizeof(uint64_t));
+    for (size_t i = 0; i < nc; i++) m->counts_out[i] += m->slots[i];
+    return m->counts_out;
+}
+
+/* The layers routed on the backend since the last flush: their flags come back in one download. */
+void moeq_moe_layer_flush(moeq_engine *e) {
+    moeq_moe_layer *m = e->moe;
+    if (!m || m->ran_lo > m->ran_hi) return;
+    int64_t MT = m->ep_params.max_tokens, T = m->ran_tok;
+    size_t off = (size_t)m->ran_lo * (size_t)MT, len = (size_t)(m->ran_hi - m->ran_lo) * (size_t)MT + (size_t)T;
+    const uint8_t *fin = m->dfinite; /* a host backend's memory is read in place: nothing to copy */
+    if (!e->backend->host_visible) e->backend->download(e->backend, m->hfinite + off, m->dfinite + off, len);
+    if (!e->backend->host_visible) fin = m->hfinite;
+    for (int l = m->ran_lo; l <= m->ran_hi; l++) {
+        if (!m->ran[l]) continue;
+        m->ran[l] = 0;
+        for (int64_t t = 0; t < T; t++) {
+            int *first = &e->nonfinite_layer[e->s.tok_seq[t]];
+            if (!fin[(size_t)l * (size_t)MT + (size_t)t] && *first < 0) *first = l;
+        }
+    }
+    m->ran_lo = m->n_count_layers, m->ran_hi = -1;
+}
+
+/* Whether layer L runs through the backend's moe_experts op: one rank's own placement, and the op there. */
+static int use_op(const moeq_engine *e, const moeq_layer *L, int local) {
+    const moeq_moe_layer *m = e->moe;
+    const moeq_backend *b = e->backend;
+    return local && m->identity && b->moe_experts && L->experts &&
+           b->supports(b, MOEQ_BACKEND_OP_MOE_EXPERTS, L->experts[0].gate_proj->dtype);
+}
+
+/* Router and experts on the backend: ids, flags and counts stay there (no wait inside the layer). */
+static void run_op(moeq_engine *e, const moeq_layer *L, const moeq_layer_vecs *v, int64_t T) {
+    moeq_moe_layer *m = e->moe;
+    moeq_scratch *s = &e->s;
+    int64_t K = e->router.top_k, D = e->cfg->hidden_size;
+    int E = e->cfg->n_routed_experts, l = layer_number(e, L);
+    if (T <= 0) return;
+    moeq_mm_job r = {L->gate, 0, moeq_tensor_rows(L->gate), s->h, D, s->router, moeq_tensor_rows(L->gate), T};
+    e->backend->matmul(e->backend, &r, 1);
+    uint8_t *fin = m->dfinite + (size_t)l * (size_t)m->ep_params.max_tokens;
+    moeq_route_params rp = {&e->router, T, s->router, v->bias, s->dids, s->rw, fin, s->route_scratch, NULL, NULL, 1};
+    e->backend->route(e->backend, &rp);
+    moeq_moe_experts_params xp = {L->experts, &L->shared, E, T, K, D, e->cfg->moe_intermediate_size, s->h, s->dids,
+                                  s->rw, s->tmp, s->xg, s->g, s->u, s->down, s->slot_row, s->moe_plan,
+                                  (e->backend->host_visible ? m->slots : m->dstats) + (size_t)l * (size_t)E,
+                                  m->ep_params.max_tokens};
+    e->backend->moe_experts(e->backend, &xp);
+    m->ran[l] = 1;
+    m->ran_lo = l < m->ran_lo ? l : m->ran_lo;
+    m->ran_hi = l > m->ran_hi ? l : m->ran_hi;
+    m->ran_tok = T;
 }
 
 /* Gate and up of the groups [g0, g1) (one rank's experts) from job n on; returns the jobs laid out. */
@@ -309,17 +400,21 @@ void moeq_moe_layer_run(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
     moeq_moe_layer *m = e->moe;
     moeq_scratch *s = &e->s;
     int64_t K = e->router.top_k, D = e->cfg->hidden_size;
+    /* MTP layers stay on the rank in a group: every rank holds their experts, so a draft exchanges nothing */
+    int local = m->sim && (!m->borrowed || layer_number(e, L) >= e->cfg->num_hidden_layers);
+    if (use_op(e, L, local)) {
+        run_op(e, L, v, T);
+        return;
+    }
     if (T > 0) { /* an empty step (a rank of a group with nothing to run) only serves the others' rows */
         moeq_mm_job r = {L->gate, 0, moeq_tensor_rows(L->gate), s->h, D, s->router, moeq_tensor_rows(L->gate), T};
         e->backend->matmul(e->backend, &r, 1);
         moeq_route_params rp = {&e->router, T, s->router, v->bias, s->rids, s->rw, s->finite, s->route_scratch,
-                                NULL, NULL}; /* no plan: the dispatch groups the rows */
+                                NULL, NULL, 0}; /* no plan: the dispatch groups the rows */
         e->backend->route(e->backend, &rp);
         flag_nonfinite(e, L, T);
         count_slots(e, L, T);
     }
-    /* MTP layers stay on the rank in a group: every rank holds their experts, so a draft exchanges nothing */
-    int local = m->sim && (!m->borrowed || layer_number(e, L) >= e->cfg->num_hidden_layers);
     moe_rows rows = local ? sim_dispatch(e, T) : ep_dispatch(e, T);
     run_experts(e, L, &rows, T);
     const float *shared = L->shared.gate_proj ? rows.down + rows.n_rows * D : NULL;
@@ -394,6 +489,7 @@ moeq_err moeq_moe_layer_join(moeq_engine *e, moeq_ep *ep, int rank, int n_ranks,
     if (!err) err = sim_set(m, e->cfg->n_routed_experts, id, errstr, errstr_size);
     moeq_ep_placement_destroy(id);
     if (err) return err;
+    m->identity = 1; /* the MTP layers' own one-rank placement */
     if (!e->model->n_mtp_layers) free_sim(m);
     moeq_ep_destroy(m->ep);
     m->ep = ep;

@@ -29,8 +29,17 @@ typedef struct moeq_moe_layer moeq_moe_layer;
 moeq_err moeq_moe_layer_new(moeq_engine *engine, moeq_moe_layer **out, char *errstr, size_t errstr_size);
 void moeq_moe_layer_destroy(moeq_moe_layer *layer, moeq_backend *backend); /* NULL is safe */
 
-/* MoE block of layer L over s.h (T, D) into s.tmp (T, D). */
+/*
+ * MoE block of layer L over s.h (T, D) into s.tmp (T, D). On one rank with the engine's own placement and a
+ * backend that has moe_experts, the router's ids, flags and the expert counts stay in backend memory: nothing
+ * comes back inside the layer (the pass ends with moeq_moe_layer_flush).
+ */
 void moeq_moe_layer_run(moeq_engine *engine, const moeq_layer *L, const moeq_layer_vecs *vecs, int64_t n_tok);
+
+/* After a forward pass (a main step once its logits are out, an MTP pass), before s.tok_seq changes: the
+ * router flags of the layers it ran on the backend come back in one download (read in place on a host
+ * backend) and mark each sequence's first non-finite layer. */
+void moeq_moe_layer_flush(moeq_engine *engine);
 
 /*
  * Rank `rank` of a group of n_ranks: every MoE layer exchanges through ep

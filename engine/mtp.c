@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "kv_blocks.h"
+#include "moe_layer.h"
 #include "mtp.h"
 
 struct moeq_mtp_state {
@@ -251,6 +252,7 @@ static void mtp_forward(moeq_engine *e, int64_t T) {
     moeq_forward_linear(e, m->layer->eh_proj, s->eh, s->x, T);
     moeq_block b = {m->layer, &m->vecs, m->cache, 0};
     moeq_forward_block(e, &b, T);
+    moeq_moe_layer_flush(e);
     m->rows_run += T;
 }
 

@@ -39,6 +39,7 @@
 #include "rope.h"
 
 #define SKIP_CODE 77
+#define MOEQ_CU_ROUTE_EXPERTS_CAP 256 /* the device router's most experts: moe_experts' jobs on the CPU */
 
 static char model_root[256];
 static moeq_model *models[3];
@@ -104,7 +105,8 @@ typedef struct pair {
 static void pair_new(pair *p, const moeq_model *m, int invariant) {
     memset(p, 0, sizeof *p);
     moeq_backend_config bc = {.n_threads = 4, .batch_invariant = invariant, .blas_min_tokens = 16, .max_k = 8192,
-                              .max_ctx = 4096, .max_jobs = 64, .max_tokens = 256, .device = 0};
+                              .max_ctx = 4096, .max_jobs = 2 * MOEQ_CU_ROUTE_EXPERTS_CAP + 8, .max_tokens = 256,
+                              .device = 0};
     char err[512] = "";
     assert_int_equal(moeq_backend_new("cpu", &bc, &p->cpu, err, sizeof err), MOEQ_OK);
     if (moeq_backend_new(gpu_name, &bc, &p->gpu, err, sizeof err)) fail_msg("%s", err);
@@ -353,8 +355,8 @@ static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
         int64_t *off_c = malloc((size_t)(E + 1) * 8), *off_g = malloc((size_t)(E + 1) * 8);
         int64_t *ord_c = malloc((size_t)S * 8), *ord_g = malloc((size_t)S * 8);
         const float *b = m->layers[c->num_hidden_layers - 1].e_score_correction_bias ? bias : NULL;
-        moeq_route_params pc = {&r, T, lg, b, ids_c, wc, fin_c, scratch, off_c, ord_c};
-        moeq_route_params pg = {&r, T, dlg, b ? dbias : NULL, ids_g, dw, fin_g, NULL, off_g, ord_g};
+        moeq_route_params pc = {&r, T, lg, b, ids_c, wc, fin_c, scratch, off_c, ord_c, 0};
+        moeq_route_params pg = {&r, T, dlg, b ? dbias : NULL, ids_g, dw, fin_g, NULL, off_g, ord_g, 0};
         p.cpu->route(p.cpu, &pc), p.gpu->route(p.gpu, &pg);
         check_status(&p, "route");
         assert_memory_equal(ids_g, ids_c, (size_t)S * 4);
@@ -385,6 +387,76 @@ static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
         same_bits(got = back(&p, dout, (size_t)(T * D)), out, (size_t)(T * D), "combine"), free(got);
         free(lg), free(bias), free(ids_c), free(ids_g), free(wc), free(scratch), free(off_c), free(off_g), free(ord_c),
             free(ord_g), free(x), free(xg), free(sr), free(sh), free(out), free(srg);
+        pair_free(&p);
+    }
+}
+
+/*
+ * moe_experts (a one-rank MoE layer's experts from backend ids) on the device against the CPU backend's op
+ * (the composed path), bit for bit: the first MoE layer of each model (bf16, F8, V2), token counts around the
+ * grouped kernel's tiles, ids from the CPU's router (experts without tokens among them); the expert counts
+ * added to stats and the slot map equal too.
+ */
+static void moe_experts_on_cuda_equals_the_cpu_op(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 3; mi++) {
+        const moeq_model *m = models[mi];
+        const moeq_model_config *c = &m->config;
+        const moeq_layer *L = NULL;
+        for (int l = 0; l < c->num_hidden_layers && !L; l++) L = m->layers[l].is_moe ? &m->layers[l] : NULL;
+        assert_non_null(L);
+        pair p;
+        pair_new(&p, m, 1);
+        moeq_moe_router r;
+        char err[256];
+        assert_int_equal(moeq_moe_router_init(&r, c, err, sizeof err), MOEQ_OK);
+        int E = r.n_experts;
+        int64_t MT = 64, K = r.top_k, D = c->hidden_size, MI = c->moe_intermediate_size, S = MT * K;
+        int64_t SI = L->shared.gate_proj ? moeq_tensor_rows(L->shared.gate_proj) : 0;
+        size_t gu = (size_t)(S * MI + MT * SI), dn = (size_t)((S + MT) * D), pl = (size_t)MOEQ_MOE_PLAN_LEN(E, S);
+        float *x = malloc((size_t)(MT * D) * 4), *w = malloc((size_t)S * 4), *out = malloc((size_t)(MT * D) * 4);
+        float *xg = malloc((size_t)(S * D) * 4), *g = malloc(gu * 4), *u = malloc(gu * 4), *down = malloc(dn * 4);
+        int64_t *sr = malloc((size_t)S * 8), *plan = malloc(pl * 8), *sr_g = malloc((size_t)S * 8);
+        int32_t *ids = malloc((size_t)S * 4);
+        uint64_t *st = calloc((size_t)E, 8), *st_g = malloc((size_t)E * 8);
+        float *scratch = malloc((size_t)moeq_moe_route_scratch(&r) * 4), *lg = malloc((size_t)(MT * E) * 4);
+        uint8_t fin[64];
+        float *dx = dev(&p, NULL, (size_t)(MT * D) * 4), *dw = dev(&p, NULL, (size_t)S * 4);
+        float *dout = dev(&p, NULL, (size_t)(MT * D) * 4), *dxg = dev(&p, NULL, (size_t)(S * D) * 4);
+        float *dg = dev(&p, NULL, gu * 4), *du = dev(&p, NULL, gu * 4), *ddown = dev(&p, NULL, dn * 4);
+        int64_t *dsr = dev(&p, NULL, (size_t)S * 8), *dplan = dev(&p, NULL, pl * 8);
+        int32_t *dids = dev(&p, NULL, (size_t)S * 4);
+        uint64_t *dst = dev(&p, st, (size_t)E * 8);
+        const int64_t Ts[] = {1, 2, 7, 8, 9, 33, 64};
+        for (int ti = 0; ti < 7; ti++) {
+            int64_t T = Ts[ti];
+            for (int64_t i = 0; i < T * D; i++) x[i] = frand();
+            for (int64_t i = 0; i < T * E; i++) lg[i] = frand() * 4.0f;
+            moeq_route_params rp = {&r, T, lg, NULL, ids, w, fin, scratch, NULL, NULL, 0};
+            p.cpu->route(p.cpu, &rp);
+            p.gpu->upload(p.gpu, dx, x, (size_t)(T * D) * 4);
+            p.gpu->upload(p.gpu, dw, w, (size_t)(T * K) * 4);
+            p.gpu->upload(p.gpu, dids, ids, (size_t)(T * K) * 4);
+            moeq_moe_experts_params pc = {L->experts, &L->shared, E, T, K, D, MI, x, ids, w, out, xg, g, u, down,
+                                          sr, plan, st, MT};
+            moeq_moe_experts_params pg = {L->experts, &L->shared, E, T, K, D, MI, dx, dids, dw, dout, dxg, dg, du,
+                                          ddown, dsr, dplan, dst, MT};
+            p.cpu->moe_experts(p.cpu, &pc);
+            p.gpu->moe_experts(p.gpu, &pg);
+            check_status(&p, "moe_experts");
+            float *got = back(&p, dout, (size_t)(T * D));
+            char what[96];
+            snprintf(what, sizeof what, "moe_experts %s, %lld tokens", model_names[mi], (long long)T);
+            same_bits(got, out, (size_t)(T * D), what);
+            free(got);
+            p.gpu->download(p.gpu, sr_g, dsr, (size_t)(T * K) * 8);
+            assert_memory_equal(sr_g, sr, (size_t)(T * K) * 8);
+            p.gpu->download(p.gpu, st_g, dst, (size_t)E * 8);
+            assert_memory_equal(st_g, st, (size_t)E * 8);
+        }
+        print_message("  moe_experts %s: the cpu op's bits at 1..64 tokens\n", model_names[mi]);
+        free(x), free(w), free(out), free(xg), free(g), free(u), free(down), free(sr), free(plan), free(sr_g);
+        free(ids), free(st), free(st_g), free(scratch), free(lg);
         pair_free(&p);
     }
 }
@@ -561,6 +633,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(row_ops_give_the_cpu_backends_bits),
         cmocka_unit_test(cache_ops_match_the_cpu_backend),
         cmocka_unit_test(moe_ops_route_like_the_cpu_and_permute_exactly),
+        cmocka_unit_test(moe_experts_on_cuda_equals_the_cpu_op),
         cmocka_unit_test(logits_records_on_cuda_equal_the_cpu_ops),
         cmocka_unit_test(whole_model_logits_on_cuda_match_the_cpu_engine),
         cmocka_unit_test(batch_invariance_holds_on_the_gpu),

@@ -24,11 +24,14 @@
 #include "cpu/logits_reduce.h"
 #include "engine_state.h"
 #include "kv_paged.h"
+#include "moe_layer.h"
+#include "moeq/ep_placement.h"
 #include "moeq/engine.h"
 #include "moeq/genmodel.h"
 #include "tensor.h"
 
 #include "backend_index.cuh"
+#include "moe_index.cuh"
 #ifdef MOEQ_HAVE_CUDA_BACKEND
 #include "cuda/backend_cuda.h"
 #include "moeq/cuda_kernels.h"
@@ -414,6 +417,205 @@ static void f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_r
     moeq_backend_destroy(cpu);
 }
 
+/* ---- moe_experts: the plan, the work list, the grouped GEMM (moe_index.cuh) ------------------------------------ */
+
+/* ids (T, K): distinct experts per token; mode 0 random, 1 every token's first choice is expert e0 (one
+ * expert takes every token), 2 only experts 0..K-1 (the others get nothing). */
+static void moe_ids(int32_t *ids, int64_t T, int K, int E, int mode) {
+    int e0 = (int)(urand() % (uint32_t)E);
+    for (int64_t t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int32_t x;
+            int again;
+            do {
+                x = mode == 2 ? (int32_t)(urand() % (uint32_t)K) : (int32_t)(urand() % (uint32_t)E);
+                if (mode == 1 && k == 0) x = e0;
+                again = 0;
+                for (int j = 0; j < k; j++) again |= ids[t * K + j] == x;
+            } while (again);
+            ids[t * K + k] = x;
+        }
+}
+
+/* The device plan as its threads run it: thread e counts, one thread scans, thread e places (here in reverse
+ * order of experts: the result cannot depend on which thread goes first). */
+static void moe_plan_emulated(const int32_t *ids, int64_t S, int E, int64_t tile, int64_t *counts, int64_t *offsets,
+                              int64_t *tile_first, int64_t *order, int64_t *slot_row) {
+    for (int e = 0; e < E; e++) counts[e] = moeq_cu_moe_count(ids, S, e);
+    moeq_cu_moe_scan(counts, E, tile, offsets, tile_first);
+    for (int e = E - 1; e >= 0; e--) moeq_cu_moe_place(ids, S, e, offsets[e], order, slot_row);
+}
+
+/*
+ * Over experts with zero tokens, one expert taking every token, top_k 1..8, 1..300 tokens and tile sizes
+ * 1..64: the emulated plan is moeq_moe_plan's (the host layout the composed path uses) with slot_row its
+ * inverse, and the work list is the plain enumeration of (expert, token tile) in expert order: every item
+ * found by its y, none past the last, all within the capacity the launch is sized by, the items' rows an
+ * exact cover of the permuted rows.
+ */
+static void moe_plan_and_work_list_helpers_match_a_plain_c_model_over_many_shapes(void **state) {
+    (void)state;
+    const int Es[] = {1, 2, 3, 8, 64, 256};
+    const int64_t Ts[] = {1, 2, 3, 7, 8, 9, 16, 31, 64, 129, 300}, tiles[] = {1, 2, 8, 16, 64};
+    int64_t maxS = 300 * 8, n_checked = 0;
+    int32_t *ids = malloc((size_t)maxS * sizeof(int32_t));
+    int64_t *order = malloc((size_t)maxS * sizeof(int64_t)), *want_order = malloc((size_t)maxS * sizeof(int64_t));
+    int64_t *slot_row = malloc((size_t)maxS * sizeof(int64_t)), *covered = malloc((size_t)maxS * sizeof(int64_t));
+    int64_t counts[257], offsets[257], want_off[257], tile_first[257];
+    int64_t *items_e = malloc((size_t)maxS * sizeof(int64_t)), *items_j = malloc((size_t)maxS * sizeof(int64_t));
+    for (size_t ei = 0; ei < sizeof Es / sizeof *Es; ei++)
+        for (int K = 1; K <= 8 && K <= Es[ei]; K++)
+            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+                for (int mode = 0; mode < 3; mode++)
+                    for (size_t tl = 0; tl < sizeof tiles / sizeof *tiles; tl++) {
+                        int E = Es[ei];
+                        int64_t T = Ts[ti], S = T * K, tile = tiles[tl];
+                        moe_ids(ids, T, K, E, mode);
+                        moe_plan_emulated(ids, S, E, tile, counts, offsets, tile_first, order, slot_row);
+                        moeq_moe_plan(ids, T, K, E, want_off, want_order);
+                        assert_memory_equal(offsets, want_off, (size_t)(E + 1) * sizeof(int64_t));
+                        assert_memory_equal(order, want_order, (size_t)S * sizeof(int64_t));
+                        for (int64_t i = 0; i < S; i++) assert_int_equal(slot_row[order[i]], i);
+                        /* the model's work list: experts in order, each one's tiles in order */
+                        int64_t n = 0;
+                        for (int e = 0; e < E; e++)
+                            for (int64_t j = 0; j * tile < counts[e]; j++) items_e[n] = e, items_j[n] = j, n++;
+                        int64_t cap = moeq_cu_moe_tile_cap(S, E, tile), cap_big = moeq_cu_moe_tile_cap(maxS, E, tile);
+                        assert_int_equal(tile_first[E], n);
+                        assert_true(n <= cap && cap <= cap_big);
+                        for (int64_t i = 0; i < S; i++) covered[i] = 0;
+                        for (int64_t y = 0; y < cap_big; y++) {
+                            int64_t j = -1;
+                            int e = moeq_cu_moe_item(tile_first, E, y, &j);
+                            if (y >= n) {
+                                assert_int_equal(e, -1);
+                                continue;
+                            }
+                            assert_int_equal(e, items_e[y]);
+                            assert_int_equal(j, items_j[y]);
+                            int64_t cnt = offsets[e + 1] - offsets[e];
+                            for (int r = 0; r < MOEQ_CU_MM_ROWS * MOEQ_CU_LANES; r += MOEQ_CU_LANES) {
+                                moeq_cu_mm_at a = moeq_cu_mm_index(0, j, r, cnt, MOEQ_CU_MM_ROWS);
+                                if (tile == MOEQ_CU_MM_TILE_T && r == 0)
+                                    for (int jt = 0; jt < a.nt; jt++) covered[offsets[e] + a.t0 + jt]++;
+                            }
+                        }
+                        if (tile == MOEQ_CU_MM_TILE_T)
+                            for (int64_t i = 0; i < S; i++) assert_int_equal(covered[i], 1);
+                        n_checked++;
+                    }
+    print_message("%lld plans and work lists checked\n", (long long)n_checked);
+    free(ids), free(order), free(want_order), free(slot_row), free(covered), free(items_e), free(items_j);
+}
+
+/* The grouped NT kernel's grid over (row tiles of O, the capacity's items), on the host: half-warps, lanes,
+ * the butterfly. w[e] is expert e's [O, Kd] weight; x and y are the permuted rows (strides Kd and O). */
+static void grouped_nt_emulated(const moeq_tensor *const *w, const int64_t *offsets, const int64_t *tile_first, int E,
+                                int64_t cap, const float *x, int64_t Kd, float *y, int64_t O) {
+    for (int64_t bx = 0; bx < moeq_cu_mm_grid_x(O); bx++)
+        for (int64_t by = 0; by < cap; by++) {
+            int64_t j;
+            int e = moeq_cu_moe_item(tile_first, E, by, &j);
+            if (e < 0) continue;
+            int64_t cnt = offsets[e + 1] - offsets[e];
+            const float *xe = x + offsets[e] * Kd;
+            for (int r = 0; r < MOEQ_CU_MM_ROWS; r++) {
+                float acc[MOEQ_CU_LANES][MOEQ_CU_MM_TILE_T];
+                moeq_cu_mm_at a = moeq_cu_mm_index(bx, j, r * MOEQ_CU_LANES, cnt, O);
+                if (a.nt == 0) continue;
+                for (int lane = 0; lane < MOEQ_CU_LANES; lane++) {
+                    moeq_cu_mm_at al = moeq_cu_mm_index(bx, j, r * MOEQ_CU_LANES + lane, cnt, O);
+                    moeq_cu_mm_lanes(acc[lane], al, xe, Kd, (int)w[e]->dtype, w[e]->data, NULL, Kd);
+                }
+                for (int jt = 0; jt < a.nt; jt++) {
+                    float v[MOEQ_CU_LANES];
+                    for (int lane = 0; lane < MOEQ_CU_LANES; lane++) v[lane] = acc[lane][jt];
+                    moeq_cu_butterfly16(v);
+                    y[(offsets[e] + a.t0 + jt) * O + a.o] = v[0];
+                }
+            }
+        }
+}
+
+static moeq_tensor bf16_tensor(int64_t rows, int64_t cols) {
+    uint16_t *d = malloc((size_t)(rows * cols) * sizeof(uint16_t));
+    for (int64_t i = 0; i < rows * cols; i++) d[i] = (uint16_t)(moeq_cu_f32_bits(frand() * 0.5f) >> 16);
+    return (moeq_tensor){.name = "w", .dtype = MOEQ_DTYPE_BF16, .ndim = 2, .shape = {rows, cols}, .data = d,
+                         .nbytes = (size_t)(rows * cols) * 2};
+}
+
+/*
+ * The whole CUDA moe_experts op played on the host (the plan, the gather's index, the grouped GEMMs over the
+ * capacity's items, the shared expert as a plain matmul grid, SiLU, the combine) against the CPU backend's
+ * op, bit for bit, bf16 experts, over token counts, top_k and experts without tokens; the CPU op's expert
+ * counts land in stats.
+ */
+static void moe_experts_grids_emulated_give_the_cpu_ops_bits(void **state) {
+    (void)state;
+    enum { E = 6, D = 40, MI = 24, SI = 16, MAXT = 40 };
+    moeq_tensor t[3 * E + 3];
+    moeq_expert ex[E], sh;
+    for (int e = 0; e < E; e++) {
+        t[3 * e] = bf16_tensor(MI, D), t[3 * e + 1] = bf16_tensor(MI, D), t[3 * e + 2] = bf16_tensor(D, MI);
+        ex[e] = (moeq_expert){&t[3 * e], &t[3 * e + 1], &t[3 * e + 2]};
+    }
+    t[3 * E] = bf16_tensor(SI, D), t[3 * E + 1] = bf16_tensor(SI, D), t[3 * E + 2] = bf16_tensor(D, SI);
+    sh = (moeq_expert){&t[3 * E], &t[3 * E + 1], &t[3 * E + 2]};
+    const moeq_tensor *wg[E], *wu[E], *wd[E];
+    for (int e = 0; e < E; e++) wg[e] = ex[e].gate_proj, wu[e] = ex[e].up_proj, wd[e] = ex[e].down_proj;
+    moeq_backend *cpu = cpu_backend(16);
+    size_t S_MAX = (size_t)MAXT * 4, rows = S_MAX + MAXT;
+    float *x = malloc((size_t)MAXT * D * 4), *w = malloc(S_MAX * 4), *out = malloc((size_t)MAXT * D * 4);
+    float *xg = malloc(S_MAX * D * 4), *g = malloc(rows * MI * 4), *u = malloc(rows * MI * 4);
+    float *down = malloc(rows * D * 4), *want = malloc((size_t)MAXT * D * 4);
+    float *eg = malloc(rows * MI * 4), *eu = malloc(rows * MI * 4), *ed = malloc(rows * D * 4);
+    float *exg = malloc(S_MAX * D * 4);
+    int64_t *slot_row = malloc(S_MAX * 8), *plan = malloc((size_t)MOEQ_MOE_PLAN_LEN(E, S_MAX) * 8);
+    int64_t counts[E], offsets[E + 1], tile_first[E + 1], *order = malloc(S_MAX * 8), *srow = malloc(S_MAX * 8);
+    int32_t *ids = malloc(S_MAX * 4);
+    uint64_t stats[E];
+    const int64_t Ts[] = {1, 2, 5, 9, 17, 40};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+        for (int K = 1; K <= 4; K++)
+            for (int mode = 0; mode < 3; mode++) {
+                int64_t T = Ts[ti], S = T * K;
+                for (int64_t i = 0; i < T * D; i++) x[i] = frand();
+                for (int64_t i = 0; i < S; i++) w[i] = frand();
+                moe_ids(ids, T, K, E, mode);
+                memset(stats, 0, sizeof stats);
+                moeq_moe_experts_params p = {ex, &sh, E, T, K, D, MI, x, ids, w, want, xg, g, u, down,
+                                             slot_row, plan, stats, MAXT};
+                cpu->moe_experts(cpu, &p);
+                /* the device's order of work */
+                int64_t cap = moeq_cu_moe_tile_cap(S_MAX, E, MOEQ_CU_MM_TILE_T);
+                moe_plan_emulated(ids, S, E, MOEQ_CU_MM_TILE_T, counts, offsets, tile_first, order, srow);
+                for (int e = 0; e < E; e++) assert_int_equal(stats[e], (uint64_t)counts[e]);
+                for (int64_t idx = 0; idx < S * D; idx++) {
+                    moeq_cu_gather_at a = moeq_cu_gather_index(idx, D);
+                    exg[a.i * D + a.d] = x[moeq_cu_gather_src(order, a.i, K) * D + a.d];
+                }
+                grouped_nt_emulated(wg, offsets, tile_first, E, cap, exg, D, eg, MI);
+                grouped_nt_emulated(wu, offsets, tile_first, E, cap, exg, D, eu, MI);
+                /* the shared expert: one expert of every token (the plain matmul's grid is this with one item per
+                 * tile of T) */
+                int64_t one_off[2] = {0, T}, one_tiles[2] = {0, moeq_cu_moe_tiles(T, MOEQ_CU_MM_TILE_T)};
+                const moeq_tensor *sg[1] = {sh.gate_proj}, *su[1] = {sh.up_proj}, *sd[1] = {sh.down_proj};
+                grouped_nt_emulated(sg, one_off, one_tiles, 1, one_tiles[1], x, D, eg + S * MI, SI);
+                grouped_nt_emulated(su, one_off, one_tiles, 1, one_tiles[1], x, D, eu + S * MI, SI);
+                for (int64_t i = 0; i < S * MI + T * SI; i++) eg[i] = moeq_cu_silu_mul(eg[i], eu[i]);
+                grouped_nt_emulated(wd, offsets, tile_first, E, cap, eg, MI, ed, D);
+                grouped_nt_emulated(sd, one_off, one_tiles, 1, one_tiles[1], eg + S * MI, SI, ed + S * D, D);
+                for (int64_t tt = 0; tt < T; tt++)
+                    for (int64_t d = 0; d < D; d++)
+                        out[tt * D + d] = moeq_cu_combine_elem(ed, srow, w, ed + S * D, tt, K, D, d);
+                assert_same_bits(out, want, (size_t)(T * D), "moe_experts emulated");
+            }
+    moeq_backend_destroy(cpu);
+    for (int i = 0; i < 3 * E + 3; i++) free((void *)t[i].data);
+    free(x), free(w), free(out), free(xg), free(g), free(u), free(down), free(want), free(eg), free(eu), free(ed);
+    free(exg), free(slot_row), free(plan), free(order), free(srow), free(ids);
+}
+
 /* ---- the engine's device path, played on the CPU ----------------------------------------------------------------- */
 
 /* One step of two sequences (23 tokens with every row's logits, and 4) and a decode step, into logits. */
@@ -493,10 +695,14 @@ typedef struct guarded {
     moeq_backend *cpu;
     void *buf[GUARD_MAX];
     size_t len[GUARD_MAX];
+    moeq_buffer_kind kind[GUARD_MAX];
 } guarded;
 
-/* What came back from the guarded backends since the last reset: bytes through download, records. */
-static size_t g_down_bytes, g_records;
+/* What came back from the guarded backends since the last reset: bytes through download from the arena,
+ * records; downloads from state buffers (the MoE layer's router flags, counts) apart; round trips: calls
+ * that copy to the host and wait (downloads, logits_reduce, a route with host ids). */
+static size_t g_down_bytes, g_records, g_state_bytes, g_round_trips, g_host_routes, g_moe_ops;
+static int g_no_moe_op; /* 1: moe_experts unsupported (the composed path, host ids) */
 
 static void guard_set(guarded *g, int prot) {
     for (int i = 0; i < GUARD_MAX; i++)
@@ -507,7 +713,6 @@ static void guard_set(guarded *g, int prot) {
 #define SHUT(b) guard_set(G(b), PROT_NONE)
 
 static void *g_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
-    (void)kind;
     size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (bytes + page - 1) / page * page + (bytes == 0) * page;
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
@@ -517,7 +722,7 @@ static void *g_alloc(moeq_backend *b, moeq_buffer_kind kind, size_t bytes) {
     assert_int_equal(mprotect(p, len, PROT_NONE), 0);
     for (int i = 0; i < GUARD_MAX; i++)
         if (!G(b)->buf[i]) {
-            G(b)->buf[i] = p, G(b)->len[i] = len;
+            G(b)->buf[i] = p, G(b)->len[i] = len, G(b)->kind[i] = kind;
             return p;
         }
     munmap(p, len);
@@ -528,6 +733,7 @@ static void g_release(moeq_backend *b, void *p) {
         if (G(b)->buf[i] == p) munmap(p, G(b)->len[i]), G(b)->buf[i] = NULL;
 }
 static int g_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dt) {
+    if (op == MOEQ_BACKEND_OP_MOE_EXPERTS && g_no_moe_op) return 0;
     return G(b)->cpu->supports(G(b)->cpu, op, dt);
 }
 static moeq_err g_map(moeq_backend *b, const moeq_model *m, char *e, size_t n) {
@@ -552,9 +758,17 @@ static void g_upload(moeq_backend *b, void *d, const void *h, size_t n) {
     DEV(b, d, "dst");
     OPEN(b), G(b)->cpu->upload(G(b)->cpu, d, h, n), SHUT(b);
 }
+static int buf_kind(const guarded *g, const void *p) {
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (g->buf[i] && (const char *)p >= (const char *)g->buf[i] && (const char *)p < (char *)g->buf[i] + g->len[i])
+            return (int)g->kind[i];
+    return -1;
+}
 static void g_download(moeq_backend *b, void *h, const void *d, size_t n) {
     DEV(b, d, "src");
-    g_down_bytes += n;
+    if (buf_kind(G(b), d) == MOEQ_BUFFER_STATE) g_state_bytes += n;
+    else g_down_bytes += n;
+    g_round_trips++;
     OPEN(b), G(b)->cpu->download(G(b)->cpu, h, d, n), SHUT(b);
 }
 static void g_copy(moeq_backend *b, void *d, const void *s, size_t n) {
@@ -580,8 +794,17 @@ static void g_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
 }
 static void g_route(moeq_backend *b, const moeq_route_params *p) {
     DEV(b, p->logits, "logits"), DEV(b, p->bias, "bias"), DEV(b, p->weights, "weights");
-    if (in_buf(G(b), p->ids) || in_buf(G(b), p->finite)) fail_msg("route: ids and finite must be host memory");
+    if (p->on_backend) DEV(b, p->ids, "ids"), DEV(b, p->finite, "finite");
+    else if (in_buf(G(b), p->ids) || in_buf(G(b), p->finite)) fail_msg("route: ids and finite must be host memory");
+    if (!p->on_backend) g_host_routes++, g_round_trips++; /* a device copies the ids back and waits */
     OPEN(b), G(b)->cpu->route(G(b)->cpu, p), SHUT(b);
+}
+static void g_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
+    DEV(b, p->x, "x"), DEV(b, p->ids, "ids"), DEV(b, p->weights, "weights"), DEV(b, p->out, "out");
+    DEV(b, p->xg, "xg"), DEV(b, p->g, "g"), DEV(b, p->u, "u"), DEV(b, p->down, "down");
+    DEV(b, p->slot_row, "slot_row"), DEV(b, p->plan, "plan"), DEV(b, p->stats, "stats");
+    g_moe_ops++;
+    OPEN(b), G(b)->cpu->moe_experts(G(b)->cpu, p), SHUT(b);
 }
 static void g_gather(moeq_backend *b, const moeq_gather_params *p) {
     DEV(b, p->xg, "xg"), DEV(b, p->slot_row, "slot_row"), DEV(b, p->x, "x");
@@ -623,7 +846,7 @@ static void g_logits_reduce(moeq_backend *b, const float *x, int64_t ld, int64_t
                             moeq_logits_record *out) {
     DEV(b, x, "logits");
     if (in_buf(G(b), out) || in_buf(G(b), t)) fail_msg("logits_reduce: temperatures and records are host memory");
-    g_records += (size_t)n;
+    g_records += (size_t)n, g_round_trips++;
     OPEN(b), G(b)->cpu->logits_reduce(G(b)->cpu, x, ld, n, V, t, out), SHUT(b);
 }
 static void g_destroy(moeq_backend *b) {
@@ -642,7 +865,8 @@ static moeq_err guarded_new(const moeq_backend_config *config, moeq_backend **ou
                              .attention = g_attention, .attention_naive = g_attention_naive, .embed = g_embed,
                              .rmsnorm = g_rmsnorm, .rope_cos_sin = g_rope_cos_sin, .mla_rope = g_mla_rope,
                              .silu_mul = g_silu_mul, .add = g_add, .route = g_route, .gather = g_gather,
-                             .combine = g_combine, .logits_reduce = g_logits_reduce, .destroy = g_destroy};
+                             .combine = g_combine, .moe_experts = g_moe_experts, .logits_reduce = g_logits_reduce,
+                             .destroy = g_destroy};
     *out = &g->base;
     return MOEQ_OK;
 }
@@ -705,6 +929,158 @@ static void an_engine_touches_backend_memory_only_through_ops(void **state) {
         run_steps(g, V, got); /* a host touch of a guarded buffer would fault here */
         assert_same_bits(got, want, n, presets[i]);
         moeq_engine_destroy(cpu), moeq_engine_destroy(g);
+        moeq_model_destroy(m);
+        free(want), free(got);
+        rm_dir(dir);
+    }
+}
+
+/* MoE layers of the model (main layers; the decode steps run no MTP). */
+static int moe_layers(const moeq_model *m) {
+    int n = 0;
+    for (int l = 0; l < moeq_model_get_config(m)->num_hidden_layers; l++) n += m->layers[l].is_moe;
+    return n;
+}
+
+/* Round trips of one decode step of the two sequences two_steps left (tokens `next`), its logits into out. */
+static size_t decode_round_trips(moeq_engine *e, const int32_t next[2], float *out) {
+    char err[256] = "";
+    moeq_step_item it[2] = {{0, &next[0], 1, 0}, {1, &next[1], 1, 0}};
+    g_round_trips = 0, g_host_routes = 0, g_moe_ops = 0;
+    if (moeq_engine_step(e, it, 2, out, 2, err, sizeof err)) fail_msg("%s", err);
+    return g_round_trips;
+}
+
+/*
+ * A one-rank engine on the guarded backend runs each MoE layer through moe_experts: route leaves ids and
+ * flags in backend memory and nothing comes back inside a layer. A decode step's round trips: the logits
+ * (one download) and the pass's router flags (one download of a state buffer), where the composed path
+ * (moe_experts unsupported) adds one wait per MoE layer (route's ids). Logits equal the CPU engine's bit for
+ * bit on both paths (so do the greedy tokens), and so do the expert counts (downloaded only when asked).
+ */
+static void a_decode_step_on_one_rank_makes_no_round_trip_inside_moe_layers(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new);
+    char dir[] = "/tmp/moeq-guard-moe-XXXXXX";
+    moeq_model *m = gen_model("tiny", dir);
+    int V = moeq_model_get_config(m)->vocab_size, n_moe = moe_layers(m);
+    assert_true(n_moe > 0);
+    moeq_engine *cpu = engine_on(m, "cpu"), *g = engine_on(m, "guarded");
+    g_no_moe_op = 1;
+    moeq_engine *gc = engine_on(m, "guarded");
+    g_no_moe_op = 0;
+    size_t n = (size_t)28 * V;
+    float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float)), *got_c = calloc(n, sizeof(float));
+    two_steps(cpu, V, want, NULL);
+    two_steps(g, V, got, NULL);
+    g_no_moe_op = 1, two_steps(gc, V, got_c, NULL), g_no_moe_op = 0;
+    int32_t tok[2] = {3, 5};
+    for (int step = 0; step < 3; step++) {
+        float *w = want + (size_t)26 * V, *o = got + (size_t)26 * V, *oc = got_c + (size_t)26 * V;
+        (void)decode_round_trips(cpu, tok, w);
+        size_t rt = decode_round_trips(g, tok, o);
+        assert_int_equal(g_host_routes, 0);
+        assert_int_equal(g_moe_ops, n_moe);
+        assert_int_equal(rt, 2); /* logits + the pass's router flags */
+        g_no_moe_op = 1;
+        size_t rt_c = decode_round_trips(gc, tok, oc);
+        g_no_moe_op = 0;
+        assert_int_equal(g_host_routes, n_moe);
+        assert_int_equal(g_moe_ops, 0);
+        assert_int_equal(rt_c, 1 + (size_t)n_moe);
+        if (!step)
+            print_message("  decode step of 2 tokens: %zu round trips with moe_experts, %zu composed (%d MoE layers)\n",
+                          rt, rt_c, n_moe);
+        for (int r = 0; r < 2; r++) { /* the greedy token of each row, from the same bits */
+            int32_t best = 0;
+            for (int v = 1; v < V; v++) best = w[(size_t)r * V + v] > w[(size_t)r * V + best] ? v : best;
+            tok[r] = best;
+        }
+    }
+    assert_same_bits(got, want, n, "moe_experts on the guarded backend");
+    assert_same_bits(got_c, want, n, "composed path on the guarded backend");
+    int nl[3], ne[3];
+    const uint64_t *c0 = moeq_engine_expert_counts(cpu, &nl[0], &ne[0]);
+    size_t nc = (size_t)nl[0] * (size_t)ne[0];
+    uint64_t *c_cpu = malloc(nc * sizeof(uint64_t));
+    memcpy(c_cpu, c0, nc * sizeof(uint64_t));
+    g_state_bytes = 0;
+    const uint64_t *c1 = moeq_engine_expert_counts(g, &nl[1], &ne[1]);
+    assert_true(g_state_bytes > 0); /* brought back when asked */
+    assert_memory_equal(c1, c_cpu, nc * sizeof(uint64_t));
+    const uint64_t *c2 = moeq_engine_expert_counts(gc, &nl[2], &ne[2]);
+    assert_memory_equal(c2, c_cpu, nc * sizeof(uint64_t));
+    uint64_t total = 0;
+    for (size_t i = 0; i < nc; i++) total += c_cpu[i];
+    assert_true(total > 0);
+    moeq_engine_destroy(cpu), moeq_engine_destroy(g), moeq_engine_destroy(gc);
+    moeq_model_destroy(m);
+    free(want), free(got), free(got_c), free(c_cpu);
+    rm_dir(dir);
+}
+
+/* The router flags left on the guarded backend come back once after the step and still name a poisoned
+ * sequence's first MoE layer (a NaN in its embedding row), its batch-mate unflagged: the device path of
+ * moeq_engine_seq_nonfinite_layer. */
+static void router_flags_on_the_backend_still_name_the_first_non_finite_layer(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("guarded", guarded_new);
+    char dir[] = "/tmp/moeq-guard-nan-XXXXXX", err[256] = "";
+    moeq_model *m = gen_model("tiny", dir);
+    const moeq_model_config *c = moeq_model_get_config(m);
+    int V = c->vocab_size, b, d;
+    moeq_engine *g = engine_on(m, "guarded");
+    moeq_tensor *embed = (moeq_tensor *)m->embed_tokens;
+    const void *keep = embed->data;
+    size_t row = (size_t)c->hidden_size * 2;
+    uint8_t *copy = malloc(embed->nbytes);
+    memcpy(copy, keep, embed->nbytes);
+    copy[row * 3 + 1] = 0x7f, copy[row * 3] = 0xc0; /* token 3, element 0: BF16 NaN */
+    embed->data = copy;
+    int32_t bad[2] = {3, 9}, good[3] = {5, 9, 11};
+    float *l = malloc((size_t)2 * V * sizeof(float));
+    assert_int_equal(moeq_engine_seq_new(g, &b), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_new(g, &d), MOEQ_OK);
+    moeq_step_item two[2] = {{b, bad, 2, 0}, {d, good, 3, 0}};
+    g_state_bytes = 0, g_host_routes = 0;
+    assert_int_equal(moeq_engine_step(g, two, 2, l, 2, err, sizeof err), MOEQ_OK);
+    embed->data = keep;
+    assert_int_equal(g_host_routes, 0);
+    assert_true(g_state_bytes > 0); /* the flags, in one download */
+    assert_int_equal(moeq_engine_seq_nonfinite_layer(g, b), c->first_k_dense_replace);
+    assert_int_equal(moeq_engine_seq_nonfinite_layer(g, d), -1);
+    moeq_engine_destroy(g);
+    moeq_model_destroy(m);
+    free(copy), free(l);
+    rm_dir(dir);
+}
+
+/*
+ * The CPU backend's moe_experts (the engine's one-rank path) against the composed path it replaced (the
+ * same engine with its identity placement set by a test, which runs route with host ids, gather, the
+ * jobs, combine): the same bits for prefill and decode steps, V3 and V2 routers.
+ */
+static void the_cpu_moe_experts_op_equals_the_composed_path_bit_for_bit(void **state) {
+    (void)state;
+    const char *presets[] = {"tiny", "tiny-v2"};
+    for (int i = 0; i < 2; i++) {
+        char dir[] = "/tmp/moeq-moe-op-XXXXXX", err[256] = "";
+        moeq_model *m = gen_model(presets[i], dir);
+        const moeq_model_config *c = moeq_model_get_config(m);
+        int V = c->vocab_size;
+        moeq_engine *op = engine_on(m, "cpu"), *composed = engine_on(m, "cpu");
+        moeq_ep_placement *id = NULL;
+        assert_int_equal(moeq_ep_placement_new_identity(c->n_routed_experts, 1, &id, err, sizeof err), MOEQ_OK);
+        assert_int_equal(moeq_moe_layer_set_placement(composed, id, err, sizeof err), MOEQ_OK);
+        moeq_ep_placement_destroy(id);
+        size_t n = (size_t)27 * V;
+        float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+        run_steps(composed, V, want);
+        run_steps(op, V, got);
+        assert_same_bits(got, want, n, presets[i]);
+        moeq_engine_destroy(op), moeq_engine_destroy(composed);
         moeq_model_destroy(m);
         free(want), free(got);
         rm_dir(dir);
@@ -927,9 +1303,14 @@ int main(void) {
         cmocka_unit_test(split_merge_of_random_partials_equals_the_float64_softmax),
         cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
         cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),
+        cmocka_unit_test(moe_plan_and_work_list_helpers_match_a_plain_c_model_over_many_shapes),
+        cmocka_unit_test(moe_experts_grids_emulated_give_the_cpu_ops_bits),
         cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),
         cmocka_unit_test(an_engine_touches_backend_memory_only_through_ops),
         cmocka_unit_test(mtp_rounds_touch_backend_memory_only_through_ops),
+        cmocka_unit_test(a_decode_step_on_one_rank_makes_no_round_trip_inside_moe_layers),
+        cmocka_unit_test(router_flags_on_the_backend_still_name_the_first_non_finite_layer),
+        cmocka_unit_test(the_cpu_moe_experts_op_equals_the_composed_path_bit_for_bit),
         cmocka_unit_test(generation_on_a_device_brings_back_records_and_the_cpus_tokens),
         cmocka_unit_test(records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come),
         cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),

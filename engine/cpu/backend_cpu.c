@@ -55,6 +55,7 @@ typedef struct cpu_backend {
     atomic_llong held_bytes;   /* what alloc() handed out and release() has not taken back */
     float **scores;    /* [n_threads] HEAD_BLOCK * max_ctx */
     int64_t *task_end; /* [max_jobs] prefix sums of tasks per job */
+    moeq_mm_job *moe_jobs; /* [max_jobs] moe_experts' GEMMs */
     /* the current dispatch */
     const moeq_mm_job *jobs;
     int n_jobs;
@@ -412,6 +413,50 @@ static void cpu_combine(moeq_backend *b, const moeq_combine_params *p) {
     run_rows((cpu_backend *)b, combine_rows, p, p->n_tok, p->dim * (p->top_k + 1));
 }
 
+/*
+ * The reference of moe_experts: the composition the MoE layer ran before the op (moeq_moe_plan's plan,
+ * gather, one dispatch of every expert's gate and up with the shared expert's, silu_mul, one dispatch of the
+ * downs, combine), the same calls in the same grouping, so the same bits (and the same BLAS choice when
+ * batch_invariant = 0).
+ */
+static void cpu_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
+    cpu_backend *cb = (cpu_backend *)b;
+    int E = p->n_experts;
+    int64_t T = p->n_tok, K = p->top_k, D = p->dim, MI = p->inter, S = T * K;
+    if (T <= 0 || T > p->max_tok || 2 * E + 3 > cb->p.max_jobs) return;
+    int64_t *offsets = p->plan, *order = p->plan + E + 1;
+    moeq_moe_plan(p->ids, T, (int)K, E, offsets, order);
+    for (int e = 0; p->stats && e < E; e++) p->stats[e] += (uint64_t)(offsets[e + 1] - offsets[e]);
+    moeq_gather_params gp = {p->xg, p->slot_row, p->x, order, S, K, D};
+    cpu_gather(b, &gp);
+    const moeq_expert *sh = p->shared && p->shared->gate_proj ? p->shared : NULL;
+    int64_t SI = sh ? moeq_tensor_rows(sh->gate_proj) : 0;
+    float *sg = p->g + S * MI, *su = p->u + S * MI;
+    moeq_mm_job *jobs = cb->moe_jobs;
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t o = offsets[e], cnt = offsets[e + 1] - o;
+        if (!cnt) continue;
+        jobs[n++] = (moeq_mm_job){p->experts[e].gate_proj, 0, MI, p->xg + o * D, D, p->g + o * MI, MI, cnt};
+        jobs[n++] = (moeq_mm_job){p->experts[e].up_proj, 0, MI, p->xg + o * D, D, p->u + o * MI, MI, cnt};
+    }
+    if (sh) {
+        jobs[n++] = (moeq_mm_job){sh->gate_proj, 0, SI, p->x, D, sg, SI, T};
+        jobs[n++] = (moeq_mm_job){sh->up_proj, 0, SI, p->x, D, su, SI, T};
+    }
+    if (n) cpu_matmul(b, jobs, n);
+    cpu_silu_mul(b, p->g, p->g, p->u, S * MI + T * SI);
+    n = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t o = offsets[e], cnt = offsets[e + 1] - o;
+        if (cnt) jobs[n++] = (moeq_mm_job){p->experts[e].down_proj, 0, D, p->g + o * MI, MI, p->down + o * D, D, cnt};
+    }
+    if (sh) jobs[n++] = (moeq_mm_job){sh->down_proj, 0, D, sg, SI, p->down + S * D, D, T};
+    if (n) cpu_matmul(b, jobs, n);
+    moeq_combine_params cp = {p->out, p->down, p->slot_row, p->weights, sh ? p->down + S * D : NULL, T, K, D, NULL};
+    cpu_combine(b, &cp);
+}
+
 const char *moeq_engine_cpu_kernels(void) { return moeq_mm_cpu_describe(); }
 
 static const char *cpu_describe(const moeq_backend *b) {
@@ -433,6 +478,7 @@ static void cpu_destroy(moeq_backend *b) {
     free(cb->wbuf);
     free(cb->scores);
     free(cb->task_end);
+    free(cb->moe_jobs);
     free(cb);
 }
 
@@ -466,6 +512,7 @@ static const moeq_backend cpu_table = {
     .route = cpu_route,
     .gather = cpu_gather,
     .combine = cpu_combine,
+    .moe_experts = cpu_moe_experts,
     .logits_reduce = cpu_logits_reduce,
     .describe = cpu_describe,
     .memory = cpu_memory,
@@ -488,8 +535,10 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->attn_group = calloc((size_t)cb->attn_group_max + 2, sizeof(int64_t));
     cb->ws_bytes = (moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) + 63) / 64 * 64;
     cb->task_end = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int64_t));
+    cb->moe_jobs = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_mm_job));
     cb->pool = moeq_pool_new(n);
-    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_group || !cb->task_end || !cb->pool) goto fail;
+    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool)
+        goto fail;
     for (int i = 0; i < n; i++) {
         if (!cb->p.batch_invariant && !(cb->wbuf[i] = malloc((size_t)BLAS_ROWS * cb->p.max_k * sizeof(float))))
             goto fail;

@@ -5,8 +5,10 @@
 // pool, MTP state) is device memory. The host data an op reads (token ids, positions, rows, block tables,
 // the gather order) goes through a pinned staging buffer with a device twin, bump-allocated and reset
 // whenever the stream is drained (sync, download, route): a region is never rewritten while a copy from it
-// may still be queued. route copies its ids and finite flags back and waits (the MoE layer lays its
-// dispatch out on the host from them).
+// may still be queued. route with host ids copies its ids and finite flags back and waits (the composed MoE
+// path lays its dispatch out on the host from them); route on_backend leaves them on the device, where
+// moe_experts plans, permutes, runs the experts (a grouped kernel over a work list the device computes) and
+// combines, launched by capacities alone.
 //
 // Matmuls: batch_invariant = 1 (the default) runs own kernels with the CPU's 16-lane order per element
 // (ops.cuh: bits equal to the CPU's for every dtype, F8 dequantised in the kernel with its block scale);
@@ -31,6 +33,7 @@ extern "C" {
 
 #include "backend_cuda.h"
 #include "backend_index.cuh"
+#include "moe_index.cuh"
 #include "logits_reduce.cuh"
 #include "common.cuh"
 
@@ -58,6 +61,9 @@ typedef struct cuda_backend {
     size_t wide_floats;
     float *ws;         // split-KV partials (o, then m and l)
     size_t ws_bytes;
+    const void **moe_tab;            // per MoE layer 6 E device pointers: gate, up, down, then their F8 scales
+    const moeq_expert **moe_key;     // [n_moe] the layer's experts array (NULL: none, or built per call)
+    int n_moe;
 } cuda_backend;
 
 // ---- errors -------------------------------------------------------------------------------------------------
@@ -167,6 +173,53 @@ static const float *scale_dev(cuda_backend *cb, const moeq_tensor *t) {
 
 static int ws_reserve(cuda_backend *cb, size_t bytes);
 
+// Device copy of tensor t (NULL: none) without failing the backend: map_weights' tables are built from it.
+static const void *wdev_or_null(const cuda_backend *cb, const moeq_tensor *t) {
+    int i = tensor_index(cb, t);
+    return i < 0 ? NULL : cb->wdev[i];
+}
+
+// Every MoE layer's expert tables (gate, up, down pointers, then their F8 scales), built once: moe_experts finds
+// its layer's by the experts array, so a step stages none and its pointers stay fixed (a graph could replay it).
+// A layer whose experts mix dtypes gets none: moe_experts stages its tables and refuses it, named.
+static void build_expert_tables(cuda_backend *cb, const moeq_model *model) {
+    int E = model->config.n_routed_experts, n_main = model->config.num_hidden_layers;
+    int n = n_main + model->n_mtp_layers;
+    free(cb->moe_key);
+    cudaFree(cb->moe_tab);
+    cb->moe_key = NULL, cb->moe_tab = NULL, cb->n_moe = 0;
+    if (E <= 0 || n <= 0) return;
+    size_t per = (size_t)6 * (size_t)E;
+    const void **h = (const void **)calloc((size_t)n * per, sizeof(void *));
+    cb->moe_key = (const moeq_expert **)calloc((size_t)n, sizeof(*cb->moe_key));
+    if (!h || !cb->moe_key) {
+        free(h);
+        fail(cb, MOEQ_ERR_NOMEM, "expert tables of %s MoE layers%s", "all", "");
+        return;
+    }
+    for (int l = 0; l < n; l++) {
+        const moeq_layer *L = l < n_main ? &model->layers[l] : &model->mtp_layers[l - n_main];
+        if (!L->experts) continue;
+        const void **row = h + (size_t)l * per;
+        int ok = 1;
+        for (int e = 0; e < E && ok; e++) {
+            const moeq_tensor *w[3] = {L->experts[e].gate_proj, L->experts[e].up_proj, L->experts[e].down_proj};
+            for (int i = 0; i < 3 && ok; i++) {
+                ok = w[i] && w[i]->dtype == L->experts[0].gate_proj->dtype && (row[i * E + e] = wdev_or_null(cb, w[i]));
+                int scaled = ok && w[i]->dtype == MOEQ_DTYPE_F8_E4M3 && w[i]->scale_inv;
+                if (scaled) ok = (row[(3 + i) * E + e] = wdev_or_null(cb, w[i]->scale_inv)) != NULL;
+            }
+        }
+        if (ok) cb->moe_key[l] = L->experts;
+    }
+    if (cu_ok(cb, cudaMalloc((void **)&cb->moe_tab, (size_t)n * per * sizeof(void *)), "cudaMalloc (expert tables)") &&
+        cu_ok(cb, cudaMemcpyAsync(cb->moe_tab, h, (size_t)n * per * sizeof(void *), cudaMemcpyHostToDevice,
+                                  cb->stream), "cudaMemcpyAsync (expert tables)"))
+        drain(cb, "cudaStreamSynchronize (expert tables)");
+    free(h);
+    cb->n_moe = cb->err ? 0 : n;
+}
+
 static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char *errstr, size_t errstr_size) {
     cuda_backend *cb = (cuda_backend *)b;
     if (model->config.n_routed_experts > MOEQ_CU_ROUTE_MAX_EXPERTS) // refused here, not at the first step
@@ -200,6 +253,7 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
         cb->weight_bytes += STAGED(t->nbytes ? t->nbytes : 1);
     }
     if (!cb->err) drain(cb, "cudaStreamSynchronize (weights)");
+    if (!cb->err) build_expert_tables(cb, model);
     // the attention workspace for the model's shape, so that a step allocates nothing (it only grows past this)
     const moeq_model_config *c = &model->config;
     if (!cb->err && c->num_attention_heads > 0 && c->kv_lora_rank > 0) {
@@ -842,11 +896,40 @@ static void route_valid_ids_after_error(const moeq_route_params *p) {
 
 static void route_on_device(cuda_backend *cb, const moeq_route_params *p);
 
+static void route_on_backend(cuda_backend *cb, const moeq_route_params *p);
+
 static void cuda_route(moeq_backend *b, const moeq_route_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
     if (p->n_tok <= 0) return;
+    if (p->on_backend) { // nothing comes back; after an error nothing reads the ids on the host either
+        if (!cb->err) route_on_backend(cb, p);
+        return;
+    }
     if (!cb->err) route_on_device(cb, p);
     if (cb->err) route_valid_ids_after_error(p);
+}
+
+// moe_route_kernel's body with the engine's uint8 flags, ids and flags left in backend memory.
+__global__ void route_backend_kernel(int32_t *ids, float *weights, uint8_t *finite, const float *logits,
+                                     const float *bias, int64_t T, moeq_cu_router r) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    float scratch[3 * MOEQ_CU_ROUTE_MAX_EXPERTS];
+    int ok = moeq_cu_route(&r, logits + t * r.n_experts, bias, ids + t * r.top_k, weights + t * r.top_k, scratch);
+    finite[t] = (uint8_t)(ok != 0);
+}
+
+static void route_on_backend(cuda_backend *cb, const moeq_route_params *p) {
+    moeq_cu_router r = cu_router(p->router);
+    if (r.n_experts <= 0 || r.n_experts > MOEQ_CU_ROUTE_MAX_EXPERTS || r.n_group <= 0 || r.n_experts % r.n_group ||
+        r.topk_group > r.n_group || r.top_k <= 0 || r.top_k > r.n_experts || p->offsets) {
+        fail(cb, MOEQ_ERR_UNSUPPORTED, "route: the router kernel takes at most %s experts%s", "256",
+             " in groups that divide them (and no host plan with on_backend)");
+        return;
+    }
+    route_backend_kernel<<<blocks_for(p->n_tok, 64), 64, 0, cb->stream>>>(p->ids, p->weights, p->finite, p->logits,
+                                                                          p->bias, p->n_tok, r);
+    launched(cb, "route_backend_kernel launch");
 }
 
 static void route_on_device(cuda_backend *cb, const moeq_route_params *p) {
@@ -915,6 +998,159 @@ static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {
                                                                                p->weights, p->shared, p->n_tok,
                                                                                p->top_k, p->dim);
     launched(cb, "combine_kernel launch");
+}
+
+// ---- MoE: moe_experts, a one-rank layer's experts on the device (moe_index.cuh) ------------------------------------
+
+// The plan, one block of one thread per expert: counts, the scan by thread 0, each expert's slots placed;
+// stats[e] += counts[e]. Integer work with no atomics: the same plan whatever the timing.
+__global__ void moe_plan_kernel(const int32_t *ids, int64_t S, int E, int64_t *offsets, int64_t *order,
+                                int64_t *tile_first, int64_t *slot_row, uint64_t *stats) {
+    __shared__ int64_t counts[MOEQ_CU_MOE_MAX_EXPERTS];
+    int e = (int)threadIdx.x;
+    if (e < E) counts[e] = moeq_cu_moe_count(ids, S, e);
+    __syncthreads();
+    if (e == 0) moeq_cu_moe_scan(counts, E, MOEQ_CU_MM_TILE_T, offsets, tile_first);
+    __syncthreads(); // thread 0's global writes are visible to the block from here
+    if (e < E) {
+        moeq_cu_moe_place(ids, S, e, offsets[e], order, slot_row);
+        if (stats) stats[e] += (uint64_t)counts[e];
+    }
+}
+
+// The grouped NT product over every expert's rows: block (bx, y) takes item y of the work list (an expert and
+// one of its token tiles; past the last item the block idles) and ops.cuh's tile bx of that expert's matmul
+// over its rows, so each element has mm_nt_kernel's order. y[(row) * O + o] for rows of the permuted matrix.
+template <int DT>
+__global__ void mm_grouped_kernel(float *y, const float *x, int64_t K, int64_t O, const void *const *W,
+                                  const float *const *scale, const int64_t *offsets, const int64_t *tile_first,
+                                  int E, int64_t cap) {
+    for (int64_t by = blockIdx.y; by < cap; by += gridDim.y) { // uniform per block: the shuffles stay whole
+        int64_t j = 0;
+        int e = moeq_cu_moe_item(tile_first, E, by, &j);
+        if (e < 0) break; // past the last item: so is every later one
+        int64_t o0 = offsets[e], cnt = offsets[e + 1] - o0;
+        moeq_cu_mm_at a = moeq_cu_mm_index(blockIdx.x, j, (int)threadIdx.x, cnt, O);
+        float acc[MOEQ_CU_MM_TILE_T];
+        if (a.nt > 0) moeq_cu_mm_lanes(acc, a, x + o0 * K, K, DT, W[e], scale[e], K);
+        else
+            for (int i = 0; i < MOEQ_CU_MM_TILE_T; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MOEQ_CU_MM_TILE_T; i++) {
+            float v = moeq_cu_tree16_shfl(acc[i], 0xffffffffu);
+            if (a.lane == 0 && i < a.nt) y[(o0 + a.t0 + i) * O + a.o] = v;
+        }
+    }
+}
+
+static void grouped_nt(cuda_backend *cb, int dtype, float *y, const float *x, int64_t K, int64_t O,
+                       const void *const *W, const float *const *scale, const int64_t *offsets,
+                       const int64_t *tile_first, int E, int64_t cap) {
+    dim3 grid((unsigned)moeq_cu_mm_grid_x(O), grid_y_for(cap));
+    cudaStream_t s = cb->stream;
+    switch (dtype) {
+    case MOEQ_DTYPE_F32:
+        mm_grouped_kernel<MOEQ_CU_DTYPE_F32><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(y, x, K, O, W, scale, offsets,
+                                                                                tile_first, E, cap);
+        break;
+    case MOEQ_DTYPE_BF16:
+        mm_grouped_kernel<MOEQ_CU_DTYPE_BF16><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(y, x, K, O, W, scale, offsets,
+                                                                                 tile_first, E, cap);
+        break;
+    case MOEQ_DTYPE_F16:
+        mm_grouped_kernel<MOEQ_CU_DTYPE_F16><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(y, x, K, O, W, scale, offsets,
+                                                                                tile_first, E, cap);
+        break;
+    case MOEQ_DTYPE_F8_E4M3:
+        mm_grouped_kernel<MOEQ_CU_DTYPE_F8_E4M3><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(y, x, K, O, W, scale, offsets,
+                                                                                    tile_first, E, cap);
+        break;
+    }
+    launched(cb, "mm_grouped_kernel launch");
+}
+
+// The experts' weight tables (gate, up, down pointers, then their F8 scales) staged up; NULL on an error.
+static const void *const *expert_tables(cuda_backend *cb, const moeq_moe_experts_params *p, int *dtype) {
+    int E = p->n_experts;
+    size_t bytes = (size_t)6 * (size_t)E * sizeof(void *);
+    if (!stage_reserve(cb, STAGED(bytes))) return NULL;
+    void *d = NULL;
+    const void **h = (const void **)stage(cb, bytes, &d);
+    if (!h) return NULL;
+    *dtype = (int)p->experts[0].gate_proj->dtype;
+    for (int e = 0; e < E; e++) {
+        const moeq_tensor *w[3] = {p->experts[e].gate_proj, p->experts[e].up_proj, p->experts[e].down_proj};
+        for (int i = 0; i < 3; i++) {
+            if ((int)w[i]->dtype != *dtype) {
+                fail(cb, MOEQ_ERR_UNSUPPORTED, "moe_experts: experts of one layer in more than one dtype (%s)%s",
+                     w[i]->name ? w[i]->name : "?", "");
+                return NULL;
+            }
+            h[i * E + e] = wdev(cb, w[i]);
+            h[(3 + i) * E + e] = h[i * E + e] ? scale_dev(cb, w[i]) : NULL;
+            if (!h[i * E + e] || (w[i]->dtype == MOEQ_DTYPE_F8_E4M3 && w[i]->scale_inv && !h[(3 + i) * E + e]))
+                return NULL;
+        }
+    }
+    if (!cu_ok(cb, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (expert tables)"))
+        return NULL;
+    return (const void *const *)d;
+}
+
+// One shared-expert product over all T tokens with the own NT kernel (never cuBLAS: the op's bits are the
+// batch-invariant ones whatever the backend's mode).
+static void shared_nt(cuda_backend *cb, const moeq_tensor *w, const float *x, int64_t ldx, float *y, int64_t ldy,
+                      int64_t T) {
+    const void *W = wdev(cb, w);
+    const float *scale = W ? scale_dev(cb, w) : NULL;
+    if (!W || (w->dtype == MOEQ_DTYPE_F8_E4M3 && w->scale_inv && !scale)) return;
+    moeq_mm_job j = {w, 0, moeq_tensor_rows(w), x, ldx, y, ldy, T};
+    own_nt(cb, &j, W, scale);
+}
+
+static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->err || p->n_tok <= 0) return;
+    int E = p->n_experts;
+    int64_t T = p->n_tok, K = p->top_k, D = p->dim, MI = p->inter, S = T * K;
+    if (E <= 0 || E > MOEQ_CU_MOE_MAX_EXPERTS || T > p->max_tok) {
+        fail(cb, MOEQ_ERR_UNSUPPORTED, "moe_experts: at most %s experts and max_tok tokens%s", "256", "");
+        return;
+    }
+    int dtype = (int)p->experts[0].gate_proj->dtype;
+    const void *const *tab = NULL; // the layer's tables from map_weights, else staged for this call
+    for (int l = 0; l < cb->n_moe && !tab; l++)
+        if (cb->moe_key[l] == p->experts) tab = cb->moe_tab + (size_t)l * 6 * (size_t)E;
+    if (!tab && !(tab = expert_tables(cb, p, &dtype))) return;
+    const void *const *wg = tab, *const *wu = tab + E, *const *wd = tab + 2 * E;
+    const float *const *sg = (const float *const *)(tab + 3 * E), *const *su = (const float *const *)(tab + 4 * E);
+    const float *const *sd = (const float *const *)(tab + 5 * E);
+    int64_t *offsets = p->plan, *order = p->plan + E + 1, *tile_first = p->plan + E + 1 + p->max_tok * K;
+    int64_t cap = moeq_cu_moe_tile_cap(p->max_tok * K, E, MOEQ_CU_MM_TILE_T); // capacities only: no host count
+    moe_plan_kernel<<<1, (unsigned)((E + 31) / 32 * 32), 0, cb->stream>>>(p->ids, S, E, offsets, order, tile_first,
+                                                                          p->slot_row, p->stats);
+    if (!launched(cb, "moe_plan_kernel launch")) return;
+    gather_kernel<<<blocks_for(S * D, 256), 256, 0, cb->stream>>>(p->xg, p->slot_row, p->x, order, S, K, D);
+    if (!launched(cb, "gather_kernel launch (moe_experts)")) return;
+    const moeq_expert *sh = p->shared && p->shared->gate_proj ? p->shared : NULL;
+    int64_t SI = sh ? moeq_tensor_rows(sh->gate_proj) : 0;
+    grouped_nt(cb, dtype, p->g, p->xg, D, MI, wg, sg, offsets, tile_first, E, cap);
+    grouped_nt(cb, dtype, p->u, p->xg, D, MI, wu, su, offsets, tile_first, E, cap);
+    if (sh) {
+        shared_nt(cb, sh->gate_proj, p->x, D, p->g + S * MI, SI, T);
+        shared_nt(cb, sh->up_proj, p->x, D, p->u + S * MI, SI, T);
+    }
+    if (cb->err) return;
+    if (moeq_cuda_silu_mul(p->g, p->g, p->u, S * MI + T * SI, cb->stream)) {
+        fail(cb, MOEQ_ERR_INTERNAL, "silu_mul kernel launch failed%s%s", " (moe_experts)", "");
+        return;
+    }
+    grouped_nt(cb, dtype, p->down, p->g, MI, D, wd, sd, offsets, tile_first, E, cap);
+    if (sh) shared_nt(cb, sh->down_proj, p->g + S * MI, SI, p->down + S * D, D, T);
+    if (cb->err) return;
+    combine_kernel<<<blocks_for(T * D, 256), 256, 0, cb->stream>>>(p->out, p->down, p->slot_row, p->weights,
+                                                                   sh ? p->down + S * D : NULL, T, K, D);
+    launched(cb, "combine_kernel launch (moe_experts)");
 }
 
 // ---- logits: per-row records (argmax, candidates, sums) back to the host -----------------------------------------
@@ -1086,6 +1322,8 @@ static void cuda_destroy(moeq_backend *b) {
     if (cb->stream) cudaStreamSynchronize(cb->stream); // errors here have nowhere to go: the backend is ending
     cudaFree(cb->wslab);
     free(cb->wdev);
+    cudaFree(cb->moe_tab);
+    free(cb->moe_key);
     cudaFree(cb->ws);
     cudaFree(cb->wide);
     cudaFree(cb->stage_d);
@@ -1122,6 +1360,7 @@ static const moeq_backend cuda_table = {
     .route = cuda_route,
     .gather = cuda_gather,
     .combine = cuda_combine,
+    .moe_experts = cuda_moe_experts,
     .logits_reduce = cuda_logits_reduce,
     .destroy = cuda_destroy,
 };
@@ -1156,6 +1395,9 @@ static void create_on_device(cuda_backend *cb) {
              cb->p.batch_invariant ? "batch invariant: own kernels (the CPU's 16-lane order), split-KV attention"
                                    : "cuBLAS SGEMM (FP32, no TF32) for >= blas_min_tokens, own kernels below, "
                                      "split-KV attention");
+    // cublasGemmGroupedBatchedEx takes each group's m/n/k from host arrays: the counts would have to come back
+    snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
+             "; MoE layers: moe_experts on the device (own grouped kernel, no host round trip)");
 }
 
 extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moeq_backend **out, char *errstr,

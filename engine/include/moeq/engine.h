@@ -375,7 +375,8 @@ int moeq_engine_in_group(const moeq_engine *engine);
  * this rank's tokens only, so the ranks' tables add up to the group's). l is
  * the model's layer index (dense layers' rows stay 0); MTP layers follow the
  * main ones. The table is the engine's (valid for its life, updated by each
- * step: read it between steps). NULL, with *n_layers = *n_experts = 0, when
+ * step: read it between steps; on a device backend the counts stay on the
+ * device and each call brings them back: call again to refresh). NULL, with *n_layers = *n_experts = 0, when
  * the model has no routed experts. What `moeq ep-plan --stats` plans from
  * (docs/EP.md "Measuring the load").
  */
