@@ -423,7 +423,12 @@ static void cpu_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
     cpu_backend *cb = (cpu_backend *)b;
     int E = p->n_experts;
     int64_t T = p->n_tok, K = p->top_k, D = p->dim, MI = p->inter, S = T * K;
-    if (T <= 0 || T > p->max_tok || 2 * E + 3 > cb->p.max_jobs) return;
+    if (T <= 0) return;
+    if (T > p->max_tok || 2 * E + 3 > cb->p.max_jobs) { /* the engine sizes both at creation: a caller's bug */
+        fprintf(stderr, "moeq: cpu moe_experts: %lld tokens for a capacity of %lld, %d experts for %d jobs (needs "
+                        "2 x experts + 3)\n", (long long)T, (long long)p->max_tok, E, cb->p.max_jobs);
+        abort();
+    }
     int64_t *offsets = p->plan, *order = p->plan + E + 1;
     moeq_moe_plan(p->ids, T, (int)K, E, offsets, order);
     for (int e = 0; p->stats && e < E; e++) p->stats[e] += (uint64_t)(offsets[e + 1] - offsets[e]);
