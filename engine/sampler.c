@@ -156,6 +156,21 @@ static int select_top(const float *logits, int n, int k, int32_t *cand) {
     return k;
 }
 
+/* The smallest prefix of weights w[0..m) whose running sum reaches top_p * *s (the nucleus); *s becomes that
+ * prefix's sum. Shared by draws from a row and from a record, so both keep the same candidates. */
+static int nucleus(const float *w, int m, double top_p, double *s) {
+    double acc = 0.0;
+    for (int i = 0; i < m; i++) {
+        acc += w[i];
+        if (acc >= top_p * *s) {
+            *s = acc;
+            return i + 1;
+        }
+    }
+    *s = acc;
+    return m;
+}
+
 int moeq_sampler_weights(const moeq_sampling_params *p, const float *logits, int vocab, int ordered,
                          int32_t *cand, float *weight, double *sum) {
     int m = vocab;
@@ -166,19 +181,7 @@ int moeq_sampler_weights(const moeq_sampling_params *p, const float *logits, int
     }
     double inv_t = 1.0 / p->temperature, top = logits[moeq_sampler_argmax(logits, vocab)], s = 0.0;
     for (int i = 0; i < m; i++) s += weight[i] = (float)exp(((double)logits[cand[i]] - top) * inv_t);
-    if (p->top_p < 1.0) { /* smallest prefix whose mass reaches top_p */
-        double acc = 0.0;
-        int keep = m;
-        for (int i = 0; i < m; i++) {
-            acc += weight[i];
-            if (acc >= p->top_p * s) {
-                keep = i + 1;
-                break;
-            }
-        }
-        m = keep;
-        s = acc;
-    }
+    if (p->top_p < 1.0) m = nucleus(weight, m, p->top_p, &s);
     *sum = s;
     return m;
 }
@@ -312,18 +315,7 @@ static int32_t record_draw(const moeq_sampling_params *p, const moeq_logits_reco
     if (k <= n) { /* every candidate is in the record: exact */
         double s = 0.0;
         for (int i = 0; i < m; i++) s += w[i];
-        if (p->top_p < 1.0) {
-            double acc = 0.0;
-            int keep = m;
-            for (int i = 0; i < m; i++) {
-                acc += w[i];
-                if (acc >= p->top_p * s) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            m = keep, s = acc;
-        }
+        if (p->top_p < 1.0) m = nucleus(w, m, p->top_p, &s); /* the row's own arithmetic: the same prefix */
         return walk_exact(r, w, m, u * s);
     }
     if (k < vocab || r->temperature != p->temperature || !(r->sum_t > 0)) return MOEQ_SAMPLE_INSUFFICIENT;
