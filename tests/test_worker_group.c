@@ -474,7 +474,25 @@ static void jobs_answered_before_a_kill_are_not_run_again(void **state) {
         if (r && r->n_results) had[i] = r->n_results, n_had++, long_done += i % g_long_every != 0;
         by_r1 += had[i] && strstr(r->worker, "mark-r1") != NULL;
     }
-    usleep(300000); /* what the test saw was delivered: its reports, then its marks, come within a loop turn */
+    /* What the test saw was delivered; its delivery reports, then its marks, come within a loop turn of the rank,
+     * which can outlast a fixed wait on a busy machine (a 300 ms sleep once saw none of 8 marks). Wait for the
+     * marks themselves (the records' state "done"), at most 10 s: if they never come, `again` below says so. */
+    moeq_redis *redis = redis_connect();
+    for (int64_t t0 = moeq_now_ms(), marked = 0; marked < n_had && moeq_now_ms() - t0 < 10000; usleep(50000)) {
+        marked = 0;
+        for (int i = 0; i < N; i++) {
+            if (!had[i]) continue;
+            char key[256], err[256];
+            snprintf(key, sizeof key, "%s:job:grp-%s-mark-%d", g_t.ns, g_t.ns, i);
+            moeq_redis_reply *r = NULL;
+            if (moeq_redis_command(redis, &r, err, sizeof err, "HGET %s state", key) == MOEQ_OK) {
+                const char *st = moeq_redis_reply_str(r, NULL);
+                marked += st && strcmp(st, "done") == 0;
+            }
+            moeq_redis_reply_free(r);
+        }
+    }
+    moeq_redis_destroy(redis);
     /* the rank that answered them dies: it marks nothing on the way out, only what it marked before counts */
     int victim = 2 * by_r1 >= n_had ? 1 : 0;
     pid_t dead = victim ? r1 : r0, survivor = victim ? r0 : r1;
