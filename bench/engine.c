@@ -29,6 +29,7 @@
 
 typedef struct bench_args {
     const char *model_dir, *preset, *backend;
+    const char *cpu_matrix;       /* --cpu-matrix auto|lanes|amx (the engine's cpu_matrix; NULL: its default)    */
     int device, max_batch;
     int n_threads, prefill_tokens, decode_prompt, batches[8], n_batches;
     int prefills[4], n_prefills;  /* prompt lengths timed (--prefill-tokens 512,2048); prefill_tokens: the longest */
@@ -250,6 +251,7 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     p.n_threads = a->n_threads;
     p.batch_invariant = invariant;
     snprintf(p.backend, sizeof p.backend, "%s", a->backend);
+    if (a->cpu_matrix) snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "%s", a->cpu_matrix);
     p.device = a->device;
     p.max_seqs = a->max_batch > 128 ? a->max_batch : 128;
     p.max_step_tokens = a->prefill_tokens > 2048 ? a->prefill_tokens : 2048;
@@ -331,6 +333,7 @@ static int parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(k, "--preset")) a->preset = v;
         else if (!strcmp(k, "--backend")) a->backend = v;
         else if (!strcmp(k, "--device")) a->device = atoi(v);
+        else if (!strcmp(k, "--cpu-matrix")) a->cpu_matrix = v;
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--min-seconds")) a->min_seconds = atof(v);
         else if (!strcmp(k, "--prefill-tokens")) {
@@ -381,8 +384,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench-engine --model DIR [--preset NAME] [--backend cpu|cuda] [--device N]\n"
                         "                    [--threads N] [--prefill-tokens N] [--batches 1,8,32,128,256]\n"
                         "                    [--contexts 1024,4096|none] [--min-seconds S] [--modes 1,0]\n"
+                        "                    [--cpu-matrix auto|lanes|amx]\n"
                         "  --prefill-tokens  one or more prompt lengths (default 512), each timed\n"
                         "  --modes           batch_invariant values to run (default 1,0)\n"
+                        "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
                         "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no\n"
                         "                  config.json\n");
         return 2;
@@ -406,12 +411,13 @@ int main(int argc, char **argv) {
     int cpu = !strcmp(a.backend, "cpu");
     char *device_json = NULL;
     if (!strcmp(a.backend, "cuda")) bw = device_peak(&a, c->hidden_size, &device_json);
-    double peak_dp = 0;
+    double peak_dp = 0, peak_amx_g = 0;
     if (cpu) {
         a.peak_fp32_gflops = peak_supported(PEAK_FMA512)   ? peak_gflops(PEAK_FMA512, n_threads)
                              : peak_supported(PEAK_FMA256) ? peak_gflops(PEAK_FMA256, n_threads)
                                                            : 0;
         if (peak_supported(PEAK_DPBF16)) peak_dp = peak_gflops(PEAK_DPBF16, n_threads);
+        if (peak_supported(PEAK_AMX)) peak_amx_g = peak_gflops(PEAK_AMX, n_threads);
     }
     printf("{\n  \"model\": \"%s\", \"backend\": \"%s\", \"total_params\": %zu, \"threads\": %d, \"load_s\": %.4f,\n",
            a.model_dir, a.backend, moeq_model_total_params(model), n_threads, load_s);
@@ -423,8 +429,10 @@ int main(int argc, char **argv) {
                c->num_hidden_layers, active, bw);
     free(device_json);
     if (cpu)
-        printf("  \"cpu_kernels\": \"%s\", \"peak_gflops\": {\"fp32_fma\": %.1f, \"bf16_dp\": %.1f},\n",
-               moeq_engine_cpu_kernels(), a.peak_fp32_gflops, peak_dp);
+        printf("  \"cpu_kernels\": \"%s\", \"cpu_matrix\": \"%s\", \"amx\": \"%s\",\n"
+               "  \"peak_gflops\": {\"fp32_fma\": %.1f, \"bf16_dp\": %.1f, \"amx_bf16\": %.1f},\n",
+               moeq_engine_cpu_kernels(), a.cpu_matrix ? a.cpu_matrix : "auto", moeq_engine_cpu_amx_describe(),
+               a.peak_fp32_gflops, peak_dp, peak_amx_g);
     printf("  \"matmul_flops_per_token\": %.0f,\n", a.matmul_flops_per_token);
     printf("  \"modes\": {\n");
     for (int i = 0; i < a.n_modes; i++) run_mode(model, &a, a.modes[i], bw, active, i == 0);

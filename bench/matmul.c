@@ -141,8 +141,8 @@ int main(int argc, char **argv) {
 
     printf("{\n  \"threads\": %d, \"rows\": %lld, \"cols\": %lld,\n  \"peak_gflops\": {", n_threads,
            (long long)rows, (long long)cols);
-    static const char *names[] = {"fp32_fma_avx512", "fp32_fma_avx2", "bf16_dp_avx512"};
-    for (int k = 0, n = 0; k < 3; k++)
+    static const char *names[] = {"fp32_fma_avx512", "fp32_fma_avx2", "bf16_dp_avx512", "amx_bf16"};
+    for (int k = 0, n = 0; k < 4; k++)
         if (peak_supported(k)) printf("%s\"%s\": %.1f", n++ ? ", " : "", names[k], peak_gflops(k, n_threads));
     printf("},\n  \"kernels\": [");
     float *x = malloc((size_t)max_tok * (size_t)cols * sizeof(float));
@@ -151,9 +151,12 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < (int64_t)max_tok * cols; i++) x[i] = urand();
     moeq_dtype dts[] = {MOEQ_DTYPE_BF16, MOEQ_DTYPE_F8_E4M3, MOEQ_DTYPE_F16, MOEQ_DTYPE_F32};
     int first = 1;
-    for (int inv = 1; inv >= inv_min; inv--) {
+    /* invariant on the float32 lanes, invariant on AMX tiles where the CPU has them, then OpenBLAS */
+    for (int mode = 0; mode < 3; mode++) {
+        int inv = mode < 2, amx = mode == 1;
+        if ((amx && !moeq_engine_cpu_amx()) || (!inv && inv_min)) continue;
         moeq_backend_config cfg = {.n_threads = n_threads, .batch_invariant = inv, .blas_min_tokens = 16,
-                                   .max_k = cols, .max_ctx = 64, .max_jobs = 4, .max_tokens = max_tok};
+                                   .max_k = cols, .max_ctx = 64, .max_jobs = 4, .max_tokens = max_tok, .amx = amx};
         moeq_backend *b = moeq_backend_cpu_new(&cfg);
         if (!b) return 1;
         for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
@@ -161,9 +164,9 @@ int main(int argc, char **argv) {
             if (weight_make(&w, dts[d], rows, cols)) return 1;
             for (int i = 0; i < n_toks; i++) {
                 double pc, g = kernel_gflops(b, &w, toks[i], x, y, min_s, &pc);
-                printf("%s\n    {\"batch_invariant\": %d, \"dtype\": \"%s\", \"tokens\": %d, \"gflops\": %.1f, "
-                       "\"gflops_per_cpu_s\": %.1f}",
-                       first ? "" : ",", inv, dtype_name(dts[d]), toks[i], g, pc);
+                printf("%s\n    {\"batch_invariant\": %d, \"path\": \"%s\", \"dtype\": \"%s\", \"tokens\": %d, "
+                       "\"gflops\": %.1f, \"gflops_per_cpu_s\": %.1f}",
+                       first ? "" : ",", inv, amx ? "amx" : inv ? "lanes" : "openblas", dtype_name(dts[d]), toks[i], g, pc);
                 first = 0;
                 fflush(stdout);
             }

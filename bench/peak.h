@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 
+#include "moeq/engine.h"
 #include "moeq/util.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -17,10 +18,10 @@
 #include <immintrin.h>
 #endif
 
-enum { PEAK_FMA512 = 0, PEAK_FMA256 = 1, PEAK_DPBF16 = 2 };
+enum { PEAK_FMA512 = 0, PEAK_FMA256 = 1, PEAK_DPBF16 = 2, PEAK_AMX = 3 };
 
 typedef struct peak_arg {
-    int kind; /* 0: fp32 fma zmm, 1: fp32 fma ymm, 2: vdpbf16ps zmm */
+    int kind; /* 0: fp32 fma zmm, 1: fp32 fma ymm, 2: vdpbf16ps zmm, 3: AMX tdpbf16ps */
     long iters;
     double flops, seconds;
     float sink;
@@ -63,6 +64,35 @@ __attribute__((target("avx512f,avx512bf16"))) static float peak_dpbf16(long iter
     for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
     return _mm512_reduce_add_ps(s);
 }
+
+/* Four independent 16x16 accumulator tiles, each TDPBF16PS 16 x 16 x 32 products; the caller has the tile
+ * state from Linux (moeq_engine_cpu_amx()). */
+__attribute__((target("amx-tile,amx-bf16"))) static float peak_amx(long iters) {
+    static const struct {
+        unsigned char palette, start, reserved[14];
+        unsigned short colsb[16];
+        unsigned char rows[16];
+    } cfg = {.palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+    static _Thread_local unsigned short ab[2][512];
+    static _Thread_local float c[256];
+    for (int i = 0; i < 512; i++) ab[0][i] = 0x3f80, ab[1][i] = 0x3380;
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ab[0], 64);
+    _tile_loadd(5, ab[1], 64);
+    for (long it = 0; it < iters; it++) {
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, c, 64);
+    _tile_release();
+    return c[0];
+}
 #endif
 
 static inline void *peak_run(void *p) {
@@ -72,6 +102,7 @@ static inline void *peak_run(void *p) {
     if (a->kind == 0) a->sink = peak_fma512(a->iters), a->flops = a->iters * 12.0 * 16 * 2;
     if (a->kind == 1) a->sink = peak_fma256(a->iters), a->flops = a->iters * 12.0 * 8 * 2;
     if (a->kind == 2) a->sink = peak_dpbf16(a->iters), a->flops = a->iters * 12.0 * 32 * 2;
+    if (a->kind == 3) a->sink = peak_amx(a->iters / 8), a->flops = a->iters / 8 * 4.0 * 16 * 16 * 32 * 2;
 #endif
     a->seconds = (moeq_mono_ns() - t0) * 1e-9;
     return NULL;
@@ -103,6 +134,7 @@ static inline int peak_supported(int kind) {
     if (kind == PEAK_FMA256) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (kind == PEAK_FMA512) return __builtin_cpu_supports("avx512f");
     if (kind == PEAK_DPBF16) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    if (kind == PEAK_AMX) return moeq_engine_cpu_amx();
 #endif
     (void)kind;
     return 0;

@@ -306,6 +306,8 @@ typedef struct moeq_backend_config {
     int max_jobs;           /* most jobs in one call                                     */
     int64_t max_tokens;     /* most tokens (rows) one op sees: sizes a device backend's staging; 0 = 2048 */
     int device;             /* device ordinal (a device backend; the CPU ignores it)     */
+    int amx;                /* CPU: NT products of BF16/F8 weights on AMX BF16 tiles (cpu/ops_amx.h);
+                               other bits than the float32 lanes, the same for every shape */
 } moeq_backend_config;
 
 /*

@@ -24,7 +24,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .backend = "cpu",
                                 .device = 0,
                                 .prefix_cache = 1,
-                                .prefix_cache_share = 1.0};
+                                .prefix_cache_share = 1.0,
+                                .cpu_matrix = "auto"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -140,6 +141,12 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "engine params: max_seqs, max_step_tokens, kv_block_tokens, kv_cache_tokens must be >= 1, "
                          "n_threads, max_model_len, device >= 0, prefix_cache_share in 0..1");
+    if (strcmp(p->cpu_matrix, "auto") && strcmp(p->cpu_matrix, "lanes") && strcmp(p->cpu_matrix, "amx"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "cpu_matrix \"%.8s\": the choices are auto, lanes and amx", p->cpu_matrix);
+    if (!strcmp(p->cpu_matrix, "amx") && !moeq_engine_cpu_amx())
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                         "cpu_matrix = amx, but this CPU cannot run AMX tiles: %s", moeq_engine_cpu_amx_describe());
     if (p->max_model_len > c->max_position_embeddings)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "max_model_len %d exceeds the model's max_position_embeddings %d", p->max_model_len,
@@ -154,7 +161,8 @@ int moeq_engine_max_model_len(const moeq_engine *engine) {
 
 uint64_t moeq_forward_cache_salt(const moeq_engine *e, int kind) {
     const moeq_model_config *c = e->cfg;
-    int64_t v[] = {kind, e->params.batch_invariant, c->num_hidden_layers, c->hidden_size, c->vocab_size,
+    int64_t v[] = {kind, e->params.batch_invariant, strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx(),
+                   c->num_hidden_layers, c->hidden_size, c->vocab_size,
                    c->kv_lora_rank, c->qk_rope_head_dim, c->n_routed_experts, e->model->n_tensors,
                    (int64_t)(uintptr_t)e->model, e->params.kv_block_tokens};
     uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
@@ -199,7 +207,8 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .max_ctx = max_ctx,
                               .max_jobs = 2 * c->num_attention_heads + 2 * E + 8,
                               .max_tokens = e->params.max_step_tokens,
-                              .device = e->params.device};
+                              .device = e->params.device,
+                              .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx()};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;

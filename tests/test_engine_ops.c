@@ -28,6 +28,7 @@
 #include "moe.h"
 #include "moe_route.h"
 #include "ops.h"
+#include "ops_amx.h"
 #include "ops_matmul.h"
 #include "rope.h"
 #include "sampler.h"
@@ -348,6 +349,154 @@ static void kernel_output_of_an_element_never_depends_on_its_block(void **state)
     fake_weight_free(&f);
 }
 
+/* ---- the AMX tile path (ops_amx.h): run where the CPU has AMX, else skipped with the reason ---- */
+
+static int amx_or_skip(void) {
+    if (moeq_amx_supported()) return 1;
+    print_message("SKIP (no AMX on this CPU): %s\n", moeq_amx_describe());
+    return 0;
+}
+
+/*
+ * The kernel's tiles give each element the emulation's chain (one element per tile, built with scalar code):
+ * BF16 and F8 (K with and without a partial 128-column scale block), 1-50 tokens (one or two 16-token groups,
+ * partial groups), blocks of rows cut anywhere (one or two 16-row tiles, partial tiles, the weight's last rows
+ * through a padded copy, F8 strips straddling 128-row scale blocks), a job reading its tokens at an offset
+ * into a bigger pack; nothing outside the block is written.
+ */
+static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
+    (void)state;
+    if (!amx_or_skip()) skip();
+    static const int colss[] = {32, 96, 416};
+    static const int toks[] = {1, 2, 15, 16, 17, 33, 50};
+    static const int blocks[][2] = {{0, 295}, {0, 16}, {0, 17}, {7, 77}, {120, 140}, {250, 295}, {280, 283}};
+    const moeq_dtype dts[] = {MOEQ_DTYPE_BF16, MOEQ_DTYPE_F8_E4M3};
+    int rows = 300;
+    for (int d = 0; d < 2; d++)
+        for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
+            int cols = colss[ci];
+            fake_weight f;
+            fake_weight_make(&f, dts[d], rows, cols);
+            size_t wsb = (moeq_amx_ws_bytes(cols) + 63) / 64 * 64;
+            void *ws = aligned_alloc(64, wsb);
+            for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+                int T = toks[ti], off = 3, n = T + off + 4; /* the job's tokens are rows 3..3+T of a pack of n */
+                float *xr = rand_floats((size_t)n * cols);
+                uint32_t *pack = aligned_alloc(64, (moeq_amx_pack_bytes(n, cols) + 63) / 64 * 64);
+                for (int64_t g = 0; g < moeq_amx_pack_cols(n) / 16; g++) moeq_amx_pack_group(xr, cols, n, cols, pack, g);
+                moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), off};
+                float *want = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
+                moeq_mm_job j = {&f.t, 5, 295, xr + (size_t)off * cols, cols, want, rows, T}; /* rows 5..299 */
+                moeq_amx_nt_block_ref(&j, 0, 295, 0, T);
+                for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+                    int n0 = blocks[bi][0], n1 = blocks[bi][1], t0 = T > 20 ? 5 : 0;
+                    memset(got, 0xff, (size_t)T * rows * 4);
+                    j.y = got;
+                    moeq_amx_nt_block(&j, &xv, n0, n1, t0, T, ws, wsb);
+                    for (int t = 0; t < T; t++)
+                        for (int r = 0; r < rows; r++) {
+                            uint32_t gb, wb;
+                            memcpy(&gb, &got[t * rows + r], 4), memcpy(&wb, &want[t * rows + r], 4);
+                            if (r < n0 || r >= n1 || t < t0) assert_int_equal(gb, 0xffffffffu);
+                            else assert_int_equal(gb, wb);
+                        }
+                }
+                free(xr), free(pack), free(want), free(got);
+            }
+            free(ws);
+            fake_weight_free(&f);
+        }
+}
+
+/* The tiles against float64: the split activations (16 bits) and float32 sums stay within 1e-6 of the
+ * magnitude sum (the float32 lanes' bound), on BF16 and F8 weights. */
+static void amx_tiles_are_within_the_float64_tolerance(void **state) {
+    (void)state;
+    if (!amx_or_skip()) skip();
+    const moeq_dtype dts[] = {MOEQ_DTYPE_BF16, MOEQ_DTYPE_F8_E4M3};
+    int rows = 130, cols = 2048, T = 19;
+    double worst = 0;
+    for (int d = 0; d < 2; d++) {
+        fake_weight f;
+        fake_weight_make(&f, dts[d], rows, cols);
+        float *x = rand_floats((size_t)T * cols), *y = malloc((size_t)T * rows * 4);
+        moeq_mm_job j = {&f.t, 0, rows, x, cols, y, rows, T};
+        assert_int_equal(moeq_amx_nt_job(&j), 0);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < rows; r++) {
+                double ref = 0, mag = 0;
+                for (int k = 0; k < cols; k++) {
+                    ref += (double)x[t * cols + k] * f.deq[(size_t)r * cols + k];
+                    mag += fabs((double)x[t * cols + k] * f.deq[(size_t)r * cols + k]);
+                }
+                double e = fabs((double)y[t * rows + r] - ref) / mag;
+                if (e > worst) worst = e;
+                assert_true(fabs((double)y[t * rows + r] - ref) <= 1e-6 * mag + 1e-7);
+            }
+        free(x), free(y);
+        fake_weight_free(&f);
+    }
+    print_message("AMX tiles: worst error %.3g of the magnitude sum\n", worst);
+}
+
+/*
+ * Through the backend (amx = 1, three threads): a token's outputs do not depend on how many tokens share
+ * the call, nor on sharing a pack with other jobs (gate and up of one x; expert-like jobs reading slices
+ * of one array); F32 and F16 weights take the float32 lanes in the same call.
+ */
+static void amx_backend_output_of_a_token_never_depends_on_the_other_tokens(void **state) {
+    (void)state;
+    if (!amx_or_skip()) skip();
+    int rows = 200, cols = 352, T = 37;
+    fake_weight fb, f8, f16;
+    fake_weight_make(&fb, MOEQ_DTYPE_BF16, rows, cols);
+    fake_weight_make(&f8, MOEQ_DTYPE_F8_E4M3, rows, cols);
+    fake_weight_make(&f16, MOEQ_DTYPE_F16, rows, cols);
+    float *x = rand_floats((size_t)T * cols), *all = malloc((size_t)3 * T * rows * 4);
+    moeq_backend_cpu_params bp = {.n_threads = 3, .batch_invariant = 1, .max_k = cols, .max_ctx = 16, .max_jobs = 8,
+                                  .amx = 1};
+    moeq_backend *b = moeq_backend_cpu_new(&bp);
+    assert_non_null(b);
+    moeq_mm_job j3[3] = {{&fb.t, 0, rows, x, cols, all, rows, T},
+                         {&f8.t, 0, rows, x, cols, all + (size_t)T * rows, rows, T},
+                         {&f16.t, 0, rows, x, cols, all + (size_t)2 * T * rows, rows, T}};
+    b->matmul(b, j3, 3);
+    /* the F16 job took the lanes: the emulation's bits */
+    float *lanes = malloc((size_t)T * rows * 4);
+    moeq_mm_job jl = {&f16.t, 0, rows, x, cols, lanes, rows, T};
+    moeq_mm_nt_block_scalar(&jl, 0, rows, 0, T);
+    assert_memory_equal(lanes, all + (size_t)2 * T * rows, (size_t)T * rows * 4);
+    for (int w = 0; w < 2; w++) {
+        const moeq_tensor *wt = w ? &f8.t : &fb.t;
+        const float *ref = all + (size_t)w * T * rows;
+        for (int n_tok = 1; n_tok <= T; n_tok += 6) /* alone or in smaller batches */
+            for (int t = 0; t + n_tok <= T; t += n_tok) {
+                float *y = malloc((size_t)n_tok * rows * 4);
+                moeq_mm_job s = {wt, 0, rows, x + (size_t)t * cols, cols, y, rows, n_tok};
+                b->matmul(b, &s, 1);
+                assert_memory_equal(y, ref + (size_t)t * rows, (size_t)n_tok * rows * 4);
+                free(y);
+            }
+        /* experts: consecutive slices of x, two jobs per slice, one pack */
+        static const int cuts[] = {0, 3, 4, 20, 37};
+        moeq_mm_job ex[8];
+        float *y = malloc((size_t)2 * T * rows * 4);
+        int nj = 0;
+        for (int c = 0; c + 1 < 5; c++) {
+            int t0 = cuts[c], n = cuts[c + 1] - cuts[c];
+            ex[nj++] = (moeq_mm_job){wt, 0, rows, x + (size_t)t0 * cols, cols, y + (size_t)t0 * rows, rows, n};
+            ex[nj++] = (moeq_mm_job){wt, 0, rows, x + (size_t)t0 * cols, cols, y + (size_t)(T + t0) * rows, rows, n};
+        }
+        b->matmul(b, ex, nj);
+        assert_memory_equal(y, ref, (size_t)T * rows * 4);
+        assert_memory_equal(y + (size_t)T * rows, ref, (size_t)T * rows * 4);
+        free(y);
+    }
+    moeq_backend_destroy(b);
+    free(x), free(all), free(lanes);
+    fake_weight_free(&fb), fake_weight_free(&f8), fake_weight_free(&f16);
+}
+
 /* Decode-sized calls (tasks of ~256 KiB of weights) give the bits of prefill-sized ones (32 rows, 64 columns). */
 static void backend_task_split_for_few_tokens_keeps_the_bits(void **state) {
     (void)state;
@@ -398,16 +547,16 @@ static long long prop_field(const moeq_prop *p, const void *params) {
 static void engine_params_table_defaults_equal_the_default_params(void **state) {
     (void)state;
     moeq_engine_params want = moeq_engine_default_params();
-    enum { N_PARAMS = 11 };
+    enum { N_PARAMS = 12 };
     int n = 0, seen[N_PARAMS] = {0};
     static const char *const names[N_PARAMS] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
                                                 "n_threads", "batch_invariant", "max_model_len",   "backend",
-                                                "device", "prefix_cache", "prefix_cache_share"};
+                                                "device", "prefix_cache", "prefix_cache_share", "cpu_matrix"};
     for (const moeq_prop *p = moeq_engine_params_props; p->name; p++, n++) {
         assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max); /* a meaning/unit and a range */
         assert_true(p->offset + p->size <= sizeof(moeq_engine_params));
         for (int i = 0; i < N_PARAMS; i++) seen[i] += !strcmp(p->name, names[i]);
-        if (p->type == MOEQ_PROP_STR) { /* the backend's name */
+        if (p->type == MOEQ_PROP_STR) { /* the backend's name, cpu_matrix */
             assert_string_equal(p->def, (const char *)&want + p->offset);
             continue;
         }
@@ -1155,6 +1304,9 @@ int main(void) {
         cmocka_unit_test(many_token_blocked_path_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(few_token_stream_tiles_match_the_emulation_bit_for_bit),
         cmocka_unit_test(backend_task_split_for_few_tokens_keeps_the_bits),
+        cmocka_unit_test(amx_tiles_match_their_emulation_bit_for_bit),
+        cmocka_unit_test(amx_tiles_are_within_the_float64_tolerance),
+        cmocka_unit_test(amx_backend_output_of_a_token_never_depends_on_the_other_tokens),
         cmocka_unit_test(engine_params_table_defaults_equal_the_default_params),
         cmocka_unit_test(setting_one_engine_param_leaves_the_others_alone),
         cmocka_unit_test(yarn_mscale_and_frequencies_follow_the_formulas),

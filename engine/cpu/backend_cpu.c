@@ -31,6 +31,7 @@
 #include "moe_route.h"
 #include "ops.h"
 #include "moeq/engine.h"
+#include "ops_amx.h"
 #include "ops_matmul.h"
 
 #define NT_ROWS 32
@@ -61,6 +62,16 @@ typedef struct cpu_backend {
     int n_jobs;
     int use_blas;
     const moeq_mla_params *attn;
+    /* the AMX path (p.amx): this call's packed activations, one region per distinct x, and each job's view */
+    uint32_t *pack;
+    size_t pack_cap;
+    moeq_amx_xview *views;  /* [max_jobs]; pack NULL: the job takes the float32-lane kernels */
+    struct amx_region {
+        const float *x;
+        int64_t ldx, k, n;
+        size_t off;         /* into pack, in dwords */
+    } *regions;             /* [max_jobs] */
+    int n_regions;
 } cpu_backend;
 
 static int cpu_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype dtype) {
@@ -115,7 +126,9 @@ static void nt_task(void *ctx, int64_t task, int worker) {
     int64_t n0 = (local / n_tb) * rows, t0 = (local % n_tb) * NT_TOKS;
     int64_t n1 = n0 + rows < job->n_rows ? n0 + rows : job->n_rows;
     int64_t t1 = t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok;
-    moeq_mm_nt_block_ws(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
+    const moeq_amx_xview *xv = cb->p.amx ? &cb->views[job - cb->jobs] : NULL;
+    if (xv && xv->pack) moeq_amx_nt_block(job, xv, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
+    else moeq_mm_nt_block_ws(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
 }
 
 static void nn_task(void *ctx, int64_t task, int worker) {
@@ -138,12 +151,75 @@ static int blas_for(const cpu_backend *cb, const moeq_mm_job *jobs, int n_jobs) 
     return 1;
 }
 
+/*
+ * The AMX path's activations: jobs whose x rows continue or repeat an earlier job's (gate and up of one
+ * input, the experts' slices of one gathered array) share one region, packed once for the call; a job
+ * reads its tokens at an offset into it. The pack is grown here when a call needs more than any before
+ * (pages are only touched as used); a machine without that memory cannot run the step at all.
+ */
+static void amx_plan(cpu_backend *cb, const moeq_mm_job *jobs, int n_jobs) {
+    cb->n_regions = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        const moeq_mm_job *j = &jobs[i];
+        cb->views[i] = (moeq_amx_xview){0};
+        if (j->n_tok <= 0 || !moeq_amx_fits(j->w)) continue;
+        int64_t k = moeq_tensor_cols(j->w), off = -1;
+        int r = 0;
+        for (; r < cb->n_regions; r++) {
+            struct amx_region *g = &cb->regions[r];
+            if (g->ldx != j->ldx || g->k != k || j->x < g->x || (j->x - g->x) % j->ldx) continue;
+            off = (j->x - g->x) / j->ldx;
+            if (off <= g->n) break;
+        }
+        if (r == cb->n_regions) cb->regions[cb->n_regions++] = (struct amx_region){j->x, j->ldx, k, 0, 0}, off = 0;
+        struct amx_region *g = &cb->regions[r];
+        if (off + j->n_tok > g->n) g->n = off + j->n_tok;
+        cb->views[i].tok0 = off;
+        cb->views[i].n_pad = r; /* the region, until the pack is laid out */
+    }
+    size_t need = 0;
+    for (int r = 0; r < cb->n_regions; r++) {
+        cb->regions[r].off = need;
+        need += moeq_amx_pack_bytes(cb->regions[r].n, cb->regions[r].k) / 4;
+    }
+    if (need * 4 > cb->pack_cap) {
+        free(cb->pack);
+        cb->pack_cap = (need * 4 + (1u << 20)) / 64 * 64;
+        if (!(cb->pack = aligned_alloc(64, cb->pack_cap))) {
+            fprintf(stderr, "moeq: cpu backend: cannot allocate %zu bytes for the AMX activation pack\n",
+                    cb->pack_cap);
+            abort();
+        }
+    }
+    for (int i = 0; i < n_jobs; i++) {
+        if (jobs[i].n_tok <= 0 || !moeq_amx_fits(jobs[i].w)) continue;
+        const struct amx_region *g = &cb->regions[cb->views[i].n_pad];
+        cb->views[i].pack = cb->pack + g->off;
+        cb->views[i].n_pad = moeq_amx_pack_cols(g->n);
+    }
+}
+
+static void amx_pack_task(void *ctx, int64_t task, int worker) {
+    (void)worker;
+    cpu_backend *cb = ctx;
+    int r = 0;
+    while (task >= moeq_amx_pack_cols(cb->regions[r].n) / 16) task -= moeq_amx_pack_cols(cb->regions[r].n) / 16, r++;
+    const struct amx_region *g = &cb->regions[r];
+    moeq_amx_pack_group(g->x, g->ldx, g->n, g->k, cb->pack + g->off, task);
+}
+
 static void cpu_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
     cpu_backend *cb = (cpu_backend *)b;
     if (n_jobs <= 0) return;
     cb->jobs = jobs;
     cb->n_jobs = n_jobs;
     cb->use_blas = blas_for(cb, jobs, n_jobs);
+    if (cb->p.amx && !cb->use_blas) {
+        amx_plan(cb, jobs, n_jobs);
+        int64_t groups = 0;
+        for (int r = 0; r < cb->n_regions; r++) groups += moeq_amx_pack_cols(cb->regions[r].n) / 16;
+        if (groups) moeq_pool_run(cb->pool, amx_pack_task, cb, groups);
+    }
     int64_t total = 0;
     for (int i = 0; i < n_jobs; i++) {
         int64_t n = cb->use_blas ? ceil_div(jobs[i].n_rows, BLAS_ROWS)
@@ -462,7 +538,20 @@ static void cpu_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
     cpu_combine(b, &cp);
 }
 
-const char *moeq_engine_cpu_kernels(void) { return moeq_mm_cpu_describe(); }
+const char *moeq_engine_cpu_kernels(void) {
+    static char text[320];
+    static _Atomic int done;
+    if (atomic_load(&done)) return text;
+    if (moeq_amx_supported())
+        snprintf(text, sizeof text, "%s; NT products of BF16/F8 weights on amx_bf16 tiles with split float32 "
+                 "activations (cpu_matrix = auto or amx; lanes keeps the float32 lanes)", moeq_mm_cpu_describe());
+    else snprintf(text, sizeof text, "%s; AMX path: %s", moeq_mm_cpu_describe(), moeq_amx_describe());
+    atomic_store(&done, 1);
+    return text;
+}
+
+int moeq_engine_cpu_amx(void) { return moeq_amx_supported(); }
+const char *moeq_engine_cpu_amx_describe(void) { return moeq_amx_describe(); }
 
 static const char *cpu_describe(const moeq_backend *b) {
     const cpu_backend *cb = (const cpu_backend *)b;
@@ -484,6 +573,9 @@ static void cpu_destroy(moeq_backend *b) {
     free(cb->scores);
     free(cb->task_end);
     free(cb->moe_jobs);
+    free(cb->pack);
+    free(cb->views);
+    free(cb->regions);
     free(cb);
 }
 
@@ -538,11 +630,18 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     /* groups need one entry per token: steps of more tokens than this run one token per task */
     cb->attn_group_max = cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048;
     cb->attn_group = calloc((size_t)cb->attn_group_max + 2, sizeof(int64_t));
-    cb->ws_bytes = (moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) + 63) / 64 * 64;
+    if (cb->p.amx && !moeq_amx_supported()) cb->p.amx = 0; /* the engine refuses "amx" where it cannot run */
+    size_t ws = moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
+    if (cb->p.amx && moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) > ws)
+        ws = moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
+    cb->ws_bytes = (ws + 63) / 64 * 64;
     cb->task_end = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int64_t));
     cb->moe_jobs = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_mm_job));
+    cb->views = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_amx_xview));
+    cb->regions = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(*cb->regions));
     cb->pool = moeq_pool_new(n);
-    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool)
+    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
+        !cb->views || !cb->regions)
         goto fail;
     for (int i = 0; i < n; i++) {
         if (!cb->p.batch_invariant && !(cb->wbuf[i] = malloc((size_t)BLAS_ROWS * cb->p.max_k * sizeof(float))))
@@ -553,7 +652,7 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
             goto fail;
     }
     moeq_mm_blas_init();
-    snprintf(cb->info, sizeof cb->info, "cpu: %s kernels, %d thread%s, %s", moeq_mm_cpu_describe(), n,
+    snprintf(cb->info, sizeof cb->info, "cpu: %s kernels, %d thread%s, %s", cb->p.amx ? "amx_bf16 tiles (split float32 activations)" : moeq_mm_cpu_describe(), n,
              n == 1 ? "" : "s", cb->p.batch_invariant ? "batch-invariant" : "OpenBLAS sgemm from 16 tokens");
     return &cb->base;
 fail:

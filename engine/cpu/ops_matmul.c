@@ -969,7 +969,7 @@ const char *moeq_mm_cpu_describe(void) {
     amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
 #endif
     snprintf(text, sizeof text, "%s (float32 lanes; the CPU has %s, %s)", moeq_mm_isa_name(moeq_mm_isa_best()),
-             bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (unused)" : "no amx_bf16");
+             bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (cpu_matrix)" : "no amx_bf16");
     atomic_store(&done, 1);
     return text;
 }

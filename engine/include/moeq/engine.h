@@ -108,6 +108,9 @@ typedef struct moeq_engine_params {
     double prefix_cache_share; /* most of the pool cached blocks may hold while no
                                   sequence uses them, 0..1 (default 1: all of it; they
                                   are evicted on demand either way)                    */
+    char cpu_matrix[8];        /* the CPU backend's NT products: "auto" (default: AMX
+                                  BF16 tiles where the CPU has them, else float32
+                                  lanes), "lanes" or "amx" (fails where there is none) */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
@@ -118,6 +121,10 @@ const char *moeq_engine_backend_info(const moeq_engine *engine);
 
 /* The CPU backend's matrix kernels on this CPU and its matrix features (AVX512-BF16, AMX), one line. */
 const char *moeq_engine_cpu_kernels(void);
+/* 1 when the CPU backend can run AMX BF16 tiles here (cpu_matrix = auto takes them); why or why not in words
+ * ("amx_bf16 tiles", "no amx_bf16", a refusal by Linux). Thread-safe. */
+int moeq_engine_cpu_amx(void);
+const char *moeq_engine_cpu_amx_describe(void);
 
 /* Property table of moeq_engine_params (name, type, range, default, doc), for
  * `key = value` configuration of the engine by the worker and tools. */

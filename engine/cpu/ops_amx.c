@@ -1,0 +1,445 @@
+/*
+ * ops_amx.c — the AMX BF16 tile path for NT products (see ops_amx.h for the
+ * contract and the order).
+ *
+ * Tiles: C00 C01 C10 C11 (tmm0-3: two 16-row weight tiles x two 16-token
+ * groups), A0 A1 (tmm4-5: 32 weight rows x 32 k), B0 B1 (tmm6-7: the two
+ * groups' hi, then lo, pairs). A step loads 2 KiB of weights and 4 KiB of
+ * packed activations for 8 TDPBF16PS; the weights stream from memory once
+ * per task, the pack of a task's tokens stays in L2.
+ *
+ * F8 strips are widened to BF16 in the workspace once per task (exact: E4M3
+ * has 4 significant bits), so the tiles see the same values as for BF16; the
+ * 128x128 block scale is applied to each block's partial sums (an fma per
+ * element and block), which keeps the weight exact.
+ *
+ * Linux hands out the 8 KiB of tile state only to a process that asks
+ * (arch_prctl ARCH_REQ_XCOMP_PERM); moeq_amx_supported() asks once. Each call
+ * loads its tile configuration and releases the tiles at the end, so a thread
+ * that is preempted between calls has no tile state to save.
+ */
+#include "ops_amx.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define MOEQ_AMX_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#define TROWS 16
+#define F8B MOEQ_F8_BLOCK
+#define STRIP 32 /* weight rows per pass: two A tiles */
+
+static _Atomic int amx_state = -1; /* -1 unknown, 0 no, 1 yes */
+static char amx_text[160];
+
+int moeq_amx_fits(const moeq_tensor *w) {
+    return w && (w->dtype == MOEQ_DTYPE_BF16 || w->dtype == MOEQ_DTYPE_F8_E4M3) && w->ndim == 2 &&
+           moeq_tensor_cols(w) % MOEQ_AMX_STEP == 0 && moeq_tensor_cols(w) > 0;
+}
+
+int64_t moeq_amx_pack_cols(int64_t n) {
+    int64_t c = (n + 15 + 15) / 16 * 16;
+    return (c / 16) % 2 ? c : c + 16;
+}
+
+size_t moeq_amx_pack_bytes(int64_t n, int64_t K) {
+    return (size_t)(K / MOEQ_AMX_STEP) * 2 * TROWS * (size_t)moeq_amx_pack_cols(n) * 4;
+}
+
+size_t moeq_amx_ws_bytes(int64_t K) {
+    /* the F8 strip (32 rows, stride K*2 + 64 against cache-set aliasing), C and the F8 accumulators */
+    return (size_t)STRIP * (size_t)(K * 2 + 64) + 4 * 1024 + 4 * 1024 + 64;
+}
+
+/* ---- the emulation's scalar pieces ------------------------------------------------------------------ */
+
+/* float32 -> bf16 as VCVTNE2PS2BF16 does it: denormals to signed zero, NaN quieted, else to nearest even. */
+static uint16_t bf16_rne_daz(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_f(uint16_t h) { return moeq_bf16_to_f32(h); }
+
+static void split_scalar(float x, uint16_t *hi, uint16_t *lo) {
+    *hi = bf16_rne_daz(x);
+    *lo = bf16_rne_daz(x - bf16_f(*hi));
+}
+
+/* The weight's value as BF16 bits (exact for both dtypes). */
+static uint16_t weight_bf16(const moeq_tensor *w, int64_t row, int64_t k) {
+    int64_t K = moeq_tensor_cols(w);
+    if (w->dtype == MOEQ_DTYPE_BF16) {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)w->data + ((size_t)row * (size_t)K + (size_t)k) * 2, 2);
+        return h;
+    }
+    float v = moeq_f8_e4m3_to_f32(((const uint8_t *)w->data)[(size_t)row * (size_t)K + (size_t)k]);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return (uint16_t)(u >> 16); /* exact: E4M3 has 4 significant bits, NaN stays NaN */
+}
+
+static float f8_scale(const moeq_tensor *w, int64_t row, int64_t kb) {
+    if (!w->scale_inv) return 1.0f;
+    int64_t ncb = (moeq_tensor_cols(w) + F8B - 1) / F8B;
+    return ((const float *)w->scale_inv->data)[(row / F8B) * ncb + kb];
+}
+
+#ifdef MOEQ_AMX_X86
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define TAMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+
+typedef struct tile_config {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static const tile_config full_config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int detect(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) {
+        snprintf(amx_text, sizeof amx_text, "no amx_bf16");
+        return 0;
+    }
+    unsigned a1 = 0, b1, c1, d1;
+    int bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & (1u << 5));
+    if (!bf16 || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) {
+        snprintf(amx_text, sizeof amx_text, "amx_bf16 without avx512_bf16 (unused)");
+        return 0;
+    }
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) {
+        snprintf(amx_text, sizeof amx_text, "amx_bf16, but Linux refused the tile state (arch_prctl; kernel < 5.16?)");
+        return 0;
+    }
+    snprintf(amx_text, sizeof amx_text, "amx_bf16 tiles");
+    return 1;
+}
+
+int moeq_amx_supported(void) {
+    int s = atomic_load_explicit(&amx_state, memory_order_acquire);
+    if (s < 0) {
+        static atomic_flag busy = ATOMIC_FLAG_INIT;
+        while (atomic_flag_test_and_set_explicit(&busy, memory_order_acquire)) {
+        }
+        s = atomic_load_explicit(&amx_state, memory_order_relaxed);
+        if (s < 0) atomic_store_explicit(&amx_state, s = detect(), memory_order_release);
+        atomic_flag_clear_explicit(&busy, memory_order_release);
+    }
+    return s;
+}
+
+/* 16x16 transpose of 32-bit elements: r[i].e[j] becomes r[j].e[i]. */
+static TAMX ALWAYS_INLINE void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* each 128-bit lane q of r[4a + b] now holds elements (4a..4a+3, 4q + b) */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
+static TAMX ALWAYS_INLINE __m512 bf16_lo_f32(__m512i v) { /* bf16 words 0..15 of v as floats */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+}
+static TAMX ALWAYS_INLINE __m512 bf16_hi_f32(__m512i v) { /* words 16..31 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+}
+
+TAMX void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g) {
+    int64_t n_pad = moeq_amx_pack_cols(n), steps = K / MOEQ_AMX_STEP;
+    for (int64_t s = 0; s < steps; s++) {
+        __m512i hi[16], lo[16];
+        for (int r = 0; r < 16; r++) {
+            int64_t row = g * 16 + r;
+            if (row >= n) {
+                hi[r] = lo[r] = _mm512_setzero_si512();
+                continue;
+            }
+            const float *p = x + row * ldx + s * MOEQ_AMX_STEP;
+            __m512 x0 = _mm512_loadu_ps(p), x1 = _mm512_loadu_ps(p + 16);
+            __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+            __m512 l0 = _mm512_sub_ps(x0, bf16_lo_f32(h)), l1 = _mm512_sub_ps(x1, bf16_hi_f32(h));
+            hi[r] = h;
+            lo[r] = (__m512i)_mm512_cvtne2ps_pbh(l1, l0);
+        }
+        transpose16(hi);
+        transpose16(lo);
+        uint32_t *dh = pack + (s * 2 + 0) * TROWS * n_pad + g * 16, *dl = pack + (s * 2 + 1) * TROWS * n_pad + g * 16;
+        for (int k2 = 0; k2 < 16; k2++) {
+            _mm512_storeu_si512(dh + k2 * n_pad, hi[k2]);
+            _mm512_storeu_si512(dl + k2 * n_pad, lo[k2]);
+        }
+    }
+}
+
+/* 32 E4M3 bytes -> 32 BF16 values (exact; 0x7f/0xff stay NaN). */
+static TAMX ALWAYS_INLINE __m512i f8_to_bf16_32(const uint8_t *p) {
+    const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0);
+    __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7f));
+    __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+    __mmask32 subn = _mm512_cmpeq_epi16_mask(_mm512_and_si512(w, _mm512_set1_epi16(0x78)), _mm512_setzero_si512());
+    v = _mm512_mask_blend_epi16(subn, v, _mm512_permutexvar_epi16(_mm512_and_si512(w, _mm512_set1_epi16(7)), sub));
+    __mmask32 nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f));
+    v = _mm512_mask_blend_epi16(nan, v, _mm512_set1_epi16(0x7fc0));
+    return _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+}
+
+/* Rows [row, row + nrows) of an F8 weight as BF16 into dst (STRIP rows, stride lda bytes; rows past nrows zero). */
+static TAMX void widen_f8_strip(const moeq_tensor *w, int64_t row, int nrows, uint8_t *dst, int64_t lda) {
+    int64_t K = moeq_tensor_cols(w);
+    for (int r = 0; r < STRIP; r++) {
+        uint16_t *d = (uint16_t *)(dst + r * lda);
+        if (r >= nrows) {
+            memset(d, 0, (size_t)K * 2);
+            continue;
+        }
+        const uint8_t *p = (const uint8_t *)w->data + (size_t)(row + r) * (size_t)K;
+        for (int64_t k = 0; k < K; k += 32) _mm512_storeu_si512(d + k, f8_to_bf16_32(p + k));
+    }
+}
+
+/* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. */
+static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const uint32_t *b,
+                                     int64_t n_pad, int64_t s0, int64_t s1) {
+    const int64_t ldb = n_pad * 4, part = TROWS * n_pad;
+    for (int64_t s = s0; s < s1; s++) {
+        _tile_loadd(4, a + s * 64, lda);
+        if (NR == 2) _tile_loadd(5, a + 16 * lda + s * 64, lda);
+        for (int p = 0; p < 2; p++) {
+            const uint32_t *bp = b + (s * 2 + p) * part;
+            _tile_loadd(6, bp, ldb);
+            if (NG == 2) _tile_loadd(7, bp + 16, ldb);
+            _tile_dpbf16ps(0, 4, 6);
+            if (NG == 2) _tile_dpbf16ps(1, 4, 7);
+            if (NR == 2) _tile_dpbf16ps(2, 5, 6);
+            if (NR == 2 && NG == 2) _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+}
+
+static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const uint32_t *b, int64_t n_pad,
+                           int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain(2, 2, a, lda, b, n_pad, s0, s1);
+    else if (nr == 2) chain(2, 1, a, lda, b, n_pad, s0, s1);
+    else if (ng == 2) chain(1, 2, a, lda, b, n_pad, s0, s1);
+    else chain(1, 1, a, lda, b, n_pad, s0, s1);
+}
+
+static TAMX ALWAYS_INLINE void zero_c(void) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
+static TAMX void store_c(int tile, float *cbuf) {
+    switch (tile) {
+    case 0: _tile_stored(0, cbuf, 64); break;
+    case 1: _tile_stored(1, cbuf, 64); break;
+    case 2: _tile_stored(2, cbuf, 64); break;
+    default: _tile_stored(3, cbuf, 64); break;
+    }
+}
+
+/* c (16 weight rows x 16 tokens) transposed into y: tokens [0, nt) of rows [0, nr). */
+static TAMX void write_out(const float *c, float *y, int64_t ldy, int nr, int nt) {
+    __m512i r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(c + 16 * i);
+    transpose16(r);
+    __mmask16 m = (__mmask16)((1u << nr) - 1u);
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * ldy, m, _mm512_castsi512_ps(r[t]));
+}
+
+TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n0, int64_t n1, int64_t t0,
+                            int64_t t1, void *ws, size_t ws_bytes) {
+    const moeq_tensor *w = job->w;
+    const int64_t K = moeq_tensor_cols(w), steps = K / MOEQ_AMX_STEP, total_rows = w->shape[0];
+    const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3;
+    if (n0 >= n1 || t0 >= t1) return;
+    if (ws_bytes < moeq_amx_ws_bytes(K)) abort(); /* the backend sizes it from max_k */
+    uint8_t *strip = ws;
+    const int64_t lds = K * 2 + 64;
+    float *cbuf = (float *)(strip + (size_t)STRIP * (size_t)lds), *acc = cbuf + 256;
+    _tile_loadconfig(&full_config);
+    for (int64_t n = n0; n < n1; n += STRIP) {
+        const int rows = (int)(n1 - n < STRIP ? n1 - n : STRIP), nr = rows > 16 ? 2 : 1;
+        const int64_t grow = job->row0 + n; /* the weight's own row */
+        const uint8_t *a;
+        int64_t lda;
+        if (f8) {
+            widen_f8_strip(w, grow, rows, strip, lds);
+            a = strip, lda = lds;
+        } else if (grow + nr * 16 > total_rows) { /* the tile would read past the tensor: a zero-padded copy */
+            for (int r = 0; r < STRIP; r++) {
+                if (r < rows) memcpy(strip + r * lds, (const uint8_t *)w->data + (size_t)(grow + r) * (size_t)K * 2,
+                                     (size_t)K * 2);
+                else memset(strip + r * lds, 0, (size_t)K * 2);
+            }
+            a = strip, lda = lds;
+        } else {
+            a = (const uint8_t *)w->data + (size_t)grow * (size_t)K * 2, lda = K * 2;
+        }
+        for (int64_t t = t0; t < t1; t += 32) {
+            const int nt = (int)(t1 - t < 32 ? t1 - t : 32), ng = nt > 16 ? 2 : 1;
+            const uint32_t *b = xv->pack + xv->tok0 + t;
+            if (!f8) {
+                zero_c();
+                chain_any(nr, ng, a, lda, b, xv->n_pad, 0, steps);
+                for (int i = 0; i < nr; i++)
+                    for (int g = 0; g < ng; g++) {
+                        store_c(2 * i + g, cbuf);
+                        int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
+                        write_out(cbuf, job->y + (t + 16 * g) * job->ldy + n + 16 * i, job->ldy, rr, tt);
+                    }
+                continue;
+            }
+            memset(acc, 0, 4 * 256 * sizeof(float));
+            for (int64_t s = 0; s < steps; s += F8B / MOEQ_AMX_STEP) {
+                int64_t s1 = s + F8B / MOEQ_AMX_STEP < steps ? s + F8B / MOEQ_AMX_STEP : steps, kb = s / (F8B / MOEQ_AMX_STEP);
+                zero_c();
+                chain_any(nr, ng, a, lda, b, xv->n_pad, s, s1);
+                for (int i = 0; i < nr; i++)
+                    for (int g = 0; g < ng; g++) {
+                        store_c(2 * i + g, cbuf);
+                        float *ac = acc + (2 * i + g) * 256;
+                        for (int r = 0; r < 16; r++) {
+                            __m512 sc = _mm512_set1_ps(r < rows - 16 * i ? f8_scale(w, grow + 16 * i + r, kb) : 0.0f);
+                            _mm512_storeu_ps(ac + 16 * r, _mm512_fmadd_ps(sc, _mm512_loadu_ps(cbuf + 16 * r),
+                                                                          _mm512_loadu_ps(ac + 16 * r)));
+                        }
+                    }
+            }
+            for (int i = 0; i < nr; i++)
+                for (int g = 0; g < ng; g++) {
+                    int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
+                    write_out(acc + (2 * i + g) * 256, job->y + (t + 16 * g) * job->ldy + n + 16 * i, job->ldy, rr, tt);
+                }
+        }
+    }
+    _tile_release();
+}
+
+/* One element's chain on one tile: row 0 of A is the weight's step, column 0 of B the activation's. */
+TAMX void moeq_amx_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
+    const moeq_tensor *w = job->w;
+    const int64_t K = moeq_tensor_cols(w), steps = K / MOEQ_AMX_STEP, per_block = F8B / MOEQ_AMX_STEP;
+    const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3;
+    static _Thread_local uint16_t A[16 * 32], B[2][16 * 32];
+    static _Thread_local float C[256];
+    _tile_loadconfig(&full_config);
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t t = t0; t < t1; t++) {
+            const float *x = job->x + t * job->ldx;
+            float y = 0.0f;
+            memset(A, 0, sizeof A), memset(B, 0, sizeof B), memset(C, 0, sizeof C);
+            for (int64_t s = 0; s < steps; s++) {
+                for (int k = 0; k < 32; k++) {
+                    A[k] = weight_bf16(w, job->row0 + n, s * 32 + k);
+                    split_scalar(x[s * 32 + k], &B[0][(k / 2) * 32 + (k % 2)], &B[1][(k / 2) * 32 + (k % 2)]);
+                }
+                _tile_loadd(0, C, 64);
+                _tile_loadd(1, A, 64);
+                _tile_loadd(2, B[0], 64);
+                _tile_dpbf16ps(0, 1, 2);
+                _tile_loadd(2, B[1], 64);
+                _tile_dpbf16ps(0, 1, 2);
+                _tile_stored(0, C, 64);
+                if (f8 && ((s + 1) % per_block == 0 || s + 1 == steps)) {
+                    y = fmaf(f8_scale(w, job->row0 + n, s / per_block), C[0], y);
+                    C[0] = 0.0f;
+                }
+            }
+            job->y[t * job->ldy + n] = f8 ? y : C[0];
+        }
+    _tile_release();
+}
+
+#else /* no AMX in this build */
+
+int moeq_amx_supported(void) {
+    snprintf(amx_text, sizeof amx_text, "no amx (not an x86-64 Linux build)");
+    return 0;
+}
+void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g) {
+    (void)x, (void)ldx, (void)n, (void)K, (void)pack, (void)g;
+    abort();
+}
+void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n0, int64_t n1, int64_t t0,
+                       int64_t t1, void *ws, size_t ws_bytes) {
+    (void)job, (void)xv, (void)n0, (void)n1, (void)t0, (void)t1, (void)ws, (void)ws_bytes;
+    abort();
+}
+void moeq_amx_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
+    (void)job, (void)n0, (void)n1, (void)t0, (void)t1;
+    abort();
+}
+#endif
+
+const char *moeq_amx_describe(void) {
+    moeq_amx_supported();
+    return amx_text;
+}
+
+int moeq_amx_nt_job(const moeq_mm_job *job) {
+    int64_t K = moeq_tensor_cols(job->w), n = job->n_tok;
+    if (n <= 0) return 0;
+    size_t pb = moeq_amx_pack_bytes(n, K), wb = (moeq_amx_ws_bytes(K) + 63) / 64 * 64;
+    uint32_t *pack = aligned_alloc(64, (pb + 63) / 64 * 64);
+    void *ws = aligned_alloc(64, wb);
+    if (!pack || !ws) {
+        free(pack), free(ws);
+        return -1;
+    }
+    for (int64_t g = 0; g < moeq_amx_pack_cols(n) / 16; g++) moeq_amx_pack_group(job->x, job->ldx, n, K, pack, g);
+    moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), 0};
+    moeq_amx_nt_block(job, &xv, 0, job->n_rows, 0, n, ws, wb);
+    free(pack), free(ws);
+    return 0;
+}

@@ -1,0 +1,76 @@
+/*
+ * ops_amx.h — internal: the NT matrix products on Intel AMX BF16 tiles, for
+ * BF16 and F8 E4M3 weights whose rows are a multiple of 32 long.
+ *
+ * The weight is the tiles' A operand as stored (16 rows x 32 values a tile,
+ * no repacking; F8 rows are widened to BF16 once per task, exactly), the
+ * activations the B operand: each float32 activation is split into
+ * hi = bf16(x) and lo = bf16(x - hi) (16 of float32's 24 bits) and packed once
+ * per call into the tiles' pair layout (moeq_amx_pack_group). Products are
+ * exact in the tiles (8-bit x 8-bit mantissas), so the path's error is the
+ * split's 2^-17 and the tiles' float32 sums, within the float64 reference's
+ * tolerance on every preset (tests/test_engine_reference.c).
+ *
+ * Order, the batch-invariance contract: an output element is one chain
+ * C = tdp(C, W_s, hi_s); C = tdp(C, W_s, lo_s) over the 32-wide steps s of K,
+ * ascending, from C = 0 (BF16); F8 runs that chain over each 128-column scale
+ * block from 0 and folds y = fma(scale_b, P_b, y) over the blocks, ascending.
+ * TDPBF16PS computes each element from its own A row, B column and C value
+ * alone, whatever the tile position (measured on the hardware: no simple
+ * order of the 32 products' roundings reproduces it, so the emulation runs
+ * the instruction itself on one element at a time: moeq_amx_nt_block_ref).
+ * Which tokens share a tile therefore never changes a token's bits. The bits
+ * differ from the float32-lane kernels of ops_matmul.c; the engine picks one
+ * path per process (the `cpu_matrix` setting) and keeps it for every shape.
+ */
+#ifndef MOEQ_ENGINE_OPS_AMX_H
+#define MOEQ_ENGINE_OPS_AMX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#define MOEQ_AMX_STEP 32 /* K per tile step */
+
+/* 1 when this CPU has AMX-BF16 and AVX512-BF16 and Linux granted this process the tile state (asked once,
+ * thread-safe). moeq_amx_describe() says which, e.g. "amx_bf16 tiles" or why not. */
+int moeq_amx_supported(void);
+const char *moeq_amx_describe(void);
+
+/* 1 when w can take this path: BF16 or F8 E4M3, cols a multiple of MOEQ_AMX_STEP. A function of the
+ * weight alone, never of the tokens. */
+int moeq_amx_fits(const moeq_tensor *w);
+
+/*
+ * Activations packed for the tiles: n rows of K floats become, for each step s and part p (0 hi, 1 lo),
+ * 16 rows (pairs of k) of n_pad dwords (one bf16 pair per row of x). n_pad leaves 15 columns past any
+ * row and is an odd multiple of 16 (a tile's 16 rows then fall in different cache sets).
+ */
+int64_t moeq_amx_pack_cols(int64_t n);
+size_t moeq_amx_pack_bytes(int64_t n, int64_t K);
+/* Packs rows [16 g, 16 g + 16) of x (rows >= n as zeros); g < moeq_amx_pack_cols(n) / 16. */
+void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g);
+
+/* A job's view of a pack: its token t is pack row tok0 + t. */
+typedef struct moeq_amx_xview {
+    const uint32_t *pack;
+    int64_t n_pad, tok0;
+} moeq_amx_xview;
+
+/* Per-thread workspace for moeq_amx_nt_block (64-byte aligned). */
+size_t moeq_amx_ws_bytes(int64_t K);
+
+/* y[t][n] for rows [n0, n1) and tokens [t0, t1) of job (moeq_amx_fits(job->w)), from the packed x. */
+void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n0, int64_t n1, int64_t t0,
+                       int64_t t1, void *ws, size_t ws_bytes);
+
+/* The emulation: the same chain per element, built from job->x and the weight with scalar code, one
+ * element per tile (slow; the tests' oracle). */
+void moeq_amx_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
+
+/* The whole job on the calling thread (pack, workspace and product): tests and benchmarks.
+ * -1 when memory for the pack cannot be had, else 0. */
+int moeq_amx_nt_job(const moeq_mm_job *job);
+
+#endif
