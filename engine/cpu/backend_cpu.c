@@ -124,9 +124,13 @@ static void nt_task(void *ctx, int64_t task, int worker) {
     }
     int64_t n_tb = ceil_div(job->n_tok, NT_TOKS), rows = nt_rows(job);
     int64_t n0 = (local / n_tb) * rows, t0 = (local % n_tb) * NT_TOKS;
+    const moeq_amx_xview *xv = cb->p.amx ? &cb->views[job - cb->jobs] : NULL;
+    if (xv && xv->pack) { /* token blocks outermost: a block's pack stays in L2 while the weights stream past */
+        int64_t n_rb = ceil_div(job->n_rows, rows);
+        n0 = (local % n_rb) * rows, t0 = (local / n_rb) * NT_TOKS;
+    }
     int64_t n1 = n0 + rows < job->n_rows ? n0 + rows : job->n_rows;
     int64_t t1 = t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok;
-    const moeq_amx_xview *xv = cb->p.amx ? &cb->views[job - cb->jobs] : NULL;
     if (xv && xv->pack) moeq_amx_nt_block(job, xv, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
     else moeq_mm_nt_block_ws(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
 }

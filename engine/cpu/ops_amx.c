@@ -59,7 +59,8 @@ size_t moeq_amx_pack_bytes(int64_t n, int64_t K) {
 
 size_t moeq_amx_ws_bytes(int64_t K) {
     /* the F8 strip (32 rows, stride K*2 + 64 against cache-set aliasing), C and the F8 accumulators */
-    return (size_t)STRIP * (size_t)(K * 2 + 64) + 4 * 1024 + 4 * 1024 + 64;
+    size_t strip = (size_t)STRIP * (size_t)(K * 2 + 64);
+    return (strip > 8192 ? strip : 8192) + 4 * 1024 + 4 * 1024 + 64; /* the strip or the F8 step buffers */
 }
 
 /* ---- the emulation's scalar pieces ------------------------------------------------------------------ */
@@ -264,6 +265,37 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
     }
 }
 
+/* The same chain for an F8 strip read by one token pass: each step's 32 x 32 weights are widened into buf
+ * (2 KiB, L1) just before its tiles load them, instead of widening the whole strip first (decode). */
+static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_t *w8, int64_t K, int rows,
+                                        uint8_t *buf, const uint32_t *b, int64_t n_pad, int64_t s0, int64_t s1) {
+    const int64_t ldb = n_pad * 4, part = TROWS * n_pad;
+    for (int64_t s = s0; s < s1; s++) {
+        uint8_t *sb = buf;
+        for (int r = 0; r < rows; r++)
+            _mm512_storeu_si512(sb + r * 64, f8_to_bf16_32(w8 + r * K + s * MOEQ_AMX_STEP));
+        _tile_loadd(4, sb, 64);
+        if (NR == 2) _tile_loadd(5, sb + 1024, 64);
+        for (int p = 0; p < 2; p++) {
+            const uint32_t *bp = b + (s * 2 + p) * part;
+            _tile_loadd(6, bp, ldb);
+            if (NG == 2) _tile_loadd(7, bp + 16, ldb);
+            _tile_dpbf16ps(0, 4, 6);
+            if (NG == 2) _tile_dpbf16ps(1, 4, 7);
+            if (NR == 2) _tile_dpbf16ps(2, 5, 6);
+            if (NR == 2 && NG == 2) _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+}
+
+static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t K, int rows, uint8_t *buf,
+                              const uint32_t *b, int64_t n_pad, int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain_f8(2, 2, w8, K, rows, buf, b, n_pad, s0, s1);
+    else if (nr == 2) chain_f8(2, 1, w8, K, rows, buf, b, n_pad, s0, s1);
+    else if (ng == 2) chain_f8(1, 2, w8, K, rows, buf, b, n_pad, s0, s1);
+    else chain_f8(1, 1, w8, K, rows, buf, b, n_pad, s0, s1);
+}
+
 static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const uint32_t *b, int64_t n_pad,
                            int64_t s0, int64_t s1) {
     if (nr == 2 && ng == 2) chain(2, 2, a, lda, b, n_pad, s0, s1);
@@ -306,14 +338,20 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     if (ws_bytes < moeq_amx_ws_bytes(K)) abort(); /* the backend sizes it from max_k */
     uint8_t *strip = ws;
     const int64_t lds = K * 2 + 64;
-    float *cbuf = (float *)(strip + (size_t)STRIP * (size_t)lds), *acc = cbuf + 256;
+    float *cbuf = (float *)(strip + ((size_t)STRIP * (size_t)lds > 8192 ? (size_t)STRIP * (size_t)lds : 8192)),
+          *acc = cbuf + 256;
+    uint8_t *stepbuf = strip; /* the F8 step buffer (2 KiB) when the strip is not widened whole */
     _tile_loadconfig(&full_config);
     for (int64_t n = n0; n < n1; n += STRIP) {
         const int rows = (int)(n1 - n < STRIP ? n1 - n : STRIP), nr = rows > 16 ? 2 : 1;
         const int64_t grow = job->row0 + n; /* the weight's own row */
         const uint8_t *a;
         int64_t lda;
-        if (f8) {
+        const int f8_steps = f8 && t1 - t0 <= 32; /* one token pass: widen step by step */
+        if (f8_steps) {
+            memset(stepbuf, 0, 2048); /* rows past the strip's stay zero */
+            a = NULL, lda = 0;
+        } else if (f8) {
             widen_f8_strip(w, grow, rows, strip, lds);
             a = strip, lda = lds;
         } else if (grow + nr * 16 > total_rows) { /* the tile would read past the tensor: a zero-padded copy */
@@ -344,7 +382,10 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             for (int64_t s = 0; s < steps; s += F8B / MOEQ_AMX_STEP) {
                 int64_t s1 = s + F8B / MOEQ_AMX_STEP < steps ? s + F8B / MOEQ_AMX_STEP : steps, kb = s / (F8B / MOEQ_AMX_STEP);
                 zero_c();
-                chain_any(nr, ng, a, lda, b, xv->n_pad, s, s1);
+                if (f8_steps)
+                    chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, K, rows, stepbuf, b,
+                                 xv->n_pad, s, s1);
+                else chain_any(nr, ng, a, lda, b, xv->n_pad, s, s1);
                 for (int i = 0; i < nr; i++)
                     for (int g = 0; g < ng; g++) {
                         store_c(2 * i + g, cbuf);
