@@ -383,7 +383,7 @@ static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
                 int T = toks[ti], off = 3, n = T + off + 4; /* the job's tokens are rows 3..3+T of a pack of n */
                 float *xr = rand_floats((size_t)n * cols);
                 uint32_t *pack = aligned_alloc(64, (moeq_amx_pack_bytes(n, cols) + 63) / 64 * 64);
-                for (int64_t g = 0; g < moeq_amx_pack_cols(n) / 16; g++) moeq_amx_pack_group(xr, cols, n, cols, pack, g);
+                for (int64_t g = 0; g < moeq_amx_pack_groups(n); g++) moeq_amx_pack_group(xr, cols, n, cols, pack, g);
                 moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), off};
                 float *want = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
                 moeq_mm_job j = {&f.t, 5, 295, xr + (size_t)off * cols, cols, want, rows, T}; /* rows 5..299 */

@@ -207,7 +207,7 @@ static void amx_pack_task(void *ctx, int64_t task, int worker) {
     (void)worker;
     cpu_backend *cb = ctx;
     int r = 0;
-    while (task >= moeq_amx_pack_cols(cb->regions[r].n) / 16) task -= moeq_amx_pack_cols(cb->regions[r].n) / 16, r++;
+    while (task >= moeq_amx_pack_groups(cb->regions[r].n)) task -= moeq_amx_pack_groups(cb->regions[r].n), r++;
     const struct amx_region *g = &cb->regions[r];
     moeq_amx_pack_group(g->x, g->ldx, g->n, g->k, cb->pack + g->off, task);
 }
@@ -221,7 +221,7 @@ static void cpu_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
     if (cb->p.amx && !cb->use_blas) {
         amx_plan(cb, jobs, n_jobs);
         int64_t groups = 0;
-        for (int r = 0; r < cb->n_regions; r++) groups += moeq_amx_pack_cols(cb->regions[r].n) / 16;
+        for (int r = 0; r < cb->n_regions; r++) groups += moeq_amx_pack_groups(cb->regions[r].n);
         if (groups) moeq_pool_run(cb->pool, amx_pack_task, cb, groups);
     }
     int64_t total = 0;

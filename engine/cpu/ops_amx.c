@@ -49,18 +49,22 @@ int moeq_amx_fits(const moeq_tensor *w) {
 }
 
 int64_t moeq_amx_pack_cols(int64_t n) {
+    if (n < 16) return n; /* decode: the pack stays in L1 (tile rows overlap; 64 bytes of slack at the end) */
     int64_t c = (n + 15 + 15) / 16 * 16;
     return (c / 16) % 2 ? c : c + 16;
 }
 
+int64_t moeq_amx_pack_groups(int64_t n) { return (n + 15) / 16; }
+
 size_t moeq_amx_pack_bytes(int64_t n, int64_t K) {
-    return (size_t)(K / MOEQ_AMX_STEP) * 2 * TROWS * (size_t)moeq_amx_pack_cols(n) * 4;
+    return (size_t)(K / MOEQ_AMX_STEP) * 2 * TROWS * (size_t)moeq_amx_pack_cols(n) * 4 + 64;
 }
 
 size_t moeq_amx_ws_bytes(int64_t K) {
-    /* the F8 strip (32 rows, stride K*2 + 64 against cache-set aliasing), C and the F8 accumulators */
+    /* the strip (32 rows, stride K*2 + 64 against cache-set aliasing; at least the F8 step buffer), C,
+     * the F8 accumulators, and a compact copy of up to 16 tokens' pack */
     size_t strip = (size_t)STRIP * (size_t)(K * 2 + 64);
-    return (strip > 8192 ? strip : 8192) + 4 * 1024 + 4 * 1024 + 64; /* the strip or the F8 step buffers */
+    return (strip > 8192 ? strip : 8192) + 4 * 1024 + 4 * 1024 + (size_t)K * 64 + 128;
 }
 
 /* ---- the emulation's scalar pieces ------------------------------------------------------------------ */
@@ -193,6 +197,7 @@ static TAMX ALWAYS_INLINE __m512 bf16_hi_f32(__m512i v) { /* words 16..31 */
 
 TAMX void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g) {
     int64_t n_pad = moeq_amx_pack_cols(n), steps = K / MOEQ_AMX_STEP;
+    const __mmask16 cols = n_pad - 16 * g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n_pad - 16 * g)) - 1u);
     for (int64_t s = 0; s < steps; s++) {
         __m512i hi[16], lo[16];
         for (int r = 0; r < 16; r++) {
@@ -211,9 +216,9 @@ TAMX void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K,
         transpose16(hi);
         transpose16(lo);
         uint32_t *dh = pack + (s * 2 + 0) * TROWS * n_pad + g * 16, *dl = pack + (s * 2 + 1) * TROWS * n_pad + g * 16;
-        for (int k2 = 0; k2 < 16; k2++) {
-            _mm512_storeu_si512(dh + k2 * n_pad, hi[k2]);
-            _mm512_storeu_si512(dl + k2 * n_pad, lo[k2]);
+        for (int k2 = 0; k2 < 16; k2++) { /* n_pad < 16: only the columns there are (rows overlap) */
+            _mm512_mask_storeu_epi32(dh + k2 * n_pad, cols, hi[k2]);
+            _mm512_mask_storeu_epi32(dl + k2 * n_pad, cols, lo[k2]);
         }
     }
 }
@@ -265,17 +270,18 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
     }
 }
 
-/* The same chain for an F8 strip read by one token pass: each step's 32 x 32 weights are widened into buf
- * (2 KiB, L1) just before its tiles load them, instead of widening the whole strip first (decode). */
-static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_t *w8, int64_t K, int rows,
+/* The same chain for an F8 strip read by one token pass (decode): each step's 32 x 32 weights are widened
+ * into buf (2 KiB, L1) just before its tiles load them (loads of a strip widened whole come from L2, and
+ * tile loads from L2 run at about half the rate of L1's; a ring of buffers widened steps ahead was
+ * slower still). */
+static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_t *w8, int64_t ldw, int rows,
                                         uint8_t *buf, const uint32_t *b, int64_t n_pad, int64_t s0, int64_t s1) {
     const int64_t ldb = n_pad * 4, part = TROWS * n_pad;
-    for (int64_t s = s0; s < s1; s++) {
-        uint8_t *sb = buf;
+    for (int64_t s = s0; s < s1; s++) { /* ldw: bytes from one strip row to the next */
         for (int r = 0; r < rows; r++)
-            _mm512_storeu_si512(sb + r * 64, f8_to_bf16_32(w8 + r * K + s * MOEQ_AMX_STEP));
-        _tile_loadd(4, sb, 64);
-        if (NR == 2) _tile_loadd(5, sb + 1024, 64);
+            _mm512_storeu_si512(buf + r * 64, f8_to_bf16_32(w8 + r * ldw + s * MOEQ_AMX_STEP));
+        _tile_loadd(4, buf, 64);
+        if (NR == 2) _tile_loadd(5, buf + 1024, 64);
         for (int p = 0; p < 2; p++) {
             const uint32_t *bp = b + (s * 2 + p) * part;
             _tile_loadd(6, bp, ldb);
@@ -288,12 +294,12 @@ static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_
     }
 }
 
-static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t K, int rows, uint8_t *buf,
+static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t ldw, int rows, uint8_t *buf,
                               const uint32_t *b, int64_t n_pad, int64_t s0, int64_t s1) {
-    if (nr == 2 && ng == 2) chain_f8(2, 2, w8, K, rows, buf, b, n_pad, s0, s1);
-    else if (nr == 2) chain_f8(2, 1, w8, K, rows, buf, b, n_pad, s0, s1);
-    else if (ng == 2) chain_f8(1, 2, w8, K, rows, buf, b, n_pad, s0, s1);
-    else chain_f8(1, 1, w8, K, rows, buf, b, n_pad, s0, s1);
+    if (nr == 2 && ng == 2) chain_f8(2, 2, w8, ldw, rows, buf, b, n_pad, s0, s1);
+    else if (nr == 2) chain_f8(2, 1, w8, ldw, rows, buf, b, n_pad, s0, s1);
+    else if (ng == 2) chain_f8(1, 2, w8, ldw, rows, buf, b, n_pad, s0, s1);
+    else chain_f8(1, 1, w8, ldw, rows, buf, b, n_pad, s0, s1);
 }
 
 static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const uint32_t *b, int64_t n_pad,
@@ -320,90 +326,138 @@ static TAMX void store_c(int tile, float *cbuf) {
     }
 }
 
-/* c (16 weight rows x 16 tokens) transposed into y: tokens [0, nt) of rows [0, nr). */
-static TAMX void write_out(const float *c, float *y, int64_t ldy, int nr, int nt) {
+/* c (16 weight rows x 16 tokens) transposed into y: tokens [0, nt) of rows [0, nr), row r at y[r * rs]. */
+static TAMX void write_out(const float *c, float *y, int64_t ldy, int nr, int nt, int64_t rs) {
     __m512i r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(c + 16 * i);
     transpose16(r);
     __mmask16 m = (__mmask16)((1u << nr) - 1u);
-    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * ldy, m, _mm512_castsi512_ps(r[t]));
+    if (rs == 1) {
+        for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * ldy, m, _mm512_castsi512_ps(r[t]));
+        return;
+    }
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)rs));
+    for (int t = 0; t < nt; t++) _mm512_mask_i32scatter_ps(y + t * ldy, m, idx, _mm512_castsi512_ps(r[t]), 4);
 }
+
+typedef struct amx_scratch {
+    uint8_t *strip;   /* STRIP rows of K bf16 at stride lds (F8 widened, or a padded copy) */
+    int64_t lds;
+    uint8_t *stepbuf; /* the F8 step buffer */
+    float *cbuf, *acc;
+} amx_scratch;
+
+/*
+ * One strip: output rows n + r * rs of the job (r < rows <= 32), i.e. weight rows row0 + n + r * rs, for
+ * tokens [t0, t1). rs > 1 are the decode stretches (see moeq_amx_nt_block).
+ */
+static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n, int64_t rs, int rows,
+                            int64_t t0, int64_t t1, const amx_scratch *sc) {
+    const moeq_tensor *w = job->w;
+    const int64_t K = moeq_tensor_cols(w), steps = K / MOEQ_AMX_STEP, total_rows = w->shape[0];
+    const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3, nr = rows > 16 ? 2 : 1;
+    const int64_t grow = job->row0 + n; /* the weight's own row */
+    const uint8_t *a = NULL;
+    int64_t lda = 0;
+    const int f8_steps = f8 && t1 - t0 <= 32; /* one token pass: widen step by step */
+    if (f8_steps) {
+        memset(sc->stepbuf, 0, 2048); /* rows past the strip's stay zero */
+    } else if (f8) { /* rs == 1 here: stretches are for decode */
+        widen_f8_strip(w, grow, rows, sc->strip, sc->lds);
+        a = sc->strip, lda = sc->lds;
+    } else if (grow + (nr * 16 - 1) * rs >= total_rows) { /* the tile would read past the tensor: a padded copy */
+        for (int r = 0; r < STRIP; r++) {
+            if (r < rows)
+                memcpy(sc->strip + r * sc->lds, (const uint8_t *)w->data + (size_t)(grow + r * rs) * (size_t)K * 2,
+                       (size_t)K * 2);
+            else memset(sc->strip + r * sc->lds, 0, (size_t)K * 2);
+        }
+        a = sc->strip, lda = sc->lds;
+    } else {
+        a = (const uint8_t *)w->data + (size_t)grow * (size_t)K * 2, lda = rs * K * 2;
+    }
+    for (int64_t t = t0; t < t1; t += 32) {
+        const int nt = (int)(t1 - t < 32 ? t1 - t : 32), ng = nt > 16 ? 2 : 1;
+        const uint32_t *b = xv->pack + xv->tok0 + t;
+        if (!f8) {
+            zero_c();
+            chain_any(nr, ng, a, lda, b, xv->n_pad, 0, steps);
+            for (int i = 0; i < nr; i++)
+                for (int g = 0; g < ng; g++) {
+                    store_c(2 * i + g, sc->cbuf);
+                    int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
+                    write_out(sc->cbuf, job->y + (t + 16 * g) * job->ldy + n + 16 * i * rs, job->ldy, rr, tt, rs);
+                }
+            continue;
+        }
+        memset(sc->acc, 0, 4 * 256 * sizeof(float));
+        for (int64_t s = 0; s < steps; s += F8B / MOEQ_AMX_STEP) {
+            int64_t s1 = s + F8B / MOEQ_AMX_STEP < steps ? s + F8B / MOEQ_AMX_STEP : steps, kb = s / (F8B / MOEQ_AMX_STEP);
+            zero_c();
+            if (f8_steps)
+                chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, rs * K, rows, sc->stepbuf,
+                             b, xv->n_pad, s, s1);
+            else chain_any(nr, ng, a, lda, b, xv->n_pad, s, s1);
+            for (int i = 0; i < nr; i++)
+                for (int g = 0; g < ng; g++) {
+                    store_c(2 * i + g, sc->cbuf);
+                    float *ac = sc->acc + (2 * i + g) * 256;
+                    for (int r = 0; r < 16; r++) {
+                        __m512 f = _mm512_set1_ps(r < rows - 16 * i ? f8_scale(w, grow + (16 * i + r) * rs, kb) : 0.0f);
+                        _mm512_storeu_ps(ac + 16 * r, _mm512_fmadd_ps(f, _mm512_loadu_ps(sc->cbuf + 16 * r),
+                                                                      _mm512_loadu_ps(ac + 16 * r)));
+                    }
+                }
+        }
+        for (int i = 0; i < nr; i++)
+            for (int g = 0; g < ng; g++) {
+                int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
+                write_out(sc->acc + (2 * i + g) * 256, job->y + (t + 16 * g) * job->ldy + n + 16 * i * rs, job->ldy, rr,
+                          tt, rs);
+            }
+    }
+}
+
+/*
+ * Blocks of at most 16 tokens (decode) whose block holds at least STREAM_MIN_SPAN x 32 rows take each
+ * strip's 32 rows one from each of 32 stretches of the block: row n0 + j * span + i for tile row j of
+ * strip i, so every tile row continues one long sequential run of the weight (the next row of its
+ * stretch); adjacent-row strips read 32 runs of one row each, restarting every strip, which the hardware
+ * prefetcher follows worse. The rows the stretches leave over take adjacent-row strips. Which rows share
+ * a strip changes no element's chain.
+ */
+#define STREAM_TOKS 16
+#define STREAM_MIN_SPAN 4
 
 TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n0, int64_t n1, int64_t t0,
                             int64_t t1, void *ws, size_t ws_bytes) {
-    const moeq_tensor *w = job->w;
-    const int64_t K = moeq_tensor_cols(w), steps = K / MOEQ_AMX_STEP, total_rows = w->shape[0];
-    const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3;
+    const int64_t K = moeq_tensor_cols(job->w), steps = K / MOEQ_AMX_STEP;
     if (n0 >= n1 || t0 >= t1) return;
     if (ws_bytes < moeq_amx_ws_bytes(K)) abort(); /* the backend sizes it from max_k */
-    uint8_t *strip = ws;
-    const int64_t lds = K * 2 + 64;
-    float *cbuf = (float *)(strip + ((size_t)STRIP * (size_t)lds > 8192 ? (size_t)STRIP * (size_t)lds : 8192)),
-          *acc = cbuf + 256;
-    uint8_t *stepbuf = strip; /* the F8 step buffer (2 KiB) when the strip is not widened whole */
-    _tile_loadconfig(&full_config);
-    for (int64_t n = n0; n < n1; n += STRIP) {
-        const int rows = (int)(n1 - n < STRIP ? n1 - n : STRIP), nr = rows > 16 ? 2 : 1;
-        const int64_t grow = job->row0 + n; /* the weight's own row */
-        const uint8_t *a;
-        int64_t lda;
-        const int f8_steps = f8 && t1 - t0 <= 32; /* one token pass: widen step by step */
-        if (f8_steps) {
-            memset(stepbuf, 0, 2048); /* rows past the strip's stay zero */
-            a = NULL, lda = 0;
-        } else if (f8) {
-            widen_f8_strip(w, grow, rows, strip, lds);
-            a = strip, lda = lds;
-        } else if (grow + nr * 16 > total_rows) { /* the tile would read past the tensor: a zero-padded copy */
-            for (int r = 0; r < STRIP; r++) {
-                if (r < rows) memcpy(strip + r * lds, (const uint8_t *)w->data + (size_t)(grow + r) * (size_t)K * 2,
-                                     (size_t)K * 2);
-                else memset(strip + r * lds, 0, (size_t)K * 2);
-            }
-            a = strip, lda = lds;
-        } else {
-            a = (const uint8_t *)w->data + (size_t)grow * (size_t)K * 2, lda = K * 2;
-        }
-        for (int64_t t = t0; t < t1; t += 32) {
-            const int nt = (int)(t1 - t < 32 ? t1 - t : 32), ng = nt > 16 ? 2 : 1;
-            const uint32_t *b = xv->pack + xv->tok0 + t;
-            if (!f8) {
-                zero_c();
-                chain_any(nr, ng, a, lda, b, xv->n_pad, 0, steps);
-                for (int i = 0; i < nr; i++)
-                    for (int g = 0; g < ng; g++) {
-                        store_c(2 * i + g, cbuf);
-                        int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
-                        write_out(cbuf, job->y + (t + 16 * g) * job->ldy + n + 16 * i, job->ldy, rr, tt);
-                    }
-                continue;
-            }
-            memset(acc, 0, 4 * 256 * sizeof(float));
-            for (int64_t s = 0; s < steps; s += F8B / MOEQ_AMX_STEP) {
-                int64_t s1 = s + F8B / MOEQ_AMX_STEP < steps ? s + F8B / MOEQ_AMX_STEP : steps, kb = s / (F8B / MOEQ_AMX_STEP);
-                zero_c();
-                if (f8_steps)
-                    chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, K, rows, stepbuf, b,
-                                 xv->n_pad, s, s1);
-                else chain_any(nr, ng, a, lda, b, xv->n_pad, s, s1);
-                for (int i = 0; i < nr; i++)
-                    for (int g = 0; g < ng; g++) {
-                        store_c(2 * i + g, cbuf);
-                        float *ac = acc + (2 * i + g) * 256;
-                        for (int r = 0; r < 16; r++) {
-                            __m512 sc = _mm512_set1_ps(r < rows - 16 * i ? f8_scale(w, grow + 16 * i + r, kb) : 0.0f);
-                            _mm512_storeu_ps(ac + 16 * r, _mm512_fmadd_ps(sc, _mm512_loadu_ps(cbuf + 16 * r),
-                                                                          _mm512_loadu_ps(ac + 16 * r)));
-                        }
-                    }
-            }
-            for (int i = 0; i < nr; i++)
-                for (int g = 0; g < ng; g++) {
-                    int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
-                    write_out(acc + (2 * i + g) * 256, job->y + (t + 16 * g) * job->ldy + n + 16 * i, job->ldy, rr, tt);
-                }
-        }
+    amx_scratch sc = {.strip = ws, .lds = K * 2 + 64, .stepbuf = ws};
+    sc.cbuf = (float *)(sc.strip + ((size_t)STRIP * (size_t)sc.lds > 8192 ? (size_t)STRIP * (size_t)sc.lds : 8192));
+    sc.acc = sc.cbuf + 256;
+    /* A block of at most 16 tokens reading a wide pack (the experts' slices of one gathered array) takes
+     * its columns into a compact copy first: its B tiles then come from L1, not from L2. */
+    moeq_amx_xview local = *xv;
+    if (t1 - t0 <= 16 && xv->n_pad > 16) {
+        uint32_t *compact = (uint32_t *)(sc.acc + 4 * 256);
+        const int64_t nt = t1 - t0;
+        const __mmask16 m = (__mmask16)((1u << nt) - 1u);
+        const uint32_t *src = xv->pack + xv->tok0 + t0;
+        for (int64_t row = 0; row < steps * 2 * TROWS; row++)
+            _mm512_mask_storeu_epi32(compact + row * nt, m, _mm512_maskz_loadu_epi32(m, src + row * xv->n_pad));
+        local = (moeq_amx_xview){compact, nt, -t0};
+        xv = &local;
     }
+    _tile_loadconfig(&full_config);
+    int64_t n = n0, span = (n1 - n0) / STRIP;
+    if (t1 - t0 <= STREAM_TOKS && span >= STREAM_MIN_SPAN) {
+        for (int64_t i = 0; i < span; i++) strip_pass(job, xv, n0 + i, span, STRIP, t0, t1, &sc);
+        n = n0 + span * STRIP;
+    }
+    for (; n < n1; n += STRIP) strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, &sc);
     _tile_release();
 }
 
@@ -478,7 +532,7 @@ int moeq_amx_nt_job(const moeq_mm_job *job) {
         free(pack), free(ws);
         return -1;
     }
-    for (int64_t g = 0; g < moeq_amx_pack_cols(n) / 16; g++) moeq_amx_pack_group(job->x, job->ldx, n, K, pack, g);
+    for (int64_t g = 0; g < moeq_amx_pack_groups(n); g++) moeq_amx_pack_group(job->x, job->ldx, n, K, pack, g);
     moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), 0};
     moeq_amx_nt_block(job, &xv, 0, job->n_rows, 0, n, ws, wb);
     free(pack), free(ws);

@@ -44,12 +44,17 @@ int moeq_amx_fits(const moeq_tensor *w);
 
 /*
  * Activations packed for the tiles: n rows of K floats become, for each step s and part p (0 hi, 1 lo),
- * 16 rows (pairs of k) of n_pad dwords (one bf16 pair per row of x). n_pad leaves 15 columns past any
- * row and is an odd multiple of 16 (a tile's 16 rows then fall in different cache sets).
+ * 16 rows (pairs of k) of n_pad dwords (one bf16 pair per row of x). From 16 rows on, n_pad leaves 15
+ * columns past any row and is an odd multiple of 16 (a tile's 16 rows then fall in different cache
+ * sets); below, n_pad = n, so a decode step's pack stays in L1 (tile loads from L2 ran at half the
+ * rate): a tile's 16 columns then run into the next rows or the 64 bytes past the end, and those
+ * columns' results are never stored.
  */
 int64_t moeq_amx_pack_cols(int64_t n);
+int64_t moeq_amx_pack_groups(int64_t n); /* groups of 16 rows to pack */
 size_t moeq_amx_pack_bytes(int64_t n, int64_t K);
-/* Packs rows [16 g, 16 g + 16) of x (rows >= n as zeros); g < moeq_amx_pack_cols(n) / 16. */
+/* Packs rows [16 g, 16 g + 16) of x (rows >= n as zeros where the pack has their columns);
+ * g < moeq_amx_pack_groups(n). */
 void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g);
 
 /* A job's view of a pack: its token t is pack row tok0 + t. */
