@@ -35,7 +35,7 @@ def run(cmd):
     if p.returncode != 0 and "cur_backend_id != -1" in p.stderr \
             and " amx_tile" in open("/proc/cpuinfo").read():
         # llama.cpp's own bug, not the converter's: on an AMX host ggml loads its AMX CPU variant, whose
-        # repacked Q8_0 buffer takes ops of this tiny model that it cannot run (the bench preset runs).
+        # repacked Q8_0 buffer takes ops it cannot run (seen with the tiny and the bench presets).
         skip("llama.cpp's AMX CPU variant aborts on the tiny model: GGML_ASSERT(*cur_backend_id != -1) "
              "(the layout checks above passed)")
     if p.returncode != 0:

@@ -70,6 +70,55 @@ static void run_all(moeq_engine *e, int seq, const int32_t *ids, int n, float *o
     (void)vocab;
 }
 
+/*
+ * cpu_matrix: an unknown name is refused naming the choices; "amx" where the CPU has none is refused
+ * naming why; where it has AMX, the tile path and the float32 lanes give logits within the reference
+ * tolerance of each other (1e-4 of the largest) on BF16 and F8, each path its own bits.
+ */
+static void cpu_matrix_is_checked_and_both_paths_agree_within_tolerance(void **state) {
+    (void)state;
+    moeq_engine_params p = moeq_engine_default_params();
+    p.kv_cache_tokens = 256, p.max_seqs = 2, p.max_step_tokens = 64;
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "tiles");
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "auto, lanes and amx"));
+    snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "amx");
+    if (!moeq_engine_cpu_amx()) {
+        assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err, moeq_engine_cpu_amx_describe()));
+        print_message("SKIP the AMX comparison (no AMX on this CPU): %s\n", moeq_engine_cpu_amx_describe());
+        return;
+    }
+    const moeq_model *models[2] = {g_tiny, g_tiny_f8};
+    for (int m = 0; m < 2; m++) {
+        int vocab = moeq_test_vocab(models[m]), n = 24;
+        int32_t ids[24];
+        moeq_test_prompt(ids, n, 7, vocab);
+        float *l[2];
+        for (int path = 0; path < 2; path++) {
+            snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "%s", path ? "lanes" : "amx");
+            assert_int_equal(moeq_engine_new(models[m], &p, &e, err, sizeof err), MOEQ_OK);
+            assert_non_null(strstr(moeq_engine_backend_info(e), path ? "float32 lanes" : "amx_bf16 tiles"));
+            int seq = -1;
+            assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
+            l[path] = malloc((size_t)n * vocab * sizeof(float));
+            run_all(e, seq, ids, n, l[path], vocab);
+            moeq_engine_destroy(e);
+        }
+        float big = 0, diff = 0;
+        for (size_t i = 0; i < (size_t)n * vocab; i++) {
+            if (fabsf(l[1][i]) > big) big = fabsf(l[1][i]);
+            if (fabsf(l[0][i] - l[1][i]) > diff) diff = fabsf(l[0][i] - l[1][i]);
+        }
+        print_message("%s: amx vs lanes, largest logit difference %.3g of %.3g\n", m ? "f8" : "bf16", diff, big);
+        assert_true(diff <= 1e-4f * big);
+        assert_true(diff > 0); /* two paths, two orders */
+        free(l[0]), free(l[1]);
+    }
+}
+
 static void absorbed_and_naive_mla_agree(void **state) {
     (void)state;
     const moeq_model *models[2] = {g_tiny, g_tiny_v2};
@@ -565,6 +614,7 @@ static void the_engine_counts_each_routed_slot_by_layer_and_expert_whatever_the_
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(absorbed_and_naive_mla_agree),
+        cmocka_unit_test(cpu_matrix_is_checked_and_both_paths_agree_within_tolerance),
         cmocka_unit_test(prefill_equals_token_by_token_decode_bit_for_bit),
         cmocka_unit_test(logits_are_bit_identical_alone_and_in_mixed_batches),
         cmocka_unit_test(truncate_then_reappend_gives_identical_logits),

@@ -77,6 +77,8 @@ def moeq_side(a, model_dir, prompt):
     bench = os.path.join(a.build, "bench", "bench-engine")
     moeq = os.path.join(a.build, "cli", "moeq")
     common = [bench, "--model", model_dir, "--threads", str(a.threads), "--contexts", "1"]
+    if a.cpu_matrix:
+        common += ["--cpu-matrix", a.cpu_matrix]
     main = run_json(common + ["--prefill-tokens", str(PREFILLS[0]), "--batches", ",".join(map(str, BATCHES)),
                               "--min-seconds", str(a.min_seconds)], "bench-engine (prefill 512, decode)")
     long = run_json(common + ["--prefill-tokens", str(PREFILLS[1]), "--batches", "1", "--min-seconds", "0.2"],
@@ -151,7 +153,13 @@ def one_model(a, model_dir):
     prompt = ids_for(AGREE_PROMPT_LEN, 3, hp["vocab_size"])
     gguf, conv = gguf_for(model_dir, a.work, llama_type)
     moeq = moeq_side(a, model_dir, prompt)
-    llama = llama_side(a, gguf, prompt)
+    try:
+        llama = llama_side(a, gguf, prompt)
+    except SystemExit as e:  # llama.cpp failed on this model: keep moeq's figures and say why
+        print(str(e), file=sys.stderr)
+        return {"model_dir": model_dir, "pair": f"moeq {moeq_dtype} vs llama.cpp {llama_type}", "conversion": conv,
+                "llama_cpp_error": str(e)[-600:], "agreement": {"same_model": None},
+                "moeq": {k: v for k, v in moeq.items() if k != "raw"}, "raw": {"moeq": moeq["raw"]}}
     agree = agreement(moeq["raw"]["logits"], llama["raw"]["greedy"]["positions"], moeq["greedy"], llama["greedy"])
     if not agree["same_model"]:
         print(f"anchor: warning: {model_dir}: moeq and llama.cpp disagree ({agree}); check the conversion",
@@ -186,6 +194,8 @@ def main():
     ap.add_argument("models", nargs="+", metavar="MODEL_DIR")
     ap.add_argument("--build", required=True, help="moeq build folder (bench/bench-engine, cli/moeq)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu-matrix", default=None, choices=["auto", "lanes", "amx"],
+                    help="moeq's CPU matrix path (engine key cpu_matrix; default: the engine's, auto)")
     ap.add_argument("--min-seconds", type=float, default=3.0, help="decode: time each batch at least this long")
     ap.add_argument("--work", default=None, help="where converted GGUFs are kept (default BUILD/llamacpp)")
     a = ap.parse_args()
@@ -196,6 +206,8 @@ def main():
     doc["load_average_at_end"] = list(os.getloadavg())
     json.dump(doc, sys.stdout, indent=1)
     sys.stdout.write("\n")
+    if any("llama_cpp_error" in r for r in doc["runs"]):
+        return 3
     return 0 if all(r["agreement"]["same_model"] for r in doc["runs"]) else 2
 
 

@@ -251,22 +251,27 @@ static TAMX void widen_f8_strip(const moeq_tensor *w, int64_t row, int nrows, ui
     }
 }
 
+/* Step s's products with the A tiles loaded (tmm4-5): the hi pairs, then the lo pairs, of NG token groups. */
+static TAMX ALWAYS_INLINE void step_tiles(const int NR, const int NG, const uint32_t *b, int64_t n_pad, int64_t s) {
+    const int64_t ldb = n_pad * 4, part = TROWS * n_pad;
+    for (int p = 0; p < 2; p++) {
+        const uint32_t *bp = b + (s * 2 + p) * part;
+        _tile_loadd(6, bp, ldb);
+        if (NG == 2) _tile_loadd(7, bp + 16, ldb);
+        _tile_dpbf16ps(0, 4, 6);
+        if (NG == 2) _tile_dpbf16ps(1, 4, 7);
+        if (NR == 2) _tile_dpbf16ps(2, 5, 6);
+        if (NR == 2 && NG == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+}
+
 /* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. */
 static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const uint32_t *b,
                                      int64_t n_pad, int64_t s0, int64_t s1) {
-    const int64_t ldb = n_pad * 4, part = TROWS * n_pad;
     for (int64_t s = s0; s < s1; s++) {
         _tile_loadd(4, a + s * 64, lda);
         if (NR == 2) _tile_loadd(5, a + 16 * lda + s * 64, lda);
-        for (int p = 0; p < 2; p++) {
-            const uint32_t *bp = b + (s * 2 + p) * part;
-            _tile_loadd(6, bp, ldb);
-            if (NG == 2) _tile_loadd(7, bp + 16, ldb);
-            _tile_dpbf16ps(0, 4, 6);
-            if (NG == 2) _tile_dpbf16ps(1, 4, 7);
-            if (NR == 2) _tile_dpbf16ps(2, 5, 6);
-            if (NR == 2 && NG == 2) _tile_dpbf16ps(3, 5, 7);
-        }
+        step_tiles(NR, NG, b, n_pad, s);
     }
 }
 
@@ -276,21 +281,12 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
  * slower still). */
 static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_t *w8, int64_t ldw, int rows,
                                         uint8_t *buf, const uint32_t *b, int64_t n_pad, int64_t s0, int64_t s1) {
-    const int64_t ldb = n_pad * 4, part = TROWS * n_pad;
     for (int64_t s = s0; s < s1; s++) { /* ldw: bytes from one strip row to the next */
         for (int r = 0; r < rows; r++)
             _mm512_storeu_si512(buf + r * 64, f8_to_bf16_32(w8 + r * ldw + s * MOEQ_AMX_STEP));
         _tile_loadd(4, buf, 64);
         if (NR == 2) _tile_loadd(5, buf + 1024, 64);
-        for (int p = 0; p < 2; p++) {
-            const uint32_t *bp = b + (s * 2 + p) * part;
-            _tile_loadd(6, bp, ldb);
-            if (NG == 2) _tile_loadd(7, bp + 16, ldb);
-            _tile_dpbf16ps(0, 4, 6);
-            if (NG == 2) _tile_dpbf16ps(1, 4, 7);
-            if (NR == 2) _tile_dpbf16ps(2, 5, 6);
-            if (NR == 2 && NG == 2) _tile_dpbf16ps(3, 5, 7);
-        }
+        step_tiles(NR, NG, b, n_pad, s);
     }
 }
 

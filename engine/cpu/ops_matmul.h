@@ -27,7 +27,8 @@
  * lanes resume where they stopped: the same bits as the direct tiles.
  *
  * They do not thread (backend_cpu.c splits work over its pool) and do not
- * allocate.
+ * allocate. On a CPU with AMX the backend takes ops_amx.h's tiles for BF16
+ * and F8 products instead (cpu_matrix): another order, other bits.
  */
 #ifndef MOEQ_ENGINE_OPS_MATMUL_H
 #define MOEQ_ENGINE_OPS_MATMUL_H
