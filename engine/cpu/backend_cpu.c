@@ -656,8 +656,9 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
             goto fail;
     }
     moeq_mm_blas_init();
-    snprintf(cb->info, sizeof cb->info, "cpu: %s kernels, %d thread%s, %s", cb->p.amx ? "amx_bf16 tiles (split float32 activations)" : moeq_mm_cpu_describe(), n,
-             n == 1 ? "" : "s", cb->p.batch_invariant ? "batch-invariant" : "OpenBLAS sgemm from 16 tokens");
+    snprintf(cb->info, sizeof cb->info, "cpu: %s kernels, %d thread%s, %s",
+             cb->p.amx ? "amx_bf16 tiles (split float32 activations)" : moeq_mm_cpu_describe(), n, n == 1 ? "" : "s",
+             cb->p.batch_invariant ? "batch-invariant" : "OpenBLAS sgemm from 16 tokens");
     return &cb->base;
 fail:
     cpu_destroy(&cb->base);
