@@ -375,7 +375,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     }
     for (int64_t t = t0; t < t1; t += 32) {
         const int nt = (int)(t1 - t < 32 ? t1 - t : 32), ng = nt > 16 ? 2 : 1;
-        const uint32_t *b = xv->pack + xv->tok0 + t;
+        const uint32_t *b = xv->pack + (xv->tok0 + t); /* tok0 < 0 for a compact copy */
         if (!f8) {
             zero_c();
             chain_any(nr, ng, a, lda, b, xv->n_pad, 0, steps);
