@@ -21,7 +21,7 @@
 #include "ops_amx.h"
 
 #include <math.h>
-#include <stdatomic.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +40,6 @@
 #define F8B MOEQ_F8_BLOCK
 #define STRIP 32 /* weight rows per pass: two A tiles */
 
-static _Atomic int amx_state = -1; /* -1 unknown, 0 no, 1 yes */
 static char amx_text[160];
 
 int moeq_amx_fits(const moeq_tensor *w) {
@@ -147,17 +146,13 @@ static int detect(void) {
     return 1;
 }
 
+static int amx_state; /* 1 when the tiles can run here; set once */
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static void amx_detect_once(void) { amx_state = detect(); }
+
 int moeq_amx_supported(void) {
-    int s = atomic_load_explicit(&amx_state, memory_order_acquire);
-    if (s < 0) {
-        static atomic_flag busy = ATOMIC_FLAG_INIT;
-        while (atomic_flag_test_and_set_explicit(&busy, memory_order_acquire)) {
-        }
-        s = atomic_load_explicit(&amx_state, memory_order_relaxed);
-        if (s < 0) atomic_store_explicit(&amx_state, s = detect(), memory_order_release);
-        atomic_flag_clear_explicit(&busy, memory_order_release);
-    }
-    return s;
+    pthread_once(&amx_once, amx_detect_once);
+    return amx_state;
 }
 
 /* 16x16 transpose of 32-bit elements: r[i].e[j] becomes r[j].e[i]. */
@@ -337,6 +332,13 @@ static TAMX void write_out(const float *c, float *y, int64_t ldy, int nr, int nt
     for (int t = 0; t < nt; t++) _mm512_mask_i32scatter_ps(y + t * ldy, m, idx, _mm512_castsi512_ps(r[t]), 4);
 }
 
+/* Tile (i, g) of a strip's results, c, into y: weight rows 16 i.. of the strip, tokens t + 16 g.. . */
+static TAMX void out_tile(const moeq_mm_job *job, const float *c, int64_t t, int64_t n, int64_t rs, int rows, int nt,
+                          int i, int g) {
+    int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
+    write_out(c, job->y + (t + 16 * g) * job->ldy + n + 16 * i * rs, job->ldy, rr, tt, rs);
+}
+
 typedef struct amx_scratch {
     uint8_t *strip;   /* STRIP rows of K bf16 at stride lds (F8 widened, or a padded copy) */
     int64_t lds;
@@ -382,8 +384,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
                     store_c(2 * i + g, sc->cbuf);
-                    int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
-                    write_out(sc->cbuf, job->y + (t + 16 * g) * job->ldy + n + 16 * i * rs, job->ldy, rr, tt, rs);
+                    out_tile(job, sc->cbuf, t, n, rs, rows, nt, i, g);
                 }
             continue;
         }
@@ -407,11 +408,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
                 }
         }
         for (int i = 0; i < nr; i++)
-            for (int g = 0; g < ng; g++) {
-                int rr = rows - 16 * i < 16 ? rows - 16 * i : 16, tt = nt - 16 * g < 16 ? nt - 16 * g : 16;
-                write_out(sc->acc + (2 * i + g) * 256, job->y + (t + 16 * g) * job->ldy + n + 16 * i * rs, job->ldy, rr,
-                          tt, rs);
-            }
+            for (int g = 0; g < ng; g++) out_tile(job, sc->acc + (2 * i + g) * 256, t, n, rs, rows, nt, i, g);
     }
 }
 
