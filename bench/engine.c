@@ -116,10 +116,11 @@ static double prefill_tps(moeq_engine *e, int vocab, int n, float *logits) {
     int seq;
     int32_t *ids = malloc((size_t)n * sizeof(int32_t));
     ids_for(ids, n, 1, vocab);
-    /* warm-up: a first step touches every mapped weight page (and reads the file when the page cache lost it);
-     * that is load cost, not prefill */
+    /* warm-up at the full length: a first step touches every mapped weight page (and reads the file when the
+     * page cache lost it), and the first step of this length the arena, activation pack and cache pages it
+     * needs; that is load cost, not prefill (a worker pays it once) */
     if (moeq_engine_seq_new(e, &seq)) return 0;
-    moeq_step_item warm = {seq, ids, n < 8 ? n : 8, 0};
+    moeq_step_item warm = {seq, ids, n, 0};
     moeq_engine_step(e, &warm, 1, logits, 1, NULL, 0);
     moeq_engine_seq_free(e, seq);
     if (moeq_engine_seq_new(e, &seq)) return 0;

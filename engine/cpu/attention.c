@@ -400,6 +400,16 @@ void moeq_mla_block_isa(moeq_mm_isa isa, const moeq_mla_params *a, int64_t t, in
     block_scalar(a, t, h0, h1, scores);
 }
 
+void moeq_mla_softmax(float *x, int64_t n) {
+#ifdef ATTN_X86
+    if (moeq_mm_isa_best() == MOEQ_MM_ISA_AVX512) {
+        softmax512(x, n);
+        return;
+    }
+#endif
+    softmax_scalar(x, n);
+}
+
 void moeq_mla_block(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
     moeq_mla_block_isa(moeq_mm_isa_best(), a, t, h0, h1, scores);
 }

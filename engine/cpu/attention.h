@@ -53,6 +53,9 @@ void moeq_mla_group(const moeq_mla_params *params, int64_t t0, int nt, int h0, i
 void moeq_mla_group_isa(moeq_mm_isa isa, const moeq_mla_params *params, int64_t t0, int nt, int h0, int h1,
                         float *scores);
 
+/* The softmax of the absorbed form in place (every instruction set gives the same bits); n >= 1. */
+void moeq_mla_softmax(float *x, int64_t n);
+
 /* The same on the cache object's layer (tests). */
 void moeq_attention_absorbed_block(const moeq_attn_args *args, int64_t t, int h0, int h1, float *scores);
 /* The same on a given instruction set (which must be supported); every one gives the same bits. For tests. */

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "attention_amx.h"
 #include "backend_pool.h"
 #include "logits_reduce.h"
 #include "moe_route.h"
@@ -54,7 +55,9 @@ typedef struct cpu_backend {
     int64_t attn_group_max;
     int attn_grouped;      /* this call's tasks are groups (else one token each) */
     atomic_llong held_bytes;   /* what alloc() handed out and release() has not taken back */
-    float **scores;    /* [n_threads] HEAD_BLOCK * max_ctx */
+    float **scores;    /* [n_threads] GROUP * head block * (max_ctx + 1) */
+    void **attn_ws;    /* [n_threads] the AMX attention's workspace, grown by its own thread */
+    size_t *attn_ws_bytes;
     int64_t *task_end; /* [max_jobs] prefix sums of tasks per job */
     moeq_mm_job *moe_jobs; /* [max_jobs] moe_experts' GEMMs */
     /* the current dispatch */
@@ -248,12 +251,39 @@ static void cpu_matmul_nn(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) 
 }
 
 /* Task = (group of query tokens, head block): groups are runs of up to MOEQ_ATTN_GROUP prefill tokens. */
+static int attn_head_block(const cpu_backend *cb) { return cb->p.amx ? MOEQ_MLA_AMX_HEAD_BLOCK : MOEQ_ATTN_HEAD_BLOCK; }
+
+/* The AMX attention's workspace of this worker, grown for this layer's shape. */
+static void *attn_ws(cpu_backend *cb, int worker, const moeq_mla_params *a, size_t *bytes) {
+    size_t need = moeq_mla_amx_ws_bytes(a->kv_lora, a->rope);
+    if (need > cb->attn_ws_bytes[worker]) {
+        free(cb->attn_ws[worker]);
+        cb->attn_ws_bytes[worker] = 0;
+        if (!(cb->attn_ws[worker] = aligned_alloc(64, need))) {
+            fprintf(stderr, "moeq: cpu backend: cannot allocate %zu bytes for the AMX attention workspace\n", need);
+            abort(); /* the attention op has no error return; a few hundred KiB */
+        }
+        cb->attn_ws_bytes[worker] = need;
+    }
+    *bytes = cb->attn_ws_bytes[worker];
+    return cb->attn_ws[worker];
+}
+
 static void attn_task(void *ctx, int64_t task, int worker) {
     cpu_backend *cb = ctx;
     const moeq_mla_params *a = cb->attn;
-    int64_t n_hb = ceil_div(a->n_heads, MOEQ_ATTN_HEAD_BLOCK), g = task / n_hb;
-    int h0 = (int)(task % n_hb) * MOEQ_ATTN_HEAD_BLOCK;
-    int h1 = h0 + MOEQ_ATTN_HEAD_BLOCK < a->n_heads ? h0 + MOEQ_ATTN_HEAD_BLOCK : a->n_heads;
+    const int hb = attn_head_block(cb);
+    int64_t n_hb = ceil_div(a->n_heads, hb), g = task / n_hb;
+    int h0 = (int)(task % n_hb) * hb;
+    int h1 = h0 + hb < a->n_heads ? h0 + hb : a->n_heads;
+    if (cb->p.amx) { /* one path per process: prefill and decode take the same tiles */
+        size_t bytes;
+        void *ws = attn_ws(cb, worker, a, &bytes);
+        int64_t t0 = cb->attn_grouped ? cb->attn_group[g] : g;
+        int nt = cb->attn_grouped ? (int)(cb->attn_group[g + 1] - t0) : 1;
+        moeq_mla_group_amx(a, t0, nt, h0, h1, cb->scores[worker], ws, bytes);
+        return;
+    }
     if (!cb->attn_grouped) { /* a step longer than the group table: one token per task */
         moeq_mla_block(a, g, h0, h1, cb->scores[worker]);
         return;
@@ -275,7 +305,7 @@ static void cpu_attention(moeq_backend *b, const moeq_mla_params *args) {
         if (!joins) cb->attn_group[n_groups++] = t;
     }
     if (cb->attn_grouped) cb->attn_group[n_groups] = args->n_tok;
-    moeq_pool_run(cb->pool, attn_task, cb, n_groups * ceil_div(args->n_heads, MOEQ_ATTN_HEAD_BLOCK));
+    moeq_pool_run(cb->pool, attn_task, cb, n_groups * ceil_div(args->n_heads, attn_head_block(cb)));
 }
 
 
@@ -570,8 +600,11 @@ static void cpu_destroy(moeq_backend *b) {
         if (cb->wbuf) free(cb->wbuf[i]);
         if (cb->scores) free(cb->scores[i]);
         if (cb->ws) free(cb->ws[i]);
+        if (cb->attn_ws) free(cb->attn_ws[i]);
     }
     free(cb->ws);
+    free(cb->attn_ws);
+    free(cb->attn_ws_bytes);
     free(cb->attn_group);
     free(cb->wbuf);
     free(cb->scores);
@@ -631,6 +664,8 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->wbuf = calloc((size_t)n, sizeof(float *));
     cb->scores = calloc((size_t)n, sizeof(float *));
     cb->ws = calloc((size_t)n, sizeof(void *));
+    cb->attn_ws = calloc((size_t)n, sizeof(void *));
+    cb->attn_ws_bytes = calloc((size_t)n, sizeof(size_t));
     /* groups need one entry per token: steps of more tokens than this run one token per task */
     cb->attn_group_max = cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048;
     cb->attn_group = calloc((size_t)cb->attn_group_max + 2, sizeof(int64_t));
@@ -644,14 +679,14 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->views = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_amx_xview));
     cb->regions = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(*cb->regions));
     cb->pool = moeq_pool_new(n);
-    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
+    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_ws || !cb->attn_ws_bytes || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
         !cb->views || !cb->regions)
         goto fail;
     for (int i = 0; i < n; i++) {
         if (!cb->p.batch_invariant && !(cb->wbuf[i] = malloc((size_t)BLAS_ROWS * cb->p.max_k * sizeof(float))))
             goto fail;
         if (!(cb->ws[i] = aligned_alloc(64, cb->ws_bytes))) goto fail;
-        if (!(cb->scores[i] = malloc((size_t)MOEQ_ATTN_GROUP * MOEQ_ATTN_HEAD_BLOCK * (cb->p.max_ctx + 1) *
+        if (!(cb->scores[i] = malloc((size_t)MOEQ_ATTN_GROUP * (size_t)attn_head_block(cb) * (cb->p.max_ctx + 1) *
                                      sizeof(float))))
             goto fail;
     }

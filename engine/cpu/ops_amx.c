@@ -26,12 +26,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx_inline.h"
 #include "tensor.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define MOEQ_AMX_X86 1
+#ifdef MOEQ_AMX_X86
 #include <cpuid.h>
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -68,23 +67,6 @@ size_t moeq_amx_ws_bytes(int64_t K) {
 
 /* ---- the emulation's scalar pieces ------------------------------------------------------------------ */
 
-/* float32 -> bf16 as VCVTNE2PS2BF16 does it: denormals to signed zero, NaN quieted, else to nearest even. */
-static uint16_t bf16_rne_daz(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_f(uint16_t h) { return moeq_bf16_to_f32(h); }
-
-static void split_scalar(float x, uint16_t *hi, uint16_t *lo) {
-    *hi = bf16_rne_daz(x);
-    *lo = bf16_rne_daz(x - bf16_f(*hi));
-}
-
 /* The weight's value as BF16 bits (exact for both dtypes). */
 static uint16_t weight_bf16(const moeq_tensor *w, int64_t row, int64_t k) {
     int64_t K = moeq_tensor_cols(w);
@@ -107,21 +89,8 @@ static float f8_scale(const moeq_tensor *w, int64_t row, int64_t kb) {
 
 #ifdef MOEQ_AMX_X86
 
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#define TAMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
-
-typedef struct tile_config {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-static const tile_config full_config = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
+#define ALWAYS_INLINE AMX_ALWAYS_INLINE
+#define full_config moeq_amx_full_config
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -155,41 +124,6 @@ int moeq_amx_supported(void) {
     return amx_state;
 }
 
-/* 16x16 transpose of 32-bit elements: r[i].e[j] becomes r[j].e[i]. */
-static TAMX ALWAYS_INLINE void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* each 128-bit lane q of r[4a + b] now holds elements (4a..4a+3, 4q + b) */
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
-    }
-}
-
-static TAMX ALWAYS_INLINE __m512 bf16_lo_f32(__m512i v) { /* bf16 words 0..15 of v as floats */
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
-}
-static TAMX ALWAYS_INLINE __m512 bf16_hi_f32(__m512i v) { /* words 16..31 */
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
-}
-
 TAMX void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g) {
     int64_t n_pad = moeq_amx_pack_cols(n), steps = K / MOEQ_AMX_STEP;
     const __mmask16 cols = n_pad - 16 * g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n_pad - 16 * g)) - 1u);
@@ -204,12 +138,12 @@ TAMX void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K,
             const float *p = x + row * ldx + s * MOEQ_AMX_STEP;
             __m512 x0 = _mm512_loadu_ps(p), x1 = _mm512_loadu_ps(p + 16);
             __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-            __m512 l0 = _mm512_sub_ps(x0, bf16_lo_f32(h)), l1 = _mm512_sub_ps(x1, bf16_hi_f32(h));
+            __m512 l0 = _mm512_sub_ps(x0, moeq_bf16_lo_f32(h)), l1 = _mm512_sub_ps(x1, moeq_bf16_hi_f32(h));
             hi[r] = h;
             lo[r] = (__m512i)_mm512_cvtne2ps_pbh(l1, l0);
         }
-        transpose16(hi);
-        transpose16(lo);
+        moeq_transpose16(hi);
+        moeq_transpose16(lo);
         uint32_t *dh = pack + (s * 2 + 0) * TROWS * n_pad + g * 16, *dl = pack + (s * 2 + 1) * TROWS * n_pad + g * 16;
         for (int k2 = 0; k2 < 16; k2++) { /* n_pad < 16: only the columns there are (rows overlap) */
             _mm512_mask_storeu_epi32(dh + k2 * n_pad, cols, hi[k2]);
@@ -321,7 +255,7 @@ static TAMX void store_c(int tile, float *cbuf) {
 static TAMX void write_out(const float *c, float *y, int64_t ldy, int nr, int nt, int64_t rs) {
     __m512i r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(c + 16 * i);
-    transpose16(r);
+    moeq_transpose16(r);
     __mmask16 m = (__mmask16)((1u << nr) - 1u);
     if (rs == 1) {
         for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * ldy, m, _mm512_castsi512_ps(r[t]));
@@ -470,7 +404,7 @@ TAMX void moeq_amx_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, 
             for (int64_t s = 0; s < steps; s++) {
                 for (int k = 0; k < 32; k++) {
                     A[k] = weight_bf16(w, job->row0 + n, s * 32 + k);
-                    split_scalar(x[s * 32 + k], &B[0][(k / 2) * 32 + (k % 2)], &B[1][(k / 2) * 32 + (k % 2)]);
+                    moeq_bf16_split(x[s * 32 + k], &B[0][(k / 2) * 32 + (k % 2)], &B[1][(k / 2) * 32 + (k % 2)]);
                 }
                 _tile_loadd(0, C, 64);
                 _tile_loadd(1, A, 64);

@@ -1,0 +1,395 @@
+/*
+ * attention_amx.c — MLA attention on AMX tiles (see attention_amx.h for the
+ * arithmetic and why it keeps batch invariance).
+ *
+ * A call is one task: up to 64 query columns (tokens x heads) over the
+ * context of one sequence, in slabs of 64 cached rows. Per slab:
+ *   scores  the rows are split into bf16 hi/lo rows in the workspace (the A
+ *           operand, 16 rows a tile); the queries were packed once into the
+ *           pair layout (the B operand); C tiles (16 rows x 16 columns) are
+ *           transposed into each column's score row.
+ *   output  the rows are split again into the pair layout of their latent
+ *           columns (the B operand: two rows interleaved per dword), the
+ *           probabilities into bf16 hi/lo rows (the A operand), and each
+ *           column's accumulators stay in the workspace from slab to slab
+ *           (a float32 store and reload is exact).
+ * Splitting the rows costs about as much as the tiles' arithmetic for 16
+ * columns, so a task takes 16 heads (decode) or 4 tokens x 16 heads
+ * (prefill) and splits each row once for all of them.
+ */
+#include "attention_amx.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amx_inline.h"
+#include "attention.h"
+#include "kv_paged.h"
+
+#define SLAB 64 /* context rows split at a time: two 32-row output steps, four 16-row score tiles */
+#define COLS MOEQ_MLA_AMX_COLS
+#define NP MOEQ_MLA_AMX_PARTS
+
+typedef struct ws_layout {
+    int L, R, E, S, Lp;     /* latent, rope, entry; steps of 32 over the entry; latent padded to 32 */
+    int64_t ldr, ldp, ldc;  /* row stride of the split rows (bf16), of the pairs and of the accumulators (dwords) */
+    size_t q, rows, pairs, p, acc, ctile, total; /* byte offsets */
+} ws_layout;
+
+static ws_layout layout_of(int L, int R) {
+    ws_layout w = {.L = L, .R = R, .E = L + R};
+    w.S = (w.E + 31) / 32;
+    w.Lp = (L + 31) / 32 * 32;
+    w.ldr = (int64_t)w.S * 32 + 32; /* + 64 bytes: rows do not alias in the cache sets */
+    w.ldp = w.Lp + 16;
+    w.ldc = w.Lp + 16;
+    size_t at = 0;
+    w.q = at, at += (size_t)w.S * NP * 16 * COLS * 4;
+    w.rows = at, at += (size_t)NP * SLAB * (size_t)w.ldr * 2;
+    w.pairs = at, at += (size_t)(SLAB / 32) * NP * 16 * (size_t)w.ldp * 4;
+    w.p = at, at += (size_t)NP * COLS * SLAB * 2;
+    w.acc = at, at += (size_t)COLS * (size_t)w.ldc * 4;
+    w.ctile = at, at += 4 * 256 * 4;
+    w.total = (at + 63) / 64 * 64;
+    return w;
+}
+
+size_t moeq_mla_amx_ws_bytes(int kv_lora, int rope) { return layout_of(kv_lora, rope).total; }
+
+#ifdef MOEQ_AMX_X86
+
+static inline __mmask16 mask16(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
+}
+
+/* 32 floats (masked loads: m0, m1) split into NP parts of 32 bf16 values each: part[0] = bf16(x), part[i] =
+ * bf16(x - part[0] - ... - part[i-1]) (each difference exact in float32). */
+static TAMX AMX_ALWAYS_INLINE void split32(const float *x, __mmask16 m0, __mmask16 m1, __m512i part[NP]) {
+    __m512 x0 = _mm512_maskz_loadu_ps(m0, x), x1 = _mm512_maskz_loadu_ps(m1, x + 16);
+    for (int i = 0; i < NP; i++) {
+        __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+        part[i] = h;
+        if (i + 1 < NP) x0 = _mm512_sub_ps(x0, moeq_bf16_lo_f32(h)), x1 = _mm512_sub_ps(x1, moeq_bf16_hi_f32(h));
+    }
+}
+
+/* Two rows' 16 floats as NP parts in the pair layout: each dword holds (row a's bf16, row b's bf16). */
+static TAMX AMX_ALWAYS_INLINE void split_pairs(__m512 xa, __m512 xb, __m512i part[NP]) {
+    for (int i = 0; i < NP; i++) {
+        __m512i h = (__m512i)_mm512_cvtne2ps_pbh(xb, xa); /* words 0-15: row a, 16-31: row b */
+        part[i] = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)),
+                                  _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+        if (i + 1 < NP) xa = _mm512_sub_ps(xa, moeq_bf16_lo_f32(h)), xb = _mm512_sub_ps(xb, moeq_bf16_hi_f32(h));
+    }
+}
+
+/* The query columns' values (latent, then rope, zero padded) in the pair layout: [step][part][k2][COLS]. */
+static TAMX void pack_queries(const moeq_mla_params *a, const ws_layout *w, int64_t t0, int nt, int h0, int nh,
+                              uint32_t *qp) {
+    const int L = w->L, R = w->R, H = a->n_heads, ncol = nt * nh;
+    memset(qp, 0, (size_t)w->S * NP * 16 * COLS * 4);
+    float v[32];
+    for (int c = 0; c < ncol; c++) {
+        const int64_t t = t0 + c / nh;
+        const int h = h0 + c % nh;
+        const float *ql = a->q_lat + (t * H + h) * L, *qr = a->q_pe + (t * H + h) * R;
+        for (int s = 0; s < w->S; s++) {
+            for (int k = 0; k < 32; k++) {
+                int idx = s * 32 + k;
+                v[k] = idx < L ? ql[idx] : idx < w->E ? qr[idx - L] : 0.0f;
+            }
+            __m512i part[NP];
+            split32(v, 0xFFFF, 0xFFFF, part);
+            for (int i = 0; i < NP; i++) {
+                uint32_t d[16];
+                _mm512_storeu_si512(d, part[i]);
+                for (int k2 = 0; k2 < 16; k2++) qp[((s * NP + i) * 16 + k2) * COLS + c] = d[k2];
+            }
+        }
+    }
+}
+
+#define DP4(NR, NG)                                          \
+    do {                                                     \
+        _tile_dpbf16ps(0, 4, 6);                             \
+        if ((NG) == 2) _tile_dpbf16ps(1, 4, 7);              \
+        if ((NR) == 2) _tile_dpbf16ps(2, 5, 6);              \
+        if ((NR) == 2 && (NG) == 2) _tile_dpbf16ps(3, 5, 7); \
+    } while (0)
+
+/*
+ * Score tiles: C(r, g) over the steps, A = the split rows (NR tiles of 16 rows, part a at rows + a * SLAB *
+ * ldr), B = the queries (NG tiles). Per step the terms (a, b) with a + b < NP, a ascending, then b.
+ */
+static TAMX AMX_ALWAYS_INLINE void score_chain(const int NR, const int NG, const uint16_t *rows, int64_t ldr,
+                                              const uint32_t *q, int S) {
+    const int64_t lda = ldr * 2, ldb = COLS * 4, apart = SLAB * ldr;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int s = 0; s < S; s++)
+        for (int pa = 0; pa < NP; pa++) {
+            const uint16_t *r = rows + pa * apart + s * 32;
+            _tile_loadd(4, r, lda);
+            if (NR == 2) _tile_loadd(5, r + 16 * ldr, lda);
+            for (int pb = 0; pa + pb < NP; pb++) {
+                const uint32_t *b = q + (s * NP + pb) * 16 * COLS;
+                _tile_loadd(6, b, ldb);
+                if (NG == 2) _tile_loadd(7, b + 16, ldb);
+                DP4(NR, NG);
+            }
+        }
+}
+
+static TAMX void score_chain_any(int nr, int ng, const uint16_t *rows, int64_t ldr, const uint32_t *q, int S) {
+    if (nr == 2 && ng == 2) score_chain(2, 2, rows, ldr, q, S);
+    else if (nr == 2) score_chain(2, 1, rows, ldr, q, S);
+    else if (ng == 2) score_chain(1, 2, rows, ldr, q, S);
+    else score_chain(1, 1, rows, ldr, q, S);
+}
+
+/* Output tiles: C(m, n) += over the slab's steps, A = the probabilities (NM tiles of 16 columns, part a at
+ * p + a * COLS * SLAB), B = the pairs; the same terms in the same order as the scores'. */
+static TAMX AMX_ALWAYS_INLINE void out_chain(const int NM, const int ND, const uint16_t *p, const uint32_t *pairs,
+                                            int64_t ldp, int nu) {
+    const int64_t lda = SLAB * 2, ldb = ldp * 4, bpart = 16 * ldp, apart = COLS * SLAB;
+    for (int u = 0; u < nu; u++)
+        for (int pa = 0; pa < NP; pa++) {
+            const uint16_t *a = p + pa * apart + u * 32;
+            _tile_loadd(4, a, lda);
+            if (NM == 2) _tile_loadd(5, a + 16 * SLAB, lda);
+            for (int pb = 0; pa + pb < NP; pb++) {
+                const uint32_t *b = pairs + (u * NP + pb) * bpart;
+                _tile_loadd(6, b, ldb);
+                if (ND == 2) _tile_loadd(7, b + 16, ldb);
+                DP4(NM, ND);
+            }
+        }
+}
+
+static TAMX void out_chain_any(int nm, int nd, const uint16_t *p, const uint32_t *pairs, int64_t ldp, int nu) {
+    if (nm == 2 && nd == 2) out_chain(2, 2, p, pairs, ldp, nu);
+    else if (nm == 2) out_chain(2, 1, p, pairs, ldp, nu);
+    else if (nd == 2) out_chain(1, 2, p, pairs, ldp, nu);
+    else out_chain(1, 1, p, pairs, ldp, nu);
+}
+
+static TAMX void store_tile(int tile, float *dst, int64_t ld_bytes) {
+    switch (tile) {
+    case 0: _tile_stored(0, dst, ld_bytes); break;
+    case 1: _tile_stored(1, dst, ld_bytes); break;
+    case 2: _tile_stored(2, dst, ld_bytes); break;
+    default: _tile_stored(3, dst, ld_bytes); break;
+    }
+}
+
+static TAMX void load_tile(int tile, const float *src, int64_t ld_bytes) {
+    switch (tile) {
+    case 0: _tile_loadd(0, src, ld_bytes); break;
+    case 1: _tile_loadd(1, src, ld_bytes); break;
+    case 2: _tile_loadd(2, src, ld_bytes); break;
+    default: _tile_loadd(3, src, ld_bytes); break;
+    }
+}
+
+static const float zero_row[2048];
+
+TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, float *scores, void *ws,
+                             size_t ws_bytes) {
+    const ws_layout w = layout_of(a->kv_lora, a->rope);
+    const int nh = h1 - h0, ncol = nt * nh, H = a->n_heads, L = w.L, E = w.E;
+    if (ncol <= 0) return;
+    if (ncol > COLS || ws_bytes < w.total || E > 2048) {
+        fprintf(stderr, "moeq: amx attention: %d columns (at most %d), workspace %zu of %zu bytes, entry %d\n", ncol,
+                COLS, ws_bytes, w.total, E);
+        abort(); /* the backend sizes the tasks and the workspace */
+    }
+    const int64_t ld = a->pos[t0 + nt - 1] + 1;
+    const moeq_kv_view kv = moeq_kv_paged_view(&a->kv, a->seq[t0]);
+    uint8_t *base = ws;
+    uint32_t *q = (uint32_t *)(base + w.q), *pairs = (uint32_t *)(base + w.pairs);
+    uint16_t *rows = (uint16_t *)(base + w.rows), *pbuf = (uint16_t *)(base + w.p);
+    float *acc = (float *)(base + w.acc), *ctile = (float *)(base + w.ctile);
+    int64_t n_ctx[COLS];
+    for (int c = 0; c < ncol; c++) n_ctx[c] = a->pos[t0 + c / nh] + 1;
+    const int nct = (ncol + 15) / 16; /* column tiles */
+    const int64_t entry_bytes = (int64_t)E * 4;
+    pack_queries(a, &w, t0, nt, h0, nh, q);
+    _tile_loadconfig(&moeq_amx_full_config);
+
+    /* scores */
+    for (int64_t j0 = 0; j0 < ld; j0 += SLAB) {
+        const int nrows = (int)(ld - j0 < SLAB ? ld - j0 : SLAB), nrt = (nrows + 15) / 16;
+        for (int r = 0; r < nrt * 16; r++) {
+            if (r >= nrows) {
+                for (int i = 0; i < NP; i++) memset(rows + (i * SLAB + r) * w.ldr, 0, (size_t)w.S * 64);
+                continue;
+            }
+            const float *e = moeq_kv_view_entry(&kv, j0 + r);
+            if (j0 + r + 8 < ld) { /* the blocks are scattered: the prefetcher restarts at each */
+                const char *pe = (const char *)moeq_kv_view_entry(&kv, j0 + r + 8);
+                for (int64_t b = 0; b < entry_bytes; b += 64) _mm_prefetch(pe + b, _MM_HINT_T0);
+            }
+            for (int s = 0; s < w.S; s++) {
+                __m512i part[NP];
+                split32(e + s * 32, mask16(E - s * 32), mask16(E - s * 32 - 16), part);
+                for (int i = 0; i < NP; i++) _mm512_storeu_si512(rows + (i * SLAB + r) * w.ldr + s * 32, part[i]);
+            }
+        }
+        for (int rt = 0; rt < nrt; rt += 2) {
+            const int nr = nrt - rt >= 2 ? 2 : 1;
+            for (int ct = 0; ct < nct; ct += 2) {
+                const int ng = nct - ct >= 2 ? 2 : 1;
+                score_chain_any(nr, ng, rows + rt * 16 * w.ldr, w.ldr, q + ct * 16, w.S);
+                for (int i = 0; i < nr; i++)
+                    for (int g = 0; g < ng; g++) {
+                        store_tile(2 * i + g, ctile, 64);
+                        __m512i v[16];
+                        for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_si512(ctile + 16 * r);
+                        moeq_transpose16(v); /* v[c]: column c's 16 rows */
+                        const int64_t j = j0 + (rt + i) * 16;
+                        for (int c = 0; c < 16; c++) {
+                            const int col = (ct + g) * 16 + c;
+                            if (col >= ncol) break;
+                            _mm512_mask_storeu_ps(scores + col * ld + j, mask16(n_ctx[col] - j),
+                                                  _mm512_mul_ps(_mm512_castsi512_ps(v[c]), _mm512_set1_ps(a->scale)));
+                        }
+                    }
+            }
+        }
+    }
+    for (int c = 0; c < ncol; c++) moeq_mla_softmax(scores + c * ld, n_ctx[c]);
+
+    /* output */
+    const int nmt = nct, ndt = w.Lp / 16;
+    for (int64_t j0 = 0; j0 < ld; j0 += SLAB) {
+        const int nrows = (int)(ld - j0 < SLAB ? ld - j0 : SLAB), nu = (nrows + 31) / 32;
+        for (int u = 0; u < nu; u++)
+            for (int k2 = 0; k2 < 16; k2++) {
+                const int64_t ja = j0 + u * 32 + 2 * k2, jb = ja + 1;
+                const float *ea = ja < ld ? moeq_kv_view_entry(&kv, ja) : zero_row;
+                const float *eb = jb < ld ? moeq_kv_view_entry(&kv, jb) : zero_row;
+                uint32_t *dst = pairs + (u * NP * 16 + k2) * w.ldp;
+                for (int d = 0; d < w.Lp; d += 16) {
+                    const __mmask16 m = mask16(L - d);
+                    __m512i part[NP];
+                    split_pairs(_mm512_maskz_loadu_ps(m, ea + d), _mm512_maskz_loadu_ps(m, eb + d), part);
+                    for (int i = 0; i < NP; i++) _mm512_storeu_si512(dst + i * 16 * w.ldp + d, part[i]);
+                }
+            }
+        for (int c = 0; c < nmt * 16; c++) { /* probabilities, 0 past each column's context */
+            if (c >= ncol) {
+                for (int i = 0; i < NP; i++) memset(pbuf + (i * COLS + c) * SLAB, 0, SLAB * 2);
+                continue;
+            }
+            const float *p = scores + c * ld + j0;
+            for (int jj = 0; jj < SLAB; jj += 32) {
+                __m512i part[NP];
+                split32(p + jj, mask16(n_ctx[c] - j0 - jj), mask16(n_ctx[c] - j0 - jj - 16), part);
+                for (int i = 0; i < NP; i++) _mm512_storeu_si512(pbuf + (i * COLS + c) * SLAB + jj, part[i]);
+            }
+        }
+        for (int mt = 0; mt < nmt; mt += 2) {
+            const int nm = nmt - mt >= 2 ? 2 : 1;
+            for (int dt = 0; dt < ndt; dt += 2) {
+                const int nd = ndt - dt >= 2 ? 2 : 1;
+                for (int i = 0; i < nm; i++)
+                    for (int g = 0; g < nd; g++) {
+                        float *cp = acc + (mt + i) * 16 * w.ldc + (dt + g) * 16;
+                        if (j0) load_tile(2 * i + g, cp, w.ldc * 4);
+                        else if (2 * i + g == 0) _tile_zero(0);
+                        else if (2 * i + g == 1) _tile_zero(1);
+                        else if (2 * i + g == 2) _tile_zero(2);
+                        else _tile_zero(3);
+                    }
+                out_chain_any(nm, nd, pbuf + mt * 16 * SLAB, pairs + dt * 16, w.ldp, nu);
+                for (int i = 0; i < nm; i++)
+                    for (int g = 0; g < nd; g++) store_tile(2 * i + g, acc + (mt + i) * 16 * w.ldc + (dt + g) * 16, w.ldc * 4);
+            }
+        }
+    }
+    _tile_release();
+    for (int c = 0; c < ncol; c++)
+        memcpy(a->out_lat + ((t0 + c / nh) * H + h0 + c % nh) * L, acc + c * w.ldc, (size_t)L * sizeof(float));
+}
+
+/* One chain step on one element: C = tdp(C, row 0 of A, column 0 of B) for each (A, B) of the step. */
+static TAMX void element_step(float *C, const uint16_t *A, const uint16_t *B) {
+    _tile_loadd(0, C, 64);
+    _tile_loadd(1, A, 64);
+    _tile_loadd(2, B, 64);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_stored(0, C, 64);
+}
+
+/* x's NP parts at A[i][k] (row 0 of an A tile) or at B's column 0 (pair index bi). */
+static void split_parts(float x, uint16_t *dst, size_t part_stride) {
+    for (int i = 0; i < NP; i++) {
+        uint16_t h = moeq_bf16_rne_daz(x);
+        dst[(size_t)i * part_stride] = h;
+        x -= moeq_bf16_to_f32(h);
+    }
+}
+
+/* The terms (a, b) with a + b < NP, a ascending, then b, on one element. */
+static TAMX void element_terms(float *C, const uint16_t A[NP][512], const uint16_t B[NP][512]) {
+    for (int pa = 0; pa < NP; pa++)
+        for (int pb = 0; pa + pb < NP; pb++) element_step(C, A[pa], B[pb]);
+}
+
+TAMX void moeq_mla_block_amx_ref(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
+    const int L = a->kv_lora, R = a->rope, H = a->n_heads, E = L + R, S = (E + 31) / 32;
+    const int64_t n_ctx = a->pos[t] + 1;
+    const moeq_kv_view kv = moeq_kv_paged_view(&a->kv, a->seq[t]);
+    static _Thread_local uint16_t A[NP][16 * 32], B[NP][16 * 32];
+    static _Thread_local float C[256];
+    memset(A, 0, sizeof A), memset(B, 0, sizeof B), memset(C, 0, sizeof C);
+    _tile_loadconfig(&moeq_amx_full_config);
+    for (int h = h0; h < h1; h++) {
+        const float *ql = a->q_lat + (t * H + h) * L, *qr = a->q_pe + (t * H + h) * R;
+        float *sc = scores + (int64_t)(h - h0) * n_ctx;
+        for (int64_t j = 0; j < n_ctx; j++) {
+            const float *e = moeq_kv_view_entry(&kv, j);
+            C[0] = 0.0f;
+            for (int s = 0; s < S; s++) {
+                for (int k = 0; k < 32; k++) {
+                    int idx = s * 32 + k, bi = (k / 2) * 32 + k % 2;
+                    split_parts(idx < E ? e[idx] : 0.0f, &A[0][k], 512);
+                    split_parts(idx < L ? ql[idx] : idx < E ? qr[idx - L] : 0.0f, &B[0][bi], 512);
+                }
+                element_terms(C, A, B);
+            }
+            sc[j] = C[0] * a->scale;
+        }
+        moeq_mla_softmax(sc, n_ctx);
+        for (int d = 0; d < L; d++) {
+            C[0] = 0.0f;
+            for (int64_t u = 0; u * 32 < n_ctx; u++) {
+                for (int k = 0; k < 32; k++) {
+                    int64_t j = u * 32 + k;
+                    int bi = (k / 2) * 32 + k % 2;
+                    split_parts(j < n_ctx ? sc[j] : 0.0f, &A[0][k], 512);
+                    split_parts(j < n_ctx ? moeq_kv_view_entry(&kv, j)[d] : 0.0f, &B[0][bi], 512);
+                }
+                element_terms(C, A, B);
+            }
+            a->out_lat[(t * H + h) * L + d] = C[0];
+        }
+    }
+    _tile_release();
+}
+
+#else /* no AMX in this build */
+
+void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, float *scores, void *ws,
+                        size_t ws_bytes) {
+    (void)a, (void)t0, (void)nt, (void)h0, (void)h1, (void)scores, (void)ws, (void)ws_bytes;
+    abort();
+}
+void moeq_mla_block_amx_ref(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {
+    (void)a, (void)t, (void)h0, (void)h1, (void)scores;
+    abort();
+}
+#endif
