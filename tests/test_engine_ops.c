@@ -385,7 +385,7 @@ static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
                 float *xr = rand_floats((size_t)n * cols);
                 uint32_t *pack = aligned_alloc(64, (moeq_amx_pack_bytes(n, cols) + 63) / 64 * 64);
                 for (int64_t g = 0; g < moeq_amx_pack_groups(n); g++) moeq_amx_pack_group(xr, cols, n, cols, pack, g);
-                moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), off};
+                moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), off, 0};
                 float *want = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
                 moeq_mm_job j = {&f.t, 5, 295, xr + (size_t)off * cols, cols, want, rows, T}; /* rows 5..299 */
                 moeq_amx_nt_block_ref(&j, 0, 295, 0, T);
@@ -401,6 +401,27 @@ static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
                             if (r < n0 || r >= n1 || t < t0) assert_int_equal(gb, 0xffffffffu);
                             else assert_int_equal(gb, wb);
                         }
+                }
+                /* the panel layout (jobs of 16 tokens or more): its own region, blocks from multiples of 16 */
+                if (T >= 16) {
+                    uint32_t *panel = aligned_alloc(64, (moeq_amx_panel_bytes(T, cols) + 63) / 64 * 64);
+                    for (int64_t g = 0; g < moeq_amx_pack_groups(T); g++)
+                        moeq_amx_pack_panel(xr + (size_t)off * cols, cols, T, cols, panel, g);
+                    moeq_amx_xview pv = {panel, 0, 0, 1};
+                    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+                        int n0 = blocks[bi][0], n1 = blocks[bi][1], t0 = T > 20 ? 16 : 0;
+                        memset(got, 0xff, (size_t)T * rows * 4);
+                        j.y = got;
+                        moeq_amx_nt_block(&j, &pv, n0, n1, t0, T, ws, wsb);
+                        for (int t = 0; t < T; t++)
+                            for (int r = 0; r < rows; r++) {
+                                uint32_t gb, wb;
+                                memcpy(&gb, &got[t * rows + r], 4), memcpy(&wb, &want[t * rows + r], 4);
+                                if (r < n0 || r >= n1 || t < t0) assert_int_equal(gb, 0xffffffffu);
+                                else assert_int_equal(gb, wb);
+                            }
+                    }
+                    free(panel);
                 }
                 free(xr), free(pack), free(want), free(got);
             }

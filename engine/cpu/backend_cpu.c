@@ -73,7 +73,9 @@ typedef struct cpu_backend {
         const float *x;
         int64_t ldx, k, n;
         size_t off;         /* into pack, in dwords */
+        int panels;         /* the panel layout (else rows) */
     } *regions;             /* [max_jobs] */
+    int *region_of;         /* [max_jobs] each job's region while amx_plan lays out the pack */
     int n_regions;
 } cpu_backend;
 
@@ -159,35 +161,45 @@ static int blas_for(const cpu_backend *cb, const moeq_mm_job *jobs, int n_jobs) 
 }
 
 /*
- * The AMX path's activations: jobs whose x rows continue or repeat an earlier job's (gate and up of one
- * input, the experts' slices of one gathered array) share one region, packed once for the call; a job
- * reads its tokens at an offset into it. The pack is grown here when a call needs more than any before
- * (pages are only touched as used); a machine without that memory cannot run the step at all.
+ * The AMX path's activations: jobs of 16 tokens or more (prefill, batched decode, the experts' slices of a
+ * prefill) take panels, one region per distinct x (gate and up of one input share it); fewer-token jobs
+ * whose x rows continue or repeat an earlier such job's (the experts' slices in decode) share one region
+ * in the row layout, each reading its tokens at an offset into it. Each region is packed once for the
+ * call. The pack is grown here when a call needs more than any before (pages are only touched as used);
+ * a machine without that memory cannot run the step at all.
  */
 static void amx_plan(cpu_backend *cb, const moeq_mm_job *jobs, int n_jobs) {
     cb->n_regions = 0;
+    int *region_of = cb->region_of;
     for (int i = 0; i < n_jobs; i++) {
         const moeq_mm_job *j = &jobs[i];
         cb->views[i] = (moeq_amx_xview){0};
+        region_of[i] = -1;
         if (j->n_tok <= 0 || !moeq_amx_fits(j->w)) continue;
         int64_t k = moeq_tensor_cols(j->w), off = -1;
+        const int panels = j->n_tok >= 16;
         int r = 0;
         for (; r < cb->n_regions; r++) {
             struct amx_region *g = &cb->regions[r];
-            if (g->ldx != j->ldx || g->k != k || j->x < g->x || (j->x - g->x) % j->ldx) continue;
+            if (g->panels != panels || g->ldx != j->ldx || g->k != k || j->x < g->x || (j->x - g->x) % j->ldx)
+                continue;
             off = (j->x - g->x) / j->ldx;
-            if (off <= g->n) break;
+            if (panels ? off == 0 : off <= g->n) break;
         }
-        if (r == cb->n_regions) cb->regions[cb->n_regions++] = (struct amx_region){j->x, j->ldx, k, 0, 0}, off = 0;
+        if (r == cb->n_regions)
+            cb->regions[cb->n_regions++] = (struct amx_region){j->x, j->ldx, k, 0, 0, panels}, off = 0;
         struct amx_region *g = &cb->regions[r];
         if (off + j->n_tok > g->n) g->n = off + j->n_tok;
         cb->views[i].tok0 = off;
-        cb->views[i].n_pad = r; /* the region, until the pack is laid out */
+        cb->views[i].panels = panels;
+        region_of[i] = r;
     }
     size_t need = 0;
     for (int r = 0; r < cb->n_regions; r++) {
+        const struct amx_region *g = &cb->regions[r];
         cb->regions[r].off = need;
-        need += moeq_amx_pack_bytes(cb->regions[r].n, cb->regions[r].k) / 4;
+        need += (g->panels ? moeq_amx_panel_bytes(g->n, g->k) : moeq_amx_pack_bytes(g->n, g->k)) / 4;
+        need = (need + 15) / 16 * 16; /* panels start on a 64-byte line */
     }
     if (need * 4 > cb->pack_cap) {
         free(cb->pack);
@@ -199,8 +211,8 @@ static void amx_plan(cpu_backend *cb, const moeq_mm_job *jobs, int n_jobs) {
         }
     }
     for (int i = 0; i < n_jobs; i++) {
-        if (jobs[i].n_tok <= 0 || !moeq_amx_fits(jobs[i].w)) continue;
-        const struct amx_region *g = &cb->regions[cb->views[i].n_pad];
+        if (region_of[i] < 0) continue;
+        const struct amx_region *g = &cb->regions[region_of[i]];
         cb->views[i].pack = cb->pack + g->off;
         cb->views[i].n_pad = moeq_amx_pack_cols(g->n);
     }
@@ -212,7 +224,8 @@ static void amx_pack_task(void *ctx, int64_t task, int worker) {
     int r = 0;
     while (task >= moeq_amx_pack_groups(cb->regions[r].n)) task -= moeq_amx_pack_groups(cb->regions[r].n), r++;
     const struct amx_region *g = &cb->regions[r];
-    moeq_amx_pack_group(g->x, g->ldx, g->n, g->k, cb->pack + g->off, task);
+    if (g->panels) moeq_amx_pack_panel(g->x, g->ldx, g->n, g->k, cb->pack + g->off, task);
+    else moeq_amx_pack_group(g->x, g->ldx, g->n, g->k, cb->pack + g->off, task);
 }
 
 static void cpu_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
@@ -613,6 +626,7 @@ static void cpu_destroy(moeq_backend *b) {
     free(cb->pack);
     free(cb->views);
     free(cb->regions);
+    free(cb->region_of);
     free(cb);
 }
 
@@ -678,9 +692,10 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->moe_jobs = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_mm_job));
     cb->views = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_amx_xview));
     cb->regions = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(*cb->regions));
+    cb->region_of = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int));
     cb->pool = moeq_pool_new(n);
     if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_ws || !cb->attn_ws_bytes || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
-        !cb->views || !cb->regions)
+        !cb->views || !cb->regions || !cb->region_of)
         goto fail;
     for (int i = 0; i < n; i++) {
         if (!cb->p.batch_invariant && !(cb->wbuf[i] = malloc((size_t)BLAS_ROWS * cb->p.max_k * sizeof(float))))

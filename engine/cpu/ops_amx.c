@@ -58,6 +58,10 @@ size_t moeq_amx_pack_bytes(int64_t n, int64_t K) {
     return (size_t)(K / MOEQ_AMX_STEP) * 2 * TROWS * (size_t)moeq_amx_pack_cols(n) * 4 + 64;
 }
 
+size_t moeq_amx_panel_bytes(int64_t n, int64_t K) {
+    return (size_t)moeq_amx_pack_groups(n) * (size_t)(K / MOEQ_AMX_STEP) * 2 * 1024 + 64;
+}
+
 size_t moeq_amx_ws_bytes(int64_t K) {
     /* the strip (32 rows, stride K*2 + 64 against cache-set aliasing; at least the F8 step buffer), C,
      * the F8 accumulators, and a compact copy of up to 16 tokens' pack */
@@ -152,6 +156,34 @@ TAMX void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K,
     }
 }
 
+TAMX void moeq_amx_pack_panel(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g) {
+    const int64_t steps = K / MOEQ_AMX_STEP;
+    uint32_t *panel = pack + g * steps * 2 * 256;
+    for (int64_t s = 0; s < steps; s++) {
+        __m512i hi[16], lo[16];
+        for (int r = 0; r < 16; r++) {
+            int64_t row = g * 16 + r;
+            if (row >= n) {
+                hi[r] = lo[r] = _mm512_setzero_si512();
+                continue;
+            }
+            const float *p = x + row * ldx + s * MOEQ_AMX_STEP;
+            __m512 x0 = _mm512_loadu_ps(p), x1 = _mm512_loadu_ps(p + 16);
+            __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+            __m512 l0 = _mm512_sub_ps(x0, moeq_bf16_lo_f32(h)), l1 = _mm512_sub_ps(x1, moeq_bf16_hi_f32(h));
+            hi[r] = h;
+            lo[r] = (__m512i)_mm512_cvtne2ps_pbh(l1, l0);
+        }
+        moeq_transpose16(hi);
+        moeq_transpose16(lo);
+        uint32_t *dh = panel + (s * 2 + 0) * 256, *dl = panel + (s * 2 + 1) * 256;
+        for (int k2 = 0; k2 < 16; k2++) {
+            _mm512_store_si512(dh + k2 * 16, hi[k2]);
+            _mm512_store_si512(dl + k2 * 16, lo[k2]);
+        }
+    }
+}
+
 /* 32 E4M3 bytes -> 32 BF16 values (exact; 0x7f/0xff stay NaN). */
 static TAMX ALWAYS_INLINE __m512i f8_to_bf16_32(const uint8_t *p) {
     const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -180,13 +212,20 @@ static TAMX void widen_f8_strip(const moeq_tensor *w, int64_t row, int nrows, ui
     }
 }
 
+/* Where a task's B tiles are: the (step, part) s * 2 + p of token group g (0, 1) at b + (s * 2 + p) * part +
+ * g * gs, its 16 pair rows ldb bytes apart (the row layout: part = 16 n_pad, gs = 16, ldb = 4 n_pad; panels:
+ * part = 256, gs = a panel, ldb = 64). */
+typedef struct bsrc {
+    const uint32_t *b;
+    int64_t part, gs, ldb;
+} bsrc;
+
 /* Step s's products with the A tiles loaded (tmm4-5): the hi pairs, then the lo pairs, of NG token groups. */
-static TAMX ALWAYS_INLINE void step_tiles(const int NR, const int NG, const uint32_t *b, int64_t n_pad, int64_t s) {
-    const int64_t ldb = n_pad * 4, part = TROWS * n_pad;
+static TAMX ALWAYS_INLINE void step_tiles(const int NR, const int NG, const bsrc *src, int64_t s) {
     for (int p = 0; p < 2; p++) {
-        const uint32_t *bp = b + (s * 2 + p) * part;
-        _tile_loadd(6, bp, ldb);
-        if (NG == 2) _tile_loadd(7, bp + 16, ldb);
+        const uint32_t *bp = src->b + (s * 2 + p) * src->part;
+        _tile_loadd(6, bp, src->ldb);
+        if (NG == 2) _tile_loadd(7, bp + src->gs, src->ldb);
         _tile_dpbf16ps(0, 4, 6);
         if (NG == 2) _tile_dpbf16ps(1, 4, 7);
         if (NR == 2) _tile_dpbf16ps(2, 5, 6);
@@ -195,12 +234,12 @@ static TAMX ALWAYS_INLINE void step_tiles(const int NR, const int NG, const uint
 }
 
 /* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. */
-static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const uint32_t *b,
-                                     int64_t n_pad, int64_t s0, int64_t s1) {
+static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const bsrc *src,
+                                     int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; s++) {
         _tile_loadd(4, a + s * 64, lda);
         if (NR == 2) _tile_loadd(5, a + 16 * lda + s * 64, lda);
-        step_tiles(NR, NG, b, n_pad, s);
+        step_tiles(NR, NG, src, s);
     }
 }
 
@@ -209,30 +248,29 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
  * tile loads from L2 run at about half the rate of L1's; a ring of buffers widened steps ahead was
  * slower still). */
 static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_t *w8, int64_t ldw, int rows,
-                                        uint8_t *buf, const uint32_t *b, int64_t n_pad, int64_t s0, int64_t s1) {
+                                        uint8_t *buf, const bsrc *src, int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; s++) { /* ldw: bytes from one strip row to the next */
         for (int r = 0; r < rows; r++)
             _mm512_storeu_si512(buf + r * 64, f8_to_bf16_32(w8 + r * ldw + s * MOEQ_AMX_STEP));
         _tile_loadd(4, buf, 64);
         if (NR == 2) _tile_loadd(5, buf + 1024, 64);
-        step_tiles(NR, NG, b, n_pad, s);
+        step_tiles(NR, NG, src, s);
     }
 }
 
 static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t ldw, int rows, uint8_t *buf,
-                              const uint32_t *b, int64_t n_pad, int64_t s0, int64_t s1) {
-    if (nr == 2 && ng == 2) chain_f8(2, 2, w8, ldw, rows, buf, b, n_pad, s0, s1);
-    else if (nr == 2) chain_f8(2, 1, w8, ldw, rows, buf, b, n_pad, s0, s1);
-    else if (ng == 2) chain_f8(1, 2, w8, ldw, rows, buf, b, n_pad, s0, s1);
-    else chain_f8(1, 1, w8, ldw, rows, buf, b, n_pad, s0, s1);
+                              const bsrc *src, int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain_f8(2, 2, w8, ldw, rows, buf, src, s0, s1);
+    else if (nr == 2) chain_f8(2, 1, w8, ldw, rows, buf, src, s0, s1);
+    else if (ng == 2) chain_f8(1, 2, w8, ldw, rows, buf, src, s0, s1);
+    else chain_f8(1, 1, w8, ldw, rows, buf, src, s0, s1);
 }
 
-static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const uint32_t *b, int64_t n_pad,
-                           int64_t s0, int64_t s1) {
-    if (nr == 2 && ng == 2) chain(2, 2, a, lda, b, n_pad, s0, s1);
-    else if (nr == 2) chain(2, 1, a, lda, b, n_pad, s0, s1);
-    else if (ng == 2) chain(1, 2, a, lda, b, n_pad, s0, s1);
-    else chain(1, 1, a, lda, b, n_pad, s0, s1);
+static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const bsrc *src, int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain(2, 2, a, lda, src, s0, s1);
+    else if (nr == 2) chain(2, 1, a, lda, src, s0, s1);
+    else if (ng == 2) chain(1, 2, a, lda, src, s0, s1);
+    else chain(1, 1, a, lda, src, s0, s1);
 }
 
 static TAMX ALWAYS_INLINE void zero_c(void) {
@@ -311,10 +349,14 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     }
     for (int64_t t = t0; t < t1; t += 32) {
         const int nt = (int)(t1 - t < 32 ? t1 - t : 32), ng = nt > 16 ? 2 : 1;
-        const uint32_t *b = xv->pack + (xv->tok0 + t); /* tok0 < 0 for a compact copy */
+        bsrc src;
+        if (xv->panels) /* tok0 + t is a multiple of 16 here (moeq_amx_xview) */
+            src = (bsrc){xv->pack + (xv->tok0 + t) / 16 * (steps * 2 * 256), 256, steps * 2 * 256, 64};
+        else /* tok0 < 0 for a compact copy */
+            src = (bsrc){xv->pack + (xv->tok0 + t), TROWS * xv->n_pad, 16, xv->n_pad * 4};
         if (!f8) {
             zero_c();
-            chain_any(nr, ng, a, lda, b, xv->n_pad, 0, steps);
+            chain_any(nr, ng, a, lda, &src, 0, steps);
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
                     store_c(2 * i + g, sc->cbuf);
@@ -328,8 +370,8 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             zero_c();
             if (f8_steps)
                 chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, rs * K, rows, sc->stepbuf,
-                             b, xv->n_pad, s, s1);
-            else chain_any(nr, ng, a, lda, b, xv->n_pad, s, s1);
+                             &src, s, s1);
+            else chain_any(nr, ng, a, lda, &src, s, s1);
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
                     store_c(2 * i + g, sc->cbuf);
@@ -362,20 +404,21 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     const int64_t K = moeq_tensor_cols(job->w), steps = K / MOEQ_AMX_STEP;
     if (n0 >= n1 || t0 >= t1) return;
     if (ws_bytes < moeq_amx_ws_bytes(K)) abort(); /* the backend sizes it from max_k */
+    if (xv->panels && (xv->tok0 + t0) % 16) abort(); /* a panel's tokens start at multiples of 16 */
     amx_scratch sc = {.strip = ws, .lds = K * 2 + 64, .stepbuf = ws};
     sc.cbuf = (float *)(sc.strip + ((size_t)STRIP * (size_t)sc.lds > 8192 ? (size_t)STRIP * (size_t)sc.lds : 8192));
     sc.acc = sc.cbuf + 256;
     /* A block of at most 16 tokens reading a wide pack (the experts' slices of one gathered array) takes
      * its columns into a compact copy first: its B tiles then come from L1, not from L2. */
     moeq_amx_xview local = *xv;
-    if (t1 - t0 <= 16 && xv->n_pad > 16) {
+    if (t1 - t0 <= 16 && !xv->panels && xv->n_pad > 16) {
         uint32_t *compact = (uint32_t *)(sc.acc + 4 * 256);
         const int64_t nt = t1 - t0;
         const __mmask16 m = (__mmask16)((1u << nt) - 1u);
         const uint32_t *src = xv->pack + xv->tok0 + t0;
         for (int64_t row = 0; row < steps * 2 * TROWS; row++)
             _mm512_mask_storeu_epi32(compact + row * nt, m, _mm512_maskz_loadu_epi32(m, src + row * xv->n_pad));
-        local = (moeq_amx_xview){compact, nt, -t0};
+        local = (moeq_amx_xview){compact, nt, -t0, 0};
         xv = &local;
     }
     _tile_loadconfig(&full_config);
@@ -433,6 +476,10 @@ void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint
     (void)x, (void)ldx, (void)n, (void)K, (void)pack, (void)g;
     abort();
 }
+void moeq_amx_pack_panel(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g) {
+    (void)x, (void)ldx, (void)n, (void)K, (void)pack, (void)g;
+    abort();
+}
 void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n0, int64_t n1, int64_t t0,
                        int64_t t1, void *ws, size_t ws_bytes) {
     (void)job, (void)xv, (void)n0, (void)n1, (void)t0, (void)t1, (void)ws, (void)ws_bytes;
@@ -452,15 +499,18 @@ const char *moeq_amx_describe(void) {
 int moeq_amx_nt_job(const moeq_mm_job *job) {
     int64_t K = moeq_tensor_cols(job->w), n = job->n_tok;
     if (n <= 0) return 0;
-    size_t pb = moeq_amx_pack_bytes(n, K), wb = (moeq_amx_ws_bytes(K) + 63) / 64 * 64;
+    const int panels = n >= 16; /* as the backend lays them out */
+    size_t pb = panels ? moeq_amx_panel_bytes(n, K) : moeq_amx_pack_bytes(n, K), wb = (moeq_amx_ws_bytes(K) + 63) / 64 * 64;
     uint32_t *pack = aligned_alloc(64, (pb + 63) / 64 * 64);
     void *ws = aligned_alloc(64, wb);
     if (!pack || !ws) {
         free(pack), free(ws);
         return -1;
     }
-    for (int64_t g = 0; g < moeq_amx_pack_groups(n); g++) moeq_amx_pack_group(job->x, job->ldx, n, K, pack, g);
-    moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), 0};
+    for (int64_t g = 0; g < moeq_amx_pack_groups(n); g++)
+        if (panels) moeq_amx_pack_panel(job->x, job->ldx, n, K, pack, g);
+        else moeq_amx_pack_group(job->x, job->ldx, n, K, pack, g);
+    moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), 0, panels};
     moeq_amx_nt_block(job, &xv, 0, job->n_rows, 0, n, ws, wb);
     free(pack), free(ws);
     return 0;

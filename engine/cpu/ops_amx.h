@@ -57,10 +57,21 @@ size_t moeq_amx_pack_bytes(int64_t n, int64_t K);
  * g < moeq_amx_pack_groups(n). */
 void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g);
 
-/* A job's view of a pack: its token t is pack row tok0 + t. */
+/*
+ * The panel layout (from 16 rows on: prefill, batched decode, the experts' slices): rows [16 g, 16 g + 16)
+ * of x are panel g, for each step and part 16 pair rows of 16 dwords, so every B tile is 1 KiB of
+ * contiguous memory. The row layout's tiles for a slice of a wide pack read 16 rows n_pad dwords apart,
+ * a page or more each: in a prefill's experts the TLB walks took most of the tile loads' time.
+ */
+size_t moeq_amx_panel_bytes(int64_t n, int64_t K);
+void moeq_amx_pack_panel(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g);
+
+/* A job's view of a pack: its token t is pack row tok0 + t; with panels, tok0 and every token block's first
+ * token (the backend's blocks start at multiples of 32) are multiples of 16, and n_pad is unused. */
 typedef struct moeq_amx_xview {
     const uint32_t *pack;
     int64_t n_pad, tok0;
+    int panels;
 } moeq_amx_xview;
 
 /* Per-thread workspace for moeq_amx_nt_block (64-byte aligned). */
