@@ -1017,8 +1017,8 @@ static void kv_cache_fork_and_copy_on_write_refuse_without_a_free_block(void **s
 typedef struct attn_case {
     moeq_kv_cache *cache;
     int seq, H, L, R, T;
-    int32_t seqs[4];
-    int64_t pos[4];
+    int32_t seqs[8];
+    int64_t pos[8];
     float *ql, *qp, *out;
 } attn_case;
 
@@ -1151,7 +1151,7 @@ static void attention_matches_a_float64_computation(void **state) {
 }
 
 /*
- * AMX attention (cpu_matrix = amx): tokens in groups of 1-4 (prefill) and any head block give the bits of the
+ * AMX attention (cpu_matrix = amx): tokens in groups of 1-8 (prefill) and any head block give the bits of the
  * emulation run on each token alone (decode), across 32-row steps and 64-row slabs (groups whose tokens end
  * on either side of a step), latent/rope tails that are not multiples of 32, scattered blocks; nothing
  * outside the computed heads is written.
@@ -1163,10 +1163,10 @@ static void amx_attention_matches_its_emulation_bit_for_bit(void **state) {
                                     {4, 32, 8, 4, 16},    {4, 32, 8, 33, 16},    {8, 64, 16, 66, 16},
                                     {16, 256, 32, 130, 16}, {5, 40, 24, 19, 5},  {3, 17, 3, 9, 4},
                                     {16, 512, 64, 97, 16}, {8, 64, 16, 300, 7}, {2, 16, 16, 1, 16}};
-    static const int splits[][4] = {{4, 0, 0, 0}, {2, 2, 0, 0}, {3, 1, 0, 0}, {1, 1, 1, 1}};
+    static const int splits[][4] = {{8, 0, 0, 0}, {5, 3, 0, 0}, {4, 4, 0, 0}, {1, 7, 0, 0}, {2, 2, 3, 1}};
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         int H = shapes[s][0], L = shapes[s][1], R = shapes[s][2], n_ctx = shapes[s][3];
-        int T = n_ctx < 4 ? n_ctx : 4;
+        int T = n_ctx < 8 ? n_ctx : 8;
         attn_case c;
         attn_case_make(&c, H, L, R, n_ctx, shapes[s][4], T);
         moeq_attn_args a = attn_args(&c);

@@ -13,8 +13,8 @@
  *           probabilities into bf16 hi/lo rows (the A operand), and each
  *           column's accumulators stay in the workspace from slab to slab
  *           (a float32 store and reload is exact).
- * Splitting the rows costs about as much as the tiles' arithmetic for 16
- * columns, so a task takes 16 heads (decode) or 4 tokens x 16 heads
+ * Splitting the rows costs about as much as the tiles' arithmetic for 32
+ * columns, so a task takes 16 heads (decode) or up to 8 tokens x 16 heads
  * (prefill) and splits each row once for all of them.
  */
 #include "attention_amx.h"

@@ -36,9 +36,12 @@
 
 #include "backend.h"
 
-/* Query columns (tokens x heads) one call computes at most, and the head block the backend gives a task. */
-#define MOEQ_MLA_AMX_COLS 64
+/* Query columns (tokens x heads) one call computes at most, and the task the backend gives it: a head block
+ * of up to 16 heads of up to 8 consecutive prefill tokens (splitting the rows costs about as much as the
+ * tiles' arithmetic on 32 columns: the more columns share a split, the less it weighs). */
+#define MOEQ_MLA_AMX_COLS 128
 #define MOEQ_MLA_AMX_HEAD_BLOCK 16
+#define MOEQ_MLA_AMX_GROUP 8
 /* bf16 parts each float32 operand is split into */
 #ifndef MOEQ_MLA_AMX_PARTS
 #define MOEQ_MLA_AMX_PARTS 3

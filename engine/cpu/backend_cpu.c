@@ -263,8 +263,10 @@ static void cpu_matmul_nn(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) 
     moeq_pool_run(cb->pool, nn_task, cb, total);
 }
 
-/* Task = (group of query tokens, head block): groups are runs of up to MOEQ_ATTN_GROUP prefill tokens. */
+/* Task = (group of query tokens, head block): groups are runs of up to MOEQ_ATTN_GROUP (lanes) or
+ * MOEQ_MLA_AMX_GROUP (AMX) prefill tokens. */
 static int attn_head_block(const cpu_backend *cb) { return cb->p.amx ? MOEQ_MLA_AMX_HEAD_BLOCK : MOEQ_ATTN_HEAD_BLOCK; }
+static int attn_group_tokens(const cpu_backend *cb) { return cb->p.amx ? MOEQ_MLA_AMX_GROUP : MOEQ_ATTN_GROUP; }
 
 /* The AMX attention's workspace of this worker, grown for this layer's shape. */
 static void *attn_ws(cpu_backend *cb, int worker, const moeq_mla_params *a, size_t *bytes) {
@@ -313,7 +315,7 @@ static void cpu_attention(moeq_backend *b, const moeq_mla_params *args) {
     if (!cb->attn_grouped) n_groups = args->n_tok;
     for (int64_t t = 0; cb->attn_grouped && t < args->n_tok; t++) { /* a new group unless t continues t-1's run */
         int64_t g0 = n_groups ? cb->attn_group[n_groups - 1] : -1;
-        int joins = n_groups && t - g0 < MOEQ_ATTN_GROUP && args->seq[t] == args->seq[t - 1] &&
+        int joins = n_groups && t - g0 < attn_group_tokens(cb) && args->seq[t] == args->seq[t - 1] &&
                     args->pos[t] == args->pos[t - 1] + 1;
         if (!joins) cb->attn_group[n_groups++] = t;
     }
@@ -701,7 +703,7 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
         if (!cb->p.batch_invariant && !(cb->wbuf[i] = malloc((size_t)BLAS_ROWS * cb->p.max_k * sizeof(float))))
             goto fail;
         if (!(cb->ws[i] = aligned_alloc(64, cb->ws_bytes))) goto fail;
-        if (!(cb->scores[i] = malloc((size_t)MOEQ_ATTN_GROUP * (size_t)attn_head_block(cb) * (cb->p.max_ctx + 1) *
+        if (!(cb->scores[i] = malloc((size_t)attn_group_tokens(cb) * (size_t)attn_head_block(cb) * (cb->p.max_ctx + 1) *
                                      sizeof(float))))
             goto fail;
     }
