@@ -43,8 +43,9 @@ const moeq_prop moeq_engine_params_props[] = {
      "most of the KV pool that cached blocks no sequence uses may hold (0..1); cached blocks are evicted "
      "(least recently used first) whenever the free list runs out, whatever this says"},
     {"cpu_matrix", MOEQ_PROP_STR, P(cpu_matrix), 0, 0, "auto",
-     "the CPU backend's matrix products: \"auto\" (AMX BF16 tiles with float32 activations split into two "
-     "BF16 halves where the CPU has AMX, else the float32 lanes), \"lanes\" (the float32 lanes everywhere: "
+     "the CPU backend's matrix products: \"auto\" (AMX BF16 tiles where the CPU has AMX: the weight "
+     "products with float32 activations split into two BF16 parts, MLA attention with both operands split "
+     "into three; else the float32 lanes), \"lanes\" (the float32 lanes everywhere: "
      "the same bits on every x86 CPU) or \"amx\" (fails where there is no AMX); each is batch-invariant, "
      "their bits differ"},
     MOEQ_PROP_END,

@@ -358,6 +358,17 @@ static int amx_or_skip(void) {
     return 0;
 }
 
+/* got equals want bit for bit in rows [n0, n1) of tokens [t0, T) and is untouched (all ones) elsewhere. */
+static void assert_block_bits(const float *got, const float *want, int T, int rows, int n0, int n1, int t0) {
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            uint32_t gb, wb;
+            memcpy(&gb, &got[t * rows + r], 4), memcpy(&wb, &want[t * rows + r], 4);
+            if (r < n0 || r >= n1 || t < t0) assert_int_equal(gb, 0xffffffffu);
+            else assert_int_equal(gb, wb);
+        }
+}
+
 /*
  * The kernel's tiles give each element the emulation's chain (one element per tile, built with scalar code):
  * BF16 and F8 (K with and without a partial 128-column scale block), 1-50 tokens (one or two 16-token groups,
@@ -394,13 +405,7 @@ static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
                     memset(got, 0xff, (size_t)T * rows * 4);
                     j.y = got;
                     moeq_amx_nt_block(&j, &xv, n0, n1, t0, T, ws, wsb);
-                    for (int t = 0; t < T; t++)
-                        for (int r = 0; r < rows; r++) {
-                            uint32_t gb, wb;
-                            memcpy(&gb, &got[t * rows + r], 4), memcpy(&wb, &want[t * rows + r], 4);
-                            if (r < n0 || r >= n1 || t < t0) assert_int_equal(gb, 0xffffffffu);
-                            else assert_int_equal(gb, wb);
-                        }
+                    assert_block_bits(got, want, T, rows, n0, n1, t0);
                 }
                 /* the panel layout (jobs of 16 tokens or more): its own region, blocks from multiples of 16 */
                 if (T >= 16) {
@@ -413,13 +418,7 @@ static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
                         memset(got, 0xff, (size_t)T * rows * 4);
                         j.y = got;
                         moeq_amx_nt_block(&j, &pv, n0, n1, t0, T, ws, wsb);
-                        for (int t = 0; t < T; t++)
-                            for (int r = 0; r < rows; r++) {
-                                uint32_t gb, wb;
-                                memcpy(&gb, &got[t * rows + r], 4), memcpy(&wb, &want[t * rows + r], 4);
-                                if (r < n0 || r >= n1 || t < t0) assert_int_equal(gb, 0xffffffffu);
-                                else assert_int_equal(gb, wb);
-                            }
+                        assert_block_bits(got, want, T, rows, n0, n1, t0);
                     }
                     free(panel);
                 }

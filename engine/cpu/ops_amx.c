@@ -128,26 +128,33 @@ int moeq_amx_supported(void) {
     return amx_state;
 }
 
+/* Step s of rows [16 g, 16 g + 16) of x (rows >= n zero), split and transposed: hi[k2], lo[k2] hold pair row
+ * k2 of the step's 16 columns. */
+static TAMX ALWAYS_INLINE void split_step16(const float *x, int64_t ldx, int64_t n, int64_t g, int64_t s,
+                                            __m512i hi[16], __m512i lo[16]) {
+    for (int r = 0; r < 16; r++) {
+        int64_t row = g * 16 + r;
+        if (row >= n) {
+            hi[r] = lo[r] = _mm512_setzero_si512();
+            continue;
+        }
+        const float *p = x + row * ldx + s * MOEQ_AMX_STEP;
+        __m512 x0 = _mm512_loadu_ps(p), x1 = _mm512_loadu_ps(p + 16);
+        __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+        __m512 l0 = _mm512_sub_ps(x0, moeq_bf16_lo_f32(h)), l1 = _mm512_sub_ps(x1, moeq_bf16_hi_f32(h));
+        hi[r] = h;
+        lo[r] = (__m512i)_mm512_cvtne2ps_pbh(l1, l0);
+    }
+    moeq_transpose16(hi);
+    moeq_transpose16(lo);
+}
+
 TAMX void moeq_amx_pack_group(const float *x, int64_t ldx, int64_t n, int64_t K, uint32_t *pack, int64_t g) {
     int64_t n_pad = moeq_amx_pack_cols(n), steps = K / MOEQ_AMX_STEP;
     const __mmask16 cols = n_pad - 16 * g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n_pad - 16 * g)) - 1u);
     for (int64_t s = 0; s < steps; s++) {
         __m512i hi[16], lo[16];
-        for (int r = 0; r < 16; r++) {
-            int64_t row = g * 16 + r;
-            if (row >= n) {
-                hi[r] = lo[r] = _mm512_setzero_si512();
-                continue;
-            }
-            const float *p = x + row * ldx + s * MOEQ_AMX_STEP;
-            __m512 x0 = _mm512_loadu_ps(p), x1 = _mm512_loadu_ps(p + 16);
-            __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-            __m512 l0 = _mm512_sub_ps(x0, moeq_bf16_lo_f32(h)), l1 = _mm512_sub_ps(x1, moeq_bf16_hi_f32(h));
-            hi[r] = h;
-            lo[r] = (__m512i)_mm512_cvtne2ps_pbh(l1, l0);
-        }
-        moeq_transpose16(hi);
-        moeq_transpose16(lo);
+        split_step16(x, ldx, n, g, s, hi, lo);
         uint32_t *dh = pack + (s * 2 + 0) * TROWS * n_pad + g * 16, *dl = pack + (s * 2 + 1) * TROWS * n_pad + g * 16;
         for (int k2 = 0; k2 < 16; k2++) { /* n_pad < 16: only the columns there are (rows overlap) */
             _mm512_mask_storeu_epi32(dh + k2 * n_pad, cols, hi[k2]);
@@ -161,21 +168,7 @@ TAMX void moeq_amx_pack_panel(const float *x, int64_t ldx, int64_t n, int64_t K,
     uint32_t *panel = pack + g * steps * 2 * 256;
     for (int64_t s = 0; s < steps; s++) {
         __m512i hi[16], lo[16];
-        for (int r = 0; r < 16; r++) {
-            int64_t row = g * 16 + r;
-            if (row >= n) {
-                hi[r] = lo[r] = _mm512_setzero_si512();
-                continue;
-            }
-            const float *p = x + row * ldx + s * MOEQ_AMX_STEP;
-            __m512 x0 = _mm512_loadu_ps(p), x1 = _mm512_loadu_ps(p + 16);
-            __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-            __m512 l0 = _mm512_sub_ps(x0, moeq_bf16_lo_f32(h)), l1 = _mm512_sub_ps(x1, moeq_bf16_hi_f32(h));
-            hi[r] = h;
-            lo[r] = (__m512i)_mm512_cvtne2ps_pbh(l1, l0);
-        }
-        moeq_transpose16(hi);
-        moeq_transpose16(lo);
+        split_step16(x, ldx, n, g, s, hi, lo);
         uint32_t *dh = panel + (s * 2 + 0) * 256, *dl = panel + (s * 2 + 1) * 256;
         for (int k2 = 0; k2 < 16; k2++) {
             _mm512_store_si512(dh + k2 * 16, hi[k2]);
