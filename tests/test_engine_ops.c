@@ -396,32 +396,28 @@ static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
                 float *xr = rand_floats((size_t)n * cols);
                 uint32_t *pack = aligned_alloc(64, (moeq_amx_pack_bytes(n, cols) + 63) / 64 * 64);
                 for (int64_t g = 0; g < moeq_amx_pack_groups(n); g++) moeq_amx_pack_group(xr, cols, n, cols, pack, g);
-                moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), off, 0};
+                /* the row layout (a job reading its tokens at an offset into a bigger pack) and, from 16 tokens,
+                 * the panel layout (its own region; token blocks from multiples of 16) */
+                uint32_t *panel = NULL;
+                if (T >= 16) {
+                    panel = aligned_alloc(64, (moeq_amx_panel_bytes(T, cols) + 63) / 64 * 64);
+                    for (int64_t g = 0; g < moeq_amx_pack_groups(T); g++)
+                        moeq_amx_pack_panel(xr + (size_t)off * cols, cols, T, cols, panel, g);
+                }
+                const moeq_amx_xview views[2] = {{pack, moeq_amx_pack_cols(n), off, 0}, {panel, 0, 0, 1}};
+                const int first_tok[2] = {T > 20 ? 5 : 0, T > 20 ? 16 : 0};
                 float *want = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
                 moeq_mm_job j = {&f.t, 5, 295, xr + (size_t)off * cols, cols, want, rows, T}; /* rows 5..299 */
                 moeq_amx_nt_block_ref(&j, 0, 295, 0, T);
-                for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
-                    int n0 = blocks[bi][0], n1 = blocks[bi][1], t0 = T > 20 ? 5 : 0;
-                    memset(got, 0xff, (size_t)T * rows * 4);
-                    j.y = got;
-                    moeq_amx_nt_block(&j, &xv, n0, n1, t0, T, ws, wsb);
-                    assert_block_bits(got, want, T, rows, n0, n1, t0);
-                }
-                /* the panel layout (jobs of 16 tokens or more): its own region, blocks from multiples of 16 */
-                if (T >= 16) {
-                    uint32_t *panel = aligned_alloc(64, (moeq_amx_panel_bytes(T, cols) + 63) / 64 * 64);
-                    for (int64_t g = 0; g < moeq_amx_pack_groups(T); g++)
-                        moeq_amx_pack_panel(xr + (size_t)off * cols, cols, T, cols, panel, g);
-                    moeq_amx_xview pv = {panel, 0, 0, 1};
+                for (int v = 0; v < (panel ? 2 : 1); v++)
                     for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
-                        int n0 = blocks[bi][0], n1 = blocks[bi][1], t0 = T > 20 ? 16 : 0;
+                        int n0 = blocks[bi][0], n1 = blocks[bi][1], t0 = first_tok[v];
                         memset(got, 0xff, (size_t)T * rows * 4);
                         j.y = got;
-                        moeq_amx_nt_block(&j, &pv, n0, n1, t0, T, ws, wsb);
+                        moeq_amx_nt_block(&j, &views[v], n0, n1, t0, T, ws, wsb);
                         assert_block_bits(got, want, T, rows, n0, n1, t0);
                     }
-                    free(panel);
-                }
+                free(panel);
                 free(xr), free(pack), free(want), free(got);
             }
             free(ws);

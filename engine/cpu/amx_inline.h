@@ -77,6 +77,33 @@ static TAMX AMX_ALWAYS_INLINE void moeq_transpose16(__m512i r[16]) {
     }
 }
 
+/* The four accumulator tiles tmm0-3: zeroed, and one of them stored or loaded (tile numbers must be
+ * immediates, hence the switches). */
+static TAMX AMX_ALWAYS_INLINE void moeq_amx_zero_c4(void) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
+static TAMX AMX_ALWAYS_INLINE void moeq_amx_store_c(int tile, float *dst, int64_t ld_bytes) {
+    switch (tile) {
+    case 0: _tile_stored(0, dst, ld_bytes); break;
+    case 1: _tile_stored(1, dst, ld_bytes); break;
+    case 2: _tile_stored(2, dst, ld_bytes); break;
+    default: _tile_stored(3, dst, ld_bytes); break;
+    }
+}
+
+static TAMX AMX_ALWAYS_INLINE void moeq_amx_load_c(int tile, const float *src, int64_t ld_bytes) {
+    switch (tile) {
+    case 0: _tile_loadd(0, src, ld_bytes); break;
+    case 1: _tile_loadd(1, src, ld_bytes); break;
+    case 2: _tile_loadd(2, src, ld_bytes); break;
+    default: _tile_loadd(3, src, ld_bytes); break;
+    }
+}
+
 /* bf16 words 0..15 / 16..31 of v as floats. */
 static TAMX AMX_ALWAYS_INLINE __m512 moeq_bf16_lo_f32(__m512i v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));

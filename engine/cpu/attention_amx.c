@@ -26,6 +26,7 @@
 #include "amx_inline.h"
 #include "attention.h"
 #include "kv_paged.h"
+#include "ops_lanes.h"
 
 #define SLAB 64 /* context rows split at a time: two 32-row output steps, four 16-row score tiles */
 #define COLS MOEQ_MLA_AMX_COLS
@@ -58,10 +59,6 @@ static ws_layout layout_of(int L, int R) {
 size_t moeq_mla_amx_ws_bytes(int kv_lora, int rope) { return layout_of(kv_lora, rope).total; }
 
 #ifdef MOEQ_AMX_X86
-
-static inline __mmask16 mask16(int64_t left) {
-    return left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
-}
 
 /* 32 floats (masked loads: m0, m1) split into NP parts of 32 bf16 values each: part[0] = bf16(x), part[i] =
  * bf16(x - part[0] - ... - part[i-1]) (each difference exact in float32). */
@@ -125,10 +122,7 @@ static TAMX void pack_queries(const moeq_mla_params *a, const ws_layout *w, int6
 static TAMX AMX_ALWAYS_INLINE void score_chain(const int NR, const int NG, const uint16_t *rows, int64_t ldr,
                                               const uint32_t *q, int S) {
     const int64_t lda = ldr * 2, ldb = COLS * 4, apart = SLAB * ldr;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    moeq_amx_zero_c4();
     for (int s = 0; s < S; s++)
         for (int pa = 0; pa < NP; pa++) {
             const uint16_t *r = rows + pa * apart + s * 32;
@@ -176,24 +170,6 @@ static TAMX void out_chain_any(int nm, int nd, const uint16_t *p, const uint32_t
     else out_chain(1, 1, p, pairs, ldp, nu);
 }
 
-static TAMX void store_tile(int tile, float *dst, int64_t ld_bytes) {
-    switch (tile) {
-    case 0: _tile_stored(0, dst, ld_bytes); break;
-    case 1: _tile_stored(1, dst, ld_bytes); break;
-    case 2: _tile_stored(2, dst, ld_bytes); break;
-    default: _tile_stored(3, dst, ld_bytes); break;
-    }
-}
-
-static TAMX void load_tile(int tile, const float *src, int64_t ld_bytes) {
-    switch (tile) {
-    case 0: _tile_loadd(0, src, ld_bytes); break;
-    case 1: _tile_loadd(1, src, ld_bytes); break;
-    case 2: _tile_loadd(2, src, ld_bytes); break;
-    default: _tile_loadd(3, src, ld_bytes); break;
-    }
-}
-
 static const float zero_row[2048];
 
 TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, float *scores, void *ws,
@@ -234,7 +210,7 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
             }
             for (int s = 0; s < w.S; s++) {
                 __m512i part[NP];
-                split32(e + s * 32, mask16(E - s * 32), mask16(E - s * 32 - 16), part);
+                split32(e + s * 32, moeq_tail_mask16(E - s * 32), moeq_tail_mask16(E - s * 32 - 16), part);
                 for (int i = 0; i < NP; i++) _mm512_storeu_si512(rows + (i * SLAB + r) * w.ldr + s * 32, part[i]);
             }
         }
@@ -245,7 +221,7 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
                 score_chain_any(nr, ng, rows + rt * 16 * w.ldr, w.ldr, q + ct * 16, w.S);
                 for (int i = 0; i < nr; i++)
                     for (int g = 0; g < ng; g++) {
-                        store_tile(2 * i + g, ctile, 64);
+                        moeq_amx_store_c(2 * i + g, ctile, 64);
                         __m512i v[16];
                         for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_si512(ctile + 16 * r);
                         moeq_transpose16(v); /* v[c]: column c's 16 rows */
@@ -253,7 +229,7 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
                         for (int c = 0; c < 16; c++) {
                             const int col = (ct + g) * 16 + c;
                             if (col >= ncol) break;
-                            _mm512_mask_storeu_ps(scores + col * ld + j, mask16(n_ctx[col] - j),
+                            _mm512_mask_storeu_ps(scores + col * ld + j, moeq_tail_mask16(n_ctx[col] - j),
                                                   _mm512_mul_ps(_mm512_castsi512_ps(v[c]), _mm512_set1_ps(a->scale)));
                         }
                     }
@@ -273,7 +249,7 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
                 const float *eb = jb < ld ? moeq_kv_view_entry(&kv, jb) : zero_row;
                 uint32_t *dst = pairs + (u * NP * 16 + k2) * w.ldp;
                 for (int d = 0; d < w.Lp; d += 16) {
-                    const __mmask16 m = mask16(L - d);
+                    const __mmask16 m = moeq_tail_mask16(L - d);
                     __m512i part[NP];
                     split_pairs(_mm512_maskz_loadu_ps(m, ea + d), _mm512_maskz_loadu_ps(m, eb + d), part);
                     for (int i = 0; i < NP; i++) _mm512_storeu_si512(dst + i * 16 * w.ldp + d, part[i]);
@@ -287,7 +263,7 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
             const float *p = scores + c * ld + j0;
             for (int jj = 0; jj < SLAB; jj += 32) {
                 __m512i part[NP];
-                split32(p + jj, mask16(n_ctx[c] - j0 - jj), mask16(n_ctx[c] - j0 - jj - 16), part);
+                split32(p + jj, moeq_tail_mask16(n_ctx[c] - j0 - jj), moeq_tail_mask16(n_ctx[c] - j0 - jj - 16), part);
                 for (int i = 0; i < NP; i++) _mm512_storeu_si512(pbuf + (i * COLS + c) * SLAB + jj, part[i]);
             }
         }
@@ -295,18 +271,13 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
             const int nm = nmt - mt >= 2 ? 2 : 1;
             for (int dt = 0; dt < ndt; dt += 2) {
                 const int nd = ndt - dt >= 2 ? 2 : 1;
-                for (int i = 0; i < nm; i++)
-                    for (int g = 0; g < nd; g++) {
-                        float *cp = acc + (mt + i) * 16 * w.ldc + (dt + g) * 16;
-                        if (j0) load_tile(2 * i + g, cp, w.ldc * 4);
-                        else if (2 * i + g == 0) _tile_zero(0);
-                        else if (2 * i + g == 1) _tile_zero(1);
-                        else if (2 * i + g == 2) _tile_zero(2);
-                        else _tile_zero(3);
-                    }
+                if (!j0) moeq_amx_zero_c4();
+                for (int i = 0; j0 && i < nm; i++) /* later slabs continue the chains */
+                    for (int g = 0; g < nd; g++)
+                        moeq_amx_load_c(2 * i + g, acc + (mt + i) * 16 * w.ldc + (dt + g) * 16, w.ldc * 4);
                 out_chain_any(nm, nd, pbuf + mt * 16 * SLAB, pairs + dt * 16, w.ldp, nu);
                 for (int i = 0; i < nm; i++)
-                    for (int g = 0; g < nd; g++) store_tile(2 * i + g, acc + (mt + i) * 16 * w.ldc + (dt + g) * 16, w.ldc * 4);
+                    for (int g = 0; g < nd; g++) moeq_amx_store_c(2 * i + g, acc + (mt + i) * 16 * w.ldc + (dt + g) * 16, w.ldc * 4);
             }
         }
     }

@@ -266,22 +266,6 @@ static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const 
     else chain(1, 1, a, lda, src, s0, s1);
 }
 
-static TAMX ALWAYS_INLINE void zero_c(void) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-}
-
-static TAMX void store_c(int tile, float *cbuf) {
-    switch (tile) {
-    case 0: _tile_stored(0, cbuf, 64); break;
-    case 1: _tile_stored(1, cbuf, 64); break;
-    case 2: _tile_stored(2, cbuf, 64); break;
-    default: _tile_stored(3, cbuf, 64); break;
-    }
-}
-
 /* c (16 weight rows x 16 tokens) transposed into y: tokens [0, nt) of rows [0, nr), row r at y[r * rs]. */
 static TAMX void write_out(const float *c, float *y, int64_t ldy, int nr, int nt, int64_t rs) {
     __m512i r[16];
@@ -348,11 +332,11 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
         else /* tok0 < 0 for a compact copy */
             src = (bsrc){xv->pack + (xv->tok0 + t), TROWS * xv->n_pad, 16, xv->n_pad * 4};
         if (!f8) {
-            zero_c();
+            moeq_amx_zero_c4();
             chain_any(nr, ng, a, lda, &src, 0, steps);
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
-                    store_c(2 * i + g, sc->cbuf);
+                    moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
                     out_tile(job, sc->cbuf, t, n, rs, rows, nt, i, g);
                 }
             continue;
@@ -360,14 +344,14 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
         memset(sc->acc, 0, 4 * 256 * sizeof(float));
         for (int64_t s = 0; s < steps; s += F8B / MOEQ_AMX_STEP) {
             int64_t s1 = s + F8B / MOEQ_AMX_STEP < steps ? s + F8B / MOEQ_AMX_STEP : steps, kb = s / (F8B / MOEQ_AMX_STEP);
-            zero_c();
+            moeq_amx_zero_c4();
             if (f8_steps)
                 chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, rs * K, rows, sc->stepbuf,
                              &src, s, s1);
             else chain_any(nr, ng, a, lda, &src, s, s1);
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
-                    store_c(2 * i + g, sc->cbuf);
+                    moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
                     float *ac = sc->acc + (2 * i + g) * 256;
                     for (int r = 0; r < 16; r++) {
                         __m512 f = _mm512_set1_ps(r < rows - 16 * i ? f8_scale(w, grow + (16 * i + r) * rs, kb) : 0.0f);
