@@ -369,6 +369,34 @@ static void assert_block_bits(const float *got, const float *want, int T, int ro
         }
 }
 
+/* The F8 widening's byte tables against the scalar decoder, for every E4M3 byte at every position of a
+ * 64-value block and in a tail: the exact value (E4M3 has 4 significant bits), subnormals and signed zero
+ * included; 0x7f and 0xff as the quiet NaN 0x7fc0 with their sign. */
+static void amx_f8_widening_is_exact_for_every_byte(void **state) {
+    (void)state;
+    if (!amx_or_skip()) return;
+    enum { N = 256 * 3 + 37 };
+    uint8_t in[N];
+    uint16_t out[N];
+    for (int i = 0; i < N; i++) in[i] = (uint8_t)(i * 7 + i / 256); /* each byte at many lanes */
+    for (int n = N - 37; n <= N; n += 37) { /* with and without a tail */
+        memset(out, 0xa5, sizeof out);
+        moeq_amx_widen_f8(in, out, (size_t)n);
+        for (int i = 0; i < N; i++) {
+            if (i >= n) {
+                assert_int_equal(out[i], 0xa5a5);
+                continue;
+            }
+            float v = moeq_f8_e4m3_to_f32(in[i]);
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            uint16_t want = (in[i] & 0x7f) == 0x7f ? (uint16_t)(0x7fc0 | (in[i] & 0x80) << 8) : (uint16_t)(u >> 16);
+            assert_int_equal(u & 0xffff, 0);
+            assert_int_equal(out[i], want);
+        }
+    }
+}
+
 /*
  * The kernel's tiles give each element the emulation's chain (one element per tile, built with scalar code):
  * BF16 and F8 (K with and without a partial 128-column scale block), 1-50 tokens (one or two 16-token groups,
@@ -1424,6 +1452,7 @@ int main(void) {
         cmocka_unit_test(many_token_blocked_path_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(few_token_stream_tiles_match_the_emulation_bit_for_bit),
         cmocka_unit_test(backend_task_split_for_few_tokens_keeps_the_bits),
+        cmocka_unit_test(amx_f8_widening_is_exact_for_every_byte),
         cmocka_unit_test(amx_tiles_match_their_emulation_bit_for_bit),
         cmocka_unit_test(amx_tiles_are_within_the_float64_tolerance),
         cmocka_unit_test(amx_backend_output_of_a_token_never_depends_on_the_other_tokens),

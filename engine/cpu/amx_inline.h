@@ -33,7 +33,7 @@ static inline void moeq_bf16_split(float x, uint16_t *hi, uint16_t *lo) {
 #include <immintrin.h>
 
 #define AMX_ALWAYS_INLINE inline __attribute__((always_inline))
-#define TAMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+#define TAMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,amx-tile,amx-bf16")))
 
 typedef struct moeq_tile_config {
     uint8_t palette, start_row;

@@ -111,6 +111,10 @@ static int detect(void) {
         snprintf(amx_text, sizeof amx_text, "amx_bf16 without avx512_bf16 (unused)");
         return 0;
     }
+    if (!__builtin_cpu_supports("avx512vbmi")) { /* every AMX CPU so far has it; a VM may hide it */
+        snprintf(amx_text, sizeof amx_text, "amx_bf16 without avx512_vbmi (unused: the F8 widening needs it)");
+        return 0;
+    }
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) {
         snprintf(amx_text, sizeof amx_text, "amx_bf16, but Linux refused the tile state (arch_prctl; kernel < 5.16?)");
         return 0;
@@ -119,9 +123,14 @@ static int detect(void) {
     return 1;
 }
 
+static void f8_lut_init(void);
+
 static int amx_state; /* 1 when the tiles can run here; set once */
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
-static void amx_detect_once(void) { amx_state = detect(); }
+static void amx_detect_once(void) {
+    amx_state = detect();
+    if (amx_state) f8_lut_init();
+}
 
 int moeq_amx_supported(void) {
     pthread_once(&amx_once, amx_detect_once);
@@ -177,23 +186,77 @@ TAMX void moeq_amx_pack_panel(const float *x, int64_t ldx, int64_t n, int64_t K,
     }
 }
 
-/* 32 E4M3 bytes -> 32 BF16 values (exact; 0x7f/0xff stay NaN). */
-static TAMX ALWAYS_INLINE __m512i f8_to_bf16_32(const uint8_t *p) {
-    const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                         0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0);
-    __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
-    __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7f));
-    __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-    __mmask32 subn = _mm512_cmpeq_epi16_mask(_mm512_and_si512(w, _mm512_set1_epi16(0x78)), _mm512_setzero_si512());
-    v = _mm512_mask_blend_epi16(subn, v, _mm512_permutexvar_epi16(_mm512_and_si512(w, _mm512_set1_epi16(7)), sub));
-    __mmask32 nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f));
-    v = _mm512_mask_blend_epi16(nan, v, _mm512_set1_epi16(0x7fc0));
-    return _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+/*
+ * E4M3 -> BF16 by byte tables: VPERMI2B picks a byte of two 64-byte tables by the low 7 bits of the index,
+ * so one lookup gives each value's low BF16 byte and one its high byte (the sign ORed in after), and a third
+ * VPERMT2B interleaves them: four shuffles for 32 values, where the arithmetic conversion (shift, rebias,
+ * subnormals from a table, NaN) took fourteen instructions. In a decode step the widening is what the tiles
+ * wait on. The tables come from moeq_f8_e4m3_to_f32 (exact: E4M3 has 4 significant bits); 0x7f stays NaN.
+ */
+static uint8_t f8_lut[2][128] __attribute__((aligned(64))); /* [0] low, [1] high bytes of |x|'s BF16 bits */
+
+static void f8_lut_init(void) {
+    for (int m = 0; m < 128; m++) {
+        float v = moeq_f8_e4m3_to_f32((uint8_t)m);
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        uint16_t h = m == 0x7f ? 0x7fc0 : (uint16_t)(u >> 16);
+        f8_lut[0][m] = (uint8_t)h, f8_lut[1][m] = (uint8_t)(h >> 8);
+    }
+}
+
+typedef struct f8_tables {
+    __m512i lo0, lo1, hi0, hi1, sign, first, second; /* first/second: interleave values 0-31 / 32-63 */
+} f8_tables;
+
+static TAMX ALWAYS_INLINE f8_tables f8_tables_load(void) {
+    uint8_t first[64], second[64];
+    for (int i = 0; i < 32; i++) first[2 * i] = (uint8_t)i, first[2 * i + 1] = (uint8_t)(64 + i);
+    for (int i = 0; i < 64; i++) second[i] = (uint8_t)(first[i] + 32);
+    return (f8_tables){_mm512_load_si512(f8_lut[0]),         _mm512_load_si512(f8_lut[0] + 64),
+                       _mm512_load_si512(f8_lut[1]),         _mm512_load_si512(f8_lut[1] + 64),
+                       _mm512_set1_epi8((char)0x80),          _mm512_loadu_si512(first),
+                       _mm512_loadu_si512(second)};
+}
+
+/* The low and high BF16 bytes of 64 E4M3 values x (high with the sign: hi | (x & 0x80)). */
+static TAMX ALWAYS_INLINE void f8_bytes(const f8_tables *t, __m512i x, __m512i *lo, __m512i *hi) {
+    *lo = _mm512_permutex2var_epi8(t->lo0, x, t->lo1);
+    *hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t->hi0, x, t->hi1), x, t->sign, 0xf8);
+}
+
+/* 32 E4M3 bytes -> 32 BF16 values. */
+static TAMX ALWAYS_INLINE __m512i f8_to_bf16_32(const f8_tables *t, const uint8_t *p) {
+    __m512i lo, hi;
+    f8_bytes(t, _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)p)), &lo, &hi);
+    return _mm512_permutex2var_epi8(lo, t->first, hi);
+}
+
+/* 64 E4M3 bytes -> 64 BF16 values at d. */
+static TAMX ALWAYS_INLINE void f8_to_bf16_64(const f8_tables *t, const uint8_t *p, uint16_t *d) {
+    __m512i lo, hi;
+    f8_bytes(t, _mm512_loadu_si512(p), &lo, &hi);
+    _mm512_storeu_si512(d, _mm512_permutex2var_epi8(lo, t->first, hi));
+    _mm512_storeu_si512(d + 32, _mm512_permutex2var_epi8(lo, t->second, hi));
+}
+
+TAMX void moeq_amx_widen_f8(const uint8_t *in, uint16_t *out, size_t n) {
+    const f8_tables t = f8_tables_load();
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) f8_to_bf16_64(&t, in + i, out + i);
+    if (i < n) { /* the tail through a zero-padded block */
+        uint8_t b[64] = {0};
+        uint16_t o[64];
+        memcpy(b, in + i, n - i);
+        f8_to_bf16_64(&t, b, o);
+        memcpy(out + i, o, (n - i) * 2);
+    }
 }
 
 /* Rows [row, row + nrows) of an F8 weight as BF16 into dst (STRIP rows, stride lda bytes; rows past nrows zero). */
 static TAMX void widen_f8_strip(const moeq_tensor *w, int64_t row, int nrows, uint8_t *dst, int64_t lda) {
     int64_t K = moeq_tensor_cols(w);
+    const f8_tables t = f8_tables_load();
     for (int r = 0; r < STRIP; r++) {
         uint16_t *d = (uint16_t *)(dst + r * lda);
         if (r >= nrows) {
@@ -201,7 +264,9 @@ static TAMX void widen_f8_strip(const moeq_tensor *w, int64_t row, int nrows, ui
             continue;
         }
         const uint8_t *p = (const uint8_t *)w->data + (size_t)(row + r) * (size_t)K;
-        for (int64_t k = 0; k < K; k += 32) _mm512_storeu_si512(d + k, f8_to_bf16_32(p + k));
+        int64_t k = 0;
+        for (; k + 64 <= K; k += 64) f8_to_bf16_64(&t, p + k, d + k);
+        if (k < K) _mm512_storeu_si512(d + k, f8_to_bf16_32(&t, p + k)); /* K is a multiple of 32 */
     }
 }
 
@@ -242,9 +307,10 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
  * slower still). */
 static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_t *w8, int64_t ldw, int rows,
                                         uint8_t *buf, const bsrc *src, int64_t s0, int64_t s1) {
+    const f8_tables t = f8_tables_load();
     for (int64_t s = s0; s < s1; s++) { /* ldw: bytes from one strip row to the next */
         for (int r = 0; r < rows; r++)
-            _mm512_storeu_si512(buf + r * 64, f8_to_bf16_32(w8 + r * ldw + s * MOEQ_AMX_STEP));
+            _mm512_storeu_si512(buf + r * 64, f8_to_bf16_32(&t, w8 + r * ldw + s * MOEQ_AMX_STEP));
         _tile_loadd(4, buf, 64);
         if (NR == 2) _tile_loadd(5, buf + 1024, 64);
         step_tiles(NR, NG, src, s);
@@ -464,6 +530,10 @@ void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t
 }
 void moeq_amx_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     (void)job, (void)n0, (void)n1, (void)t0, (void)t1;
+    abort();
+}
+void moeq_amx_widen_f8(const uint8_t *in, uint16_t *out, size_t n) {
+    (void)in, (void)out, (void)n;
     abort();
 }
 #endif

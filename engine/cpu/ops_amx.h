@@ -85,6 +85,10 @@ void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t
  * element per tile (slow; the tests' oracle). */
 void moeq_amx_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
 
+/* n E4M3 bytes as the BF16 the tiles multiply (exact; 0x7f and 0xff as NaN 0x7fc0 with their sign): the
+ * tables' test. Needs moeq_amx_supported(). */
+void moeq_amx_widen_f8(const uint8_t *in, uint16_t *out, size_t n);
+
 /* The whole job on the calling thread (pack, workspace and product): tests and benchmarks.
  * -1 when memory for the pack cannot be had, else 0. */
 int moeq_amx_nt_job(const moeq_mm_job *job);
