@@ -301,14 +301,30 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
     }
 }
 
-/* The same chain for an F8 strip read by one token pass (decode): each step's 32 x 32 weights are widened
- * into buf (2 KiB, L1) just before its tiles load them (loads of a strip widened whole come from L2, and
- * tile loads from L2 run at about half the rate of L1's; a ring of buffers widened steps ahead was
- * slower still). */
+/* The same chain for an F8 strip read by one token pass (decode): the weights are widened into buf (4 KiB, L1)
+ * just before its tiles load them, two steps at a time, so each strip row is read as whole 64-byte lines
+ * (one step's 32 bytes per row left the loads waiting on memory). Loads of a strip widened whole come from
+ * L2, and tile loads from L2 run at about half the rate of L1's. */
 static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_t *w8, int64_t ldw, int rows,
                                         uint8_t *buf, const bsrc *src, int64_t s0, int64_t s1) {
     const f8_tables t = f8_tables_load();
-    for (int64_t s = s0; s < s1; s++) { /* ldw: bytes from one strip row to the next */
+    int64_t s = s0;
+    for (; s + 2 <= s1; s += 2) { /* ldw: bytes from one strip row to the next */
+        uint8_t *b = buf;
+        for (int r = 0; r < rows; r++) {
+            __m512i lo, hi;
+            f8_bytes(&t, _mm512_loadu_si512(w8 + r * ldw + s * MOEQ_AMX_STEP), &lo, &hi);
+            _mm512_storeu_si512(b + r * 64, _mm512_permutex2var_epi8(lo, t.first, hi));
+            _mm512_storeu_si512(b + 2048 + r * 64, _mm512_permutex2var_epi8(lo, t.second, hi));
+        }
+        _tile_loadd(4, b, 64);
+        if (NR == 2) _tile_loadd(5, b + 1024, 64);
+        step_tiles(NR, NG, src, s);
+        _tile_loadd(4, b + 2048, 64);
+        if (NR == 2) _tile_loadd(5, b + 3072, 64);
+        step_tiles(NR, NG, src, s + 1);
+    }
+    if (s < s1) { /* an odd last step (K not a multiple of 64) */
         for (int r = 0; r < rows; r++)
             _mm512_storeu_si512(buf + r * 64, f8_to_bf16_32(&t, w8 + r * ldw + s * MOEQ_AMX_STEP));
         _tile_loadd(4, buf, 64);
@@ -357,7 +373,7 @@ static TAMX void out_tile(const moeq_mm_job *job, const float *c, int64_t t, int
 typedef struct amx_scratch {
     uint8_t *strip;   /* STRIP rows of K bf16 at stride lds (F8 widened, or a padded copy) */
     int64_t lds;
-    uint8_t *stepbuf; /* the F8 step buffer */
+    uint8_t *stepbuf; /* the F8 step buffer (two steps) */
     float *cbuf, *acc;
 } amx_scratch;
 
@@ -375,7 +391,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     int64_t lda = 0;
     const int f8_steps = f8 && t1 - t0 <= 32; /* one token pass: widen step by step */
     if (f8_steps) {
-        memset(sc->stepbuf, 0, 2048); /* rows past the strip's stay zero */
+        memset(sc->stepbuf, 0, 4096); /* rows past the strip's stay zero */
     } else if (f8) { /* rs == 1 here: stretches are for decode */
         widen_f8_strip(w, grow, rows, sc->strip, sc->lds);
         a = sc->strip, lda = sc->lds;
