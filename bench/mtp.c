@@ -12,7 +12,9 @@
  * (round 0 of each lane is a warm-up, not timed). Interleaving round by
  * round makes every k see the same machine load, so the speedups (ratios
  * of tokens/s within a batch size) hold on a shared, noisy machine even
- * when the absolute figures do not. `--repeat R` runs the whole comparison
+ * when the absolute figures do not. `--mtp-draft f8,exact` runs each k > 0
+ * twice, once per engine key mtp_draft (default f8 alone), in the same
+ * lockstep. `--repeat R` runs the whole comparison
  * R times and reports the median of each figure. Use a checkpoint with an
  * MTP layer: `moeq gen-model --preset bench-mtp` (agrees by construction)
  * or `bench`.
@@ -28,7 +30,23 @@ typedef struct args {
     const char *model;
     int n_threads, tokens, prompt, repeat;
     int batches[8], n_batches, ks[8], n_ks;
+    char drafts[2][8]; /* --mtp-draft: engine key mtp_draft of the k > 0 lanes */
+    const char *cpu_matrix; /* --cpu-matrix: engine key cpu_matrix (default auto) */
+    int n_drafts;
+    int n_lanes, lane_k[8], lane_draft[8]; /* the lanes: each k, each draft mode for k > 0 */
 } args;
+
+/* "f8", "exact" or "f8,exact" into a->drafts. */
+static int parse_drafts(const char *v, args *a) {
+    a->n_drafts = 0;
+    for (const char *s = v; *s && a->n_drafts < 2;) {
+        size_t n = strcspn(s, ",");
+        if (!((n == 2 && !strncmp(s, "f8", 2)) || (n == 5 && !strncmp(s, "exact", 5)))) return -1;
+        snprintf(a->drafts[a->n_drafts++], sizeof a->drafts[0], "%.*s", (int)n, s);
+        s += n + (s[n] == ',');
+    }
+    return a->n_drafts > 0 ? 0 : -1;
+}
 
 static int parse_list(const char *s, int *out, int max) {
     int n = 0;
@@ -41,7 +59,7 @@ static int parse_list(const char *s, int *out, int max) {
 
 static int parse(int argc, char **argv, args *a) {
     *a = (args){.tokens = 128, .prompt = 16, .batches = {1, 8, 32}, .n_batches = 3, .ks = {0, 1, 2, 3}, .n_ks = 4,
-              .repeat = 1};
+              .repeat = 1, .drafts = {"f8"}, .n_drafts = 1};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--model")) a->model = v;
@@ -50,8 +68,17 @@ static int parse(int argc, char **argv, args *a) {
         else if (!strcmp(k, "--repeat")) a->repeat = atoi(v);
         else if (!strcmp(k, "--batches")) a->n_batches = parse_list(v, a->batches, 8);
         else if (!strcmp(k, "--ks")) a->n_ks = parse_list(v, a->ks, 8);
-        else return -1;
+        else if (!strcmp(k, "--cpu-matrix")) a->cpu_matrix = v;
+        else if (!strcmp(k, "--mtp-draft")) {
+            if (parse_drafts(v, a)) return -1;
+        } else return -1;
     }
+    a->n_lanes = 0;
+    for (int i = 0; i < a->n_ks; i++)
+        for (int d = 0; d < (a->ks[i] > 0 ? a->n_drafts : 1); d++) {
+            if (a->n_lanes == 8) return -1;
+            a->lane_k[a->n_lanes] = a->ks[i], a->lane_draft[a->n_lanes++] = d;
+        }
     return a->model && a->n_batches > 0 && a->n_ks > 0 && a->tokens > 0 && a->repeat >= 1 && a->repeat <= 15 ? 0 : -1;
 }
 
@@ -88,9 +115,12 @@ static void lane_close(lane *l) {
 }
 
 /* Engine, sequences, prefill, first token. */
-static int lane_open(const moeq_model *model, const args *a, int B, int k, lane *l, char *err, size_t err_size) {
+static int lane_open(const moeq_model *model, const args *a, int B, int k, const char *draft, lane *l, char *err,
+                     size_t err_size) {
     const moeq_model_config *c = moeq_model_get_config(model);
     moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.mtp_draft, sizeof p.mtp_draft, "%s", draft);
+    if (a->cpu_matrix) snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "%s", a->cpu_matrix);
     p.n_threads = a->n_threads;
     p.max_seqs = B;
     p.max_step_tokens = B * (a->prompt > MOEQ_MTP_MAX_K + 1 ? a->prompt : MOEQ_MTP_MAX_K + 1);
@@ -162,23 +192,24 @@ static int run_batch(const moeq_model *model, const args *a, int B, result *res)
     lane lanes[8] = {0};
     char err[512] = "";
     int rc = 1, ki = 0, busy = 1;
-    for (ki = 0; ki < a->n_ks; ki++)
-        if (lane_open(model, a, B, a->ks[ki], &lanes[ki], err, sizeof err)) goto fail;
+    for (ki = 0; ki < a->n_lanes; ki++)
+        if (lane_open(model, a, B, a->lane_k[ki], a->drafts[a->lane_draft[ki]], &lanes[ki], err, sizeof err))
+            goto fail;
     while (busy) {
         busy = 0;
-        for (ki = 0; ki < a->n_ks; ki++) {
+        for (ki = 0; ki < a->n_lanes; ki++) {
             if (lane_done(&lanes[ki], a->tokens)) continue;
             busy = 1;
             if (lane_round(&lanes[ki], err, sizeof err)) goto fail;
         }
     }
-    for (ki = 0; ki < a->n_ks; ki++) lane_result(&lanes[ki]), res[ki] = lanes[ki].r;
+    for (ki = 0; ki < a->n_lanes; ki++) lane_result(&lanes[ki]), res[ki] = lanes[ki].r;
     rc = 0;
     goto close_all;
 fail:
-    fprintf(stderr, "bench-mtp: batch %d k %d: %s\n", B, ki < a->n_ks ? a->ks[ki] : -1, err);
+    fprintf(stderr, "bench-mtp: batch %d k %d: %s\n", B, ki < a->n_lanes ? a->lane_k[ki] : -1, err);
 close_all:
-    for (ki = 0; ki < a->n_ks; ki++) lane_close(&lanes[ki]);
+    for (ki = 0; ki < a->n_lanes; ki++) lane_close(&lanes[ki]);
     return rc;
 }
 
@@ -193,22 +224,23 @@ static double median(double *v, int n) {
 }
 
 static void print_batch(int B, const args *a, result res[][8], int *first) {
-    for (int ki = 0; ki < a->n_ks; ki++) {
+    for (int ki = 0; ki < a->n_lanes; ki++) {
         double tps[15], speedup[15];
         for (int rep = 0; rep < a->repeat; rep++) {
             double base = 0;
-            for (int j = 0; j < a->n_ks; j++)
-                if (a->ks[j] == 0) base = res[rep][j].tps;
+            for (int j = 0; j < a->n_lanes; j++)
+                if (a->lane_k[j] == 0) base = res[rep][j].tps;
             tps[rep] = res[rep][ki].tps;
             speedup[rep] = base > 0 ? res[rep][ki].tps / base : 0.0;
         }
         const result *r = &res[0][ki]; /* greedy: acceptance is the same every repetition */
         double acc = r->drafted ? (double)r->accepted / (double)r->drafted : 0.0;
         double sp = median(speedup, a->repeat); /* sorts: [0] and [repeat - 1] are the extremes */
-        printf("%s\n  {\"batch\": %d, \"k\": %d, \"tokens_per_s\": %.2f, \"acceptance\": %.4f, "
+        printf("%s\n  {\"batch\": %d, \"k\": %d, \"mtp_draft\": \"%s\", \"tokens_per_s\": %.2f, \"acceptance\": %.4f, "
                "\"tokens_per_step\": %.3f, \"zero_overhead_speedup\": %.3f, \"speedup\": %.3f, "
                "\"speedup_range\": [%.3f, %.3f]}",
-               *first ? "" : ",", B, a->ks[ki], median(tps, a->repeat), acc, r->tokens_per_round,
+               *first ? "" : ",", B, a->lane_k[ki], a->lane_k[ki] ? a->drafts[a->lane_draft[ki]] : "-",
+               median(tps, a->repeat), acc, r->tokens_per_round,
                r->tokens_per_round, sp, speedup[0], speedup[a->repeat - 1]);
         *first = 0;
     }
@@ -219,7 +251,7 @@ int main(int argc, char **argv) {
     args a;
     if (parse(argc, argv, &a)) {
         fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3] [--tokens N] "
-                        "[--repeat R (1-15)]\n");
+                        "[--repeat R (1-15)] [--mtp-draft f8|exact|f8,exact] [--cpu-matrix auto|lanes|amx]\n");
         return 2;
     }
     moeq_model *model = NULL;

@@ -15,7 +15,7 @@
 typedef struct engine_args {
     const char *model_dir, *prompt, *tokens;
     int max_new_tokens, top, n_threads, batch_invariant, mtp_k, mtp_rejection, max_model_len, device;
-    const char *backend;
+    const char *backend, *mtp_draft;
     moeq_sampling_params sampling;
 } engine_args;
 
@@ -35,6 +35,8 @@ static void generate_usage(FILE *out) {
                  "                      {\"k\",\"drafted\",\"accepted\",\"acceptance\",\"steps\"}\n"
                  "  --mtp-rejection     with --mtp and sampling: speculative rejection sampling (the\n"
                  "                      same distribution, other tokens) instead of the exact mode\n"
+                 "  --mtp-draft W       the weights drafts are made with: f8 (default: F8 copies of the\n"
+                 "                      MTP layer's projections and head) or exact; the same tokens\n"
                  "  --max-model-len N   context: prompt + max-new-tokens at most N (default 0 = the\n"
                  "                      model's max_position_embeddings, never more); refused, not cut\n"
                  "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}; text is\n"
@@ -44,9 +46,10 @@ static void generate_usage(FILE *out) {
 
 static void logits_usage(FILE *out) {
     fprintf(out, "usage: moeq logits --model DIR --tokens 1,2,3 [--top K] [--threads N] [--mtp 1]\n"
-                 "                   [--backend cpu|cuda] [--device N]\n"
+                 "                   [--mtp-draft exact|f8] [--backend cpu|cuda] [--device N]\n"
                  "\n"
-                 "--mtp 1 adds \"mtp_positions\": the MTP layer's logits at every position but the last.\n"
+                 "--mtp 1 adds \"mtp_positions\": the MTP layer's logits at every position but the last\n"
+                 "(with its own weights; --mtp-draft f8: with the F8 copies drafts use).\n"
                  "Prints every position's K best ids and logits (default 5), best first;\n"
                  "--top 0 prints all vocab_size logits of every position in id order (%%.9g).\n");
 }
@@ -77,6 +80,7 @@ static int parse_args(int argc, char **argv, engine_args *a) {
         else if (!strcmp(k, "--backend")) a->backend = v;
         else if (!strcmp(k, "--device")) a->device = atoi(v);
         else if (!strcmp(k, "--mtp")) a->mtp_k = atoi(v);
+        else if (!strcmp(k, "--mtp-draft")) a->mtp_draft = v;
         else if (!strcmp(k, "--max-model-len")) a->max_model_len = atoi(v);
         else return -1;
     }
@@ -166,6 +170,10 @@ static int session_open(session *s, const engine_args *a, int extra_tokens, cons
     p.batch_invariant = a->batch_invariant;
     if (a->backend) snprintf(p.backend, sizeof p.backend, "%s", a->backend);
     p.device = a->device;
+    /* logits --mtp prints the MTP layer's own logits (what the float64 reference checks): exact weights unless
+     * asked otherwise; generate drafts with the engine's default */
+    const char *draft = a->mtp_draft ? a->mtp_draft : !strcmp(cmd, "logits") ? "exact" : NULL;
+    if (draft) snprintf(p.mtp_draft, sizeof p.mtp_draft, "%s", draft);
     p.max_model_len = a->max_model_len;
     p.max_step_tokens = s->n_ids < 512 ? s->n_ids : 512;
     if ((rc = moeq_engine_new(s->model, &p, &s->engine, err, sizeof(err))))

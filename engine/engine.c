@@ -25,7 +25,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .device = 0,
                                 .prefix_cache = 1,
                                 .prefix_cache_share = 1.0,
-                                .cpu_matrix = "auto"};
+                                .cpu_matrix = "auto",
+                                .mtp_draft = "f8"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -147,6 +148,9 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
     if (!strcmp(p->cpu_matrix, "amx") && !moeq_engine_cpu_amx())
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "cpu_matrix = amx, but this CPU cannot run AMX tiles: %s", moeq_engine_cpu_amx_describe());
+    if (strcmp(p->mtp_draft, "exact") && strcmp(p->mtp_draft, "f8"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "mtp_draft \"%.8s\": the choices are exact and f8", p->mtp_draft);
     if (p->max_model_len > c->max_position_embeddings)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "max_model_len %d exceeds the model's max_position_embeddings %d", p->max_model_len,
@@ -164,7 +168,8 @@ uint64_t moeq_forward_cache_salt(const moeq_engine *e, int kind) {
     int64_t v[] = {kind, e->params.batch_invariant, strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx(),
                    c->num_hidden_layers, c->hidden_size, c->vocab_size,
                    c->kv_lora_rank, c->qk_rope_head_dim, c->n_routed_experts, e->model->n_tensors,
-                   (int64_t)(uintptr_t)e->model, e->params.kv_block_tokens};
+                   (int64_t)(uintptr_t)e->model, e->params.kv_block_tokens,
+                   kind == 1 && moeq_mtp_draft_f8(e)};
     uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
     for (size_t i = 0; i < sizeof v; i++) h = (h ^ ((const unsigned char *)v)[i]) * 0x100000001b3ULL;
     return h;

@@ -48,5 +48,10 @@ const moeq_prop moeq_engine_params_props[] = {
      "into three; else the float32 lanes), \"lanes\" (the float32 lanes everywhere: "
      "the same bits on every x86 CPU) or \"amx\" (fails where there is no AMX); each is batch-invariant, "
      "their bits differ"},
+    {"mtp_draft", MOEQ_PROP_STR, P(mtp_draft), 0, 0, "f8",
+     "the weights MTP drafts are made with: \"f8\" (an F8 E4M3 copy with 128x128 block scales of the MTP "
+     "layer's projections and head that are not F8 already: about half of a BF16 draft's bytes; host backends "
+     "only, elsewhere exact) or \"exact\" (the checkpoint's weights); a draft is only a proposal that the main "
+     "model verifies, so the emitted tokens are the same either way (docs/MTP.md)"},
     MOEQ_PROP_END,
 };

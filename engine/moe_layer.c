@@ -31,6 +31,7 @@ static int layer_number(const moeq_engine *e, const moeq_layer *L) {
     int n_main = e->cfg->num_hidden_layers;
     for (int i = 0; i < m->n_mtp_layers; i++)
         if (L == &m->mtp_layers[i]) return n_main + i;
+    if (L == e->mtp_f8_layer) return n_main; /* MTP layer 0's copy with F8 weights (mtp_draft = f8) */
     return (int)(L - m->layers);
 }
 

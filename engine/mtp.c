@@ -39,7 +39,11 @@
 #include "mtp.h"
 
 struct moeq_mtp_state {
-    const moeq_layer *layer;   /* model->mtp_layers[0]                      */
+    const moeq_layer *layer;   /* model->mtp_layers[0], or draft with F8 copies */
+    moeq_layer draft;          /* mtp_draft = f8: the layer with its copies   */
+    moeq_tensor *f8[16];       /* the copies (one allocation each)            */
+    int n_f8;
+    size_t f8_bytes;           /* their weight and scale bytes                */
     moeq_layer_vecs vecs;
     float *enorm, *hnorm, *head_norm; /* [D] widened                       */
     const moeq_tensor *head;   /* shared_head.head or lm_head               */
@@ -60,6 +64,47 @@ struct moeq_mtp_state {
 };
 
 static float *widen(moeq_engine *e, const moeq_tensor *t) { return moeq_forward_widen(e, t); }
+
+int moeq_mtp_draft_f8(const moeq_engine *e) {
+    return !strcmp(e->params.mtp_draft, "f8") && e->backend->host_visible && e->model->n_mtp_layers > 0;
+}
+
+/* *slot as an F8 copy when it is a weight the copy can hold and not F8 already (NULL and F8 stay). */
+static moeq_err f8_copy(moeq_mtp_state *m, const moeq_tensor **slot) {
+    const moeq_tensor *t = *slot;
+    if (!t || t->dtype == MOEQ_DTYPE_F8_E4M3 || t->ndim != 2) return MOEQ_OK;
+    if (m->n_f8 == (int)(sizeof m->f8 / sizeof m->f8[0])) return MOEQ_ERR_INTERNAL;
+    moeq_tensor *c = moeq_tensor_f8_copy(t);
+    if (!c) return MOEQ_ERR_NOMEM;
+    m->f8[m->n_f8++] = c;
+    m->f8_bytes += c->nbytes + c->scale_inv->nbytes;
+    *slot = c;
+    return MOEQ_OK;
+}
+
+/*
+ * mtp_draft = f8: the layer's dense projections (attention, dense MLP or shared experts, eh_proj) and the
+ * head as F8 copies. A draft reads about half the bytes of a BF16 one, and its bytes are what a k = 1 round
+ * pays on top of the verify step. kv_b_proj (the absorbed attention's NN products), the router and the routed
+ * experts stay as they are. Every MTP pass (drafts, pending entries computed by a main step) uses the same
+ * copies, so the MTP cache is consistent; the copies only move drafts, never an emitted token.
+ */
+static moeq_err make_draft_layer(moeq_engine *e, moeq_mtp_state *m) {
+    moeq_layer *d = &m->draft;
+    *d = *m->layer;
+    const moeq_tensor **slots[] = {&d->q_proj,       &d->q_a_proj,       &d->q_b_proj,         &d->kv_a_proj_with_mqa,
+                                   &d->o_proj,       &d->mlp.gate_proj,  &d->mlp.up_proj,      &d->mlp.down_proj,
+                                   &d->shared.gate_proj, &d->shared.up_proj, &d->shared.down_proj, &d->eh_proj,
+                                   &m->head};
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        moeq_err err = f8_copy(m, slots[i]);
+        if (err) return err;
+    }
+    m->layer = e->mtp_f8_layer = d;
+    return MOEQ_OK;
+}
+
+size_t moeq_mtp_draft_f8_bytes(const moeq_engine *e) { return e->mtp ? e->mtp->f8_bytes : 0; }
 
 static moeq_err widen_all(moeq_engine *e, moeq_mtp_state *m) {
     const moeq_layer *L = m->layer;
@@ -124,7 +169,12 @@ moeq_err moeq_mtp_state_new(moeq_engine *e, moeq_mtp_state **out, char *errstr, 
     m->head = same_values(m->layer->shared_head_head, model->lm_head) ? model->lm_head
               : m->layer->shared_head_head                                ? m->layer->shared_head_head
                                                                           : model->lm_head;
-    moeq_err err = widen_all(e, m);
+    moeq_err err = moeq_mtp_draft_f8(e) ? make_draft_layer(e, m) : MOEQ_OK;
+    if (err) {
+        moeq_mtp_state_destroy(e, m);
+        return moeq_errf(err, errstr, errstr_size, "mtp_draft = f8: the F8 copies of the MTP layer's weights");
+    }
+    err = widen_all(e, m);
     if (!err) err = alloc_seq_state(e, m);
     if (err) {
         moeq_mtp_state_destroy(e, m);
@@ -167,6 +217,8 @@ void moeq_mtp_state_destroy(moeq_engine *e, moeq_mtp_state *m) {
     free(m->chain_pos);
     free(m->on);
     free(m->key_row);
+    for (int i = 0; i < m->n_f8; i++) free(m->f8[i]);
+    if (e->mtp_f8_layer == &m->draft) e->mtp_f8_layer = NULL;
     free(m);
 }
 

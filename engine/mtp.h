@@ -27,6 +27,11 @@ typedef struct moeq_mtp_state moeq_mtp_state;
 moeq_err moeq_mtp_state_new(moeq_engine *engine, moeq_mtp_state **out, char *errstr, size_t errstr_size);
 void moeq_mtp_state_destroy(moeq_engine *engine, moeq_mtp_state *state); /* NULL state is safe */
 
+/* 1 when MTP drafts use F8 copies (mtp_draft = f8 on a host backend, the model has an MTP layer). */
+int moeq_mtp_draft_f8(const moeq_engine *engine);
+/* Bytes the F8 copies hold (0 when there are none). */
+size_t moeq_mtp_draft_f8_bytes(const moeq_engine *engine);
+
 void moeq_mtp_seq_opened(moeq_engine *engine, int seq_id);
 void moeq_mtp_seq_freed(moeq_engine *engine, int seq_id);
 /* 1 when the sequence was marked speculative (its steps advance the MTP cache). */

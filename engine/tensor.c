@@ -10,6 +10,7 @@
 #define _DEFAULT_SOURCE /* madvise */
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -104,24 +105,65 @@ float moeq_f8_e4m3_to_f32(uint8_t b) {
     return f8_table[b];
 }
 
-/* Codes 0..126 are the non-negative finite values in increasing order; pick the nearest, ties to even. */
+/*
+ * Nearest E4M3 code, ties to even, saturating at 448 (codes 0..126 are the non-negative finite values in
+ * increasing order). Below 2^-6 the codes are multiples of 2^-9, so rintf(a * 512) is the code (8 is 2^-6
+ * itself); above, the float's bits rounded to 3 mantissa bits are exponent and mantissa of the code, the
+ * exponent rebased from 127 to 7. Exact arithmetic throughout: tests compare every code boundary with a
+ * search of the decoded table.
+ */
 uint8_t moeq_f32_to_f8_e4m3(float f) {
-    pthread_once(&f8_once, f8_table_init);
     if (isnan(f)) return 0x7f;
     uint8_t sign = signbit(f) ? 0x80 : 0;
     float a = fabsf(f);
     if (a >= 448.0f) return sign | 126;
-    int lo = 0, hi = 126; /* invariant: table[lo] <= a < table[hi] */
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (f8_table[mid] <= a)
-            lo = mid;
-        else
-            hi = mid;
+    if (a < 0x1p-6f) return sign | (uint8_t)rintf(a * 512.0f);
+    uint32_t u;
+    memcpy(&u, &a, 4);
+    u += 0x7ffffu + ((u >> 20) & 1u); /* round to nearest even at bit 20 */
+    uint32_t code = (u >> 20) - ((127u - 7u) << 3);
+    return sign | (uint8_t)(code > 126 ? 126 : code);
+}
+
+/*
+ * An F8 E4M3 copy of a 2-D weight with DeepSeek's 128x128 block scales (scale = the block's largest |w| /
+ * 448, so the block's largest value is exact; an all-zero block gets scale 1). One allocation holds the
+ * tensor, its scale tensor and both arrays; free() releases it. NULL when memory cannot be had.
+ */
+moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src) {
+    const int64_t rows = src->shape[0], cols = moeq_tensor_cols(src), rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    size_t head = (2 * sizeof(moeq_tensor) + 63) / 64 * 64, sbytes = (size_t)(rb * cb) * sizeof(float);
+    size_t qbytes = (size_t)(rows * cols);
+    uint8_t *mem = NULL;
+    float *wide = malloc((size_t)(128 * cols) * sizeof(float));
+    if (!wide || posix_memalign((void **)&mem, 64, head + (sbytes + 63) / 64 * 64 + qbytes)) {
+        free(wide);
+        return NULL;
     }
-    float dlo = a - f8_table[lo], dhi = f8_table[hi] - a;
-    int code = dlo < dhi ? lo : dhi < dlo ? hi : ((lo & 1) ? hi : lo);
-    return sign | (uint8_t)code;
+    moeq_tensor *t = (moeq_tensor *)(void *)mem, *sc = t + 1;
+    float *scales = (float *)(void *)(mem + head);
+    uint8_t *q = mem + head + (sbytes + 63) / 64 * 64;
+    *sc = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F32, .ndim = 2, .shape = {rb, cb}, .data = scales,
+                        .nbytes = sbytes};
+    *t = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F8_E4M3, .ndim = 2, .shape = {rows, cols}, .data = q,
+                       .nbytes = qbytes, .scale_inv = sc};
+    for (int64_t r0 = 0; r0 < rows; r0 += 128) {
+        int64_t n = rows - r0 < 128 ? rows - r0 : 128;
+        moeq_tensor_rows_to_f32(src, r0, n, wide);
+        for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+            int64_t m = cols - c0 < 128 ? cols - c0 : 128;
+            float amax = 0.0f;
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t c = 0; c < m; c++) amax = fmaxf(amax, fabsf(wide[r * cols + c0 + c]));
+            float s = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+            scales[(r0 / 128) * cb + c0 / 128] = s;
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t c = 0; c < m; c++)
+                    q[(r0 + r) * cols + c0 + c] = moeq_f32_to_f8_e4m3(wide[r * cols + c0 + c] / s);
+        }
+    }
+    free(wide);
+    return t;
 }
 
 void moeq_bf16_to_f32_row(const uint16_t *in, float *out, size_t n) {

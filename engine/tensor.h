@@ -67,6 +67,10 @@ uint16_t moeq_f32_to_f16(float f);
 float moeq_f8_e4m3_to_f32(uint8_t b); /* E4M3FN: bias 7, no inf, 0x7f/0xff NaN */
 uint8_t moeq_f32_to_f8_e4m3(float f);
 
+/* An F8 E4M3 copy of 2-D weight src with 128x128 block scales (DeepSeek's layout), in one allocation that
+ * free() releases; NULL when memory cannot be had. (MTP drafts, mtp_draft = f8.) */
+moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src);
+
 /* Row helpers: widen n contiguous values to float32 (F8: times scale). */
 void moeq_bf16_to_f32_row(const uint16_t *in, float *out, size_t n);
 void moeq_f16_to_f32_row(const uint16_t *in, float *out, size_t n);

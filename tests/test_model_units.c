@@ -80,6 +80,38 @@ static void f8_e4m3fn_widening_gives_known_values(void **state) {
     assert_true(out[0] == 0.25f && out[1] == -0.5f);
 }
 
+/* The narrowing by search: the nearest of the decoded codes 0..126, ties to the even code, saturating. */
+static uint8_t f8_by_search(float f) {
+    if (isnan(f)) return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    int best = 0;
+    for (int c = 1; c <= 126; c++) {
+        float dc = fabsf(moeq_f8_e4m3_to_f32((uint8_t)c) - a), db = fabsf(moeq_f8_e4m3_to_f32((uint8_t)best) - a);
+        if (dc < db || (dc == db && !(c & 1))) best = c;
+    }
+    return sign | (uint8_t)best;
+}
+
+/* The bit-arithmetic narrowing equals the search at every code, every midpoint between codes and one float
+ * either side of it, and on a million random floats over the whole range (and past 448). */
+static void f8_narrowing_equals_a_search_of_the_codes(void **state) {
+    (void)state;
+    for (int c = 0; c < 126; c++) {
+        float lo = moeq_f8_e4m3_to_f32((uint8_t)c), hi = moeq_f8_e4m3_to_f32((uint8_t)(c + 1)), mid = (lo + hi) / 2;
+        float probes[] = {lo, hi, mid, nextafterf(mid, 0.0f), nextafterf(mid, 1e9f), -mid, -nextafterf(mid, 1e9f)};
+        for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++)
+            assert_int_equal(moeq_f32_to_f8_e4m3(probes[i]), f8_by_search(probes[i]));
+    }
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 1000000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        float f = ldexpf((float)(x >> 40) / (float)(1 << 24) * 2.0f - 1.0f, (int)(x % 30) - 20);
+        uint8_t want = f8_by_search(f);
+        if (moeq_f32_to_f8_e4m3(f) != want) fail_msg("%a: %#x, the search says %#x", (double)f, moeq_f32_to_f8_e4m3(f), want);
+    }
+}
+
 static void f8_narrowing_rounds_to_nearest_even_and_saturates(void **state) {
     (void)state;
     for (int b = 0; b < 256; b++) {
@@ -381,6 +413,7 @@ int main(void) {
         cmocka_unit_test(f16_conversions_give_known_values),
         cmocka_unit_test(f8_e4m3fn_widening_gives_known_values),
         cmocka_unit_test(f8_narrowing_rounds_to_nearest_even_and_saturates),
+        cmocka_unit_test(f8_narrowing_equals_a_search_of_the_codes),
         cmocka_unit_test(f8_rows_apply_the_block_scale_of_their_block),
         cmocka_unit_test(dtype_names_and_sizes_follow_safetensors),
         cmocka_unit_test(deepseek_v3_config_parses_with_every_field),

@@ -69,8 +69,9 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static moeq_engine *engine_for(const moeq_model *m, int max_step_tokens) {
+static moeq_engine *engine_for_draft(const moeq_model *m, int max_step_tokens, const char *mtp_draft) {
     moeq_engine_params p = moeq_engine_default_params();
+    if (mtp_draft) snprintf(p.mtp_draft, sizeof p.mtp_draft, "%s", mtp_draft);
     p.n_threads = 2;
     p.max_seqs = 16;
     p.max_step_tokens = max_step_tokens;
@@ -83,6 +84,8 @@ static moeq_engine *engine_for(const moeq_model *m, int max_step_tokens) {
     assert_int_equal(rc, MOEQ_OK);
     return e;
 }
+
+static moeq_engine *engine_for(const moeq_model *m, int max_step_tokens) { return engine_for_draft(m, max_step_tokens, NULL); }
 
 static int V(const moeq_model *m) { return moeq_model_get_config(m)->vocab_size; }
 
@@ -152,7 +155,8 @@ static void mixed_batches_accept_different_counts_and_match_plain_decoding(void 
         enum { S = 8, N = 40 };
         int vocab = V(m);
         moeq_engine *e = engine_for(m, 256);
-        int32_t ids[S][24], *plain[S], got[S][N + 16];
+        /* a sequence past N keeps decoding (up to k + 1 = 4 tokens a round) until the slowest reaches N */
+        int32_t ids[S][24], *plain[S], got[S][4 * N + 8];
         int n_plain[S], n_got[S], lens[S];
         moeq_spec_seq seqs[S];
         moeq_step_item items[S];
@@ -535,11 +539,52 @@ static void ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps(vo
     moeq_engine_destroy(a), moeq_engine_destroy(b);
 }
 
-/* gen-model writes the MTP head as a copy of lm_head, as DeepSeek-V3 ships it: drafts read lm_head itself. */
+/*
+ * mtp_draft = f8 (the default) drafts with F8 copies of the MTP layer's projections and head: the emitted tokens
+ * are the plain greedy ones in both modes, the copies hold about half the bytes of the BF16 weights they stand
+ * for, and on the agreeing checkpoint the F8 drafts are accepted about as often as the exact ones.
+ */
+static void f8_drafts_emit_the_plain_tokens_and_are_accepted_like_exact_ones(void **state) {
+    (void)state;
+    const char *modes[2] = {"exact", "f8"};
+    int64_t drafted[2] = {0}, accepted[2] = {0};
+    for (int mi = 0; mi < 2; mi++) {
+        moeq_engine *e = engine_for_draft(g_agree, 64, modes[mi]);
+        assert_int_equal(moeq_mtp_draft_f8(e), mi);
+        size_t f8 = moeq_mtp_draft_f8_bytes(e);
+        if (mi) assert_true(f8 > 0 && f8 < moeq_model_mtp_active_bytes_per_token(g_agree));
+        else assert_int_equal(f8, 0);
+        for (int salt = 0; salt < 4; salt++) {
+            int32_t ids[20], *plain = NULL, *spec = NULL;
+            int n_plain = 0, n_spec = 0, n_p = 3 + 5 * salt;
+            prompt(ids, n_p, 100 + salt, V(g_agree));
+            generate(e, ids, n_p, 0, moeq_sampling_default_params(), 48, &plain, &n_plain, NULL);
+            for (int k = 1; k <= 3; k++) {
+                moeq_generate_stats st = {0};
+                generate(e, ids, n_p, k, moeq_sampling_default_params(), 48, &spec, &n_spec, &st);
+                assert_int_equal(n_spec, n_plain);
+                assert_memory_equal(spec, plain, (size_t)n_plain * sizeof(int32_t));
+                drafted[mi] += st.drafted, accepted[mi] += st.accepted;
+                free(spec);
+            }
+            free(plain);
+        }
+        moeq_engine_destroy(e);
+    }
+    double ax = (double)accepted[0] / (double)drafted[0], a8 = (double)accepted[1] / (double)drafted[1];
+    print_message("tiny-mtp: exact drafts %.3f accepted, f8 drafts %.3f\n", ax, a8);
+    assert_true(a8 > ax - 0.05);
+}
+
+/* gen-model writes the MTP head as a copy of lm_head, as DeepSeek-V3 ships it: exact drafts read lm_head itself
+ * (mtp_draft = f8 drafts through the head's F8 copy instead). */
 static void an_mtp_head_that_copies_lm_head_is_not_read_twice(void **state) {
     (void)state;
-    moeq_engine *e = engine_for(g_agree, 64);
+    moeq_engine *e = engine_for_draft(g_agree, 64, "exact");
     assert_true(moeq_mtp_head_is_lm_head(e));
+    moeq_engine_destroy(e);
+    e = engine_for_draft(g_agree, 64, "f8");
+    assert_false(moeq_mtp_head_is_lm_head(e));
     moeq_engine_destroy(e);
 }
 
@@ -1039,6 +1084,7 @@ int main(void) {
         cmocka_unit_test(mtp_calls_fail_cleanly_without_state_or_layer),
         cmocka_unit_test(draft_bytes_count_the_mtp_block_and_its_head),
         cmocka_unit_test(an_mtp_head_that_copies_lm_head_is_not_read_twice),
+        cmocka_unit_test(f8_drafts_emit_the_plain_tokens_and_are_accepted_like_exact_ones),
         cmocka_unit_test(ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps),
         cmocka_unit_test(a_round_runs_the_mtp_block_once_per_accepted_token_and_draft),
         cmocka_unit_test(a_draft_entry_is_recomputed_when_the_step_appends_another_token),

@@ -111,6 +111,11 @@ typedef struct moeq_engine_params {
     char cpu_matrix[8];        /* the CPU backend's NT products: "auto" (default: AMX
                                   BF16 tiles where the CPU has them, else float32
                                   lanes), "lanes" or "amx" (fails where there is none) */
+    char mtp_draft[8];         /* the weights MTP drafts are made with: "exact" (the
+                                  checkpoint's) or "f8" (default: an F8 E4M3 copy, 128x128
+                                  block scales, of the MTP layer's projections and head that
+                                  are not F8 already, on host backends; drafts are only
+                                  proposals, every emitted token is the main model's)  */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
