@@ -25,7 +25,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .device = 0,
                                 .prefix_cache = 1,
                                 .prefix_cache_share = 1.0,
-                                .cpu_matrix = "auto"};
+                                .cpu_matrix = "auto",
+                                .cuda_graphs = "off"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -144,6 +145,13 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
     if (strcmp(p->cpu_matrix, "auto") && strcmp(p->cpu_matrix, "lanes") && strcmp(p->cpu_matrix, "amx"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "cpu_matrix \"%.8s\": the choices are auto, lanes and amx", p->cpu_matrix);
+    if (strcmp(p->cuda_graphs, "off") && strcmp(p->cuda_graphs, "auto") && strcmp(p->cuda_graphs, "on"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "cuda_graphs \"%.8s\": the choices are off, auto and on", p->cuda_graphs);
+    if (!strcmp(p->cuda_graphs, "on") && strcmp(p->backend, "cuda"))
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                         "cuda_graphs = on, but backend %.16s has no CUDA graphs (cuda has; auto runs eagerly "
+                         "elsewhere)", p->backend);
     if (!strcmp(p->cpu_matrix, "amx") && !moeq_engine_cpu_amx())
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "cpu_matrix = amx, but this CPU cannot run AMX tiles: %s", moeq_engine_cpu_amx_describe());
@@ -208,7 +216,8 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .max_jobs = 2 * c->num_attention_heads + 2 * E + 8,
                               .max_tokens = e->params.max_step_tokens,
                               .device = e->params.device,
-                              .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx()};
+                              .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx(),
+                              .graphs = strcmp(e->params.cuda_graphs, "off") != 0};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;

@@ -33,6 +33,7 @@ extern "C" {
 
 #include "backend_cuda.h"
 #include "backend_index.cuh"
+#include "graph_index.cuh"
 #include "moe_index.cuh"
 #include "logits_reduce.cuh"
 #include "common.cuh"
@@ -50,7 +51,7 @@ typedef struct cuda_backend {
     cublasHandle_t blas;
     moeq_err err;      // first failure, kept for status
     char why[320];
-    char info[640];
+    char info[800];
     const moeq_model *model;
     void **wdev;       // [n_tensors] device copy of each tensor, in wslab
     char *wslab;
@@ -64,6 +65,13 @@ typedef struct cuda_backend {
     const void **moe_tab;            // per MoE layer 6 E device pointers: gate, up, down, then their F8 scales
     const moeq_expert **moe_key;     // [n_moe] the layer's experts array (NULL: none, or built per call)
     int n_moe;
+    // cuda_graphs (graph_index.cuh): calls of up to MOEQ_CU_GRAPH_LARGEST tokens read a block table of fixed
+    // stride (one row per token), uploaded only when it differs from what the device holds (mla_rope and
+    // attention of every layer of a step read the same one), and attention plans on the device
+    int32_t *ftab_d, *frow_d, *fplan_d; // [LARGEST * fstride] table, [LARGEST] t * fstride, first|count|total
+    int32_t *ftab_h, *fcand_h;          // host: what ftab_d holds (ftab_rows rows), and the call's candidate
+    int64_t *fnb_h;                     // host: blocks each held row has
+    int64_t fstride, ftab_rows;         // fstride 0: not set up yet; -1: cannot be (offsets past int32)
 } cuda_backend;
 
 // ---- errors -------------------------------------------------------------------------------------------------
@@ -531,6 +539,68 @@ static int kv_upload(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *s
     return 1;
 }
 
+// The fixed-stride tables' buffers, set up by the first call that takes them (the block size is the cache's,
+// known only then; outside any step's timing that matters: one cudaMalloc per buffer, once). 0: not usable for
+// block_tokens (its stride is past the buffers', or they could not be made).
+static int fixed_ready(cuda_backend *cb, int block_tokens) {
+    int64_t S = moeq_cu_kv_fixed_stride(cb->p.max_ctx, block_tokens), R = MOEQ_CU_GRAPH_LARGEST;
+    if (cb->fstride) return cb->fstride > 0 && S <= cb->fstride;
+    int32_t *off = (int32_t *)malloc((size_t)R * sizeof(int32_t));
+    cb->ftab_h = (int32_t *)calloc((size_t)(R * S), sizeof(int32_t));
+    cb->fcand_h = (int32_t *)calloc((size_t)(R * S), sizeof(int32_t));
+    cb->fnb_h = (int64_t *)calloc((size_t)R, sizeof(int64_t));
+    if (!off || !cb->ftab_h || !cb->fcand_h || !cb->fnb_h || moeq_cu_kv_fixed_offsets(R, S, off) < 0) {
+        free(off);
+        cb->fstride = -1; // the compact tables serve every call
+        return 0;
+    }
+    int ok = cu_ok(cb, cudaMalloc((void **)&cb->ftab_d, (size_t)(R * S) * sizeof(int32_t)), "cudaMalloc (fixed tables)") &&
+             cu_ok(cb, cudaMalloc((void **)&cb->frow_d, (size_t)R * sizeof(int32_t)), "cudaMalloc (fixed rows)") &&
+             cu_ok(cb, cudaMalloc((void **)&cb->fplan_d, (size_t)(2 * R + 1) * sizeof(int32_t)),
+                   "cudaMalloc (device split plan)") &&
+             cu_ok(cb, cudaMemcpyAsync(cb->frow_d, off, (size_t)R * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       cb->stream), "cudaMemcpyAsync (fixed rows)");
+    free(off); // a pageable source is staged before cudaMemcpyAsync returns
+    cb->fstride = ok ? S : -1;
+    cb->ftab_rows = 0;
+    return ok;
+}
+
+// The call's fixed-stride table (graph_index.cuh) when cuda_graphs is on and T <= MOEQ_CU_GRAPH_LARGEST: filled on
+// the host, uploaded (through the staging, reserved here: nothing of the caller's is staged yet) only when a row's
+// blocks differ from what the device holds. 0: not this path (the caller takes the compact table).
+static int kv_fixed(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T,
+                    kv_dev *out) {
+    if (!cb->p.graphs || cb->err || T < 1 || T > MOEQ_CU_GRAPH_LARGEST || !fixed_ready(cb, kv->block_tokens))
+        return 0;
+    int64_t S = cb->fstride;
+    if (moeq_cu_kv_fixed_fill(kv->block_table, kv->table_stride, seq, pos, T, T, kv->block_tokens, S, 0,
+                              cb->fcand_h) < 0)
+        return 0;
+    int same = T == cb->ftab_rows;
+    for (int64_t t = 0; t < T && same; t++) {
+        int64_t nb = moeq_cu_kv_blocks(pos[t] + 1, kv->block_tokens);
+        same = nb <= cb->fnb_h[t] && !memcmp(cb->fcand_h + t * S, cb->ftab_h + t * S, (size_t)nb * sizeof(int32_t));
+    }
+    if (!same) {
+        size_t bytes = (size_t)(T * S) * sizeof(int32_t);
+        void *d = NULL, *h = stage_reserve(cb, STAGED(bytes)) ? stage(cb, bytes, &d) : NULL;
+        if (!h) return 0;
+        memcpy(h, cb->fcand_h, bytes);
+        // ordered on the stream: the kernels still reading the table it replaces run before the copy lands
+        if (!cu_ok(cb, cudaMemcpyAsync(cb->ftab_d, h, bytes, cudaMemcpyHostToDevice, cb->stream),
+                   "cudaMemcpyAsync (fixed block table)"))
+            return 0;
+        memcpy(cb->ftab_h, cb->fcand_h, bytes);
+        for (int64_t t = 0; t < T; t++) cb->fnb_h[t] = moeq_cu_kv_blocks(pos[t] + 1, kv->block_tokens);
+        cb->ftab_rows = T;
+    }
+    kv_dev k = {kv->pool, kv->block_floats, kv->layer_offset, kv->block_tokens, kv->entry_floats, cb->frow_d,
+                cb->ftab_d};
+    *out = k;
+    return 1;
+}
+
 __device__ __forceinline__ const float *kv_entry(const kv_dev &kv, int64_t t, int64_t pos) {
     return kv.pool + moeq_cu_kv_entry_offset(kv.ctab + kv.row_off[t], pos, kv.block_tokens, kv.block_floats,
                                              kv.layer_offset, kv.entry_floats);
@@ -538,12 +608,13 @@ __device__ __forceinline__ const float *kv_entry(const kv_dev &kv, int64_t t, in
 
 // ---- attention: split-KV partials, then the merge ---------------------------------------------------------------
 
-__global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, const float *q_lat, const float *q_pe,
-                                    int H, int L, int R, float scale, float *ws_o, float *ws_ml) {
+// One partition of one token for head blockIdx.y: its partial (m, l, unnormalised o) into slot it.slot.
+__device__ __forceinline__ void attn_partial_item(const moeq_cu_split_item it, const kv_dev &kv, const float *q_lat,
+                                                  const float *q_pe, int H, int L, int R, float scale, float *ws_o,
+                                                  float *ws_ml) {
     __shared__ float sc[MOEQ_CU_SPLIT_MAX_ROWS];
     __shared__ size_t off[MOEQ_CU_SPLIT_MAX_ROWS]; // each row's entry in the pool, found once (24 KiB in all)
     __shared__ float sh_m, sh_l;
-    moeq_cu_split_item it = items[blockIdx.x];
     int h = blockIdx.y, tid = threadIdx.x, lane = tid % MOEQ_CU_LANES, hw = tid / MOEQ_CU_LANES;
     int n_hw = blockDim.x / MOEQ_CU_LANES, n = it.j1 - it.j0;
     const float *ql = q_lat + ((int64_t)it.t * H + h) * L, *qp = q_pe + ((int64_t)it.t * H + h) * R;
@@ -581,6 +652,28 @@ __global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, 
     }
 }
 
+// The host's plan: block x takes items[x].
+__global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, const float *q_lat, const float *q_pe,
+                                    int H, int L, int R, float scale, float *ws_o, float *ws_ml) {
+    attn_partial_item(items[blockIdx.x], kv, q_lat, q_pe, H, L, R, scale, ws_o, ws_ml);
+}
+
+// The plan on the device (graph_index.cuh), one thread: each token's first slot and partitions, and the total.
+__global__ void split_plan_kernel(const int64_t *pos, int64_t T, int32_t *first, int32_t *count, int32_t *total) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) moeq_cu_split_scan(pos, T, first, count, total);
+}
+
+// The capacity grid: block x finds item x of the device's plan (the host plan's items[x]) or, past the last
+// item, idles (the whole block, before any barrier). The launch depends on T and the capacity alone.
+__global__ void attn_partial_cap_kernel(const int64_t *pos, const int32_t *first, const int32_t *count,
+                                        const int32_t *total, int64_t T, kv_dev kv, const float *q_lat,
+                                        const float *q_pe, int H, int L, int R, float scale, float *ws_o,
+                                        float *ws_ml) {
+    moeq_cu_split_item it;
+    if (!moeq_cu_split_find(pos, first, count, T, *total, blockIdx.x, &it)) return;
+    attn_partial_item(it, kv, q_lat, q_pe, H, L, R, scale, ws_o, ws_ml);
+}
+
 // One (token, head): its partitions' partials merged into out_lat. Dynamic shared: 3 * max parts floats.
 __global__ void attn_merge_kernel(const int32_t *first, const int32_t *count, int64_t t0, int H, int L,
                                   const float *ws_o, const float *ws_ml, float *out_lat) {
@@ -615,6 +708,34 @@ static int ws_reserve(cuda_backend *cb, size_t bytes) {
     return 1;
 }
 
+// Attention on the capacity grid (cuda_graphs): the positions staged, the plan computed on the device
+// (split_plan_kernel), the partials over min(T x the most partitions of max_ctx, what the workspace holds) blocks,
+// idle past the plan's items, the merge per (token, head): every launch shaped by T and capacities alone, and the
+// host plan's items, slots and merge order, so the eager path's bits. 0 (nothing staged): a step whose partitions
+// pass the capacity, or a merge past its shared memory; the caller runs the host plan.
+static int attention_cap(cuda_backend *cb, const moeq_mla_params *a, const kv_dev *kv, size_t per_item) {
+    int64_t T = a->n_tok, ws_items = (int64_t)(cb->ws_bytes / per_item);
+    int H = a->n_heads, L = a->kv_lora, R = a->rope, max_parts = moeq_cu_split_max_parts(cb->p.max_ctx);
+    int64_t cap = moeq_cu_split_item_cap(T, cb->p.max_ctx, ws_items);
+    if (max_parts * 3 * sizeof(float) > 48 * 1024 || moeq_cu_split_items(a->pos, T) > cap || cap > INT32_MAX)
+        return 0;
+    size_t pos_bytes = (size_t)T * sizeof(int64_t);
+    if (!stage_reserve(cb, STAGED(pos_bytes))) return 1;
+    const int64_t *pos = (const int64_t *)stage_up(cb, a->pos, pos_bytes, "cudaMemcpyAsync (positions)");
+    if (!pos) return 1;
+    int32_t *first = cb->fplan_d, *count = first + MOEQ_CU_GRAPH_LARGEST, *total = count + MOEQ_CU_GRAPH_LARGEST;
+    float *ws_o = cb->ws, *ws_ml = cb->ws + (size_t)ws_items * H * L;
+    split_plan_kernel<<<1, 32, 0, cb->stream>>>(pos, T, first, count, total);
+    if (!launched(cb, "split_plan_kernel launch")) return 1;
+    attn_partial_cap_kernel<<<dim3((unsigned)cap, (unsigned)H), THREADS, 0, cb->stream>>>(
+        pos, first, count, total, T, *kv, a->q_lat, a->q_pe, H, L, R, a->scale, ws_o, ws_ml);
+    if (!launched(cb, "attn_partial_cap_kernel launch")) return 1;
+    attn_merge_kernel<<<dim3((unsigned)T, (unsigned)H), THREADS, 3 * max_parts * sizeof(float), cb->stream>>>(
+        first, count, 0, H, L, ws_o, ws_ml, a->out_lat);
+    launched(cb, "attn_merge_kernel launch (capacity grid)");
+    return 1;
+}
+
 static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     cuda_backend *cb = (cuda_backend *)b;
     int64_t T = a->n_tok;
@@ -638,13 +759,16 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     if (!ws_reserve(cb, want < ATTN_WS_BYTES ? want : (per_item * max_parts > ATTN_WS_BYTES ? per_item * max_parts
                                                                                            : ATTN_WS_BYTES)))
         return;
+    kv_dev kv;
+    int fixed = kv_fixed(cb, &a->kv, a->seq, a->pos, T, &kv); // its table is in device memory of its own
+    if (fixed && attention_cap(cb, a, &kv, per_item)) return;
     // the block table and every chunk's plan in one reservation: a drain between them would let a later
     // region overwrite the table while the chunks' kernels still read it
     // (each chunk's three regions round up: at most one chunk per token)
     size_t plan = STAGED((size_t)all_items * sizeof(moeq_cu_split_item)) + 2 * STAGED((size_t)T * sizeof(int32_t));
-    if (!stage_reserve(cb, kv_staged(&a->kv, a->seq, a->pos, T) + plan + (size_t)T * 3 * STAGE_ALIGN)) return;
-    kv_dev kv;
-    if (!kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
+    if (!stage_reserve(cb, (fixed ? 0 : kv_staged(&a->kv, a->seq, a->pos, T)) + plan + (size_t)T * 3 * STAGE_ALIGN))
+        return;
+    if (!fixed && !kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
     int64_t cap = (int64_t)(cb->ws_bytes / per_item);
     float *ws_o = cb->ws, *ws_ml = cb->ws + (size_t)cap * H * L;
     for (int64_t t0 = 0; t0 < T && !cb->err;) {
@@ -837,9 +961,10 @@ static void cuda_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
     if (cb->err || p->n_tok <= 0) return;
     kv_dev kv;
     size_t pos_bytes = (size_t)p->n_tok * sizeof(int64_t);
-    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&p->kv, p->seq, p->pos, p->n_tok))) return;
+    int fixed = kv_fixed(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv);
+    if (!stage_reserve(cb, STAGED(pos_bytes) + (fixed ? 0 : kv_staged(&p->kv, p->seq, p->pos, p->n_tok)))) return;
     const int64_t *pos = (const int64_t *)stage_up(cb, p->pos, pos_bytes, "cudaMemcpyAsync (positions)");
-    if (!pos || !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv)) return;
+    if (!pos || (!fixed && !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv))) return;
     for (int64_t t0 = 0; t0 < p->n_tok && !cb->err; t0 += INT32_MAX) {
         int64_t nt = p->n_tok - t0 < INT32_MAX ? p->n_tok - t0 : INT32_MAX;
         kv_dev k0 = kv;
@@ -1325,6 +1450,12 @@ static void cuda_destroy(moeq_backend *b) {
     cudaFree(cb->moe_tab);
     free(cb->moe_key);
     cudaFree(cb->ws);
+    cudaFree(cb->ftab_d);
+    cudaFree(cb->frow_d);
+    cudaFree(cb->fplan_d);
+    free(cb->ftab_h);
+    free(cb->fcand_h);
+    free(cb->fnb_h);
     cudaFree(cb->wide);
     cudaFree(cb->stage_d);
     if (cb->stage_h) cudaFreeHost(cb->stage_h);
@@ -1398,6 +1529,11 @@ static void create_on_device(cuda_backend *cb) {
     // cublasGemmGroupedBatchedEx takes each group's m/n/k from host arrays: the counts would have to come back
     snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
              "; MoE layers: moe_experts on the device (own grouped kernel, no host round trip)");
+    // cuda_graphs: the shapes are built, the capture is not; say that the steps launch eagerly
+    snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info), "; CUDA graphs: %s",
+             cb->p.graphs ? "capture-ready shapes for calls of <= 256 tokens (split-KV planned on the device, "
+                            "fixed-stride block tables), launched eagerly: capture not built"
+                          : "off");
 }
 
 extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moeq_backend **out, char *errstr,
