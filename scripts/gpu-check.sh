@@ -159,7 +159,7 @@ preset=${MOEQ_GPU_BENCH_PRESET:-bench}
 if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
   note "bench-engine --backend cuda on preset $preset"
   timeout "$(budget 150)" "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda \
-    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 >"$bench_json" \
+    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 --cuda-graphs both >"$bench_json" \
     2>"$build/gpu-check-bench.err" || note "bench-engine failed or timed out (see gpu-check.log)"
   cat "$build/gpu-check-bench.err" >>"$log" 2>/dev/null
 fi
