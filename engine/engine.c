@@ -189,10 +189,12 @@ static void copy_in_backend(void *ctx, float *dst, const float *src, size_t n_fl
     b->copy(b, dst, src, n_floats * sizeof(float));
 }
 
-moeq_err moeq_forward_cache_new(moeq_engine *e, const moeq_kv_cache_params *params, float **pool, moeq_kv_cache **out,
-                                char *errstr, size_t errstr_size) {
-    moeq_kv_cache_params kp = *params;
-    size_t bytes = moeq_kv_cache_pool_floats(&kp) * sizeof(float);
+moeq_err moeq_forward_cache_new(moeq_engine *e, const moeq_kv_cache_params *params, int32_t *scratch, float **pool,
+                                moeq_kv_cache **out, char *errstr, size_t errstr_size) {
+    moeq_kv_cache_params kp = *params, one = *params;
+    one.capacity_tokens = one.block_tokens; /* a block's floats: every layer's entries of block_tokens positions */
+    size_t bytes = (moeq_kv_cache_pool_floats(&kp) + (scratch ? moeq_kv_cache_pool_floats(&one) : 0)) * sizeof(float);
+    if (scratch) *scratch = (int32_t)((kp.capacity_tokens + kp.block_tokens - 1) / kp.block_tokens);
     if (params->n_layers >= 1 && params->entry_floats >= 1 && params->block_tokens >= 1 &&
         params->capacity_tokens >= 1 && !(*pool = e->backend->alloc(e->backend, MOEQ_BUFFER_CACHE, bytes)))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "kv cache pool of %zu bytes (backend %s)", bytes,
@@ -235,7 +237,13 @@ static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
                                e->params.kv_cache_tokens, e->params.max_seqs, NULL, NULL, NULL,
                                e->params.prefix_cache, 0, moeq_forward_max_cached(e, e->params.kv_cache_tokens),
                                moeq_forward_cache_salt(e, 0)};
-    if ((err = moeq_forward_cache_new(e, &kp, &e->cache_pool, &e->cache, errstr, errstr_size))) return err;
+    /* cuda_graphs on a backend with graphs: steps are padded to their bucket, the padding on a block of its own */
+    int pad = strcmp(e->params.cuda_graphs, "off") && e->backend->graph_rows && e->backend->graph_begin &&
+              e->backend->graph_end && e->params.kv_cache_tokens / e->params.kv_block_tokens < INT32_MAX - 1;
+    e->graph_scratch = -1;
+    if ((err = moeq_forward_cache_new(e, &kp, pad ? &e->graph_scratch : NULL, &e->cache_pool, &e->cache, errstr,
+                                      errstr_size)))
+        return err;
     if ((err = moeq_mtp_state_new(e, &e->mtp, errstr, errstr_size))) return err;
     if ((err = moeq_moe_layer_new(e, &e->moe, errstr, errstr_size))) return err;
     if (!(e->nonfinite_layer = malloc((size_t)e->params.max_seqs * sizeof(int))))

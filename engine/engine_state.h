@@ -82,6 +82,8 @@ struct moeq_engine {
     struct moeq_moe_layer *moe; /* the MoE seam (moe_layer.c); NULL without routed experts */
     struct moeq_mtp_state *mtp; /* MTP layers' caches and per-sequence state (mtp.c); NULL without MTP */
     int *nonfinite_layer;    /* [max_seqs] first layer whose router saw a non-finite score, -1 none */
+    int32_t graph_scratch;   /* cuda_graphs: the main cache's block past its capacity, padding rows' only one;
+                                -1: steps are never padded (graphs off, or a backend without them) */
     int64_t prefix_lookups, prefix_hits, prefix_lookup_tokens, prefix_hit_tokens; /* moeq_engine_seq_new_prefix */
 };
 

@@ -23,9 +23,11 @@ uint64_t moeq_forward_cache_salt(const moeq_engine *engine, int kind);
 /* Most cached blocks for a pool of capacity_tokens under params.prefix_cache_share (kv_cache max_cached_blocks). */
 int64_t moeq_forward_max_cached(const moeq_engine *engine, int64_t capacity_tokens);
 
-/* A paged cache whose entry pool is a backend buffer (*pool, the caller releases it after the cache). */
-moeq_err moeq_forward_cache_new(moeq_engine *engine, const moeq_kv_cache_params *params, float **pool,
-                                moeq_kv_cache **out, char *errstr, size_t errstr_size);
+/* A paged cache whose entry pool is a backend buffer (*pool, the caller releases it after the cache). scratch not
+ * NULL: the pool holds one block more than the cache's, no sequence's, and *scratch is its index (a padded step's
+ * rows write and read only it: cuda_graphs). */
+moeq_err moeq_forward_cache_new(moeq_engine *engine, const moeq_kv_cache_params *params, int32_t *scratch,
+                                float **pool, moeq_kv_cache **out, char *errstr, size_t errstr_size);
 
 /* Main-model layer l as a block (cache = engine->cache, cache layer l). */
 moeq_block moeq_forward_main_block(moeq_engine *engine, int layer);

@@ -613,8 +613,9 @@ static void batch_invariance_holds_on_the_gpu(void **state) {
 }
 
 /*
- * B sequences prefilled one by one (prompts of 1..290 tokens: one or two split-KV partitions, the longer ones
- * past the 256-token calls that take the capture-ready shapes), then 3 decode steps of all B; every row's logits.
+ * B sequences prefilled one by one (prompts of 1..290 tokens: one or two split-KV partitions; those past 256 tokens
+ * run eagerly, the others as graphs of their bucket), then 3 decode steps of all B; every row's logits. info: the
+ * backend's description after the run (its graphs' counts).
  */
 static float *graph_run(const moeq_model *m, const char *graphs, int invariant, int B, int *n_rows_out,
                         char *info, size_t info_size) {
@@ -627,7 +628,6 @@ static float *graph_run(const moeq_model *m, const char *graphs, int invariant, 
     moeq_engine *e = NULL;
     char err[512] = "";
     if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine (cuda_graphs %s): %s", graphs, err);
-    snprintf(info, info_size, "%s", moeq_engine_backend_info(e));
     int V = m->config.vocab_size, rows = 0, *seq = malloc((size_t)B * sizeof(int));
     float *all = malloc((size_t)4 * B * V * sizeof(float));
     int32_t *prompt = malloc(300 * sizeof(int32_t)), *tok = malloc((size_t)B * sizeof(int32_t));
@@ -647,14 +647,19 @@ static float *graph_run(const moeq_model *m, const char *graphs, int invariant, 
         if (moeq_engine_step(e, d, B, all + (size_t)rows * V, B, err, sizeof err)) fail_msg("decode: %s", err);
         rows += B;
     }
+    snprintf(info, info_size, "%s", moeq_engine_backend_info(e));
     moeq_engine_destroy(e);
     free(seq), free(prompt), free(tok), free(d);
     *n_rows_out = rows;
     return all;
 }
 
-/* cuda_graphs changes launch shapes (the capacity grid, the device's split plan, fixed-stride block tables),
- * never a value: every row equals the eager path's, bit for bit, at every batch size and in both modes. */
+/*
+ * cuda_graphs (steps padded to their bucket, captured once, replayed; the capacity grid, the device's split plan,
+ * fixed-stride block tables) changes no value in batch-invariant mode: every row equals the eager path's, bit for
+ * bit, at every batch size. With batch_invariant 0 a padded step's cuBLAS calls see more rows (another algorithm
+ * may run): within the cuBLAS tolerance. On the device at least one capture must have held (batch-invariant).
+ */
 static void decode_with_graphs_equals_decode_without_bit_for_bit_at_several_batch_sizes(void **state) {
     (void)state;
     const int Bs[] = {1, 2, 5, 8, 33};
@@ -667,10 +672,13 @@ static void decode_with_graphs_equals_decode_without_bit_for_bit_at_several_batc
             float *on = graph_run(m, "auto", inv, Bs[bi], &r_on, info_on, sizeof info_on);
             assert_int_equal(r_off, r_on);
             snprintf(what, sizeof what, "batch %d, batch_invariant %d: cuda_graphs auto vs off", Bs[bi], inv);
-            same_bits(on, off, (size_t)r_on * V, what);
-            if (!strcmp(gpu_name, "cuda")) { /* the description says which ran */
+            if (inv) same_bits(on, off, (size_t)r_on * V, what);
+            else close_to(on, off, (size_t)r_on * V, 1e-3 * max_abs(off, (size_t)r_off * V), 0, what);
+            if (!strcmp(gpu_name, "cuda")) { /* the description says what ran */
+                print_message("  batch %d, batch_invariant %d: %s\n", Bs[bi], inv, info_on);
                 assert_non_null(strstr(info_off, "CUDA graphs: off"));
-                assert_non_null(strstr(info_on, "CUDA graphs: capture-ready shapes"));
+                assert_non_null(strstr(info_on, "CUDA graphs: on"));
+                if (inv) assert_null(strstr(info_on, " 0 captured"));
             }
             free(off), free(on);
         }

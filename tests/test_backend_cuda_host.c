@@ -1520,6 +1520,175 @@ static void records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_co
 
 /* ---- error paths ---------------------------------------------------------------------------------------------- */
 
+/* ---- cuda_graphs: the engine's padded, bracketed steps, played on the CPU ------------------------------------- */
+
+/*
+ * "padded-cpu": the CPU backend with the graph seam of the CUDA backend's contract: graph_rows answers the step's
+ * bucket (graph_index.cuh), and inside a bracket the padding rows (past n_valid) run at position 0 of the scratch
+ * block (a block table row of their own, as the device's fixed tables give them) and leave the expert counts
+ * alone. One bucket's first bracket reports a failed capture: the engine must issue the step again, unpadded.
+ */
+static struct {
+    void (*mla_rope)(moeq_backend *, const moeq_mla_rope_params *);
+    void (*attention)(moeq_backend *, const moeq_mla_params *);
+    void (*moe_experts)(moeq_backend *, const moeq_moe_experts_params *);
+    int64_t sizes[MOEQ_CU_GRAPH_MAX_BUCKETS];
+    int n_sizes, failed[MOEQ_CU_GRAPH_MAX_BUCKETS], fail_bucket;
+    int in_bracket, doomed, brackets, failures;
+    int64_t padded_rows;
+    moeq_graph_step step;
+} pg;
+
+static int64_t pg_graph_rows(const moeq_backend *b, int64_t n_tok) {
+    (void)b;
+    int i = moeq_cu_graph_bucket(pg.sizes, pg.n_sizes, n_tok);
+    return i < 0 || pg.failed[i] ? 0 : pg.sizes[i];
+}
+
+static void pg_graph_begin(moeq_backend *b, const moeq_graph_step *step) {
+    (void)b;
+    assert_false(pg.in_bracket);
+    assert_true(step->n_valid >= 1 && step->n_valid <= step->n_rows && step->scratch_block >= 0);
+    assert_int_equal(pg_graph_rows(b, step->n_valid), step->n_rows); /* the engine padded to the bucket */
+    pg.in_bracket = 1, pg.step = *step, pg.brackets++, pg.padded_rows += step->n_rows - step->n_valid;
+    int i = moeq_cu_graph_bucket(pg.sizes, pg.n_sizes, step->n_rows);
+    pg.doomed = i == pg.fail_bucket && !pg.failed[i]; /* a failed capture executes nothing: no lasting effect */
+}
+
+static int pg_graph_end(moeq_backend *b) {
+    (void)b;
+    assert_true(pg.in_bracket);
+    pg.in_bracket = 0;
+    if (pg.doomed) { /* its capture "failed": the cache and the counts untouched, the step must run again */
+        pg.failed[pg.fail_bucket] = 1, pg.failures++, pg.doomed = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* A call of the bracket's rows: the padding's sequence is a row of its own holding the scratch block. */
+static int pg_padded(int64_t n_tok) { return pg.in_bracket && n_tok == pg.step.n_rows && pg.step.n_valid < n_tok; }
+
+static int32_t *pg_table(const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int32_t *seq_out) {
+    int64_t n_valid = pg.step.n_valid, rows = 0;
+    for (int64_t t = 0; t < n_valid; t++) rows = seq[t] + 1 > rows ? seq[t] + 1 : rows;
+    int32_t *tab = malloc((size_t)((rows + 1) * kv->table_stride) * sizeof(int32_t));
+    memcpy(tab, kv->block_table, (size_t)(rows * kv->table_stride) * sizeof(int32_t));
+    tab[rows * kv->table_stride] = pg.step.scratch_block;
+    for (int64_t t = 0; t < pg.step.n_rows; t++) {
+        seq_out[t] = t < n_valid ? seq[t] : (int32_t)rows;
+        if (t >= n_valid) assert_int_equal(pos[t], 0); /* padding sits at position 0 */
+    }
+    return tab;
+}
+
+static void pg_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
+    if (pg.doomed) return;
+    if (!pg_padded(p->n_tok)) return pg.mla_rope(b, p);
+    moeq_mla_rope_params q = *p;
+    int32_t *seq = malloc((size_t)p->n_tok * sizeof(int32_t)), *tab = pg_table(&p->kv, p->seq, p->pos, seq);
+    q.kv.block_table = tab, q.seq = seq;
+    pg.mla_rope(b, &q);
+    free(seq), free(tab);
+}
+
+static void pg_attention(moeq_backend *b, const moeq_mla_params *p) {
+    if (pg.doomed) return;
+    if (!pg_padded(p->n_tok)) return pg.attention(b, p);
+    moeq_mla_params q = *p;
+    int32_t *seq = malloc((size_t)p->n_tok * sizeof(int32_t)), *tab = pg_table(&p->kv, p->seq, p->pos, seq);
+    q.kv.block_table = tab, q.seq = seq;
+    pg.attention(b, &q);
+    free(seq), free(tab);
+}
+
+/* The device counts the valid rows' slots only (moe_plan_kernel with n_valid): here, the padding's taken back. */
+static void pg_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
+    if (pg.doomed) return;
+    pg.moe_experts(b, p);
+    if (!pg_padded(p->n_tok) || !p->stats) return;
+    for (int64_t s = pg.step.n_valid * p->top_k; s < p->n_tok * p->top_k; s++) p->stats[p->ids[s]]--;
+}
+
+static moeq_err padded_cpu_new(const moeq_backend_config *config, moeq_backend **out, char *errstr,
+                               size_t errstr_size) {
+    moeq_backend *b = *out = moeq_backend_cpu_new(config);
+    if (!b) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "padded-cpu backend");
+    assert_true(config->graphs); /* cuda_graphs = auto reached the backend */
+    pg.mla_rope = b->mla_rope, pg.attention = b->attention, pg.moe_experts = b->moe_experts;
+    b->mla_rope = pg_mla_rope, b->attention = pg_attention, b->moe_experts = pg_moe_experts;
+    b->graph_rows = pg_graph_rows, b->graph_begin = pg_graph_begin, b->graph_end = pg_graph_end;
+    pg.n_sizes = moeq_cu_graph_buckets(config->max_tokens, pg.sizes);
+    return MOEQ_OK;
+}
+
+/* Prefill 5 sequences in one step (all 30 rows' logits), then decode steps of 5, 3, 5 (again), 1 and 5 tokens. */
+static int padded_steps(moeq_engine *e, int V, float *logits) {
+    int seq[5], rows = 0;
+    char err[256] = "";
+    int32_t prompt[5][12], tok[5];
+    moeq_step_item it[5];
+    for (int s = 0; s < 5; s++) {
+        assert_int_equal(moeq_engine_seq_new(e, &seq[s]), MOEQ_OK);
+        for (int i = 0; i < 12; i++) prompt[s][i] = (int32_t)((i * 41 + s * 17 + 3) % V);
+        it[s] = (moeq_step_item){seq[s], prompt[s], 2 + 2 * s, 1};
+    }
+    if (moeq_engine_step(e, it, 5, logits, 30, err, sizeof err)) fail_msg("%s", err);
+    rows += 2 + 4 + 6 + 8 + 10;
+    const int batch[] = {5, 3, 5, 1, 5};
+    for (int k = 0; k < 5; k++) {
+        for (int s = 0; s < batch[k]; s++) {
+            tok[s] = (int32_t)((k * 13 + s * 7 + 1) % V);
+            it[s] = (moeq_step_item){seq[s], &tok[s], 1, 0};
+        }
+        if (moeq_engine_step(e, it, batch[k], logits + (size_t)rows * V, 5, err, sizeof err)) fail_msg("%s", err);
+        rows += batch[k];
+    }
+    return rows;
+}
+
+static void padded_graph_steps_give_the_unpadded_logits_and_expert_counts(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("padded-cpu", padded_cpu_new);
+    memset(&pg, 0, sizeof pg);
+    pg.fail_bucket = 3; /* the bucket of 8: its first capture fails (the decode steps of 5) */
+    char dir[] = "/tmp/moeq-graph-pad-XXXXXX", err[512] = "";
+    moeq_model *m = gen_model("tiny", dir);
+    int V = moeq_model_get_config(m)->vocab_size;
+    moeq_engine *cpu = NULL, *pad = NULL;
+    moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "padded-cpu");
+    snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "auto");
+    p.n_threads = 2, p.max_seqs = 5, p.kv_cache_tokens = 512, p.max_step_tokens = 256;
+    if (moeq_engine_new(m, &p, &pad, err, sizeof err)) fail_msg("%s", err);
+    /* the same engine on the plain CPU backend, graphs off */
+    snprintf(p.backend, sizeof p.backend, "cpu");
+    snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "off");
+    if (moeq_engine_new(m, &p, &cpu, err, sizeof err)) fail_msg("%s", err);
+    size_t n = (size_t)64 * V;
+    float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+    int rw = padded_steps(cpu, V, want), rg = padded_steps(pad, V, got);
+    assert_int_equal(rw, rg);
+    assert_same_bits(got, want, (size_t)rw * V, "padded graph steps vs the plain engine");
+    /* 30 prefill tokens -> 32, 5 -> 8 (its capture fails: issued again unpadded), 3 -> 4, 5 -> eager (bucket 8
+     * failed), 1 -> 1, 5 -> eager: 4 brackets, 2 + 3 + 1 padding rows */
+    print_message("padded steps: %d brackets, %lld padding rows, %d failed capture issued again\n", pg.brackets,
+                  (long long)pg.padded_rows, pg.failures);
+    assert_int_equal(pg.brackets, 4);
+    assert_int_equal(pg.padded_rows, 2 + 3 + 1);
+    assert_int_equal(pg.failures, 1);
+    int nl[2], ne[2];
+    const uint64_t *c0 = moeq_engine_expert_counts(cpu, &nl[0], &ne[0]);
+    const uint64_t *c1 = moeq_engine_expert_counts(pad, &nl[1], &ne[1]);
+    assert_true(nl[0] == nl[1] && ne[0] == ne[1]);
+    assert_memory_equal(c1, c0, (size_t)nl[0] * (size_t)ne[0] * sizeof(uint64_t)); /* no padding counted */
+    moeq_engine_destroy(cpu), moeq_engine_destroy(pad);
+    moeq_model_destroy(m);
+    free(want), free(got);
+    rm_dir(dir);
+}
+
 static void the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error(void **state) {
     (void)state;
     moeq_backend_config bc = {.n_threads = 1, .batch_invariant = 1, .max_k = 64, .max_ctx = 64, .max_jobs = 4};
@@ -1579,6 +1748,7 @@ int main(void) {
         cmocka_unit_test(the_cpu_moe_experts_op_equals_the_composed_path_bit_for_bit),
         cmocka_unit_test(generation_on_a_device_brings_back_records_and_the_cpus_tokens),
         cmocka_unit_test(records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come),
+        cmocka_unit_test(padded_graph_steps_give_the_unpadded_logits_and_expert_counts),
         cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),
         cmocka_unit_test(the_cuda_backend_refuses_what_it_cannot_run_by_name),
     };

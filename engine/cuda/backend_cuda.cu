@@ -42,7 +42,20 @@ extern "C" {
 #define STAGE_MAX_BYTES (1u << 30)      // ... and at most (an op needing more fails with LIMIT, named)
 #define WIDE_BYTES (256u << 20)         // cuBLAS path: float32 tile of widened weight rows at most
 #define ATTN_WS_BYTES (256u << 20)      // split-KV partials of one chunk of query tokens at most
+#define BLAS_WS_BYTES (32u << 20)       // cuBLAS's workspace under cuda_graphs (NVIDIA's figure for Hopper)
 #define THREADS 128
+
+// One decode bucket's graph: captured once, replayed with the step's host data written into a fixed region.
+typedef struct graph_bucket {
+    cudaGraphExec_t exec;        // NULL: not captured yet
+    int failed;                  // a capture failed: the bucket's steps run eagerly, unpadded (graph_rows 0)
+    char *stage_h, *stage_d;     // the fixed staging region (pinned, device twin), stage_cap bytes
+    size_t stage_cap;
+    size_t *regions;             // the STAGED sizes the capture took, in order: a replay must take the same
+    int n_regions, max_regions;
+} graph_bucket;
+
+enum { BR_NONE = 0, BR_CAPTURE, BR_REPLAY }; // inside graph_begin .. graph_end: recording, or writing host data
 
 typedef struct cuda_backend {
     moeq_backend base; // first: the table
@@ -59,6 +72,7 @@ typedef struct cuda_backend {
     char *stage_h, *stage_d; // pinned host, device twin
     size_t stage_cap, stage_off;
     float *wide;       // cuBLAS path: widened weight tile
+    void *blas_ws;     // cuda_graphs: cuBLAS's workspace given up front (a captured GEMM cannot allocate one)
     size_t wide_floats;
     float *ws;         // split-KV partials (o, then m and l)
     size_t ws_bytes;
@@ -72,6 +86,20 @@ typedef struct cuda_backend {
     int32_t *ftab_h, *fcand_h;          // host: what ftab_d holds (ftab_rows rows), and the call's candidate
     int64_t *fnb_h;                     // host: blocks each held row has
     int64_t fstride, ftab_rows;         // fstride 0: not set up yet; -1: cannot be (offsets past int32)
+    // CUDA graphs: the buckets, and the bracket a step is in (graph_begin .. graph_end)
+    int64_t gsize[MOEQ_CU_GRAPH_MAX_BUCKETS];
+    int n_gb;
+    graph_bucket gb[MOEQ_CU_GRAPH_MAX_BUCKETS];
+    struct {
+        int mode, bucket, broken, region; // BR_*; the region index a replay compares
+        int64_t n_rows, n_valid;
+        int32_t scratch;                  // the cache block padding rows use
+        size_t off;                       // bump offset in the bucket's region
+        const int64_t *nvalid_d;          // device: n_valid (moe_experts' counts leave padding out)
+    } br;
+    int n_captured, n_replays, n_fallbacks;
+    char graph_why[200];                  // the first reason a capture or a replay fell back to eager
+    char desc[1200];                      // describe(): info and the graphs' counts
 } cuda_backend;
 
 // ---- errors -------------------------------------------------------------------------------------------------
@@ -106,6 +134,30 @@ static moeq_err cuda_status(const moeq_backend *b, char *errstr, size_t errstr_s
 
 // ---- staging --------------------------------------------------------------------------------------------------
 
+// Inside a capture or replay nothing may wait, allocate or take another path than the capture did: the step is
+// marked broken (the engine issues it again, eagerly and unpadded) and the first reason kept for describe().
+static void broken(cuda_backend *cb, const char *why) {
+    if (!cb->br.broken && !cb->graph_why[0]) snprintf(cb->graph_why, sizeof cb->graph_why, "%s", why);
+    cb->br.broken = 1;
+}
+
+// 1 (and the step broken) when inside a capture or replay: host work that cannot be recorded.
+static int in_bracket(cuda_backend *cb, const char *what) {
+    if (!cb->br.mode) return 0;
+    broken(cb, what);
+    return 1;
+}
+
+// A replay writes the step's host data into the bucket's region and launches nothing until graph_end.
+static int replaying(const cuda_backend *cb) { return cb->br.mode == BR_REPLAY; }
+
+// Host bytes already in a staged region to their device twin (or any device buffer), on the stream; a replay's
+// graph holds the copy, so a replay only wrote the region.
+static int h2d(cuda_backend *cb, void *dev, const void *host, size_t bytes, const char *what) {
+    if (cb->err || replaying(cb) || !bytes) return !cb->err;
+    return cu_ok(cb, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cb->stream), what);
+}
+
 static void drain(cuda_backend *cb, const char *why) {
     if (cu_ok(cb, cudaStreamSynchronize(cb->stream), why)) cb->stage_off = 0;
 }
@@ -117,6 +169,7 @@ static void drain(cuda_backend *cb, const char *why) {
 // so that no region an op still needs is reused by its own later regions. 0 once an error is kept.
 static int stage_reserve(cuda_backend *cb, size_t bytes) {
     if (cb->err) return 0;
+    if (cb->br.mode) return !cb->br.broken; // the bucket's region: stage() checks each region against it
     if (bytes > cb->stage_cap) {
         char n[32];
         snprintf(n, sizeof n, "%zu", bytes);
@@ -128,10 +181,39 @@ static int stage_reserve(cuda_backend *cb, size_t bytes) {
     return !cb->err;
 }
 
+static void *stage_broken(cuda_backend *cb, const char *why) {
+    broken(cb, why);
+    return NULL;
+}
+
+// Inside a bracket: the next region of the bucket's fixed region, at the offset the capture gave it (a replay
+// that would take another size breaks the step). NULL when broken.
+static void *stage_fixed(cuda_backend *cb, size_t bytes, void **dev) {
+    graph_bucket *g = &cb->gb[cb->br.bucket];
+    if (cb->br.broken) return NULL;
+    if (cb->br.off + bytes > g->stage_cap) return stage_broken(cb, "a step's host data past the bucket's region");
+    if (cb->br.mode == BR_CAPTURE) {
+        if (g->n_regions == g->max_regions) {
+            int m = g->max_regions ? 2 * g->max_regions : 1024;
+            size_t *r = (size_t *)realloc(g->regions, (size_t)m * sizeof(size_t));
+            if (!r) return stage_broken(cb, "out of host memory recording a capture");
+            g->regions = r, g->max_regions = m;
+        }
+        g->regions[g->n_regions++] = bytes;
+    } else if (cb->br.region >= g->n_regions || g->regions[cb->br.region] != bytes)
+        return stage_broken(cb, "a replay staged other host data than its capture");
+    cb->br.region++;
+    void *h = g->stage_h + cb->br.off;
+    *dev = g->stage_d + cb->br.off;
+    cb->br.off += bytes;
+    return h;
+}
+
 // A region of the staging reserved before (host pointer, device twin); NULL once an error is kept.
 static void *stage(cuda_backend *cb, size_t bytes, void **dev) {
     bytes = STAGED(bytes ? bytes : 1);
     if (cb->err) return NULL;
+    if (cb->br.mode) return stage_fixed(cb, bytes, dev);
     if (cb->stage_off + bytes > cb->stage_cap) {
         fail(cb, MOEQ_ERR_INTERNAL, "staging region past the op's reservation%s%s", "", "");
         return NULL;
@@ -147,8 +229,7 @@ static const void *stage_up(cuda_backend *cb, const void *host, size_t bytes, co
     void *d = NULL, *h = stage(cb, bytes, &d);
     if (!h) return NULL;
     if (bytes) memcpy(h, host, bytes);
-    if (bytes && !cu_ok(cb, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, cb->stream), what)) return NULL;
-    return d;
+    return h2d(cb, d, h, bytes, what) ? d : NULL;
 }
 
 // One region of its own (an op with nothing else staged).
@@ -298,26 +379,26 @@ static void cuda_release(moeq_backend *b, void *buffer) {
 static void cuda_upload(moeq_backend *b, void *dst, const void *host, size_t bytes) {
     cuda_backend *cb = (cuda_backend *)b;
     // pageable source: the call returns once the bytes are staged, so the caller may reuse its buffer
-    if (!cb->err && bytes)
+    if (!cb->err && bytes && !in_bracket(cb, "upload inside a captured step"))
         cu_ok(cb, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (upload)");
 }
 
 static void cuda_download(moeq_backend *b, void *host, const void *src, size_t bytes) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || !bytes) return;
+    if (cb->err || !bytes || in_bracket(cb, "download inside a captured step")) return;
     if (cu_ok(cb, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cb->stream), "cudaMemcpyAsync (download)"))
         drain(cb, "cudaStreamSynchronize (download)");
 }
 
 static void cuda_copy(moeq_backend *b, void *dst, const void *src, size_t bytes) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (!cb->err && bytes)
+    if (!cb->err && bytes && !replaying(cb))
         cu_ok(cb, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream), "cudaMemcpyAsync (copy)");
 }
 
 static void cuda_sync(moeq_backend *b) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (!cb->err) drain(cb, "cudaStreamSynchronize (sync)");
+    if (!cb->err && !in_bracket(cb, "sync inside a captured step")) drain(cb, "cudaStreamSynchronize (sync)");
 }
 
 // ---- matmul kernels --------------------------------------------------------------------------------------------
@@ -471,7 +552,7 @@ static int blas_for(const cuda_backend *cb, const moeq_mm_job *jobs, int n_jobs)
 }
 
 static void run_jobs(cuda_backend *cb, const moeq_mm_job *jobs, int n_jobs, int nn) {
-    if (cb->err || n_jobs <= 0) return;
+    if (cb->err || n_jobs <= 0 || replaying(cb)) return;
     int blas = blas_for(cb, jobs, n_jobs);
     for (int i = 0; i < n_jobs && !cb->err; i++) {
         const moeq_mm_job *j = &jobs[i];
@@ -527,11 +608,8 @@ static int kv_upload(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *s
         fail(cb, MOEQ_ERR_INTERNAL, "compact block table larger than its bound%s%s", "", "");
         return 0;
     }
-    if (!cu_ok(cb, cudaMemcpyAsync(d_off, h_off, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream),
-               "cudaMemcpyAsync (block table rows)") ||
-        (used && !cu_ok(cb, cudaMemcpyAsync(d_tab, h_tab, (size_t)used * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                            cb->stream),
-                        "cudaMemcpyAsync (block table)")))
+    if (!h2d(cb, d_off, h_off, (size_t)T * sizeof(int32_t), "cudaMemcpyAsync (block table rows)") ||
+        !h2d(cb, d_tab, h_tab, (size_t)used * sizeof(int32_t), "cudaMemcpyAsync (block table)"))
         return 0;
     kv_dev k = {kv->pool, kv->block_floats, kv->layer_offset, kv->block_tokens, kv->entry_floats,
                 (const int32_t *)d_off, (const int32_t *)d_tab};
@@ -554,7 +632,8 @@ static int fixed_ready(cuda_backend *cb, int block_tokens) {
         cb->fstride = -1; // the compact tables serve every call
         return 0;
     }
-    int ok = cu_ok(cb, cudaMalloc((void **)&cb->ftab_d, (size_t)(R * S) * sizeof(int32_t)), "cudaMalloc (fixed tables)") &&
+    int ok = cu_ok(cb, cudaMalloc((void **)&cb->ftab_d, (size_t)(R * S) * sizeof(int32_t)),
+                   "cudaMalloc (fixed tables)") &&
              cu_ok(cb, cudaMalloc((void **)&cb->frow_d, (size_t)R * sizeof(int32_t)), "cudaMalloc (fixed rows)") &&
              cu_ok(cb, cudaMalloc((void **)&cb->fplan_d, (size_t)(2 * R + 1) * sizeof(int32_t)),
                    "cudaMalloc (device split plan)") &&
@@ -573,9 +652,10 @@ static int kv_fixed(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *se
                     kv_dev *out) {
     if (!cb->p.graphs || cb->err || T < 1 || T > MOEQ_CU_GRAPH_LARGEST || !fixed_ready(cb, kv->block_tokens))
         return 0;
-    int64_t S = cb->fstride;
-    if (moeq_cu_kv_fixed_fill(kv->block_table, kv->table_stride, seq, pos, T, T, kv->block_tokens, S, 0,
-                              cb->fcand_h) < 0)
+    // in a bracket rows past n_valid are padding: at position 0 of the scratch block
+    int64_t S = cb->fstride, n_valid = cb->br.mode && cb->br.n_rows == T ? cb->br.n_valid : T;
+    if (moeq_cu_kv_fixed_fill(kv->block_table, kv->table_stride, seq, pos, n_valid, T, kv->block_tokens, S,
+                              cb->br.scratch, cb->fcand_h) < 0)
         return 0;
     int same = T == cb->ftab_rows;
     for (int64_t t = 0; t < T && same; t++) {
@@ -588,9 +668,7 @@ static int kv_fixed(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *se
         if (!h) return 0;
         memcpy(h, cb->fcand_h, bytes);
         // ordered on the stream: the kernels still reading the table it replaces run before the copy lands
-        if (!cu_ok(cb, cudaMemcpyAsync(cb->ftab_d, h, bytes, cudaMemcpyHostToDevice, cb->stream),
-                   "cudaMemcpyAsync (fixed block table)"))
-            return 0;
+        if (!h2d(cb, cb->ftab_d, h, bytes, "cudaMemcpyAsync (fixed block table)")) return 0;
         memcpy(cb->ftab_h, cb->fcand_h, bytes);
         for (int64_t t = 0; t < T; t++) cb->fnb_h[t] = moeq_cu_kv_blocks(pos[t] + 1, kv->block_tokens);
         cb->ftab_rows = T;
@@ -698,6 +776,7 @@ __global__ void attn_merge_kernel(const int32_t *first, const int32_t *count, in
 
 static int ws_reserve(cuda_backend *cb, size_t bytes) {
     if (bytes <= cb->ws_bytes) return 1;
+    if (in_bracket(cb, "the attention workspace grew inside a captured step")) return 0;
     if (cb->ws) {
         drain(cb, "cudaStreamSynchronize (attention workspace)");
         cu_ok(cb, cudaFree(cb->ws), "cudaFree (attention workspace)");
@@ -722,7 +801,7 @@ static int attention_cap(cuda_backend *cb, const moeq_mla_params *a, const kv_de
     size_t pos_bytes = (size_t)T * sizeof(int64_t);
     if (!stage_reserve(cb, STAGED(pos_bytes))) return 1;
     const int64_t *pos = (const int64_t *)stage_up(cb, a->pos, pos_bytes, "cudaMemcpyAsync (positions)");
-    if (!pos) return 1;
+    if (!pos || replaying(cb)) return 1;
     int32_t *first = cb->fplan_d, *count = first + MOEQ_CU_GRAPH_LARGEST, *total = count + MOEQ_CU_GRAPH_LARGEST;
     float *ws_o = cb->ws, *ws_ml = cb->ws + (size_t)ws_items * H * L;
     split_plan_kernel<<<1, 32, 0, cb->stream>>>(pos, T, first, count, total);
@@ -762,6 +841,7 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     kv_dev kv;
     int fixed = kv_fixed(cb, &a->kv, a->seq, a->pos, T, &kv); // its table is in device memory of its own
     if (fixed && attention_cap(cb, a, &kv, per_item)) return;
+    if (in_bracket(cb, "attention past the capacity grid (contexts past the workspace) in a captured step")) return;
     // the block table and every chunk's plan in one reservation: a drain between them would let a later
     // region overwrite the table while the chunks' kernels still read it
     // (each chunk's three regions round up: at most one chunk per token)
@@ -782,12 +862,9 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
         int32_t *count = first ? (int32_t *)stage(cb, (size_t)(t1 - t0) * sizeof(int32_t), &d_count) : NULL;
         if (!count) return;
         moeq_cu_split_plan(a->pos, t0, t1, items, first, count, n_items);
-        if (!cu_ok(cb, cudaMemcpyAsync(d_items, items, (size_t)n_items * sizeof(moeq_cu_split_item),
-                                       cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (split plan)") ||
-            !cu_ok(cb, cudaMemcpyAsync(d_first, first, (size_t)(t1 - t0) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                       cb->stream), "cudaMemcpyAsync (split firsts)") ||
-            !cu_ok(cb, cudaMemcpyAsync(d_count, count, (size_t)(t1 - t0) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                       cb->stream), "cudaMemcpyAsync (split counts)"))
+        if (!h2d(cb, d_items, items, (size_t)n_items * sizeof(moeq_cu_split_item), "cudaMemcpyAsync (split plan)") ||
+            !h2d(cb, d_first, first, (size_t)(t1 - t0) * sizeof(int32_t), "cudaMemcpyAsync (split firsts)") ||
+            !h2d(cb, d_count, count, (size_t)(t1 - t0) * sizeof(int32_t), "cudaMemcpyAsync (split counts)"))
             return;
         attn_partial_kernel<<<dim3((unsigned)n_items, (unsigned)H), THREADS, 0, cb->stream>>>(
             (const moeq_cu_split_item *)d_items, kv, a->q_lat, a->q_pe, H, L, R, a->scale, ws_o, ws_ml);
@@ -848,7 +925,7 @@ __global__ void attn_naive_kernel(kv_dev kv, const int64_t *pos, int dtype, cons
 
 static void cuda_attention_naive(moeq_backend *b, const moeq_mla_naive_params *a) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || a->n_tok <= 0) return;
+    if (cb->err || a->n_tok <= 0 || in_bracket(cb, "naive attention in a captured step")) return;
     kv_dev kv;
     size_t pos_bytes = (size_t)a->n_tok * sizeof(int64_t);
     if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&a->kv, a->seq, a->pos, a->n_tok))) return;
@@ -877,7 +954,7 @@ static void cuda_embed(moeq_backend *b, const moeq_tensor *table, const int32_t 
     const int32_t *d_ids =
         (const int32_t *)stage_up_alone(cb, ids, (size_t)n * sizeof(int32_t), "cudaMemcpyAsync (token ids)");
     const void *W = d_ids ? wdev(cb, table) : NULL;
-    if (!W) return;
+    if (!W || replaying(cb)) return;
     for (int64_t t0 = 0; t0 < n && !cb->err; t0 += 65535) {
         int64_t nt = n - t0 < 65535 ? n - t0 : 65535;
         embed_kernel<<<dim3(blocks_for(D, 256), (unsigned)nt), 256, 0, cb->stream>>>(out + t0 * D, d_ids + t0,
@@ -909,6 +986,7 @@ static void cuda_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
     if (p->rows && !(rows = (const int64_t *)stage_up_alone(cb, p->rows, (size_t)p->n_rows * sizeof(int64_t),
                                                       "cudaMemcpyAsync (rmsnorm rows)")))
         return;
+    if (replaying(cb)) return;
     for (int64_t r0 = 0; r0 < p->n_rows && !cb->err; r0 += INT32_MAX) {
         int64_t nr = p->n_rows - r0 < INT32_MAX ? p->n_rows - r0 : INT32_MAX;
         rmsnorm_rows_kernel<<<(unsigned)nr, THREADS, 0, cb->stream>>>(p->out + r0 * p->ld_out, p->ld_out,
@@ -930,8 +1008,7 @@ static void cuda_rope_cos_sin(moeq_backend *b, const moeq_rope *rope, const int6
     float *h_sin = h_cos ? (float *)stage(cb, bytes, &d_sin) : NULL;
     if (!h_sin) return;
     for (int64_t t = 0; t < n; t++) moeq_rope_cos_sin(rope, pos[t], h_cos + t * half, h_sin + t * half);
-    if (cu_ok(cb, cudaMemcpyAsync(cos_v, h_cos, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (cos)"))
-        cu_ok(cb, cudaMemcpyAsync(sin_v, h_sin, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (sin)");
+    if (h2d(cb, cos_v, h_cos, bytes, "cudaMemcpyAsync (cos)")) h2d(cb, sin_v, h_sin, bytes, "cudaMemcpyAsync (sin)");
 }
 
 // One token: cache entry = [rmsnorm(kva[:L]) * kv_norm ; rope(kva[L:])], q_pe[h] = rope(q[h, nope:]).
@@ -964,7 +1041,8 @@ static void cuda_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
     int fixed = kv_fixed(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv);
     if (!stage_reserve(cb, STAGED(pos_bytes) + (fixed ? 0 : kv_staged(&p->kv, p->seq, p->pos, p->n_tok)))) return;
     const int64_t *pos = (const int64_t *)stage_up(cb, p->pos, pos_bytes, "cudaMemcpyAsync (positions)");
-    if (!pos || (!fixed && !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv))) return;
+    if (!fixed && in_bracket(cb, "no fixed block table for a captured step")) return;
+    if (!pos || (!fixed && !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv)) || replaying(cb)) return;
     for (int64_t t0 = 0; t0 < p->n_tok && !cb->err; t0 += INT32_MAX) {
         int64_t nt = p->n_tok - t0 < INT32_MAX ? p->n_tok - t0 : INT32_MAX;
         kv_dev k0 = kv;
@@ -985,14 +1063,14 @@ __global__ void add_kernel(float *x, const float *y, int64_t n) {
 
 static void cuda_add(moeq_backend *b, float *x, const float *y, int64_t n) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || n <= 0) return;
+    if (cb->err || n <= 0 || replaying(cb)) return;
     add_kernel<<<blocks_for(n, 256), 256, 0, cb->stream>>>(x, y, n);
     launched(cb, "add_kernel launch");
 }
 
 static void cuda_silu_mul(moeq_backend *b, float *out, const float *gate, const float *up, int64_t n) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || n <= 0) return;
+    if (cb->err || n <= 0 || replaying(cb)) return;
     if (moeq_cuda_silu_mul(out, gate, up, n, cb->stream)) // the launcher read cudaGetLastError itself
         fail(cb, MOEQ_ERR_INTERNAL, "silu_mul kernel launch failed%s%s", "", "");
 }
@@ -1027,11 +1105,11 @@ static void cuda_route(moeq_backend *b, const moeq_route_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
     if (p->n_tok <= 0) return;
     if (p->on_backend) { // nothing comes back; after an error nothing reads the ids on the host either
-        if (!cb->err) route_on_backend(cb, p);
+        if (!cb->err && !replaying(cb)) route_on_backend(cb, p);
         return;
     }
-    if (!cb->err) route_on_device(cb, p);
-    if (cb->err) route_valid_ids_after_error(p);
+    if (!cb->err && !in_bracket(cb, "a route with host ids (a wait) in a captured step")) route_on_device(cb, p);
+    if (cb->err || cb->br.mode) route_valid_ids_after_error(p);
 }
 
 // moe_route_kernel's body with the engine's uint8 flags, ids and flags left in backend memory.
@@ -1102,7 +1180,7 @@ static void cuda_gather(moeq_backend *b, const moeq_gather_params *p) {
     if (cb->err || p->n_slots <= 0) return;
     const int64_t *order = (const int64_t *)stage_up_alone(cb, p->order, (size_t)p->n_slots * sizeof(int64_t),
                                                      "cudaMemcpyAsync (gather order)");
-    if (!order) return;
+    if (!order || replaying(cb)) return;
     gather_kernel<<<blocks_for(p->n_slots * p->dim, 256), 256, 0, cb->stream>>>(p->xg, p->slot_row, p->x, order,
                                                                                 p->n_slots, p->top_k, p->dim);
     launched(cb, "gather_kernel launch");
@@ -1118,7 +1196,7 @@ __global__ void combine_kernel(float *out, const float *rows, const int64_t *slo
 
 static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || p->n_tok <= 0) return;
+    if (cb->err || p->n_tok <= 0 || replaying(cb)) return;
     combine_kernel<<<blocks_for(p->n_tok * p->dim, 256), 256, 0, cb->stream>>>(p->out, p->rows, p->slot_row,
                                                                                p->weights, p->shared, p->n_tok,
                                                                                p->top_k, p->dim);
@@ -1130,7 +1208,8 @@ static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {
 // The plan, one block of one thread per expert: counts, the scan by thread 0, each expert's slots placed;
 // stats[e] += counts[e]. Integer work with no atomics: the same plan whatever the timing.
 __global__ void moe_plan_kernel(const int32_t *ids, int64_t S, int E, int64_t *offsets, int64_t *order,
-                                int64_t *tile_first, int64_t *slot_row, uint64_t *stats) {
+                                int64_t *tile_first, int64_t *slot_row, uint64_t *stats, const int64_t *n_valid,
+                                int64_t K) {
     __shared__ int64_t counts[MOEQ_CU_MOE_MAX_EXPERTS];
     int e = (int)threadIdx.x;
     if (e < E) counts[e] = moeq_cu_moe_count(ids, S, e);
@@ -1139,7 +1218,8 @@ __global__ void moe_plan_kernel(const int32_t *ids, int64_t S, int E, int64_t *o
     __syncthreads(); // thread 0's global writes are visible to the block from here
     if (e < E) {
         moeq_cu_moe_place(ids, S, e, offsets[e], order, slot_row);
-        if (stats) stats[e] += (uint64_t)counts[e];
+        // a padded step (n_valid: device memory, NULL when none) counts its real tokens' slots only
+        if (stats) stats[e] += (uint64_t)(n_valid ? moeq_cu_moe_count(ids, *n_valid * K, e) : counts[e]);
     }
 }
 
@@ -1217,8 +1297,7 @@ static const void *const *expert_tables(cuda_backend *cb, const moeq_moe_experts
                 return NULL;
         }
     }
-    if (!cu_ok(cb, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (expert tables)"))
-        return NULL;
+    if (!h2d(cb, d, h, bytes, "cudaMemcpyAsync (expert tables)")) return NULL;
     return (const void *const *)d;
 }
 
@@ -1246,14 +1325,15 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
     const void *const *tab = NULL; // the layer's tables from map_weights, else staged for this call
     for (int l = 0; l < cb->n_moe && !tab; l++)
         if (cb->moe_key[l] == p->experts) tab = cb->moe_tab + (size_t)l * 6 * (size_t)E;
-    if (!tab && !(tab = expert_tables(cb, p, &dtype))) return;
+    if ((!tab && !(tab = expert_tables(cb, p, &dtype))) || replaying(cb)) return;
     const void *const *wg = tab, *const *wu = tab + E, *const *wd = tab + 2 * E;
     const float *const *sg = (const float *const *)(tab + 3 * E), *const *su = (const float *const *)(tab + 4 * E);
     const float *const *sd = (const float *const *)(tab + 5 * E);
     int64_t *offsets = p->plan, *order = p->plan + E + 1, *tile_first = p->plan + E + 1 + p->max_tok * K;
     int64_t cap = moeq_cu_moe_tile_cap(p->max_tok * K, E, MOEQ_CU_MM_TILE_T); // capacities only: no host count
-    moe_plan_kernel<<<1, (unsigned)((E + 31) / 32 * 32), 0, cb->stream>>>(p->ids, S, E, offsets, order, tile_first,
-                                                                          p->slot_row, p->stats);
+    moe_plan_kernel<<<1, (unsigned)((E + 31) / 32 * 32), 0, cb->stream>>>(
+        p->ids, S, E, offsets, order, tile_first, p->slot_row, p->stats,
+        cb->br.mode && cb->br.n_rows == T ? cb->br.nvalid_d : NULL, K);
     if (!launched(cb, "moe_plan_kernel launch")) return;
     gather_kernel<<<blocks_for(S * D, 256), 256, 0, cb->stream>>>(p->xg, p->slot_row, p->x, order, S, K, D);
     if (!launched(cb, "gather_kernel launch (moe_experts)")) return;
@@ -1394,7 +1474,9 @@ static void cuda_logits_reduce(moeq_backend *b, const float *logits, int64_t ld,
     if (n_rows <= 0) return;
     size_t rec_bytes = (size_t)n_rows * sizeof(moeq_logits_record), t_bytes = (size_t)n_rows * sizeof(double);
     void *d_rec = NULL;
-    if (!stage_reserve(cb, STAGED(rec_bytes) + STAGED(t_bytes))) goto failed;
+    if (in_bracket(cb, "logits records (a wait) in a captured step") ||
+        !stage_reserve(cb, STAGED(rec_bytes) + STAGED(t_bytes)))
+        goto failed;
     {
         const double *d_t = (const double *)stage_up(cb, temperature, t_bytes, "cudaMemcpyAsync (temperatures)");
         moeq_logits_record *h_rec = d_t ? (moeq_logits_record *)stage(cb, rec_bytes, &d_rec) : NULL;
@@ -1417,6 +1499,112 @@ failed: // an error is kept (the step fails at its status check): records that d
     }
 }
 
+// ---- CUDA graphs: a step's layers captured per bucket, replayed with the host data in fixed regions ----------------
+
+// Rows of a step's bucket, or 0: graphs off, past the largest bucket, a bucket whose capture failed, an error kept.
+static int64_t cuda_graph_rows(const moeq_backend *b, int64_t n_tok) {
+    const cuda_backend *cb = (const cuda_backend *)b;
+    int i = cb->p.graphs && !cb->err ? moeq_cu_graph_bucket(cb->gsize, cb->n_gb, n_tok) : -1;
+    return i < 0 || cb->gb[i].failed ? 0 : cb->gsize[i];
+}
+
+// A bucket's fixed staging: its fixed block table whole, then (generously) the ids, cos/sin and n_valid of the
+// step and two position regions per layer; a capture that needs more breaks and the bucket runs eagerly.
+static size_t bucket_stage_bytes(const cuda_backend *cb, int64_t rows) {
+    int layers = cb->model ? cb->model->config.num_hidden_layers : 1;
+    size_t S = (size_t)(cb->fstride > 0 ? cb->fstride : 1);
+    return STAGED((size_t)rows * S * sizeof(int32_t)) + (size_t)rows * 4096 +
+           (size_t)(4 * layers + 64) * STAGED((size_t)rows * 64) + ((size_t)1 << 20);
+}
+
+static int bucket_ready(cuda_backend *cb, graph_bucket *g, int64_t rows) {
+    if (g->stage_h) return 1;
+    size_t bytes = bucket_stage_bytes(cb, rows);
+    if (!cu_ok(cb, cudaHostAlloc((void **)&g->stage_h, bytes, cudaHostAllocDefault), "cudaHostAlloc (graph staging)") ||
+        !cu_ok(cb, cudaMalloc((void **)&g->stage_d, bytes), "cudaMalloc (graph staging)"))
+        return 0;
+    g->stage_cap = bytes;
+    return 1;
+}
+
+// A capture that did not give a graph: the bucket runs eagerly from now on; the reason kept for describe().
+static void capture_failed(cuda_backend *cb, graph_bucket *g, const char *call, cudaError_t e) {
+    char why[160];
+    snprintf(why, sizeof why, "%s: %s", call, cudaGetErrorString(e));
+    if (e != cudaSuccess) broken(cb, why);
+    (void)cudaGetLastError(); // a failed capture's error is answered here, not by the next launch
+    g->failed = 1;
+}
+
+static void cuda_graph_begin(moeq_backend *b, const moeq_graph_step *st) {
+    cuda_backend *cb = (cuda_backend *)b;
+    memset(&cb->br, 0, sizeof cb->br);
+    cb->br.mode = BR_REPLAY; // until accepted: every op a no-op, and graph_end answers "issue them again"
+    cb->br.broken = 1;
+    int i = moeq_cu_graph_bucket(cb->gsize, cb->n_gb, st->n_rows);
+    if (cb->err || !cb->p.graphs || i < 0 || cb->gsize[i] != st->n_rows || cb->gb[i].failed || st->n_valid < 1 ||
+        st->n_valid > st->n_rows || st->scratch_block < 0)
+        return;
+    graph_bucket *g = &cb->gb[i];
+    cb->br.mode = BR_NONE; // allocations and the drain are not in any bracket
+    if (!fixed_ready(cb, st->block_tokens) || !bucket_ready(cb, g, st->n_rows)) {
+        cb->br.mode = BR_REPLAY;
+        return;
+    }
+    drain(cb, "cudaStreamSynchronize (before a captured step)"); // the region's last readers are done
+    if (cb->err) {
+        cb->br.mode = BR_REPLAY;
+        return;
+    }
+    cb->ftab_rows = 0; // the step's first call stages its fixed table, in every capture and replay alike
+    cb->br.broken = 0, cb->br.bucket = i, cb->br.n_rows = st->n_rows, cb->br.n_valid = st->n_valid;
+    cb->br.scratch = st->scratch_block;
+    if (!g->exec) {
+        g->n_regions = 0;
+        cudaError_t e = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal);
+        if (e != cudaSuccess) {
+            capture_failed(cb, g, "cudaStreamBeginCapture", e);
+            cb->br.mode = BR_REPLAY;
+            return;
+        }
+        cb->br.mode = BR_CAPTURE;
+    } else
+        cb->br.mode = BR_REPLAY;
+    int64_t nv = st->n_valid; // first: moe_experts' counts read it
+    cb->br.nvalid_d = (const int64_t *)stage_up(cb, &nv, sizeof nv, "cudaMemcpyAsync (n_valid)");
+}
+
+static int cuda_graph_end(moeq_backend *b) {
+    cuda_backend *cb = (cuda_backend *)b;
+    int mode = cb->br.mode, bad = cb->br.broken || cb->err != MOEQ_OK;
+    graph_bucket *g = &cb->gb[cb->br.bucket];
+    if (mode == BR_NONE) return 0;
+    if (mode == BR_CAPTURE) {
+        cudaGraph_t graph = NULL;
+        cudaError_t e = cudaStreamEndCapture(cb->stream, &graph); // always: the stream leaves capture mode
+        if (e == cudaSuccess && !bad) e = cudaGraphInstantiate(&g->exec, graph, 0);
+        if (graph) cudaGraphDestroy(graph);
+        if (e != cudaSuccess || bad) {
+            capture_failed(cb, g, e != cudaSuccess ? "capture" : "capture (a step op could not be recorded)", e);
+            g->exec = NULL;
+            goto again;
+        }
+        cb->n_captured++;
+    } else if (bad || cb->br.region != g->n_regions) {
+        broken(cb, "a replay staged less host data than its capture");
+        goto again;
+    } else
+        cb->n_replays++;
+    memset(&cb->br, 0, sizeof cb->br);
+    cu_ok(cb, cudaGraphLaunch(g->exec, cb->stream), "cudaGraphLaunch"); // a launch error fails the step
+    return 0;
+again: // nothing of the bracket ran: its fixed table never landed either
+    cb->n_fallbacks += !cb->err;
+    cb->ftab_rows = 0;
+    memset(&cb->br, 0, sizeof cb->br);
+    return 1;
+}
+
 // ---- lifetime -------------------------------------------------------------------------------------------------------
 
 extern "C" int moeq_backend_cuda_supports(moeq_backend_op op, moeq_dtype dtype) {
@@ -1430,7 +1618,16 @@ static int cuda_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype d
     return moeq_backend_cuda_supports(op, dtype);
 }
 
-static const char *cuda_describe(const moeq_backend *b) { return ((const cuda_backend *)b)->info; }
+static const char *cuda_describe(const moeq_backend *b) {
+    cuda_backend *cb = (cuda_backend *)b; // the counts change: the line is written when asked
+    if (!cb->p.graphs) return cb->info;
+    snprintf(cb->desc, sizeof cb->desc,
+             "%s; CUDA graphs: on (steps of <= %lld tokens padded to buckets 1..%lld: %d captured, %d replays, %d "
+             "steps issued again eagerly%s%s)",
+             cb->info, (long long)cb->gsize[cb->n_gb - 1], (long long)cb->gsize[cb->n_gb - 1], cb->n_captured,
+             cb->n_replays, cb->n_fallbacks, cb->graph_why[0] ? ": " : "", cb->graph_why);
+    return cb->desc;
+}
 
 // The device's memory as the driver counts it (every process on it): used = total - free. 0/0 when it cannot say.
 static void cuda_memory(const moeq_backend *b, size_t *used, size_t *total) {
@@ -1450,6 +1647,12 @@ static void cuda_destroy(moeq_backend *b) {
     cudaFree(cb->moe_tab);
     free(cb->moe_key);
     cudaFree(cb->ws);
+    for (int i = 0; i < MOEQ_CU_GRAPH_MAX_BUCKETS; i++) {
+        if (cb->gb[i].exec) cudaGraphExecDestroy(cb->gb[i].exec);
+        cudaFree(cb->gb[i].stage_d);
+        if (cb->gb[i].stage_h) cudaFreeHost(cb->gb[i].stage_h);
+        free(cb->gb[i].regions);
+    }
     cudaFree(cb->ftab_d);
     cudaFree(cb->frow_d);
     cudaFree(cb->fplan_d);
@@ -1460,6 +1663,7 @@ static void cuda_destroy(moeq_backend *b) {
     cudaFree(cb->stage_d);
     if (cb->stage_h) cudaFreeHost(cb->stage_h);
     if (cb->blas) cublasDestroy(cb->blas);
+    cudaFree(cb->blas_ws); // after the handle that used it
     if (cb->stream) cudaStreamDestroy(cb->stream);
     free(cb);
 }
@@ -1493,6 +1697,9 @@ static const moeq_backend cuda_table = {
     .combine = cuda_combine,
     .moe_experts = cuda_moe_experts,
     .logits_reduce = cuda_logits_reduce,
+    .graph_rows = cuda_graph_rows,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
     .destroy = cuda_destroy,
 };
 
@@ -1513,6 +1720,10 @@ static void create_on_device(cuda_backend *cb) {
                "cudaHostAlloc (pinned staging)") ||
         !cu_ok(cb, cudaMalloc((void **)&cb->stage_d, cb->stage_cap), "cudaMalloc (staging)"))
         return;
+    if (!cb->p.batch_invariant && cb->p.graphs &&
+        (!cu_ok(cb, cudaMalloc(&cb->blas_ws, BLAS_WS_BYTES), "cudaMalloc (cuBLAS workspace)") ||
+         !bl_ok(cb, cublasSetWorkspace(cb->blas, cb->blas_ws, BLAS_WS_BYTES), "cublasSetWorkspace")))
+        return;
     if (!cb->p.batch_invariant) {
         size_t k = (size_t)(cb->p.max_k > 0 ? cb->p.max_k : 1);
         cb->wide_floats = (size_t)WIDE_BYTES / sizeof(float) / k * k;
@@ -1529,11 +1740,8 @@ static void create_on_device(cuda_backend *cb) {
     // cublasGemmGroupedBatchedEx takes each group's m/n/k from host arrays: the counts would have to come back
     snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
              "; MoE layers: moe_experts on the device (own grouped kernel, no host round trip)");
-    // cuda_graphs: the shapes are built, the capture is not; say that the steps launch eagerly
-    snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info), "; CUDA graphs: %s",
-             cb->p.graphs ? "capture-ready shapes for calls of <= 256 tokens (split-KV planned on the device, "
-                            "fixed-stride block tables), launched eagerly: capture not built"
-                          : "off");
+    if (!cb->p.graphs) snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info), "; CUDA graphs: off");
+    cb->n_gb = moeq_cu_graph_buckets(T, cb->gsize);
 }
 
 extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moeq_backend **out, char *errstr,
