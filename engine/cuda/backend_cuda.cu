@@ -92,6 +92,7 @@ typedef struct cuda_backend {
     graph_bucket gb[MOEQ_CU_GRAPH_MAX_BUCKETS];
     struct {
         int mode, bucket, broken, region; // BR_*; the region index a replay compares
+        int transient;                    // broken by this step's data (contexts), not by the bucket's ops
         int64_t n_rows, n_valid;
         int32_t scratch;                  // the cache block padding rows use
         size_t off;                       // bump offset in the bucket's region
@@ -841,6 +842,7 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     kv_dev kv;
     int fixed = kv_fixed(cb, &a->kv, a->seq, a->pos, T, &kv); // its table is in device memory of its own
     if (fixed && attention_cap(cb, a, &kv, per_item)) return;
+    if (fixed && cb->br.mode && !cb->br.broken) cb->br.transient = 1; // a later step may fit: capture it then
     if (in_bracket(cb, "attention past the capacity grid (contexts past the workspace) in a captured step")) return;
     // the block table and every chunk's plan in one reservation: a drain between them would let a later
     // region overwrite the table while the chunks' kernels still read it
@@ -1585,7 +1587,9 @@ static int cuda_graph_end(moeq_backend *b) {
         if (e == cudaSuccess && !bad) e = cudaGraphInstantiate(&g->exec, graph, 0);
         if (graph) cudaGraphDestroy(graph);
         if (e != cudaSuccess || bad) {
+            int transient = e == cudaSuccess && cb->br.transient && !cb->err;
             capture_failed(cb, g, e != cudaSuccess ? "capture" : "capture (a step op could not be recorded)", e);
+            g->failed = !transient; // a step past the workspace: the bucket's next step captures
             g->exec = NULL;
             goto again;
         }
