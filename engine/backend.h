@@ -241,6 +241,10 @@ typedef struct moeq_graph_step {
     int64_t n_valid;       /* the step's own tokens, rows [0, n_valid); the rest: token 0 at position 0         */
     int block_tokens;      /* the main cache's block size                                                       */
     int32_t scratch_block; /* a block of the main cache's pool no sequence holds: padding rows use only it      */
+    const int32_t *block_table; /* host: the main cache's block table (moeq_kv_paged's), table_stride a row     */
+    int64_t table_stride;
+    const int32_t *seq;    /* host (n_rows): the padded step's sequences and positions (padding: position 0)    */
+    const int64_t *pos;
 } moeq_graph_step;
 
 typedef struct moeq_backend moeq_backend;

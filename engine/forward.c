@@ -196,7 +196,9 @@ void moeq_forward_tokens(moeq_engine *e, int64_t T) {
     int64_t rows = e->graph_scratch >= 0 && !moeq_moe_layer_in_group(e) ? b->graph_rows(b, T) : 0;
     if (rows >= T && rows <= e->params.max_step_tokens) {
         for (int64_t t = T; t < rows; t++) s->tok_id[t] = 0, s->tok_seq[t] = s->tok_seq[0], s->tok_pos[t] = 0;
-        moeq_graph_step g = {rows, T, e->params.kv_block_tokens, e->graph_scratch};
+        moeq_kv_paged kv = moeq_kv_cache_paged(e->cache, 0);
+        moeq_graph_step g = {rows, T, kv.block_tokens, e->graph_scratch, kv.block_table, kv.table_stride, s->tok_seq,
+                             s->tok_pos};
         b->graph_begin(b, &g);
         forward_layers(e, rows);
         int again = b->graph_end(b);

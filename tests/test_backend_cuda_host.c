@@ -445,6 +445,67 @@ static void fixed_stride_tables_address_every_entry_as_the_engines_and_padding_t
 }
 
 /*
+ * fixed_sync's bookkeeping played on the host: a "device" table, the host's mirror and each row's held entries,
+ * over steps whose batches change (sequences come and go, positions advance, padding rows): after each sync every
+ * entry a token reads on the device is the engine's block, a second sync of the same step uploads nothing, and a
+ * decode step uploads only the rows that crossed into a new block or changed sequence.
+ */
+static void fixed_table_sync_uploads_only_changed_rows_and_keeps_the_device_right(void **state) {
+    (void)state;
+    const int bts[] = {1, 4, 16};
+    for (int bi = 0; bi < 3; bi++) {
+        int bt = bts[bi];
+        fake_cache c;
+        fake_cache_make(&c, 12, 400, bt, 3);
+        int64_t S = moeq_cu_kv_fixed_stride(400, bt), R = 64;
+        int32_t *dev = malloc((size_t)(R * S) * sizeof(int32_t)), *mirror = calloc((size_t)(R * S), sizeof(int32_t));
+        int32_t *cand = calloc((size_t)(R * S), sizeof(int32_t)), scratch = 0, seq[64];
+        int64_t *held = calloc((size_t)R, sizeof(int64_t)), pos[64], len[12] = {0}, uploaded_total = 0;
+        uint8_t diff[64];
+        for (int64_t i = 0; i < R * S; i++) dev[i] = -1; /* what no read may see */
+        int64_t n_valid = 5;
+        for (int s = 0; s < 11; s++) len[s] = urand() % 300;
+        for (int step = 0; step < 60; step++) {
+            if (step % 10 == 9) n_valid = 1 + urand() % 11; /* the batch changes now and then */
+            int64_t n_rows = n_valid + (step % 3 == 0 ? (int64_t)(urand() % 4) : 0);
+            for (int64_t t = 0; t < n_valid; t++) {
+                seq[t] = (int32_t)((t + step / 10) % 11), pos[t] = len[seq[t]];
+                if (len[seq[t]] < 398) len[seq[t]]++;
+            }
+            moeq_cu_graph_pad(NULL, seq, pos, n_valid, n_rows, 11);
+            scratch = c.table[11 * c.kv.table_stride];
+            for (int rep = 0; rep < 2; rep++) {
+                assert_int_equal(moeq_cu_kv_fixed_fill(c.table, c.kv.table_stride, seq, pos, n_valid, n_rows, bt, S,
+                                                       scratch, cand), 0);
+                int64_t n_diff = moeq_cu_kv_fixed_diff(cand, mirror, held, pos, n_rows, bt, S, diff), t = 0, t0,
+                        t1, rows = 0;
+                if (rep) assert_int_equal(n_diff, 0); /* the same step again: nothing to upload */
+                while (moeq_cu_kv_fixed_run(diff, n_rows, &t, &t0, &t1)) {
+                    assert_true(t0 < t1 && diff[t0] && diff[t1 - 1] && (t1 == n_rows || !diff[t1]));
+                    memcpy(dev + t0 * S, cand + t0 * S, (size_t)((t1 - t0) * S) * sizeof(int32_t));
+                    memcpy(mirror + t0 * S, cand + t0 * S, (size_t)((t1 - t0) * S) * sizeof(int32_t));
+                    for (int64_t r = t0; r < t1; r++) held[r] = S;
+                    rows += t1 - t0;
+                }
+                assert_int_equal(rows, n_diff);
+                uploaded_total += rows;
+            }
+            for (int64_t t = 0; t < n_rows; t++) /* every entry the kernels read, through the device's rows */
+                for (int64_t p = 0; p <= pos[t]; p++) {
+                    size_t off = moeq_cu_kv_entry_offset(dev + t * S, p, bt, c.kv.block_floats, c.kv.layer_offset, 3);
+                    if (t < n_valid) assert_ptr_equal(c.pool + off, moeq_kv_paged_entry(&c.kv, seq[t], p));
+                    else assert_int_equal(off, (size_t)scratch * c.kv.block_floats + c.kv.layer_offset);
+                }
+        }
+        /* uploads are rows that changed, far fewer than every row of every step (60 steps of up to 14 rows) */
+        print_message("block %d: %lld rows uploaded over 60 steps\n", bt, (long long)uploaded_total);
+        if (bt == 16) assert_true(uploaded_total < 200);
+        free(dev), free(mirror), free(cand), free(held);
+        fake_cache_free(&c);
+    }
+}
+
+/*
  * A padded step through the capacity grid (the plan found on the device, fixed tables, padding rows on the
  * scratch block) gives every valid token the eager path's attention bit for bit (compact tables, the host
  * plan), whatever its bucket and batch-mates: the partial and merge kernels emulated on both.
@@ -1550,6 +1611,8 @@ static void pg_graph_begin(moeq_backend *b, const moeq_graph_step *step) {
     assert_false(pg.in_bracket);
     assert_true(step->n_valid >= 1 && step->n_valid <= step->n_rows && step->scratch_block >= 0);
     assert_int_equal(pg_graph_rows(b, step->n_valid), step->n_rows); /* the engine padded to the bucket */
+    assert_true(step->block_table && step->table_stride > 0 && step->seq && step->pos);
+    for (int64_t t = step->n_valid; t < step->n_rows; t++) assert_int_equal(step->pos[t], 0);
     pg.in_bracket = 1, pg.step = *step, pg.brackets++, pg.padded_rows += step->n_rows - step->n_valid;
     int i = moeq_cu_graph_bucket(pg.sizes, pg.n_sizes, step->n_rows);
     pg.doomed = i == pg.fail_bucket && !pg.failed[i]; /* a failed capture executes nothing: no lasting effect */
@@ -1735,6 +1798,7 @@ int main(void) {
         cmocka_unit_test(decode_buckets_are_the_smallest_power_of_two_that_holds_the_step),
         cmocka_unit_test(the_device_split_plan_equals_the_host_plan_over_many_shapes),
         cmocka_unit_test(fixed_stride_tables_address_every_entry_as_the_engines_and_padding_the_scratch_block),
+        cmocka_unit_test(fixed_table_sync_uploads_only_changed_rows_and_keeps_the_device_right),
         cmocka_unit_test(a_padded_step_on_the_capacity_grid_gives_the_eager_bits_in_every_bucket),
         cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
         cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),

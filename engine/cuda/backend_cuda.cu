@@ -83,9 +83,10 @@ typedef struct cuda_backend {
     // stride (one row per token), uploaded only when it differs from what the device holds (mla_rope and
     // attention of every layer of a step read the same one), and attention plans on the device
     int32_t *ftab_d, *frow_d, *fplan_d; // [LARGEST * fstride] table, [LARGEST] t * fstride, first|count|total
-    int32_t *ftab_h, *fcand_h;          // host: what ftab_d holds (ftab_rows rows), and the call's candidate
-    int64_t *fnb_h;                     // host: blocks each held row has
-    int64_t fstride, ftab_rows;         // fstride 0: not set up yet; -1: cannot be (offsets past int32)
+    int32_t *ftab_h, *fcand_h;          // host: the mirror of ftab_d, and the call's candidate
+    int64_t *fnb_h;                     // host: the entries of each row where ftab_h mirrors ftab_d
+    uint8_t *fdiff_h;                   // host: the rows a sync uploads
+    int64_t fstride;                    // 0: not set up yet; -1: cannot be (offsets past int32)
     // CUDA graphs: the buckets, and the bracket a step is in (graph_begin .. graph_end)
     int64_t gsize[MOEQ_CU_GRAPH_MAX_BUCKETS];
     int n_gb;
@@ -628,7 +629,9 @@ static int fixed_ready(cuda_backend *cb, int block_tokens) {
     cb->ftab_h = (int32_t *)calloc((size_t)(R * S), sizeof(int32_t));
     cb->fcand_h = (int32_t *)calloc((size_t)(R * S), sizeof(int32_t));
     cb->fnb_h = (int64_t *)calloc((size_t)R, sizeof(int64_t));
-    if (!off || !cb->ftab_h || !cb->fcand_h || !cb->fnb_h || moeq_cu_kv_fixed_offsets(R, S, off) < 0) {
+    cb->fdiff_h = (uint8_t *)calloc((size_t)R, 1);
+    if (!off || !cb->ftab_h || !cb->fcand_h || !cb->fnb_h || !cb->fdiff_h ||
+        moeq_cu_kv_fixed_offsets(R, S, off) < 0) {
         free(off);
         cb->fstride = -1; // the compact tables serve every call
         return 0;
@@ -642,38 +645,48 @@ static int fixed_ready(cuda_backend *cb, int block_tokens) {
                                        cb->stream), "cudaMemcpyAsync (fixed rows)");
     free(off); // a pageable source is staged before cudaMemcpyAsync returns
     cb->fstride = ok ? S : -1;
-    cb->ftab_rows = 0;
     return ok;
 }
 
-// The call's fixed-stride table (graph_index.cuh) when cuda_graphs is on and T <= MOEQ_CU_GRAPH_LARGEST: filled on
-// the host, uploaded (through the staging, reserved here: nothing of the caller's is staged yet) only when a row's
-// blocks differ from what the device holds. 0: not this path (the caller takes the compact table).
+// Rows [0, T) of the fixed table for these tokens (rows past n_valid: padding, the scratch block at position 0),
+// filled on the host and compared with what the device holds (ftab_h mirrors ftab_d on each row's first fnb_h
+// entries): each run of rows that differ goes up whole in one copy (ordered on the stream after the kernels still
+// reading them). may_upload 0 (inside a bracket: graph_begin synced the step's table) and a row differs: broken.
+// 0: not usable (a position past the stride, staging failed).
+static int fixed_sync(cuda_backend *cb, const int32_t *block_table, int64_t table_stride, int block_tokens,
+                      const int32_t *seq, const int64_t *pos, int64_t n_valid, int64_t T, int32_t scratch,
+                      int may_upload) {
+    int64_t S = cb->fstride, t = 0, t0, t1;
+    size_t row = (size_t)S * sizeof(int32_t), bytes = 0;
+    if (moeq_cu_kv_fixed_fill(block_table, table_stride, seq, pos, n_valid, T, block_tokens, S, scratch,
+                              cb->fcand_h) < 0)
+        return 0;
+    if (!moeq_cu_kv_fixed_diff(cb->fcand_h, cb->ftab_h, cb->fnb_h, pos, T, block_tokens, S, cb->fdiff_h)) return 1;
+    if (!may_upload) return in_bracket(cb, "a step's block table changed inside its bracket"), 0;
+    while (moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1)) bytes += STAGED((size_t)(t1 - t0) * row);
+    if (!stage_reserve(cb, bytes)) return 0; // every run's region at once
+    for (t = 0; moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1);) {
+        size_t n = (size_t)(t1 - t0) * row;
+        void *d = NULL, *h = stage(cb, n, &d);
+        if (!h) return 0;
+        memcpy(h, cb->fcand_h + t0 * S, n);
+        if (!h2d(cb, cb->ftab_d + t0 * S, h, n, "cudaMemcpyAsync (fixed block table rows)")) return 0;
+        memcpy(cb->ftab_h + t0 * S, cb->fcand_h + t0 * S, n);
+        for (int64_t r = t0; r < t1; r++) cb->fnb_h[r] = S; // the whole row is now the mirror's
+    }
+    return 1;
+}
+
+// The call's fixed-stride table (graph_index.cuh) when cuda_graphs is on and T <= MOEQ_CU_GRAPH_LARGEST, synced
+// before the caller stages anything of its own. 0: not this path (the caller takes the compact table).
 static int kv_fixed(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T,
                     kv_dev *out) {
     if (!cb->p.graphs || cb->err || T < 1 || T > MOEQ_CU_GRAPH_LARGEST || !fixed_ready(cb, kv->block_tokens))
         return 0;
-    // in a bracket rows past n_valid are padding: at position 0 of the scratch block
-    int64_t S = cb->fstride, n_valid = cb->br.mode && cb->br.n_rows == T ? cb->br.n_valid : T;
-    if (moeq_cu_kv_fixed_fill(kv->block_table, kv->table_stride, seq, pos, n_valid, T, kv->block_tokens, S,
-                              cb->br.scratch, cb->fcand_h) < 0)
+    int in = cb->br.mode && cb->br.n_rows == T; // in a bracket rows past n_valid are padding
+    if (!fixed_sync(cb, kv->block_table, kv->table_stride, kv->block_tokens, seq, pos, in ? cb->br.n_valid : T, T,
+                    cb->br.scratch, !cb->br.mode))
         return 0;
-    int same = T == cb->ftab_rows;
-    for (int64_t t = 0; t < T && same; t++) {
-        int64_t nb = moeq_cu_kv_blocks(pos[t] + 1, kv->block_tokens);
-        same = nb <= cb->fnb_h[t] && !memcmp(cb->fcand_h + t * S, cb->ftab_h + t * S, (size_t)nb * sizeof(int32_t));
-    }
-    if (!same) {
-        size_t bytes = (size_t)(T * S) * sizeof(int32_t);
-        void *d = NULL, *h = stage_reserve(cb, STAGED(bytes)) ? stage(cb, bytes, &d) : NULL;
-        if (!h) return 0;
-        memcpy(h, cb->fcand_h, bytes);
-        // ordered on the stream: the kernels still reading the table it replaces run before the copy lands
-        if (!h2d(cb, cb->ftab_d, h, bytes, "cudaMemcpyAsync (fixed block table)")) return 0;
-        memcpy(cb->ftab_h, cb->fcand_h, bytes);
-        for (int64_t t = 0; t < T; t++) cb->fnb_h[t] = moeq_cu_kv_blocks(pos[t] + 1, kv->block_tokens);
-        cb->ftab_rows = T;
-    }
     kv_dev k = {kv->pool, kv->block_floats, kv->layer_offset, kv->block_tokens, kv->entry_floats, cb->frow_d,
                 cb->ftab_d};
     *out = k;
@@ -1510,13 +1523,11 @@ static int64_t cuda_graph_rows(const moeq_backend *b, int64_t n_tok) {
     return i < 0 || cb->gb[i].failed ? 0 : cb->gsize[i];
 }
 
-// A bucket's fixed staging: its fixed block table whole, then (generously) the ids, cos/sin and n_valid of the
-// step and two position regions per layer; a capture that needs more breaks and the bucket runs eagerly.
+// A bucket's fixed staging, generously: the step's ids, cos/sin and n_valid, and two position regions per layer
+// (the fixed table is synced outside the bracket); a capture that needs more breaks and the bucket runs eagerly.
 static size_t bucket_stage_bytes(const cuda_backend *cb, int64_t rows) {
     int layers = cb->model ? cb->model->config.num_hidden_layers : 1;
-    size_t S = (size_t)(cb->fstride > 0 ? cb->fstride : 1);
-    return STAGED((size_t)rows * S * sizeof(int32_t)) + (size_t)rows * 4096 +
-           (size_t)(4 * layers + 64) * STAGED((size_t)rows * 64) + ((size_t)1 << 20);
+    return (size_t)rows * 4096 + (size_t)(4 * layers + 64) * STAGED((size_t)rows * 64) + ((size_t)1 << 20);
 }
 
 static int bucket_ready(cuda_backend *cb, graph_bucket *g, int64_t rows) {
@@ -1558,7 +1569,12 @@ static void cuda_graph_begin(moeq_backend *b, const moeq_graph_step *st) {
         cb->br.mode = BR_REPLAY;
         return;
     }
-    cb->ftab_rows = 0; // the step's first call stages its fixed table, in every capture and replay alike
+    // the step's fixed table, eagerly before the bracket (only its changed rows): the bracket's calls find it
+    if (!fixed_sync(cb, st->block_table, st->table_stride, st->block_tokens, st->seq, st->pos, st->n_valid,
+                    st->n_rows, st->scratch_block, 1) || cb->err) {
+        cb->br.mode = BR_REPLAY;
+        return;
+    }
     cb->br.broken = 0, cb->br.bucket = i, cb->br.n_rows = st->n_rows, cb->br.n_valid = st->n_valid;
     cb->br.scratch = st->scratch_block;
     if (!g->exec) {
@@ -1602,9 +1618,8 @@ static int cuda_graph_end(moeq_backend *b) {
     memset(&cb->br, 0, sizeof cb->br);
     cu_ok(cb, cudaGraphLaunch(g->exec, cb->stream), "cudaGraphLaunch"); // a launch error fails the step
     return 0;
-again: // nothing of the bracket ran: its fixed table never landed either
+again: // nothing of the bracket ran (the fixed table was synced before it, eagerly)
     cb->n_fallbacks += !cb->err;
-    cb->ftab_rows = 0;
     memset(&cb->br, 0, sizeof cb->br);
     return 1;
 }
@@ -1663,6 +1678,7 @@ static void cuda_destroy(moeq_backend *b) {
     free(cb->ftab_h);
     free(cb->fcand_h);
     free(cb->fnb_h);
+    free(cb->fdiff_h);
     cudaFree(cb->wide);
     cudaFree(cb->stage_d);
     if (cb->stage_h) cudaFreeHost(cb->stage_h);

@@ -142,6 +142,34 @@ static inline int moeq_cu_kv_fixed_fill(const int32_t *block_table, int64_t tabl
     return 0;
 }
 
+/* Host: diff[t] = 1 when row t of a candidate table (cand, filled for positions pos) needs an upload: its first
+ * blocks (those positions 0..pos[t] span) are not the first held[t] entries of the mirror of the device's table.
+ * Returns how many rows differ. */
+static inline int64_t moeq_cu_kv_fixed_diff(const int32_t *cand, const int32_t *mirror, const int64_t *held,
+                                           const int64_t *pos, int64_t n_rows, int block_tokens, int64_t stride,
+                                           uint8_t *diff) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < n_rows; t++) {
+        int64_t nb = moeq_cu_kv_blocks(pos[t] + 1, block_tokens), b = 0;
+        if (nb <= held[t])
+            while (b < nb && cand[t * stride + b] == mirror[t * stride + b]) b++;
+        diff[t] = (uint8_t)(nb > held[t] || b < nb);
+        n += diff[t];
+    }
+    return n;
+}
+
+/* Host: the next run of rows that differ, from *t on: rows [*t0, *t1), *t moved past it; 0 when none is left.
+ * A run goes up in one copy (whole rows: the mirror then holds them whole). */
+static inline int moeq_cu_kv_fixed_run(const uint8_t *diff, int64_t n_rows, int64_t *t, int64_t *t0, int64_t *t1) {
+    while (*t < n_rows && !diff[*t]) (*t)++;
+    if (*t >= n_rows) return 0;
+    *t0 = *t;
+    while (*t < n_rows && diff[*t]) (*t)++;
+    *t1 = *t;
+    return 1;
+}
+
 /* Host: row_off of a fixed table of n_rows rows (uploaded once per bucket): row_off[t] = t * stride; -1 when
  * an offset would not fit int32 (the table is too large for kv_dev's offsets). */
 static inline int moeq_cu_kv_fixed_offsets(int64_t n_rows, int64_t stride, int32_t *row_off) {
