@@ -1639,7 +1639,10 @@ static int cuda_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype d
 
 static const char *cuda_describe(const moeq_backend *b) {
     cuda_backend *cb = (cuda_backend *)b; // the counts change: the line is written when asked
-    if (!cb->p.graphs) return cb->info;
+    if (!cb->p.graphs) {
+        snprintf(cb->desc, sizeof cb->desc, "%s; CUDA graphs: off", cb->info);
+        return cb->desc;
+    }
     snprintf(cb->desc, sizeof cb->desc,
              "%s; CUDA graphs: on (steps of <= %lld tokens padded to buckets 1..%lld: %d captured, %d replays, %d "
              "steps issued again eagerly%s%s)",
@@ -1760,7 +1763,6 @@ static void create_on_device(cuda_backend *cb) {
     // cublasGemmGroupedBatchedEx takes each group's m/n/k from host arrays: the counts would have to come back
     snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
              "; MoE layers: moe_experts on the device (own grouped kernel, no host round trip)");
-    if (!cb->p.graphs) snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info), "; CUDA graphs: off");
     cb->n_gb = moeq_cu_graph_buckets(T, cb->gsize);
 }
 
