@@ -201,6 +201,9 @@ try:
                                 "prefill": [pick(p, ("tokens", "tokens_per_s", "matmul_gflops", "cublas_bf16_gemm_tflops",
                                                      "fraction_of_cublas_bf16")) for p in m.get("prefill", [])],
                                 "decode": [pick(d, ("batch", "tokens_per_s", "fraction_of_roofline")) for d in m.get("decode", [])],
+                                "decode_with_cuda_graphs": [pick(d, ("batch", "tokens_per_s"))
+                                                            for d in m.get("decode_with_cuda_graphs", [])],
+                                "cuda_graphs_backend_info": m.get("cuda_graphs_backend_info"),
                                 "decode_at_context": m.get("decode_at_context")}
     if not bench["modes"]: bench["error"] = "no mode ran: " + (bench_why or "see gpu-check.log")
 except (OSError, ValueError, KeyError, TypeError) as e:
