@@ -98,6 +98,8 @@ typedef struct cuda_backend {
         int32_t scratch;                  // the cache block padding rows use
         size_t off;                       // bump offset in the bucket's region
         const int64_t *nvalid_d;          // device: n_valid (moe_experts' counts leave padding out)
+        const int32_t *table, *seq;       // host: what graph_begin synced the fixed table from
+        const int64_t *pos;
     } br;
     int n_captured, n_replays, n_fallbacks;
     char graph_why[200];                  // the first reason a capture or a replay fell back to eager
@@ -651,18 +653,16 @@ static int fixed_ready(cuda_backend *cb, int block_tokens) {
 // Rows [0, T) of the fixed table for these tokens (rows past n_valid: padding, the scratch block at position 0),
 // filled on the host and compared with what the device holds (ftab_h mirrors ftab_d on each row's first fnb_h
 // entries): each run of rows that differ goes up whole in one copy (ordered on the stream after the kernels still
-// reading them). may_upload 0 (inside a bracket: graph_begin synced the step's table) and a row differs: broken.
-// 0: not usable (a position past the stride, staging failed).
+// reading them). Never inside a bracket (graph_begin syncs before it). 0: not usable (a position past the stride,
+// staging failed).
 static int fixed_sync(cuda_backend *cb, const int32_t *block_table, int64_t table_stride, int block_tokens,
-                      const int32_t *seq, const int64_t *pos, int64_t n_valid, int64_t T, int32_t scratch,
-                      int may_upload) {
+                      const int32_t *seq, const int64_t *pos, int64_t n_valid, int64_t T, int32_t scratch) {
     int64_t S = cb->fstride, t = 0, t0, t1;
     size_t row = (size_t)S * sizeof(int32_t), bytes = 0;
     if (moeq_cu_kv_fixed_fill(block_table, table_stride, seq, pos, n_valid, T, block_tokens, S, scratch,
                               cb->fcand_h) < 0)
         return 0;
     if (!moeq_cu_kv_fixed_diff(cb->fcand_h, cb->ftab_h, cb->fnb_h, pos, T, block_tokens, S, cb->fdiff_h)) return 1;
-    if (!may_upload) return in_bracket(cb, "a step's block table changed inside its bracket"), 0;
     while (moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1)) bytes += STAGED((size_t)(t1 - t0) * row);
     if (!stage_reserve(cb, bytes)) return 0; // every run's region at once
     for (t = 0; moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1);) {
@@ -683,9 +683,10 @@ static int kv_fixed(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *se
                     kv_dev *out) {
     if (!cb->p.graphs || cb->err || T < 1 || T > MOEQ_CU_GRAPH_LARGEST || !fixed_ready(cb, kv->block_tokens))
         return 0;
-    int in = cb->br.mode && cb->br.n_rows == T; // in a bracket rows past n_valid are padding
-    if (!fixed_sync(cb, kv->block_table, kv->table_stride, kv->block_tokens, seq, pos, in ? cb->br.n_valid : T, T,
-                    cb->br.scratch, !cb->br.mode))
+    if (cb->br.mode) { // graph_begin synced the step's table: the same arrays find it, without a host pass
+        if (cb->br.n_rows != T || kv->block_table != cb->br.table || seq != cb->br.seq || pos != cb->br.pos)
+            return in_bracket(cb, "a call on another block table or tokens than its bracket's"), 0;
+    } else if (!fixed_sync(cb, kv->block_table, kv->table_stride, kv->block_tokens, seq, pos, T, T, 0))
         return 0;
     kv_dev k = {kv->pool, kv->block_floats, kv->layer_offset, kv->block_tokens, kv->entry_floats, cb->frow_d,
                 cb->ftab_d};
@@ -1571,12 +1572,13 @@ static void cuda_graph_begin(moeq_backend *b, const moeq_graph_step *st) {
     }
     // the step's fixed table, eagerly before the bracket (only its changed rows): the bracket's calls find it
     if (!fixed_sync(cb, st->block_table, st->table_stride, st->block_tokens, st->seq, st->pos, st->n_valid,
-                    st->n_rows, st->scratch_block, 1) || cb->err) {
+                    st->n_rows, st->scratch_block) || cb->err) {
         cb->br.mode = BR_REPLAY;
         return;
     }
     cb->br.broken = 0, cb->br.bucket = i, cb->br.n_rows = st->n_rows, cb->br.n_valid = st->n_valid;
     cb->br.scratch = st->scratch_block;
+    cb->br.table = st->block_table, cb->br.seq = st->seq, cb->br.pos = st->pos;
     if (!g->exec) {
         g->n_regions = 0;
         cudaError_t e = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal);
