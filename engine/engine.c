@@ -627,7 +627,7 @@ static moeq_err step_out(moeq_engine *engine, const moeq_step_item *items, int n
         }
     }
     engine->main_steps++;
-    moeq_forward_tokens(engine, n_tok);
+    moeq_forward_tokens(engine, n_tok, n_tok == n_items);
     for (int i = 0; i < n_items; i++) { /* their entries are computed: full blocks get keys (prefix cache) */
         int64_t len = moeq_kv_cache_seq_len(engine->cache, items[i].seq_id);
         moeq_kv_cache_set_tokens(engine->cache, items[i].seq_id, len - items[i].n_tokens, items[i].tokens,

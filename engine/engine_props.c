@@ -49,9 +49,9 @@ const moeq_prop moeq_engine_params_props[] = {
      "the same bits on every x86 CPU) or \"amx\" (fails where there is no AMX); each is batch-invariant, "
      "their bits differ"},
     {"cuda_graphs", MOEQ_PROP_STR, P(cuda_graphs), 0, 0, "off",
-     "CUDA graphs for steps of up to 256 tokens: \"off\", \"auto\" (where the backend has them) or \"on\" "
-     "(fails on a backend without them: cpu). A step is padded to its bucket (1, 2, 4, ..., 256 tokens), its "
-     "layers captured once per bucket and replayed; a capture that fails runs eagerly (backend_info says so). "
+     "CUDA graphs for decode steps of up to 256 sequences: \"off\", \"auto\" (where the backend has them) or "
+     "\"on\" (fails on a backend without them: cpu). A step is padded to its bucket (1, 2, 4, ..., 256 tokens), "
+     "its layers captured once per bucket and replayed; a capture that fails runs eagerly (backend_info says so). "
      "Batch-invariant: the same bits as off. Never run on a GPU yet (docs/CUDA.md)"},
     MOEQ_PROP_END,
 };

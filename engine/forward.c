@@ -185,15 +185,16 @@ static void forward_layers(moeq_engine *e, int64_t T) {
 }
 
 /*
- * cuda_graphs: a step the backend runs as a graph is padded to its bucket (rows [T, rows): token 0 at position 0;
+ * cuda_graphs: a decode step (prefill chunks would pay for their padding with real work, and gain little from
+ * fewer launches) the backend runs as a graph is padded to its bucket (rows [T, rows): token 0 at position 0;
  * the backend puts them on graph_scratch, a block no sequence holds, and keeps them out of the expert counts) and
  * bracketed; the router flags of the padding are never read. Rows are independent (batch invariance), so the
  * step's own rows are the eager path's. A bracket whose ops did not run is issued again, unpadded.
  */
-void moeq_forward_tokens(moeq_engine *e, int64_t T) {
+void moeq_forward_tokens(moeq_engine *e, int64_t T, int decode) {
     moeq_backend *b = e->backend;
     moeq_scratch *s = &e->s;
-    int64_t rows = e->graph_scratch >= 0 && !moeq_moe_layer_in_group(e) ? b->graph_rows(b, T) : 0;
+    int64_t rows = decode && e->graph_scratch >= 0 && !moeq_moe_layer_in_group(e) ? b->graph_rows(b, T) : 0;
     if (rows >= T && rows <= e->params.max_step_tokens) {
         for (int64_t t = T; t < rows; t++) s->tok_id[t] = 0, s->tok_seq[t] = s->tok_seq[0], s->tok_pos[t] = 0;
         moeq_kv_paged kv = moeq_kv_cache_paged(e->cache, 0);

@@ -53,8 +53,9 @@ void moeq_forward_rmsnorm(moeq_engine *engine, float *out, int64_t ld_out, const
 /* y (T, rows) = x (T, cols) W^T through the backend. */
 void moeq_forward_linear(moeq_engine *engine, const moeq_tensor *w, const float *x, float *y, int64_t n_tok);
 
-/* Run the layers over the step's tokens already placed in s.tok_* (forward.c). */
-void moeq_forward_tokens(moeq_engine *engine, int64_t n_tok);
+/* Run the layers over the step's tokens already placed in s.tok_* (forward.c). decode: every item of the step
+ * has one token (a decode step: the one kind cuda_graphs pads to a bucket and captures). */
+void moeq_forward_tokens(moeq_engine *engine, int64_t n_tok, int decode);
 
 /* MoE block of layer over s.h (T, D) into s.tmp (T, D) through the MoE layer (moe_layer.h). */
 void moeq_forward_moe(moeq_engine *engine, int layer, int64_t n_tok);

@@ -613,9 +613,9 @@ static void batch_invariance_holds_on_the_gpu(void **state) {
 }
 
 /*
- * B sequences prefilled one by one (prompts of 1..290 tokens: one or two split-KV partitions; those past 256 tokens
- * run eagerly, the others as graphs of their bucket), then 3 decode steps of all B; every row's logits. info: the
- * backend's description after the run (its graphs' counts).
+ * B sequences prefilled one by one (prompts of 1..290 tokens: one or two split-KV partitions; prefills run eagerly),
+ * then 3 decode steps of all B (graphs of their bucket); every row's logits. info: the backend's description after
+ * the run (its graphs' counts).
  */
 static float *graph_run(const moeq_model *m, const char *graphs, int invariant, int B, int *n_rows_out,
                         char *info, size_t info_size) {

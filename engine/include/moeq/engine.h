@@ -111,7 +111,7 @@ typedef struct moeq_engine_params {
     char cpu_matrix[8];        /* the CPU backend's NT products: "auto" (default: AMX
                                   BF16 tiles where the CPU has them, else float32
                                   lanes), "lanes" or "amx" (fails where there is none) */
-    char cuda_graphs[8];       /* CUDA graphs for steps of up to 256 tokens: "off"
+    char cuda_graphs[8];       /* CUDA graphs for decode steps of <= 256 sequences: "off"
                                   (default), "auto" (where the backend has them) or
                                   "on" (fails on a backend without them); docs/CUDA.md */
 } moeq_engine_params;
