@@ -331,8 +331,9 @@ typedef struct moeq_backend_config {
     int device;             /* device ordinal (a device backend; the CPU ignores it)     */
     int amx;                /* CPU: NT products of BF16/F8 weights on AMX BF16 tiles (cpu/ops_amx.h);
                                other bits than the float32 lanes, the same for every shape */
-    int graphs;             /* cuda_graphs on/auto: a device backend launches calls of up to 256 tokens in
-                               capture-ready shapes (docs/CUDA.md); the same bits; the CPU ignores it */
+    int graphs;             /* cuda_graphs on/auto: a device backend offers graph_rows/begin/end (decode steps
+                               captured per bucket) and launches calls of up to 256 tokens in capture-ready
+                               shapes (docs/CUDA.md); the same bits; the CPU ignores it */
 } moeq_backend_config;
 
 /*

@@ -18,6 +18,12 @@
 // tolerance), the own kernels otherwise. Attention: split-KV (backend_index.cuh) in two kernels, partial
 // softmax per partition then the merge. Errors: every CUDA and cuBLAS return code is checked; the first
 // failure is kept with the call's name (status) and turns every later op into a no-op.
+//
+// cuda_graphs (graph_index.cuh, docs/CUDA.md): calls of <= 256 tokens read block tables of fixed stride and plan
+// split-KV on the device over a capacity grid; a decode step the engine pads to its bucket and brackets
+// (graph_begin .. graph_end) is captured the first time and replayed after, its host data in the bucket's fixed
+// staging region. Inside a bracket nothing may wait or allocate: such a call breaks it and the engine runs the
+// step again, eagerly.
 extern "C" {
 #include "backend.h"
 #include "model.h"
