@@ -30,6 +30,7 @@
 typedef struct bench_args {
     const char *model_dir, *preset, *backend;
     const char *cpu_matrix;       /* --cpu-matrix auto|lanes|amx (the engine's cpu_matrix; NULL: its default)    */
+    const char *cuda_graphs;      /* --cuda-graphs off|auto|on|both (engine key; both: decode again with auto)   */
     int device, max_batch;
     int n_threads, prefill_tokens, decode_prompt, batches[8], n_batches;
     int prefills[4], n_prefills;  /* prompt lengths timed (--prefill-tokens 512,2048); prefill_tokens: the longest */
@@ -246,6 +247,40 @@ static long peak_rss_kb(void) {
     return ru.ru_maxrss;
 }
 
+/* The decode list: tokens/s per batch size (batch 1 against the roofline where there is one). */
+static void print_decode(moeq_engine *e, const bench_args *a, int vocab, float *logits, double bw_gbs,
+                         size_t active) {
+    for (int i = 0; i < a->n_batches; i++) {
+        int steps = 0, B = a->batches[i];
+        double tps = decode_tps(e, vocab, B, a->decode_prompt, a->min_seconds, logits, &steps);
+        double step_s = tps > 0 ? B / tps : 0;
+        printf("%s\n      {\"batch\": %d, \"steps\": %d, \"tokens_per_s\": %.2f, \"step_ms\": %.2f", i ? "," : "", B,
+               steps, tps, step_s * 1e3);
+        if (B == 1 && bw_gbs > 0)
+            printf(", \"roofline_tokens_per_s\": %.2f, \"fraction_of_roofline\": %.3f", bw_gbs * 1e9 / active,
+                   tps * active / (bw_gbs * 1e9));
+        printf("}");
+        fflush(stdout);
+    }
+}
+
+/* --cuda-graphs both: the same decode batches on an engine with cuda_graphs = auto (the first engine ran off). */
+static void decode_with_graphs(const moeq_model *model, const bench_args *a, moeq_engine_params p, int vocab,
+                               float *logits, double bw_gbs, size_t active) {
+    snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "auto");
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    if (moeq_engine_new(model, &p, &e, err, sizeof(err))) {
+        printf(", \"decode_with_cuda_graphs_error\": \"%s\"", err);
+        return;
+    }
+    printf(", \"decode_with_cuda_graphs\": [");
+    print_decode(e, a, vocab, logits, bw_gbs, active);
+    /* after the steps: the description counts the captures, replays and eager reruns */
+    printf("], \"cuda_graphs_backend_info\": \"%s\"", moeq_engine_backend_info(e));
+    moeq_engine_destroy(e);
+}
+
 static void run_mode(const moeq_model *model, const bench_args *a, int invariant, double bw_gbs, size_t active,
                      int first) {
     moeq_engine_params p = moeq_engine_default_params();
@@ -253,6 +288,8 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     p.batch_invariant = invariant;
     snprintf(p.backend, sizeof p.backend, "%s", a->backend);
     if (a->cpu_matrix) snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "%s", a->cpu_matrix);
+    int both = a->cuda_graphs && !strcmp(a->cuda_graphs, "both");
+    if (a->cuda_graphs) snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "%s", both ? "off" : a->cuda_graphs);
     p.device = a->device;
     p.max_seqs = a->max_batch > 128 ? a->max_batch : 128;
     p.max_step_tokens = a->prefill_tokens > 2048 ? a->prefill_tokens : 2048;
@@ -284,18 +321,7 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
         if (i == 0) pre = tps;
     }
     printf("], \"prefill_tokens\": %d, \"prefill_tokens_per_s\": %.2f, \"decode\": [", a->prefills[0], pre);
-    for (int i = 0; i < a->n_batches; i++) {
-        int steps = 0, B = a->batches[i];
-        double tps = decode_tps(e, vocab, B, a->decode_prompt, a->min_seconds, logits, &steps);
-        double step_s = tps > 0 ? B / tps : 0;
-        printf("%s\n      {\"batch\": %d, \"steps\": %d, \"tokens_per_s\": %.2f, \"step_ms\": %.2f", i ? "," : "", B,
-               steps, tps, step_s * 1e3);
-        if (B == 1 && bw_gbs > 0)
-            printf(", \"roofline_tokens_per_s\": %.2f, \"fraction_of_roofline\": %.3f", bw_gbs * 1e9 / active,
-                   tps * active / (bw_gbs * 1e9));
-        printf("}");
-        fflush(stdout);
-    }
+    print_decode(e, a, vocab, logits, bw_gbs, active);
     printf("]");
     if (invariant && a->n_contexts > 0) {
         printf(", \"decode_at_context\": [");
@@ -308,9 +334,10 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
         }
         printf("]");
     }
+    moeq_engine_destroy(e);
+    if (both) decode_with_graphs(model, a, p, vocab, logits, bw_gbs, active);
     printf("}");
     free(logits);
-    moeq_engine_destroy(e);
 }
 
 /* A comma-separated list of at most max ints in [lo, hi] into out: how many, or -1 (a value out of range,
@@ -335,6 +362,10 @@ static int parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(k, "--backend")) a->backend = v;
         else if (!strcmp(k, "--device")) a->device = atoi(v);
         else if (!strcmp(k, "--cpu-matrix")) a->cpu_matrix = v;
+        else if (!strcmp(k, "--cuda-graphs")) {
+            if (strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "both")) return -1;
+            a->cuda_graphs = v;
+        }
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--min-seconds")) a->min_seconds = atof(v);
         else if (!strcmp(k, "--prefill-tokens")) {
@@ -385,10 +416,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench-engine --model DIR [--preset NAME] [--backend cpu|cuda] [--device N]\n"
                         "                    [--threads N] [--prefill-tokens N] [--batches 1,8,32,128,256]\n"
                         "                    [--contexts 1024,4096|none] [--min-seconds S] [--modes 1,0]\n"
-                        "                    [--cpu-matrix auto|lanes|amx]\n"
+                        "                    [--cpu-matrix auto|lanes|amx] [--cuda-graphs off|auto|on|both]\n"
                         "  --prefill-tokens  one or more prompt lengths (default 512), each timed\n"
                         "  --modes           batch_invariant values to run (default 1,0)\n"
                         "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
+                        "  --cuda-graphs     engine key cuda_graphs (default off); both: decode again with auto\n"
+                        "                    (decode_with_cuda_graphs beside decode)\n"
                         "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no\n"
                         "                  config.json\n");
         return 2;

@@ -235,6 +235,18 @@ typedef struct moeq_moe_experts_params {
 /* int64 entries of moe_experts' plan workspace for E experts and up to max_slots slots. */
 #define MOEQ_MOE_PLAN_LEN(E, max_slots) (2 * ((int64_t)(E) + 1) + (int64_t)(max_slots))
 
+/* A step's layers bracketed for a CUDA graph (moeq_backend.graph_begin). */
+typedef struct moeq_graph_step {
+    int64_t n_rows;        /* the bucket's rows (graph_rows' answer): the engine padded the step to them        */
+    int64_t n_valid;       /* the step's own tokens, rows [0, n_valid); the rest: token 0 at position 0         */
+    int block_tokens;      /* the main cache's block size                                                       */
+    int32_t scratch_block; /* a block of the main cache's pool no sequence holds: padding rows use only it      */
+    const int32_t *block_table; /* host: the main cache's block table (moeq_kv_paged's), table_stride a row     */
+    int64_t table_stride;
+    const int32_t *seq;    /* host (n_rows): the padded step's sequences and positions (padding: position 0)    */
+    const int64_t *pos;
+} moeq_graph_step;
+
 typedef struct moeq_backend moeq_backend;
 
 struct moeq_backend {
@@ -293,6 +305,17 @@ struct moeq_backend {
     void (*logits_reduce)(moeq_backend *backend, const float *logits, int64_t ld, int64_t n_rows, int64_t vocab,
                           const double *temperature, moeq_logits_record *out);
 
+    /* ---- CUDA graphs (all NULL: none; the engine then never pads a step) ---- */
+    /* Rows a step of n_tok tokens runs as when it can be a graph (its bucket, >= n_tok), else 0: eager, unpadded. */
+    int64_t (*graph_rows)(const moeq_backend *backend, int64_t n_tok);
+    /* The ops from here to graph_end are a step's layers over step->n_rows rows, with no download, sync or wait
+     * among them: recorded as the bucket's graph the first time, replayed after (the ops then only write their
+     * host data into the bucket's fixed staging). Rows past n_valid stay out of moe_experts' stats. */
+    void (*graph_begin)(moeq_backend *backend, const moeq_graph_step *step);
+    /* 0: the bracket's ops ran (its graph launched); 1: they did not (a capture failed, or a replay's ops were not
+     * the capture's): the caller issues them again, unpadded and outside any bracket. */
+    int (*graph_end)(moeq_backend *backend);
+
     void (*destroy)(moeq_backend *backend);
 };
 
@@ -308,6 +331,9 @@ typedef struct moeq_backend_config {
     int device;             /* device ordinal (a device backend; the CPU ignores it)     */
     int amx;                /* CPU: NT products of BF16/F8 weights on AMX BF16 tiles (cpu/ops_amx.h);
                                other bits than the float32 lanes, the same for every shape */
+    int graphs;             /* cuda_graphs on/auto: a device backend offers graph_rows/begin/end (decode steps
+                               captured per bucket) and launches calls of up to 256 tokens in capture-ready
+                               shapes (docs/CUDA.md); the same bits; the CPU ignores it */
 } moeq_backend_config;
 
 /*

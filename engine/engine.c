@@ -26,7 +26,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .prefix_cache = 1,
                                 .prefix_cache_share = 1.0,
                                 .cpu_matrix = "auto",
-                                .mtp_draft = "f8"};
+                                .mtp_draft = "f8",
+                                .cuda_graphs = "off"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -145,6 +146,13 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
     if (strcmp(p->cpu_matrix, "auto") && strcmp(p->cpu_matrix, "lanes") && strcmp(p->cpu_matrix, "amx"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "cpu_matrix \"%.8s\": the choices are auto, lanes and amx", p->cpu_matrix);
+    if (strcmp(p->cuda_graphs, "off") && strcmp(p->cuda_graphs, "auto") && strcmp(p->cuda_graphs, "on"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "cuda_graphs \"%.8s\": the choices are off, auto and on", p->cuda_graphs);
+    if (!strcmp(p->cuda_graphs, "on") && strcmp(p->backend, "cuda"))
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                         "cuda_graphs = on, but backend %.16s has no CUDA graphs (cuda has; auto runs eagerly "
+                         "elsewhere)", p->backend);
     if (!strcmp(p->cpu_matrix, "amx") && !moeq_engine_cpu_amx())
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "cpu_matrix = amx, but this CPU cannot run AMX tiles: %s", moeq_engine_cpu_amx_describe());
@@ -186,10 +194,12 @@ static void copy_in_backend(void *ctx, float *dst, const float *src, size_t n_fl
     b->copy(b, dst, src, n_floats * sizeof(float));
 }
 
-moeq_err moeq_forward_cache_new(moeq_engine *e, const moeq_kv_cache_params *params, float **pool, moeq_kv_cache **out,
-                                char *errstr, size_t errstr_size) {
-    moeq_kv_cache_params kp = *params;
-    size_t bytes = moeq_kv_cache_pool_floats(&kp) * sizeof(float);
+moeq_err moeq_forward_cache_new(moeq_engine *e, const moeq_kv_cache_params *params, int32_t *scratch, float **pool,
+                                moeq_kv_cache **out, char *errstr, size_t errstr_size) {
+    moeq_kv_cache_params kp = *params, one = *params;
+    one.capacity_tokens = one.block_tokens; /* a block's floats: every layer's entries of block_tokens positions */
+    size_t bytes = (moeq_kv_cache_pool_floats(&kp) + (scratch ? moeq_kv_cache_pool_floats(&one) : 0)) * sizeof(float);
+    if (scratch) *scratch = (int32_t)((kp.capacity_tokens + kp.block_tokens - 1) / kp.block_tokens);
     if (params->n_layers >= 1 && params->entry_floats >= 1 && params->block_tokens >= 1 &&
         params->capacity_tokens >= 1 && !(*pool = e->backend->alloc(e->backend, MOEQ_BUFFER_CACHE, bytes)))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "kv cache pool of %zu bytes (backend %s)", bytes,
@@ -213,7 +223,8 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .max_jobs = 2 * c->num_attention_heads + 2 * E + 8,
                               .max_tokens = e->params.max_step_tokens,
                               .device = e->params.device,
-                              .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx()};
+                              .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx(),
+                              .graphs = strcmp(e->params.cuda_graphs, "off") != 0};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;
@@ -231,7 +242,13 @@ static moeq_err engine_build(moeq_engine *e, char *errstr, size_t errstr_size) {
                                e->params.kv_cache_tokens, e->params.max_seqs, NULL, NULL, NULL,
                                e->params.prefix_cache, 0, moeq_forward_max_cached(e, e->params.kv_cache_tokens),
                                moeq_forward_cache_salt(e, 0)};
-    if ((err = moeq_forward_cache_new(e, &kp, &e->cache_pool, &e->cache, errstr, errstr_size))) return err;
+    /* cuda_graphs on a backend with graphs: steps are padded to their bucket, the padding on a block of its own */
+    int pad = strcmp(e->params.cuda_graphs, "off") && e->backend->graph_rows && e->backend->graph_begin &&
+              e->backend->graph_end && e->params.kv_cache_tokens / e->params.kv_block_tokens < INT32_MAX - 1;
+    e->graph_scratch = -1;
+    if ((err = moeq_forward_cache_new(e, &kp, pad ? &e->graph_scratch : NULL, &e->cache_pool, &e->cache, errstr,
+                                      errstr_size)))
+        return err;
     if ((err = moeq_mtp_state_new(e, &e->mtp, errstr, errstr_size))) return err;
     if ((err = moeq_moe_layer_new(e, &e->moe, errstr, errstr_size))) return err;
     if (!(e->nonfinite_layer = malloc((size_t)e->params.max_seqs * sizeof(int))))
@@ -615,7 +632,7 @@ static moeq_err step_out(moeq_engine *engine, const moeq_step_item *items, int n
         }
     }
     engine->main_steps++;
-    moeq_forward_tokens(engine, n_tok);
+    moeq_forward_tokens(engine, n_tok, n_tok == n_items);
     for (int i = 0; i < n_items; i++) { /* their entries are computed: full blocks get keys (prefix cache) */
         int64_t len = moeq_kv_cache_seq_len(engine->cache, items[i].seq_id);
         moeq_kv_cache_set_tokens(engine->cache, items[i].seq_id, len - items[i].n_tokens, items[i].tokens,

@@ -53,5 +53,10 @@ const moeq_prop moeq_engine_params_props[] = {
      "layer's projections and head that are not F8 already: about half of a BF16 draft's bytes; host backends "
      "only, elsewhere exact) or \"exact\" (the checkpoint's weights); a draft is only a proposal that the main "
      "model verifies, so the emitted tokens are the same either way (docs/MTP.md)"},
+    {"cuda_graphs", MOEQ_PROP_STR, P(cuda_graphs), 0, 0, "off",
+     "CUDA graphs for decode steps of up to 256 sequences: \"off\", \"auto\" (where the backend has them) or "
+     "\"on\" (fails on a backend without them: cpu). A step is padded to its bucket (1, 2, 4, ..., 256 tokens), "
+     "its layers captured once per bucket and replayed; a capture that fails runs eagerly (backend_info says so). "
+     "Batch-invariant: the same bits as off. Never run on a GPU yet (docs/CUDA.md)"},
     MOEQ_PROP_END,
 };

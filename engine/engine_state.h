@@ -83,6 +83,8 @@ struct moeq_engine {
     struct moeq_mtp_state *mtp; /* MTP layers' caches and per-sequence state (mtp.c); NULL without MTP */
     const moeq_layer *mtp_f8_layer; /* MTP layer 0's copy with F8 weights (mtp_draft = f8, mtp.c), or NULL */
     int *nonfinite_layer;    /* [max_seqs] first layer whose router saw a non-finite score, -1 none */
+    int32_t graph_scratch;   /* cuda_graphs: the main cache's block past its capacity, padding rows' only one;
+                                -1: steps are never padded (graphs off, or a backend without them) */
     int64_t prefix_lookups, prefix_hits, prefix_lookup_tokens, prefix_hit_tokens; /* moeq_engine_seq_new_prefix */
 };
 

@@ -174,7 +174,7 @@ void moeq_forward_rope(moeq_engine *e, int64_t T) {
     e->backend->rope_cos_sin(e->backend, &e->rope, s->tok_pos, T, s->cos_v, s->sin_v);
 }
 
-void moeq_forward_tokens(moeq_engine *e, int64_t T) {
+static void forward_layers(moeq_engine *e, int64_t T) {
     moeq_scratch *s = &e->s;
     e->backend->embed(e->backend, e->model->embed_tokens, s->tok_id, T, s->x);
     moeq_forward_rope(e, T);
@@ -182,6 +182,31 @@ void moeq_forward_tokens(moeq_engine *e, int64_t T) {
         moeq_block b = moeq_forward_main_block(e, l);
         moeq_forward_block(e, &b, T);
     }
+}
+
+/*
+ * cuda_graphs: a decode step (prefill chunks would pay for their padding with real work, and gain little from
+ * fewer launches) the backend runs as a graph is padded to its bucket (rows [T, rows): token 0 at position 0;
+ * the backend puts them on graph_scratch, a block no sequence holds, and keeps them out of the expert counts) and
+ * bracketed; the router flags of the padding are never read. Rows are independent (batch invariance), so the
+ * step's own rows are the eager path's. A bracket whose ops did not run is issued again, unpadded.
+ */
+void moeq_forward_tokens(moeq_engine *e, int64_t T, int decode) {
+    moeq_backend *b = e->backend;
+    moeq_scratch *s = &e->s;
+    int64_t rows = decode && e->graph_scratch >= 0 && !moeq_moe_layer_in_group(e) ? b->graph_rows(b, T) : 0;
+    if (rows >= T && rows <= e->params.max_step_tokens) {
+        for (int64_t t = T; t < rows; t++) s->tok_id[t] = 0, s->tok_seq[t] = s->tok_seq[0], s->tok_pos[t] = 0;
+        moeq_kv_paged kv = moeq_kv_cache_paged(e->cache, 0);
+        moeq_graph_step g = {rows, T, kv.block_tokens, e->graph_scratch, kv.block_table, kv.table_stride, s->tok_seq,
+                             s->tok_pos};
+        b->graph_begin(b, &g);
+        forward_layers(e, rows);
+        int again = b->graph_end(b);
+        moeq_moe_layer_set_valid(e, T);
+        if (!again) return;
+    }
+    forward_layers(e, T);
 }
 
 void moeq_forward_logits(moeq_engine *e, int64_t n_rows, const moeq_step_out *out) {

@@ -23,9 +23,11 @@ uint64_t moeq_forward_cache_salt(const moeq_engine *engine, int kind);
 /* Most cached blocks for a pool of capacity_tokens under params.prefix_cache_share (kv_cache max_cached_blocks). */
 int64_t moeq_forward_max_cached(const moeq_engine *engine, int64_t capacity_tokens);
 
-/* A paged cache whose entry pool is a backend buffer (*pool, the caller releases it after the cache). */
-moeq_err moeq_forward_cache_new(moeq_engine *engine, const moeq_kv_cache_params *params, float **pool,
-                                moeq_kv_cache **out, char *errstr, size_t errstr_size);
+/* A paged cache whose entry pool is a backend buffer (*pool, the caller releases it after the cache). scratch not
+ * NULL: the pool holds one block more than the cache's, no sequence's, and *scratch is its index (a padded step's
+ * rows write and read only it: cuda_graphs). */
+moeq_err moeq_forward_cache_new(moeq_engine *engine, const moeq_kv_cache_params *params, int32_t *scratch,
+                                float **pool, moeq_kv_cache **out, char *errstr, size_t errstr_size);
 
 /* Main-model layer l as a block (cache = engine->cache, cache layer l). */
 moeq_block moeq_forward_main_block(moeq_engine *engine, int layer);
@@ -51,8 +53,9 @@ void moeq_forward_rmsnorm(moeq_engine *engine, float *out, int64_t ld_out, const
 /* y (T, rows) = x (T, cols) W^T through the backend. */
 void moeq_forward_linear(moeq_engine *engine, const moeq_tensor *w, const float *x, float *y, int64_t n_tok);
 
-/* Run the layers over the step's tokens already placed in s.tok_* (forward.c). */
-void moeq_forward_tokens(moeq_engine *engine, int64_t n_tok);
+/* Run the layers over the step's tokens already placed in s.tok_* (forward.c). decode: every item of the step
+ * has one token (a decode step: the one kind cuda_graphs pads to a bucket and captures). */
+void moeq_forward_tokens(moeq_engine *engine, int64_t n_tok, int decode);
 
 /* MoE block of layer over s.h (T, D) into s.tmp (T, D) through the MoE layer (moe_layer.h). */
 void moeq_forward_moe(moeq_engine *engine, int layer, int64_t n_tok);

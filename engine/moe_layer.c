@@ -314,6 +314,11 @@ void moeq_moe_layer_flush(moeq_engine *e) {
     m->ran_lo = m->n_count_layers, m->ran_hi = -1;
 }
 
+void moeq_moe_layer_set_valid(moeq_engine *e, int64_t n_valid) {
+    moeq_moe_layer *m = e->moe;
+    if (m && n_valid < m->ran_tok) m->ran_tok = n_valid;
+}
+
 /* Whether layer L runs through the backend's moe_experts op: one rank's own placement, and the op there. */
 static int use_op(const moeq_engine *e, const moeq_layer *L, int local) {
     const moeq_moe_layer *m = e->moe;

@@ -41,6 +41,10 @@ void moeq_moe_layer_run(moeq_engine *engine, const moeq_layer *L, const moeq_lay
  * backend) and mark each sequence's first non-finite layer. */
 void moeq_moe_layer_flush(moeq_engine *engine);
 
+/* The last pass ran padded (cuda_graphs): only its first n_valid tokens are the step's; the flush reads their
+ * flags alone. */
+void moeq_moe_layer_set_valid(moeq_engine *engine, int64_t n_valid);
+
 /*
  * Rank `rank` of a group of n_ranks: every MoE layer exchanges through ep
  * (borrowed; its placement decides this rank's experts), with buffers for the

@@ -186,7 +186,7 @@ moeq_err moeq_mtp_state_new(moeq_engine *e, moeq_mtp_state **out, char *errstr, 
                                e->params.max_seqs, NULL, NULL, NULL, e->params.prefix_cache, 1,
                                moeq_forward_max_cached(e, e->params.kv_cache_tokens + (int64_t)e->params.max_seqs * MOEQ_MTP_MAX_K),
                                moeq_forward_cache_salt(e, 1)};
-    if ((err = moeq_forward_cache_new(e, &kp, &m->cache_pool, &m->cache, errstr, errstr_size))) {
+    if ((err = moeq_forward_cache_new(e, &kp, NULL, &m->cache_pool, &m->cache, errstr, errstr_size))) {
         moeq_mtp_state_destroy(e, m);
         return err;
     }

@@ -159,7 +159,7 @@ preset=${MOEQ_GPU_BENCH_PRESET:-bench}
 if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
   note "bench-engine --backend cuda on preset $preset"
   timeout "$(budget 150)" "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda \
-    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 >"$bench_json" \
+    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 --cuda-graphs both >"$bench_json" \
     2>"$build/gpu-check-bench.err" || note "bench-engine failed or timed out (see gpu-check.log)"
   cat "$build/gpu-check-bench.err" >>"$log" 2>/dev/null
 fi
@@ -201,6 +201,9 @@ try:
                                 "prefill": [pick(p, ("tokens", "tokens_per_s", "matmul_gflops", "cublas_bf16_gemm_tflops",
                                                      "fraction_of_cublas_bf16")) for p in m.get("prefill", [])],
                                 "decode": [pick(d, ("batch", "tokens_per_s", "fraction_of_roofline")) for d in m.get("decode", [])],
+                                "decode_with_cuda_graphs": [pick(d, ("batch", "tokens_per_s"))
+                                                            for d in m.get("decode_with_cuda_graphs", [])],
+                                "cuda_graphs_backend_info": m.get("cuda_graphs_backend_info"),
                                 "decode_at_context": m.get("decode_at_context")}
     if not bench["modes"]: bench["error"] = "no mode ran: " + (bench_why or "see gpu-check.log")
 except (OSError, ValueError, KeyError, TypeError) as e:

@@ -612,6 +612,78 @@ static void batch_invariance_holds_on_the_gpu(void **state) {
     moeq_engine_destroy(e);
 }
 
+/*
+ * B sequences prefilled one by one (prompts of 1..290 tokens: one or two split-KV partitions; prefills run eagerly),
+ * then 3 decode steps of all B (graphs of their bucket); every row's logits. info: the backend's description after
+ * the run (its graphs' counts).
+ */
+static float *graph_run(const moeq_model *m, const char *graphs, int invariant, int B, int *n_rows_out,
+                        char *info, size_t info_size) {
+    moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "%s", gpu_name);
+    snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "%s", graphs);
+    p.batch_invariant = invariant;
+    p.max_seqs = B;
+    p.kv_cache_tokens = (int64_t)B * 320;
+    moeq_engine *e = NULL;
+    char err[512] = "";
+    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine (cuda_graphs %s): %s", graphs, err);
+    int V = m->config.vocab_size, rows = 0, *seq = malloc((size_t)B * sizeof(int));
+    float *all = malloc((size_t)4 * B * V * sizeof(float));
+    int32_t *prompt = malloc(300 * sizeof(int32_t)), *tok = malloc((size_t)B * sizeof(int32_t));
+    moeq_step_item *d = malloc((size_t)B * sizeof(moeq_step_item));
+    for (int i = 0; i < 300; i++) prompt[i] = (int32_t)((i * 29 + 3) % V);
+    for (int s = 0; s < B; s++) {
+        assert_int_equal(moeq_engine_seq_new(e, &seq[s]), MOEQ_OK);
+        moeq_step_item it = {seq[s], prompt + s % 7, 1 + (s * 53) % 290, 0};
+        if (moeq_engine_step(e, &it, 1, all + (size_t)rows * V, 1, err, sizeof err)) fail_msg("prefill: %s", err);
+        rows++;
+    }
+    for (int k = 0; k < 3; k++) {
+        for (int s = 0; s < B; s++) {
+            tok[s] = (int32_t)((k * 11 + s * 7 + 3) % V);
+            d[s] = (moeq_step_item){seq[s], &tok[s], 1, 0};
+        }
+        if (moeq_engine_step(e, d, B, all + (size_t)rows * V, B, err, sizeof err)) fail_msg("decode: %s", err);
+        rows += B;
+    }
+    snprintf(info, info_size, "%s", moeq_engine_backend_info(e));
+    moeq_engine_destroy(e);
+    free(seq), free(prompt), free(tok), free(d);
+    *n_rows_out = rows;
+    return all;
+}
+
+/*
+ * cuda_graphs (steps padded to their bucket, captured once, replayed; the capacity grid, the device's split plan,
+ * fixed-stride block tables) changes no value in batch-invariant mode: every row equals the eager path's, bit for
+ * bit, at every batch size. With batch_invariant 0 a padded step's cuBLAS calls see more rows (another algorithm
+ * may run): within the cuBLAS tolerance. On the device at least one capture must have held (batch-invariant).
+ */
+static void decode_with_graphs_equals_decode_without_bit_for_bit_at_several_batch_sizes(void **state) {
+    (void)state;
+    const int Bs[] = {1, 2, 5, 8, 33};
+    for (int inv = 1; inv >= 0; inv--)
+        for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++) {
+            const moeq_model *m = models[0];
+            int V = m->config.vocab_size, r_off = 0, r_on = 0;
+            char info_off[1024], info_on[1024], what[120];
+            float *off = graph_run(m, "off", inv, Bs[bi], &r_off, info_off, sizeof info_off);
+            float *on = graph_run(m, "auto", inv, Bs[bi], &r_on, info_on, sizeof info_on);
+            assert_int_equal(r_off, r_on);
+            snprintf(what, sizeof what, "batch %d, batch_invariant %d: cuda_graphs auto vs off", Bs[bi], inv);
+            if (inv) same_bits(on, off, (size_t)r_on * V, what);
+            else close_to(on, off, (size_t)r_on * V, 1e-3 * max_abs(off, (size_t)r_off * V), 0, what);
+            if (!strcmp(gpu_name, "cuda")) { /* the description says what ran */
+                print_message("  batch %d, batch_invariant %d: %s\n", Bs[bi], inv, info_on);
+                assert_non_null(strstr(info_off, "CUDA graphs: off"));
+                assert_non_null(strstr(info_on, "CUDA graphs: on"));
+                if (inv) assert_null(strstr(info_on, " 0 captured"));
+            }
+            free(off), free(on);
+        }
+}
+
 int main(int argc, char **argv) {
     char why[256] = "";
     if (argc > 1 && !strcmp(argv[1], "--cpu-standin")) {
@@ -637,6 +709,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(logits_records_on_cuda_equal_the_cpu_ops),
         cmocka_unit_test(whole_model_logits_on_cuda_match_the_cpu_engine),
         cmocka_unit_test(batch_invariance_holds_on_the_gpu),
+        cmocka_unit_test(decode_with_graphs_equals_decode_without_bit_for_bit_at_several_batch_sizes),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < 3; i++) moeq_model_destroy(models[i]);

@@ -31,6 +31,7 @@
 #include "tensor.h"
 
 #include "backend_index.cuh"
+#include "graph_index.cuh"
 #include "moe_index.cuh"
 #ifdef MOEQ_HAVE_CUDA_BACKEND
 #include "cuda/backend_cuda.h"
@@ -303,6 +304,328 @@ static void split_merge_of_random_partials_equals_the_float64_softmax(void **sta
             if (fabs(got - want) > 1e-5 * (1 + fabs(want)))
                 fail_msg("P %d d %d: merge %.9g float64 %.9g", P, d, got, want);
         }
+    }
+}
+
+/* ---- CUDA graphs: buckets, the device split plan, fixed tables, padding (graph_index.cuh) ------------------ */
+
+static void decode_buckets_are_the_smallest_power_of_two_that_holds_the_step(void **state) {
+    (void)state;
+    int64_t sizes[MOEQ_CU_GRAPH_MAX_BUCKETS];
+    int n = moeq_cu_graph_buckets(2048, sizes);
+    assert_int_equal(n, 9);
+    for (int i = 0; i < n; i++) assert_int_equal(sizes[i], (int64_t)1 << i);
+    for (int64_t T = 1; T <= 256; T++) {
+        int b = moeq_cu_graph_bucket(sizes, n, T);
+        assert_true(b >= 0 && sizes[b] >= T);             /* holds the step ...        */
+        assert_true(b == 0 || sizes[b - 1] < T);          /* ... and is the smallest   */
+    }
+    assert_int_equal(moeq_cu_graph_bucket(sizes, n, 257), -1); /* past the largest: eager */
+    assert_int_equal(moeq_cu_graph_bucket(sizes, n, 0), -1);
+    assert_int_equal(moeq_cu_graph_bucket(sizes, n, -3), -1);
+    /* an engine whose steps hold fewer tokens gets no bucket it could not fill */
+    n = moeq_cu_graph_buckets(100, sizes);
+    assert_int_equal(n, 7);
+    assert_int_equal(sizes[n - 1], 64);
+    assert_int_equal(moeq_cu_graph_bucket(sizes, n, 65), -1);
+    n = moeq_cu_graph_buckets(1, sizes);
+    assert_true(n == 1 && sizes[0] == 1);
+    assert_int_equal(moeq_cu_graph_bucket(sizes, n, 1), 0);
+    assert_int_equal(moeq_cu_graph_bucket(sizes, n, 2), -1);
+}
+
+/* Positions of a decode step of T tokens in one of a few regimes (short, around the partition edges, long). */
+static void random_positions(int64_t *pos, int64_t T, int64_t max_ctx, int regime) {
+    for (int64_t t = 0; t < T; t++) {
+        int64_t p;
+        switch (regime) {
+        case 0: p = urand() % 300; break;
+        case 1: p = MOEQ_CU_SPLIT_ROWS * (int64_t)(urand() % 20) + (int64_t)(urand() % 3) - 1; break;
+        case 2: p = MOEQ_CU_SPLIT_MAX_ROWS * (int64_t)(urand() % 40) + (int64_t)(urand() % 3) - 1; break;
+        default: p = (int64_t)(((uint64_t)urand() << 16 ^ urand()) % (uint64_t)max_ctx); break;
+        }
+        pos[t] = p < 0 ? 0 : p >= max_ctx ? max_ctx - 1 : p;
+    }
+}
+
+/* The capacity grid with the plan computed on the device finds, block by block, the host plan's items: same
+ * tokens, rows, slots, first and count (so the merge reads the same partials in the same order), idle past the
+ * last item, and the capacity holds every step of contexts up to max_ctx. */
+static void the_device_split_plan_equals_the_host_plan_over_many_shapes(void **state) {
+    (void)state;
+    const int64_t Ts[] = {1, 2, 3, 7, 8, 16, 31, 64, 100, 128, 255, 256};
+    const int64_t ctxs[] = {1, 256, 257, 4096, 4097, 32768, 163840};
+    int64_t *pos = malloc(256 * sizeof(int64_t)), shapes = 0;
+    int32_t *first = malloc(256 * sizeof(int32_t)), *count = malloc(256 * sizeof(int32_t));
+    int32_t *hfirst = malloc(256 * sizeof(int32_t)), *hcount = malloc(256 * sizeof(int32_t));
+    for (size_t ci = 0; ci < sizeof ctxs / sizeof ctxs[0]; ci++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+            for (int regime = 0; regime < 4; regime++)
+                for (int rep = 0; rep < 3; rep++, shapes++) {
+                    int64_t T = Ts[ti], max_ctx = ctxs[ci];
+                    random_positions(pos, T, max_ctx, regime);
+                    int64_t cap = moeq_cu_split_item_cap(T, max_ctx, INT64_MAX);
+                    moeq_cu_split_item *items = malloc((size_t)cap * sizeof(*items));
+                    int64_t n = moeq_cu_split_plan(pos, 0, T, items, hfirst, hcount, cap);
+                    assert_true(n >= T && n <= cap); /* the capacity holds any step up to max_ctx */
+                    assert_int_equal(n, moeq_cu_split_items(pos, T));
+                    int32_t total = -1;
+                    moeq_cu_split_scan(pos, T, first, count, &total);
+                    assert_int_equal(total, n);
+                    assert_memory_equal(first, hfirst, (size_t)T * sizeof(int32_t));
+                    assert_memory_equal(count, hcount, (size_t)T * sizeof(int32_t));
+                    for (int64_t x = 0; x < cap; x++) {
+                        moeq_cu_split_item it = {-1, -1, -1, -1};
+                        int busy = moeq_cu_split_find(pos, first, count, T, total, x, &it);
+                        assert_int_equal(busy, x < n);
+                        if (busy && memcmp(&it, &items[x], sizeof it))
+                            fail_msg("T %lld ctx %lld item %lld: device (%d, %d, %d..%d) host (%d, %d, %d..%d)",
+                                     (long long)T, (long long)max_ctx, (long long)x, it.t, it.slot, it.j0, it.j1,
+                                     items[x].t, items[x].slot, items[x].j0, items[x].j1);
+                    }
+                    free(items);
+                }
+    /* a workspace smaller than the bucket's need caps the grid; a step past it is the host's to run eagerly */
+    assert_int_equal(moeq_cu_split_item_cap(256, 163840, 1000), 1000);
+    assert_int_equal(moeq_cu_split_item_cap(4, 300, 1000), 4 * moeq_cu_split_max_parts(300));
+    print_message("device split plan: %lld steps equal to the host plan\n", (long long)shapes);
+    free(pos), free(first), free(count), free(hfirst), free(hcount);
+}
+
+/* Fixed-stride tables address every entry a token reads exactly as the engine's tables; padding rows read and
+ * write only the scratch block's first entry. */
+static void fixed_stride_tables_address_every_entry_as_the_engines_and_padding_the_scratch_block(void **state) {
+    (void)state;
+    const int bts[] = {1, 3, 16, 64}, efs[] = {1, 9, 288};
+    for (int bi = 0; bi < 4; bi++)
+        for (int ei = 0; ei < 3; ei++) {
+            fake_cache c;
+            fake_cache_make(&c, 5, 300, bts[bi], efs[ei]);
+            int64_t stride = moeq_cu_kv_fixed_stride(300, bts[bi]);
+            int32_t scratch = (int32_t)(moeq_cu_kv_blocks(300, bts[bi]) * 5 - 1); /* any block the test names */
+            for (int rep = 0; rep < 20; rep++) {
+                int64_t n_valid = 1 + urand() % 40, n_rows = n_valid + urand() % 9;
+                int32_t seq[48], ids[48], row_off[48];
+                int64_t pos[48];
+                random_step(&c, n_valid, seq, pos);
+                for (int64_t t = 0; t < n_valid; t++) ids[t] = 7;
+                moeq_cu_graph_pad(ids, seq, pos, n_valid, n_rows, -1);
+                int32_t *tab = malloc((size_t)(n_rows * stride) * sizeof(int32_t));
+                for (int64_t i = 0; i < n_rows * stride; i++) tab[i] = -7; /* what no read may see */
+                assert_int_equal(moeq_cu_kv_fixed_offsets(n_rows, stride, row_off), 0);
+                assert_int_equal(moeq_cu_kv_fixed_fill(c.table, c.kv.table_stride, seq, pos, n_valid, n_rows,
+                                                       bts[bi], stride, scratch, tab), 0);
+                for (int64_t t = 0; t < n_rows; t++) {
+                    assert_ptr_equal(tab + row_off[t], moeq_cu_kv_fixed_row(tab, stride, t));
+                    if (t >= n_valid) { /* padding: id 0 at position 0 of the scratch block */
+                        assert_true(ids[t] == 0 && pos[t] == 0 && seq[t] == -1);
+                        assert_int_equal(moeq_cu_kv_entry_offset(tab + row_off[t], 0, bts[bi], c.kv.block_floats,
+                                                                 c.kv.layer_offset, efs[ei]),
+                                         (size_t)scratch * c.kv.block_floats + c.kv.layer_offset);
+                        continue;
+                    }
+                    for (int64_t p = 0; p <= pos[t]; p++) {
+                        size_t off = moeq_cu_kv_entry_offset(tab + row_off[t], p, bts[bi], c.kv.block_floats,
+                                                             c.kv.layer_offset, efs[ei]);
+                        assert_ptr_equal(c.pool + off, moeq_kv_paged_entry(&c.kv, seq[t], p));
+                    }
+                }
+                free(tab);
+            }
+            /* a position past the stride is refused, not written past the row */
+            int32_t seq1 = 0, tab1[400];
+            int64_t pos1 = stride * bts[bi];
+            assert_int_equal(moeq_cu_kv_fixed_fill(c.table, c.kv.table_stride, &seq1, &pos1, 1, 1, bts[bi], stride,
+                                                   scratch, tab1), -1);
+            fake_cache_free(&c);
+        }
+    int32_t off[4];
+    assert_int_equal(moeq_cu_kv_fixed_offsets(4, (int64_t)1 << 30, off), -1); /* past int32: refused */
+    assert_int_equal(moeq_cu_kv_fixed_offsets(2, (int64_t)1 << 30, off), 0);
+}
+
+/*
+ * fixed_sync's bookkeeping played on the host: a "device" table, the host's mirror and each row's held entries,
+ * over steps whose batches change (sequences come and go, positions advance, padding rows): after each sync every
+ * entry a token reads on the device is the engine's block, a second sync of the same step uploads nothing, and a
+ * decode step uploads only the rows that crossed into a new block or changed sequence.
+ */
+static void fixed_table_sync_uploads_only_changed_rows_and_keeps_the_device_right(void **state) {
+    (void)state;
+    const int bts[] = {1, 4, 16};
+    for (int bi = 0; bi < 3; bi++) {
+        int bt = bts[bi];
+        fake_cache c;
+        fake_cache_make(&c, 12, 400, bt, 3);
+        int64_t S = moeq_cu_kv_fixed_stride(400, bt), R = 64;
+        int32_t *dev = malloc((size_t)(R * S) * sizeof(int32_t)), *mirror = calloc((size_t)(R * S), sizeof(int32_t));
+        int32_t *cand = calloc((size_t)(R * S), sizeof(int32_t)), scratch = 0, seq[64];
+        int64_t *held = calloc((size_t)R, sizeof(int64_t)), pos[64], len[12] = {0}, uploaded_total = 0;
+        uint8_t diff[64];
+        for (int64_t i = 0; i < R * S; i++) dev[i] = -1; /* what no read may see */
+        int64_t n_valid = 5;
+        for (int s = 0; s < 11; s++) len[s] = urand() % 300;
+        for (int step = 0; step < 60; step++) {
+            if (step % 10 == 9) n_valid = 1 + urand() % 11; /* the batch changes now and then */
+            int64_t n_rows = n_valid + (step % 3 == 0 ? (int64_t)(urand() % 4) : 0);
+            for (int64_t t = 0; t < n_valid; t++) {
+                seq[t] = (int32_t)((t + step / 10) % 11), pos[t] = len[seq[t]];
+                if (len[seq[t]] < 398) len[seq[t]]++;
+            }
+            moeq_cu_graph_pad(NULL, seq, pos, n_valid, n_rows, 11);
+            scratch = c.table[11 * c.kv.table_stride];
+            for (int rep = 0; rep < 2; rep++) {
+                assert_int_equal(moeq_cu_kv_fixed_fill(c.table, c.kv.table_stride, seq, pos, n_valid, n_rows, bt, S,
+                                                       scratch, cand), 0);
+                int64_t n_diff = moeq_cu_kv_fixed_diff(cand, mirror, held, pos, n_rows, bt, S, diff), t = 0, t0,
+                        t1, rows = 0;
+                if (rep) assert_int_equal(n_diff, 0); /* the same step again: nothing to upload */
+                while (moeq_cu_kv_fixed_run(diff, n_rows, &t, &t0, &t1)) {
+                    assert_true(t0 < t1 && diff[t0] && diff[t1 - 1] && (t1 == n_rows || !diff[t1]));
+                    memcpy(dev + t0 * S, cand + t0 * S, (size_t)((t1 - t0) * S) * sizeof(int32_t));
+                    memcpy(mirror + t0 * S, cand + t0 * S, (size_t)((t1 - t0) * S) * sizeof(int32_t));
+                    for (int64_t r = t0; r < t1; r++) held[r] = S;
+                    rows += t1 - t0;
+                }
+                assert_int_equal(rows, n_diff);
+                uploaded_total += rows;
+            }
+            for (int64_t t = 0; t < n_rows; t++) /* every entry the kernels read, through the device's rows */
+                for (int64_t p = 0; p <= pos[t]; p++) {
+                    size_t off = moeq_cu_kv_entry_offset(dev + t * S, p, bt, c.kv.block_floats, c.kv.layer_offset, 3);
+                    if (t < n_valid) assert_ptr_equal(c.pool + off, moeq_kv_paged_entry(&c.kv, seq[t], p));
+                    else assert_int_equal(off, (size_t)scratch * c.kv.block_floats + c.kv.layer_offset);
+                }
+        }
+        /* uploads are rows that changed, far fewer than every row of every step (60 steps of up to 14 rows) */
+        print_message("block %d: %lld rows uploaded over 60 steps\n", bt, (long long)uploaded_total);
+        if (bt == 16) assert_true(uploaded_total < 200);
+        free(dev), free(mirror), free(cand), free(held);
+        fake_cache_free(&c);
+    }
+}
+
+/*
+ * A padded step through the capacity grid (the plan found on the device, fixed tables, padding rows on the
+ * scratch block) gives every valid token the eager path's attention bit for bit (compact tables, the host
+ * plan), whatever its bucket and batch-mates: the partial and merge kernels emulated on both.
+ */
+static void split_partials(const moeq_mla_params *a, const int32_t *row_off, const int32_t *ctab,
+                           const moeq_cu_split_item *it, int h, float *o, float *m, float *l) {
+    int L = a->kv_lora, R = a->rope, H = a->n_heads, n = it->j1 - it->j0;
+    const float *ql = a->q_lat + ((int64_t)it->t * H + h) * L, *qp = a->q_pe + ((int64_t)it->t * H + h) * R;
+    float *sc = malloc((size_t)n * sizeof(float));
+    for (int j = 0; j < n; j++) {
+        const float *e = a->kv.pool + moeq_cu_kv_entry_offset(ctab + row_off[it->t], it->j0 + j, a->kv.block_tokens,
+                                                              a->kv.block_floats, a->kv.layer_offset,
+                                                              a->kv.entry_floats);
+        float lanes[MOEQ_CU_LANES];
+        for (int lane = 0; lane < MOEQ_CU_LANES; lane++) lanes[lane] = moeq_cu_score_lane(ql, qp, e, L, R, lane);
+        moeq_cu_butterfly16(lanes);
+        sc[j] = lanes[0] * a->scale;
+    }
+    *m = moeq_cu_split_max(sc, n);
+    for (int j = 0; j < n; j++) sc[j] = moeq_cu_exp_nonpos(sc[j] - *m);
+    float lanes[MOEQ_CU_LANES];
+    for (int lane = 0; lane < MOEQ_CU_LANES; lane++) lanes[lane] = moeq_cu_split_sum_lane(sc, n, lane);
+    moeq_cu_butterfly16(lanes);
+    *l = lanes[0];
+    for (int d = 0; d < L; d++) {
+        float acc = 0.0f;
+        for (int j = 0; j < n; j++) {
+            const float *e = a->kv.pool + moeq_cu_kv_entry_offset(ctab + row_off[it->t], it->j0 + j,
+                                                                  a->kv.block_tokens, a->kv.block_floats,
+                                                                  a->kv.layer_offset, a->kv.entry_floats);
+            acc = fmaf(sc[j], e[d], acc);
+        }
+        o[d] = acc;
+    }
+    free(sc);
+}
+
+/* The capacity grid of one padded step: every block x < cap (idle past the plan), then the merge per token. */
+static void emulate_graph_attention(const moeq_mla_params *a, const int32_t *row_off, const int32_t *tab,
+                                    int64_t cap, float *out) {
+    int64_t T = a->n_tok;
+    int H = a->n_heads, L = a->kv_lora;
+    int32_t *first = malloc((size_t)T * sizeof(int32_t)), *count = malloc((size_t)T * sizeof(int32_t)), total;
+    float *ws_o = malloc((size_t)(cap * H * L) * sizeof(float)), *ws_ml = malloc((size_t)(cap * H * 2) * sizeof(float));
+    moeq_cu_split_scan(a->pos, T, first, count, &total);
+    assert_true(total <= cap);
+    for (int64_t x = 0; x < cap; x++) {
+        moeq_cu_split_item it;
+        if (!moeq_cu_split_find(a->pos, first, count, T, total, x, &it)) continue;
+        for (int h = 0; h < H; h++)
+            split_partials(a, row_off, tab, &it, h, ws_o + ((int64_t)it.slot * H + h) * L,
+                           &ws_ml[((int64_t)it.slot * H + h) * 2], &ws_ml[((int64_t)it.slot * H + h) * 2 + 1]);
+    }
+    for (int64_t t = 0; t < T; t++) /* attn_merge_kernel's block (t, h) */
+        for (int h = 0; h < H; h++) {
+            int f = first[t], P = count[t];
+            float m[4096], l[4096], sa[4096];
+            for (int p = 0; p < P; p++) m[p] = ws_ml[((int64_t)(f + p) * H + h) * 2],
+                                        l[p] = ws_ml[((int64_t)(f + p) * H + h) * 2 + 1];
+            float Ls = moeq_cu_split_merge_scales(m, l, P, sa);
+            for (int d = 0; d < L; d++)
+                out[(t * H + h) * L + d] =
+                    moeq_cu_split_merge_elem(ws_o + ((int64_t)f * H + h) * L, (int64_t)H * L, sa, P, Ls, d);
+        }
+    free(first), free(count), free(ws_o), free(ws_ml);
+}
+
+static void a_padded_step_on_the_capacity_grid_gives_the_eager_bits_in_every_bucket(void **state) {
+    (void)state;
+    typedef struct shape {
+        int H, L, R, bt;
+        int64_t max_len;
+    } shape;
+    const shape shapes[] = {{1, 16, 8, 16, 40}, {3, 64, 32, 7, 700}, {2, 32, 16, 64, 5000}, {4, 32, 16, 1, 300}};
+    int64_t sizes[MOEQ_CU_GRAPH_MAX_BUCKETS];
+    int nb = moeq_cu_graph_buckets(64, sizes);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape *sh = &shapes[si];
+        fake_cache c;
+        fake_cache_make(&c, 9, sh->max_len + 1, sh->bt, sh->L + sh->R); /* the last block of seq 8: scratch */
+        int32_t scratch = c.table[8 * c.kv.table_stride + c.kv.table_stride - 1];
+        int64_t stride = moeq_cu_kv_fixed_stride(sh->max_len, sh->bt);
+        const int64_t valid[] = {1, 3, 5, 8}; /* sequences 0..7: 8 is the scratch */
+        for (int vi = 0; vi < 4; vi++) {
+            int64_t n_valid = valid[vi];
+            int b = moeq_cu_graph_bucket(sizes, nb, n_valid);
+            for (int bump = 0; bump < 2 && b + bump < nb; bump++) { /* its bucket, and the next one up */
+                int64_t T = sizes[b + bump];
+                int32_t seq[64], row_off[64], ids[64];
+                int64_t pos[64];
+                for (int64_t t = 0; t < n_valid; t++) /* one token per sequence: a decode step */
+                    seq[t] = (int32_t)t, pos[t] = urand() % (uint32_t)sh->max_len;
+                pos[0] = sh->max_len - 1;
+                moeq_cu_graph_pad(ids, seq, pos, n_valid, T, 8);
+                int32_t *tab = malloc((size_t)(T * stride) * sizeof(int32_t));
+                assert_int_equal(moeq_cu_kv_fixed_offsets(T, stride, row_off), 0);
+                assert_int_equal(moeq_cu_kv_fixed_fill(c.table, c.kv.table_stride, seq, pos, n_valid, T, sh->bt,
+                                                       stride, scratch, tab), 0);
+                size_t nq = (size_t)(T * sh->H);
+                float *ql = malloc(nq * sh->L * sizeof(float)), *qp = malloc(nq * sh->R * sizeof(float));
+                float *got = malloc(nq * sh->L * sizeof(float)), *want = malloc((size_t)sh->L * sizeof(float));
+                for (size_t i = 0; i < nq * sh->L; i++) ql[i] = frand() * 0.3f;
+                for (size_t i = 0; i < nq * sh->R; i++) qp[i] = frand() * 0.3f;
+                moeq_mla_params a = {c.kv, T, seq, pos, sh->H, sh->L, sh->R, ql, qp, got, 0.125f};
+                emulate_graph_attention(&a, row_off, tab, moeq_cu_split_item_cap(T, sh->max_len, INT64_MAX), got);
+                /* the eager path: the valid tokens alone, compact tables */
+                int32_t eoff[64], *ctab = malloc((size_t)(n_valid * stride) * sizeof(int32_t));
+                assert_true(moeq_cu_kv_compact(c.table, c.kv.table_stride, seq, pos, n_valid, sh->bt, eoff, ctab,
+                                               n_valid * stride) > 0);
+                moeq_mla_params e = a;
+                e.n_tok = n_valid;
+                for (int64_t t = 0; t < n_valid; t++)
+                    for (int h = 0; h < sh->H; h++) {
+                        emulate_split_attention(&e, eoff, ctab, t, h, want);
+                        assert_same_bits(got + (t * sh->H + h) * sh->L, want, (size_t)sh->L, "graph vs eager");
+                    }
+                free(ql), free(qp), free(got), free(want), free(tab), free(ctab);
+            }
+        }
+        fake_cache_free(&c);
     }
 }
 
@@ -1259,6 +1582,177 @@ static void records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_co
 
 /* ---- error paths ---------------------------------------------------------------------------------------------- */
 
+/* ---- cuda_graphs: the engine's padded, bracketed steps, played on the CPU ------------------------------------- */
+
+/*
+ * "padded-cpu": the CPU backend with the graph seam of the CUDA backend's contract: graph_rows answers the step's
+ * bucket (graph_index.cuh), and inside a bracket the padding rows (past n_valid) run at position 0 of the scratch
+ * block (a block table row of their own, as the device's fixed tables give them) and leave the expert counts
+ * alone. One bucket's first bracket reports a failed capture: the engine must issue the step again, unpadded.
+ */
+static struct {
+    void (*mla_rope)(moeq_backend *, const moeq_mla_rope_params *);
+    void (*attention)(moeq_backend *, const moeq_mla_params *);
+    void (*moe_experts)(moeq_backend *, const moeq_moe_experts_params *);
+    int64_t sizes[MOEQ_CU_GRAPH_MAX_BUCKETS];
+    int n_sizes, failed[MOEQ_CU_GRAPH_MAX_BUCKETS], fail_bucket;
+    int in_bracket, doomed, brackets, failures;
+    int64_t padded_rows;
+    moeq_graph_step step;
+} pg;
+
+static int64_t pg_graph_rows(const moeq_backend *b, int64_t n_tok) {
+    (void)b;
+    int i = moeq_cu_graph_bucket(pg.sizes, pg.n_sizes, n_tok);
+    return i < 0 || pg.failed[i] ? 0 : pg.sizes[i];
+}
+
+static void pg_graph_begin(moeq_backend *b, const moeq_graph_step *step) {
+    (void)b;
+    assert_false(pg.in_bracket);
+    assert_true(step->n_valid >= 1 && step->n_valid <= step->n_rows && step->scratch_block >= 0);
+    assert_int_equal(pg_graph_rows(b, step->n_valid), step->n_rows); /* the engine padded to the bucket */
+    assert_true(step->block_table && step->table_stride > 0 && step->seq && step->pos);
+    for (int64_t t = step->n_valid; t < step->n_rows; t++) assert_int_equal(step->pos[t], 0);
+    pg.in_bracket = 1, pg.step = *step, pg.brackets++, pg.padded_rows += step->n_rows - step->n_valid;
+    int i = moeq_cu_graph_bucket(pg.sizes, pg.n_sizes, step->n_rows);
+    pg.doomed = i == pg.fail_bucket && !pg.failed[i]; /* a failed capture executes nothing: no lasting effect */
+}
+
+static int pg_graph_end(moeq_backend *b) {
+    (void)b;
+    assert_true(pg.in_bracket);
+    pg.in_bracket = 0;
+    if (pg.doomed) { /* its capture "failed": the cache and the counts untouched, the step must run again */
+        pg.failed[pg.fail_bucket] = 1, pg.failures++, pg.doomed = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* A call of the bracket's rows: the padding's sequence is a row of its own holding the scratch block. */
+static int pg_padded(int64_t n_tok) { return pg.in_bracket && n_tok == pg.step.n_rows && pg.step.n_valid < n_tok; }
+
+static int32_t *pg_table(const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int32_t *seq_out) {
+    int64_t n_valid = pg.step.n_valid, rows = 0;
+    for (int64_t t = 0; t < n_valid; t++) rows = seq[t] + 1 > rows ? seq[t] + 1 : rows;
+    int32_t *tab = malloc((size_t)((rows + 1) * kv->table_stride) * sizeof(int32_t));
+    memcpy(tab, kv->block_table, (size_t)(rows * kv->table_stride) * sizeof(int32_t));
+    tab[rows * kv->table_stride] = pg.step.scratch_block;
+    for (int64_t t = 0; t < pg.step.n_rows; t++) {
+        seq_out[t] = t < n_valid ? seq[t] : (int32_t)rows;
+        if (t >= n_valid) assert_int_equal(pos[t], 0); /* padding sits at position 0 */
+    }
+    return tab;
+}
+
+static void pg_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
+    if (pg.doomed) return;
+    if (!pg_padded(p->n_tok)) return pg.mla_rope(b, p);
+    moeq_mla_rope_params q = *p;
+    int32_t *seq = malloc((size_t)p->n_tok * sizeof(int32_t)), *tab = pg_table(&p->kv, p->seq, p->pos, seq);
+    q.kv.block_table = tab, q.seq = seq;
+    pg.mla_rope(b, &q);
+    free(seq), free(tab);
+}
+
+static void pg_attention(moeq_backend *b, const moeq_mla_params *p) {
+    if (pg.doomed) return;
+    if (!pg_padded(p->n_tok)) return pg.attention(b, p);
+    moeq_mla_params q = *p;
+    int32_t *seq = malloc((size_t)p->n_tok * sizeof(int32_t)), *tab = pg_table(&p->kv, p->seq, p->pos, seq);
+    q.kv.block_table = tab, q.seq = seq;
+    pg.attention(b, &q);
+    free(seq), free(tab);
+}
+
+/* The device counts the valid rows' slots only (moe_plan_kernel with n_valid): here, the padding's taken back. */
+static void pg_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
+    if (pg.doomed) return;
+    pg.moe_experts(b, p);
+    if (!pg_padded(p->n_tok) || !p->stats) return;
+    for (int64_t s = pg.step.n_valid * p->top_k; s < p->n_tok * p->top_k; s++) p->stats[p->ids[s]]--;
+}
+
+static moeq_err padded_cpu_new(const moeq_backend_config *config, moeq_backend **out, char *errstr,
+                               size_t errstr_size) {
+    moeq_backend *b = *out = moeq_backend_cpu_new(config);
+    if (!b) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "padded-cpu backend");
+    assert_true(config->graphs); /* cuda_graphs = auto reached the backend */
+    pg.mla_rope = b->mla_rope, pg.attention = b->attention, pg.moe_experts = b->moe_experts;
+    b->mla_rope = pg_mla_rope, b->attention = pg_attention, b->moe_experts = pg_moe_experts;
+    b->graph_rows = pg_graph_rows, b->graph_begin = pg_graph_begin, b->graph_end = pg_graph_end;
+    pg.n_sizes = moeq_cu_graph_buckets(config->max_tokens, pg.sizes);
+    return MOEQ_OK;
+}
+
+/* Prefill 5 sequences in one step (all 30 rows' logits), then decode steps of 5, 3, 5 (again), 1 and 5 tokens. */
+static int padded_steps(moeq_engine *e, int V, float *logits) {
+    int seq[5], rows = 0;
+    char err[256] = "";
+    int32_t prompt[5][12], tok[5];
+    moeq_step_item it[5];
+    for (int s = 0; s < 5; s++) {
+        assert_int_equal(moeq_engine_seq_new(e, &seq[s]), MOEQ_OK);
+        for (int i = 0; i < 12; i++) prompt[s][i] = (int32_t)((i * 41 + s * 17 + 3) % V);
+        it[s] = (moeq_step_item){seq[s], prompt[s], 2 + 2 * s, 1};
+    }
+    if (moeq_engine_step(e, it, 5, logits, 30, err, sizeof err)) fail_msg("%s", err);
+    rows += 2 + 4 + 6 + 8 + 10;
+    const int batch[] = {5, 3, 5, 1, 5};
+    for (int k = 0; k < 5; k++) {
+        for (int s = 0; s < batch[k]; s++) {
+            tok[s] = (int32_t)((k * 13 + s * 7 + 1) % V);
+            it[s] = (moeq_step_item){seq[s], &tok[s], 1, 0};
+        }
+        if (moeq_engine_step(e, it, batch[k], logits + (size_t)rows * V, 5, err, sizeof err)) fail_msg("%s", err);
+        rows += batch[k];
+    }
+    return rows;
+}
+
+static void padded_graph_steps_give_the_unpadded_logits_and_expert_counts(void **state) {
+    (void)state;
+    static int registered;
+    if (!registered++) (void)moeq_backend_register("padded-cpu", padded_cpu_new);
+    memset(&pg, 0, sizeof pg);
+    pg.fail_bucket = 3; /* the bucket of 8: its first capture fails (the decode steps of 5) */
+    char dir[] = "/tmp/moeq-graph-pad-XXXXXX", err[512] = "";
+    moeq_model *m = gen_model("tiny", dir);
+    int V = moeq_model_get_config(m)->vocab_size;
+    moeq_engine *cpu = NULL, *pad = NULL;
+    moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "padded-cpu");
+    snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "auto");
+    p.n_threads = 2, p.max_seqs = 5, p.kv_cache_tokens = 512, p.max_step_tokens = 256;
+    if (moeq_engine_new(m, &p, &pad, err, sizeof err)) fail_msg("%s", err);
+    /* the same engine on the plain CPU backend, graphs off */
+    snprintf(p.backend, sizeof p.backend, "cpu");
+    snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "off");
+    if (moeq_engine_new(m, &p, &cpu, err, sizeof err)) fail_msg("%s", err);
+    size_t n = (size_t)64 * V;
+    float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+    int rw = padded_steps(cpu, V, want), rg = padded_steps(pad, V, got);
+    assert_int_equal(rw, rg);
+    assert_same_bits(got, want, (size_t)rw * V, "padded graph steps vs the plain engine");
+    /* the prefill is no decode step (eager); decode 5 -> 8 (its capture fails: issued again unpadded), 3 -> 4,
+     * 5 -> eager (bucket 8 failed), 1 -> 1, 5 -> eager: 3 brackets, 3 + 1 padding rows */
+    print_message("padded steps: %d brackets, %lld padding rows, %d failed capture issued again\n", pg.brackets,
+                  (long long)pg.padded_rows, pg.failures);
+    assert_int_equal(pg.brackets, 3);
+    assert_int_equal(pg.padded_rows, 3 + 1);
+    assert_int_equal(pg.failures, 1);
+    int nl[2], ne[2];
+    const uint64_t *c0 = moeq_engine_expert_counts(cpu, &nl[0], &ne[0]);
+    const uint64_t *c1 = moeq_engine_expert_counts(pad, &nl[1], &ne[1]);
+    assert_true(nl[0] == nl[1] && ne[0] == ne[1]);
+    assert_memory_equal(c1, c0, (size_t)nl[0] * (size_t)ne[0] * sizeof(uint64_t)); /* no padding counted */
+    moeq_engine_destroy(cpu), moeq_engine_destroy(pad);
+    moeq_model_destroy(m);
+    free(want), free(got);
+    rm_dir(dir);
+}
+
 static void the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error(void **state) {
     (void)state;
     moeq_backend_config bc = {.n_threads = 1, .batch_invariant = 1, .max_k = 64, .max_ctx = 64, .max_jobs = 4};
@@ -1302,6 +1796,11 @@ int main(void) {
         cmocka_unit_test(split_partitions_cover_each_context_once_and_depend_only_on_its_length),
         cmocka_unit_test(split_kv_partials_merged_equal_the_cpu_attention),
         cmocka_unit_test(split_merge_of_random_partials_equals_the_float64_softmax),
+        cmocka_unit_test(decode_buckets_are_the_smallest_power_of_two_that_holds_the_step),
+        cmocka_unit_test(the_device_split_plan_equals_the_host_plan_over_many_shapes),
+        cmocka_unit_test(fixed_stride_tables_address_every_entry_as_the_engines_and_padding_the_scratch_block),
+        cmocka_unit_test(fixed_table_sync_uploads_only_changed_rows_and_keeps_the_device_right),
+        cmocka_unit_test(a_padded_step_on_the_capacity_grid_gives_the_eager_bits_in_every_bucket),
         cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
         cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),
         cmocka_unit_test(moe_plan_and_work_list_helpers_match_a_plain_c_model_over_many_shapes),
@@ -1314,6 +1813,7 @@ int main(void) {
         cmocka_unit_test(the_cpu_moe_experts_op_equals_the_composed_path_bit_for_bit),
         cmocka_unit_test(generation_on_a_device_brings_back_records_and_the_cpus_tokens),
         cmocka_unit_test(records_over_chunks_are_the_cpu_rows_records_and_only_needed_rows_come),
+        cmocka_unit_test(padded_graph_steps_give_the_unpadded_logits_and_expert_counts),
         cmocka_unit_test(the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error),
         cmocka_unit_test(the_cuda_backend_refuses_what_it_cannot_run_by_name),
     };

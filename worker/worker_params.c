@@ -41,6 +41,8 @@ const moeq_prop moeq_worker_props[] = {
      "engine backend: cpu, or cuda in a build with CUDA (docs/CUDA.md); anything else fails the worker's start"},
     {"device", MOEQ_PROP_INT, P(device), 0, 1024, "0",
      "GPU ordinal for backend = cuda; run one worker process per GPU, each with its own device"},
+    {"cuda_graphs", MOEQ_PROP_STR, P(cuda_graphs), 0, 0, "off",
+     "the engine's cuda_graphs: off, auto or on (CUDA graphs for decode steps of up to 256 sequences; docs/CUDA.md)"},
     {"max_batches_held", MOEQ_PROP_INT, P(max_batches_held), 1, 1024, "4",
      "batches taken and not yet acknowledged, at most"},
     {"block_ms", MOEQ_PROP_INT, P(block_ms), 1, 60000, "200", "XREADGROUP BLOCK when the worker is idle, ms"},

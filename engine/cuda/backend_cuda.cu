@@ -18,6 +18,12 @@
 // tolerance), the own kernels otherwise. Attention: split-KV (backend_index.cuh) in two kernels, partial
 // softmax per partition then the merge. Errors: every CUDA and cuBLAS return code is checked; the first
 // failure is kept with the call's name (status) and turns every later op into a no-op.
+//
+// cuda_graphs (graph_index.cuh, docs/CUDA.md): calls of <= 256 tokens read block tables of fixed stride and plan
+// split-KV on the device over a capacity grid; a decode step the engine pads to its bucket and brackets
+// (graph_begin .. graph_end) is captured the first time and replayed after, its host data in the bucket's fixed
+// staging region. Inside a bracket nothing may wait or allocate: such a call breaks it and the engine runs the
+// step again, eagerly.
 extern "C" {
 #include "backend.h"
 #include "model.h"
@@ -33,6 +39,7 @@ extern "C" {
 
 #include "backend_cuda.h"
 #include "backend_index.cuh"
+#include "graph_index.cuh"
 #include "moe_index.cuh"
 #include "logits_reduce.cuh"
 #include "common.cuh"
@@ -41,7 +48,20 @@ extern "C" {
 #define STAGE_MAX_BYTES (1u << 30)      // ... and at most (an op needing more fails with LIMIT, named)
 #define WIDE_BYTES (256u << 20)         // cuBLAS path: float32 tile of widened weight rows at most
 #define ATTN_WS_BYTES (256u << 20)      // split-KV partials of one chunk of query tokens at most
+#define BLAS_WS_BYTES (32u << 20)       // cuBLAS's workspace under cuda_graphs (NVIDIA's figure for Hopper)
 #define THREADS 128
+
+// One decode bucket's graph: captured once, replayed with the step's host data written into a fixed region.
+typedef struct graph_bucket {
+    cudaGraphExec_t exec;        // NULL: not captured yet
+    int failed;                  // a capture failed: the bucket's steps run eagerly, unpadded (graph_rows 0)
+    char *stage_h, *stage_d;     // the fixed staging region (pinned, device twin), stage_cap bytes
+    size_t stage_cap;
+    size_t *regions;             // the STAGED sizes the capture took, in order: a replay must take the same
+    int n_regions, max_regions;
+} graph_bucket;
+
+enum { BR_NONE = 0, BR_CAPTURE, BR_REPLAY }; // inside graph_begin .. graph_end: recording, or writing host data
 
 typedef struct cuda_backend {
     moeq_backend base; // first: the table
@@ -50,7 +70,7 @@ typedef struct cuda_backend {
     cublasHandle_t blas;
     moeq_err err;      // first failure, kept for status
     char why[320];
-    char info[640];
+    char info[800];
     const moeq_model *model;
     void **wdev;       // [n_tensors] device copy of each tensor, in wslab
     char *wslab;
@@ -58,12 +78,38 @@ typedef struct cuda_backend {
     char *stage_h, *stage_d; // pinned host, device twin
     size_t stage_cap, stage_off;
     float *wide;       // cuBLAS path: widened weight tile
+    void *blas_ws;     // cuda_graphs: cuBLAS's workspace given up front (a captured GEMM cannot allocate one)
     size_t wide_floats;
     float *ws;         // split-KV partials (o, then m and l)
     size_t ws_bytes;
     const void **moe_tab;            // per MoE layer 6 E device pointers: gate, up, down, then their F8 scales
     const moeq_expert **moe_key;     // [n_moe] the layer's experts array (NULL: none, or built per call)
     int n_moe;
+    // cuda_graphs (graph_index.cuh): calls of up to MOEQ_CU_GRAPH_LARGEST tokens read a block table of fixed
+    // stride (one row per token), uploaded only when it differs from what the device holds (mla_rope and
+    // attention of every layer of a step read the same one), and attention plans on the device
+    int32_t *ftab_d, *frow_d, *fplan_d; // [LARGEST * fstride] table, [LARGEST] t * fstride, first|count|total
+    int32_t *ftab_h, *fcand_h;          // host: the mirror of ftab_d, and the call's candidate
+    int64_t *fnb_h;                     // host: the entries of each row where ftab_h mirrors ftab_d
+    uint8_t *fdiff_h;                   // host: the rows a sync uploads
+    int64_t fstride;                    // 0: not set up yet; -1: cannot be (offsets past int32)
+    // CUDA graphs: the buckets, and the bracket a step is in (graph_begin .. graph_end)
+    int64_t gsize[MOEQ_CU_GRAPH_MAX_BUCKETS];
+    int n_gb;
+    graph_bucket gb[MOEQ_CU_GRAPH_MAX_BUCKETS];
+    struct {
+        int mode, bucket, broken, region; // BR_*; the region index a replay compares
+        int transient;                    // broken by this step's data (contexts), not by the bucket's ops
+        int64_t n_rows, n_valid;
+        int32_t scratch;                  // the cache block padding rows use
+        size_t off;                       // bump offset in the bucket's region
+        const int64_t *nvalid_d;          // device: n_valid (moe_experts' counts leave padding out)
+        const int32_t *table, *seq;       // host: what graph_begin synced the fixed table from
+        const int64_t *pos;
+    } br;
+    int n_captured, n_replays, n_fallbacks;
+    char graph_why[200];                  // the first reason a capture or a replay fell back to eager
+    char desc[1200];                      // describe(): info and the graphs' counts
 } cuda_backend;
 
 // ---- errors -------------------------------------------------------------------------------------------------
@@ -98,6 +144,30 @@ static moeq_err cuda_status(const moeq_backend *b, char *errstr, size_t errstr_s
 
 // ---- staging --------------------------------------------------------------------------------------------------
 
+// Inside a capture or replay nothing may wait, allocate or take another path than the capture did: the step is
+// marked broken (the engine issues it again, eagerly and unpadded) and the first reason kept for describe().
+static void broken(cuda_backend *cb, const char *why) {
+    if (!cb->br.broken && !cb->graph_why[0]) snprintf(cb->graph_why, sizeof cb->graph_why, "%s", why);
+    cb->br.broken = 1;
+}
+
+// 1 (and the step broken) when inside a capture or replay: host work that cannot be recorded.
+static int in_bracket(cuda_backend *cb, const char *what) {
+    if (!cb->br.mode) return 0;
+    broken(cb, what);
+    return 1;
+}
+
+// A replay writes the step's host data into the bucket's region and launches nothing until graph_end.
+static int replaying(const cuda_backend *cb) { return cb->br.mode == BR_REPLAY; }
+
+// Host bytes already in a staged region to their device twin (or any device buffer), on the stream; a replay's
+// graph holds the copy, so a replay only wrote the region.
+static int h2d(cuda_backend *cb, void *dev, const void *host, size_t bytes, const char *what) {
+    if (cb->err || replaying(cb) || !bytes) return !cb->err;
+    return cu_ok(cb, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cb->stream), what);
+}
+
 static void drain(cuda_backend *cb, const char *why) {
     if (cu_ok(cb, cudaStreamSynchronize(cb->stream), why)) cb->stage_off = 0;
 }
@@ -109,6 +179,7 @@ static void drain(cuda_backend *cb, const char *why) {
 // so that no region an op still needs is reused by its own later regions. 0 once an error is kept.
 static int stage_reserve(cuda_backend *cb, size_t bytes) {
     if (cb->err) return 0;
+    if (cb->br.mode) return !cb->br.broken; // the bucket's region: stage() checks each region against it
     if (bytes > cb->stage_cap) {
         char n[32];
         snprintf(n, sizeof n, "%zu", bytes);
@@ -120,10 +191,39 @@ static int stage_reserve(cuda_backend *cb, size_t bytes) {
     return !cb->err;
 }
 
+static void *stage_broken(cuda_backend *cb, const char *why) {
+    broken(cb, why);
+    return NULL;
+}
+
+// Inside a bracket: the next region of the bucket's fixed region, at the offset the capture gave it (a replay
+// that would take another size breaks the step). NULL when broken.
+static void *stage_fixed(cuda_backend *cb, size_t bytes, void **dev) {
+    graph_bucket *g = &cb->gb[cb->br.bucket];
+    if (cb->br.broken) return NULL;
+    if (cb->br.off + bytes > g->stage_cap) return stage_broken(cb, "a step's host data past the bucket's region");
+    if (cb->br.mode == BR_CAPTURE) {
+        if (g->n_regions == g->max_regions) {
+            int m = g->max_regions ? 2 * g->max_regions : 1024;
+            size_t *r = (size_t *)realloc(g->regions, (size_t)m * sizeof(size_t));
+            if (!r) return stage_broken(cb, "out of host memory recording a capture");
+            g->regions = r, g->max_regions = m;
+        }
+        g->regions[g->n_regions++] = bytes;
+    } else if (cb->br.region >= g->n_regions || g->regions[cb->br.region] != bytes)
+        return stage_broken(cb, "a replay staged other host data than its capture");
+    cb->br.region++;
+    void *h = g->stage_h + cb->br.off;
+    *dev = g->stage_d + cb->br.off;
+    cb->br.off += bytes;
+    return h;
+}
+
 // A region of the staging reserved before (host pointer, device twin); NULL once an error is kept.
 static void *stage(cuda_backend *cb, size_t bytes, void **dev) {
     bytes = STAGED(bytes ? bytes : 1);
     if (cb->err) return NULL;
+    if (cb->br.mode) return stage_fixed(cb, bytes, dev);
     if (cb->stage_off + bytes > cb->stage_cap) {
         fail(cb, MOEQ_ERR_INTERNAL, "staging region past the op's reservation%s%s", "", "");
         return NULL;
@@ -139,8 +239,7 @@ static const void *stage_up(cuda_backend *cb, const void *host, size_t bytes, co
     void *d = NULL, *h = stage(cb, bytes, &d);
     if (!h) return NULL;
     if (bytes) memcpy(h, host, bytes);
-    if (bytes && !cu_ok(cb, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, cb->stream), what)) return NULL;
-    return d;
+    return h2d(cb, d, h, bytes, what) ? d : NULL;
 }
 
 // One region of its own (an op with nothing else staged).
@@ -290,26 +389,26 @@ static void cuda_release(moeq_backend *b, void *buffer) {
 static void cuda_upload(moeq_backend *b, void *dst, const void *host, size_t bytes) {
     cuda_backend *cb = (cuda_backend *)b;
     // pageable source: the call returns once the bytes are staged, so the caller may reuse its buffer
-    if (!cb->err && bytes)
+    if (!cb->err && bytes && !in_bracket(cb, "upload inside a captured step"))
         cu_ok(cb, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (upload)");
 }
 
 static void cuda_download(moeq_backend *b, void *host, const void *src, size_t bytes) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || !bytes) return;
+    if (cb->err || !bytes || in_bracket(cb, "download inside a captured step")) return;
     if (cu_ok(cb, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cb->stream), "cudaMemcpyAsync (download)"))
         drain(cb, "cudaStreamSynchronize (download)");
 }
 
 static void cuda_copy(moeq_backend *b, void *dst, const void *src, size_t bytes) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (!cb->err && bytes)
+    if (!cb->err && bytes && !replaying(cb))
         cu_ok(cb, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cb->stream), "cudaMemcpyAsync (copy)");
 }
 
 static void cuda_sync(moeq_backend *b) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (!cb->err) drain(cb, "cudaStreamSynchronize (sync)");
+    if (!cb->err && !in_bracket(cb, "sync inside a captured step")) drain(cb, "cudaStreamSynchronize (sync)");
 }
 
 // ---- matmul kernels --------------------------------------------------------------------------------------------
@@ -463,7 +562,7 @@ static int blas_for(const cuda_backend *cb, const moeq_mm_job *jobs, int n_jobs)
 }
 
 static void run_jobs(cuda_backend *cb, const moeq_mm_job *jobs, int n_jobs, int nn) {
-    if (cb->err || n_jobs <= 0) return;
+    if (cb->err || n_jobs <= 0 || replaying(cb)) return;
     int blas = blas_for(cb, jobs, n_jobs);
     for (int i = 0; i < n_jobs && !cb->err; i++) {
         const moeq_mm_job *j = &jobs[i];
@@ -519,14 +618,84 @@ static int kv_upload(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *s
         fail(cb, MOEQ_ERR_INTERNAL, "compact block table larger than its bound%s%s", "", "");
         return 0;
     }
-    if (!cu_ok(cb, cudaMemcpyAsync(d_off, h_off, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream),
-               "cudaMemcpyAsync (block table rows)") ||
-        (used && !cu_ok(cb, cudaMemcpyAsync(d_tab, h_tab, (size_t)used * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                            cb->stream),
-                        "cudaMemcpyAsync (block table)")))
+    if (!h2d(cb, d_off, h_off, (size_t)T * sizeof(int32_t), "cudaMemcpyAsync (block table rows)") ||
+        !h2d(cb, d_tab, h_tab, (size_t)used * sizeof(int32_t), "cudaMemcpyAsync (block table)"))
         return 0;
     kv_dev k = {kv->pool, kv->block_floats, kv->layer_offset, kv->block_tokens, kv->entry_floats,
                 (const int32_t *)d_off, (const int32_t *)d_tab};
+    *out = k;
+    return 1;
+}
+
+// The fixed-stride tables' buffers, set up by the first call that takes them (the block size is the cache's,
+// known only then; outside any step's timing that matters: one cudaMalloc per buffer, once). 0: not usable for
+// block_tokens (its stride is past the buffers', or they could not be made).
+static int fixed_ready(cuda_backend *cb, int block_tokens) {
+    int64_t S = moeq_cu_kv_fixed_stride(cb->p.max_ctx, block_tokens), R = MOEQ_CU_GRAPH_LARGEST;
+    if (cb->fstride) return cb->fstride > 0 && S <= cb->fstride;
+    int32_t *off = (int32_t *)malloc((size_t)R * sizeof(int32_t));
+    cb->ftab_h = (int32_t *)calloc((size_t)(R * S), sizeof(int32_t));
+    cb->fcand_h = (int32_t *)calloc((size_t)(R * S), sizeof(int32_t));
+    cb->fnb_h = (int64_t *)calloc((size_t)R, sizeof(int64_t));
+    cb->fdiff_h = (uint8_t *)calloc((size_t)R, 1);
+    if (!off || !cb->ftab_h || !cb->fcand_h || !cb->fnb_h || !cb->fdiff_h ||
+        moeq_cu_kv_fixed_offsets(R, S, off) < 0) {
+        free(off);
+        cb->fstride = -1; // the compact tables serve every call
+        return 0;
+    }
+    int ok = cu_ok(cb, cudaMalloc((void **)&cb->ftab_d, (size_t)(R * S) * sizeof(int32_t)),
+                   "cudaMalloc (fixed tables)") &&
+             cu_ok(cb, cudaMalloc((void **)&cb->frow_d, (size_t)R * sizeof(int32_t)), "cudaMalloc (fixed rows)") &&
+             cu_ok(cb, cudaMalloc((void **)&cb->fplan_d, (size_t)(2 * R + 1) * sizeof(int32_t)),
+                   "cudaMalloc (device split plan)") &&
+             cu_ok(cb, cudaMemcpyAsync(cb->frow_d, off, (size_t)R * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       cb->stream), "cudaMemcpyAsync (fixed rows)");
+    free(off); // a pageable source is staged before cudaMemcpyAsync returns
+    cb->fstride = ok ? S : -1;
+    return ok;
+}
+
+// Rows [0, T) of the fixed table for these tokens (rows past n_valid: padding, the scratch block at position 0),
+// filled on the host and compared with what the device holds (ftab_h mirrors ftab_d on each row's first fnb_h
+// entries): each run of rows that differ goes up whole in one copy (ordered on the stream after the kernels still
+// reading them). Never inside a bracket (graph_begin syncs before it). 0: not usable (a position past the stride,
+// staging failed).
+static int fixed_sync(cuda_backend *cb, const int32_t *block_table, int64_t table_stride, int block_tokens,
+                      const int32_t *seq, const int64_t *pos, int64_t n_valid, int64_t T, int32_t scratch) {
+    int64_t S = cb->fstride, t = 0, t0, t1;
+    size_t row = (size_t)S * sizeof(int32_t), bytes = 0;
+    if (moeq_cu_kv_fixed_fill(block_table, table_stride, seq, pos, n_valid, T, block_tokens, S, scratch,
+                              cb->fcand_h) < 0)
+        return 0;
+    if (!moeq_cu_kv_fixed_diff(cb->fcand_h, cb->ftab_h, cb->fnb_h, pos, T, block_tokens, S, cb->fdiff_h)) return 1;
+    while (moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1)) bytes += STAGED((size_t)(t1 - t0) * row);
+    if (!stage_reserve(cb, bytes)) return 0; // every run's region at once
+    for (t = 0; moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1);) {
+        size_t n = (size_t)(t1 - t0) * row;
+        void *d = NULL, *h = stage(cb, n, &d);
+        if (!h) return 0;
+        memcpy(h, cb->fcand_h + t0 * S, n);
+        if (!h2d(cb, cb->ftab_d + t0 * S, h, n, "cudaMemcpyAsync (fixed block table rows)")) return 0;
+        memcpy(cb->ftab_h + t0 * S, cb->fcand_h + t0 * S, n);
+        for (int64_t r = t0; r < t1; r++) cb->fnb_h[r] = S; // the whole row is now the mirror's
+    }
+    return 1;
+}
+
+// The call's fixed-stride table (graph_index.cuh) when cuda_graphs is on and T <= MOEQ_CU_GRAPH_LARGEST, synced
+// before the caller stages anything of its own. 0: not this path (the caller takes the compact table).
+static int kv_fixed(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *seq, const int64_t *pos, int64_t T,
+                    kv_dev *out) {
+    if (!cb->p.graphs || cb->err || T < 1 || T > MOEQ_CU_GRAPH_LARGEST || !fixed_ready(cb, kv->block_tokens))
+        return 0;
+    if (cb->br.mode) { // graph_begin synced the step's table: the same arrays find it, without a host pass
+        if (cb->br.n_rows != T || kv->block_table != cb->br.table || seq != cb->br.seq || pos != cb->br.pos)
+            return in_bracket(cb, "a call on another block table or tokens than its bracket's"), 0;
+    } else if (!fixed_sync(cb, kv->block_table, kv->table_stride, kv->block_tokens, seq, pos, T, T, 0))
+        return 0;
+    kv_dev k = {kv->pool, kv->block_floats, kv->layer_offset, kv->block_tokens, kv->entry_floats, cb->frow_d,
+                cb->ftab_d};
     *out = k;
     return 1;
 }
@@ -538,12 +707,13 @@ __device__ __forceinline__ const float *kv_entry(const kv_dev &kv, int64_t t, in
 
 // ---- attention: split-KV partials, then the merge ---------------------------------------------------------------
 
-__global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, const float *q_lat, const float *q_pe,
-                                    int H, int L, int R, float scale, float *ws_o, float *ws_ml) {
+// One partition of one token for head blockIdx.y: its partial (m, l, unnormalised o) into slot it.slot.
+__device__ __forceinline__ void attn_partial_item(const moeq_cu_split_item it, const kv_dev &kv, const float *q_lat,
+                                                  const float *q_pe, int H, int L, int R, float scale, float *ws_o,
+                                                  float *ws_ml) {
     __shared__ float sc[MOEQ_CU_SPLIT_MAX_ROWS];
     __shared__ size_t off[MOEQ_CU_SPLIT_MAX_ROWS]; // each row's entry in the pool, found once (24 KiB in all)
     __shared__ float sh_m, sh_l;
-    moeq_cu_split_item it = items[blockIdx.x];
     int h = blockIdx.y, tid = threadIdx.x, lane = tid % MOEQ_CU_LANES, hw = tid / MOEQ_CU_LANES;
     int n_hw = blockDim.x / MOEQ_CU_LANES, n = it.j1 - it.j0;
     const float *ql = q_lat + ((int64_t)it.t * H + h) * L, *qp = q_pe + ((int64_t)it.t * H + h) * R;
@@ -581,6 +751,28 @@ __global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, 
     }
 }
 
+// The host's plan: block x takes items[x].
+__global__ void attn_partial_kernel(const moeq_cu_split_item *items, kv_dev kv, const float *q_lat, const float *q_pe,
+                                    int H, int L, int R, float scale, float *ws_o, float *ws_ml) {
+    attn_partial_item(items[blockIdx.x], kv, q_lat, q_pe, H, L, R, scale, ws_o, ws_ml);
+}
+
+// The plan on the device (graph_index.cuh), one thread: each token's first slot and partitions, and the total.
+__global__ void split_plan_kernel(const int64_t *pos, int64_t T, int32_t *first, int32_t *count, int32_t *total) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) moeq_cu_split_scan(pos, T, first, count, total);
+}
+
+// The capacity grid: block x finds item x of the device's plan (the host plan's items[x]) or, past the last
+// item, idles (the whole block, before any barrier). The launch depends on T and the capacity alone.
+__global__ void attn_partial_cap_kernel(const int64_t *pos, const int32_t *first, const int32_t *count,
+                                        const int32_t *total, int64_t T, kv_dev kv, const float *q_lat,
+                                        const float *q_pe, int H, int L, int R, float scale, float *ws_o,
+                                        float *ws_ml) {
+    moeq_cu_split_item it;
+    if (!moeq_cu_split_find(pos, first, count, T, *total, blockIdx.x, &it)) return;
+    attn_partial_item(it, kv, q_lat, q_pe, H, L, R, scale, ws_o, ws_ml);
+}
+
 // One (token, head): its partitions' partials merged into out_lat. Dynamic shared: 3 * max parts floats.
 __global__ void attn_merge_kernel(const int32_t *first, const int32_t *count, int64_t t0, int H, int L,
                                   const float *ws_o, const float *ws_ml, float *out_lat) {
@@ -605,6 +797,7 @@ __global__ void attn_merge_kernel(const int32_t *first, const int32_t *count, in
 
 static int ws_reserve(cuda_backend *cb, size_t bytes) {
     if (bytes <= cb->ws_bytes) return 1;
+    if (in_bracket(cb, "the attention workspace grew inside a captured step")) return 0;
     if (cb->ws) {
         drain(cb, "cudaStreamSynchronize (attention workspace)");
         cu_ok(cb, cudaFree(cb->ws), "cudaFree (attention workspace)");
@@ -612,6 +805,34 @@ static int ws_reserve(cuda_backend *cb, size_t bytes) {
     }
     if (cb->err || !cu_ok(cb, cudaMalloc((void **)&cb->ws, bytes), "cudaMalloc (attention workspace)")) return 0;
     cb->ws_bytes = bytes;
+    return 1;
+}
+
+// Attention on the capacity grid (cuda_graphs): the positions staged, the plan computed on the device
+// (split_plan_kernel), the partials over min(T x the most partitions of max_ctx, what the workspace holds) blocks,
+// idle past the plan's items, the merge per (token, head): every launch shaped by T and capacities alone, and the
+// host plan's items, slots and merge order, so the eager path's bits. 0 (nothing staged): a step whose partitions
+// pass the capacity, or a merge past its shared memory; the caller runs the host plan.
+static int attention_cap(cuda_backend *cb, const moeq_mla_params *a, const kv_dev *kv, size_t per_item) {
+    int64_t T = a->n_tok, ws_items = (int64_t)(cb->ws_bytes / per_item);
+    int H = a->n_heads, L = a->kv_lora, R = a->rope, max_parts = moeq_cu_split_max_parts(cb->p.max_ctx);
+    int64_t cap = moeq_cu_split_item_cap(T, cb->p.max_ctx, ws_items);
+    if (max_parts * 3 * sizeof(float) > 48 * 1024 || moeq_cu_split_items(a->pos, T) > cap || cap > INT32_MAX)
+        return 0;
+    size_t pos_bytes = (size_t)T * sizeof(int64_t);
+    if (!stage_reserve(cb, STAGED(pos_bytes))) return 1;
+    const int64_t *pos = (const int64_t *)stage_up(cb, a->pos, pos_bytes, "cudaMemcpyAsync (positions)");
+    if (!pos || replaying(cb)) return 1;
+    int32_t *first = cb->fplan_d, *count = first + MOEQ_CU_GRAPH_LARGEST, *total = count + MOEQ_CU_GRAPH_LARGEST;
+    float *ws_o = cb->ws, *ws_ml = cb->ws + (size_t)ws_items * H * L;
+    split_plan_kernel<<<1, 32, 0, cb->stream>>>(pos, T, first, count, total);
+    if (!launched(cb, "split_plan_kernel launch")) return 1;
+    attn_partial_cap_kernel<<<dim3((unsigned)cap, (unsigned)H), THREADS, 0, cb->stream>>>(
+        pos, first, count, total, T, *kv, a->q_lat, a->q_pe, H, L, R, a->scale, ws_o, ws_ml);
+    if (!launched(cb, "attn_partial_cap_kernel launch")) return 1;
+    attn_merge_kernel<<<dim3((unsigned)T, (unsigned)H), THREADS, 3 * max_parts * sizeof(float), cb->stream>>>(
+        first, count, 0, H, L, ws_o, ws_ml, a->out_lat);
+    launched(cb, "attn_merge_kernel launch (capacity grid)");
     return 1;
 }
 
@@ -638,13 +859,18 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
     if (!ws_reserve(cb, want < ATTN_WS_BYTES ? want : (per_item * max_parts > ATTN_WS_BYTES ? per_item * max_parts
                                                                                            : ATTN_WS_BYTES)))
         return;
+    kv_dev kv;
+    int fixed = kv_fixed(cb, &a->kv, a->seq, a->pos, T, &kv); // its table is in device memory of its own
+    if (fixed && attention_cap(cb, a, &kv, per_item)) return;
+    if (fixed && cb->br.mode && !cb->br.broken) cb->br.transient = 1; // a later step may fit: capture it then
+    if (in_bracket(cb, "attention past the capacity grid (contexts past the workspace) in a captured step")) return;
     // the block table and every chunk's plan in one reservation: a drain between them would let a later
     // region overwrite the table while the chunks' kernels still read it
     // (each chunk's three regions round up: at most one chunk per token)
     size_t plan = STAGED((size_t)all_items * sizeof(moeq_cu_split_item)) + 2 * STAGED((size_t)T * sizeof(int32_t));
-    if (!stage_reserve(cb, kv_staged(&a->kv, a->seq, a->pos, T) + plan + (size_t)T * 3 * STAGE_ALIGN)) return;
-    kv_dev kv;
-    if (!kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
+    if (!stage_reserve(cb, (fixed ? 0 : kv_staged(&a->kv, a->seq, a->pos, T)) + plan + (size_t)T * 3 * STAGE_ALIGN))
+        return;
+    if (!fixed && !kv_upload(cb, &a->kv, a->seq, a->pos, T, &kv)) return;
     int64_t cap = (int64_t)(cb->ws_bytes / per_item);
     float *ws_o = cb->ws, *ws_ml = cb->ws + (size_t)cap * H * L;
     for (int64_t t0 = 0; t0 < T && !cb->err;) {
@@ -658,12 +884,9 @@ static void cuda_attention(moeq_backend *b, const moeq_mla_params *a) {
         int32_t *count = first ? (int32_t *)stage(cb, (size_t)(t1 - t0) * sizeof(int32_t), &d_count) : NULL;
         if (!count) return;
         moeq_cu_split_plan(a->pos, t0, t1, items, first, count, n_items);
-        if (!cu_ok(cb, cudaMemcpyAsync(d_items, items, (size_t)n_items * sizeof(moeq_cu_split_item),
-                                       cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (split plan)") ||
-            !cu_ok(cb, cudaMemcpyAsync(d_first, first, (size_t)(t1 - t0) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                       cb->stream), "cudaMemcpyAsync (split firsts)") ||
-            !cu_ok(cb, cudaMemcpyAsync(d_count, count, (size_t)(t1 - t0) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                       cb->stream), "cudaMemcpyAsync (split counts)"))
+        if (!h2d(cb, d_items, items, (size_t)n_items * sizeof(moeq_cu_split_item), "cudaMemcpyAsync (split plan)") ||
+            !h2d(cb, d_first, first, (size_t)(t1 - t0) * sizeof(int32_t), "cudaMemcpyAsync (split firsts)") ||
+            !h2d(cb, d_count, count, (size_t)(t1 - t0) * sizeof(int32_t), "cudaMemcpyAsync (split counts)"))
             return;
         attn_partial_kernel<<<dim3((unsigned)n_items, (unsigned)H), THREADS, 0, cb->stream>>>(
             (const moeq_cu_split_item *)d_items, kv, a->q_lat, a->q_pe, H, L, R, a->scale, ws_o, ws_ml);
@@ -724,7 +947,7 @@ __global__ void attn_naive_kernel(kv_dev kv, const int64_t *pos, int dtype, cons
 
 static void cuda_attention_naive(moeq_backend *b, const moeq_mla_naive_params *a) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || a->n_tok <= 0) return;
+    if (cb->err || a->n_tok <= 0 || in_bracket(cb, "naive attention in a captured step")) return;
     kv_dev kv;
     size_t pos_bytes = (size_t)a->n_tok * sizeof(int64_t);
     if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&a->kv, a->seq, a->pos, a->n_tok))) return;
@@ -753,7 +976,7 @@ static void cuda_embed(moeq_backend *b, const moeq_tensor *table, const int32_t 
     const int32_t *d_ids =
         (const int32_t *)stage_up_alone(cb, ids, (size_t)n * sizeof(int32_t), "cudaMemcpyAsync (token ids)");
     const void *W = d_ids ? wdev(cb, table) : NULL;
-    if (!W) return;
+    if (!W || replaying(cb)) return;
     for (int64_t t0 = 0; t0 < n && !cb->err; t0 += 65535) {
         int64_t nt = n - t0 < 65535 ? n - t0 : 65535;
         embed_kernel<<<dim3(blocks_for(D, 256), (unsigned)nt), 256, 0, cb->stream>>>(out + t0 * D, d_ids + t0,
@@ -785,6 +1008,7 @@ static void cuda_rmsnorm(moeq_backend *b, const moeq_rmsnorm_params *p) {
     if (p->rows && !(rows = (const int64_t *)stage_up_alone(cb, p->rows, (size_t)p->n_rows * sizeof(int64_t),
                                                       "cudaMemcpyAsync (rmsnorm rows)")))
         return;
+    if (replaying(cb)) return;
     for (int64_t r0 = 0; r0 < p->n_rows && !cb->err; r0 += INT32_MAX) {
         int64_t nr = p->n_rows - r0 < INT32_MAX ? p->n_rows - r0 : INT32_MAX;
         rmsnorm_rows_kernel<<<(unsigned)nr, THREADS, 0, cb->stream>>>(p->out + r0 * p->ld_out, p->ld_out,
@@ -806,8 +1030,7 @@ static void cuda_rope_cos_sin(moeq_backend *b, const moeq_rope *rope, const int6
     float *h_sin = h_cos ? (float *)stage(cb, bytes, &d_sin) : NULL;
     if (!h_sin) return;
     for (int64_t t = 0; t < n; t++) moeq_rope_cos_sin(rope, pos[t], h_cos + t * half, h_sin + t * half);
-    if (cu_ok(cb, cudaMemcpyAsync(cos_v, h_cos, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (cos)"))
-        cu_ok(cb, cudaMemcpyAsync(sin_v, h_sin, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (sin)");
+    if (h2d(cb, cos_v, h_cos, bytes, "cudaMemcpyAsync (cos)")) h2d(cb, sin_v, h_sin, bytes, "cudaMemcpyAsync (sin)");
 }
 
 // One token: cache entry = [rmsnorm(kva[:L]) * kv_norm ; rope(kva[L:])], q_pe[h] = rope(q[h, nope:]).
@@ -837,9 +1060,11 @@ static void cuda_mla_rope(moeq_backend *b, const moeq_mla_rope_params *p) {
     if (cb->err || p->n_tok <= 0) return;
     kv_dev kv;
     size_t pos_bytes = (size_t)p->n_tok * sizeof(int64_t);
-    if (!stage_reserve(cb, STAGED(pos_bytes) + kv_staged(&p->kv, p->seq, p->pos, p->n_tok))) return;
+    int fixed = kv_fixed(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv);
+    if (!stage_reserve(cb, STAGED(pos_bytes) + (fixed ? 0 : kv_staged(&p->kv, p->seq, p->pos, p->n_tok)))) return;
     const int64_t *pos = (const int64_t *)stage_up(cb, p->pos, pos_bytes, "cudaMemcpyAsync (positions)");
-    if (!pos || !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv)) return;
+    if (!fixed && in_bracket(cb, "no fixed block table for a captured step")) return;
+    if (!pos || (!fixed && !kv_upload(cb, &p->kv, p->seq, p->pos, p->n_tok, &kv)) || replaying(cb)) return;
     for (int64_t t0 = 0; t0 < p->n_tok && !cb->err; t0 += INT32_MAX) {
         int64_t nt = p->n_tok - t0 < INT32_MAX ? p->n_tok - t0 : INT32_MAX;
         kv_dev k0 = kv;
@@ -860,14 +1085,14 @@ __global__ void add_kernel(float *x, const float *y, int64_t n) {
 
 static void cuda_add(moeq_backend *b, float *x, const float *y, int64_t n) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || n <= 0) return;
+    if (cb->err || n <= 0 || replaying(cb)) return;
     add_kernel<<<blocks_for(n, 256), 256, 0, cb->stream>>>(x, y, n);
     launched(cb, "add_kernel launch");
 }
 
 static void cuda_silu_mul(moeq_backend *b, float *out, const float *gate, const float *up, int64_t n) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || n <= 0) return;
+    if (cb->err || n <= 0 || replaying(cb)) return;
     if (moeq_cuda_silu_mul(out, gate, up, n, cb->stream)) // the launcher read cudaGetLastError itself
         fail(cb, MOEQ_ERR_INTERNAL, "silu_mul kernel launch failed%s%s", "", "");
 }
@@ -902,11 +1127,11 @@ static void cuda_route(moeq_backend *b, const moeq_route_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
     if (p->n_tok <= 0) return;
     if (p->on_backend) { // nothing comes back; after an error nothing reads the ids on the host either
-        if (!cb->err) route_on_backend(cb, p);
+        if (!cb->err && !replaying(cb)) route_on_backend(cb, p);
         return;
     }
-    if (!cb->err) route_on_device(cb, p);
-    if (cb->err) route_valid_ids_after_error(p);
+    if (!cb->err && !in_bracket(cb, "a route with host ids (a wait) in a captured step")) route_on_device(cb, p);
+    if (cb->err || cb->br.mode) route_valid_ids_after_error(p);
 }
 
 // moe_route_kernel's body with the engine's uint8 flags, ids and flags left in backend memory.
@@ -977,7 +1202,7 @@ static void cuda_gather(moeq_backend *b, const moeq_gather_params *p) {
     if (cb->err || p->n_slots <= 0) return;
     const int64_t *order = (const int64_t *)stage_up_alone(cb, p->order, (size_t)p->n_slots * sizeof(int64_t),
                                                      "cudaMemcpyAsync (gather order)");
-    if (!order) return;
+    if (!order || replaying(cb)) return;
     gather_kernel<<<blocks_for(p->n_slots * p->dim, 256), 256, 0, cb->stream>>>(p->xg, p->slot_row, p->x, order,
                                                                                 p->n_slots, p->top_k, p->dim);
     launched(cb, "gather_kernel launch");
@@ -993,7 +1218,7 @@ __global__ void combine_kernel(float *out, const float *rows, const int64_t *slo
 
 static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (cb->err || p->n_tok <= 0) return;
+    if (cb->err || p->n_tok <= 0 || replaying(cb)) return;
     combine_kernel<<<blocks_for(p->n_tok * p->dim, 256), 256, 0, cb->stream>>>(p->out, p->rows, p->slot_row,
                                                                                p->weights, p->shared, p->n_tok,
                                                                                p->top_k, p->dim);
@@ -1005,7 +1230,8 @@ static void cuda_combine(moeq_backend *b, const moeq_combine_params *p) {
 // The plan, one block of one thread per expert: counts, the scan by thread 0, each expert's slots placed;
 // stats[e] += counts[e]. Integer work with no atomics: the same plan whatever the timing.
 __global__ void moe_plan_kernel(const int32_t *ids, int64_t S, int E, int64_t *offsets, int64_t *order,
-                                int64_t *tile_first, int64_t *slot_row, uint64_t *stats) {
+                                int64_t *tile_first, int64_t *slot_row, uint64_t *stats, const int64_t *n_valid,
+                                int64_t K) {
     __shared__ int64_t counts[MOEQ_CU_MOE_MAX_EXPERTS];
     int e = (int)threadIdx.x;
     if (e < E) counts[e] = moeq_cu_moe_count(ids, S, e);
@@ -1014,7 +1240,8 @@ __global__ void moe_plan_kernel(const int32_t *ids, int64_t S, int E, int64_t *o
     __syncthreads(); // thread 0's global writes are visible to the block from here
     if (e < E) {
         moeq_cu_moe_place(ids, S, e, offsets[e], order, slot_row);
-        if (stats) stats[e] += (uint64_t)counts[e];
+        // a padded step (n_valid: device memory, NULL when none) counts its real tokens' slots only
+        if (stats) stats[e] += (uint64_t)(n_valid ? moeq_cu_moe_count(ids, *n_valid * K, e) : counts[e]);
     }
 }
 
@@ -1092,8 +1319,7 @@ static const void *const *expert_tables(cuda_backend *cb, const moeq_moe_experts
                 return NULL;
         }
     }
-    if (!cu_ok(cb, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, cb->stream), "cudaMemcpyAsync (expert tables)"))
-        return NULL;
+    if (!h2d(cb, d, h, bytes, "cudaMemcpyAsync (expert tables)")) return NULL;
     return (const void *const *)d;
 }
 
@@ -1121,14 +1347,15 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
     const void *const *tab = NULL; // the layer's tables from map_weights, else staged for this call
     for (int l = 0; l < cb->n_moe && !tab; l++)
         if (cb->moe_key[l] == p->experts) tab = cb->moe_tab + (size_t)l * 6 * (size_t)E;
-    if (!tab && !(tab = expert_tables(cb, p, &dtype))) return;
+    if ((!tab && !(tab = expert_tables(cb, p, &dtype))) || replaying(cb)) return;
     const void *const *wg = tab, *const *wu = tab + E, *const *wd = tab + 2 * E;
     const float *const *sg = (const float *const *)(tab + 3 * E), *const *su = (const float *const *)(tab + 4 * E);
     const float *const *sd = (const float *const *)(tab + 5 * E);
     int64_t *offsets = p->plan, *order = p->plan + E + 1, *tile_first = p->plan + E + 1 + p->max_tok * K;
     int64_t cap = moeq_cu_moe_tile_cap(p->max_tok * K, E, MOEQ_CU_MM_TILE_T); // capacities only: no host count
-    moe_plan_kernel<<<1, (unsigned)((E + 31) / 32 * 32), 0, cb->stream>>>(p->ids, S, E, offsets, order, tile_first,
-                                                                          p->slot_row, p->stats);
+    moe_plan_kernel<<<1, (unsigned)((E + 31) / 32 * 32), 0, cb->stream>>>(
+        p->ids, S, E, offsets, order, tile_first, p->slot_row, p->stats,
+        cb->br.mode && cb->br.n_rows == T ? cb->br.nvalid_d : NULL, K);
     if (!launched(cb, "moe_plan_kernel launch")) return;
     gather_kernel<<<blocks_for(S * D, 256), 256, 0, cb->stream>>>(p->xg, p->slot_row, p->x, order, S, K, D);
     if (!launched(cb, "gather_kernel launch (moe_experts)")) return;
@@ -1269,7 +1496,9 @@ static void cuda_logits_reduce(moeq_backend *b, const float *logits, int64_t ld,
     if (n_rows <= 0) return;
     size_t rec_bytes = (size_t)n_rows * sizeof(moeq_logits_record), t_bytes = (size_t)n_rows * sizeof(double);
     void *d_rec = NULL;
-    if (!stage_reserve(cb, STAGED(rec_bytes) + STAGED(t_bytes))) goto failed;
+    if (in_bracket(cb, "logits records (a wait) in a captured step") ||
+        !stage_reserve(cb, STAGED(rec_bytes) + STAGED(t_bytes)))
+        goto failed;
     {
         const double *d_t = (const double *)stage_up(cb, temperature, t_bytes, "cudaMemcpyAsync (temperatures)");
         moeq_logits_record *h_rec = d_t ? (moeq_logits_record *)stage(cb, rec_bytes, &d_rec) : NULL;
@@ -1292,6 +1521,117 @@ failed: // an error is kept (the step fails at its status check): records that d
     }
 }
 
+// ---- CUDA graphs: a step's layers captured per bucket, replayed with the host data in fixed regions ----------------
+
+// Rows of a step's bucket, or 0: graphs off, past the largest bucket, a bucket whose capture failed, an error kept.
+static int64_t cuda_graph_rows(const moeq_backend *b, int64_t n_tok) {
+    const cuda_backend *cb = (const cuda_backend *)b;
+    int i = cb->p.graphs && !cb->err ? moeq_cu_graph_bucket(cb->gsize, cb->n_gb, n_tok) : -1;
+    return i < 0 || cb->gb[i].failed ? 0 : cb->gsize[i];
+}
+
+// A bucket's fixed staging, generously: the step's ids, cos/sin and n_valid, and two position regions per layer
+// (the fixed table is synced outside the bracket); a capture that needs more breaks and the bucket runs eagerly.
+static size_t bucket_stage_bytes(const cuda_backend *cb, int64_t rows) {
+    int layers = cb->model ? cb->model->config.num_hidden_layers : 1;
+    return (size_t)rows * 4096 + (size_t)(4 * layers + 64) * STAGED((size_t)rows * 64) + ((size_t)1 << 20);
+}
+
+static int bucket_ready(cuda_backend *cb, graph_bucket *g, int64_t rows) {
+    if (g->stage_h) return 1;
+    size_t bytes = bucket_stage_bytes(cb, rows);
+    if (!cu_ok(cb, cudaHostAlloc((void **)&g->stage_h, bytes, cudaHostAllocDefault), "cudaHostAlloc (graph staging)") ||
+        !cu_ok(cb, cudaMalloc((void **)&g->stage_d, bytes), "cudaMalloc (graph staging)"))
+        return 0;
+    g->stage_cap = bytes;
+    return 1;
+}
+
+// A capture that did not give a graph: the bucket runs eagerly from now on; the reason kept for describe().
+static void capture_failed(cuda_backend *cb, graph_bucket *g, const char *call, cudaError_t e) {
+    char why[160];
+    snprintf(why, sizeof why, "%s: %s", call, cudaGetErrorString(e));
+    if (e != cudaSuccess) broken(cb, why);
+    (void)cudaGetLastError(); // a failed capture's error is answered here, not by the next launch
+    g->failed = 1;
+}
+
+static void cuda_graph_begin(moeq_backend *b, const moeq_graph_step *st) {
+    cuda_backend *cb = (cuda_backend *)b;
+    memset(&cb->br, 0, sizeof cb->br);
+    cb->br.mode = BR_REPLAY; // until accepted: every op a no-op, and graph_end answers "issue them again"
+    cb->br.broken = 1;
+    int i = moeq_cu_graph_bucket(cb->gsize, cb->n_gb, st->n_rows);
+    if (cb->err || !cb->p.graphs || i < 0 || cb->gsize[i] != st->n_rows || cb->gb[i].failed || st->n_valid < 1 ||
+        st->n_valid > st->n_rows || st->scratch_block < 0)
+        return;
+    graph_bucket *g = &cb->gb[i];
+    cb->br.mode = BR_NONE; // allocations and the drain are not in any bracket
+    if (!fixed_ready(cb, st->block_tokens) || !bucket_ready(cb, g, st->n_rows)) {
+        cb->br.mode = BR_REPLAY;
+        return;
+    }
+    drain(cb, "cudaStreamSynchronize (before a captured step)"); // the region's last readers are done
+    if (cb->err) {
+        cb->br.mode = BR_REPLAY;
+        return;
+    }
+    // the step's fixed table, eagerly before the bracket (only its changed rows): the bracket's calls find it
+    if (!fixed_sync(cb, st->block_table, st->table_stride, st->block_tokens, st->seq, st->pos, st->n_valid,
+                    st->n_rows, st->scratch_block) || cb->err) {
+        cb->br.mode = BR_REPLAY;
+        return;
+    }
+    cb->br.broken = 0, cb->br.bucket = i, cb->br.n_rows = st->n_rows, cb->br.n_valid = st->n_valid;
+    cb->br.scratch = st->scratch_block;
+    cb->br.table = st->block_table, cb->br.seq = st->seq, cb->br.pos = st->pos;
+    if (!g->exec) {
+        g->n_regions = 0;
+        cudaError_t e = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal);
+        if (e != cudaSuccess) {
+            capture_failed(cb, g, "cudaStreamBeginCapture", e);
+            cb->br.mode = BR_REPLAY;
+            return;
+        }
+        cb->br.mode = BR_CAPTURE;
+    } else
+        cb->br.mode = BR_REPLAY;
+    int64_t nv = st->n_valid; // first: moe_experts' counts read it
+    cb->br.nvalid_d = (const int64_t *)stage_up(cb, &nv, sizeof nv, "cudaMemcpyAsync (n_valid)");
+}
+
+static int cuda_graph_end(moeq_backend *b) {
+    cuda_backend *cb = (cuda_backend *)b;
+    int mode = cb->br.mode, bad = cb->br.broken || cb->err != MOEQ_OK;
+    graph_bucket *g = &cb->gb[cb->br.bucket];
+    if (mode == BR_NONE) return 0;
+    if (mode == BR_CAPTURE) {
+        cudaGraph_t graph = NULL;
+        cudaError_t e = cudaStreamEndCapture(cb->stream, &graph); // always: the stream leaves capture mode
+        if (e == cudaSuccess && !bad) e = cudaGraphInstantiate(&g->exec, graph, 0);
+        if (graph) cudaGraphDestroy(graph);
+        if (e != cudaSuccess || bad) {
+            int transient = e == cudaSuccess && cb->br.transient && !cb->err;
+            capture_failed(cb, g, e != cudaSuccess ? "capture" : "capture (a step op could not be recorded)", e);
+            g->failed = !transient; // a step past the workspace: the bucket's next step captures
+            g->exec = NULL;
+            goto again;
+        }
+        cb->n_captured++;
+    } else if (bad || cb->br.region != g->n_regions) {
+        broken(cb, "a replay staged less host data than its capture");
+        goto again;
+    } else
+        cb->n_replays++;
+    memset(&cb->br, 0, sizeof cb->br);
+    cu_ok(cb, cudaGraphLaunch(g->exec, cb->stream), "cudaGraphLaunch"); // a launch error fails the step
+    return 0;
+again: // nothing of the bracket ran (the fixed table was synced before it, eagerly)
+    cb->n_fallbacks += !cb->err;
+    memset(&cb->br, 0, sizeof cb->br);
+    return 1;
+}
+
 // ---- lifetime -------------------------------------------------------------------------------------------------------
 
 extern "C" int moeq_backend_cuda_supports(moeq_backend_op op, moeq_dtype dtype) {
@@ -1305,7 +1645,19 @@ static int cuda_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype d
     return moeq_backend_cuda_supports(op, dtype);
 }
 
-static const char *cuda_describe(const moeq_backend *b) { return ((const cuda_backend *)b)->info; }
+static const char *cuda_describe(const moeq_backend *b) {
+    cuda_backend *cb = (cuda_backend *)b; // the counts change: the line is written when asked
+    if (!cb->p.graphs) {
+        snprintf(cb->desc, sizeof cb->desc, "%s; CUDA graphs: off", cb->info);
+        return cb->desc;
+    }
+    snprintf(cb->desc, sizeof cb->desc,
+             "%s; CUDA graphs: on (steps of <= %lld tokens padded to buckets 1..%lld: %d captured, %d replays, %d "
+             "steps issued again eagerly%s%s)",
+             cb->info, (long long)cb->gsize[cb->n_gb - 1], (long long)cb->gsize[cb->n_gb - 1], cb->n_captured,
+             cb->n_replays, cb->n_fallbacks, cb->graph_why[0] ? ": " : "", cb->graph_why);
+    return cb->desc;
+}
 
 // The device's memory as the driver counts it (every process on it): used = total - free. 0/0 when it cannot say.
 static void cuda_memory(const moeq_backend *b, size_t *used, size_t *total) {
@@ -1325,10 +1677,24 @@ static void cuda_destroy(moeq_backend *b) {
     cudaFree(cb->moe_tab);
     free(cb->moe_key);
     cudaFree(cb->ws);
+    for (int i = 0; i < MOEQ_CU_GRAPH_MAX_BUCKETS; i++) {
+        if (cb->gb[i].exec) cudaGraphExecDestroy(cb->gb[i].exec);
+        cudaFree(cb->gb[i].stage_d);
+        if (cb->gb[i].stage_h) cudaFreeHost(cb->gb[i].stage_h);
+        free(cb->gb[i].regions);
+    }
+    cudaFree(cb->ftab_d);
+    cudaFree(cb->frow_d);
+    cudaFree(cb->fplan_d);
+    free(cb->ftab_h);
+    free(cb->fcand_h);
+    free(cb->fnb_h);
+    free(cb->fdiff_h);
     cudaFree(cb->wide);
     cudaFree(cb->stage_d);
     if (cb->stage_h) cudaFreeHost(cb->stage_h);
     if (cb->blas) cublasDestroy(cb->blas);
+    cudaFree(cb->blas_ws); // after the handle that used it
     if (cb->stream) cudaStreamDestroy(cb->stream);
     free(cb);
 }
@@ -1362,6 +1728,9 @@ static const moeq_backend cuda_table = {
     .combine = cuda_combine,
     .moe_experts = cuda_moe_experts,
     .logits_reduce = cuda_logits_reduce,
+    .graph_rows = cuda_graph_rows,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
     .destroy = cuda_destroy,
 };
 
@@ -1382,6 +1751,10 @@ static void create_on_device(cuda_backend *cb) {
                "cudaHostAlloc (pinned staging)") ||
         !cu_ok(cb, cudaMalloc((void **)&cb->stage_d, cb->stage_cap), "cudaMalloc (staging)"))
         return;
+    if (!cb->p.batch_invariant && cb->p.graphs &&
+        (!cu_ok(cb, cudaMalloc(&cb->blas_ws, BLAS_WS_BYTES), "cudaMalloc (cuBLAS workspace)") ||
+         !bl_ok(cb, cublasSetWorkspace(cb->blas, cb->blas_ws, BLAS_WS_BYTES), "cublasSetWorkspace")))
+        return;
     if (!cb->p.batch_invariant) {
         size_t k = (size_t)(cb->p.max_k > 0 ? cb->p.max_k : 1);
         cb->wide_floats = (size_t)WIDE_BYTES / sizeof(float) / k * k;
@@ -1398,6 +1771,7 @@ static void create_on_device(cuda_backend *cb) {
     // cublasGemmGroupedBatchedEx takes each group's m/n/k from host arrays: the counts would have to come back
     snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
              "; MoE layers: moe_experts on the device (own grouped kernel, no host round trip)");
+    cb->n_gb = moeq_cu_graph_buckets(T, cb->gsize);
 }
 
 extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moeq_backend **out, char *errstr,

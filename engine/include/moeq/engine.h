@@ -116,6 +116,9 @@ typedef struct moeq_engine_params {
                                   block scales, of the MTP layer's projections and head that
                                   are not F8 already, on host backends; drafts are only
                                   proposals, every emitted token is the main model's)  */
+    char cuda_graphs[8];       /* CUDA graphs for decode steps of <= 256 sequences: "off"
+                                  (default), "auto" (where the backend has them) or
+                                  "on" (fails on a backend without them); docs/CUDA.md */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
