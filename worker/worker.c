@@ -393,6 +393,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     snprintf(ep.backend, sizeof ep.backend, "%s", p->backend);
     ep.device = (int)p->device;
     snprintf(ep.cuda_graphs, sizeof ep.cuda_graphs, "%s", p->cuda_graphs);
+    snprintf(ep.mtp_draft, sizeof ep.mtp_draft, "%s", p->mtp_draft);
     ep.max_model_len = (int)p->max_model_len;
     ep.prefix_cache = p->prefix_cache;
     ep.prefix_cache_share = p->prefix_cache_share;

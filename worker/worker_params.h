@@ -40,6 +40,7 @@ typedef struct moeq_worker_params {
     char backend[16];             /* engine backend by name: cpu | cuda (a build with CUDA)         */
     int64_t device;               /* device ordinal for backend cuda (one worker process per GPU)   */
     char cuda_graphs[8];          /* the engine's cuda_graphs: off | auto | on                      */
+    char mtp_draft[8];            /* the engine's mtp_draft: f8 | exact                             */
     int64_t max_batches_held;     /* batches taken and not yet acknowledged, at most                */
     int64_t block_ms;             /* XREADGROUP BLOCK when idle                                     */
     int64_t heartbeat_interval_ms;/* heartbeat period; the key's TTL is 3 periods                  */
