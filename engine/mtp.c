@@ -86,21 +86,29 @@ static moeq_err f8_copy(moeq_mtp_state *m, const moeq_tensor **slot) {
  * mtp_draft = f8: the layer's dense projections (attention, dense MLP or shared experts, eh_proj) and the
  * head as F8 copies. A draft reads about half the bytes of a BF16 one, and its bytes are what a k = 1 round
  * pays on top of the verify step. kv_b_proj (the absorbed attention's NN products), the router and the routed
- * experts stay as they are. Every MTP pass (drafts, pending entries computed by a main step) uses the same
- * copies, so the MTP cache is consistent; the copies only move drafts, never an emitted token.
+ * experts stay as they are. Made when the first sequence is marked (an engine that never drafts, as
+ * bench-engine's or a worker's with mtp_k = 0, spends neither the time nor the memory), before any MTP entry
+ * exists; every MTP pass after that (drafts, pending entries computed by a main step) uses the same copies, so
+ * the MTP cache is consistent. The copies only move drafts, never an emitted token. All or nothing.
  */
 static moeq_err make_draft_layer(moeq_engine *e, moeq_mtp_state *m) {
-    moeq_layer *d = &m->draft;
-    *d = *m->layer;
-    const moeq_tensor **slots[] = {&d->q_proj,       &d->q_a_proj,       &d->q_b_proj,         &d->kv_a_proj_with_mqa,
-                                   &d->o_proj,       &d->mlp.gate_proj,  &d->mlp.up_proj,      &d->mlp.down_proj,
-                                   &d->shared.gate_proj, &d->shared.up_proj, &d->shared.down_proj, &d->eh_proj,
-                                   &m->head};
+    moeq_layer d = *m->layer;
+    const moeq_tensor *head = m->head;
+    const moeq_tensor **slots[] = {&d.q_proj,       &d.q_a_proj,       &d.q_b_proj,         &d.kv_a_proj_with_mqa,
+                                   &d.o_proj,       &d.mlp.gate_proj,  &d.mlp.up_proj,      &d.mlp.down_proj,
+                                   &d.shared.gate_proj, &d.shared.up_proj, &d.shared.down_proj, &d.eh_proj,
+                                   &head};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         moeq_err err = f8_copy(m, slots[i]);
-        if (err) return err;
+        if (err) {
+            for (int j = 0; j < m->n_f8; j++) free(m->f8[j]);
+            m->n_f8 = 0, m->f8_bytes = 0;
+            return err;
+        }
     }
-    m->layer = e->mtp_f8_layer = d;
+    m->draft = d;
+    m->head = head;
+    m->layer = e->mtp_f8_layer = &m->draft;
     return MOEQ_OK;
 }
 
@@ -169,12 +177,7 @@ moeq_err moeq_mtp_state_new(moeq_engine *e, moeq_mtp_state **out, char *errstr, 
     m->head = same_values(m->layer->shared_head_head, model->lm_head) ? model->lm_head
               : m->layer->shared_head_head                                ? m->layer->shared_head_head
                                                                           : model->lm_head;
-    moeq_err err = moeq_mtp_draft_f8(e) ? make_draft_layer(e, m) : MOEQ_OK;
-    if (err) {
-        moeq_mtp_state_destroy(e, m);
-        return moeq_errf(err, errstr, errstr_size, "mtp_draft = f8: the F8 copies of the MTP layer's weights");
-    }
-    err = widen_all(e, m);
+    moeq_err err = widen_all(e, m);
     if (!err) err = alloc_seq_state(e, m);
     if (err) {
         moeq_mtp_state_destroy(e, m);
@@ -428,6 +431,10 @@ moeq_err moeq_engine_seq_set_mtp(moeq_engine *engine, int seq_id, int on) {
     if (!engine) return MOEQ_ERR_INVALID_ARG;
     if (!engine->mtp) return on ? MOEQ_ERR_UNSUPPORTED : MOEQ_OK;
     if (moeq_kv_cache_seq_len(engine->cache, seq_id) != 0) return MOEQ_ERR_INVALID_ARG;
+    if (on && moeq_mtp_draft_f8(engine) && !engine->mtp_f8_layer) {
+        moeq_err err = make_draft_layer(engine, engine->mtp);
+        if (err) return err; /* NOMEM: the sequence stays unmarked */
+    }
     reset_seq(engine->mtp, seq_id);
     engine->mtp->on[seq_id] = on ? 1 : 0;
     return MOEQ_OK;

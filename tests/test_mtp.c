@@ -551,9 +551,7 @@ static void f8_drafts_emit_the_plain_tokens_and_are_accepted_like_exact_ones(voi
     for (int mi = 0; mi < 2; mi++) {
         moeq_engine *e = engine_for_draft(g_agree, 64, modes[mi]);
         assert_int_equal(moeq_mtp_draft_f8(e), mi);
-        size_t f8 = moeq_mtp_draft_f8_bytes(e);
-        if (mi) assert_true(f8 > 0 && f8 < moeq_model_mtp_active_bytes_per_token(g_agree));
-        else assert_int_equal(f8, 0);
+        assert_int_equal(moeq_mtp_draft_f8_bytes(e), 0); /* made by the first marked sequence */
         for (int salt = 0; salt < 4; salt++) {
             int32_t ids[20], *plain = NULL, *spec = NULL;
             int n_plain = 0, n_spec = 0, n_p = 3 + 5 * salt;
@@ -569,6 +567,9 @@ static void f8_drafts_emit_the_plain_tokens_and_are_accepted_like_exact_ones(voi
             }
             free(plain);
         }
+        size_t f8 = moeq_mtp_draft_f8_bytes(e);
+        if (mi) assert_true(f8 > 0 && f8 < moeq_model_mtp_active_bytes_per_token(g_agree));
+        else assert_int_equal(f8, 0);
         moeq_engine_destroy(e);
     }
     double ax = (double)accepted[0] / (double)drafted[0], a8 = (double)accepted[1] / (double)drafted[1];
@@ -584,6 +585,10 @@ static void an_mtp_head_that_copies_lm_head_is_not_read_twice(void **state) {
     assert_true(moeq_mtp_head_is_lm_head(e));
     moeq_engine_destroy(e);
     e = engine_for_draft(g_agree, 64, "f8");
+    assert_true(moeq_mtp_head_is_lm_head(e)); /* no copy before the first marked sequence */
+    int seq;
+    assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_set_mtp(e, seq, 1), MOEQ_OK);
     assert_false(moeq_mtp_head_is_lm_head(e));
     moeq_engine_destroy(e);
 }

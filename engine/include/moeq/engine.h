@@ -414,7 +414,9 @@ int moeq_engine_mtp_available(const moeq_engine *engine);
  * its new positions); the MTP entries they feed are computed by the next
  * draft, in the same pass as the draft (or by a later step when more than
  * MOEQ_MTP_MAX_K are pending). INVALID_ARG when the sequence already has
- * tokens, UNSUPPORTED without an MTP layer. seq_free clears the mark.
+ * tokens, UNSUPPORTED without an MTP layer. seq_free clears the mark. The
+ * first mark of an engine with mtp_draft = f8 makes the F8 copies drafts use
+ * (NOMEM when their memory cannot be had: the sequence stays unmarked).
  */
 moeq_err moeq_engine_seq_set_mtp(moeq_engine *engine, int seq_id, int on);
 
