@@ -43,7 +43,6 @@ struct moeq_mtp_state {
     moeq_layer draft;          /* mtp_draft = f8: the layer with its copies   */
     moeq_tensor *f8[16];       /* the copies (one allocation each)            */
     int n_f8;
-    size_t f8_bytes;           /* their weight and scale bytes                */
     moeq_layer_vecs vecs;
     float *enorm, *hnorm, *head_norm; /* [D] widened                       */
     const moeq_tensor *head;   /* shared_head.head or lm_head               */
@@ -77,7 +76,6 @@ static moeq_err f8_copy(moeq_mtp_state *m, const moeq_tensor **slot) {
     moeq_tensor *c = moeq_tensor_f8_copy(t);
     if (!c) return MOEQ_ERR_NOMEM;
     m->f8[m->n_f8++] = c;
-    m->f8_bytes += c->nbytes + c->scale_inv->nbytes;
     *slot = c;
     return MOEQ_OK;
 }
@@ -102,7 +100,7 @@ static moeq_err make_draft_layer(moeq_engine *e, moeq_mtp_state *m) {
         moeq_err err = f8_copy(m, slots[i]);
         if (err) {
             for (int j = 0; j < m->n_f8; j++) free(m->f8[j]);
-            m->n_f8 = 0, m->f8_bytes = 0;
+            m->n_f8 = 0;
             return err;
         }
     }
@@ -112,7 +110,11 @@ static moeq_err make_draft_layer(moeq_engine *e, moeq_mtp_state *m) {
     return MOEQ_OK;
 }
 
-size_t moeq_mtp_draft_f8_bytes(const moeq_engine *e) { return e->mtp ? e->mtp->f8_bytes : 0; }
+size_t moeq_mtp_draft_f8_bytes(const moeq_engine *e) {
+    size_t bytes = 0;
+    for (int i = 0; e->mtp && i < e->mtp->n_f8; i++) bytes += e->mtp->f8[i]->nbytes + e->mtp->f8[i]->scale_inv->nbytes;
+    return bytes;
+}
 
 static moeq_err widen_all(moeq_engine *e, moeq_mtp_state *m) {
     const moeq_layer *L = m->layer;

@@ -125,17 +125,31 @@ uint8_t moeq_f32_to_f8_e4m3(float f) {
     return sign | (uint8_t)(code > 126 ? 126 : code);
 }
 
-/*
- * An F8 E4M3 copy of a 2-D weight with DeepSeek's 128x128 block scales (scale = the block's largest |w| /
- * 448, so the block's largest value is exact; an all-zero block gets scale 1). One allocation holds the
- * tensor, its scale tensor and both arrays; free() releases it. NULL when memory cannot be had.
- */
+void moeq_f8_block_scales(const float *vals, int64_t n_rows, int64_t cols, float *scales) {
+    int64_t n_blocks = (cols + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK;
+    for (int64_t b = 0; b < n_blocks; b++) {
+        float amax = 0;
+        for (int64_t r = 0; r < n_rows; r++)
+            for (int64_t c = b * MOEQ_F8_BLOCK; c < cols && c < (b + 1) * MOEQ_F8_BLOCK; c++)
+                amax = fmaxf(amax, fabsf(vals[r * cols + c]));
+        scales[b] = amax > 0 ? amax / 448.0f : 1.0f;
+    }
+}
+
+void moeq_f8_quantize_rows(const float *vals, int64_t n_rows, int64_t cols, const float *scales, uint8_t *out) {
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            out[r * cols + c] = moeq_f32_to_f8_e4m3(vals[r * cols + c] / scales[c / MOEQ_F8_BLOCK]);
+}
+
+/* One allocation holds the tensor, its scale tensor and both arrays, so free() releases it. */
 moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src) {
-    const int64_t rows = src->shape[0], cols = moeq_tensor_cols(src), rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    const int64_t rows = src->shape[0], cols = moeq_tensor_cols(src);
+    const int64_t rb = (rows + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK, cb = (cols + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK;
     size_t head = (2 * sizeof(moeq_tensor) + 63) / 64 * 64, sbytes = (size_t)(rb * cb) * sizeof(float);
     size_t qbytes = (size_t)(rows * cols);
     uint8_t *mem = NULL;
-    float *wide = malloc((size_t)(128 * cols) * sizeof(float));
+    float *wide = malloc((size_t)(MOEQ_F8_BLOCK * cols) * sizeof(float));
     if (!wide || posix_memalign((void **)&mem, 64, head + (sbytes + 63) / 64 * 64 + qbytes)) {
         free(wide);
         return NULL;
@@ -147,20 +161,12 @@ moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src) {
                         .nbytes = sbytes};
     *t = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F8_E4M3, .ndim = 2, .shape = {rows, cols}, .data = q,
                        .nbytes = qbytes, .scale_inv = sc};
-    for (int64_t r0 = 0; r0 < rows; r0 += 128) {
-        int64_t n = rows - r0 < 128 ? rows - r0 : 128;
+    for (int64_t r0 = 0; r0 < rows; r0 += MOEQ_F8_BLOCK) {
+        int64_t n = rows - r0 < MOEQ_F8_BLOCK ? rows - r0 : MOEQ_F8_BLOCK;
+        float *row_scales = scales + (r0 / MOEQ_F8_BLOCK) * cb;
         moeq_tensor_rows_to_f32(src, r0, n, wide);
-        for (int64_t c0 = 0; c0 < cols; c0 += 128) {
-            int64_t m = cols - c0 < 128 ? cols - c0 : 128;
-            float amax = 0.0f;
-            for (int64_t r = 0; r < n; r++)
-                for (int64_t c = 0; c < m; c++) amax = fmaxf(amax, fabsf(wide[r * cols + c0 + c]));
-            float s = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
-            scales[(r0 / 128) * cb + c0 / 128] = s;
-            for (int64_t r = 0; r < n; r++)
-                for (int64_t c = 0; c < m; c++)
-                    q[(r0 + r) * cols + c0 + c] = moeq_f32_to_f8_e4m3(wide[r * cols + c0 + c] / s);
-        }
+        moeq_f8_block_scales(wide, n, cols, row_scales);
+        moeq_f8_quantize_rows(wide, n, cols, row_scales, q + r0 * cols);
     }
     free(wide);
     return t;

@@ -67,8 +67,17 @@ uint16_t moeq_f32_to_f16(float f);
 float moeq_f8_e4m3_to_f32(uint8_t b); /* E4M3FN: bias 7, no inf, 0x7f/0xff NaN */
 uint8_t moeq_f32_to_f8_e4m3(float f);
 
-/* An F8 E4M3 copy of 2-D weight src with 128x128 block scales (DeepSeek's layout), in one allocation that
- * free() releases; NULL when memory cannot be had. (MTP drafts, mtp_draft = f8.) */
+/*
+ * F8 E4M3 with DeepSeek's 128x128 block scales, for n_rows <= MOEQ_F8_BLOCK rows of cols float values (one row
+ * of blocks): moeq_f8_block_scales writes each 128-column block's scale (its largest |value| / 448, so that
+ * value is exact; 1 for an all-zero block; non-finite values stay non-finite), moeq_f8_quantize_rows the
+ * codes of value / scale. The checkpoint writer and moeq_tensor_f8_copy share them.
+ */
+void moeq_f8_block_scales(const float *vals, int64_t n_rows, int64_t cols, float *scales);
+void moeq_f8_quantize_rows(const float *vals, int64_t n_rows, int64_t cols, const float *scales, uint8_t *out);
+
+/* An F8 E4M3 copy of 2-D weight src with those block scales, in one allocation that free() releases; NULL
+ * when memory cannot be had. (MTP drafts, mtp_draft = f8.) */
 moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src);
 
 /* Row helpers: widen n contiguous values to float32 (F8: times scale). */

@@ -322,18 +322,6 @@ static int assign_shards(gen_list *l, int n_shards) {
 
 /* ---- writing -------------------------------------------------------------- */
 
-/* scale[b] = max |w| over each 128-column block of these (<= 128) rows, / 448 (1 for an all-zero block). */
-static void f8_block_scales(const float *vals, int64_t n_rows, int64_t cols, float *scales) {
-    int64_t n_blocks = (cols + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK;
-    for (int64_t b = 0; b < n_blocks; b++) {
-        float amax = 0;
-        for (int64_t r = 0; r < n_rows; r++)
-            for (int64_t c = b * MOEQ_F8_BLOCK; c < cols && c < (b + 1) * MOEQ_F8_BLOCK; c++)
-                amax = fmaxf(amax, fabsf(vals[r * cols + c]));
-        scales[b] = amax > 0 ? amax / 448.0f : 1.0f;
-    }
-}
-
 static void narrow(const float *vals, size_t n, moeq_dtype dtype, void *out) {
     if (dtype == MOEQ_DTYPE_F32) {
         memcpy(out, vals, n * 4);
@@ -342,12 +330,6 @@ static void narrow(const float *vals, size_t n, moeq_dtype dtype, void *out) {
     } else {
         for (size_t i = 0; i < n; i++) ((uint16_t *)out)[i] = moeq_f32_to_f16(vals[i]);
     }
-}
-
-static void quantize_f8(const float *vals, int64_t n_rows, int64_t cols, const float *scales, uint8_t *out) {
-    for (int64_t r = 0; r < n_rows; r++)
-        for (int64_t c = 0; c < cols; c++)
-            out[r * cols + c] = moeq_f32_to_f8_e4m3(vals[r * cols + c] / scales[c / MOEQ_F8_BLOCK]);
 }
 
 /*
@@ -437,11 +419,11 @@ static moeq_err write_tensor(writer *w, const gen_tensor *t) {
         if (w->mtp_agree) agree_rows(w->config, &src->spec, w->seed, w->damp, r0, n, vals);
         const void *bytes = out;
         size_t len;
-        if (t->scale_of >= 0 || t->dtype == MOEQ_DTYPE_F8_E4M3) f8_block_scales(vals, n, cols, scales);
+        if (t->scale_of >= 0 || t->dtype == MOEQ_DTYPE_F8_E4M3) moeq_f8_block_scales(vals, n, cols, scales);
         if (t->scale_of >= 0) {
             bytes = scales, len = (size_t)n_blocks * 4;
         } else if (t->dtype == MOEQ_DTYPE_F8_E4M3) {
-            quantize_f8(vals, n, cols, scales, out);
+            moeq_f8_quantize_rows(vals, n, cols, scales, out);
             len = (size_t)(n * cols);
         } else {
             narrow(vals, (size_t)(n * cols), t->dtype, out);

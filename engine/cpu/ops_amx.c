@@ -188,9 +188,9 @@ TAMX void moeq_amx_pack_panel(const float *x, int64_t ldx, int64_t n, int64_t K,
 
 /*
  * E4M3 -> BF16 by byte tables: VPERMI2B picks a byte of two 64-byte tables by the low 7 bits of the index,
- * so one lookup gives each value's low BF16 byte and one its high byte (the sign ORed in after), and a third
- * VPERMT2B interleaves them: four shuffles for 32 values, where the arithmetic conversion (shift, rebias,
- * subnormals from a table, NaN) took fourteen instructions. In a decode step the widening is what the tiles
+ * so one lookup gives each value's low BF16 byte and one its high byte (the sign ORed in after), and VPERMT2B
+ * interleaves them: three shuffles for 32 values, four for 64, where the arithmetic conversion (shift, rebias,
+ * subnormals from a table, NaN) took fourteen instructions for 32. In a decode step the widening is what the tiles
  * wait on. The tables come from moeq_f8_e4m3_to_f32 (exact: E4M3 has 4 significant bits); 0x7f stays NaN.
  */
 static uint8_t f8_lut[2][128] __attribute__((aligned(64))); /* [0] low, [1] high bytes of |x|'s BF16 bits */
@@ -232,23 +232,23 @@ static TAMX ALWAYS_INLINE __m512i f8_to_bf16_32(const f8_tables *t, const uint8_
     return _mm512_permutex2var_epi8(lo, t->first, hi);
 }
 
-/* 64 E4M3 bytes -> 64 BF16 values at d. */
-static TAMX ALWAYS_INLINE void f8_to_bf16_64(const f8_tables *t, const uint8_t *p, uint16_t *d) {
+/* 64 E4M3 bytes -> 64 BF16 values: the first 32 at d0, the next 32 at d1. */
+static TAMX ALWAYS_INLINE void f8_to_bf16_64(const f8_tables *t, const uint8_t *p, void *d0, void *d1) {
     __m512i lo, hi;
     f8_bytes(t, _mm512_loadu_si512(p), &lo, &hi);
-    _mm512_storeu_si512(d, _mm512_permutex2var_epi8(lo, t->first, hi));
-    _mm512_storeu_si512(d + 32, _mm512_permutex2var_epi8(lo, t->second, hi));
+    _mm512_storeu_si512(d0, _mm512_permutex2var_epi8(lo, t->first, hi));
+    _mm512_storeu_si512(d1, _mm512_permutex2var_epi8(lo, t->second, hi));
 }
 
 TAMX void moeq_amx_widen_f8(const uint8_t *in, uint16_t *out, size_t n) {
     const f8_tables t = f8_tables_load();
     size_t i = 0;
-    for (; i + 64 <= n; i += 64) f8_to_bf16_64(&t, in + i, out + i);
+    for (; i + 64 <= n; i += 64) f8_to_bf16_64(&t, in + i, out + i, out + i + 32);
     if (i < n) { /* the tail through a zero-padded block */
         uint8_t b[64] = {0};
         uint16_t o[64];
         memcpy(b, in + i, n - i);
-        f8_to_bf16_64(&t, b, o);
+        f8_to_bf16_64(&t, b, o, o + 32);
         memcpy(out + i, o, (n - i) * 2);
     }
 }
@@ -265,7 +265,7 @@ static TAMX void widen_f8_strip(const moeq_tensor *w, int64_t row, int nrows, ui
         }
         const uint8_t *p = (const uint8_t *)w->data + (size_t)(row + r) * (size_t)K;
         int64_t k = 0;
-        for (; k + 64 <= K; k += 64) f8_to_bf16_64(&t, p + k, d + k);
+        for (; k + 64 <= K; k += 64) f8_to_bf16_64(&t, p + k, d + k, d + k + 32);
         if (k < K) _mm512_storeu_si512(d + k, f8_to_bf16_32(&t, p + k)); /* K is a multiple of 32 */
     }
 }
@@ -291,15 +291,21 @@ static TAMX ALWAYS_INLINE void step_tiles(const int NR, const int NG, const bsrc
     }
 }
 
+/* Step s with its A tiles loaded from a (32 weight rows, lda bytes apart). */
+static TAMX ALWAYS_INLINE void step_from(const int NR, const int NG, const uint8_t *a, int64_t lda, const bsrc *src,
+                                         int64_t s) {
+    _tile_loadd(4, a, lda);
+    if (NR == 2) _tile_loadd(5, a + 16 * lda, lda);
+    step_tiles(NR, NG, src, s);
+}
+
 /* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. */
 static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const bsrc *src,
                                      int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; s++) {
         if (NG == 1) /* few tokens: the weights' 32 row streams, four lines ahead (decode b1 ~1.04x) */
             for (int r = 0; r < NR * 16; r++) _mm_prefetch((const char *)(a + r * lda + (s + 4) * 64), _MM_HINT_T0);
-        _tile_loadd(4, a + s * 64, lda);
-        if (NR == 2) _tile_loadd(5, a + 16 * lda + s * 64, lda);
-        step_tiles(NR, NG, src, s);
+        step_from(NR, NG, a + s * 64, lda, src, s);
     }
 }
 
@@ -311,30 +317,20 @@ static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_
                                         uint8_t *buf, const bsrc *src, int64_t s0, int64_t s1) {
     const f8_tables t = f8_tables_load();
     int64_t s = s0;
-    for (; s + 2 <= s1; s += 2) { /* ldw: bytes from one strip row to the next */
-        uint8_t *b = buf;
+    for (; s + 2 <= s1; s += 2) { /* ldw: bytes from one strip row to the next; step s at buf, s + 1 at buf + 2 KiB */
         for (int r = 0; r < rows; r++) {
-            __m512i lo, hi;
             /* four lines ahead in each of the 32 rows (stretches): the hardware prefetcher loses most of them
              * (bench-engine F8 decode b1 1.17x, b32 1.22x; a prefetch past a row's end is harmless) */
             _mm_prefetch((const char *)(w8 + r * ldw + (s + 8) * MOEQ_AMX_STEP), _MM_HINT_T0);
-            f8_bytes(&t, _mm512_loadu_si512(w8 + r * ldw + s * MOEQ_AMX_STEP), &lo, &hi);
-            _mm512_storeu_si512(b + r * 64, _mm512_permutex2var_epi8(lo, t.first, hi));
-            _mm512_storeu_si512(b + 2048 + r * 64, _mm512_permutex2var_epi8(lo, t.second, hi));
+            f8_to_bf16_64(&t, w8 + r * ldw + s * MOEQ_AMX_STEP, buf + r * 64, buf + 2048 + r * 64);
         }
-        _tile_loadd(4, b, 64);
-        if (NR == 2) _tile_loadd(5, b + 1024, 64);
-        step_tiles(NR, NG, src, s);
-        _tile_loadd(4, b + 2048, 64);
-        if (NR == 2) _tile_loadd(5, b + 3072, 64);
-        step_tiles(NR, NG, src, s + 1);
+        step_from(NR, NG, buf, 64, src, s);
+        step_from(NR, NG, buf + 2048, 64, src, s + 1);
     }
     if (s < s1) { /* an odd last step (K not a multiple of 64) */
         for (int r = 0; r < rows; r++)
             _mm512_storeu_si512(buf + r * 64, f8_to_bf16_32(&t, w8 + r * ldw + s * MOEQ_AMX_STEP));
-        _tile_loadd(4, buf, 64);
-        if (NR == 2) _tile_loadd(5, buf + 1024, 64);
-        step_tiles(NR, NG, src, s);
+        step_from(NR, NG, buf, 64, src, s);
     }
 }
 
