@@ -6,9 +6,11 @@
 #                                    downloads the few build libraries a GPU image may lack into .gpu/debs
 #                                    (ignored by git; about 25 MiB, small enough to travel with the tree)
 #   scripts/gpu-check.sh             on the GPU machine: CUDA wheel hook, configure (MOEQ_CUDA_CHECK_ONLY: common,
-#                                    engine with the CUDA backend, engine/cuda, genmodel, bench-engine and the
-#                                    cuda tests), build, every test of that build (the gpu-labelled
-#                                    test_kernels_gpu and test_backend_cuda_gpu among them), then
+#                                    engine with the CUDA backend, engine/cuda, genmodel, bench-engine, an
+#                                    engine-only moeq and the cuda tests), build, every test of that build (the
+#                                    gpu-labelled test_kernels_gpu, test_backend_cuda_gpu and the float64
+#                                    reference comparisons on --backend cuda, with the image's python3 and
+#                                    numpy, among them), then
 #                                    bench-engine --backend cuda on a generated preset (it runs bench-cuda-peak
 #                                    beside: D2D bandwidth for the HBM roofline, cuBLAS BF16 GEMMs), JSON summary
 #
@@ -146,7 +148,7 @@ rm -f "$junit"
 if [ -z "$error" ]; then
   # --stop-time ends a hung test (its own TIMEOUT may be longer) and still writes the junit file naming it
   # as failed; an outer timeout that killed ctest would leave no junit and so no per-test results at all
-  t_tests=$(budget 200)
+  t_tests=$(budget 240)
   stop=$(date -d "+$(( t_tests > 15 ? t_tests - 10 : t_tests )) seconds" +%H:%M:%S)
   (cd "$build" && timeout "$t_tests" ctest --timeout 120 --stop-time "$stop" --output-on-failure \
     --output-junit "$junit") >>"$log" 2>&1
@@ -184,7 +186,9 @@ try:
 except (OSError, ET.ParseError):
     pass
 count = lambda s: sum(t["status"] == s for t in tests)
-gpu_tests = ("test_kernels_gpu", "test_backend_cuda_gpu")
+gpu_tests = ("test_kernels_gpu", "test_backend_cuda_gpu", "engine_logits_on_cuda_match_the_float64_reference",
+             "engine_logits_on_cuda_with_cublas_match_the_float64_reference",
+             "engine_mtp_logits_on_cuda_match_the_float64_reference")
 not_run = [n for n in gpu_tests if not any(t["name"] == n and t["status"] == "passed" for t in tests)]
 if not error and not tests: error = "no test results (see gpu-check.log)"
 if not error and not_run: error = ", ".join(not_run) + " did not pass (skipped means no device was found)"

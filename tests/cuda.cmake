@@ -44,3 +44,25 @@ endif()
 if(MOEQ_HAVE_CUBLAS AND MOEQ_HAVE_NCCL)
   moeq_add_test(NAME test_cuda_libs SOURCES test_cuda_libs.c LIBS moeq_cublas moeq_nccl LABELS unit)
 endif()
+# The CUDA backend meets the float64 reference as the CPU engine does (issue 14): compare_engine.py and
+# compare_mtp.py with every `moeq logits` / `moeq generate` on --backend cuda, the same tolerance (1e-4 of
+# max(1, max|logit|)) on every preset and dtype the CPU comparison runs, in the batch-invariant mode (own
+# kernels) and, on the presets of the engine's own layout, the cuBLAS mode. Label gpu: without a device they
+# print the engine's reason and exit 77 (skipped). The GPU check's engine-only build has `moeq` for them.
+if(TARGET moeq AND MOEQ_HAVE_CUDA_BACKEND)
+  include(${CMAKE_CURRENT_SOURCE_DIR}/reference_python.cmake)
+  set(_ref ${CMAKE_CURRENT_SOURCE_DIR}/reference)
+  add_test(NAME engine_logits_on_cuda_match_the_float64_reference
+    COMMAND ${MOEQ_REFERENCE_RUN} ${_ref}/compare_engine.py --moeq $<TARGET_FILE:moeq>
+      --work ${CMAKE_BINARY_DIR}/reference-cuda-work --engine-args "--backend cuda" --skip-without-device)
+  add_test(NAME engine_logits_on_cuda_with_cublas_match_the_float64_reference
+    COMMAND ${MOEQ_REFERENCE_RUN} ${_ref}/compare_engine.py --moeq $<TARGET_FILE:moeq>
+      --work ${CMAKE_BINARY_DIR}/reference-cuda-cublas-work --cases tiny:bf16,tiny:f8,tiny-v2:bf16,small:bf16
+      --engine-args "--backend cuda --no-batch-invariant" --skip-without-device)
+  add_test(NAME engine_mtp_logits_on_cuda_match_the_float64_reference
+    COMMAND ${MOEQ_REFERENCE_RUN} ${_ref}/compare_mtp.py --moeq $<TARGET_FILE:moeq>
+      --work ${CMAKE_BINARY_DIR}/reference-cuda-mtp-work --engine-args "--backend cuda" --skip-without-device)
+  set_tests_properties(engine_logits_on_cuda_match_the_float64_reference
+    engine_logits_on_cuda_with_cublas_match_the_float64_reference engine_mtp_logits_on_cuda_match_the_float64_reference
+    PROPERTIES LABELS gpu SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 300 REQUIRED_FILES $<TARGET_FILE:moeq>)
+endif()

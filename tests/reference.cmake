@@ -3,21 +3,7 @@
 # venv python: we ask for /usr/bin/python3 first). Without numpy the tests are
 # still registered and exit 77 (skipped) with the reason.
 
-find_program(MOEQ_REFERENCE_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
-if(NOT MOEQ_REFERENCE_PYTHON)
-  find_program(MOEQ_REFERENCE_PYTHON NAMES python3)
-endif()
-
-if(MOEQ_REFERENCE_PYTHON)
-  execute_process(COMMAND ${MOEQ_REFERENCE_PYTHON} -c "import numpy"
-    RESULT_VARIABLE MOEQ_REFERENCE_NUMPY_RC OUTPUT_QUIET ERROR_QUIET)
-endif()
-if(MOEQ_REFERENCE_PYTHON AND MOEQ_REFERENCE_NUMPY_RC EQUAL 0)
-  set(MOEQ_REFERENCE_RUN ${MOEQ_REFERENCE_PYTHON})
-else()
-  message(STATUS "moeq: reference tests skipped (no python3 with numpy; apt-get install python3-numpy)")
-  set(MOEQ_REFERENCE_RUN sh -c "echo 'skipped: no python3 with numpy (apt-get install python3-numpy)'; exit 77" --)
-endif()
+include(${CMAKE_CURRENT_SOURCE_DIR}/reference_python.cmake) # MOEQ_REFERENCE_RUN: a python3 with numpy, or a skip
 
 set(MOEQ_REFERENCE_DIR ${CMAKE_CURRENT_SOURCE_DIR}/reference)
 

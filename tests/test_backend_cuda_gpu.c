@@ -42,8 +42,8 @@
 #define MOEQ_CU_ROUTE_EXPERTS_CAP 256 /* the device router's most experts: moe_experts' jobs on the CPU */
 
 static char model_root[256];
-static moeq_model *models[3];
-static const char *const model_names[3] = {"tiny bf16", "tiny f8", "tiny-v2 bf16"};
+static moeq_model *models[4]; /* the three the op and whole-model cases run, then tiny-mtp for MTP */
+static const char *const model_names[4] = {"tiny bf16", "tiny f8", "tiny-v2 bf16", "tiny-mtp bf16"};
 
 /* The backend under test: "cuda", or with --cpu-standin the CPU backend behind the device's contract (not
  * host_visible, no route scratch), so that the harness itself is checked on every machine (label unit): a
@@ -79,6 +79,7 @@ static moeq_model *gen(const char *preset, moeq_genmodel_dtype dt, const char *n
     moeq_model_config c;
     moeq_genmodel_params gp = moeq_genmodel_default_params();
     gp.dtype = dt;
+    gp.mtp_agree = moeq_genmodel_preset_mtp_agree(preset); /* as gen-model writes tiny-mtp */
     if (moeq_genmodel_preset(preset, &c, &gp.min_shards, err, sizeof err)) {
         fprintf(stderr, "genmodel %s: %s\n", preset, err);
         return NULL;
@@ -573,6 +574,131 @@ static void whole_model_logits_on_cuda_match_the_cpu_engine(void **state) {
         }
 }
 
+/*
+ * Greedy decoding of 32 tokens, one sequence at a time, on `backend`: the tokens and, at each step, the margin
+ * between the chosen logit and the runner-up (which says whether another backend may choose otherwise).
+ */
+static void greedy_run(const moeq_model *m, const char *backend, int invariant, const int32_t *prompt, int n_prompt,
+                       int32_t *tokens, float *margins, float *scale) {
+    moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "%s", backend);
+    p.batch_invariant = invariant;
+    p.n_threads = 4;
+    p.max_seqs = 1;
+    p.kv_cache_tokens = 1024;
+    moeq_engine *e = NULL;
+    char err[512] = "";
+    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine (%s): %s", backend, err);
+    int V = m->config.vocab_size, seq;
+    float *row = malloc((size_t)V * sizeof(float));
+    assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
+    moeq_step_item it = {seq, prompt, n_prompt, 0};
+    *scale = 0;
+    for (int t = 0; t < 32; t++) {
+        if (moeq_engine_step(e, &it, 1, row, 1, err, sizeof err)) fail_msg("step %d (%s): %s", t, backend, err);
+        int best = argmax(row, V);
+        float second = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            second = i != best && row[i] > second ? row[i] : second;
+            *scale = fmaxf(*scale, fabsf(row[i]));
+        }
+        tokens[t] = best;
+        margins[t] = row[best] - second;
+        it = (moeq_step_item){seq, &tokens[t], 1, 0};
+    }
+    free(row);
+    moeq_engine_destroy(e);
+}
+
+/*
+ * The device's greedy continuations are the CPU engine's, 32 tokens of three prompts on every model and in
+ * both modes, wherever the CPU's top-1 margin is clear: the two backends' logits differ by at most the
+ * whole-model tolerance (1e-4 / 1e-3 of the largest |logit|), so a step whose CPU margin is below twice that may
+ * go either way; the continuations are compared up to such a step (which must be the first difference, if any),
+ * and at least 24 of each 32 steps must be compared in all.
+ */
+static void greedy_continuations_of_32_tokens_equal_the_cpu_engines(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 3; mi++)
+        for (int inv = 1; inv >= 0; inv--) {
+            const moeq_model *m = models[mi];
+            int V = m->config.vocab_size, compared = 0, runs = 0;
+            const int lengths[3] = {5, 40, 200};
+            for (int pi = 0; pi < 3; pi++, runs++) {
+                int32_t prompt[200], want[32], got[32];
+                float want_margin[32], got_margin[32], scale, got_scale;
+                for (int i = 0; i < lengths[pi]; i++) prompt[i] = (int32_t)((i * 41 + pi * 13 + 2) % V);
+                greedy_run(m, "cpu", inv, prompt, lengths[pi], want, want_margin, &scale);
+                greedy_run(m, gpu_name, inv, prompt, lengths[pi], got, got_margin, &got_scale);
+                double tol = (inv ? 1e-4 : 1e-3) * scale;
+                int t = 0;
+                while (t < 32 && got[t] == want[t]) t++;
+                if (t < 32 && want_margin[t] > 2 * tol)
+                    fail_msg("%s, batch_invariant %d, prompt of %d: step %d: device %d, CPU %d (CPU margin %.3g > %.3g)",
+                             model_names[mi], inv, lengths[pi], t, got[t], want[t], want_margin[t], 2 * tol);
+                compared += t;
+                if (t < 32)
+                    print_message("  %s, batch_invariant %d, prompt of %d: a near-tie at step %d (margin %.3g)\n",
+                                  model_names[mi], inv, lengths[pi], t, want_margin[t]);
+            }
+            if (compared < 24 * runs)
+                fail_msg("%s, batch_invariant %d: only %d of %d steps before near-ties", model_names[mi], inv, compared,
+                         32 * runs);
+        }
+}
+
+/*
+ * MTP speculative decoding on the device gives the tokens of plain decoding on the device: greedy with k = 1..3
+ * drafts, and sampled in the exact mode (the plain sampler's tokens), on tiny (a random MTP layer: few drafts
+ * accepted) and tiny-mtp (the agreeing construction: most accepted, so verify steps of k+1 tokens run).
+ */
+static void mtp_on_gives_the_tokens_of_mtp_off_on_the_gpu(void **state) {
+    (void)state;
+    const moeq_model *ms[2] = {models[0], models[3]};
+    const char *names[2] = {"tiny", "tiny-mtp"};
+    for (int mi = 0; mi < 2; mi++) {
+        const moeq_model *m = ms[mi];
+        moeq_engine_params p = moeq_engine_default_params();
+        snprintf(p.backend, sizeof p.backend, "%s", gpu_name);
+        p.max_seqs = 2;
+        p.kv_cache_tokens = 2048;
+        moeq_engine *e = NULL;
+        char err[512] = "";
+        if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine: %s", err);
+        int V = m->config.vocab_size;
+        long long drafted = 0, accepted = 0; /* greedy rounds */
+        for (int salt = 0; salt < 3; salt++) {
+            int32_t prompt[40];
+            int n_prompt = 4 + 17 * salt;
+            for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 37 + salt * 101 + 5) % V);
+            for (int sampled = 0; sampled < 2; sampled++) {
+                moeq_generate_params gp = {.sampling = moeq_sampling_default_params(), .max_new_tokens = 40};
+                if (sampled) gp.sampling.temperature = 0.9, gp.sampling.seed = 77 + (uint64_t)salt;
+                int32_t *plain = NULL, *spec = NULL;
+                int n_plain = 0, n_spec = 0;
+                if (moeq_generate(e, prompt, n_prompt, &gp, &plain, &n_plain, err, sizeof err)) fail_msg("%s", err);
+                for (int k = 1; k <= 3; k++) {
+                    moeq_generate_stats st = {0};
+                    gp.mtp_k = k, gp.stats = &st;
+                    if (moeq_generate(e, prompt, n_prompt, &gp, &spec, &n_spec, err, sizeof err))
+                        fail_msg("%s, k %d: %s", names[mi], k, err);
+                    if (n_spec != n_plain || memcmp(spec, plain, (size_t)n_plain * sizeof *plain))
+                        fail_msg("%s, prompt %d, %s, k %d: MTP changed the tokens", names[mi], salt,
+                                 sampled ? "sampled" : "greedy", k);
+                    if (!sampled) drafted += st.drafted, accepted += st.accepted;
+                    free(spec);
+                    gp.mtp_k = 0, gp.stats = NULL;
+                }
+                free(plain);
+            }
+        }
+        print_message("  %s: %lld of %lld greedy drafts accepted\n", names[mi], accepted, drafted);
+        assert_true(drafted > 0);
+        if (mi == 1) assert_true(accepted * 10 > drafted * 6); /* the agreeing checkpoint agrees on the device */
+        moeq_engine_destroy(e);
+    }
+}
+
 /* A sequence's logits on the device do not depend on its batch-mates, nor on prefill vs decode. */
 static void batch_invariance_holds_on_the_gpu(void **state) {
     (void)state;
@@ -699,7 +825,8 @@ int main(int argc, char **argv) {
     models[0] = gen("tiny", MOEQ_GENMODEL_BF16, "tiny-bf16");
     models[1] = gen("tiny", MOEQ_GENMODEL_F8, "tiny-f8");
     models[2] = gen("tiny-v2", MOEQ_GENMODEL_BF16, "tiny-v2-bf16");
-    if (!models[0] || !models[1] || !models[2]) return 1;
+    models[3] = gen("tiny-mtp", MOEQ_GENMODEL_BF16, "tiny-mtp-bf16");
+    if (!models[0] || !models[1] || !models[2] || !models[3]) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmuls_give_the_cpu_backends_bits_and_cublas_is_close),
         cmocka_unit_test(row_ops_give_the_cpu_backends_bits),
@@ -708,11 +835,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test(moe_experts_on_cuda_equals_the_cpu_op),
         cmocka_unit_test(logits_records_on_cuda_equal_the_cpu_ops),
         cmocka_unit_test(whole_model_logits_on_cuda_match_the_cpu_engine),
+        cmocka_unit_test(greedy_continuations_of_32_tokens_equal_the_cpu_engines),
+        cmocka_unit_test(mtp_on_gives_the_tokens_of_mtp_off_on_the_gpu),
         cmocka_unit_test(batch_invariance_holds_on_the_gpu),
         cmocka_unit_test(decode_with_graphs_equals_decode_without_bit_for_bit_at_several_batch_sizes),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (int i = 0; i < 3; i++) moeq_model_destroy(models[i]);
+    for (int i = 0; i < 4; i++) moeq_model_destroy(models[i]);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", model_root);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", model_root);

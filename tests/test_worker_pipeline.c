@@ -14,6 +14,12 @@
  *  - SIGTERM drains: the worker exits 0 and nothing is lost.
  *
  * Needs the `services` fixture (skips with 77 without it).
+ *
+ * `test_worker_pipeline --backend cuda` (ctest test_worker_pipeline_on_cuda, label gpu): the workers run with
+ * backend = cuda and the expectations come from generate on a CUDA engine in this process (batch invariance:
+ * a job's tokens do not depend on the worker's batch-mates, on either backend); the first cases (results,
+ * reclaim after a kill -9, SIGTERM drain) only. Without a device it prints the engine's reason and skips (77)
+ * before it looks for the services.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -50,6 +56,7 @@ static int g_n_pids;
 static moeq_model *g_mdl;
 static moeq_tokenizer *g_tok;
 static moeq_engine *g_engine;
+static const char *g_backend = "cpu"; /* --backend cuda: workers and expectations on the device */
 
 #define MAX_JOBS 64
 static int g_long_new = 400; /* max_new_tokens of make_jobs' long jobs */
@@ -90,9 +97,6 @@ static int run_cmd(const char *cmd) { return system(cmd) == 0 ? 0 : -1; }
 
 static int group_setup(void **state) {
     (void)state;
-    if (moeq_test_service("MOEQ_TEST_KAFKA", g_kafka, sizeof g_kafka) ||
-        moeq_test_service("MOEQ_TEST_REDIS", g_redis, sizeof g_redis))
-        exit(MOEQ_TEST_SKIP);
     const char *build = getenv("MOEQ_BUILD_DIR");
     snprintf(g_moeq, sizeof g_moeq, "%s/cli/moeq", build ? build : ".");
     /* the tiny model with a context for the long jobs (400, 3000 tokens): the engine refuses past it */
@@ -106,11 +110,21 @@ static int group_setup(void **state) {
     if (moeq_model_load(g_model, NULL, &g_mdl, err, sizeof err)) return fprintf(stderr, "%s\n", err), -1;
     if (moeq_tokenizer_load(g_model, &g_tok, err, sizeof err)) return fprintf(stderr, "%s\n", err), -1;
     moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "%s", g_backend);
     p.max_seqs = 1;
     p.n_threads = 1;
     p.kv_cache_tokens = 4096;
     p.max_step_tokens = 512;
-    if (moeq_engine_new(g_mdl, &p, &g_engine, err, sizeof err)) return fprintf(stderr, "%s\n", err), -1;
+    if (moeq_engine_new(g_mdl, &p, &g_engine, err, sizeof err)) {
+        if (strstr(err, "no usable CUDA device")) {
+            printf("SKIP test_worker_pipeline --backend %s: %s\n", g_backend, err);
+            exit(MOEQ_TEST_SKIP);
+        }
+        return fprintf(stderr, "%s\n", err), -1;
+    }
+    if (moeq_test_service("MOEQ_TEST_KAFKA", g_kafka, sizeof g_kafka) ||
+        moeq_test_service("MOEQ_TEST_REDIS", g_redis, sizeof g_redis))
+        exit(MOEQ_TEST_SKIP);
     return 0;
 }
 
@@ -206,8 +220,9 @@ static pid_t start_worker(const scenario *s, const char *id, const char *extra) 
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
-             "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --http_port=0 %s 2>>%s/worker-%s.log",
-             g_moeq, g_model, g_redis, g_kafka, s->ns, s->results, id, extra ? extra : "",
+             "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --http_port=0 --backend=%s %s "
+             "2>>%s/worker-%s.log",
+             g_moeq, g_model, g_redis, g_kafka, s->ns, s->results, id, g_backend, extra ? extra : "",
              getenv("MOEQ_BUILD_DIR") ? getenv("MOEQ_BUILD_DIR") : "/tmp", id);
     pid_t pid = fork();
     if (pid == 0) {
@@ -912,7 +927,14 @@ static void fresh_batches_with_a_prefix_key_run_on_the_worker_that_holds_it(void
     scenario_close(&s);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--backend")) g_backend = argv[2];
+    const struct CMUnitTest on_device[] = {
+        cmocka_unit_test(every_job_gets_what_generate_gives_alone_and_the_batch_is_acked),
+        cmocka_unit_test(a_batch_left_by_a_dead_worker_is_reclaimed_and_finished),
+        cmocka_unit_test(sigterm_drains_without_losing_a_job),
+    };
+    if (strcmp(g_backend, "cpu")) return cmocka_run_group_tests(on_device, group_setup, group_teardown);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_job_gets_what_generate_gives_alone_and_the_batch_is_acked),
         cmocka_unit_test(a_batch_left_by_a_dead_worker_is_reclaimed_and_finished),

@@ -10,6 +10,14 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
   moeq_add_test(NAME test_worker_metrics SOURCES test_worker_metrics.c LIBS moeq_worker LABELS unit)
   moeq_add_test(NAME test_worker_pipeline SOURCES test_worker_pipeline.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 240)
+  # The same pipeline with workers on the CUDA backend (issue 14): results equal generate on the device, a kill -9
+  # reclaimed, SIGTERM drained. Without a device: the engine's reason, skipped (77).
+  if(MOEQ_HAVE_CUDA_BACKEND)
+    add_test(NAME test_worker_pipeline_on_cuda COMMAND test_worker_pipeline --backend cuda)
+    set_tests_properties(test_worker_pipeline_on_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE}
+      FIXTURES_REQUIRED services TIMEOUT 240
+      ENVIRONMENT "MOEQ_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR};MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
+  endif()
   # MTP inside continuous batching: tiny-mtp and tiny, mtp_k on and off, every result equal to generate alone.
   moeq_add_test(NAME test_worker_mtp SOURCES test_worker_mtp.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)

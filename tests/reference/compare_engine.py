@@ -35,14 +35,22 @@ A routing decision whose margin is below ROUTING_TIE (1e-5 in score
 units) could flip under float32 error; positions from the first such token on
 are compared and reported but not failed.
 
+On a GPU: --engine-args "--backend cuda" (and "--backend cuda --no-batch-invariant" for the cuBLAS mode)
+runs the same comparison with every `moeq logits` / `moeq generate` on that backend (the checkpoints
+are still written by the CPU's gen-model); the tolerance is the same: the device must meet the reference
+as the CPU does. --skip-without-device first runs one tiny step on that backend and exits 77 (skipped,
+with the engine's reason) when it says there is no usable device; any other failure is a failure.
+
 Usage: compare_engine.py --moeq build/cli/moeq [--work DIR] [--cases tiny:bf16,tiny-v2:bf16,mk-v3:f8,...]
+                         [--engine-args "--backend cuda"] [--skip-without-device]
 (preset:dtype; presets are gen-model's, or mk-v3 / mk-v2 / mk-v2-lite written by make_ckpt.py)
-Exit 0 pass, 1 mismatch, 2 engine/command failure.
+Exit 0 pass, 1 mismatch, 2 engine/command failure, 77 no device (with --skip-without-device).
 """
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -58,6 +66,7 @@ import make_ckpt  # noqa: E402
 
 TOL = float(os.environ.get("MOEQ_REF_TOL", "1e-4"))
 ROUTING_TIE = 1e-5
+ENGINE_ARGS = []  # --engine-args: appended to every `moeq logits` / `moeq generate`
 GEN_PROMPT, GEN_NEW = 8, 24
 # Checkpoints written by make_ckpt.py (not by the engine's gen-model), so the
 # engine also reads files it did not write and runs configs its presets lack:
@@ -207,7 +216,7 @@ def check_generate(moeq, out_dir, ref, prompt):
     argmax, or within the bound of it (a near-tie, where either is right; the
     reference then follows the engine's choice)."""
     text, t_eng = run([moeq, "generate", "--model", out_dir, "--tokens", ",".join(map(str, prompt)),
-                       "--max-new-tokens", str(GEN_NEW)])
+                       "--max-new-tokens", str(GEN_NEW)] + ENGINE_ARGS)
     got = json.loads(text)["tokens"]
     eos = ref.cfg.raw.get("eos_token_id")
     cache = dr.Cache(ref.cfg.num_hidden_layers)
@@ -250,7 +259,8 @@ def run_case(moeq, work, preset, dtype, require_paths):
     agg = {"max_abs": 0.0, "max_rel": 0.0, "argmax": [0, 0]}
     grouped = cfg.n_group > 1 and cfg.topk_group < cfg.n_group and cfg.topk_method != "greedy"
     for name, tokens in prompts(cfg):
-        text, t_eng = run([moeq, "logits", "--model", out_dir, "--tokens", ",".join(map(str, tokens)), "--top", "0"])
+        text, t_eng = run([moeq, "logits", "--model", out_dir, "--tokens", ",".join(map(str, tokens)), "--top", "0"]
+                          + ENGINE_ARGS)
         engine = parse_engine_logits(text, len(tokens), cfg.vocab_size)
         t0 = time.time()
         routing = dr.Routing()
@@ -296,10 +306,26 @@ def run_case(moeq, work, preset, dtype, require_paths):
     lines.append(g_line)
     if ok:
         shutil.rmtree(out_dir, ignore_errors=True)  # kept on failure, for a look
-    head = (f"{'PASS' if ok else 'FAIL'} {preset}/{dtype} ({cfg.model_type}): max_abs {agg['max_abs']:.3e} "
+    head = (f"{'PASS' if ok else 'FAIL'} {preset}/{dtype} ({cfg.model_type}"
+            f"{', ' + ' '.join(ENGINE_ARGS) if ENGINE_ARGS else ''}): max_abs {agg['max_abs']:.3e} "
             f"max_rel {agg['max_rel']:.3e} (tol {TOL:g}*max(1,max|logit|)) argmax {agg['argmax'][0]}/"
             f"{agg['argmax'][1]}; {'make_ckpt' if preset in OWN_CHECKPOINTS else 'gen-model'} {t_gen:.1f}s")
     return ok, [head] + lines
+
+
+def no_device_reason(moeq, work, engine_args):
+    """The engine's words when one step on engine_args' backend finds no usable device, else None (a failure
+    for any other reason is left to the comparison, which reports it)."""
+    probe = os.path.join(work, "device-probe")
+    shutil.rmtree(probe, ignore_errors=True)
+    run([moeq, "gen-model", "--preset", "tiny", "--out", probe])
+    p = subprocess.run([moeq, "logits", "--model", probe, "--tokens", "1,2", "--top", "1"] + engine_args,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    shutil.rmtree(probe, ignore_errors=True)
+    err = p.stderr.decode(errors="replace")
+    if p.returncode != 0 and "no usable CUDA device" in err:
+        return err.strip().splitlines()[-1]
+    return None
 
 
 def main():
@@ -308,7 +334,11 @@ def main():
     ap.add_argument("--work", help="scratch directory (default: a temporary one)")
     ap.add_argument("--cases", default=DEFAULT_CASES, help="preset:dtype,... (default %(default)s)")
     ap.add_argument("--no-path-checks", action="store_true", help="don't require routing groups / YaRN to be live")
+    ap.add_argument("--engine-args", default="", help='extra arguments for moeq logits/generate, e.g. "--backend cuda"')
+    ap.add_argument("--skip-without-device", action="store_true",
+                    help="exit 77 (skipped) when the engine says there is no usable device for --engine-args")
     args = ap.parse_args()
+    ENGINE_ARGS[:] = shlex.split(args.engine_args)
     if not os.path.exists(args.moeq):
         print(f"FAIL: no moeq binary at {args.moeq}")
         return 2
@@ -317,6 +347,11 @@ def main():
     all_ok = True
     status = 0
     try:
+        if args.skip_without_device:
+            why = no_device_reason(args.moeq, work, ENGINE_ARGS)
+            if why:
+                print(f"SKIP: {why}")
+                return 77
         for case in args.cases.split(","):
             preset, _, dtype = case.partition(":")
             t0 = time.time()

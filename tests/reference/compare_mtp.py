@@ -9,12 +9,15 @@ compares them with DeepSeekRef.mtp_forward(tokens, hidden) at every row:
     max_v |engine - ref| <= tol * max(1, max_v |ref|)     (tol 1e-4, as compare_engine.py)
 
 Cases: tiny (random MTP layer, MoE) and tiny-mtp (the agreeing construction:
-copied block, eh_proj = [I | 0]), bf16. Exit 0 when all pass, 1 otherwise,
-77 (skipped) without numpy.
+copied block, eh_proj = [I | 0]), bf16. --engine-args "--backend cuda" runs
+`moeq logits` on that backend, with the same tolerance; --skip-without-device
+as in compare_engine.py. Exit 0 when all pass, 1 otherwise, 77 (skipped)
+without numpy or (--skip-without-device) without a device.
 """
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -27,6 +30,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deepseek_ref import DeepSeekRef  # noqa: E402
+from compare_engine import no_device_reason  # noqa: E402
 
 TOL = float(os.environ.get("MOEQ_REF_TOL", "1e-4"))
 
@@ -35,7 +39,7 @@ def rows(entries, vocab):
     return np.array([e["logits"] for e in entries], dtype=np.float64).reshape(len(entries), vocab)
 
 
-def run_case(moeq, work, preset, n_tokens=40):
+def run_case(moeq, work, preset, engine_args=(), n_tokens=40):
     d = os.path.join(work, preset)
     subprocess.run([moeq, "gen-model", "--preset", preset, "--out", d], check=True, capture_output=True)
     ref = DeepSeekRef(d)
@@ -43,7 +47,7 @@ def run_case(moeq, work, preset, n_tokens=40):
     rng = np.random.default_rng(7)
     tokens = [int(t) for t in rng.integers(2, vocab, n_tokens)]
     out = subprocess.run([moeq, "logits", "--model", d, "--tokens", ",".join(map(str, tokens)), "--top", "0",
-                          "--mtp", "1"], check=True, capture_output=True, text=True).stdout
+                          "--mtp", "1"] + list(engine_args), check=True, capture_output=True, text=True).stdout
     doc = json.loads(out)
     eng_main, eng_mtp = rows(doc["positions"], vocab), rows(doc["mtp_positions"], vocab)
     ref_main, hidden = ref.forward(tokens)
@@ -70,10 +74,20 @@ def main():
     ap.add_argument("--moeq", required=True)
     ap.add_argument("--work")
     ap.add_argument("--cases", default="tiny,tiny-mtp")
+    ap.add_argument("--engine-args", default="", help='extra arguments for moeq logits, e.g. "--backend cuda"')
+    ap.add_argument("--skip-without-device", action="store_true")
     args = ap.parse_args()
+    engine_args = shlex.split(args.engine_args)
     work = args.work or tempfile.mkdtemp(prefix="moeq-mtp-ref-")
     os.makedirs(work, exist_ok=True)
-    ok = all([run_case(args.moeq, work, c) for c in args.cases.split(",")])
+    if args.skip_without_device:
+        why = no_device_reason(args.moeq, work, engine_args)
+        if why:
+            print(f"SKIP: {why}")
+            return 77
+    if engine_args:
+        print("engine: " + " ".join(engine_args))
+    ok = all([run_case(args.moeq, work, c, engine_args) for c in args.cases.split(",")])
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
