@@ -480,12 +480,19 @@ static void fixed_table_sync_uploads_only_changed_rows_and_keeps_the_device_righ
                 int64_t n_diff = moeq_cu_kv_fixed_diff(cand, mirror, held, pos, n_rows, bt, S, diff), t = 0, t0,
                         t1, rows = 0;
                 if (rep) assert_int_equal(n_diff, 0); /* the same step again: nothing to upload */
+                /* every other step the staging holds only `per` rows (0: less than one, taken as one): each run
+                 * goes up in pieces, as fixed_sync does past the whole staging; the pieces cover it exactly */
+                int64_t per = step % 2 ? (int64_t)(step / 2 % 4) : INT64_MAX;
                 while (moeq_cu_kv_fixed_run(diff, n_rows, &t, &t0, &t1)) {
                     assert_true(t0 < t1 && diff[t0] && diff[t1 - 1] && (t1 == n_rows || !diff[t1]));
-                    memcpy(dev + t0 * S, cand + t0 * S, (size_t)((t1 - t0) * S) * sizeof(int32_t));
-                    memcpy(mirror + t0 * S, cand + t0 * S, (size_t)((t1 - t0) * S) * sizeof(int32_t));
-                    for (int64_t r = t0; r < t1; r++) held[r] = S;
-                    rows += t1 - t0;
+                    for (int64_t r0 = t0, r1; r0 < t1; r0 = r1) {
+                        r1 = moeq_cu_kv_fixed_piece(r0, t1, per);
+                        assert_true(r1 > r0 && r1 <= t1 && r1 - r0 <= (per > 0 ? per : 1));
+                        memcpy(dev + r0 * S, cand + r0 * S, (size_t)((r1 - r0) * S) * sizeof(int32_t));
+                        memcpy(mirror + r0 * S, cand + r0 * S, (size_t)((r1 - r0) * S) * sizeof(int32_t));
+                        for (int64_t r = r0; r < r1; r++) held[r] = S;
+                        rows += r1 - r0;
+                    }
                 }
                 assert_int_equal(rows, n_diff);
                 uploaded_total += rows;

@@ -114,8 +114,21 @@ typedef struct cuda_backend {
 
 // ---- errors -------------------------------------------------------------------------------------------------
 
+static void broken(cuda_backend *cb, const char *why);
+
 static void fail(cuda_backend *cb, moeq_err err, const char *fmt, const char *a, const char *b) {
     if (cb->err) return;
+    if (cb->br.mode == BR_CAPTURE) {
+        // Inside a capture nothing runs, and a call the capture does not allow (an allocation, a wait, cuBLAS that
+        // cannot be recorded) invalidates it, so every later launch of the bracket fails too: kept as the backend's
+        // error, that would fail this step and every later one. It breaks the bracket instead (graph_end ends the
+        // capture, marks the bucket eager, says why in describe()), and the engine issues the step again eagerly,
+        // where a failure that is not the capture's is met again and kept.
+        char why[sizeof cb->graph_why];
+        snprintf(why, sizeof why, fmt, a, b);
+        broken(cb, why);
+        return;
+    }
     cb->err = err;
     snprintf(cb->why, sizeof cb->why, fmt, a, b);
 }
@@ -658,28 +671,37 @@ static int fixed_ready(cuda_backend *cb, int block_tokens) {
 
 // Rows [0, T) of the fixed table for these tokens (rows past n_valid: padding, the scratch block at position 0),
 // filled on the host and compared with what the device holds (ftab_h mirrors ftab_d on each row's first fnb_h
-// entries): each run of rows that differ goes up whole in one copy (ordered on the stream after the kernels still
-// reading them). Never inside a bracket (graph_begin syncs before it). 0: not usable (a position past the stride,
-// staging failed).
+// entries): each run of rows that differ goes up whole in one copy, or in pieces past the staging (ordered on the
+// stream after the kernels still reading them). Never inside a bracket (graph_begin syncs before it). 0: not usable
+// (a position past the stride, staging failed).
 static int fixed_sync(cuda_backend *cb, const int32_t *block_table, int64_t table_stride, int block_tokens,
                       const int32_t *seq, const int64_t *pos, int64_t n_valid, int64_t T, int32_t scratch) {
     int64_t S = cb->fstride, t = 0, t0, t1;
     size_t row = (size_t)S * sizeof(int32_t), bytes = 0;
+    int64_t per = (int64_t)(cb->stage_cap / STAGED(row)); // rows one piece may take when the runs pass the staging
     if (moeq_cu_kv_fixed_fill(block_table, table_stride, seq, pos, n_valid, T, block_tokens, S, scratch,
                               cb->fcand_h) < 0)
         return 0;
     if (!moeq_cu_kv_fixed_diff(cb->fcand_h, cb->ftab_h, cb->fnb_h, pos, T, block_tokens, S, cb->fdiff_h)) return 1;
     while (moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1)) bytes += STAGED((size_t)(t1 - t0) * row);
-    if (!stage_reserve(cb, bytes)) return 0; // every run's region at once
-    for (t = 0; moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1);) {
-        size_t n = (size_t)(t1 - t0) * row;
-        void *d = NULL, *h = stage(cb, n, &d);
-        if (!h) return 0;
-        memcpy(h, cb->fcand_h + t0 * S, n);
-        if (!h2d(cb, cb->ftab_d + t0 * S, h, n, "cudaMemcpyAsync (fixed block table rows)")) return 0;
-        memcpy(cb->ftab_h + t0 * S, cb->fcand_h + t0 * S, n);
-        for (int64_t r = t0; r < t1; r++) cb->fnb_h[r] = S; // the whole row is now the mirror's
-    }
+    // every run's region at once; past the whole staging (a large batch's first step on a large cache: 256 rows of
+    // 1 MiB at 4M cache tokens in 16-token blocks, against 128 MiB of staging; one reservation of it failed the
+    // backend with LIMIT), pieces of `per` rows, each reserved alone: the copies go straight to ftab_d and no kernel
+    // reads the staging's twin, so a drain between pieces rewrites nothing still read
+    int whole = bytes <= cb->stage_cap;
+    if (whole && !stage_reserve(cb, bytes)) return 0;
+    for (t = 0; moeq_cu_kv_fixed_run(cb->fdiff_h, T, &t, &t0, &t1);)
+        for (int64_t r0 = t0, r1; r0 < t1; r0 = r1) {
+            r1 = whole ? t1 : moeq_cu_kv_fixed_piece(r0, t1, per);
+            size_t n = (size_t)(r1 - r0) * row;
+            if (!whole && !stage_reserve(cb, STAGED(n))) return 0;
+            void *d = NULL, *h = stage(cb, n, &d);
+            if (!h) return 0;
+            memcpy(h, cb->fcand_h + r0 * S, n);
+            if (!h2d(cb, cb->ftab_d + r0 * S, h, n, "cudaMemcpyAsync (fixed block table rows)")) return 0;
+            memcpy(cb->ftab_h + r0 * S, cb->fcand_h + r0 * S, n);
+            for (int64_t r = r0; r < r1; r++) cb->fnb_h[r] = S; // the whole row is now the mirror's
+        }
     return 1;
 }
 
@@ -1556,6 +1578,14 @@ static void capture_failed(cuda_backend *cb, graph_bucket *g, const char *call, 
     g->failed = 1;
 }
 
+// graph_begin did not open the bracket: its ops are no-ops and graph_end answers "issue them again". The reason is
+// kept for describe() (an error kept names itself in status): without it a step refused for good (no fixed table
+// for the cache) fell back every time while describe() gave no cause.
+static void refused(cuda_backend *cb, const char *why) {
+    if (!cb->err && !cb->graph_why[0]) snprintf(cb->graph_why, sizeof cb->graph_why, "%s", why);
+    cb->br.mode = BR_REPLAY, cb->br.broken = 1;
+}
+
 static void cuda_graph_begin(moeq_backend *b, const moeq_graph_step *st) {
     cuda_backend *cb = (cuda_backend *)b;
     memset(&cb->br, 0, sizeof cb->br);
@@ -1563,23 +1593,25 @@ static void cuda_graph_begin(moeq_backend *b, const moeq_graph_step *st) {
     cb->br.broken = 1;
     int i = moeq_cu_graph_bucket(cb->gsize, cb->n_gb, st->n_rows);
     if (cb->err || !cb->p.graphs || i < 0 || cb->gsize[i] != st->n_rows || cb->gb[i].failed || st->n_valid < 1 ||
-        st->n_valid > st->n_rows || st->scratch_block < 0)
+        st->n_valid > st->n_rows || st->scratch_block < 0) {
+        refused(cb, "graph_begin: a step not padded to a bucket that captures (or no scratch block)");
         return;
+    }
     graph_bucket *g = &cb->gb[i];
     cb->br.mode = BR_NONE; // allocations and the drain are not in any bracket
     if (!fixed_ready(cb, st->block_tokens) || !bucket_ready(cb, g, st->n_rows)) {
-        cb->br.mode = BR_REPLAY;
+        refused(cb, "graph_begin: no fixed-stride block table for the cache (its block count, or host memory)");
         return;
     }
     drain(cb, "cudaStreamSynchronize (before a captured step)"); // the region's last readers are done
     if (cb->err) {
-        cb->br.mode = BR_REPLAY;
+        refused(cb, "");
         return;
     }
     // the step's fixed table, eagerly before the bracket (only its changed rows): the bracket's calls find it
     if (!fixed_sync(cb, st->block_table, st->table_stride, st->block_tokens, st->seq, st->pos, st->n_valid,
                     st->n_rows, st->scratch_block) || cb->err) {
-        cb->br.mode = BR_REPLAY;
+        refused(cb, "graph_begin: a position past the fixed block table's stride (max_ctx)");
         return;
     }
     cb->br.broken = 0, cb->br.bucket = i, cb->br.n_rows = st->n_rows, cb->br.n_valid = st->n_valid;

@@ -170,6 +170,14 @@ static inline int moeq_cu_kv_fixed_run(const uint8_t *diff, int64_t n_rows, int6
     return 1;
 }
 
+/* Host: the end of the piece of a run of rows [r0, t1) that goes up next when at most per rows fit the staging at
+ * once (per < 1: one row, which the staging then refuses by name): a run past the whole staging goes up in pieces,
+ * each reserved alone, where one reservation of it failed the backend. */
+static inline int64_t moeq_cu_kv_fixed_piece(int64_t r0, int64_t t1, int64_t per) {
+    int64_t n = per > 0 ? per : 1;
+    return t1 - r0 <= n ? t1 : r0 + n;
+}
+
 /* Host: row_off of a fixed table of n_rows rows (uploaded once per bucket): row_off[t] = t * stride; -1 when
  * an offset would not fit int32 (the table is too large for kv_dev's offsets). */
 static inline int moeq_cu_kv_fixed_offsets(int64_t n_rows, int64_t stride, int32_t *row_off) {
