@@ -640,6 +640,20 @@ static int kv_upload(cuda_backend *cb, const moeq_kv_paged *kv, const int32_t *s
     return 1;
 }
 
+// An allocation for CUDA graphs alone (fixed tables, a bucket's staging): they come at a step's first use, after
+// the latent cache took its share of the device, so running out is a reason to run that step eagerly, kept for
+// describe(), not a failure of the backend. The allocation error is not sticky; it is cleared here.
+static int graph_alloc(cuda_backend *cb, void **p, size_t bytes, int pinned, const char *what) {
+    cudaError_t e = pinned ? cudaHostAlloc(p, bytes, cudaHostAllocDefault) : cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return 1;
+    *p = NULL;
+    (void)cudaGetLastError();
+    if (!cb->graph_why[0])
+        snprintf(cb->graph_why, sizeof cb->graph_why, "%s (%zu bytes): %s; those steps run eagerly", what, bytes,
+                 cudaGetErrorString(e));
+    return 0;
+}
+
 // The fixed-stride tables' buffers, set up by the first call that takes them (the block size is the cache's,
 // known only then; outside any step's timing that matters: one cudaMalloc per buffer, once). 0: not usable for
 // block_tokens (its stride is past the buffers', or they could not be made).
@@ -657,11 +671,10 @@ static int fixed_ready(cuda_backend *cb, int block_tokens) {
         cb->fstride = -1; // the compact tables serve every call
         return 0;
     }
-    int ok = cu_ok(cb, cudaMalloc((void **)&cb->ftab_d, (size_t)(R * S) * sizeof(int32_t)),
-                   "cudaMalloc (fixed tables)") &&
-             cu_ok(cb, cudaMalloc((void **)&cb->frow_d, (size_t)R * sizeof(int32_t)), "cudaMalloc (fixed rows)") &&
-             cu_ok(cb, cudaMalloc((void **)&cb->fplan_d, (size_t)(2 * R + 1) * sizeof(int32_t)),
-                   "cudaMalloc (device split plan)") &&
+    int ok = graph_alloc(cb, (void **)&cb->ftab_d, (size_t)(R * S) * sizeof(int32_t), 0, "cudaMalloc (fixed tables)") &&
+             graph_alloc(cb, (void **)&cb->frow_d, (size_t)R * sizeof(int32_t), 0, "cudaMalloc (fixed rows)") &&
+             graph_alloc(cb, (void **)&cb->fplan_d, (size_t)(2 * R + 1) * sizeof(int32_t), 0,
+                         "cudaMalloc (device split plan)") &&
              cu_ok(cb, cudaMemcpyAsync(cb->frow_d, off, (size_t)R * sizeof(int32_t), cudaMemcpyHostToDevice,
                                        cb->stream), "cudaMemcpyAsync (fixed rows)");
     free(off); // a pageable source is staged before cudaMemcpyAsync returns
@@ -822,6 +835,10 @@ static int ws_reserve(cuda_backend *cb, size_t bytes) {
     if (in_bracket(cb, "the attention workspace grew inside a captured step")) return 0;
     if (cb->ws) {
         drain(cb, "cudaStreamSynchronize (attention workspace)");
+        // graphs captured on the old workspace would replay into freed memory: captured again at their next step
+        // (map_weights reserves the most max_tokens and max_ctx need, so this is not expected to happen)
+        for (int i = 0; i < cb->n_gb; i++)
+            if (cb->gb[i].exec) cudaGraphExecDestroy(cb->gb[i].exec), cb->gb[i].exec = NULL, cb->gb[i].n_regions = 0;
         cu_ok(cb, cudaFree(cb->ws), "cudaFree (attention workspace)");
         cb->ws = NULL, cb->ws_bytes = 0;
     }
@@ -1562,9 +1579,15 @@ static size_t bucket_stage_bytes(const cuda_backend *cb, int64_t rows) {
 static int bucket_ready(cuda_backend *cb, graph_bucket *g, int64_t rows) {
     if (g->stage_h) return 1;
     size_t bytes = bucket_stage_bytes(cb, rows);
-    if (!cu_ok(cb, cudaHostAlloc((void **)&g->stage_h, bytes, cudaHostAllocDefault), "cudaHostAlloc (graph staging)") ||
-        !cu_ok(cb, cudaMalloc((void **)&g->stage_d, bytes), "cudaMalloc (graph staging)"))
+    if (!graph_alloc(cb, (void **)&g->stage_h, bytes, 1, "cudaHostAlloc (graph staging)")) {
+        g->failed = 1; // the bucket's steps run eagerly, unpadded, from now on
         return 0;
+    }
+    if (!graph_alloc(cb, (void **)&g->stage_d, bytes, 0, "cudaMalloc (graph staging)")) {
+        cudaFreeHost(g->stage_h);
+        g->stage_h = NULL, g->failed = 1;
+        return 0;
+    }
     g->stage_cap = bytes;
     return 1;
 }
