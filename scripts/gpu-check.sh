@@ -26,6 +26,7 @@
 # MOEQ_GPU_BUILD (build dir, default build-gpu), MOEQ_GPU_SYSROOT (default /tmp/moeq-sysroot),
 # MOEQ_GPU_BENCH_PRESET (the gen-model preset bench-engine runs, written into the build dir: default bench, the
 # issue's 1.4 B-parameter preset, ~3 GB, a few seconds to write), MOEQ_GPU_BENCH=0 (skip the bench),
+# MOEQ_GPU_MEMCHECK=0 (skip compute-sanitizer's memcheck of test_kernels_gpu, which runs only with >= 60 s left),
 # CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200), MOEQ_GPU_FORCE_SYSROOT=1 (use .gpu/debs even where the
 # libraries are installed: how the sysroot path is tried on a build machine).
 set -uo pipefail
@@ -166,11 +167,33 @@ if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/benc
   cat "$build/gpu-check-bench.err" >>"$log" 2>/dev/null
 fi
 
+# ---- compute-sanitizer memcheck on the kernels' gpu test, with the time that is left -----------------------------
+# Out-of-bounds and misaligned device accesses that give plausible numbers show only here. test_kernels_gpu is the
+# small one (memcheck runs 10-100x slower); skipped, and said so, when less than 60 s are left or the tool is absent.
+memcheck="skipped: not run"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if [ -z "$error" ] && [ "${MOEQ_GPU_MEMCHECK:-1}" != 0 ] && [ -x "$build/tests/test_kernels_gpu" ]; then
+  left=$(( deadline - $(date +%s) - 10 ))
+  if [ -z "$gpu" ]; then memcheck="skipped: no GPU seen by nvidia-smi"
+  elif [ -z "$sanitizer" ]; then memcheck="skipped: no compute-sanitizer"
+  elif [ "$left" -lt 60 ]; then memcheck="skipped: ${left} s left"
+  else
+    note "compute-sanitizer --tool memcheck test_kernels_gpu (${left} s left)"
+    if timeout "$(( left > 120 ? 120 : left ))" "$sanitizer" --tool memcheck --error-exitcode 3 \
+        "$build/tests/test_kernels_gpu" >>"$log" 2>&1; then memcheck="passed"
+    else
+      rc=$?
+      if [ "$rc" = 77 ]; then memcheck="skipped: the test found no device under the sanitizer"
+      else memcheck="failed (exit $rc; 3 = memory errors, 124 = out of time; see gpu-check.log)"; fi
+    fi
+  fi
+fi
+
 # ---- one JSON line ----------------------------------------------------------------------------------------------
 summary=$(python3 - "$junit" "$error" "$gpu" "$nvcc_ver" "$wheels" "$build_s" "$(( $(date +%s) - t_start ))" \
-  "$bench_json" "${MOEQ_GPU_BENCH:-1}" "$build/gpu-check-bench.err" <<'EOF'
+  "$bench_json" "${MOEQ_GPU_BENCH:-1}" "$build/gpu-check-bench.err" "$memcheck" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
-junit, error, gpu, nvcc, wheels, build_s, total_s, bench_path, bench_on, bench_err = sys.argv[1:]
+junit, error, gpu, nvcc, wheels, build_s, total_s, bench_path, bench_on, bench_err, memcheck = sys.argv[1:]
 try:
     with open(bench_err) as f:
         bench_why = ([l.strip() for l in f if l.strip()] or [""])[-1][:300]
@@ -214,10 +237,12 @@ except (OSError, ValueError, KeyError, TypeError) as e:
     bench = {"error": "no bench output (%s) %s" % (type(e).__name__, bench_why)} if bench_on != "0" else None
 bench_ok = bench_on == "0" or (bench is not None and not bench.get("error"))
 if not error and not bench_ok: error = "bench-engine --backend cuda: " + bench.get("error", "failed")
+if not error and memcheck.startswith("failed"): error = "compute-sanitizer memcheck " + memcheck
 ok = not error and count("failed") == 0 and not not_run and bench_ok
 print(json.dumps({"ok": ok, "gpu": gpu or None, "nvcc": nvcc or None, "cuda_libs": wheels,
                   "build_s": int(build_s), "total_s": int(total_s), "passed": count("passed"),
                   "failed": count("failed"), "skipped": count("skipped"), "tests": tests, "bench": bench,
+                  "memcheck": memcheck,
                   "error": error or None}))
 EOF
 )
