@@ -355,7 +355,8 @@ typedef moeq_err (*moeq_backend_create_fn)(const moeq_backend_config *config, mo
                                            size_t errstr_size);
 moeq_err moeq_backend_register(const char *name, moeq_backend_create_fn create);
 
-/* Comma-separated names of the built-in backends ("cpu" or "cpu,cuda"), for messages and --help. */
+/* Comma-separated names of the built-in backends ("cpu,cpu-device" or "cpu,cuda,cpu-device"), for messages and
+ * --help. */
 const char *moeq_backend_names(void);
 
 /* The reference backend directly (tests, benchmarks); NULL on allocation failure. */

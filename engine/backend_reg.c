@@ -31,6 +31,19 @@ static moeq_err cpu_create(const moeq_backend_config *config, moeq_backend **out
     return MOEQ_OK;
 }
 
+/*
+ * "cpu-device": the CPU backend behind a device's contract (host_visible = 0). The engine then takes the paths a
+ * GPU takes (lm_head into the arena, logits records reduced by the backend, rows brought back by download only
+ * where a reader needs them) and so does the worker's loop, with the CPU's arithmetic: the same tokens as "cpu".
+ * It exists so that those paths run end to end on any machine (tests/test_worker_pipeline.c), not only on a GPU.
+ */
+static moeq_err cpu_device_create(const moeq_backend_config *config, moeq_backend **out, char *errstr,
+                                  size_t errstr_size) {
+    moeq_err err = cpu_create(config, out, errstr, errstr_size);
+    if (!err) (*out)->host_visible = 0;
+    return err;
+}
+
 #ifdef MOEQ_HAVE_CUDA_BACKEND
 #define CUDA_PLUGIN "libmoeq_backend_cuda.so"
 
@@ -80,6 +93,7 @@ static moeq_err cuda_create(const moeq_backend_config *config, moeq_backend **ou
 
 static const backend_entry registry[] = {
     {"cpu", cpu_create},
+    {"cpu-device", cpu_device_create},
 #ifdef MOEQ_HAVE_CUDA_BACKEND
     {"cuda", cuda_create},
 #endif
@@ -110,9 +124,9 @@ moeq_err moeq_backend_register(const char *name, moeq_backend_create_fn create) 
 
 const char *moeq_backend_names(void) {
 #ifdef MOEQ_HAVE_CUDA_BACKEND
-    return "cpu,cuda";
+    return "cpu,cuda,cpu-device";
 #else
-    return "cpu";
+    return "cpu,cpu-device";
 #endif
 }
 

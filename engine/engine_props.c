@@ -33,7 +33,8 @@ const moeq_prop moeq_engine_params_props[] = {
      "never more"},
     {"backend", MOEQ_PROP_STR, P(backend), 0, 0, "cpu",
      "compute backend by name: \"cpu\" (the reference, always built) or \"cuda\" (a build with nvcc and "
-     "cuBLAS; docs/CUDA.md); an unknown name, or cuda in a build without it, fails engine creation"},
+     "cuBLAS; docs/CUDA.md); \"cpu-device\": the CPU behind a GPU's contract (the device paths, for tests); an "
+     "unknown name, or cuda in a build without it, fails engine creation"},
     {"device", MOEQ_PROP_INT, P(device), 0, 1024, "0",
      "device ordinal a device backend (cuda) runs on; one worker process per GPU; ignored by cpu"},
     {"prefix_cache", MOEQ_PROP_BOOL, P(prefix_cache), 0, 1, "true",

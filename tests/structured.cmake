@@ -44,5 +44,10 @@ if(TARGET moeq_worker AND TARGET moeq)
   if(_moeq_st_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_st_defs)
     moeq_add_test(NAME test_worker_structured SOURCES test_worker_structured.c LIBS moeq_worker
       LABELS integration FIXTURES services TIMEOUT 300)
+    # ... with the worker on the CPU behind a GPU's contract: the grammar reads rows the engine brings back
+    add_test(NAME test_worker_structured_on_the_device_contract COMMAND test_worker_structured --backend cpu-device)
+    set_tests_properties(test_worker_structured_on_the_device_contract PROPERTIES LABELS integration
+      SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 300
+      ENVIRONMENT "MOEQ_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR};MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
   endif()
 endif()

@@ -1766,7 +1766,7 @@ static void the_cuda_backend_without_a_device_or_without_cuda_is_a_clear_error(v
     moeq_backend *b = NULL;
     char err[512] = "";
 #ifdef MOEQ_HAVE_CUDA_BACKEND
-    assert_string_equal(moeq_backend_names(), "cpu,cuda");
+    assert_string_equal(moeq_backend_names(), "cpu,cuda,cpu-device");
     char why[200] = "";
     int n = moeq_cuda_device_count(why, sizeof why);
     if (n > 0) bc.device = n; /* a machine with a GPU: an ordinal past the last one is the same path */

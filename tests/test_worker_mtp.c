@@ -78,6 +78,9 @@ typedef struct scenario {
 
 /* ---- set-up -------------------------------------------------------------------- */
 
+/* --backend NAME: the workers' backend (cpu-device: the CPU behind a GPU's contract, the same tokens as cpu) */
+static const char *g_backend = "cpu";
+
 static int open_model(model_ref *m) {
     char cmd[2048], err[512];
     snprintf(m->dir, sizeof m->dir, "%.400s/test-worker-mtp-%s", g_build, m->preset);
@@ -261,8 +264,8 @@ static pid_t start_worker(const scenario *s, const model_ref *m, int mtp_k, int 
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s-w --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
              "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --mtp_k=%d "
-             "--metrics_port=%d 2>>%s/worker-%s.log",
-             g_moeq, m->dir, g_redis, g_kafka, s->ns, s->results, s->ns, mtp_k, metrics_port, g_build, s->ns);
+             "--metrics_port=%d --backend=%s 2>>%s/worker-%s.log",
+             g_moeq, m->dir, g_redis, g_kafka, s->ns, s->results, s->ns, mtp_k, metrics_port, g_backend, g_build, s->ns);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -459,7 +462,8 @@ static void tiny_without_mtp_gives_the_same_tokens(void **state) {
     run_jobs(&g_models[1], 0, 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--backend")) g_backend = argv[2]; /* the workers' (expectations: cpu) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tiny_mtp_with_mtp_gives_what_generate_alone_gives_and_reports_accepted_drafts),
         cmocka_unit_test(tiny_mtp_without_mtp_gives_the_same_tokens),

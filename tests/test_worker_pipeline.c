@@ -19,7 +19,9 @@
  * backend = cuda and the expectations come from generate on a CUDA engine in this process (batch invariance:
  * a job's tokens do not depend on the worker's batch-mates, on either backend); the first cases (results,
  * reclaim after a kill -9, SIGTERM drain) only. Without a device it prints the engine's reason and skips (77)
- * before it looks for the services.
+ * before it looks for the services. `--backend cpu-device` (ctest test_worker_pipeline_on_the_device_contract,
+ * every machine): the same cases with the CPU behind a GPU's contract, so the worker's device paths (logits
+ * records, rows downloaded only for the readers that need them) run end to end here too.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -140,6 +140,10 @@ static void take_result(tjob *jobs, const moeq_result *r) {
     }
 }
 
+/* --backend NAME: the worker's backend (cpu-device: the CPU behind a GPU's contract: the processors read rows the
+ * engine brings back from the backend) */
+static const char *g_backend = "cpu";
+
 static void run(tjob *jobs, int mtp_k, const char *tag) {
     char ns[96], prefix[128], results[128], group[160], cmd[4096];
     moeq_test_unique_name(ns, sizeof ns, tag);
@@ -153,8 +157,9 @@ static void run(tjob *jobs, int mtp_k, const char *tag) {
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s-w --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
-             "--visibility_timeout_ms=5000 --heartbeat_interval_ms=500 --block_ms=100 --mtp_k=%d 2>>%s/worker-%s.log",
-             g_moeq, g_model, g_redis, g_kafka, ns, results, ns, mtp_k, g_build, ns);
+             "--visibility_timeout_ms=5000 --heartbeat_interval_ms=500 --block_ms=100 --mtp_k=%d --backend=%s "
+             "2>>%s/worker-%s.log",
+             g_moeq, g_model, g_redis, g_kafka, ns, results, ns, mtp_k, g_backend, g_build, ns);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -255,7 +260,8 @@ static int group_setup(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--backend")) g_backend = argv[2];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(constrained_jobs_through_the_worker_are_complete_and_mtp_does_not_change_them),
     };

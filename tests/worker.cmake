@@ -12,6 +12,11 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
     LABELS integration FIXTURES services TIMEOUT 240)
   # The same pipeline with workers on the CUDA backend (issue 14): results equal generate on the device, a kill -9
   # reclaimed, SIGTERM drained. Without a device: the engine's reason, skipped (77).
+  # ... and with the CPU behind a GPU's contract (backend = cpu-device): the worker's device paths on every machine.
+  add_test(NAME test_worker_pipeline_on_the_device_contract COMMAND test_worker_pipeline --backend cpu-device)
+  set_tests_properties(test_worker_pipeline_on_the_device_contract PROPERTIES LABELS integration
+    SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 240
+    ENVIRONMENT "MOEQ_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR};MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
   if(MOEQ_HAVE_CUDA_BACKEND)
     add_test(NAME test_worker_pipeline_on_cuda COMMAND test_worker_pipeline --backend cuda)
     set_tests_properties(test_worker_pipeline_on_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE}
@@ -21,6 +26,11 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
   # MTP inside continuous batching: tiny-mtp and tiny, mtp_k on and off, every result equal to generate alone.
   moeq_add_test(NAME test_worker_mtp SOURCES test_worker_mtp.c LIBS moeq_worker
     LABELS integration FIXTURES services TIMEOUT 300)
+  # ... with workers on the CPU behind a GPU's contract: MTP rounds and the prefix cache through the device paths
+  add_test(NAME test_worker_mtp_on_the_device_contract COMMAND test_worker_mtp --backend cpu-device)
+  set_tests_properties(test_worker_mtp_on_the_device_contract PROPERTIES LABELS integration
+    SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 300
+    ENVIRONMENT "MOEQ_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR};MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
   # Issue 15: jobs sharing a 1,000-token instruction through two workers (small preset): generate's tokens,
   # the instruction reused by nearly every job (prefix cache or a running job's fork).
   moeq_add_test(NAME test_worker_prefix SOURCES test_worker_prefix.c LIBS moeq_worker

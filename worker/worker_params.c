@@ -38,7 +38,8 @@ const moeq_prop moeq_worker_props[] = {
      "KV cache capacity in tokens over all sequences"},
     {"n_threads", MOEQ_PROP_INT, P(n_threads), 0, 1024, "0", "engine compute threads; 0 = all cores"},
     {"backend", MOEQ_PROP_STR, P(backend), 0, 0, "cpu",
-     "engine backend: cpu, or cuda in a build with CUDA (docs/CUDA.md); anything else fails the worker's start"},
+     "engine backend: cpu, or cuda in a build with CUDA (docs/CUDA.md); cpu-device: the CPU behind a GPU's contract "
+     "(the device paths on the CPU, for tests); anything else fails the worker's start"},
     {"device", MOEQ_PROP_INT, P(device), 0, 1024, "0",
      "GPU ordinal for backend = cuda; run one worker process per GPU, each with its own device"},
     {"cuda_graphs", MOEQ_PROP_STR, P(cuda_graphs), 0, 0, "off",
