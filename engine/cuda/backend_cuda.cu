@@ -1716,9 +1716,14 @@ static const char *cuda_describe(const moeq_backend *b) {
 
 // The device's memory as the driver counts it (every process on it): used = total - free. 0/0 when it cannot say.
 static void cuda_memory(const moeq_backend *b, size_t *used, size_t *total) {
-    (void)b;
+    const cuda_backend *cb = (const cuda_backend *)b;
     size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0;
+    // the current device is the calling thread's: another thread than the creator's would ask device 0 (and make
+    // a context there, in every worker process of a multi-GPU machine)
+    if (cudaSetDevice(cb->p.device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        free_b = total_b = 0;
+        (void)cudaGetLastError(); // a metric that cannot be read is 0/0, not the next launch's error
+    }
     *used = total_b - free_b;
     *total = total_b;
 }
