@@ -47,7 +47,7 @@ if(TARGET moeq_worker AND TARGET moeq)
     # ... with the worker on the CPU behind a GPU's contract: the grammar reads rows the engine brings back
     add_test(NAME test_worker_structured_on_the_device_contract COMMAND test_worker_structured --backend cpu-device)
     set_tests_properties(test_worker_structured_on_the_device_contract PROPERTIES LABELS integration
-      SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 300
+      SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 300 DEPENDS test_worker_structured
       ENVIRONMENT "MOEQ_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR};MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
   endif()
 endif()

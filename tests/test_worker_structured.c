@@ -157,7 +157,7 @@ static void run(tjob *jobs, int mtp_k, const char *tag) {
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s-w --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
-             "--visibility_timeout_ms=5000 --heartbeat_interval_ms=500 --block_ms=100 --mtp_k=%d --backend=%s "
+             "--visibility_timeout_ms=5000 --heartbeat_interval_ms=500 --block_ms=100 --mtp_k=%d --backend=%s --http_port=0 "
              "2>>%s/worker-%s.log",
              g_moeq, g_model, g_redis, g_kafka, ns, results, ns, mtp_k, g_backend, g_build, ns);
     pid_t pid = fork();

@@ -14,13 +14,14 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
   # reclaimed, SIGTERM drained. Without a device: the engine's reason, skipped (77).
   # ... and with the CPU behind a GPU's contract (backend = cpu-device): the worker's device paths on every machine.
   add_test(NAME test_worker_pipeline_on_the_device_contract COMMAND test_worker_pipeline --backend cpu-device)
+  # (after the CPU run: both write the same model directory when it is missing)
   set_tests_properties(test_worker_pipeline_on_the_device_contract PROPERTIES LABELS integration
-    SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 240
+    SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 240 DEPENDS test_worker_pipeline
     ENVIRONMENT "MOEQ_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR};MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
   if(MOEQ_HAVE_CUDA_BACKEND)
     add_test(NAME test_worker_pipeline_on_cuda COMMAND test_worker_pipeline --backend cuda)
     set_tests_properties(test_worker_pipeline_on_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE}
-      FIXTURES_REQUIRED services TIMEOUT 240
+      FIXTURES_REQUIRED services TIMEOUT 240 DEPENDS test_worker_pipeline
       ENVIRONMENT "MOEQ_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR};MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
   endif()
   # MTP inside continuous batching: tiny-mtp and tiny, mtp_k on and off, every result equal to generate alone.
@@ -29,7 +30,7 @@ if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)
   # ... with workers on the CPU behind a GPU's contract: MTP rounds and the prefix cache through the device paths
   add_test(NAME test_worker_mtp_on_the_device_contract COMMAND test_worker_mtp --backend cpu-device)
   set_tests_properties(test_worker_mtp_on_the_device_contract PROPERTIES LABELS integration
-    SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 300
+    SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} FIXTURES_REQUIRED services TIMEOUT 300 DEPENDS test_worker_mtp
     ENVIRONMENT "MOEQ_SOURCE_DIR=${CMAKE_SOURCE_DIR};MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR};MOEQ_TEST_ENV_FILE=${CMAKE_BINARY_DIR}/test-services/env")
   # Issue 15: jobs sharing a 1,000-token instruction through two workers (small preset): generate's tokens,
   # the instruction reused by nearly every job (prefix cache or a running job's fork).
