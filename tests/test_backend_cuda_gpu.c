@@ -510,17 +510,38 @@ static void logits_records_on_cuda_equal_the_cpu_ops(void **state) {
     pair_free(&p);
 }
 
-/* Three sequences: prefill (two chunks for seq 0), then 4 decode steps; every step's logits rows appended. */
-static float *run_engine(const moeq_model *m, const char *backend, int invariant, int *n_rows_out) {
+/* Engine parameters on backend with the cases' sizes (the rest as moeq_engine_default_params). */
+static moeq_engine_params params_on(const char *backend, int invariant, int max_seqs, int64_t kv_cache_tokens) {
     moeq_engine_params p = moeq_engine_default_params();
     snprintf(p.backend, sizeof p.backend, "%s", backend);
     p.batch_invariant = invariant;
-    p.n_threads = 4;
-    p.max_seqs = 4;
-    p.kv_cache_tokens = 4096;
+    p.max_seqs = max_seqs;
+    p.kv_cache_tokens = kv_cache_tokens;
+    return p;
+}
+
+/* The engine for p, or the case fails naming the backend, its graphs setting and the engine's reason. */
+static moeq_engine *engine_or_fail(const moeq_model *m, const moeq_engine_params *p) {
     moeq_engine *e = NULL;
     char err[512] = "";
-    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine (%s): %s", backend, err);
+    if (moeq_engine_new(m, p, &e, err, sizeof err))
+        fail_msg("engine (%s, cuda_graphs %s): %s", p->backend, p->cuda_graphs, err);
+    return e;
+}
+
+/* The largest of x[0, n) other than x[best]: best's margin over it says whether another backend may choose otherwise. */
+static float runner_up(const float *x, int n, int best) {
+    float second = -INFINITY;
+    for (int i = 0; i < n; i++) second = i != best && x[i] > second ? x[i] : second;
+    return second;
+}
+
+/* Three sequences: prefill (two chunks for seq 0), then 4 decode steps; every step's logits rows appended. */
+static float *run_engine(const moeq_model *m, const char *backend, int invariant, int *n_rows_out) {
+    moeq_engine_params p = params_on(backend, invariant, 4, 4096);
+    p.n_threads = 4;
+    moeq_engine *e = engine_or_fail(m, &p);
+    char err[512] = "";
     int V = m->config.vocab_size, seq[3], rows = 0;
     float *all = malloc((size_t)64 * V * sizeof(float));
     int32_t prompt[3][40];
@@ -566,9 +587,7 @@ static void whole_model_logits_on_cuda_match_the_cpu_engine(void **state) {
             for (int r = 0; r < rc; r++) { /* greedy choices agree wherever the CPU's margin is clear */
                 const float *w = want + (size_t)r * V;
                 int best = argmax(w, V);
-                float second = -INFINITY;
-                for (int i = 0; i < V; i++) second = i != best && w[i] > second ? w[i] : second;
-                if (w[best] - second > 4 * tol) assert_int_equal(argmax(got + (size_t)r * V, V), best);
+                if (w[best] - runner_up(w, V, best) > 4 * tol) assert_int_equal(argmax(got + (size_t)r * V, V), best);
             }
             free(want), free(got);
         }
@@ -580,15 +599,10 @@ static void whole_model_logits_on_cuda_match_the_cpu_engine(void **state) {
  */
 static void greedy_run(const moeq_model *m, const char *backend, int invariant, const int32_t *prompt, int n_prompt,
                        int32_t *tokens, float *margins, float *scale) {
-    moeq_engine_params p = moeq_engine_default_params();
-    snprintf(p.backend, sizeof p.backend, "%s", backend);
-    p.batch_invariant = invariant;
+    moeq_engine_params p = params_on(backend, invariant, 1, 1024);
     p.n_threads = 4;
-    p.max_seqs = 1;
-    p.kv_cache_tokens = 1024;
-    moeq_engine *e = NULL;
+    moeq_engine *e = engine_or_fail(m, &p);
     char err[512] = "";
-    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine (%s): %s", backend, err);
     int V = m->config.vocab_size, seq;
     float *row = malloc((size_t)V * sizeof(float));
     assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
@@ -597,13 +611,9 @@ static void greedy_run(const moeq_model *m, const char *backend, int invariant, 
     for (int t = 0; t < 32; t++) {
         if (moeq_engine_step(e, &it, 1, row, 1, err, sizeof err)) fail_msg("step %d (%s): %s", t, backend, err);
         int best = argmax(row, V);
-        float second = -INFINITY;
-        for (int i = 0; i < V; i++) {
-            second = i != best && row[i] > second ? row[i] : second;
-            *scale = fmaxf(*scale, fabsf(row[i]));
-        }
+        for (int i = 0; i < V; i++) *scale = fmaxf(*scale, fabsf(row[i]));
         tokens[t] = best;
-        margins[t] = row[best] - second;
+        margins[t] = row[best] - runner_up(row, V, best);
         it = (moeq_step_item){seq, &tokens[t], 1, 0};
     }
     free(row);
@@ -658,13 +668,9 @@ static void mtp_on_gives_the_tokens_of_mtp_off_on_the_gpu(void **state) {
     const char *names[2] = {"tiny", "tiny-mtp"};
     for (int mi = 0; mi < 2; mi++) {
         const moeq_model *m = ms[mi];
-        moeq_engine_params p = moeq_engine_default_params();
-        snprintf(p.backend, sizeof p.backend, "%s", gpu_name);
-        p.max_seqs = 2;
-        p.kv_cache_tokens = 2048;
-        moeq_engine *e = NULL;
+        moeq_engine_params p = params_on(gpu_name, 1, 2, 2048);
+        moeq_engine *e = engine_or_fail(m, &p);
         char err[512] = "";
-        if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine: %s", err);
         int V = m->config.vocab_size;
         long long drafted = 0, accepted = 0; /* greedy rounds */
         for (int salt = 0; salt < 3; salt++) {
@@ -704,13 +710,9 @@ static void batch_invariance_holds_on_the_gpu(void **state) {
     (void)state;
     const moeq_model *m = models[0];
     int V = m->config.vocab_size;
-    moeq_engine_params p = moeq_engine_default_params();
-    snprintf(p.backend, sizeof p.backend, "%s", gpu_name);
-    p.max_seqs = 8;
-    p.kv_cache_tokens = 4096;
-    moeq_engine *e = NULL;
+    moeq_engine_params p = params_on(gpu_name, 1, 8, 4096);
+    moeq_engine *e = engine_or_fail(m, &p);
     char err[512] = "";
-    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("%s", err);
     int32_t prompt[300];
     for (int i = 0; i < 300; i++) prompt[i] = (int32_t)((i * 31 + 7) % V);
     float *alone = malloc((size_t)V * 4), *mates = malloc((size_t)8 * V * 4), *chunks = malloc((size_t)V * 4);
@@ -745,15 +747,10 @@ static void batch_invariance_holds_on_the_gpu(void **state) {
  */
 static float *graph_run(const moeq_model *m, const char *graphs, int invariant, int B, int *n_rows_out,
                         char *info, size_t info_size) {
-    moeq_engine_params p = moeq_engine_default_params();
-    snprintf(p.backend, sizeof p.backend, "%s", gpu_name);
+    moeq_engine_params p = params_on(gpu_name, invariant, B, (int64_t)B * 320);
     snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "%s", graphs);
-    p.batch_invariant = invariant;
-    p.max_seqs = B;
-    p.kv_cache_tokens = (int64_t)B * 320;
-    moeq_engine *e = NULL;
+    moeq_engine *e = engine_or_fail(m, &p);
     char err[512] = "";
-    if (moeq_engine_new(m, &p, &e, err, sizeof err)) fail_msg("engine (cuda_graphs %s): %s", graphs, err);
     int V = m->config.vocab_size, rows = 0, *seq = malloc((size_t)B * sizeof(int));
     float *all = malloc((size_t)4 * B * V * sizeof(float));
     int32_t *prompt = malloc(300 * sizeof(int32_t)), *tok = malloc((size_t)B * sizeof(int32_t));
