@@ -57,6 +57,7 @@ typedef struct cpu_backend {
     atomic_llong held_bytes;   /* what alloc() handed out and release() has not taken back */
     float **scores;    /* [n_threads] GROUP * head block * (max_ctx + 1) */
     void **attn_ws;    /* [n_threads] the AMX attention's workspace, grown by its own thread */
+    int attn_hb;       /* the current attention call's heads per task */
     size_t *attn_ws_bytes;
     int64_t *task_end; /* [max_jobs] prefix sums of tasks per job */
     moeq_mm_job *moe_jobs; /* [max_jobs] moe_experts' GEMMs */
@@ -287,7 +288,7 @@ static void *attn_ws(cpu_backend *cb, int worker, const moeq_mla_params *a, size
 static void attn_task(void *ctx, int64_t task, int worker) {
     cpu_backend *cb = ctx;
     const moeq_mla_params *a = cb->attn;
-    const int hb = attn_head_block(cb);
+    const int hb = cb->attn_hb;
     int64_t n_hb = ceil_div(a->n_heads, hb), g = task / n_hb;
     int h0 = (int)(task % n_hb) * hb;
     int h1 = h0 + hb < a->n_heads ? h0 + hb : a->n_heads;
@@ -320,7 +321,15 @@ static void cpu_attention(moeq_backend *b, const moeq_mla_params *args) {
         if (!joins) cb->attn_group[n_groups++] = t;
     }
     if (cb->attn_grouped) cb->attn_group[n_groups] = args->n_tok;
-    moeq_pool_run(cb->pool, attn_task, cb, n_groups * ceil_div(args->n_heads, attn_head_block(cb)));
+    /* Fewer tasks than threads (a decode of one sequence, a verify step's group of tokens): AMX's head blocks
+     * cut finer so every thread takes a share; each task splits the cached rows itself, but in parallel.
+     * A (token, head) column's bits do not depend on which columns share its tiles (attention_amx.h). */
+    cb->attn_hb = attn_head_block(cb);
+    if (cb->p.amx && n_groups > 0 && n_groups * ceil_div(args->n_heads, cb->attn_hb) < cb->p.n_threads) {
+        int64_t parts = ceil_div(cb->p.n_threads, n_groups);
+        cb->attn_hb = (int)ceil_div(args->n_heads, parts);
+    }
+    moeq_pool_run(cb->pool, attn_task, cb, n_groups * ceil_div(args->n_heads, cb->attn_hb));
 }
 
 
