@@ -94,11 +94,11 @@ static double matmul_flops_per_token(const moeq_model_config *c) {
     double dense = 3.0 * D * c->intermediate_size;
     double moe = (double)(c->num_experts_per_tok + c->n_shared_experts) * 3.0 * D * c->moe_intermediate_size +
                  D * c->n_routed_experts;
-    /* which layers are MoE: the rule of engine/model.c (first_k_dense_replace may exceed the layer count:
-     * the bench-mtp preset's 1000 made this count negative) */
+    /* which layers are MoE: the rule of engine/model.c (moeq_model_layer_is_moe, internal; the loader bounds
+     * moe_layer_freq to >= 1). first_k_dense_replace may exceed the layer count: the bench-mtp preset's 1000. */
     int L = c->num_hidden_layers, n_moe = 0;
     for (int i = 0; i < L; i++)
-        n_moe += c->n_routed_experts > 0 && i >= c->first_k_dense_replace && i % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
+        n_moe += c->n_routed_experts > 0 && i >= c->first_k_dense_replace && i % c->moe_layer_freq == 0;
     return 2.0 * (L * attn + (double)(L - n_moe) * dense + (double)n_moe * moe);
 }
 
