@@ -50,10 +50,19 @@ static int weight_make(weight *w, moeq_dtype dt, int64_t rows, int64_t cols) {
         case MOEQ_DTYPE_BF16: ((uint16_t *)w->data)[i] = (uint16_t)(bits >> 16); break;
         case MOEQ_DTYPE_F16: ((uint16_t *)w->data)[i] = 0x2000 | (uint16_t)(rng_state & 0x3ff); break;
         case MOEQ_DTYPE_F8_E4M3: ((uint8_t *)w->data)[i] = (uint8_t)((rng_state >> 9) & 0x77); break;
+        case MOEQ_DTYPE_Q8R: ((uint8_t *)w->data)[i] = (uint8_t)(1 + (rng_state >> 9) % 255); break;
         }
     }
     w->t = (moeq_tensor){.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = w->data,
                          .nbytes = n * es};
+    if (dt == MOEQ_DTYPE_Q8R) { /* a draft copy: one scale per row */
+        w->scales = malloc((size_t)rows * sizeof(float));
+        if (!w->scales) return -1;
+        for (int64_t i = 0; i < rows; i++) w->scales[i] = 0.001f + 0.0001f * (float)(i % 7);
+        w->scale = (moeq_tensor){.name = "s", .dtype = MOEQ_DTYPE_F32, .ndim = 1, .shape = {rows},
+                                 .data = w->scales, .nbytes = (size_t)rows * sizeof(float)};
+        w->t.scale_inv = &w->scale;
+    }
     if (dt == MOEQ_DTYPE_F8_E4M3) {
         int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
         w->scales = malloc((size_t)(rb * cb) * sizeof(float));
@@ -77,6 +86,7 @@ static const char *dtype_name(moeq_dtype dt) {
     case MOEQ_DTYPE_BF16: return "bf16";
     case MOEQ_DTYPE_F16: return "f16";
     case MOEQ_DTYPE_F8_E4M3: return "f8";
+    case MOEQ_DTYPE_Q8R: return "q8r";
     }
     return "?";
 }
@@ -151,22 +161,25 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < (int64_t)max_tok * cols; i++) x[i] = urand();
     moeq_dtype dts[] = {MOEQ_DTYPE_BF16, MOEQ_DTYPE_F8_E4M3, MOEQ_DTYPE_F16, MOEQ_DTYPE_F32};
     int first = 1;
-    /* invariant on the float32 lanes, invariant on AMX tiles where the CPU has them, then OpenBLAS */
-    for (int mode = 0; mode < 3; mode++) {
-        int inv = mode < 2, amx = mode == 1;
-        if ((amx && !moeq_engine_cpu_amx()) || (!inv && inv_min)) continue;
+    /* invariant on the float32 lanes, invariant on AMX tiles where the CPU has them, then OpenBLAS; last the
+     * draft products (Q8R copies on AVX512-VNNI int8 dot products, where the CPU has them) */
+    for (int mode = 0; mode < 4; mode++) {
+        int inv = mode != 2, amx = mode == 1, draft = mode == 3;
+        if ((amx && !moeq_engine_cpu_amx()) || (!inv && inv_min) || (draft && !moeq_engine_cpu_draft())) continue;
         moeq_backend_config cfg = {.n_threads = n_threads, .batch_invariant = inv, .blas_min_tokens = 16,
                                    .max_k = cols, .max_ctx = 64, .max_jobs = 4, .max_tokens = max_tok, .amx = amx};
         moeq_backend *b = moeq_backend_cpu_new(&cfg);
         if (!b) return 1;
         for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
             weight w;
-            if (weight_make(&w, dts[d], rows, cols)) return 1;
+            moeq_dtype dt = draft ? MOEQ_DTYPE_Q8R : dts[d];
+            if (draft && dts[d] != MOEQ_DTYPE_F8_E4M3) continue; /* once, in place of F8 */
+            if (weight_make(&w, dt, rows, cols)) return 1;
             for (int i = 0; i < n_toks; i++) {
                 double pc, g = kernel_gflops(b, &w, toks[i], x, y, min_s, &pc);
                 printf("%s\n    {\"batch_invariant\": %d, \"path\": \"%s\", \"dtype\": \"%s\", \"tokens\": %d, "
                        "\"gflops\": %.1f, \"gflops_per_cpu_s\": %.1f}",
-                       first ? "" : ",", inv, amx ? "amx" : inv ? "lanes" : "openblas", dtype_name(dts[d]), toks[i], g, pc);
+                       first ? "" : ",", inv, draft ? "draft" : amx ? "amx" : inv ? "lanes" : "openblas", dtype_name(dt), toks[i], g, pc);
                 first = 0;
                 fflush(stdout);
             }

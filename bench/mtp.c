@@ -12,8 +12,8 @@
  * (round 0 of each lane is a warm-up, not timed). Interleaving round by
  * round makes every k see the same machine load, so the speedups (ratios
  * of tokens/s within a batch size) hold on a shared, noisy machine even
- * when the absolute figures do not. `--mtp-draft f8,exact` runs each k > 0
- * twice, once per engine key mtp_draft (default f8 alone), in the same
+ * when the absolute figures do not. `--mtp-draft f8,e4m3,exact` runs each
+ * k > 0 once per engine key mtp_draft listed (default f8 alone), in the same
  * lockstep. `--repeat R` runs the whole comparison
  * R times and reports the median of each figure. Use a checkpoint with an
  * MTP layer: `moeq gen-model --preset bench-mtp` (agrees by construction)
@@ -30,18 +30,20 @@ typedef struct args {
     const char *model;
     int n_threads, tokens, prompt, repeat;
     int batches[8], n_batches, ks[8], n_ks;
-    char drafts[2][8]; /* --mtp-draft: engine key mtp_draft of the k > 0 lanes */
+    char drafts[3][8]; /* --mtp-draft: engine key mtp_draft of the k > 0 lanes */
     const char *cpu_matrix; /* --cpu-matrix: engine key cpu_matrix (default auto) */
     int n_drafts;
     int n_lanes, lane_k[8], lane_draft[8]; /* the lanes: each k, each draft mode for k > 0 */
 } args;
 
-/* "f8", "exact" or "f8,exact" into a->drafts. */
+/* Up to three of "f8", "e4m3" and "exact", comma-separated, into a->drafts. */
 static int parse_drafts(const char *v, args *a) {
     a->n_drafts = 0;
-    for (const char *s = v; *s && a->n_drafts < 2;) {
+    for (const char *s = v; *s && a->n_drafts < 3;) {
         size_t n = strcspn(s, ",");
-        if (!((n == 2 && !strncmp(s, "f8", 2)) || (n == 5 && !strncmp(s, "exact", 5)))) return -1;
+        if (!((n == 2 && !strncmp(s, "f8", 2)) || (n == 4 && !strncmp(s, "e4m3", 4)) ||
+              (n == 5 && !strncmp(s, "exact", 5))))
+            return -1;
         snprintf(a->drafts[a->n_drafts++], sizeof a->drafts[0], "%.*s", (int)n, s);
         s += n + (s[n] == ',');
     }
@@ -251,7 +253,7 @@ int main(int argc, char **argv) {
     args a;
     if (parse(argc, argv, &a)) {
         fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3] [--tokens N] "
-                        "[--repeat R (1-15)] [--mtp-draft f8|exact|f8,exact] [--cpu-matrix auto|lanes|amx]\n");
+                        "[--repeat R (1-15)] [--mtp-draft f8|e4m3|exact|f8,e4m3,exact] [--cpu-matrix auto|lanes|amx]\n");
         return 2;
     }
     moeq_model *model = NULL;

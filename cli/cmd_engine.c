@@ -36,8 +36,10 @@ static void generate_usage(FILE *out) {
                  "                      {\"k\",\"drafted\",\"accepted\",\"acceptance\",\"steps\"}\n"
                  "  --mtp-rejection     with --mtp and sampling: speculative rejection sampling (the\n"
                  "                      same distribution, other tokens) instead of the exact mode\n"
-                 "  --mtp-draft W       the weights drafts are made with: f8 (default: F8 copies of the\n"
-                 "                      MTP layer's projections and head) or exact; the same tokens\n"
+                 "  --mtp-draft W       the weights drafts are made with: f8 (default: 8-bit copies of\n"
+                 "                      the MTP layer's projections and head, int8 rows where the CPU\n"
+                 "                      has AVX512-VNNI, else F8 E4M3), e4m3 (F8 E4M3 copies) or\n"
+                 "                      exact; the same tokens\n"
                  "  --max-model-len N   context: prompt + max-new-tokens at most N (default 0 = the\n"
                  "                      model's max_position_embeddings, never more); refused, not cut\n"
                  "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}; text is\n"
@@ -47,10 +49,10 @@ static void generate_usage(FILE *out) {
 
 static void logits_usage(FILE *out) {
     fprintf(out, "usage: moeq logits --model DIR --tokens 1,2,3 [--top K] [--threads N] [--mtp 1]\n"
-                 "                   [--mtp-draft exact|f8] [--backend cpu|cuda] [--device N]\n"
+                 "                   [--mtp-draft exact|f8|e4m3] [--backend cpu|cuda] [--device N]\n"
                  "\n"
                  "--mtp 1 adds \"mtp_positions\": the MTP layer's logits at every position but the last\n"
-                 "(with its own weights; --mtp-draft f8: with the F8 copies drafts use).\n"
+                 "(with its own weights; --mtp-draft f8 or e4m3: with the 8-bit copies drafts use).\n"
                  "Prints every position's K best ids and logits (default 5), best first;\n"
                  "--top 0 prints all vocab_size logits of every position in id order (%%.9g).\n");
 }

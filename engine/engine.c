@@ -156,9 +156,9 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
     if (!strcmp(p->cpu_matrix, "amx") && !moeq_engine_cpu_amx())
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "cpu_matrix = amx, but this CPU cannot run AMX tiles: %s", moeq_engine_cpu_amx_describe());
-    if (strcmp(p->mtp_draft, "exact") && strcmp(p->mtp_draft, "f8"))
+    if (strcmp(p->mtp_draft, "exact") && strcmp(p->mtp_draft, "f8") && strcmp(p->mtp_draft, "e4m3"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
-                         "mtp_draft \"%.8s\": the choices are exact and f8", p->mtp_draft);
+                         "mtp_draft \"%.8s\": the choices are exact, f8 and e4m3", p->mtp_draft);
     if (p->max_model_len > c->max_position_embeddings)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "max_model_len %d exceeds the model's max_position_embeddings %d", p->max_model_len,

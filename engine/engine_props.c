@@ -50,10 +50,11 @@ const moeq_prop moeq_engine_params_props[] = {
      "the same bits on every x86 CPU) or \"amx\" (fails where there is no AMX); each is batch-invariant, "
      "their bits differ"},
     {"mtp_draft", MOEQ_PROP_STR, P(mtp_draft), 0, 0, "f8",
-     "the weights MTP drafts are made with: \"f8\" (an F8 E4M3 copy with 128x128 block scales of the MTP "
-     "layer's projections and head that are not F8 already: about half of a BF16 draft's bytes; host backends "
-     "only, elsewhere exact) or \"exact\" (the checkpoint's weights); a draft is only a proposal that the main "
-     "model verifies, so the emitted tokens are the same either way (docs/MTP.md)"},
+     "the weights MTP drafts are made with: \"f8\" (8-bit copies of the MTP layer's projections and head, "
+     "about half of a BF16 draft's bytes, on host backends (elsewhere exact): int8 rows with exact int32 sums "
+     "where the CPU has AVX512-VNNI, else F8 E4M3 with 128x128 block scales), \"e4m3\" (the F8 E4M3 copies "
+     "everywhere) or \"exact\" (the checkpoint's weights); a draft is only a proposal that the main model "
+     "verifies, so the emitted tokens are the same either way (docs/MTP.md)"},
     {"cuda_graphs", MOEQ_PROP_STR, P(cuda_graphs), 0, 0, "off",
      "CUDA graphs for decode steps of up to 256 sequences: \"off\", \"auto\" (where the backend has them) or "
      "\"on\" (fails on a backend without them: cpu). A step is padded to its bucket (1, 2, 4, ..., 256 tokens), "

@@ -41,7 +41,7 @@
 struct moeq_mtp_state {
     const moeq_layer *layer;   /* model->mtp_layers[0], or draft with F8 copies */
     moeq_layer draft;          /* mtp_draft = f8: the layer with its copies   */
-    moeq_tensor *f8[16];       /* the copies (one allocation each)            */
+    moeq_tensor *f8[16];       /* the draft copies (one allocation each)      */
     int n_f8;
     moeq_layer_vecs vecs;
     float *enorm, *hnorm, *head_norm; /* [D] widened                       */
@@ -65,15 +65,23 @@ struct moeq_mtp_state {
 static float *widen(moeq_engine *e, const moeq_tensor *t) { return moeq_forward_widen(e, t); }
 
 int moeq_mtp_draft_f8(const moeq_engine *e) {
-    return !strcmp(e->params.mtp_draft, "f8") && e->backend->host_visible && e->model->n_mtp_layers > 0;
+    return (!strcmp(e->params.mtp_draft, "f8") || !strcmp(e->params.mtp_draft, "e4m3")) && e->backend->host_visible &&
+           e->model->n_mtp_layers > 0;
 }
 
-/* *slot as an F8 copy when it is a weight the copy can hold and not F8 already (NULL and F8 stay). */
-static moeq_err f8_copy(moeq_mtp_state *m, const moeq_tensor **slot) {
+/*
+ * *slot as a draft copy: Q8R for mtp_draft = f8 where the CPU backend has the int8 draft kernels
+ * (cpu/ops_draft.h), of F8 weights too (the originals' pages are then never read); else (or e4m3) F8 E4M3,
+ * F8 weights staying as they are.
+ * NULL stays.
+ */
+static moeq_err draft_copy(const moeq_engine *e, moeq_mtp_state *m, const moeq_tensor **slot) {
     const moeq_tensor *t = *slot;
-    if (!t || t->dtype == MOEQ_DTYPE_F8_E4M3 || t->ndim != 2) return MOEQ_OK;
+    if (!t || t->ndim != 2) return MOEQ_OK;
+    const int q8 = !strcmp(e->params.mtp_draft, "f8") && moeq_engine_cpu_draft() && moeq_tensor_cols(t) <= MOEQ_Q8R_MAX_COLS;
+    if (!q8 && t->dtype == MOEQ_DTYPE_F8_E4M3) return MOEQ_OK;
     if (m->n_f8 == (int)(sizeof m->f8 / sizeof m->f8[0])) return MOEQ_ERR_INTERNAL;
-    moeq_tensor *c = moeq_tensor_f8_copy(t);
+    moeq_tensor *c = q8 ? moeq_tensor_q8r_copy(t) : moeq_tensor_f8_copy(t);
     if (!c) return MOEQ_ERR_NOMEM;
     m->f8[m->n_f8++] = c;
     *slot = c;
@@ -82,9 +90,10 @@ static moeq_err f8_copy(moeq_mtp_state *m, const moeq_tensor **slot) {
 
 /*
  * mtp_draft = f8: the layer's dense projections (attention, dense MLP or shared experts, eh_proj) and the
- * head as F8 copies. A draft reads about half the bytes of a BF16 one, and its bytes are what a k = 1 round
- * pays on top of the verify step. kv_b_proj (the absorbed attention's NN products), the router and the routed
- * experts stay as they are. Made when the first sequence is marked (an engine that never drafts, as
+ * head as 8-bit copies: Q8R (int8 rows, exact int32 sums) where the CPU backend has AVX512-VNNI, else F8
+ * E4M3 (mtp_draft = e4m3: F8 E4M3 everywhere). A draft reads about half the bytes of a BF16 one, and its bytes are what a k = 1 round pays on top
+ * of the verify step; the int8 kernels stream them at 1-2 rows where F8 on AMX tiles cannot. kv_b_proj (the
+ * absorbed attention's NN products), the router and the routed experts stay as they are. Made when the first sequence is marked (an engine that never drafts, as
  * bench-engine's or a worker's with mtp_k = 0, spends neither the time nor the memory), before any MTP entry
  * exists; every MTP pass after that (drafts, pending entries computed by a main step) uses the same copies, so
  * the MTP cache is consistent. The copies only move drafts, never an emitted token. All or nothing.
@@ -97,7 +106,7 @@ static moeq_err make_draft_layer(moeq_engine *e, moeq_mtp_state *m) {
                                    &d.shared.gate_proj, &d.shared.up_proj, &d.shared.down_proj, &d.eh_proj,
                                    &head};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
-        moeq_err err = f8_copy(m, slots[i]);
+        moeq_err err = draft_copy(e, m, slots[i]);
         if (err) {
             for (int j = 0; j < m->n_f8; j++) free(m->f8[j]);
             m->n_f8 = 0;
@@ -112,7 +121,8 @@ static moeq_err make_draft_layer(moeq_engine *e, moeq_mtp_state *m) {
 
 size_t moeq_mtp_draft_f8_bytes(const moeq_engine *e) {
     size_t bytes = 0;
-    for (int i = 0; e->mtp && i < e->mtp->n_f8; i++) bytes += e->mtp->f8[i]->nbytes + e->mtp->f8[i]->scale_inv->nbytes;
+    for (int i = 0; e->mtp && i < e->mtp->n_f8; i++)
+        bytes += e->mtp->f8[i]->nbytes + e->mtp->f8[i]->scale_inv->nbytes;
     return bytes;
 }
 

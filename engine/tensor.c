@@ -23,6 +23,7 @@ size_t moeq_dtype_size(moeq_dtype dtype) {
     case MOEQ_DTYPE_BF16: return 2;
     case MOEQ_DTYPE_F16: return 2;
     case MOEQ_DTYPE_F8_E4M3: return 1;
+    case MOEQ_DTYPE_Q8R: return 1;
     }
     return 0;
 }
@@ -34,6 +35,7 @@ const char *moeq_dtype_name(moeq_dtype dtype) {
     case MOEQ_DTYPE_BF16: return "BF16";
     case MOEQ_DTYPE_F16: return "F16";
     case MOEQ_DTYPE_F8_E4M3: return "F8_E4M3";
+    case MOEQ_DTYPE_Q8R: return "Q8R"; /* never in a file: draft copies */
     }
     return "?";
 }
@@ -172,6 +174,44 @@ moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src) {
     return t;
 }
 
+moeq_tensor *moeq_tensor_q8r_copy(const moeq_tensor *src) {
+    const int64_t rows = src->shape[0], cols = moeq_tensor_cols(src);
+    if (src->ndim != 2 || cols < 1 || cols > MOEQ_Q8R_MAX_COLS) return NULL;
+    const size_t head = (2 * sizeof(moeq_tensor) + 63) / 64 * 64, sbytes = (size_t)rows * sizeof(float);
+    const size_t qbytes = (size_t)((rows + 15) / 16 * moeq_q8r_quads(cols) * 64);
+    uint8_t *mem = NULL;
+    float *wide = malloc((size_t)cols * sizeof(float));
+    if (!wide || posix_memalign((void **)&mem, 64, head + (sbytes + 63) / 64 * 64 + qbytes)) {
+        free(wide);
+        return NULL;
+    }
+    moeq_tensor *t = (moeq_tensor *)(void *)mem, *sc = t + 1;
+    float *scales = (float *)(void *)(mem + head);
+    uint8_t *q = mem + head + (sbytes + 63) / 64 * 64;
+    memset(q, 128, qbytes); /* padding: code 0 */
+    *sc = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F32, .ndim = 1, .shape = {rows}, .data = scales,
+                        .nbytes = sbytes};
+    *t = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_Q8R, .ndim = 2, .shape = {rows, cols}, .data = q,
+                       .nbytes = qbytes, .scale_inv = sc};
+    for (int64_t r = 0; r < rows; r++) {
+        moeq_tensor_rows_to_f32(src, r, 1, wide);
+        float amax = 0.0f;
+        int finite = 1;
+        for (int64_t c = 0; c < cols; c++) {
+            finite &= isfinite(wide[c]) != 0;
+            amax = fmaxf(amax, fabsf(wide[c]));
+        }
+        scales[r] = !finite ? NAN : amax / 127.0f;
+        float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int64_t c = 0; c < cols; c++) {
+            float v = finite ? rintf(wide[c] * inv) : 0.0f;
+            q[moeq_q8r_at(cols, r, c)] = (uint8_t)(128 + (int)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v));
+        }
+    }
+    free(wide);
+    return t;
+}
+
 void moeq_bf16_to_f32_row(const uint16_t *in, float *out, size_t n) {
     uint32_t *o = (uint32_t *)(void *)out;
     for (size_t i = 0; i < n; i++) o[i] = (uint32_t)in[i] << 16;
@@ -210,6 +250,14 @@ void moeq_tensor_rows_to_f32(const moeq_tensor *t, int64_t row0, int64_t n_rows,
             break;
         }
         for (int64_t r = 0; r < n_rows; r++) f8_row_to_f32(t, row0 + r, cols, out + r * cols);
+        break;
+    case MOEQ_DTYPE_Q8R:
+        for (int64_t r = 0; r < n_rows; r++) {
+            const uint8_t *q = (const uint8_t *)t->data;
+            float scale = ((const float *)t->scale_inv->data)[row0 + r];
+            for (int64_t c = 0; c < cols; c++)
+                out[r * cols + c] = (float)((int)q[moeq_q8r_at(cols, row0 + r, c)] - 128) * scale;
+        }
         break;
     }
 }

@@ -16,6 +16,8 @@ typedef enum moeq_dtype {
     MOEQ_DTYPE_BF16,
     MOEQ_DTYPE_F16,
     MOEQ_DTYPE_F8_E4M3,   /* with a block-scale tensor (weight_scale_inv), 128x128 blocks */
+    MOEQ_DTYPE_Q8R,       /* draft copies only (moeq_tensor_q8r_copy): int8 codes q stored as q + 128 in
+                           * 16-row groups, one float32 scale per row (scale_inv [rows]): weight = q * scale */
 } moeq_dtype;
 
 /* Bytes per element (F8: 1). */
@@ -31,7 +33,7 @@ typedef struct moeq_tensor {
     int64_t shape[4];
     const void *data;        /* into the mmapped file                        */
     size_t nbytes;
-    /* F8_E4M3 only: float32 [ceil(rows/128), ceil(cols/128)], weight = q * scale_inv */
+    /* F8_E4M3: float32 [ceil(rows/128), ceil(cols/128)], weight = q * scale_inv; Q8R: float32 [rows] */
     const struct moeq_tensor *scale_inv;
 } moeq_tensor;
 
@@ -79,6 +81,24 @@ void moeq_f8_quantize_rows(const float *vals, int64_t n_rows, int64_t cols, cons
 /* An F8 E4M3 copy of 2-D weight src with those block scales, in one allocation that free() releases; NULL
  * when memory cannot be had. (MTP drafts, mtp_draft = f8.) */
 moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src);
+
+/*
+ * A Q8R copy of 2-D weight src (cols <= MOEQ_Q8R_MAX_COLS) in one allocation that free() releases; NULL when
+ * memory cannot be had. Each row's scale is its largest |value| / 127 (0 for an all-zero row; NaN when the
+ * row holds a non-finite value, whose codes are then 0), its codes round(value / scale) to nearest even.
+ * The codes are laid out for int8 dot products over 16 rows at once: rows in groups of 16 (the last padded),
+ * columns in quads (padded to a multiple of 4 with code 0); group g, quad j is 64 bytes at
+ * (g * quads + j) * 64, row r's four codes at (r % 16) * 4. moeq_tensor_rows_to_f32 reads it.
+ * The draft copies of mtp_draft = f8 where the CPU backend has the draft kernels (cpu/ops_draft.h): int8
+ * sums are exact, so every kernel shape and instruction set gives the same bits.
+ */
+#define MOEQ_Q8R_MAX_COLS 65536 /* (q + 128) * 127 summed over a row stays inside int32 */
+static inline int64_t moeq_q8r_quads(int64_t cols) { return (cols + 3) / 4; }
+/* The byte of row r, column c in a Q8R tensor's data. */
+static inline size_t moeq_q8r_at(int64_t cols, int64_t r, int64_t c) {
+    return (size_t)(((r / 16) * moeq_q8r_quads(cols) + c / 4) * 64 + (r % 16) * 4 + c % 4);
+}
+moeq_tensor *moeq_tensor_q8r_copy(const moeq_tensor *src);
 
 /* Row helpers: widen n contiguous values to float32 (F8: times scale). */
 void moeq_bf16_to_f32_row(const uint16_t *in, float *out, size_t n);

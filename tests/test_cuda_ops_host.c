@@ -276,6 +276,7 @@ static void fake_weight_make(fake_weight *f, moeq_dtype dt, int64_t rows, int64_
             case MOEQ_DTYPE_F8_E4M3:
                 ((uint8_t *)f->data)[i] = moeq_f32_to_f8_e4m3(v / f->sdata[(r / 128) * cb + c / 128]);
                 break;
+            case MOEQ_DTYPE_Q8R: break; /* made by moeq_tensor_q8r_copy, not here */
             }
         }
 }

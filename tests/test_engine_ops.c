@@ -30,6 +30,7 @@
 #include "moe_route.h"
 #include "ops.h"
 #include "ops_amx.h"
+#include "ops_draft.h"
 #include "ops_matmul.h"
 #include "rope.h"
 #include "sampler.h"
@@ -75,6 +76,7 @@ static void fake_weight_make(fake_weight *f, moeq_dtype dt, int rows, int cols) 
             case MOEQ_DTYPE_F8_E4M3:
                 ((uint8_t *)f->data)[i] = moeq_f32_to_f8_e4m3(v[i] / f->sdata[(r / 128) * cb + c / 128]);
                 break;
+            case MOEQ_DTYPE_Q8R: break; /* made by moeq_tensor_q8r_copy, not here */
             }
         }
     free(v);
@@ -348,6 +350,158 @@ static void kernel_output_of_an_element_never_depends_on_its_block(void **state)
     }
     free(x), free(all), free(y);
     fake_weight_free(&f);
+}
+
+/* ---- the draft products (ops_draft.h): Q8R copies, int8 sums; every CPU (the emulation where VNNI is missing) ---- */
+
+/* A Q8R copy of an F32 weight of rows x cols values v (row 1 all zero, row 2 with a NaN when nan_row). */
+static moeq_tensor *q8r_of(int rows, int cols, int nan_row, float **deq) {
+    fake_weight f;
+    fake_weight_make(&f, MOEQ_DTYPE_F32, rows, cols);
+    float *v = f.data;
+    for (int c = 0; c < cols; c++) v[1 * cols + c] = 0.0f;
+    if (nan_row) v[2 * cols + cols / 2] = NAN;
+    moeq_tensor *q = moeq_tensor_q8r_copy(&f.t);
+    assert_non_null(q);
+    if (deq) {
+        *deq = malloc((size_t)rows * cols * sizeof(float));
+        moeq_tensor_rows_to_f32(q, 0, rows, *deq);
+    }
+    /* each code is the value over its row's scale rounded to nearest: within half a step */
+    const float *sc = q->scale_inv->data;
+    for (int r = 0; r < rows; r++) {
+        if (r == 1) assert_true(sc[r] == 0.0f);
+        if (r == 2 && nan_row) {
+            assert_true(isnan(sc[r]));
+            continue;
+        }
+        for (int c = 0; c < cols; c++) {
+            int code = ((const uint8_t *)q->data)[moeq_q8r_at(cols, r, c)] - 128;
+            assert_true(code >= -127 && code <= 127);
+            assert_true(fabsf((float)code * sc[r] - v[(size_t)r * cols + c]) <= 0.5001f * sc[r]);
+        }
+    }
+    fake_weight_free(&f);
+    return q;
+}
+
+/*
+ * The kernel gives the emulation's bits for K a multiple of 64 or not, 1-17 tokens (passes of 8, partial ones),
+ * rows cut anywhere (register blocks of stretches and the rows left over, a job at a row offset), every
+ * workspace size down to none; tokens that are all zero, hold a NaN or an infinity, or are tiny; a NaN row of
+ * the weight gives NaN and an all-zero row 0. Nothing outside the block is written.
+ */
+static void draft_products_match_their_emulation_bit_for_bit(void **state) {
+    (void)state;
+    if (!moeq_draft_supported()) print_message("draft kernels: %s (checking the emulation alone)\n", moeq_draft_describe());
+    static const int colss[] = {32, 100, 1088};
+    static const int toks[] = {1, 2, 3, 5, 8, 9, 17};
+    static const int blocks[][2] = {{0, 295}, {0, 1}, {0, 7}, {3, 77}, {120, 140}, {280, 295}};
+    int rows = 300;
+    for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
+        int cols = colss[ci];
+        moeq_tensor *w = q8r_of(rows, cols, 1, NULL);
+        for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+            int T = toks[ti];
+            float *x = rand_floats((size_t)T * cols);
+            if (T > 2) memset(x + cols, 0, (size_t)cols * 4);                  /* token 1: zeros */
+            if (T > 3) x[2 * cols + 5] = NAN, x[3 * cols + 1] = INFINITY;      /* tokens 2, 3 */
+            if (T > 5) for (int k = 0; k < cols; k++) x[4 * cols + k] *= 1e-30f; /* token 4: tiny */
+            float *want = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
+            moeq_mm_job j = {w, 1, rows - 1, x, cols, want, rows, T}; /* rows 1.. of the weight: 1 zero, 2 NaN */
+            moeq_draft_nt_block_ref(&j, 0, rows - 1, 0, T);
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < rows - 1; r++) {
+                    float v = want[t * rows + r];
+                    if ((T > 3 && (t == 2 || t == 3)) || r == 1) assert_true(isnan(v));
+                    else if ((T > 2 && t == 1) || r == 0) assert_true(v == 0.0f);
+                    else assert_true(isfinite(v));
+                }
+            size_t wsb = moeq_draft_ws_bytes(cols), sizes[] = {wsb, wsb / 3, 200 + 2 * (size_t)cols, 0};
+            void *ws = aligned_alloc(64, (wsb + 63) / 64 * 64);
+            for (size_t z = 0; z < 4; z++)
+                for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+                    int n0 = blocks[b][0], n1 = blocks[b][1];
+                    memset(got, 0xff, (size_t)T * rows * 4);
+                    j.y = got;
+                    moeq_draft_nt_block(&j, n0, n1, 0, T, sizes[z] ? ws : NULL, sizes[z]);
+                    for (int t = 0; t < T; t++)
+                        for (int r = 0; r < rows; r++) {
+                            uint32_t gb, wb;
+                            memcpy(&gb, &got[t * rows + r], 4), memcpy(&wb, &want[t * rows + r], 4);
+                            if (r < n0 || r >= n1) assert_int_equal(gb, 0xffffffffu);
+                            else assert_int_equal(gb, wb);
+                        }
+                }
+            free(ws), free(x), free(want), free(got);
+        }
+        free(w);
+    }
+}
+
+/* Against float64 on the copy's own values: the activation split leaves at most max|x| / (127 * 508) per
+ * value, the float32 steps 1e-6 of the magnitude sum. */
+static void draft_products_are_within_the_int8_tolerance(void **state) {
+    (void)state;
+    int rows = 130, cols = 2048, T = 11;
+    float *deq;
+    moeq_tensor *w = q8r_of(rows, cols, 0, &deq);
+    float *x = rand_floats((size_t)T * cols), *y = malloc((size_t)T * rows * 4);
+    for (int k = 0; k < cols; k += 97) x[k] *= 300.0f; /* an outlier channel in token 0 */
+    size_t wsb = moeq_draft_ws_bytes(cols);
+    void *ws = aligned_alloc(64, (wsb + 63) / 64 * 64);
+    moeq_mm_job j = {w, 0, rows, x, cols, y, rows, T};
+    moeq_draft_nt_block(&j, 0, rows, 0, T, ws, wsb);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        double amax = 0;
+        for (int k = 0; k < cols; k++) amax = fmax(amax, fabs((double)x[t * cols + k]));
+        for (int r = 0; r < rows; r++) {
+            double ref = 0, mag = 0, wsum = 0;
+            for (int k = 0; k < cols; k++) {
+                double p = (double)x[t * cols + k] * deq[(size_t)r * cols + k];
+                ref += p, mag += fabs(p), wsum += fabs((double)deq[(size_t)r * cols + k]);
+            }
+            double bound = wsum * amax / (127.0 * 508.0) + 1e-6 * mag + 1e-30;
+            double e = fabs((double)y[t * rows + r] - ref);
+            if (e / bound > worst) worst = e / bound;
+            assert_true(e <= bound);
+        }
+    }
+    print_message("draft products: worst error %.3g of the bound\n", worst);
+    free(ws), free(x), free(y), free(deq), free(w);
+}
+
+/* Through the backend (three threads, amx where the CPU has it): a token's draft outputs do not depend on
+ * the tokens sharing the call, nor on a BF16 job beside it taking another path. */
+static void draft_backend_output_of_a_token_never_depends_on_the_other_tokens(void **state) {
+    (void)state;
+    int rows = 200, cols = 352, T = 37;
+    moeq_tensor *w = q8r_of(rows, cols, 0, NULL);
+    fake_weight fb;
+    fake_weight_make(&fb, MOEQ_DTYPE_BF16, rows, cols);
+    float *x = rand_floats((size_t)T * cols), *all = malloc((size_t)2 * T * rows * 4);
+    moeq_backend_cpu_params bp = {.n_threads = 3, .batch_invariant = 1, .max_k = cols, .max_ctx = 16, .max_jobs = 8,
+                                  .amx = moeq_amx_supported()};
+    moeq_backend *b = moeq_backend_cpu_new(&bp);
+    assert_non_null(b);
+    moeq_mm_job j2[2] = {{w, 0, rows, x, cols, all, rows, T}, {&fb.t, 0, rows, x, cols, all + (size_t)T * rows, rows, T}};
+    b->matmul(b, j2, 2);
+    float *ref = malloc((size_t)T * rows * 4);
+    moeq_mm_job jr = {w, 0, rows, x, cols, ref, rows, T};
+    moeq_draft_nt_block_ref(&jr, 0, rows, 0, T);
+    assert_memory_equal(all, ref, (size_t)T * rows * 4);
+    for (int n_tok = 1; n_tok <= T; n_tok += 4)
+        for (int t = 0; t + n_tok <= T; t += n_tok) {
+            float *y = malloc((size_t)n_tok * rows * 4);
+            moeq_mm_job s1 = {w, 0, rows, x + (size_t)t * cols, cols, y, rows, n_tok};
+            b->matmul(b, &s1, 1);
+            assert_memory_equal(y, ref + (size_t)t * rows, (size_t)n_tok * rows * 4);
+            free(y);
+        }
+    moeq_backend_destroy(b);
+    free(x), free(all), free(ref), free(w);
+    fake_weight_free(&fb);
 }
 
 /* ---- the AMX tile path (ops_amx.h): run where the CPU has AMX, else skipped with the reason ---- */
@@ -1453,6 +1607,9 @@ int main(void) {
         cmocka_unit_test(many_token_blocked_path_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(few_token_stream_tiles_match_the_emulation_bit_for_bit),
         cmocka_unit_test(backend_task_split_for_few_tokens_keeps_the_bits),
+        cmocka_unit_test(draft_products_match_their_emulation_bit_for_bit),
+        cmocka_unit_test(draft_products_are_within_the_int8_tolerance),
+        cmocka_unit_test(draft_backend_output_of_a_token_never_depends_on_the_other_tokens),
         cmocka_unit_test(amx_f8_widening_is_exact_for_every_byte),
         cmocka_unit_test(amx_tiles_match_their_emulation_bit_for_bit),
         cmocka_unit_test(amx_tiles_are_within_the_float64_tolerance),

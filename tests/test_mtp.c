@@ -540,17 +540,18 @@ static void ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps(vo
 }
 
 /*
- * mtp_draft = f8 (the default) drafts with F8 copies of the MTP layer's projections and head: the emitted tokens
- * are the plain greedy ones in both modes, the copies hold about half the bytes of the BF16 weights they stand
- * for, and on the agreeing checkpoint the F8 drafts are accepted about as often as the exact ones.
+ * mtp_draft = f8 (the default) drafts with 8-bit copies of the MTP layer's projections and head (int8 rows where
+ * the CPU has the draft kernels, else F8 E4M3), e4m3 with F8 E4M3 copies everywhere: the emitted tokens are the
+ * plain greedy ones in every mode, the copies hold about half the bytes of the BF16 weights they stand for, and
+ * on the agreeing checkpoint both kinds of copies are accepted about as often as the exact weights.
  */
 static void f8_drafts_emit_the_plain_tokens_and_are_accepted_like_exact_ones(void **state) {
     (void)state;
-    const char *modes[2] = {"exact", "f8"};
-    int64_t drafted[2] = {0}, accepted[2] = {0};
-    for (int mi = 0; mi < 2; mi++) {
+    const char *modes[3] = {"exact", "f8", "e4m3"};
+    int64_t drafted[3] = {0}, accepted[3] = {0};
+    for (int mi = 0; mi < 3; mi++) {
         moeq_engine *e = engine_for_draft(g_agree, 64, modes[mi]);
-        assert_int_equal(moeq_mtp_draft_f8(e), mi);
+        assert_int_equal(moeq_mtp_draft_f8(e), mi > 0);
         assert_int_equal(moeq_mtp_draft_f8_bytes(e), 0); /* made by the first marked sequence */
         for (int salt = 0; salt < 4; salt++) {
             int32_t ids[20], *plain = NULL, *spec = NULL;
@@ -573,8 +574,11 @@ static void f8_drafts_emit_the_plain_tokens_and_are_accepted_like_exact_ones(voi
         moeq_engine_destroy(e);
     }
     double ax = (double)accepted[0] / (double)drafted[0], a8 = (double)accepted[1] / (double)drafted[1];
-    print_message("tiny-mtp: exact drafts %.3f accepted, f8 drafts %.3f\n", ax, a8);
+    double ae = (double)accepted[2] / (double)drafted[2];
+    print_message("tiny-mtp: exact drafts %.3f accepted, f8 drafts %.3f (%s), e4m3 drafts %.3f\n", ax, a8,
+                  moeq_engine_cpu_draft() ? "int8 rows" : "F8 E4M3", ae);
     assert_true(a8 > ax - 0.05);
+    assert_true(ae > ax - 0.05);
 }
 
 /* gen-model writes the MTP head as a copy of lm_head, as DeepSeek-V3 ships it: exact drafts read lm_head itself

@@ -45,8 +45,9 @@ const moeq_prop moeq_worker_props[] = {
     {"cuda_graphs", MOEQ_PROP_STR, P(cuda_graphs), 0, 0, "off",
      "the engine's cuda_graphs: off, auto or on (CUDA graphs for decode steps of up to 256 sequences; docs/CUDA.md)"},
     {"mtp_draft", MOEQ_PROP_STR, P(mtp_draft), 0, 0, "f8",
-     "the engine's mtp_draft: f8 (drafts from F8 copies of the MTP layer's projections and head, host backends) or "
-     "exact; the emitted tokens are the same either way (docs/MTP.md)"},
+     "the engine's mtp_draft: f8 (drafts from 8-bit copies of the MTP layer's projections and head, host "
+     "backends: int8 rows where the CPU has AVX512-VNNI, else F8 E4M3), e4m3 (F8 E4M3 copies) or exact; the "
+     "emitted tokens are the same either way (docs/MTP.md)"},
     {"max_batches_held", MOEQ_PROP_INT, P(max_batches_held), 1, 1024, "4",
      "batches taken and not yet acknowledged, at most"},
     {"block_ms", MOEQ_PROP_INT, P(block_ms), 1, 60000, "200", "XREADGROUP BLOCK when the worker is idle, ms"},

@@ -33,6 +33,7 @@
 #include "ops.h"
 #include "moeq/engine.h"
 #include "ops_amx.h"
+#include "ops_draft.h"
 #include "ops_matmul.h"
 
 #define NT_ROWS 32
@@ -137,7 +138,8 @@ static void nt_task(void *ctx, int64_t task, int worker) {
     }
     int64_t n1 = n0 + rows < job->n_rows ? n0 + rows : job->n_rows;
     int64_t t1 = t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok;
-    if (xv && xv->pack) moeq_amx_nt_block(job, xv, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
+    if (moeq_draft_fits(job->w)) moeq_draft_nt_block(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
+    else if (xv && xv->pack) moeq_amx_nt_block(job, xv, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
     else moeq_mm_nt_block_ws(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
 }
 
@@ -153,11 +155,11 @@ static void nn_task(void *ctx, int64_t task, int worker) {
     moeq_mm_nn_block(job, c0, c1, t0, t1);
 }
 
-/* BLAS only when every job has enough tokens (a choice per call, not per element). */
+/* BLAS only when every job has enough tokens (a choice per call, not per element) and none is a draft's. */
 static int blas_for(const cpu_backend *cb, const moeq_mm_job *jobs, int n_jobs) {
     if (cb->p.batch_invariant) return 0;
     for (int i = 0; i < n_jobs; i++)
-        if (jobs[i].n_tok < cb->p.blas_min_tokens) return 0;
+        if (jobs[i].n_tok < cb->p.blas_min_tokens || moeq_draft_fits(jobs[i].w)) return 0;
     return 1;
 }
 
@@ -176,7 +178,7 @@ static void amx_plan(cpu_backend *cb, const moeq_mm_job *jobs, int n_jobs) {
         const moeq_mm_job *j = &jobs[i];
         cb->views[i] = (moeq_amx_xview){0};
         region_of[i] = -1;
-        if (j->n_tok <= 0 || !moeq_amx_fits(j->w)) continue;
+        if (j->n_tok <= 0 || !moeq_amx_fits(j->w) || moeq_draft_fits(j->w)) continue;
         int64_t k = moeq_tensor_cols(j->w), off = -1;
         const int panels = j->n_tok >= 16;
         int r = 0;
@@ -597,19 +599,23 @@ static void cpu_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
 }
 
 const char *moeq_engine_cpu_kernels(void) {
-    static char text[320];
+    static char text[448];
     static _Atomic int done;
     if (atomic_load(&done)) return text;
     if (moeq_amx_supported())
         snprintf(text, sizeof text, "%s; NT products of BF16/F8 weights on amx_bf16 tiles with split float32 "
-                 "activations (cpu_matrix = auto or amx; lanes keeps the float32 lanes)", moeq_mm_cpu_describe());
-    else snprintf(text, sizeof text, "%s; AMX path: %s", moeq_mm_cpu_describe(), moeq_amx_describe());
+                 "activations (cpu_matrix = auto or amx; lanes keeps the float32 lanes); MTP drafts: %s",
+                 moeq_mm_cpu_describe(), moeq_draft_describe());
+    else snprintf(text, sizeof text, "%s; AMX path: %s; MTP drafts: %s", moeq_mm_cpu_describe(), moeq_amx_describe(),
+                  moeq_draft_describe());
     atomic_store(&done, 1);
     return text;
 }
 
 int moeq_engine_cpu_amx(void) { return moeq_amx_supported(); }
 const char *moeq_engine_cpu_amx_describe(void) { return moeq_amx_describe(); }
+int moeq_engine_cpu_draft(void) { return moeq_draft_supported(); }
+const char *moeq_engine_cpu_draft_describe(void) { return moeq_draft_describe(); }
 
 static const char *cpu_describe(const moeq_backend *b) {
     const cpu_backend *cb = (const cpu_backend *)b;
@@ -698,6 +704,8 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     size_t ws = moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
     if (cb->p.amx && moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) > ws)
         ws = moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
+    if (moeq_draft_supported() && moeq_draft_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) > ws)
+        ws = moeq_draft_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
     cb->ws_bytes = (ws + 63) / 64 * 64;
     cb->task_end = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int64_t));
     cb->moe_jobs = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_mm_job));

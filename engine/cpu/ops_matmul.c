@@ -33,6 +33,8 @@
  */
 #include "ops_matmul.h"
 
+#include "ops_draft.h"
+
 #include "ops_lanes.h"
 
 #include <cblas.h>
@@ -77,10 +79,13 @@ static inline const uint8_t *row_ptr(const moeq_tensor *w, int64_t row) {
     return (const uint8_t *)w->data + (size_t)row * (size_t)moeq_tensor_cols(w) * moeq_dtype_size(w->dtype);
 }
 
-static inline size_t esize(moeq_dtype dt) { return dt == MOEQ_DTYPE_F32 ? 4 : (dt == MOEQ_DTYPE_F8_E4M3 ? 1 : 2); }
+static inline size_t esize(moeq_dtype dt) {
+    return dt == MOEQ_DTYPE_F32 ? 4 : (dt == MOEQ_DTYPE_F8_E4M3 || dt == MOEQ_DTYPE_Q8R ? 1 : 2);
+}
 
-/* F8 block scales of the 128-row block holding `row` (NULL for other dtypes). */
+/* F8 block scales of the 128-row block holding `row`; Q8R: the row's scale; NULL for other dtypes. */
 static inline const float *scale_row(const moeq_tensor *w, int64_t row) {
+    if (w->dtype == MOEQ_DTYPE_Q8R) return (const float *)w->scale_inv->data + row;
     if (w->dtype != MOEQ_DTYPE_F8_E4M3 || !w->scale_inv) return NULL;
     int64_t ncb = (moeq_tensor_cols(w) + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK;
     return (const float *)w->scale_inv->data + (row / MOEQ_F8_BLOCK) * ncb;
@@ -158,6 +163,7 @@ static inline float wscalar(moeq_dtype dt, const uint8_t *p, const float *srow, 
         memcpy(&f, &bits, 4);
         return (f * 0x1p120f) * (srow ? srow[k / MOEQ_F8_BLOCK] : 1.0f);
     }
+    case MOEQ_DTYPE_Q8R: break; /* 16-row groups: moeq_mm_nn_block_scalar reads them itself */
     }
     return 0.0f;
 }
@@ -177,6 +183,10 @@ static inline float nt_x_factor(const float *srow, int64_t k) { return 256.0f * 
 /* Lanes past K get fma(0, 0, lane), as the vector paths' zero padding does (it turns a -0 lane into +0). */
 void moeq_mm_nt_block_scalar(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     const moeq_tensor *w = job->w;
+    if (w->dtype == MOEQ_DTYPE_Q8R) { /* draft copies: the int8 element of ops_draft.h on every path */
+        moeq_draft_nt_block_ref(job, n0, n1, t0, t1);
+        return;
+    }
     int64_t K = moeq_tensor_cols(w);
     const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3;
     for (int64_t n = n0; n < n1; n++) {
@@ -208,7 +218,11 @@ void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int
             float acc = 0.0f;
             for (int64_t r = 0; r < job->n_rows; r++) {
                 int64_t row = job->row0 + r;
-                acc = fmaf(job->x[t * job->ldx + r], wscalar(w->dtype, row_ptr(w, row), scale_row(w, row), c), acc);
+                float wv = w->dtype != MOEQ_DTYPE_Q8R
+                               ? wscalar(w->dtype, row_ptr(w, row), scale_row(w, row), c)
+                               : (float)((int)((const uint8_t *)w->data)[moeq_q8r_at(moeq_tensor_cols(w), row, c)] - 128) *
+                                     scale_row(w, row)[0];
+                acc = fmaf(job->x[t * job->ldx + r], wv, acc);
             }
             job->y[t * job->ldy + c] = acc;
         }
@@ -252,6 +266,7 @@ static T512 ALWAYS_INLINE __m512 wload512(moeq_dtype dt, const uint8_t *p, const
         __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
         return _mm512_mul_ps(f, _mm512_set1_ps(srow ? srow[k / MOEQ_F8_BLOCK] : 1.0f));
     }
+    case MOEQ_DTYPE_Q8R: break; /* the draft kernels' (ops_draft.h) */
     }
     return _mm512_setzero_ps();
 }
@@ -582,6 +597,7 @@ static T512 void nt_blocked512(const moeq_mm_job *job, int64_t n0, int64_t n1, i
     case MOEQ_DTYPE_BF16: nt_blocked512_dt(MOEQ_DTYPE_BF16, job, n0, n1, t0, t1, ws); break;
     case MOEQ_DTYPE_F16: nt_blocked512_dt(MOEQ_DTYPE_F16, job, n0, n1, t0, t1, ws); break;
     case MOEQ_DTYPE_F8_E4M3: nt_blocked512_f8(job, n0, n1, t0, t1, ws); break;
+    case MOEQ_DTYPE_Q8R: moeq_draft_nt_block_ref(job, n0, n1, t0, t1); break; /* not reached: see below */
     }
 }
 
@@ -591,6 +607,7 @@ static T512 void nt_block512(const moeq_mm_job *job, int64_t n0, int64_t n1, int
     case MOEQ_DTYPE_BF16: nt_block512_dt(MOEQ_DTYPE_BF16, job, n0, n1, t0, t1); break;
     case MOEQ_DTYPE_F16: nt_block512_dt(MOEQ_DTYPE_F16, job, n0, n1, t0, t1); break;
     case MOEQ_DTYPE_F8_E4M3: nt_block512_dt(MOEQ_DTYPE_F8_E4M3, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_Q8R: moeq_draft_nt_block_ref(job, n0, n1, t0, t1); break;
     }
 }
 
@@ -660,6 +677,7 @@ static T512 void nn_block512(const moeq_mm_job *job, int64_t c0, int64_t c1, int
     case MOEQ_DTYPE_BF16: nn_block512_dt(MOEQ_DTYPE_BF16, job, c0, c1, t0, t1); break;
     case MOEQ_DTYPE_F16: nn_block512_dt(MOEQ_DTYPE_F16, job, c0, c1, t0, t1); break;
     case MOEQ_DTYPE_F8_E4M3: nn_block512_dt(MOEQ_DTYPE_F8_E4M3, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_Q8R: moeq_mm_nn_block_scalar(job, c0, c1, t0, t1); break; /* no draft weight is NN */
     }
 }
 
@@ -719,6 +737,7 @@ static T256 ALWAYS_INLINE void wload256(moeq_dtype dt, const uint8_t *p, __m256 
         *hi = widen8_f8_nt(_mm_unpackhi_epi64(b, b));
         return;
     }
+    case MOEQ_DTYPE_Q8R: *lo = *hi = _mm256_setzero_ps(); return; /* the draft kernels' (ops_draft.h) */
     }
 }
 
@@ -827,6 +846,7 @@ static T256 void nt_block256(const moeq_mm_job *job, int64_t n0, int64_t n1, int
     case MOEQ_DTYPE_BF16: nt_block256_dt(MOEQ_DTYPE_BF16, job, n0, n1, t0, t1); break;
     case MOEQ_DTYPE_F16: nt_block256_dt(MOEQ_DTYPE_F16, job, n0, n1, t0, t1); break;
     case MOEQ_DTYPE_F8_E4M3: nt_block256_dt(MOEQ_DTYPE_F8_E4M3, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_Q8R: moeq_draft_nt_block_ref(job, n0, n1, t0, t1); break;
     }
 }
 
@@ -838,6 +858,7 @@ static T256 ALWAYS_INLINE __m256 wload256_8(moeq_dtype dt, const uint8_t *p, con
     case MOEQ_DTYPE_BF16:
     case MOEQ_DTYPE_F16: return widen8(dt, _mm_loadu_si128((const __m128i *)((const uint16_t *)p + c)), scale);
     case MOEQ_DTYPE_F8_E4M3: return widen8(dt, _mm_loadl_epi64((const __m128i *)(p + c)), scale);
+    case MOEQ_DTYPE_Q8R: break; /* the draft kernels' (ops_draft.h) */
     }
     return _mm256_setzero_ps();
 }
@@ -897,6 +918,7 @@ static T256 void nn_block256(const moeq_mm_job *job, int64_t c0, int64_t c1, int
     case MOEQ_DTYPE_BF16: nn_block256_dt(MOEQ_DTYPE_BF16, job, c0, c1, t0, t1); break;
     case MOEQ_DTYPE_F16: nn_block256_dt(MOEQ_DTYPE_F16, job, c0, c1, t0, t1); break;
     case MOEQ_DTYPE_F8_E4M3: nn_block256_dt(MOEQ_DTYPE_F8_E4M3, job, c0, c1, t0, t1); break;
+    case MOEQ_DTYPE_Q8R: moeq_mm_nn_block_scalar(job, c0, c1, t0, t1); break; /* no draft weight is NN */
     }
 }
 
@@ -1019,6 +1041,10 @@ void moeq_mm_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0
 
 void moeq_mm_nt_block_ws_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0,
                              int64_t t1, void *ws, size_t ws_bytes) {
+    if (job->w->dtype == MOEQ_DTYPE_Q8R) {
+        moeq_draft_nt_block(job, n0, n1, t0, t1, ws, ws_bytes);
+        return;
+    }
 #ifdef MOEQ_MM_X86
     int64_t K = moeq_tensor_cols(job->w);
     int many = job->w->dtype == MOEQ_DTYPE_F8_E4M3 ? t1 - t0 >= BLK_MIN_TOKS_F8 : K > BLK_K && t1 - t0 >= BLK_MIN_TOKS;

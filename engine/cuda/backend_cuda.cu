@@ -492,7 +492,9 @@ static void own_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const 
     case MOEQ_DTYPE_F8_E4M3:
         mm_nt_kernel<MOEQ_CU_DTYPE_F8_E4M3><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale,
                                                                                K, j->row0, j->n_rows, j->n_tok);
-        break;
+        break;    case MOEQ_DTYPE_Q8R: /* draft copies are made for host-visible backends only (engine/mtp.c) */
+        fail(cb, MOEQ_ERR_INVALID_ARG, "%s: %s weights are CPU draft copies", "mm_nt", moeq_dtype_name(j->w->dtype));
+        return;
     }
     launched(cb, "mm_nt_kernel launch");
 }
@@ -517,7 +519,9 @@ static void own_nn(cuda_backend *cb, const moeq_mm_job *j, const void *W, const 
     case MOEQ_DTYPE_F8_E4M3:
         mm_nn_kernel<MOEQ_CU_DTYPE_F8_E4M3><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
                                                                      j->n_rows, j->n_tok);
-        break;
+        break;    case MOEQ_DTYPE_Q8R: /* draft copies are made for host-visible backends only (engine/mtp.c) */
+        fail(cb, MOEQ_ERR_INVALID_ARG, "%s: %s weights are CPU draft copies", "mm_nn", moeq_dtype_name(j->w->dtype));
+        return;
     }
     launched(cb, "mm_nn_kernel launch");
 }

@@ -112,10 +112,12 @@ typedef struct moeq_engine_params {
                                   BF16 tiles where the CPU has them, else float32
                                   lanes), "lanes" or "amx" (fails where there is none) */
     char mtp_draft[8];         /* the weights MTP drafts are made with: "exact" (the
-                                  checkpoint's) or "f8" (default: an F8 E4M3 copy, 128x128
-                                  block scales, of the MTP layer's projections and head that
-                                  are not F8 already, on host backends; drafts are only
-                                  proposals, every emitted token is the main model's)  */
+                                  checkpoint's), "f8" (default: 8-bit copies of the MTP
+                                  layer's projections and head on host backends: int8 rows
+                                  where the CPU has AVX512-VNNI, else F8 E4M3 with 128x128
+                                  block scales) or "e4m3" (F8 E4M3 copies everywhere);
+                                  drafts are only proposals, every emitted token is the
+                                  main model's)                                        */
     char cuda_graphs[8];       /* CUDA graphs for decode steps of <= 256 sequences: "off"
                                   (default), "auto" (where the backend has them) or
                                   "on" (fails on a backend without them); docs/CUDA.md */
@@ -133,6 +135,10 @@ const char *moeq_engine_cpu_kernels(void);
  * ("amx_bf16 tiles", "no amx_bf16", a refusal by Linux). Thread-safe. */
 int moeq_engine_cpu_amx(void);
 const char *moeq_engine_cpu_amx_describe(void);
+/* 1 when mtp_draft = f8 drafts with int8 copies here (the CPU backend's AVX512-VNNI draft kernels); why or why
+ * not in words ("avx512_vnni int8 dot products", "no avx512_vnni: ..."). Thread-safe. */
+int moeq_engine_cpu_draft(void);
+const char *moeq_engine_cpu_draft_describe(void);
 
 /* Property table of moeq_engine_params (name, type, range, default, doc), for
  * `key = value` configuration of the engine by the worker and tools. */
@@ -415,7 +421,7 @@ int moeq_engine_mtp_available(const moeq_engine *engine);
  * draft, in the same pass as the draft (or by a later step when more than
  * MOEQ_MTP_MAX_K are pending). INVALID_ARG when the sequence already has
  * tokens, UNSUPPORTED without an MTP layer. seq_free clears the mark. The
- * first mark of an engine with mtp_draft = f8 makes the F8 copies drafts use
+ * first mark of an engine with mtp_draft = f8 or e4m3 makes the 8-bit copies drafts use
  * (NOMEM when their memory cannot be had: the sequence stays unmarked).
  */
 moeq_err moeq_engine_seq_set_mtp(moeq_engine *engine, int seq_id, int on);

@@ -1,0 +1,270 @@
+/*
+ * ops_draft.c — the draft products on int8 dot products (see ops_draft.h for
+ * the element and why its bits never depend on the kernel).
+ *
+ * A task quantises its tokens into the workspace, 8 at a time (each token's
+ * hi and lo codes, K bytes each: L1 for K = 1024), then register blocks of
+ * NR rows x R tokens stream the weights: each 64 codes of a row are loaded
+ * once and feed 2 R VPDPBUSD, the tokens' codes read from the workspace.
+ */
+#include "ops_draft.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tensor.h"
+
+#define TOKS 8    /* tokens per pass */
+#define CHUNK 64  /* codes per VPDPBUSD */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DRAFT_X86 1
+#include <immintrin.h>
+#endif
+
+static char draft_text[96];
+static int draft_state;
+static pthread_once_t draft_once = PTHREAD_ONCE_INIT;
+
+static void detect_once(void) {
+#ifdef DRAFT_X86
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vnni")) {
+        snprintf(draft_text, sizeof draft_text, "no avx512_vnni: F8 drafts on the exact path's kernels");
+        return;
+    }
+    snprintf(draft_text, sizeof draft_text, "avx512_vnni int8 dot products");
+    draft_state = 1;
+#else
+    snprintf(draft_text, sizeof draft_text, "not x86-64: F8 drafts on the exact path's kernels");
+#endif
+}
+
+int moeq_draft_supported(void) {
+    pthread_once(&draft_once, detect_once);
+    return draft_state;
+}
+
+const char *moeq_draft_describe(void) {
+    pthread_once(&draft_once, detect_once);
+    return draft_text;
+}
+
+int moeq_draft_fits(const moeq_tensor *w) { return w && w->dtype == MOEQ_DTYPE_Q8R; }
+
+static int64_t padded(int64_t K) { return (K + CHUNK - 1) / CHUNK * CHUNK; }
+
+/* A pass's tokens: their scales and code sums, then hi and lo codes (stride padded(K), zeros past K). */
+typedef struct qtok {
+    float sx[TOKS];
+    int32_t hsum[TOKS], lsum[TOKS];
+    int8_t *hi, *lo;
+} qtok;
+
+#define QTOK_HEAD 128 /* bytes of the workspace before the codes */
+
+size_t moeq_draft_ws_bytes(int64_t cols) { return QTOK_HEAD + 2 * (size_t)TOKS * (size_t)padded(cols) + 64; }
+
+/* The element's last steps (ops_draft.h), shared by every path. */
+static inline float finish(float sw, float sx, int64_t A, int64_t B) {
+    return (sw * sx) * fmaf((float)B, 1.0f / 254.0f, (float)A);
+}
+
+/* ---- the emulation ------------------------------------------------------------------------------------ */
+
+/* The largest |x_k| of one token and 127 / it; 0 when every value is 0, -1 when one is not finite. */
+static int token_range(const float *x, int64_t K, float *amax) {
+    float a = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+        if (!isfinite(x[k])) return -1;
+        a = fmaxf(a, fabsf(x[k]));
+    }
+    *amax = a;
+    return a > 0.0f;
+}
+
+static void code_scalar(float x, float inv, int8_t *hi, int8_t *lo) {
+    float u = x * inv, h = rintf(u), l = rintf((u - h) * 254.0f);
+    *hi = (int8_t)h, *lo = (int8_t)l;
+}
+
+void moeq_draft_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
+    const moeq_tensor *w = job->w;
+    const int64_t K = moeq_tensor_cols(w);
+    const float *sw = (const float *)w->scale_inv->data;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *x = job->x + t * job->ldx;
+        float amax = 0.0f;
+        int range = token_range(x, K, &amax);
+        float sx = range < 0 ? NAN : range ? amax / 127.0f : 0.0f, inv = range > 0 ? 127.0f / amax : 0.0f;
+        for (int64_t n = n0; n < n1; n++) {
+            const uint8_t *q = (const uint8_t *)w->data;
+            int64_t A = 0, B = 0;
+            for (int64_t k = 0; range > 0 && k < K; k++) {
+                int8_t h, l;
+                code_scalar(x[k], inv, &h, &l);
+                int64_t c = (int64_t)q[moeq_q8r_at(K, job->row0 + n, k)] - 128;
+                A += c * h, B += c * l;
+            }
+            job->y[t * job->ldy + n] = finish(sw[job->row0 + n], sx, A, B);
+        }
+    }
+}
+
+/* ---- the kernel --------------------------------------------------------------------------------------- */
+
+#ifdef DRAFT_X86
+#define TD __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni")))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* Token t0 + r (r < R) of x into slot r of qt: the emulation's codes, 16 at a time. */
+static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qtok *qt) {
+    const int64_t Kp = padded(K);
+    for (int r = 0; r < R; r++) {
+        const float *x = job->x + (t0 + r) * job->ldx;
+        int8_t *hi = qt->hi + r * Kp, *lo = qt->lo + r * Kp;
+        __m512 a = _mm512_setzero_ps();
+        __mmask16 bad = 0;
+        for (int64_t k = 0; k < K; k += 16) {
+            __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+            __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+            bad |= _mm512_fpclass_ps_mask(v, 0x99); /* NaN, +-inf */
+            a = _mm512_max_ps(a, _mm512_abs_ps(v));
+        }
+        float amax = _mm512_reduce_max_ps(a);
+        int range = bad ? -1 : amax > 0.0f;
+        qt->sx[r] = range < 0 ? NAN : range ? amax / 127.0f : 0.0f;
+        const __m512 inv = _mm512_set1_ps(range > 0 ? 127.0f / amax : 0.0f), f254 = _mm512_set1_ps(254.0f);
+        __m512i hs = _mm512_setzero_si512(), ls = _mm512_setzero_si512();
+        for (int64_t k = 0; k < Kp; k += 16) {
+            __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : K > k ? (__mmask16)((1u << (K - k)) - 1) : 0;
+            __m512 u = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + k), inv);
+            __m512 h = _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(u, h), f254),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512i hv = _mm512_cvtps_epi32(h), lv = _mm512_cvtps_epi32(l);
+            hs = _mm512_add_epi32(hs, hv), ls = _mm512_add_epi32(ls, lv);
+            _mm_storeu_si128((__m128i *)(hi + k), _mm512_cvtepi32_epi8(hv));
+            _mm_storeu_si128((__m128i *)(lo + k), _mm512_cvtepi32_epi8(lv));
+        }
+        qt->hsum[r] = _mm512_reduce_add_epi32(hs), qt->lsum[r] = _mm512_reduce_add_epi32(ls);
+    }
+}
+
+/*
+ * G groups of 16 rows x R tokens: group g's codes at wq + g * gstride, quad j of it 64 bytes at j * 64 (row r's
+ * four codes at r * 4); each quad of a token's codes is broadcast to the 16 rows, so a lane is a row and no
+ * sum crosses lanes. Then the element's float steps, 16 rows at once, into y (rows [r0, r1) of the group
+ * stored, row r of group g at column 16 g + r; token t at t * ldy).
+ */
+static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const uint8_t *wq, int64_t gstride, int64_t quads,
+                                         const qtok *qt, int64_t Kp, const float *sw, int64_t srows, float *y,
+                                         int64_t ldy, int64_t r0, int64_t r1) {
+    __m512i ah[4][TOKS], al[4][TOKS];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 8
+        for (int t = 0; t < R; t++) ah[g][t] = al[g][t] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < quads; j++) {
+        __m512i xh[TOKS], xl[TOKS];
+#pragma GCC unroll 8
+        for (int t = 0; t < R; t++) {
+            int32_t h, l;
+            memcpy(&h, qt->hi + t * Kp + 4 * j, 4), memcpy(&l, qt->lo + t * Kp + 4 * j, 4);
+            xh[t] = _mm512_set1_epi32(h), xl[t] = _mm512_set1_epi32(l);
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            const __m512i wv = _mm512_loadu_si512(wq + g * gstride + j * 64);
+#pragma GCC unroll 8
+            for (int t = 0; t < R; t++) {
+                ah[g][t] = _mm512_dpbusd_epi32(ah[g][t], wv, xh[t]);
+                al[g][t] = _mm512_dpbusd_epi32(al[g][t], wv, xl[t]);
+            }
+        }
+    }
+    const __m512 inv254 = _mm512_set1_ps(1.0f / 254.0f);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        int64_t lo = r0 - 16 * g, hi = r1 - 16 * g; /* this group's rows to store */
+        lo = lo < 0 ? 0 : lo, hi = hi > 16 ? 16 : hi;
+        if (lo >= hi) continue;
+        const __mmask16 m = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+        int64_t valid = srows - 16 * g; /* scales past the tensor's rows are not read */
+        const __mmask16 ms = valid >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1u);
+        const __m512 s = _mm512_maskz_loadu_ps(ms, sw + 16 * g);
+#pragma GCC unroll 8
+        for (int t = 0; t < R; t++) {
+            __m512 A = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[g][t], _mm512_set1_epi32(128 * qt->hsum[t])));
+            __m512 B = _mm512_cvtepi32_ps(_mm512_sub_epi32(al[g][t], _mm512_set1_epi32(128 * qt->lsum[t])));
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(qt->sx[t])), _mm512_fmadd_ps(B, inv254, A));
+            _mm512_mask_storeu_ps(y + t * ldy + 16 * g, m, v);
+        }
+    }
+}
+
+/* Groups [g0, g1) against R tokens, G at a time (G shrinks as R grows so the 2 G R accumulators stay in
+ * registers); output rows [n0, n1) relative to group g0's first row (which may start inside it). */
+static TD ALWAYS_INLINE void groups_r(const int R, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads,
+                                      const qtok *qt, int64_t Kp, const float *sw, int64_t rows, float *y,
+                                      int64_t ldy, int64_t n0, int64_t n1) {
+    const int G = R <= 2 ? 4 : R <= 4 ? 2 : 1;
+    const int64_t gstride = quads * 64;
+    int64_t g = g0;
+    for (; g + G <= g1; g += G) {
+        int64_t base = (g - g0) * 16;
+        groups_pass(G, R, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y + base, ldy,
+                    n0 - base, n1 - base);
+    }
+    for (; g < g1; g++) {
+        int64_t base = (g - g0) * 16;
+        groups_pass(1, R, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y + base, ldy,
+                    n0 - base, n1 - base);
+    }
+}
+
+static TD void groups_any(int R, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads, const qtok *qt,
+                          int64_t Kp, const float *sw, int64_t rows, float *y, int64_t ldy, int64_t n0, int64_t n1) {
+    switch (R) {
+#define CASE(n) \
+    case n: groups_r(n, wq, g0, g1, quads, qt, Kp, sw, rows, y, ldy, n0, n1); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    }
+}
+
+static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, int64_t per,
+                             void *ws) {
+    const moeq_tensor *w = job->w;
+    const int64_t K = moeq_tensor_cols(w), Kp = padded(K), quads = moeq_q8r_quads(K);
+    qtok qt;
+    qt.hi = (int8_t *)ws + QTOK_HEAD;
+    qt.lo = qt.hi + per * Kp;
+    /* absolute rows [a, b): whole 16-row groups, each stored only where it lies inside the block */
+    const int64_t a = job->row0 + n0, b = job->row0 + n1, g0 = a / 16, g1 = (b + 15) / 16;
+    const float *sw = (const float *)w->scale_inv->data;
+    float *y = job->y + n0 - (a - g0 * 16); /* column of group g0's first row */
+    for (int64_t t = t0; t < t1; t += per) {
+        const int R = (int)(t1 - t < per ? t1 - t : per);
+        quantize(job, t, R, K, &qt);
+        groups_any(R, (const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0], y + t * job->ldy,
+                   job->ldy, a - g0 * 16, b - g0 * 16);
+    }
+}
+#endif
+
+void moeq_draft_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, void *ws,
+                         size_t ws_bytes) {
+    const int64_t Kp = padded(moeq_tensor_cols(job->w));
+    int64_t per = ws && ws_bytes > QTOK_HEAD ? (int64_t)((ws_bytes - QTOK_HEAD) / (2 * (size_t)Kp)) : 0;
+    if (per > TOKS) per = TOKS;
+#ifdef DRAFT_X86
+    if (per >= 1 && moeq_draft_supported()) {
+        nt_block_vnni(job, n0, n1, t0, t1, per, ws);
+        return;
+    }
+#endif
+    moeq_draft_nt_block_ref(job, n0, n1, t0, t1); /* the same bits */
+}
