@@ -424,7 +424,7 @@ static void draft_products_match_their_emulation_bit_for_bit(void **state) {
                     int n0 = blocks[b][0], n1 = blocks[b][1];
                     memset(got, 0xff, (size_t)T * rows * 4);
                     j.y = got;
-                    moeq_draft_nt_block(&j, n0, n1, 0, T, sizes[z] ? ws : NULL, sizes[z]);
+                    moeq_draft_nt_block(&j, n0, n1, 0, T, sizes[z] ? ws : NULL, sizes[z], z == 0 ? 7 : 0);
                     for (int t = 0; t < T; t++)
                         for (int r = 0; r < rows; r++) {
                             uint32_t gb, wb;
@@ -451,7 +451,7 @@ static void draft_products_are_within_the_int8_tolerance(void **state) {
     size_t wsb = moeq_draft_ws_bytes(cols);
     void *ws = aligned_alloc(64, (wsb + 63) / 64 * 64);
     moeq_mm_job j = {w, 0, rows, x, cols, y, rows, T};
-    moeq_draft_nt_block(&j, 0, rows, 0, T, ws, wsb);
+    moeq_draft_nt_block(&j, 0, rows, 0, T, ws, wsb, 0);
     double worst = 0;
     for (int t = 0; t < T; t++) {
         double amax = 0;

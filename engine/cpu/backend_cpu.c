@@ -50,6 +50,9 @@ typedef struct cpu_backend {
     moeq_pool *pool;
     float **wbuf;      /* [n_threads] BLAS_ROWS * max_k   */
     void **ws;         /* [n_threads] the NT kernels' workspace (moeq_mm_nt_ws_bytes(max_k)) */
+    void **dws;        /* [n_threads] the draft kernels' own (moeq_draft_ws_bytes(max_k)): codes kept across tasks */
+    size_t dws_bytes;
+    uint64_t call_seq; /* matmul calls so far: with a job's index, the draft kernels' key for its codes */
     size_t ws_bytes;
     char info[224];    /* describe(): the kernels, threads and mode */
     int64_t *attn_group;   /* [attn_group_max + 1] first token of each attention group, then n_tok */
@@ -138,7 +141,9 @@ static void nt_task(void *ctx, int64_t task, int worker) {
     }
     int64_t n1 = n0 + rows < job->n_rows ? n0 + rows : job->n_rows;
     int64_t t1 = t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok;
-    if (moeq_draft_fits(job->w)) moeq_draft_nt_block(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
+    if (moeq_draft_fits(job->w)) /* the key names this call's job: a worker quantises its tokens once */
+        moeq_draft_nt_block(job, n0, n1, t0, t1, cb->dws[worker], cb->dws_bytes,
+                            cb->call_seq << 20 | (uint64_t)(job - cb->jobs + 1));
     else if (xv && xv->pack) moeq_amx_nt_block(job, xv, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
     else moeq_mm_nt_block_ws(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
 }
@@ -236,6 +241,7 @@ static void cpu_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
     if (n_jobs <= 0) return;
     cb->jobs = jobs;
     cb->n_jobs = n_jobs;
+    cb->call_seq++;
     cb->use_blas = blas_for(cb, jobs, n_jobs);
     if (cb->p.amx && !cb->use_blas) {
         amx_plan(cb, jobs, n_jobs);
@@ -630,9 +636,11 @@ static void cpu_destroy(moeq_backend *b) {
         if (cb->wbuf) free(cb->wbuf[i]);
         if (cb->scores) free(cb->scores[i]);
         if (cb->ws) free(cb->ws[i]);
+        if (cb->dws) free(cb->dws[i]);
         if (cb->attn_ws) free(cb->attn_ws[i]);
     }
     free(cb->ws);
+    free(cb->dws);
     free(cb->attn_ws);
     free(cb->attn_ws_bytes);
     free(cb->attn_group);
@@ -695,6 +703,7 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->wbuf = calloc((size_t)n, sizeof(float *));
     cb->scores = calloc((size_t)n, sizeof(float *));
     cb->ws = calloc((size_t)n, sizeof(void *));
+    cb->dws = calloc((size_t)n, sizeof(void *));
     cb->attn_ws = calloc((size_t)n, sizeof(void *));
     cb->attn_ws_bytes = calloc((size_t)n, sizeof(size_t));
     /* groups need one entry per token: steps of more tokens than this run one token per task */
@@ -704,8 +713,7 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     size_t ws = moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
     if (cb->p.amx && moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) > ws)
         ws = moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
-    if (moeq_draft_supported() && moeq_draft_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) > ws)
-        ws = moeq_draft_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
+    cb->dws_bytes = moeq_draft_supported() ? (moeq_draft_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) + 63) / 64 * 64 : 0;
     cb->ws_bytes = (ws + 63) / 64 * 64;
     cb->task_end = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int64_t));
     cb->moe_jobs = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_mm_job));
@@ -713,13 +721,15 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->regions = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(*cb->regions));
     cb->region_of = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int));
     cb->pool = moeq_pool_new(n);
-    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->attn_ws || !cb->attn_ws_bytes || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
+    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->dws || !cb->attn_ws || !cb->attn_ws_bytes || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
         !cb->views || !cb->regions || !cb->region_of)
         goto fail;
     for (int i = 0; i < n; i++) {
         if (!cb->p.batch_invariant && !(cb->wbuf[i] = malloc((size_t)BLAS_ROWS * cb->p.max_k * sizeof(float))))
             goto fail;
         if (!(cb->ws[i] = aligned_alloc(64, cb->ws_bytes))) goto fail;
+        if (cb->dws_bytes && !(cb->dws[i] = aligned_alloc(64, cb->dws_bytes))) goto fail;
+        if (cb->dws_bytes) memset(cb->dws[i], 0, 64); /* no key held yet */
         if (!(cb->scores[i] = malloc((size_t)attn_group_tokens(cb) * (size_t)attn_head_block(cb) * (cb->p.max_ctx + 1) *
                                      sizeof(float))))
             goto fail;

@@ -2,10 +2,14 @@
  * ops_draft.c — the draft products on int8 dot products (see ops_draft.h for
  * the element and why its bits never depend on the kernel).
  *
- * A task quantises its tokens into the workspace, 8 at a time (each token's
- * hi and lo codes, K bytes each: L1 for K = 1024), then register blocks of
- * NR rows x R tokens stream the weights: each 64 codes of a row are loaded
- * once and feed 2 R VPDPBUSD, the tokens' codes read from the workspace.
+ * The codes are laid out for it (tensor.h): a 64-byte vector holds four
+ * codes of each of 16 rows, so with a token's four codes broadcast VPDPBUSD
+ * gives 16 rows' partial sums in 16 lanes, and no sum ever crosses lanes.
+ * A block quantises its tokens (up to 64) into the workspace once, hi and lo
+ * codes of K bytes each, and keeps them for the thread's next block of the
+ * same job (the caller's key); passes of up to 8 tokens then stream G groups
+ * of 16 rows (G = 4 for 1-2 tokens, 2 for 3-4, 1 above), each 64 bytes of
+ * codes loaded once for 2 R VPDPBUSD.
  */
 #include "ops_draft.h"
 
@@ -17,6 +21,7 @@
 #include "tensor.h"
 
 #define TOKS 8    /* tokens per pass */
+#define KEEP 64   /* tokens whose codes the workspace holds: the CPU backend's token blocks */
 #define CHUNK 64  /* codes per VPDPBUSD */
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -56,16 +61,25 @@ int moeq_draft_fits(const moeq_tensor *w) { return w && w->dtype == MOEQ_DTYPE_Q
 
 static int64_t padded(int64_t K) { return (K + CHUNK - 1) / CHUNK * CHUNK; }
 
-/* A pass's tokens: their scales and code sums, then hi and lo codes (stride padded(K), zeros past K). */
+/* The workspace: which tokens its codes are of, their scales and code sums, then KEEP tokens' hi and lo codes
+ * (stride padded(K), zeros past K). */
+typedef struct qhead {
+    uint64_t key; /* the caller's name for (job, tokens) when the codes may be reused; 0: none */
+    int64_t t0, t1, K;
+    float sx[KEEP];
+    int32_t hsum[KEEP], lsum[KEEP];
+} qhead;
+
+#define QHEAD_BYTES ((sizeof(qhead) + 63) / 64 * 64)
+
+/* A pass's view of the codes of R <= TOKS tokens. */
 typedef struct qtok {
-    float sx[TOKS];
-    int32_t hsum[TOKS], lsum[TOKS];
-    int8_t *hi, *lo;
+    const float *sx;
+    const int32_t *hsum, *lsum;
+    const int8_t *hi, *lo;
 } qtok;
 
-#define QTOK_HEAD 128 /* bytes of the workspace before the codes */
-
-size_t moeq_draft_ws_bytes(int64_t cols) { return QTOK_HEAD + 2 * (size_t)TOKS * (size_t)padded(cols) + 64; }
+size_t moeq_draft_ws_bytes(int64_t cols) { return QHEAD_BYTES + 2 * (size_t)KEEP * (size_t)padded(cols) + 64; }
 
 /* The element's last steps (ops_draft.h), shared by every path. */
 static inline float finish(float sw, float sx, int64_t A, int64_t B) {
@@ -119,12 +133,13 @@ void moeq_draft_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int
 #define TD __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni")))
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* Token t0 + r (r < R) of x into slot r of qt: the emulation's codes, 16 at a time. */
-static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qtok *qt) {
+/* Tokens t0 + r (r < R) of x into slots s0 + r of the workspace: the emulation's codes, 16 at a time. */
+static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qhead *qh, int8_t *hi0, int8_t *lo0,
+                        int s0) {
     const int64_t Kp = padded(K);
     for (int r = 0; r < R; r++) {
         const float *x = job->x + (t0 + r) * job->ldx;
-        int8_t *hi = qt->hi + r * Kp, *lo = qt->lo + r * Kp;
+        int8_t *hi = hi0 + (s0 + r) * Kp, *lo = lo0 + (s0 + r) * Kp;
         __m512 a = _mm512_setzero_ps();
         __mmask16 bad = 0;
         for (int64_t k = 0; k < K; k += 16) {
@@ -135,7 +150,7 @@ static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qt
         }
         float amax = _mm512_reduce_max_ps(a);
         int range = bad ? -1 : amax > 0.0f;
-        qt->sx[r] = range < 0 ? NAN : range ? amax / 127.0f : 0.0f;
+        qh->sx[s0 + r] = range < 0 ? NAN : range ? amax / 127.0f : 0.0f;
         const __m512 inv = _mm512_set1_ps(range > 0 ? 127.0f / amax : 0.0f), f254 = _mm512_set1_ps(254.0f);
         __m512i hs = _mm512_setzero_si512(), ls = _mm512_setzero_si512();
         for (int64_t k = 0; k < Kp; k += 16) {
@@ -149,7 +164,7 @@ static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qt
             _mm_storeu_si128((__m128i *)(hi + k), _mm512_cvtepi32_epi8(hv));
             _mm_storeu_si128((__m128i *)(lo + k), _mm512_cvtepi32_epi8(lv));
         }
-        qt->hsum[r] = _mm512_reduce_add_epi32(hs), qt->lsum[r] = _mm512_reduce_add_epi32(ls);
+        qh->hsum[s0 + r] = _mm512_reduce_add_epi32(hs), qh->lsum[s0 + r] = _mm512_reduce_add_epi32(ls);
     }
 }
 
@@ -235,20 +250,34 @@ static TD void groups_any(int R, const uint8_t *wq, int64_t g0, int64_t g1, int6
     }
 }
 
-static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, int64_t per,
-                             void *ws) {
+/*
+ * cap: tokens the workspace holds (1..KEEP; K = 16,384 takes 2 MiB for 64, pages touched only as used). When [t0, t1) fits, its codes are made once and, under a nonzero
+ * key, kept for the next block of the same key and tokens (the other row blocks of the job on this thread);
+ * else each pass makes its own.
+ */
+static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, int64_t cap,
+                             void *ws, uint64_t key) {
     const moeq_tensor *w = job->w;
     const int64_t K = moeq_tensor_cols(w), Kp = padded(K), quads = moeq_q8r_quads(K);
-    qtok qt;
-    qt.hi = (int8_t *)ws + QTOK_HEAD;
-    qt.lo = qt.hi + per * Kp;
+    qhead *qh = ws;
+    int8_t *hi = (int8_t *)ws + QHEAD_BYTES, *lo = hi + cap * Kp;
+    const int keep = t1 - t0 <= cap;
+    if (keep && !(key && qh->key == key && qh->t0 == t0 && qh->t1 == t1 && qh->K == K)) {
+        quantize(job, t0, (int)(t1 - t0), K, qh, hi, lo, 0);
+        qh->key = key, qh->t0 = t0, qh->t1 = t1, qh->K = K;
+    }
     /* absolute rows [a, b): whole 16-row groups, each stored only where it lies inside the block */
     const int64_t a = job->row0 + n0, b = job->row0 + n1, g0 = a / 16, g1 = (b + 15) / 16;
     const float *sw = (const float *)w->scale_inv->data;
     float *y = job->y + n0 - (a - g0 * 16); /* column of group g0's first row */
+    const int64_t per = cap < TOKS ? cap : TOKS;
     for (int64_t t = t0; t < t1; t += per) {
-        const int R = (int)(t1 - t < per ? t1 - t : per);
-        quantize(job, t, R, K, &qt);
+        const int R = (int)(t1 - t < per ? t1 - t : per), s0 = keep ? (int)(t - t0) : 0;
+        if (!keep) {
+            quantize(job, t, R, K, qh, hi, lo, 0);
+            qh->key = 0;
+        }
+        const qtok qt = {qh->sx + s0, qh->hsum + s0, qh->lsum + s0, hi + s0 * Kp, lo + s0 * Kp};
         groups_any(R, (const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0], y + t * job->ldy,
                    job->ldy, a - g0 * 16, b - g0 * 16);
     }
@@ -256,15 +285,18 @@ static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int
 #endif
 
 void moeq_draft_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, void *ws,
-                         size_t ws_bytes) {
+                         size_t ws_bytes, uint64_t key) {
     const int64_t Kp = padded(moeq_tensor_cols(job->w));
-    int64_t per = ws && ws_bytes > QTOK_HEAD ? (int64_t)((ws_bytes - QTOK_HEAD) / (2 * (size_t)Kp)) : 0;
-    if (per > TOKS) per = TOKS;
+    int64_t cap = ws && ws_bytes > QHEAD_BYTES ? (int64_t)((ws_bytes - QHEAD_BYTES) / (2 * (size_t)Kp)) : 0;
+    if (cap > KEEP) cap = KEEP;
+    if (n0 >= n1 || t0 >= t1) return;
 #ifdef DRAFT_X86
-    if (per >= 1 && moeq_draft_supported()) {
-        nt_block_vnni(job, n0, n1, t0, t1, per, ws);
+    if (cap >= 1 && moeq_draft_supported()) {
+        nt_block_vnni(job, n0, n1, t0, t1, cap, ws, key);
         return;
     }
+#else
+    (void)key;
 #endif
     moeq_draft_nt_block_ref(job, n0, n1, t0, t1); /* the same bits */
 }

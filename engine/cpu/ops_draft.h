@@ -50,13 +50,17 @@ const char *moeq_draft_describe(void);
 /* 1 when w takes this path: a Q8R weight (any CPU: the emulation runs where VNNI is missing). */
 int moeq_draft_fits(const moeq_tensor *w);
 
-/* The workspace moeq_draft_nt_block wants for weights of cols columns: 8 tokens' codes and scales. */
+/* The workspace moeq_draft_nt_block wants for weights of cols columns: 64 tokens' codes and scales. */
 size_t moeq_draft_ws_bytes(int64_t cols);
 
-/* y[t][n] for rows [n0, n1) and tokens [t0, t1) of job (a Q8R weight). ws: 64-byte aligned, the caller's per
- * thread; a smaller one takes fewer tokens per pass, none at all the emulation (the same bits). */
+/*
+ * y[t][n] for rows [n0, n1) and tokens [t0, t1) of job (a Q8R weight). ws: 64-byte aligned, the caller's per
+ * thread and this path's alone; a smaller one takes fewer tokens at a time, none at all the emulation (the
+ * same bits). key: nonzero names the job's activations for the caller (one call's job), so a later block with
+ * the same key and tokens reuses the codes ws holds instead of quantising again; 0 never reuses.
+ */
 void moeq_draft_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, void *ws,
-                         size_t ws_bytes);
+                         size_t ws_bytes, uint64_t key);
 
 /* The emulation: scalar code, the formula above element by element. The tests' oracle. */
 void moeq_draft_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);

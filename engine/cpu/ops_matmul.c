@@ -1042,7 +1042,7 @@ void moeq_mm_nt_block(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0
 void moeq_mm_nt_block_ws_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0,
                              int64_t t1, void *ws, size_t ws_bytes) {
     if (job->w->dtype == MOEQ_DTYPE_Q8R) {
-        moeq_draft_nt_block(job, n0, n1, t0, t1, ws, ws_bytes);
+        moeq_draft_nt_block(job, n0, n1, t0, t1, ws, ws_bytes, 0); /* ws is shared: no codes kept */
         return;
     }
 #ifdef MOEQ_MM_X86
