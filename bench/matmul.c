@@ -177,9 +177,10 @@ int main(int argc, char **argv) {
             if (weight_make(&w, dt, rows, cols)) return 1;
             for (int i = 0; i < n_toks; i++) {
                 double pc, g = kernel_gflops(b, &w, toks[i], x, y, min_s, &pc);
+                const char *path = draft ? "draft" : amx ? "amx" : inv ? "lanes" : "openblas";
                 printf("%s\n    {\"batch_invariant\": %d, \"path\": \"%s\", \"dtype\": \"%s\", \"tokens\": %d, "
                        "\"gflops\": %.1f, \"gflops_per_cpu_s\": %.1f}",
-                       first ? "" : ",", inv, draft ? "draft" : amx ? "amx" : inv ? "lanes" : "openblas", dtype_name(dt), toks[i], g, pc);
+                       first ? "" : ",", inv, path, dtype_name(dt), toks[i], g, pc);
                 first = 0;
                 fflush(stdout);
             }

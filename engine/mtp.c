@@ -78,7 +78,8 @@ int moeq_mtp_draft_f8(const moeq_engine *e) {
 static moeq_err draft_copy(const moeq_engine *e, moeq_mtp_state *m, const moeq_tensor **slot) {
     const moeq_tensor *t = *slot;
     if (!t || t->ndim != 2) return MOEQ_OK;
-    const int q8 = !strcmp(e->params.mtp_draft, "f8") && moeq_engine_cpu_draft() && moeq_tensor_cols(t) <= MOEQ_Q8R_MAX_COLS;
+    const int q8 =
+        !strcmp(e->params.mtp_draft, "f8") && moeq_engine_cpu_draft() && moeq_tensor_cols(t) <= MOEQ_Q8R_MAX_COLS;
     if (!q8 && t->dtype == MOEQ_DTYPE_F8_E4M3) return MOEQ_OK;
     if (m->n_f8 == (int)(sizeof m->f8 / sizeof m->f8[0])) return MOEQ_ERR_INTERNAL;
     moeq_tensor *c = q8 ? moeq_tensor_q8r_copy(t) : moeq_tensor_f8_copy(t);
@@ -91,9 +92,10 @@ static moeq_err draft_copy(const moeq_engine *e, moeq_mtp_state *m, const moeq_t
 /*
  * mtp_draft = f8: the layer's dense projections (attention, dense MLP or shared experts, eh_proj) and the
  * head as 8-bit copies: Q8R (int8 rows, exact int32 sums) where the CPU backend has AVX512-VNNI, else F8
- * E4M3 (mtp_draft = e4m3: F8 E4M3 everywhere). A draft reads about half the bytes of a BF16 one, and its bytes are what a k = 1 round pays on top
- * of the verify step; the int8 kernels stream them at 1-2 rows where F8 on AMX tiles cannot. kv_b_proj (the
- * absorbed attention's NN products), the router and the routed experts stay as they are. Made when the first sequence is marked (an engine that never drafts, as
+ * E4M3 (mtp_draft = e4m3: F8 E4M3 everywhere). A draft reads about half the bytes of a BF16 one, and its
+ * bytes are what a k = 1 round pays on top of the verify step; the int8 kernels stream them at 1-2 rows
+ * where F8 on AMX tiles cannot. kv_b_proj (the absorbed attention's NN products), the router and the routed
+ * experts stay as they are. Made when the first sequence is marked (an engine that never drafts, as
  * bench-engine's or a worker's with mtp_k = 0, spends neither the time nor the memory), before any MTP entry
  * exists; every MTP pass after that (drafts, pending entries computed by a main step) uses the same copies, so
  * the MTP cache is consistent. The copies only move drafts, never an emitted token. All or nothing.

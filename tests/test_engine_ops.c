@@ -393,7 +393,8 @@ static moeq_tensor *q8r_of(int rows, int cols, int nan_row, float **deq) {
  */
 static void draft_products_match_their_emulation_bit_for_bit(void **state) {
     (void)state;
-    if (!moeq_draft_supported()) print_message("draft kernels: %s (checking the emulation alone)\n", moeq_draft_describe());
+    if (!moeq_draft_supported())
+        print_message("draft kernels: %s (checking the emulation alone)\n", moeq_draft_describe());
     static const int colss[] = {32, 100, 1088};
     static const int toks[] = {1, 2, 3, 5, 8, 9, 17};
     static const int blocks[][2] = {{0, 295}, {0, 1}, {0, 7}, {3, 77}, {120, 140}, {280, 295}};
@@ -485,7 +486,8 @@ static void draft_backend_output_of_a_token_never_depends_on_the_other_tokens(vo
                                   .amx = moeq_amx_supported()};
     moeq_backend *b = moeq_backend_cpu_new(&bp);
     assert_non_null(b);
-    moeq_mm_job j2[2] = {{w, 0, rows, x, cols, all, rows, T}, {&fb.t, 0, rows, x, cols, all + (size_t)T * rows, rows, T}};
+    moeq_mm_job j2[2] = {{w, 0, rows, x, cols, all, rows, T},
+                         {&fb.t, 0, rows, x, cols, all + (size_t)T * rows, rows, T}};
     b->matmul(b, j2, 2);
     float *ref = malloc((size_t)T * rows * 4);
     moeq_mm_job jr = {w, 0, rows, x, cols, ref, rows, T};

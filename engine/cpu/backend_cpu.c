@@ -713,7 +713,8 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     size_t ws = moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
     if (cb->p.amx && moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) > ws)
         ws = moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
-    cb->dws_bytes = moeq_draft_supported() ? (moeq_draft_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) + 63) / 64 * 64 : 0;
+    cb->dws_bytes =
+        moeq_draft_supported() ? (moeq_draft_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) + 63) / 64 * 64 : 0;
     cb->ws_bytes = (ws + 63) / 64 * 64;
     cb->task_end = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int64_t));
     cb->moe_jobs = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(moeq_mm_job));
@@ -721,7 +722,8 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->regions = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(*cb->regions));
     cb->region_of = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int));
     cb->pool = moeq_pool_new(n);
-    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->dws || !cb->attn_ws || !cb->attn_ws_bytes || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
+    if (!cb->wbuf || !cb->scores || !cb->ws || !cb->dws ||
+        !cb->attn_ws || !cb->attn_ws_bytes || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
         !cb->views || !cb->regions || !cb->region_of)
         goto fail;
     for (int i = 0; i < n; i++) {

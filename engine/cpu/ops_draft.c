@@ -154,7 +154,10 @@ static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qh
         const __m512 inv = _mm512_set1_ps(range > 0 ? 127.0f / amax : 0.0f), f254 = _mm512_set1_ps(254.0f);
         __m512i hs = _mm512_setzero_si512(), ls = _mm512_setzero_si512();
         for (int64_t k = 0; k < Kp; k += 16) {
-            __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : K > k ? (__mmask16)((1u << (K - k)) - 1) : 0;
+            __mmask16 m = range <= 0 ? 0
+                          : K - k >= 16 ? (__mmask16)0xFFFF
+                          : K > k       ? (__mmask16)((1u << (K - k)) - 1)
+                                        : 0;
             __m512 u = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + k), inv);
             __m512 h = _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(u, h), f254),
@@ -212,8 +215,10 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const uint8_t
         const __m512 s = _mm512_maskz_loadu_ps(ms, sw + 16 * g);
 #pragma GCC unroll 8
         for (int t = 0; t < R; t++) {
-            __m512 A = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[g][t], _mm512_set1_epi32(128 * qt->hsum[t])));
-            __m512 B = _mm512_cvtepi32_ps(_mm512_sub_epi32(al[g][t], _mm512_set1_epi32(128 * qt->lsum[t])));
+            const __m512i h128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->hsum[t]), 7); /* 128 * sum, wrapping */
+            const __m512i l128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->lsum[t]), 7);
+            __m512 A = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[g][t], h128));
+            __m512 B = _mm512_cvtepi32_ps(_mm512_sub_epi32(al[g][t], l128));
             __m512 v = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(qt->sx[t])), _mm512_fmadd_ps(B, inv254, A));
             _mm512_mask_storeu_ps(y + t * ldy + 16 * g, m, v);
         }
@@ -251,7 +256,8 @@ static TD void groups_any(int R, const uint8_t *wq, int64_t g0, int64_t g1, int6
 }
 
 /*
- * cap: tokens the workspace holds (1..KEEP; K = 16,384 takes 2 MiB for 64, pages touched only as used). When [t0, t1) fits, its codes are made once and, under a nonzero
+ * cap: tokens the workspace holds (1..KEEP; K = 16,384 takes 2 MiB for 64, its pages touched only as
+ * used). When [t0, t1) fits, its codes are made once and, under a nonzero
  * key, kept for the next block of the same key and tokens (the other row blocks of the job on this thread);
  * else each pass makes its own.
  */

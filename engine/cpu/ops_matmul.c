@@ -218,10 +218,10 @@ void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int
             float acc = 0.0f;
             for (int64_t r = 0; r < job->n_rows; r++) {
                 int64_t row = job->row0 + r;
-                float wv = w->dtype != MOEQ_DTYPE_Q8R
-                               ? wscalar(w->dtype, row_ptr(w, row), scale_row(w, row), c)
-                               : (float)((int)((const uint8_t *)w->data)[moeq_q8r_at(moeq_tensor_cols(w), row, c)] - 128) *
-                                     scale_row(w, row)[0];
+                const uint8_t *q8 = (const uint8_t *)w->data;
+                const size_t at = moeq_q8r_at(moeq_tensor_cols(w), row, c);
+                float wv = w->dtype != MOEQ_DTYPE_Q8R ? wscalar(w->dtype, row_ptr(w, row), scale_row(w, row), c)
+                                                      : (float)((int)q8[at] - 128) * scale_row(w, row)[0];
                 acc = fmaf(job->x[t * job->ldx + r], wv, acc);
             }
             job->y[t * job->ldy + c] = acc;
