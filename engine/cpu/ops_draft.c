@@ -174,12 +174,12 @@ static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qh
 /*
  * G groups of 16 rows x R tokens: group g's codes at wq + g * gstride, quad j of it 64 bytes at j * 64 (row r's
  * four codes at r * 4); each quad of a token's codes is broadcast to the 16 rows, so a lane is a row and no
- * sum crosses lanes. Then the element's float steps, 16 rows at once, into y (rows [r0, r1) of the group
- * stored, row r of group g at column 16 g + r; token t at t * ldy).
+ * sum crosses lanes. Then the element's float steps, 16 rows at once, into y (rows [r0, r1) counted from
+ * group 0's first row are stored, row r of that count at column col + r; token t at t * ldy).
  */
 static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const uint8_t *wq, int64_t gstride, int64_t quads,
                                          const qtok *qt, int64_t Kp, const float *sw, int64_t srows, float *y,
-                                         int64_t ldy, int64_t r0, int64_t r1) {
+                                         int64_t col, int64_t ldy, int64_t r0, int64_t r1) {
     __m512i ah[4][TOKS], al[4][TOKS];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
@@ -209,7 +209,9 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const uint8_t
         int64_t lo = r0 - 16 * g, hi = r1 - 16 * g; /* this group's rows to store */
         lo = lo < 0 ? 0 : lo, hi = hi > 16 ? 16 : hi;
         if (lo >= hi) continue;
+        /* lanes [lo, hi) move to the front, so the store starts at the block's own first column */
         const __mmask16 m = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+        const __mmask16 mo = (__mmask16)((1u << (hi - lo)) - 1u);
         int64_t valid = srows - 16 * g; /* scales past the tensor's rows are not read */
         const __mmask16 ms = valid >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1u);
         const __m512 s = _mm512_maskz_loadu_ps(ms, sw + 16 * g);
@@ -220,36 +222,38 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const uint8_t
             __m512 A = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[g][t], h128));
             __m512 B = _mm512_cvtepi32_ps(_mm512_sub_epi32(al[g][t], l128));
             __m512 v = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(qt->sx[t])), _mm512_fmadd_ps(B, inv254, A));
-            _mm512_mask_storeu_ps(y + t * ldy + 16 * g, m, v);
+            _mm512_mask_storeu_ps(y + t * ldy + (col + 16 * g + lo), mo, _mm512_maskz_compress_ps(m, v));
         }
     }
 }
 
 /* Groups [g0, g1) against R tokens, G at a time (G shrinks as R grows so the 2 G R accumulators stay in
- * registers); output rows [n0, n1) relative to group g0's first row (which may start inside it). */
+ * registers); output rows [n0, n1) counted from group g0's first row (the block may start inside it), row r
+ * of that count at column col + r of y. */
 static TD ALWAYS_INLINE void groups_r(const int R, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads,
                                       const qtok *qt, int64_t Kp, const float *sw, int64_t rows, float *y,
-                                      int64_t ldy, int64_t n0, int64_t n1) {
+                                      int64_t col, int64_t ldy, int64_t n0, int64_t n1) {
     const int G = R <= 2 ? 4 : R <= 4 ? 2 : 1;
     const int64_t gstride = quads * 64;
     int64_t g = g0;
     for (; g + G <= g1; g += G) {
         int64_t base = (g - g0) * 16;
-        groups_pass(G, R, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y + base, ldy,
+        groups_pass(G, R, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base, ldy,
                     n0 - base, n1 - base);
     }
     for (; g < g1; g++) {
         int64_t base = (g - g0) * 16;
-        groups_pass(1, R, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y + base, ldy,
+        groups_pass(1, R, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base, ldy,
                     n0 - base, n1 - base);
     }
 }
 
 static TD void groups_any(int R, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads, const qtok *qt,
-                          int64_t Kp, const float *sw, int64_t rows, float *y, int64_t ldy, int64_t n0, int64_t n1) {
+                          int64_t Kp, const float *sw, int64_t rows, float *y, int64_t col, int64_t ldy, int64_t n0,
+                          int64_t n1) {
     switch (R) {
 #define CASE(n) \
-    case n: groups_r(n, wq, g0, g1, quads, qt, Kp, sw, rows, y, ldy, n0, n1); break;
+    case n: groups_r(n, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
@@ -275,7 +279,7 @@ static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int
     /* absolute rows [a, b): whole 16-row groups, each stored only where it lies inside the block */
     const int64_t a = job->row0 + n0, b = job->row0 + n1, g0 = a / 16, g1 = (b + 15) / 16;
     const float *sw = (const float *)w->scale_inv->data;
-    float *y = job->y + n0 - (a - g0 * 16); /* column of group g0's first row */
+    const int64_t col = n0 - (a - g0 * 16); /* column of group g0's first row (negative inside the group) */
     const int64_t per = cap < TOKS ? cap : TOKS;
     for (int64_t t = t0; t < t1; t += per) {
         const int R = (int)(t1 - t < per ? t1 - t : per), s0 = keep ? (int)(t - t0) : 0;
@@ -284,7 +288,7 @@ static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int
             qh->key = 0;
         }
         const qtok qt = {qh->sx + s0, qh->hsum + s0, qh->lsum + s0, hi + s0 * Kp, lo + s0 * Kp};
-        groups_any(R, (const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0], y + t * job->ldy,
+        groups_any(R, (const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0], job->y + t * job->ldy, col,
                    job->ldy, a - g0 * 16, b - g0 * 16);
     }
 }
