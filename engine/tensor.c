@@ -174,13 +174,19 @@ moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src) {
     return t;
 }
 
+/* round(v) to nearest even for |v| <= 2^22, as rintf in the default rounding mode, without a call */
+static inline float round_small(float v) {
+    volatile float big = 12582912.0f; /* 1.5 * 2^23: v + big rounds v to an integer; volatile keeps the pair */
+    return (v + big) - big;
+}
+
 moeq_tensor *moeq_tensor_q8r_copy(const moeq_tensor *src) {
-    const int64_t rows = src->shape[0], cols = moeq_tensor_cols(src);
+    const int64_t rows = src->shape[0], cols = moeq_tensor_cols(src), quads = moeq_q8r_quads(cols);
     if (src->ndim != 2 || cols < 1 || cols > MOEQ_Q8R_MAX_COLS) return NULL;
     const size_t head = (2 * sizeof(moeq_tensor) + 63) / 64 * 64, sbytes = (size_t)rows * sizeof(float);
-    const size_t qbytes = (size_t)((rows + 15) / 16 * moeq_q8r_quads(cols) * 64);
+    const size_t qbytes = (size_t)((rows + 15) / 16 * quads * 64);
     uint8_t *mem = NULL;
-    float *wide = malloc((size_t)cols * sizeof(float));
+    float *wide = malloc((size_t)(16 * quads * 4) * sizeof(float)); /* a group's 16 rows, padded to quads */
     if (!wide || posix_memalign((void **)&mem, 64, head + (sbytes + 63) / 64 * 64 + qbytes)) {
         free(wide);
         return NULL;
@@ -188,25 +194,34 @@ moeq_tensor *moeq_tensor_q8r_copy(const moeq_tensor *src) {
     moeq_tensor *t = (moeq_tensor *)(void *)mem, *sc = t + 1;
     float *scales = (float *)(void *)(mem + head);
     uint8_t *q = mem + head + (sbytes + 63) / 64 * 64;
-    memset(q, 128, qbytes); /* padding: code 0 */
     *sc = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F32, .ndim = 1, .shape = {rows}, .data = scales,
                         .nbytes = sbytes};
     *t = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_Q8R, .ndim = 2, .shape = {rows, cols}, .data = q,
                        .nbytes = qbytes, .scale_inv = sc};
-    for (int64_t r = 0; r < rows; r++) {
-        moeq_tensor_rows_to_f32(src, r, 1, wide);
-        float amax = 0.0f;
-        int finite = 1;
-        for (int64_t c = 0; c < cols; c++) {
-            finite &= isfinite(wide[c]) != 0;
-            amax = fmaxf(amax, fabsf(wide[c]));
+    const int64_t ld = quads * 4;
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) { /* one group: widen, scale each row, then write it in order */
+        const int n = rows - r0 < 16 ? (int)(rows - r0) : 16;
+        float inv[16] = {0};
+        memset(wide, 0, (size_t)(16 * ld) * sizeof(float)); /* padding rows and columns: code 0 */
+        for (int r = 0; r < n; r++) {
+            float *row = wide + r * ld, amax = 0.0f;
+            moeq_tensor_rows_to_f32(src, r0 + r, 1, row);
+            int finite = 1;
+            for (int64_t c = 0; c < cols; c++) {
+                finite &= isfinite(row[c]) != 0;
+                amax = fmaxf(amax, fabsf(row[c]));
+            }
+            scales[r0 + r] = !finite ? NAN : amax / 127.0f;
+            inv[r] = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+            if (!finite) memset(row, 0, (size_t)cols * sizeof(float));
         }
-        scales[r] = !finite ? NAN : amax / 127.0f;
-        float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int64_t c = 0; c < cols; c++) {
-            float v = finite ? rintf(wide[c] * inv) : 0.0f;
-            q[moeq_q8r_at(cols, r, c)] = (uint8_t)(128 + (int)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v));
-        }
+        uint8_t *g = q + (r0 / 16) * quads * 64;
+        for (int64_t j = 0; j < quads; j++)
+            for (int r = 0; r < 16; r++)
+                for (int i = 0; i < 4; i++) {
+                    float v = round_small(wide[r * ld + 4 * j + i] * inv[r]); /* |v| <= 127 */
+                    *g++ = (uint8_t)(128 + (int)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v));
+                }
     }
     free(wide);
     return t;
