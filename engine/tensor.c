@@ -8,6 +8,7 @@
  * Deliberately not here: GEMM kernels that consume BF16/F8 directly (forward).
  */
 #define _DEFAULT_SOURCE /* madvise */
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -208,8 +209,9 @@ moeq_tensor *moeq_tensor_q8r_copy(const moeq_tensor *src) {
             moeq_tensor_rows_to_f32(src, r0 + r, 1, row);
             int finite = 1;
             for (int64_t c = 0; c < cols; c++) {
-                finite &= isfinite(row[c]) != 0;
-                amax = fmaxf(amax, fabsf(row[c]));
+                float a = fabsf(row[c]);
+                finite &= a <= FLT_MAX; /* false for inf and NaN */
+                amax = a > amax ? a : amax;
             }
             scales[r0 + r] = !finite ? NAN : amax / 127.0f;
             inv[r] = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
