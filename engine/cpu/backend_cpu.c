@@ -135,7 +135,9 @@ static void nt_task(void *ctx, int64_t task, int worker) {
     int64_t n_tb = ceil_div(job->n_tok, NT_TOKS), rows = nt_rows(job);
     int64_t n0 = (local / n_tb) * rows, t0 = (local % n_tb) * NT_TOKS;
     const moeq_amx_xview *xv = cb->p.amx ? &cb->views[job - cb->jobs] : NULL;
-    if (xv && xv->pack) { /* token blocks outermost: a block's pack stays in L2 while the weights stream past */
+    if ((xv && xv->pack) || moeq_draft_fits(job->w)) {
+        /* token blocks outermost: a block's pack (a draft's int8 codes, kept per thread) stays while the weights
+         * stream past */
         int64_t n_rb = ceil_div(job->n_rows, rows);
         n0 = (local % n_rb) * rows, t0 = (local / n_rb) * NT_TOKS;
     }

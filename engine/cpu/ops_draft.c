@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "amx_inline.h"
+#include "ops_amx.h"
 #include "tensor.h"
 
 #define TOKS 8    /* tokens per pass */
@@ -26,11 +28,12 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DRAFT_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 static char draft_text[96];
-static int draft_state;
+static int draft_state, draft_amx; /* draft_amx: blocks of 16 tokens on AMX-INT8 tiles (the same sums) */
 static pthread_once_t draft_once = PTHREAD_ONCE_INIT;
 
 static void detect_once(void) {
@@ -40,7 +43,10 @@ static void detect_once(void) {
         snprintf(draft_text, sizeof draft_text, "no avx512_vnni: F8 drafts on the exact path's kernels");
         return;
     }
-    snprintf(draft_text, sizeof draft_text, "avx512_vnni int8 dot products");
+    unsigned a, b, c, d;
+    draft_amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25)) && moeq_amx_supported();
+    snprintf(draft_text, sizeof draft_text, "avx512_vnni int8 dot products%s",
+             draft_amx ? ", amx_int8 tiles from 16 tokens" : "");
     draft_state = 1;
 #else
     snprintf(draft_text, sizeof draft_text, "not x86-64: F8 drafts on the exact path's kernels");
@@ -172,6 +178,32 @@ static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qh
 }
 
 /*
+ * The element's float steps for one group of 16 rows (lanes) and R tokens: sums ah[t], al[t] (with the + 128
+ * of the codes still in them), the rows' scales at sw (valid: how many exist), into y (rows [r0, r1) of the
+ * group stored, row r at column col + r; token t at t * ldy).
+ */
+static TD ALWAYS_INLINE void store_group(const int R, const __m512i *ah, const __m512i *al, const qtok *qt,
+                                         const float *sw, int64_t valid, float *y, int64_t col, int64_t ldy,
+                                         int64_t r0, int64_t r1) {
+    int64_t lo = r0 < 0 ? 0 : r0, hi = r1 > 16 ? 16 : r1;
+    if (lo >= hi) return;
+    /* lanes [lo, hi) move to the front, so the store starts at the block's own first column */
+    const __mmask16 m = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    const __mmask16 mo = (__mmask16)((1u << (hi - lo)) - 1u);
+    const __mmask16 ms = valid >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1u); /* no read past */
+    const __m512 s = _mm512_maskz_loadu_ps(ms, sw), inv254 = _mm512_set1_ps(1.0f / 254.0f);
+#pragma GCC unroll 16
+    for (int t = 0; t < R; t++) {
+        const __m512i h128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->hsum[t]), 7); /* 128 * sum, wrapping */
+        const __m512i l128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->lsum[t]), 7);
+        __m512 A = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[t], h128));
+        __m512 B = _mm512_cvtepi32_ps(_mm512_sub_epi32(al[t], l128));
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(qt->sx[t])), _mm512_fmadd_ps(B, inv254, A));
+        _mm512_mask_storeu_ps(y + t * ldy + (col + lo), mo, _mm512_maskz_compress_ps(m, v));
+    }
+}
+
+/*
  * G groups of 16 rows x R tokens: group g's codes at wq + g * gstride, quad j of it 64 bytes at j * 64 (row r's
  * four codes at r * 4); each quad of a token's codes is broadcast to the 16 rows, so a lane is a row and no
  * sum crosses lanes. Then the element's float steps, 16 rows at once, into y (rows [r0, r1) counted from
@@ -203,28 +235,9 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const uint8_t
             }
         }
     }
-    const __m512 inv254 = _mm512_set1_ps(1.0f / 254.0f);
 #pragma GCC unroll 4
-    for (int g = 0; g < G; g++) {
-        int64_t lo = r0 - 16 * g, hi = r1 - 16 * g; /* this group's rows to store */
-        lo = lo < 0 ? 0 : lo, hi = hi > 16 ? 16 : hi;
-        if (lo >= hi) continue;
-        /* lanes [lo, hi) move to the front, so the store starts at the block's own first column */
-        const __mmask16 m = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-        const __mmask16 mo = (__mmask16)((1u << (hi - lo)) - 1u);
-        int64_t valid = srows - 16 * g; /* scales past the tensor's rows are not read */
-        const __mmask16 ms = valid >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1u);
-        const __m512 s = _mm512_maskz_loadu_ps(ms, sw + 16 * g);
-#pragma GCC unroll 8
-        for (int t = 0; t < R; t++) {
-            const __m512i h128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->hsum[t]), 7); /* 128 * sum, wrapping */
-            const __m512i l128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->lsum[t]), 7);
-            __m512 A = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[g][t], h128));
-            __m512 B = _mm512_cvtepi32_ps(_mm512_sub_epi32(al[g][t], l128));
-            __m512 v = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(qt->sx[t])), _mm512_fmadd_ps(B, inv254, A));
-            _mm512_mask_storeu_ps(y + t * ldy + (col + 16 * g + lo), mo, _mm512_maskz_compress_ps(m, v));
-        }
-    }
+    for (int g = 0; g < G; g++)
+        store_group(R, ah[g], al[g], qt, sw + 16 * g, srows - 16 * g, y, col + 16 * g, ldy, r0 - 16 * g, r1 - 16 * g);
 }
 
 /* Groups [g0, g1) against R tokens, G at a time (G shrinks as R grows so the 2 G R accumulators stay in
@@ -259,6 +272,50 @@ static TD void groups_any(int R, const uint8_t *wq, int64_t g0, int64_t g1, int6
     }
 }
 
+#ifdef MOEQ_AMX_X86
+#define TDA __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,amx-tile,amx-int8")))
+
+/*
+ * 16 tokens x groups [g0, g1) on AMX-INT8 tiles: A = the tokens' hi (lo) codes, 16 rows of 64 (signed), B = 16
+ * quads of the group as stored (unsigned q + 128: the layout is already the tiles' four-byte pairs), C = 16
+ * tokens x 16 rows of int32 sums, the same integers as VPDPBUSD's lanes, so the same bits. Arguments as
+ * groups_r's.
+ */
+static TDA void groups_amx16(const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads, const qtok *qt, int64_t Kp,
+                             const float *sw, int64_t rows, float *y, int64_t col, int64_t ldy, int64_t n0,
+                             int64_t n1) {
+    const int64_t gstride = quads * 64, steps = (quads + 15) / 16;
+    _Alignas(64) int32_t ch[256], cl[256];
+    _Alignas(64) uint8_t tail[1024];
+    _tile_loadconfig(&moeq_amx_full_config);
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *b = wq + g * gstride;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t s = 0; s < steps; s++) {
+            const uint8_t *bs = b + s * 1024;
+            if ((s + 1) * 16 > quads) { /* the group's last quads: the rest zero (the codes past K are 0 too) */
+                memset(tail, 0, sizeof tail);
+                memcpy(tail, bs, (size_t)(quads - s * 16) * 64);
+                bs = tail;
+            }
+            _tile_loadd(2, qt->hi + s * 64, Kp);
+            _tile_loadd(3, qt->lo + s * 64, Kp);
+            _tile_loadd(4, bs, 64);
+            _tile_dpbsud(0, 2, 4);
+            _tile_dpbsud(1, 3, 4);
+        }
+        _tile_stored(0, ch, 64);
+        _tile_stored(1, cl, 64);
+        __m512i ah[16], al[16];
+        for (int t = 0; t < 16; t++) ah[t] = _mm512_load_si512(ch + 16 * t), al[t] = _mm512_load_si512(cl + 16 * t);
+        const int64_t base = (g - g0) * 16;
+        store_group(16, ah, al, qt, sw + g * 16, rows - g * 16, y, col + base, ldy, n0 - base, n1 - base);
+    }
+    _tile_release();
+}
+#endif
+
 /*
  * cap: tokens the workspace holds (1..KEEP; K = 16,384 takes 2 MiB for 64, its pages touched only as
  * used). When [t0, t1) fits, its codes are made once and, under a nonzero
@@ -281,8 +338,19 @@ static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int
     const float *sw = (const float *)w->scale_inv->data;
     const int64_t col = n0 - (a - g0 * 16); /* column of group g0's first row (negative inside the group) */
     const int64_t per = cap < TOKS ? cap : TOKS;
-    for (int64_t t = t0; t < t1; t += per) {
-        const int R = (int)(t1 - t < per ? t1 - t : per), s0 = keep ? (int)(t - t0) : 0;
+    for (int64_t t = t0, step; t < t1; t += step) {
+        const int s0 = keep ? (int)(t - t0) : 0;
+#ifdef MOEQ_AMX_X86
+        if (keep && draft_amx && t1 - t >= 16) { /* the tiles give the lanes' integers: the same bits */
+            const qtok qt = {qh->sx + s0, qh->hsum + s0, qh->lsum + s0, hi + s0 * Kp, lo + s0 * Kp};
+            groups_amx16((const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0], job->y + t * job->ldy,
+                         col, job->ldy, a - g0 * 16, b - g0 * 16);
+            step = 16;
+            continue;
+        }
+#endif
+        step = per;
+        const int R = (int)(t1 - t < per ? t1 - t : per);
         if (!keep) {
             quantize(job, t, R, K, qh, hi, lo, 0);
             qh->key = 0;
