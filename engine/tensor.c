@@ -145,25 +145,40 @@ void moeq_f8_quantize_rows(const float *vals, int64_t n_rows, int64_t cols, cons
             out[r * cols + c] = moeq_f32_to_f8_e4m3(vals[r * cols + c] / scales[c / MOEQ_F8_BLOCK]);
 }
 
+/*
+ * A copy's one allocation, which free() releases: the tensor (dt, src's rows and columns), its scale tensor
+ * (F32, sndim dimensions sshape), the scales (sbytes) and the codes (qbytes), each array on a 64-byte line.
+ * NULL when memory cannot be had.
+ */
+static moeq_tensor *copy_alloc(const moeq_tensor *src, moeq_dtype dt, int sndim, const int64_t *sshape, size_t sbytes,
+                               size_t qbytes, float **scales, uint8_t **q) {
+    const size_t head = (2 * sizeof(moeq_tensor) + 63) / 64 * 64, sarea = (sbytes + 63) / 64 * 64;
+    uint8_t *mem = NULL;
+    if (posix_memalign((void **)&mem, 64, head + sarea + qbytes)) return NULL;
+    moeq_tensor *t = (moeq_tensor *)(void *)mem, *sc = t + 1;
+    *scales = (float *)(void *)(mem + head);
+    *q = mem + head + sarea;
+    *sc = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F32, .ndim = sndim, .data = *scales, .nbytes = sbytes};
+    for (int i = 0; i < sndim; i++) sc->shape[i] = sshape[i];
+    *t = (moeq_tensor){.name = src->name, .dtype = dt, .ndim = 2, .shape = {src->shape[0], moeq_tensor_cols(src)},
+                       .data = *q, .nbytes = qbytes, .scale_inv = sc};
+    return t;
+}
+
 /* One allocation holds the tensor, its scale tensor and both arrays, so free() releases it. */
 moeq_tensor *moeq_tensor_f8_copy(const moeq_tensor *src) {
     const int64_t rows = src->shape[0], cols = moeq_tensor_cols(src);
     const int64_t rb = (rows + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK, cb = (cols + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK;
-    size_t head = (2 * sizeof(moeq_tensor) + 63) / 64 * 64, sbytes = (size_t)(rb * cb) * sizeof(float);
-    size_t qbytes = (size_t)(rows * cols);
-    uint8_t *mem = NULL;
-    float *wide = malloc((size_t)(MOEQ_F8_BLOCK * cols) * sizeof(float));
-    if (!wide || posix_memalign((void **)&mem, 64, head + (sbytes + 63) / 64 * 64 + qbytes)) {
+    const int64_t sshape[2] = {rb, cb};
+    float *scales, *wide = malloc((size_t)(MOEQ_F8_BLOCK * cols) * sizeof(float));
+    uint8_t *q;
+    moeq_tensor *t = wide ? copy_alloc(src, MOEQ_DTYPE_F8_E4M3, 2, sshape, (size_t)(rb * cb) * sizeof(float),
+                                       (size_t)(rows * cols), &scales, &q)
+                          : NULL;
+    if (!t) {
         free(wide);
         return NULL;
     }
-    moeq_tensor *t = (moeq_tensor *)(void *)mem, *sc = t + 1;
-    float *scales = (float *)(void *)(mem + head);
-    uint8_t *q = mem + head + (sbytes + 63) / 64 * 64;
-    *sc = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F32, .ndim = 2, .shape = {rb, cb}, .data = scales,
-                        .nbytes = sbytes};
-    *t = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F8_E4M3, .ndim = 2, .shape = {rows, cols}, .data = q,
-                       .nbytes = qbytes, .scale_inv = sc};
     for (int64_t r0 = 0; r0 < rows; r0 += MOEQ_F8_BLOCK) {
         int64_t n = rows - r0 < MOEQ_F8_BLOCK ? rows - r0 : MOEQ_F8_BLOCK;
         float *row_scales = scales + (r0 / MOEQ_F8_BLOCK) * cb;
@@ -184,21 +199,15 @@ static inline float round_small(float v) {
 moeq_tensor *moeq_tensor_q8r_copy(const moeq_tensor *src) {
     const int64_t rows = src->shape[0], cols = moeq_tensor_cols(src), quads = moeq_q8r_quads(cols);
     if (src->ndim != 2 || cols < 1 || cols > MOEQ_Q8R_MAX_COLS) return NULL;
-    const size_t head = (2 * sizeof(moeq_tensor) + 63) / 64 * 64, sbytes = (size_t)rows * sizeof(float);
     const size_t qbytes = (size_t)((rows + 15) / 16 * quads * 64);
-    uint8_t *mem = NULL;
-    float *wide = malloc((size_t)(16 * quads * 4) * sizeof(float)); /* a group's 16 rows, padded to quads */
-    if (!wide || posix_memalign((void **)&mem, 64, head + (sbytes + 63) / 64 * 64 + qbytes)) {
+    float *scales, *wide = malloc((size_t)(16 * quads * 4) * sizeof(float)); /* a group's 16 rows, padded */
+    uint8_t *q;
+    moeq_tensor *t =
+        wide ? copy_alloc(src, MOEQ_DTYPE_Q8R, 1, &rows, (size_t)rows * sizeof(float), qbytes, &scales, &q) : NULL;
+    if (!t) {
         free(wide);
         return NULL;
     }
-    moeq_tensor *t = (moeq_tensor *)(void *)mem, *sc = t + 1;
-    float *scales = (float *)(void *)(mem + head);
-    uint8_t *q = mem + head + (sbytes + 63) / 64 * 64;
-    *sc = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_F32, .ndim = 1, .shape = {rows}, .data = scales,
-                        .nbytes = sbytes};
-    *t = (moeq_tensor){.name = src->name, .dtype = MOEQ_DTYPE_Q8R, .ndim = 2, .shape = {rows, cols}, .data = q,
-                       .nbytes = qbytes, .scale_inv = sc};
     const int64_t ld = quads * 4;
     for (int64_t r0 = 0; r0 < rows; r0 += 16) { /* one group: widen, scale each row, then write it in order */
         const int n = rows - r0 < 16 ? (int)(rows - r0) : 16;
