@@ -352,6 +352,20 @@ static void kernel_output_of_an_element_never_depends_on_its_block(void **state)
     fake_weight_free(&f);
 }
 
+/* Tokens [0, T) of x through b in batches of n_tok = 1, 1 + step, ... (each batch alone): every output equals
+ * ref's (T x rows), whatever shares the call. */
+static void assert_batches_give_ref(moeq_backend *b, const moeq_tensor *w, const float *x, int cols, int rows, int T,
+                                    int step, const float *ref) {
+    for (int n_tok = 1; n_tok <= T; n_tok += step)
+        for (int t = 0; t + n_tok <= T; t += n_tok) {
+            float *y = malloc((size_t)n_tok * rows * 4);
+            moeq_mm_job s = {w, 0, rows, x + (size_t)t * cols, cols, y, rows, n_tok};
+            b->matmul(b, &s, 1);
+            assert_memory_equal(y, ref + (size_t)t * rows, (size_t)n_tok * rows * 4);
+            free(y);
+        }
+}
+
 /* ---- the draft products (ops_draft.h): Q8R copies, int8 sums; every CPU (the emulation where VNNI is missing) ---- */
 
 /* A Q8R copy of an F32 weight of rows x cols values v (row 1 all zero, row 2 with a NaN when nan_row). */
@@ -493,14 +507,7 @@ static void draft_backend_output_of_a_token_never_depends_on_the_other_tokens(vo
     moeq_mm_job jr = {w, 0, rows, x, cols, ref, rows, T};
     moeq_draft_nt_block_ref(&jr, 0, rows, 0, T);
     assert_memory_equal(all, ref, (size_t)T * rows * 4);
-    for (int n_tok = 1; n_tok <= T; n_tok += 4)
-        for (int t = 0; t + n_tok <= T; t += n_tok) {
-            float *y = malloc((size_t)n_tok * rows * 4);
-            moeq_mm_job s1 = {w, 0, rows, x + (size_t)t * cols, cols, y, rows, n_tok};
-            b->matmul(b, &s1, 1);
-            assert_memory_equal(y, ref + (size_t)t * rows, (size_t)n_tok * rows * 4);
-            free(y);
-        }
+    assert_batches_give_ref(b, w, x, cols, rows, T, 4, ref);
     moeq_backend_destroy(b);
     free(x), free(all), free(ref), free(w);
     fake_weight_free(&fb);
@@ -670,14 +677,7 @@ static void amx_backend_output_of_a_token_never_depends_on_the_other_tokens(void
     for (int w = 0; w < 2; w++) {
         const moeq_tensor *wt = w ? &f8.t : &fb.t;
         const float *ref = all + (size_t)w * T * rows;
-        for (int n_tok = 1; n_tok <= T; n_tok += 6) /* alone or in smaller batches */
-            for (int t = 0; t + n_tok <= T; t += n_tok) {
-                float *y = malloc((size_t)n_tok * rows * 4);
-                moeq_mm_job s = {wt, 0, rows, x + (size_t)t * cols, cols, y, rows, n_tok};
-                b->matmul(b, &s, 1);
-                assert_memory_equal(y, ref + (size_t)t * rows, (size_t)n_tok * rows * 4);
-                free(y);
-            }
+        assert_batches_give_ref(b, wt, x, cols, rows, T, 6, ref); /* alone or in smaller batches */
         /* experts: consecutive slices of x, two jobs per slice, one pack */
         static const int cuts[] = {0, 3, 4, 20, 37};
         moeq_mm_job ex[8];
