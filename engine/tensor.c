@@ -278,12 +278,8 @@ void moeq_tensor_rows_to_f32(const moeq_tensor *t, int64_t row0, int64_t n_rows,
         for (int64_t r = 0; r < n_rows; r++) f8_row_to_f32(t, row0 + r, cols, out + r * cols);
         break;
     case MOEQ_DTYPE_Q8R:
-        for (int64_t r = 0; r < n_rows; r++) {
-            const uint8_t *q = (const uint8_t *)t->data;
-            float scale = ((const float *)t->scale_inv->data)[row0 + r];
-            for (int64_t c = 0; c < cols; c++)
-                out[r * cols + c] = (float)((int)q[moeq_q8r_at(cols, row0 + r, c)] - 128) * scale;
-        }
+        for (int64_t r = 0; r < n_rows; r++)
+            for (int64_t c = 0; c < cols; c++) out[r * cols + c] = moeq_q8r_value(t, row0 + r, c);
         break;
     }
 }

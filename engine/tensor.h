@@ -98,6 +98,11 @@ static inline int64_t moeq_q8r_quads(int64_t cols) { return (cols + 3) / 4; }
 static inline size_t moeq_q8r_at(int64_t cols, int64_t r, int64_t c) {
     return (size_t)(((r / 16) * moeq_q8r_quads(cols) + c / 4) * 64 + (r % 16) * 4 + c % 4);
 }
+/* The value at row r, column c of Q8R tensor t: code times the row's scale. */
+static inline float moeq_q8r_value(const moeq_tensor *t, int64_t r, int64_t c) {
+    int code = (int)((const uint8_t *)t->data)[moeq_q8r_at(moeq_tensor_cols(t), r, c)] - 128;
+    return (float)code * ((const float *)t->scale_inv->data)[r];
+}
 moeq_tensor *moeq_tensor_q8r_copy(const moeq_tensor *src);
 
 /* Row helpers: widen n contiguous values to float32 (F8: times scale). */

@@ -83,9 +83,8 @@ static inline size_t esize(moeq_dtype dt) {
     return dt == MOEQ_DTYPE_F32 ? 4 : (dt == MOEQ_DTYPE_F8_E4M3 || dt == MOEQ_DTYPE_Q8R ? 1 : 2);
 }
 
-/* F8 block scales of the 128-row block holding `row`; Q8R: the row's scale; NULL for other dtypes. */
+/* F8 block scales of the 128-row block holding `row` (NULL for other dtypes). */
 static inline const float *scale_row(const moeq_tensor *w, int64_t row) {
-    if (w->dtype == MOEQ_DTYPE_Q8R) return (const float *)w->scale_inv->data + row;
     if (w->dtype != MOEQ_DTYPE_F8_E4M3 || !w->scale_inv) return NULL;
     int64_t ncb = (moeq_tensor_cols(w) + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK;
     return (const float *)w->scale_inv->data + (row / MOEQ_F8_BLOCK) * ncb;
@@ -163,7 +162,7 @@ static inline float wscalar(moeq_dtype dt, const uint8_t *p, const float *srow, 
         memcpy(&f, &bits, 4);
         return (f * 0x1p120f) * (srow ? srow[k / MOEQ_F8_BLOCK] : 1.0f);
     }
-    case MOEQ_DTYPE_Q8R: break; /* 16-row groups: moeq_mm_nn_block_scalar reads them itself */
+    case MOEQ_DTYPE_Q8R: break; /* 16-row groups: moeq_q8r_value */
     }
     return 0.0f;
 }
@@ -218,10 +217,8 @@ void moeq_mm_nn_block_scalar(const moeq_mm_job *job, int64_t c0, int64_t c1, int
             float acc = 0.0f;
             for (int64_t r = 0; r < job->n_rows; r++) {
                 int64_t row = job->row0 + r;
-                const uint8_t *q8 = (const uint8_t *)w->data;
-                const size_t at = moeq_q8r_at(moeq_tensor_cols(w), row, c);
-                float wv = w->dtype != MOEQ_DTYPE_Q8R ? wscalar(w->dtype, row_ptr(w, row), scale_row(w, row), c)
-                                                      : (float)((int)q8[at] - 128) * scale_row(w, row)[0];
+                float wv = w->dtype == MOEQ_DTYPE_Q8R ? moeq_q8r_value(w, row, c)
+                                                      : wscalar(w->dtype, row_ptr(w, row), scale_row(w, row), c);
                 acc = fmaf(job->x[t * job->ldx + r], wv, acc);
             }
             job->y[t * job->ldy + c] = acc;
