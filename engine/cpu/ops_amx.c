@@ -299,12 +299,15 @@ static TAMX ALWAYS_INLINE void step_from(const int NR, const int NG, const uint8
     step_tiles(NR, NG, src, s);
 }
 
-/* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. */
-static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const bsrc *src,
-                                     int64_t s0, int64_t s1) {
+/* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. next: NULL, or
+ * the next strip's first row (STRIP rows, lda bytes apart), whose step s each step s fetches into L2. */
+static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const uint8_t *next,
+                                     const bsrc *src, int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; s++) {
         if (NG == 1) /* few tokens: the weights' 32 row streams, four lines ahead (decode b1 ~1.04x) */
             for (int r = 0; r < NR * 16; r++) _mm_prefetch((const char *)(a + r * lda + (s + 4) * 64), _MM_HINT_T0);
+        else if (next)
+            for (int r = 0; r < STRIP; r++) _mm_prefetch((const char *)(next + r * lda + s * 64), _MM_HINT_T1);
         step_from(NR, NG, a + s * 64, lda, src, s);
     }
 }
@@ -342,11 +345,12 @@ static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t ldw, in
     else chain_f8(1, 1, w8, ldw, rows, buf, src, s0, s1);
 }
 
-static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const bsrc *src, int64_t s0, int64_t s1) {
-    if (nr == 2 && ng == 2) chain(2, 2, a, lda, src, s0, s1);
-    else if (nr == 2) chain(2, 1, a, lda, src, s0, s1);
-    else if (ng == 2) chain(1, 2, a, lda, src, s0, s1);
-    else chain(1, 1, a, lda, src, s0, s1);
+static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const uint8_t *next, const bsrc *src,
+                           int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain(2, 2, a, lda, next, src, s0, s1);
+    else if (nr == 2) chain(2, 1, a, lda, next, src, s0, s1);
+    else if (ng == 2) chain(1, 2, a, lda, next, src, s0, s1);
+    else chain(1, 1, a, lda, next, src, s0, s1);
 }
 
 /* c (16 weight rows x 16 tokens) transposed into y: tokens [0, nt) of rows [0, nr), row r at y[r * rs]. */
@@ -383,7 +387,7 @@ typedef struct amx_scratch {
  * tokens [t0, t1). rs > 1 are the decode stretches (see moeq_amx_nt_block).
  */
 static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n, int64_t rs, int rows,
-                            int64_t t0, int64_t t1, const amx_scratch *sc) {
+                            int64_t t0, int64_t t1, int last, const amx_scratch *sc) {
     const moeq_tensor *w = job->w;
     const int64_t K = moeq_tensor_cols(w), steps = K / MOEQ_AMX_STEP, total_rows = w->shape[0];
     const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3, nr = rows > 16 ? 2 : 1;
@@ -407,6 +411,12 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     } else {
         a = (const uint8_t *)w->data + (size_t)grow * (size_t)K * 2, lda = rs * K * 2;
     }
+    /* A BF16 strip's first pass with 17 tokens or more (prefill, batched decode) reads the weights from memory, and
+     * a tile load that misses stalls the products behind it (tiles are not renamed, so the next step's loads cannot
+     * run ahead). Unless it is the block's last, that pass fetches the next strip's rows into L2 beside its own
+     * steps, 32 lines a step (the backend gives such blocks four strips). F8 strips are widened by vector loads,
+     * which run ahead; no gain measured there. */
+    const uint8_t *next = !f8 && !last && rs == 1 && a != sc->strip && t1 - t0 > 16 ? a + STRIP * lda : NULL;
     for (int64_t t = t0; t < t1; t += 32) {
         const int nt = (int)(t1 - t < 32 ? t1 - t : 32), ng = nt > 16 ? 2 : 1;
         bsrc src;
@@ -416,7 +426,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             src = (bsrc){xv->pack + (xv->tok0 + t), TROWS * xv->n_pad, 16, xv->n_pad * 4};
         if (!f8) {
             moeq_amx_zero_c4();
-            chain_any(nr, ng, a, lda, &src, 0, steps);
+            chain_any(nr, ng, a, lda, t == t0 ? next : NULL, &src, 0, steps);
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
                     moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
@@ -431,7 +441,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             if (f8_steps)
                 chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, rs * K, rows, sc->stepbuf,
                              &src, s, s1);
-            else chain_any(nr, ng, a, lda, &src, s, s1);
+            else chain_any(nr, ng, a, lda, NULL, &src, s, s1);
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
                     moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
@@ -484,10 +494,11 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     _tile_loadconfig(&full_config);
     int64_t n = n0, span = (n1 - n0) / STRIP;
     if (t1 - t0 <= STREAM_TOKS && span >= STREAM_MIN_SPAN) {
-        for (int64_t i = 0; i < span; i++) strip_pass(job, xv, n0 + i, span, STRIP, t0, t1, &sc);
+        for (int64_t i = 0; i < span; i++) strip_pass(job, xv, n0 + i, span, STRIP, t0, t1, 1, &sc);
         n = n0 + span * STRIP;
     }
-    for (; n < n1; n += STRIP) strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, &sc);
+    for (; n < n1; n += STRIP)
+        strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, n + 2 * STRIP > n1, &sc);
     _tile_release();
 }
 
