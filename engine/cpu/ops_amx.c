@@ -64,9 +64,9 @@ size_t moeq_amx_panel_bytes(int64_t n, int64_t K) {
 
 size_t moeq_amx_ws_bytes(int64_t K) {
     /* the strip (32 rows, stride K*2 + 64 against cache-set aliasing; at least the F8 step buffer), C,
-     * the F8 accumulators, and a compact copy of up to 16 tokens' pack */
+     * the F8 accumulators, a compact copy of up to 16 tokens' pack, and the pending C tiles */
     size_t strip = (size_t)STRIP * (size_t)(K * 2 + 64);
-    return (strip > 8192 ? strip : 8192) + 4 * 1024 + 4 * 1024 + (size_t)K * 64 + 128;
+    return (strip > 8192 ? strip : 8192) + 4 * 1024 + 4 * 1024 + (size_t)K * 64 + 4 * 1024 + 128;
 }
 
 /* ---- the emulation's scalar pieces ------------------------------------------------------------------ */
@@ -299,16 +299,42 @@ static TAMX ALWAYS_INLINE void step_from(const int NR, const int NG, const uint8
     step_tiles(NR, NG, src, s);
 }
 
+static TAMX void out_tile(const moeq_mm_job *job, const float *c, int64_t t, int64_t n, int64_t rs, int rows, int nt,
+                          int i, int g);
+
+/*
+ * A pass's C tiles waiting to be written out. Writing a tile out (a 16 x 16 transpose into y) is vector work the
+ * tiles would wait for; the next chain does it instead, one tile a step after that step's products are issued,
+ * so it runs beside them. The tiles' values are stored when their pass ends, so the output is the same.
+ */
+typedef struct pending_out {
+    float *buf; /* the four tiles, 2 i + g at buf + (2 i + g) * 256 */
+    const moeq_mm_job *job;
+    int64_t t, n, rs;
+    int rows, nt, nr, ng, left; /* left: tiles not yet written, the last `left` of nr x ng */
+} pending_out;
+
+static TAMX void pending_one(pending_out *p) {
+    const int k = p->nr * p->ng - p->left, i = k / p->ng, g = k % p->ng;
+    out_tile(p->job, p->buf + (2 * i + g) * 256, p->t, p->n, p->rs, p->rows, p->nt, i, g);
+    p->left--;
+}
+
+static TAMX void pending_flush(pending_out *p) {
+    while (p->left > 0) pending_one(p);
+}
+
 /* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. next: NULL, or
  * the next strip's first row (STRIP rows, lda bytes apart), whose step s each step s fetches into L2. */
 static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const uint8_t *next,
-                                     const bsrc *src, int64_t s0, int64_t s1) {
+                                     pending_out *pd, const bsrc *src, int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; s++) {
         if (NG == 1) /* few tokens: the weights' 32 row streams, four lines ahead (decode b1 ~1.04x) */
             for (int r = 0; r < NR * 16; r++) _mm_prefetch((const char *)(a + r * lda + (s + 4) * 64), _MM_HINT_T0);
         else if (next)
             for (int r = 0; r < STRIP; r++) _mm_prefetch((const char *)(next + r * lda + s * 64), _MM_HINT_T1);
         step_from(NR, NG, a + s * 64, lda, src, s);
+        if (pd && pd->left > 0) pending_one(pd);
     }
 }
 
@@ -345,12 +371,12 @@ static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t ldw, in
     else chain_f8(1, 1, w8, ldw, rows, buf, src, s0, s1);
 }
 
-static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const uint8_t *next, const bsrc *src,
-                           int64_t s0, int64_t s1) {
-    if (nr == 2 && ng == 2) chain(2, 2, a, lda, next, src, s0, s1);
-    else if (nr == 2) chain(2, 1, a, lda, next, src, s0, s1);
-    else if (ng == 2) chain(1, 2, a, lda, next, src, s0, s1);
-    else chain(1, 1, a, lda, next, src, s0, s1);
+static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const uint8_t *next, pending_out *pd,
+                           const bsrc *src, int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain(2, 2, a, lda, next, pd, src, s0, s1);
+    else if (nr == 2) chain(2, 1, a, lda, next, pd, src, s0, s1);
+    else if (ng == 2) chain(1, 2, a, lda, next, pd, src, s0, s1);
+    else chain(1, 1, a, lda, next, pd, src, s0, s1);
 }
 
 /* c (16 weight rows x 16 tokens) transposed into y: tokens [0, nt) of rows [0, nr), row r at y[r * rs]. */
@@ -380,6 +406,7 @@ typedef struct amx_scratch {
     int64_t lds;
     uint8_t *stepbuf; /* the F8 step buffer (two steps) */
     float *cbuf, *acc;
+    pending_out *pd;  /* BF16 passes' C tiles, written out during the next chain */
 } amx_scratch;
 
 /*
@@ -426,12 +453,13 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             src = (bsrc){xv->pack + (xv->tok0 + t), TROWS * xv->n_pad, 16, xv->n_pad * 4};
         if (!f8) {
             moeq_amx_zero_c4();
-            chain_any(nr, ng, a, lda, t == t0 ? next : NULL, &src, 0, steps);
+            chain_any(nr, ng, a, lda, t == t0 ? next : NULL, sc->pd, &src, 0, steps);
+            pending_out *pd = sc->pd;
+            pending_flush(pd); /* a chain shorter than the tiles left */
             for (int i = 0; i < nr; i++)
-                for (int g = 0; g < ng; g++) {
-                    moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
-                    out_tile(job, sc->cbuf, t, n, rs, rows, nt, i, g);
-                }
+                for (int g = 0; g < ng; g++) moeq_amx_store_c(2 * i + g, pd->buf + (2 * i + g) * 256, 64);
+            pd->job = job, pd->t = t, pd->n = n, pd->rs = rs, pd->rows = rows, pd->nt = nt, pd->nr = nr, pd->ng = ng;
+            pd->left = nr * ng;
             continue;
         }
         memset(sc->acc, 0, 4 * 256 * sizeof(float));
@@ -441,7 +469,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             if (f8_steps)
                 chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, rs * K, rows, sc->stepbuf,
                              &src, s, s1);
-            else chain_any(nr, ng, a, lda, NULL, &src, s, s1);
+            else chain_any(nr, ng, a, lda, NULL, NULL, &src, s, s1);
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
                     moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
@@ -478,6 +506,8 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     amx_scratch sc = {.strip = ws, .lds = K * 2 + 64, .stepbuf = ws};
     sc.cbuf = (float *)(sc.strip + ((size_t)STRIP * (size_t)sc.lds > 8192 ? (size_t)STRIP * (size_t)sc.lds : 8192));
     sc.acc = sc.cbuf + 256;
+    pending_out pd = {.buf = (float *)((uint8_t *)sc.cbuf + 8192 + (size_t)K * 64)}; /* past the compact copy */
+    sc.pd = &pd;
     /* A block of at most 16 tokens reading a wide pack (the experts' slices of one gathered array) takes
      * its columns into a compact copy first: its B tiles then come from L1, not from L2. */
     moeq_amx_xview local = *xv;
@@ -499,6 +529,7 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     }
     for (; n < n1; n += STRIP)
         strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, n + 2 * STRIP > n1, &sc);
+    pending_flush(&pd);
     _tile_release();
 }
 
