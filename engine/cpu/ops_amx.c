@@ -324,15 +324,21 @@ static TAMX void pending_flush(pending_out *p) {
     while (p->left > 0) pending_one(p);
 }
 
-/* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. next: NULL, or
- * the next strip's first row (STRIP rows, lda bytes apart), whose step s each step s fetches into L2. */
-static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const uint8_t *next,
+/* The next strip's weight rows, for a pass to fetch into L2 (see strip_pass): STRIP rows of `bytes`, ld apart. */
+typedef struct next_strip {
+    const uint8_t *rows; /* NULL: none */
+    int64_t ld, bytes;
+} next_strip;
+
+/* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. Step s fetches line
+ * s of each of next's rows into L2. */
+static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const next_strip *next,
                                      pending_out *pd, const bsrc *src, int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; s++) {
         if (NG == 1) /* few tokens: the weights' 32 row streams, four lines ahead (decode b1 ~1.04x) */
             for (int r = 0; r < NR * 16; r++) _mm_prefetch((const char *)(a + r * lda + (s + 4) * 64), _MM_HINT_T0);
-        else if (next)
-            for (int r = 0; r < STRIP; r++) _mm_prefetch((const char *)(next + r * lda + s * 64), _MM_HINT_T1);
+        else if (next->rows && s * 64 < next->bytes)
+            for (int r = 0; r < STRIP; r++) _mm_prefetch((const char *)(next->rows + r * next->ld + s * 64), _MM_HINT_T1);
         step_from(NR, NG, a + s * 64, lda, src, s);
         if (pd && pd->left > 0) pending_one(pd);
     }
@@ -371,7 +377,7 @@ static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t ldw, in
     else chain_f8(1, 1, w8, ldw, rows, buf, src, s0, s1);
 }
 
-static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const uint8_t *next, pending_out *pd,
+static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const next_strip *next, pending_out *pd,
                            const bsrc *src, int64_t s0, int64_t s1) {
     if (nr == 2 && ng == 2) chain(2, 2, a, lda, next, pd, src, s0, s1);
     else if (nr == 2) chain(2, 1, a, lda, next, pd, src, s0, s1);
@@ -438,12 +444,18 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     } else {
         a = (const uint8_t *)w->data + (size_t)grow * (size_t)K * 2, lda = rs * K * 2;
     }
-    /* A BF16 strip's first pass with 17 tokens or more (prefill, batched decode) reads the weights from memory, and
-     * a tile load that misses stalls the products behind it (tiles are not renamed, so the next step's loads cannot
-     * run ahead). Unless it is the block's last, that pass fetches the next strip's rows into L2 beside its own
-     * steps, 32 lines a step (the backend gives such blocks four strips). F8 strips are widened by vector loads,
-     * which run ahead; no gain measured there. */
-    const uint8_t *next = !f8 && !last && rs == 1 && a != sc->strip && t1 - t0 > 16 ? a + STRIP * lda : NULL;
+    /* A strip's first pass with 17 tokens or more (prefill, batched decode) reads the weights from memory: BF16 tile
+     * loads that miss stall the products behind them (tiles are not renamed, so the next step's loads cannot run
+     * ahead), and an F8 strip is widened whole before its products. Unless the strip is the block's last, that pass
+     * fetches the next strip's rows into L2 beside its own steps, 32 lines a step (the backend gives such blocks
+     * four strips). */
+    next_strip next = {0};
+    if (!last && rs == 1 && t1 - t0 > 16 && !f8_steps) {
+        const uint8_t *w0 = (const uint8_t *)w->data;
+        next = f8 ? (next_strip){w0 + (size_t)(grow + STRIP) * (size_t)K, K, K}
+                  : (next_strip){w0 + (size_t)(grow + STRIP) * (size_t)K * 2, K * 2, K * 2};
+    }
+    const next_strip none = {0};
     for (int64_t t = t0; t < t1; t += 32) {
         const int nt = (int)(t1 - t < 32 ? t1 - t : 32), ng = nt > 16 ? 2 : 1;
         bsrc src;
@@ -453,7 +465,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             src = (bsrc){xv->pack + (xv->tok0 + t), TROWS * xv->n_pad, 16, xv->n_pad * 4};
         if (!f8) {
             moeq_amx_zero_c4();
-            chain_any(nr, ng, a, lda, t == t0 ? next : NULL, sc->pd, &src, 0, steps);
+            chain_any(nr, ng, a, lda, t == t0 ? &next : &none, sc->pd, &src, 0, steps);
             pending_out *pd = sc->pd;
             pending_flush(pd); /* a chain shorter than the tiles left */
             for (int i = 0; i < nr; i++)
@@ -469,7 +481,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             if (f8_steps)
                 chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, rs * K, rows, sc->stepbuf,
                              &src, s, s1);
-            else chain_any(nr, ng, a, lda, NULL, NULL, &src, s, s1);
+            else chain_any(nr, ng, a, lda, t == t0 ? &next : &none, NULL, &src, s, s1);
             for (int i = 0; i < nr; i++)
                 for (int g = 0; g < ng; g++) {
                     moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
