@@ -253,23 +253,6 @@ TAMX void moeq_amx_widen_f8(const uint8_t *in, uint16_t *out, size_t n) {
     }
 }
 
-/* Rows [row, row + nrows) of an F8 weight as BF16 into dst (STRIP rows, stride lda bytes; rows past nrows zero). */
-static TAMX void widen_f8_strip(const moeq_tensor *w, int64_t row, int nrows, uint8_t *dst, int64_t lda) {
-    int64_t K = moeq_tensor_cols(w);
-    const f8_tables t = f8_tables_load();
-    for (int r = 0; r < STRIP; r++) {
-        uint16_t *d = (uint16_t *)(dst + r * lda);
-        if (r >= nrows) {
-            memset(d, 0, (size_t)K * 2);
-            continue;
-        }
-        const uint8_t *p = (const uint8_t *)w->data + (size_t)(row + r) * (size_t)K;
-        int64_t k = 0;
-        for (; k + 64 <= K; k += 64) f8_to_bf16_64(&t, p + k, d + k, d + k + 32);
-        if (k < K) _mm512_storeu_si512(d + k, f8_to_bf16_32(&t, p + k)); /* K is a multiple of 32 */
-    }
-}
-
 /* Where a task's B tiles are: the (step, part) s * 2 + p of token group g (0, 1) at b + (s * 2 + p) * part +
  * g * gs, its 16 pair rows ldb bytes apart (the row layout: part = 16 n_pad, gs = 16, ldb = 4 n_pad; panels:
  * part = 256, gs = a panel, ldb = 64). */
@@ -369,6 +352,46 @@ static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_
     }
 }
 
+/*
+ * The first of several passes over an F8 strip (prefill): each pair of steps is widened into the strip copy (rows
+ * lds apart) one pair ahead of its products, so the widening runs beside the products of the pair before (widening
+ * the whole strip first left the tiles idle while it waited on memory); the passes after it read the copy. Steps
+ * [s0, s1) of a scale block; s0 is even.
+ */
+static TAMX ALWAYS_INLINE void widen_pair(const f8_tables *t, const uint8_t *w8, int64_t ldw, int rows, uint8_t *strip,
+                                          int64_t lds, int64_t s, int64_t s1) {
+    if (s + 2 <= s1)
+        for (int r = 0; r < rows; r++)
+            f8_to_bf16_64(t, w8 + r * ldw + s * MOEQ_AMX_STEP, strip + r * lds + s * 64, strip + r * lds + (s + 1) * 64);
+    else
+        for (int r = 0; r < rows; r++)
+            _mm512_storeu_si512(strip + r * lds + s * 64, f8_to_bf16_32(t, w8 + r * ldw + s * MOEQ_AMX_STEP));
+}
+
+static TAMX ALWAYS_INLINE void chain_f8_first(const int NR, const int NG, const uint8_t *w8, int64_t ldw, int rows,
+                                              uint8_t *strip, int64_t lds, const next_strip *next, const bsrc *src,
+                                              int64_t s0, int64_t s1) {
+    const f8_tables t = f8_tables_load();
+    widen_pair(&t, w8, ldw, rows, strip, lds, s0, s1);
+    for (int64_t s = s0; s < s1; s += 2) {
+        if (s + 2 < s1) widen_pair(&t, w8, ldw, rows, strip, lds, s + 2, s1);
+        for (int64_t q = s; q < s + 2 && q < s1; q++) {
+            if (next->rows && q * 64 < next->bytes)
+                for (int r = 0; r < STRIP; r++)
+                    _mm_prefetch((const char *)(next->rows + r * next->ld + q * 64), _MM_HINT_T1);
+            step_from(NR, NG, strip + q * 64, lds, src, q);
+        }
+    }
+}
+
+static TAMX void chain_f8_first_any(int nr, int ng, const uint8_t *w8, int64_t ldw, int rows, uint8_t *strip,
+                                    int64_t lds, const next_strip *next, const bsrc *src, int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain_f8_first(2, 2, w8, ldw, rows, strip, lds, next, src, s0, s1);
+    else if (nr == 2) chain_f8_first(2, 1, w8, ldw, rows, strip, lds, next, src, s0, s1);
+    else if (ng == 2) chain_f8_first(1, 2, w8, ldw, rows, strip, lds, next, src, s0, s1);
+    else chain_f8_first(1, 1, w8, ldw, rows, strip, lds, next, src, s0, s1);
+}
+
 static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t ldw, int rows, uint8_t *buf,
                               const bsrc *src, int64_t s0, int64_t s1) {
     if (nr == 2 && ng == 2) chain_f8(2, 2, w8, ldw, rows, buf, src, s0, s1);
@@ -430,8 +453,8 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     const int f8_steps = f8 && t1 - t0 <= 32; /* one token pass: widen step by step */
     if (f8_steps) {
         memset(sc->stepbuf, 0, 4096); /* rows past the strip's stay zero */
-    } else if (f8) { /* rs == 1 here: stretches are for decode */
-        widen_f8_strip(w, grow, rows, sc->strip, sc->lds);
+    } else if (f8) { /* rs == 1 here: stretches are for decode; the first pass widens the strip (chain_f8_first) */
+        for (int r = rows; r < STRIP; r++) memset(sc->strip + r * sc->lds, 0, (size_t)K * 2);
         a = sc->strip, lda = sc->lds;
     } else if (grow + (nr * 16 - 1) * rs >= total_rows) { /* the tile would read past the tensor: a padded copy */
         for (int r = 0; r < STRIP; r++) {
@@ -478,20 +501,28 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
         for (int64_t s = 0; s < steps; s += F8B / MOEQ_AMX_STEP) {
             int64_t s1 = s + F8B / MOEQ_AMX_STEP < steps ? s + F8B / MOEQ_AMX_STEP : steps, kb = s / (F8B / MOEQ_AMX_STEP);
             moeq_amx_zero_c4();
-            if (f8_steps)
-                chain_f8_any(nr, ng, (const uint8_t *)w->data + (size_t)grow * (size_t)K, rs * K, rows, sc->stepbuf,
-                             &src, s, s1);
-            else chain_any(nr, ng, a, lda, t == t0 ? &next : &none, NULL, &src, s, s1);
-            for (int i = 0; i < nr; i++)
+            const uint8_t *w8 = (const uint8_t *)w->data + (size_t)grow * (size_t)K;
+            if (f8_steps) chain_f8_any(nr, ng, w8, rs * K, rows, sc->stepbuf, &src, s, s1);
+            else if (t == t0) chain_f8_first_any(nr, ng, w8, K, rows, sc->strip, sc->lds, &next, &src, s, s1);
+            else chain_any(nr, ng, a, lda, &none, NULL, &src, s, s1);
+            for (int i = 0; i < nr; i++) {
+                /* a tile's 16 rows share one scale when they sit in one 128-row block (rows past the strip's hold
+                 * zeros, and their results are never written) */
+                const int64_t r0 = grow + 16 * i * rs;
+                const int one = rs == 1 && r0 / F8B == (r0 + 15) / F8B;
+                const __m512 f1 = _mm512_set1_ps(one ? f8_scale(w, r0, kb) : 0.0f);
                 for (int g = 0; g < ng; g++) {
                     moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
                     float *ac = sc->acc + (2 * i + g) * 256;
                     for (int r = 0; r < 16; r++) {
-                        __m512 f = _mm512_set1_ps(r < rows - 16 * i ? f8_scale(w, grow + (16 * i + r) * rs, kb) : 0.0f);
+                        __m512 f = one ? f1
+                                       : _mm512_set1_ps(r < rows - 16 * i ? f8_scale(w, grow + (16 * i + r) * rs, kb)
+                                                                         : 0.0f);
                         _mm512_storeu_ps(ac + 16 * r, _mm512_fmadd_ps(f, _mm512_loadu_ps(sc->cbuf + 16 * r),
                                                                       _mm512_loadu_ps(ac + 16 * r)));
                     }
                 }
+            }
         }
         for (int i = 0; i < nr; i++)
             for (int g = 0; g < ng; g++) out_tile(job, sc->acc + (2 * i + g) * 256, t, n, rs, rows, nt, i, g);
