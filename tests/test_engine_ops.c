@@ -1334,7 +1334,8 @@ static void attention_matches_a_float64_computation(void **state) {
  * AMX attention (cpu_matrix = amx): tokens in groups of 1-8 (prefill) and any head block give the bits of the
  * emulation run on each token alone (decode), across 32-row steps and 64-row slabs (groups whose tokens end
  * on either side of a step), latent/rope tails that are not multiples of 32, scattered blocks; nothing
- * outside the computed heads is written.
+ * outside the computed heads is written. Each with the rows split per task and split once for the sequence
+ * (the backend's prefill; split slab by slab in reverse order, as threads may finish them).
  */
 static void amx_attention_matches_its_emulation_bit_for_bit(void **state) {
     (void)state;
@@ -1357,21 +1358,30 @@ static void amx_attention_matches_its_emulation_bit_for_bit(void **state) {
         void *ws = aligned_alloc(64, wsb);
         for (int t = 0; t < T; t++) moeq_mla_block_amx_ref(&p, t, 0, H, scores);
         memcpy(ref, c.out, out_bytes);
-        for (size_t sp = 0; sp < sizeof(splits) / sizeof(splits[0]); sp++)
-            for (int hb = 1; hb <= H; hb += (hb < 4 ? 3 : 5)) { /* head blocks of 1, 4, 9, ... */
-                if (splits[sp][0] > T) continue;
-                memset(c.out, 0xff, out_bytes);
-                for (int g = 0, t0 = 0; g < 4 && splits[sp][g] && t0 < T; t0 += splits[sp][g], g++) {
-                    int nt = t0 + splits[sp][g] <= T ? splits[sp][g] : T - t0;
-                    for (int h0 = 0; h0 < H; h0 += hb) {
-                        int h1 = h0 + hb < H ? h0 + hb : H;
-                        if (nt * (h1 - h0) <= MOEQ_MLA_AMX_COLS) moeq_mla_group_amx(&p, t0, nt, h0, h1, scores, ws, wsb);
-                        else
-                            for (int i = 0; i < nt; i++) moeq_mla_group_amx(&p, t0 + i, 1, h0, h1, scores, ws, wsb);
+        const int64_t n = p.pos[T - 1] + 1;
+        void *sbuf = aligned_alloc(64, (moeq_mla_amx_split_bytes(L, R, n) + 63) / 64 * 64);
+        moeq_mla_amx_split whole = moeq_mla_amx_split_at(L, R, p.seq[0], n, sbuf);
+        for (int64_t k = moeq_mla_amx_split_slabs(n) - 1; k >= 0; k--) moeq_mla_amx_split_slab(&p, &whole, k);
+        for (int pre = 0; pre < 2; pre++)
+            for (size_t sp = 0; sp < sizeof(splits) / sizeof(splits[0]); sp++)
+                for (int hb = 1; hb <= H; hb += (hb < 4 ? 3 : 5)) { /* head blocks of 1, 4, 9, ... */
+                    if (splits[sp][0] > T) continue;
+                    const moeq_mla_amx_split *spl = pre ? &whole : NULL;
+                    memset(c.out, 0xff, out_bytes);
+                    for (int g = 0, t0 = 0; g < 4 && splits[sp][g] && t0 < T; t0 += splits[sp][g], g++) {
+                        int nt = t0 + splits[sp][g] <= T ? splits[sp][g] : T - t0;
+                        for (int h0 = 0; h0 < H; h0 += hb) {
+                            int h1 = h0 + hb < H ? h0 + hb : H;
+                            if (nt * (h1 - h0) <= MOEQ_MLA_AMX_COLS)
+                                moeq_mla_group_amx(&p, t0, nt, h0, h1, spl, scores, ws, wsb);
+                            else
+                                for (int i = 0; i < nt; i++)
+                                    moeq_mla_group_amx(&p, t0 + i, 1, h0, h1, spl, scores, ws, wsb);
+                        }
                     }
+                    assert_memory_equal(c.out, ref, out_bytes);
                 }
-                assert_memory_equal(c.out, ref, out_bytes);
-            }
+        free(sbuf);
         free(ref), free(scores), free(ws);
         attn_case_free(&c);
     }
@@ -1398,7 +1408,7 @@ static void amx_attention_is_within_the_float64_tolerance(void **state) {
     size_t wsb = moeq_mla_amx_ws_bytes(L, R);
     float *scores = malloc((size_t)H * (n_ctx + 1) * 4);
     void *ws = aligned_alloc(64, wsb);
-    moeq_mla_group_amx(&p, 0, 1, 0, H, scores, ws, wsb);
+    moeq_mla_group_amx(&p, 0, 1, 0, H, NULL, scores, ws, wsb);
     const double split = 2.5 * ldexp(1, -17), sum32 = ldexp(1, -24);
     double *sd = malloc((size_t)n_ctx * sizeof(double)), worst = 0, worst_ratio = 0;
     for (int h = 0; h < H; h++) {

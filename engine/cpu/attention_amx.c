@@ -81,30 +81,40 @@ static TAMX AMX_ALWAYS_INLINE void split_pairs(__m512 xa, __m512 xb, __m512i par
     }
 }
 
-/* The query columns' values (latent, then rope, zero padded) in the pair layout: [step][part][k2][COLS]. */
+/* The query columns' values (latent, then rope, zero padded) in the pair layout: [step][part][k2][COLS], for the
+ * column tiles the chains read (columns past ncol in the last one are zeros). Sixteen columns at a time: their split parts, one vector a column, transposed into 16 rows of the layout (each row a
+ * 64-byte store; storing every dword where it goes took a tenth of the attention's time in a long prefill). */
 static TAMX void pack_queries(const moeq_mla_params *a, const ws_layout *w, int64_t t0, int nt, int h0, int nh,
                               uint32_t *qp) {
     const int L = w->L, R = w->R, H = a->n_heads, ncol = nt * nh;
-    memset(qp, 0, (size_t)w->S * NP * 16 * COLS * 4);
     float v[32];
-    for (int c = 0; c < ncol; c++) {
-        const int64_t t = t0 + c / nh;
-        const int h = h0 + c % nh;
-        const float *ql = a->q_lat + (t * H + h) * L, *qr = a->q_pe + (t * H + h) * R;
+    for (int c0 = 0; c0 < (ncol + 15) / 16 * 16; c0 += 16)
         for (int s = 0; s < w->S; s++) {
-            for (int k = 0; k < 32; k++) {
-                int idx = s * 32 + k;
-                v[k] = idx < L ? ql[idx] : idx < w->E ? qr[idx - L] : 0.0f;
+            __m512i blk[NP][16];
+            for (int cc = 0; cc < 16; cc++) {
+                const int c = c0 + cc;
+                if (c >= ncol) {
+                    for (int i = 0; i < NP; i++) blk[i][cc] = _mm512_setzero_si512();
+                    continue;
+                }
+                const int64_t t = t0 + c / nh;
+                const int h = h0 + c % nh;
+                const float *ql = a->q_lat + (t * H + h) * L, *qr = a->q_pe + (t * H + h) * R, *src = v;
+                if (s * 32 + 32 <= L) src = ql + s * 32; /* all latent */
+                else
+                    for (int k = 0; k < 32; k++) {
+                        int idx = s * 32 + k;
+                        v[k] = idx < L ? ql[idx] : idx < w->E ? qr[idx - L] : 0.0f;
+                    }
+                __m512i part[NP];
+                split32(src, 0xFFFF, 0xFFFF, part);
+                for (int i = 0; i < NP; i++) blk[i][cc] = part[i];
             }
-            __m512i part[NP];
-            split32(v, 0xFFFF, 0xFFFF, part);
             for (int i = 0; i < NP; i++) {
-                uint32_t d[16];
-                _mm512_storeu_si512(d, part[i]);
-                for (int k2 = 0; k2 < 16; k2++) qp[((s * NP + i) * 16 + k2) * COLS + c] = d[k2];
+                moeq_transpose16(blk[i]); /* blk[i][k2]: pair row k2 of the 16 columns */
+                for (int k2 = 0; k2 < 16; k2++) _mm512_storeu_si512(qp + ((s * NP + i) * 16 + k2) * COLS + c0, blk[i][k2]);
             }
         }
-    }
 }
 
 #define DP4(NR, NG)                                          \
@@ -120,8 +130,8 @@ static TAMX void pack_queries(const moeq_mla_params *a, const ws_layout *w, int6
  * ldr), B = the queries (NG tiles). Per step the terms (a, b) with a + b < NP, a ascending, then b.
  */
 static TAMX AMX_ALWAYS_INLINE void score_chain(const int NR, const int NG, const uint16_t *rows, int64_t ldr,
-                                              const uint32_t *q, int S) {
-    const int64_t lda = ldr * 2, ldb = COLS * 4, apart = SLAB * ldr;
+                                              int64_t apart, const uint32_t *q, int S) {
+    const int64_t lda = ldr * 2, ldb = COLS * 4;
     moeq_amx_zero_c4();
     for (int s = 0; s < S; s++)
         for (int pa = 0; pa < NP; pa++) {
@@ -137,11 +147,12 @@ static TAMX AMX_ALWAYS_INLINE void score_chain(const int NR, const int NG, const
         }
 }
 
-static TAMX void score_chain_any(int nr, int ng, const uint16_t *rows, int64_t ldr, const uint32_t *q, int S) {
-    if (nr == 2 && ng == 2) score_chain(2, 2, rows, ldr, q, S);
-    else if (nr == 2) score_chain(2, 1, rows, ldr, q, S);
-    else if (ng == 2) score_chain(1, 2, rows, ldr, q, S);
-    else score_chain(1, 1, rows, ldr, q, S);
+static TAMX void score_chain_any(int nr, int ng, const uint16_t *rows, int64_t ldr, int64_t apart, const uint32_t *q,
+                                 int S) {
+    if (nr == 2 && ng == 2) score_chain(2, 2, rows, ldr, apart, q, S);
+    else if (nr == 2) score_chain(2, 1, rows, ldr, apart, q, S);
+    else if (ng == 2) score_chain(1, 2, rows, ldr, apart, q, S);
+    else score_chain(1, 1, rows, ldr, apart, q, S);
 }
 
 /* Output tiles: C(m, n) += over the slab's steps, A = the probabilities (NM tiles of 16 columns, part a at
@@ -172,8 +183,73 @@ static TAMX void out_chain_any(int nm, int nd, const uint16_t *p, const uint32_t
 
 static const float zero_row[2048];
 
-TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, float *scores, void *ws,
-                             size_t ws_bytes) {
+/* Rows [j0, j0 + SLAB) of the cache (zeros from row n on) split for the scores: part i of row j0 + r at
+ * dst + (i * apart + r) * ldr. */
+static TAMX void split_rows_slab(const ws_layout *w, const moeq_kv_view *kv, int64_t n, int64_t j0, uint16_t *dst,
+                                 int64_t apart) {
+    const int E = w->E;
+    const int64_t entry_bytes = (int64_t)E * 4, nrows = n - j0 < SLAB ? n - j0 : SLAB;
+    for (int r = 0; r < SLAB; r++) {
+        if (r >= nrows) {
+            for (int i = 0; i < NP; i++) memset(dst + (i * apart + r) * w->ldr, 0, (size_t)w->S * 64);
+            continue;
+        }
+        const float *e = moeq_kv_view_entry(kv, j0 + r);
+        if (j0 + r + 8 < n) { /* the blocks are scattered: the prefetcher restarts at each */
+            const char *pe = (const char *)moeq_kv_view_entry(kv, j0 + r + 8);
+            for (int64_t b = 0; b < entry_bytes; b += 64) _mm_prefetch(pe + b, _MM_HINT_T0);
+        }
+        for (int s = 0; s < w->S; s++) {
+            __m512i part[NP];
+            split32(e + s * 32, moeq_tail_mask16(E - s * 32), moeq_tail_mask16(E - s * 32 - 16), part);
+            for (int i = 0; i < NP; i++) _mm512_storeu_si512(dst + (i * apart + r) * w->ldr + s * 32, part[i]);
+        }
+    }
+}
+
+/* Rows [j0, j0 + SLAB) of the cache (zeros from row n on) in the output's pair layout: for each 32 rows u, part i,
+ * pair row k2 at dst + ((u * NP + i) * 16 + k2) * ldp. */
+static TAMX void split_pairs_slab(const ws_layout *w, const moeq_kv_view *kv, int64_t n, int64_t j0, uint32_t *dst) {
+    const int L = w->L;
+    for (int u = 0; u < SLAB / 32; u++)
+        for (int k2 = 0; k2 < 16; k2++) {
+            const int64_t ja = j0 + u * 32 + 2 * k2, jb = ja + 1;
+            const float *ea = ja < n ? moeq_kv_view_entry(kv, ja) : zero_row;
+            const float *eb = jb < n ? moeq_kv_view_entry(kv, jb) : zero_row;
+            uint32_t *d = dst + (u * NP * 16 + k2) * w->ldp;
+            for (int c = 0; c < w->Lp; c += 16) {
+                const __mmask16 m = moeq_tail_mask16(L - c);
+                __m512i part[NP];
+                split_pairs(_mm512_maskz_loadu_ps(m, ea + c), _mm512_maskz_loadu_ps(m, eb + c), part);
+                for (int i = 0; i < NP; i++) _mm512_storeu_si512(d + i * 16 * w->ldp + c, part[i]);
+            }
+        }
+}
+
+size_t moeq_mla_amx_split_bytes(int kv_lora, int rope, int64_t n) {
+    const ws_layout w = layout_of(kv_lora, rope);
+    const int64_t n_pad = (n + SLAB - 1) / SLAB * SLAB;
+    return (size_t)NP * (size_t)n_pad * (size_t)w.ldr * 2 + (size_t)(n_pad / 32) * NP * 16 * (size_t)w.ldp * 4;
+}
+
+moeq_mla_amx_split moeq_mla_amx_split_at(int kv_lora, int rope, int32_t seq, int64_t n, void *buf) {
+    const ws_layout w = layout_of(kv_lora, rope);
+    const int64_t n_pad = (n + SLAB - 1) / SLAB * SLAB;
+    uint16_t *rows = buf;
+    return (moeq_mla_amx_split){rows, (uint32_t *)(rows + (size_t)NP * (size_t)n_pad * (size_t)w.ldr), n, n_pad, seq};
+}
+
+int64_t moeq_mla_amx_split_slabs(int64_t n) { return (n + SLAB - 1) / SLAB; }
+
+TAMX void moeq_mla_amx_split_slab(const moeq_mla_params *a, const moeq_mla_amx_split *sp, int64_t k) {
+    const ws_layout w = layout_of(a->kv_lora, a->rope);
+    const moeq_kv_view kv = moeq_kv_paged_view(&a->kv, sp->seq);
+    split_rows_slab(&w, &kv, sp->n, k * SLAB, sp->rows + k * SLAB * w.ldr, sp->n_pad);
+    split_pairs_slab(&w, &kv, sp->n, k * SLAB, sp->pairs + (k * SLAB / 32) * NP * 16 * w.ldp);
+}
+
+TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, const moeq_mla_amx_split *sp,
+                             float *scores, void *ws, size_t ws_bytes) {
     const ws_layout w = layout_of(a->kv_lora, a->rope);
     const int nh = h1 - h0, ncol = nt * nh, H = a->n_heads, L = w.L, E = w.E;
     if (ncol <= 0) return;
@@ -191,34 +267,23 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
     int64_t n_ctx[COLS];
     for (int c = 0; c < ncol; c++) n_ctx[c] = a->pos[t0 + c / nh] + 1;
     const int nct = (ncol + 15) / 16; /* column tiles */
-    const int64_t entry_bytes = (int64_t)E * 4;
+    if (sp && (sp->seq != a->seq[t0] || sp->n < ld)) abort(); /* the backend splits the rows its tasks read */
     pack_queries(a, &w, t0, nt, h0, nh, q);
     _tile_loadconfig(&moeq_amx_full_config);
 
     /* scores */
     for (int64_t j0 = 0; j0 < ld; j0 += SLAB) {
         const int nrows = (int)(ld - j0 < SLAB ? ld - j0 : SLAB), nrt = (nrows + 15) / 16;
-        for (int r = 0; r < nrt * 16; r++) {
-            if (r >= nrows) {
-                for (int i = 0; i < NP; i++) memset(rows + (i * SLAB + r) * w.ldr, 0, (size_t)w.S * 64);
-                continue;
-            }
-            const float *e = moeq_kv_view_entry(&kv, j0 + r);
-            if (j0 + r + 8 < ld) { /* the blocks are scattered: the prefetcher restarts at each */
-                const char *pe = (const char *)moeq_kv_view_entry(&kv, j0 + r + 8);
-                for (int64_t b = 0; b < entry_bytes; b += 64) _mm_prefetch(pe + b, _MM_HINT_T0);
-            }
-            for (int s = 0; s < w.S; s++) {
-                __m512i part[NP];
-                split32(e + s * 32, moeq_tail_mask16(E - s * 32), moeq_tail_mask16(E - s * 32 - 16), part);
-                for (int i = 0; i < NP; i++) _mm512_storeu_si512(rows + (i * SLAB + r) * w.ldr + s * 32, part[i]);
-            }
-        }
+        /* the last slab is split here, as without sp: rows past ld are zeros (the output's last step reads them) */
+        const int own = !sp || j0 + SLAB >= ld;
+        if (own) split_rows_slab(&w, &kv, ld, j0, rows, SLAB);
+        const uint16_t *srows = own ? rows : sp->rows + j0 * w.ldr;
+        const int64_t apart = (own ? SLAB : sp->n_pad) * w.ldr;
         for (int rt = 0; rt < nrt; rt += 2) {
             const int nr = nrt - rt >= 2 ? 2 : 1;
             for (int ct = 0; ct < nct; ct += 2) {
                 const int ng = nct - ct >= 2 ? 2 : 1;
-                score_chain_any(nr, ng, rows + rt * 16 * w.ldr, w.ldr, q + ct * 16, w.S);
+                score_chain_any(nr, ng, srows + rt * 16 * w.ldr, w.ldr, apart, q + ct * 16, w.S);
                 for (int i = 0; i < nr; i++)
                     for (int g = 0; g < ng; g++) {
                         moeq_amx_store_c(2 * i + g, ctile, 64);
@@ -242,19 +307,9 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
     const int nmt = nct, ndt = w.Lp / 16;
     for (int64_t j0 = 0; j0 < ld; j0 += SLAB) {
         const int nrows = (int)(ld - j0 < SLAB ? ld - j0 : SLAB), nu = (nrows + 31) / 32;
-        for (int u = 0; u < nu; u++)
-            for (int k2 = 0; k2 < 16; k2++) {
-                const int64_t ja = j0 + u * 32 + 2 * k2, jb = ja + 1;
-                const float *ea = ja < ld ? moeq_kv_view_entry(&kv, ja) : zero_row;
-                const float *eb = jb < ld ? moeq_kv_view_entry(&kv, jb) : zero_row;
-                uint32_t *dst = pairs + (u * NP * 16 + k2) * w.ldp;
-                for (int d = 0; d < w.Lp; d += 16) {
-                    const __mmask16 m = moeq_tail_mask16(L - d);
-                    __m512i part[NP];
-                    split_pairs(_mm512_maskz_loadu_ps(m, ea + d), _mm512_maskz_loadu_ps(m, eb + d), part);
-                    for (int i = 0; i < NP; i++) _mm512_storeu_si512(dst + i * 16 * w.ldp + d, part[i]);
-                }
-            }
+        const int own = !sp || j0 + SLAB >= ld;
+        if (own) split_pairs_slab(&w, &kv, ld, j0, pairs);
+        const uint32_t *spairs = own ? pairs : sp->pairs + (j0 / 32) * NP * 16 * w.ldp;
         for (int c = 0; c < nmt * 16; c++) { /* probabilities, 0 past each column's context */
             if (c >= ncol) {
                 for (int i = 0; i < NP; i++) memset(pbuf + (i * COLS + c) * SLAB, 0, SLAB * 2);
@@ -275,7 +330,7 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
                 for (int i = 0; j0 && i < nm; i++) /* later slabs continue the chains */
                     for (int g = 0; g < nd; g++)
                         moeq_amx_load_c(2 * i + g, acc + (mt + i) * 16 * w.ldc + (dt + g) * 16, w.ldc * 4);
-                out_chain_any(nm, nd, pbuf + mt * 16 * SLAB, pairs + dt * 16, w.ldp, nu);
+                out_chain_any(nm, nd, pbuf + mt * 16 * SLAB, spairs + dt * 16, w.ldp, nu);
                 for (int i = 0; i < nm; i++)
                     for (int g = 0; g < nd; g++) moeq_amx_store_c(2 * i + g, acc + (mt + i) * 16 * w.ldc + (dt + g) * 16, w.ldc * 4);
             }
@@ -354,9 +409,22 @@ TAMX void moeq_mla_block_amx_ref(const moeq_mla_params *a, int64_t t, int h0, in
 
 #else /* no AMX in this build */
 
-void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, float *scores, void *ws,
-                        size_t ws_bytes) {
-    (void)a, (void)t0, (void)nt, (void)h0, (void)h1, (void)scores, (void)ws, (void)ws_bytes;
+void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, const moeq_mla_amx_split *sp,
+                        float *scores, void *ws, size_t ws_bytes) {
+    (void)a, (void)t0, (void)nt, (void)h0, (void)h1, (void)sp, (void)scores, (void)ws, (void)ws_bytes;
+    abort();
+}
+size_t moeq_mla_amx_split_bytes(int kv_lora, int rope, int64_t n) {
+    (void)kv_lora, (void)rope, (void)n;
+    return 0;
+}
+moeq_mla_amx_split moeq_mla_amx_split_at(int kv_lora, int rope, int32_t seq, int64_t n, void *buf) {
+    (void)kv_lora, (void)rope, (void)seq, (void)n, (void)buf;
+    abort();
+}
+int64_t moeq_mla_amx_split_slabs(int64_t n) { return (n + SLAB - 1) / SLAB; }
+void moeq_mla_amx_split_slab(const moeq_mla_params *a, const moeq_mla_amx_split *sp, int64_t k) {
+    (void)a, (void)sp, (void)k;
     abort();
 }
 void moeq_mla_block_amx_ref(const moeq_mla_params *a, int64_t t, int h0, int h1, float *scores) {

@@ -51,13 +51,33 @@
 size_t moeq_mla_amx_ws_bytes(int kv_lora, int rope);
 
 /*
- * nt consecutive query tokens t0.. of one sequence at consecutive positions, heads [h0, h1), with
- * nt * (h1 - h0) <= MOEQ_MLA_AMX_COLS: out_lat of those (token, head) pairs. scores: nt * (h1 - h0) *
- * (pos[t0 + nt - 1] + 1) floats of scratch; ws: moeq_mla_amx_ws_bytes(kv_lora, rope) bytes. Needs
- * moeq_amx_supported().
+ * A sequence's cached rows [0, n) split once for every task of a call that reads them. A task splits the rows
+ * of its context itself, slab by slab; in a prefill every group of tokens (and every head block) reads the same
+ * rows, and splitting them again per task took about a sixth of a 2,048-token prefill. The split is the one a
+ * task makes (same values, same bits), laid out for all slabs at once in one buffer.
  */
-void moeq_mla_group_amx(const moeq_mla_params *params, int64_t t0, int nt, int h0, int h1, float *scores, void *ws,
-                        size_t ws_bytes);
+typedef struct moeq_mla_amx_split {
+    uint16_t *rows;   /* the scores' operand: part i of row j at rows + (i * n_pad + j) * ldr */
+    uint32_t *pairs;  /* the output's: rows 32 u..32 u + 31, part i, pair row k2 at pairs + ((u * NP + i) * 16 + k2) * ldp */
+    int64_t n, n_pad; /* rows split; rounded up to a slab (rows n..n_pad - 1 are zeros) */
+    int32_t seq;
+} moeq_mla_amx_split;
+
+/* Bytes of a split of n rows; its layout in buf (64-byte aligned); the slabs to split, each a task. */
+size_t moeq_mla_amx_split_bytes(int kv_lora, int rope, int64_t n);
+moeq_mla_amx_split moeq_mla_amx_split_at(int kv_lora, int rope, int32_t seq, int64_t n, void *buf);
+int64_t moeq_mla_amx_split_slabs(int64_t n);
+void moeq_mla_amx_split_slab(const moeq_mla_params *params, const moeq_mla_amx_split *sp, int64_t k);
+
+/*
+ * nt consecutive query tokens t0.. of one sequence at consecutive positions, heads [h0, h1), with
+ * nt * (h1 - h0) <= MOEQ_MLA_AMX_COLS: out_lat of those (token, head) pairs. sp: NULL, or that sequence's rows
+ * split for at least this group's context (its last slab is split here all the same: rows past the context
+ * are zeros there). scores: nt * (h1 - h0) * (pos[t0 + nt - 1] + 1) floats of scratch; ws:
+ * moeq_mla_amx_ws_bytes(kv_lora, rope) bytes. Needs moeq_amx_supported().
+ */
+void moeq_mla_group_amx(const moeq_mla_params *params, int64_t t0, int nt, int h0, int h1, const moeq_mla_amx_split *sp,
+                        float *scores, void *ws, size_t ws_bytes);
 
 /* The emulation: token t, heads [h0, h1), each element's chain built with scalar code and run one element
  * per tile (slow; the tests' oracle). scores: (h1 - h0) * (pos[t] + 1) floats. */

@@ -64,6 +64,13 @@ typedef struct cpu_backend {
     void **attn_ws;    /* [n_threads] the AMX attention's workspace, grown by its own thread */
     int attn_hb;       /* the current attention call's heads per task */
     size_t *attn_ws_bytes;
+    /* the AMX attention's rows split once per call for the sequences of several groups (attention_amx.h) */
+    void *split_buf;
+    size_t split_cap;
+    moeq_mla_amx_split *splits; /* [attn_group_max + 1] */
+    int64_t *split_end;         /* [attn_group_max + 1] prefix sums of their slabs */
+    int *split_of;              /* [attn_group_max + 1] each group's split, or -1 */
+    int n_splits;
     int64_t *task_end; /* [max_jobs] prefix sums of tasks per job */
     moeq_mm_job *moe_jobs; /* [max_jobs] moe_experts' GEMMs */
     /* the current dispatch */
@@ -314,7 +321,8 @@ static void attn_task(void *ctx, int64_t task, int worker) {
         void *ws = attn_ws(cb, worker, a, &bytes);
         int64_t t0 = cb->attn_grouped ? cb->attn_group[g] : g;
         int nt = cb->attn_grouped ? (int)(cb->attn_group[g + 1] - t0) : 1;
-        moeq_mla_group_amx(a, t0, nt, h0, h1, cb->scores[worker], ws, bytes);
+        const moeq_mla_amx_split *sp = cb->attn_grouped && cb->split_of[g] >= 0 ? &cb->splits[cb->split_of[g]] : NULL;
+        moeq_mla_group_amx(a, t0, nt, h0, h1, sp, cb->scores[worker], ws, bytes);
         return;
     }
     if (!cb->attn_grouped) { /* a step longer than the group table: one token per task */
@@ -323,6 +331,60 @@ static void attn_task(void *ctx, int64_t task, int worker) {
     }
     int64_t t0 = cb->attn_group[g];
     moeq_mla_group(a, t0, (int)(cb->attn_group[g + 1] - t0), h0, h1, cb->scores[worker]);
+}
+
+static void split_task(void *ctx, int64_t task, int worker) {
+    (void)worker;
+    cpu_backend *cb = ctx;
+    int e = 0;
+    while (task >= cb->split_end[e]) e++;
+    moeq_mla_amx_split_slab(cb->attn, &cb->splits[e], task - (e ? cb->split_end[e - 1] : 0));
+}
+
+/*
+ * The AMX path: each run of two or more groups of one sequence (a prefill) gets its rows split once, before the
+ * tasks, in parallel by slabs; the groups' tasks then only split their last slab. Splits are laid out in one
+ * buffer, grown as a call needs (pages touched only as used), up to SPLIT_MAX_BYTES a call: sequences past it,
+ * or all of them when the memory cannot be had, split their rows per task as before. Which way a task gets its
+ * operands changes no value.
+ */
+#define SPLIT_MAX_BYTES ((size_t)1 << 30)
+
+static void plan_splits(cpu_backend *cb, const moeq_mla_params *args, int64_t n_groups) {
+    cb->n_splits = 0;
+    size_t total = 0;
+    for (int64_t g = 0; g < n_groups; g++) { /* split_end holds each split's offset in the buffer until it is had */
+        int64_t g1 = g;
+        while (g1 + 1 < n_groups && args->seq[cb->attn_group[g1 + 1]] == args->seq[cb->attn_group[g]]) g1++;
+        const int64_t n = args->pos[cb->attn_group[g1 + 1] - 1] + 1; /* the run's last token's context */
+        const size_t bytes = (moeq_mla_amx_split_bytes(args->kv_lora, args->rope, n) + 63) / 64 * 64;
+        int e = -1;
+        if (g1 > g && total + bytes <= SPLIT_MAX_BYTES) {
+            e = cb->n_splits++;
+            cb->splits[e].n = n, cb->splits[e].seq = args->seq[cb->attn_group[g]], cb->split_end[e] = (int64_t)total;
+            total += bytes;
+        }
+        for (int64_t i = g; i <= g1; i++) cb->split_of[i] = e;
+        g = g1;
+    }
+    if (cb->n_splits && total > cb->split_cap) {
+        free(cb->split_buf);
+        cb->split_cap = 0;
+        if ((cb->split_buf = aligned_alloc(64, total))) cb->split_cap = total;
+    }
+    if (cb->n_splits && !cb->split_buf) { /* no memory: every task splits its own rows */
+        for (int64_t g = 0; g < n_groups; g++) cb->split_of[g] = -1;
+        cb->n_splits = 0;
+    }
+    int64_t slabs = 0;
+    for (int e = 0; e < cb->n_splits; e++) {
+        moeq_mla_amx_split *sp = &cb->splits[e];
+        *sp = moeq_mla_amx_split_at(args->kv_lora, args->rope, sp->seq, sp->n,
+                                    (uint8_t *)cb->split_buf + (size_t)cb->split_end[e]);
+        slabs += moeq_mla_amx_split_slabs(sp->n);
+        cb->split_end[e] = slabs;
+    }
+    if (slabs) moeq_pool_run(cb->pool, split_task, cb, slabs);
 }
 
 static void cpu_attention(moeq_backend *b, const moeq_mla_params *args) {
@@ -346,6 +408,7 @@ static void cpu_attention(moeq_backend *b, const moeq_mla_params *args) {
         int64_t parts = ceil_div(cb->p.n_threads, n_groups);
         cb->attn_hb = (int)ceil_div(args->n_heads, parts);
     }
+    if (cb->p.amx && cb->attn_grouped) plan_splits(cb, args, n_groups);
     moeq_pool_run(cb->pool, attn_task, cb, n_groups * ceil_div(args->n_heads, cb->attn_hb));
 }
 
@@ -653,6 +716,10 @@ static void cpu_destroy(moeq_backend *b) {
     free(cb->attn_ws);
     free(cb->attn_ws_bytes);
     free(cb->attn_group);
+    free(cb->split_buf);
+    free(cb->splits);
+    free(cb->split_end);
+    free(cb->split_of);
     free(cb->wbuf);
     free(cb->scores);
     free(cb->task_end);
@@ -718,6 +785,9 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     /* groups need one entry per token: steps of more tokens than this run one token per task */
     cb->attn_group_max = cb->p.max_tokens > 0 ? cb->p.max_tokens : 2048;
     cb->attn_group = calloc((size_t)cb->attn_group_max + 2, sizeof(int64_t));
+    cb->splits = calloc((size_t)cb->attn_group_max + 1, sizeof(moeq_mla_amx_split));
+    cb->split_end = calloc((size_t)cb->attn_group_max + 1, sizeof(int64_t));
+    cb->split_of = calloc((size_t)cb->attn_group_max + 1, sizeof(int));
     if (cb->p.amx && !moeq_amx_supported()) cb->p.amx = 0; /* the engine refuses "amx" where it cannot run */
     size_t ws = moeq_mm_nt_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1);
     if (cb->p.amx && moeq_amx_ws_bytes(cb->p.max_k > 0 ? cb->p.max_k : 1) > ws)
@@ -732,7 +802,8 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
     cb->region_of = calloc((size_t)(cb->p.max_jobs > 0 ? cb->p.max_jobs : 1), sizeof(int));
     cb->pool = moeq_pool_new(n);
     if (!cb->wbuf || !cb->scores || !cb->ws || !cb->dws ||
-        !cb->attn_ws || !cb->attn_ws_bytes || !cb->attn_group || !cb->task_end || !cb->moe_jobs || !cb->pool ||
+        !cb->attn_ws || !cb->attn_ws_bytes || !cb->attn_group || !cb->splits || !cb->split_end || !cb->split_of ||
+        !cb->task_end || !cb->moe_jobs || !cb->pool ||
         !cb->views || !cb->regions || !cb->region_of)
         goto fail;
     for (int i = 0; i < n; i++) {
