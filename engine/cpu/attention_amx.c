@@ -82,8 +82,9 @@ static TAMX AMX_ALWAYS_INLINE void split_pairs(__m512 xa, __m512 xb, __m512i par
 }
 
 /* The query columns' values (latent, then rope, zero padded) in the pair layout: [step][part][k2][COLS], for the
- * column tiles the chains read (columns past ncol in the last one are zeros). Sixteen columns at a time: their split parts, one vector a column, transposed into 16 rows of the layout (each row a
- * 64-byte store; storing every dword where it goes took a tenth of the attention's time in a long prefill). */
+ * column tiles the chains read (columns past ncol in the last one are zeros). Sixteen columns at a time: their
+ * split parts, one vector a column, transposed into 16 rows of the layout (each row a 64-byte store; storing every
+ * dword where it goes took a tenth of the attention's time in a long prefill). */
 static TAMX void pack_queries(const moeq_mla_params *a, const ws_layout *w, int64_t t0, int nt, int h0, int nh,
                               uint32_t *qp) {
     const int L = w->L, R = w->R, H = a->n_heads, ncol = nt * nh;
@@ -112,7 +113,8 @@ static TAMX void pack_queries(const moeq_mla_params *a, const ws_layout *w, int6
             }
             for (int i = 0; i < NP; i++) {
                 moeq_transpose16(blk[i]); /* blk[i][k2]: pair row k2 of the 16 columns */
-                for (int k2 = 0; k2 < 16; k2++) _mm512_storeu_si512(qp + ((s * NP + i) * 16 + k2) * COLS + c0, blk[i][k2]);
+                for (int k2 = 0; k2 < 16; k2++)
+                    _mm512_storeu_si512(qp + ((s * NP + i) * 16 + k2) * COLS + c0, blk[i][k2]);
             }
         }
 }

@@ -58,7 +58,8 @@ size_t moeq_mla_amx_ws_bytes(int kv_lora, int rope);
  */
 typedef struct moeq_mla_amx_split {
     uint16_t *rows;   /* the scores' operand: part i of row j at rows + (i * n_pad + j) * ldr */
-    uint32_t *pairs;  /* the output's: rows 32 u..32 u + 31, part i, pair row k2 at pairs + ((u * NP + i) * 16 + k2) * ldp */
+    uint32_t *pairs;  /* the output's: rows 32 u..32 u + 31, part i, pair row k2 at
+                       * pairs + ((u * NP + i) * 16 + k2) * ldp */
     int64_t n, n_pad; /* rows split; rounded up to a slab (rows n..n_pad - 1 are zeros) */
     int32_t seq;
 } moeq_mla_amx_split;

@@ -321,7 +321,8 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
         if (NG == 1) /* few tokens: the weights' 32 row streams, four lines ahead (decode b1 ~1.04x) */
             for (int r = 0; r < NR * 16; r++) _mm_prefetch((const char *)(a + r * lda + (s + 4) * 64), _MM_HINT_T0);
         else if (next->rows && s * 64 < next->bytes)
-            for (int r = 0; r < STRIP; r++) _mm_prefetch((const char *)(next->rows + r * next->ld + s * 64), _MM_HINT_T1);
+            for (int r = 0; r < STRIP; r++)
+                _mm_prefetch((const char *)(next->rows + r * next->ld + s * 64), _MM_HINT_T1);
         step_from(NR, NG, a + s * 64, lda, src, s);
         if (pd && pd->left > 0) pending_one(pd);
     }
@@ -362,7 +363,8 @@ static TAMX ALWAYS_INLINE void widen_pair(const f8_tables *t, const uint8_t *w8,
                                           int64_t lds, int64_t s, int64_t s1) {
     if (s + 2 <= s1)
         for (int r = 0; r < rows; r++)
-            f8_to_bf16_64(t, w8 + r * ldw + s * MOEQ_AMX_STEP, strip + r * lds + s * 64, strip + r * lds + (s + 1) * 64);
+            f8_to_bf16_64(t, w8 + r * ldw + s * MOEQ_AMX_STEP, strip + r * lds + s * 64,
+                          strip + r * lds + (s + 1) * 64);
     else
         for (int r = 0; r < rows; r++)
             _mm512_storeu_si512(strip + r * lds + s * 64, f8_to_bf16_32(t, w8 + r * ldw + s * MOEQ_AMX_STEP));
