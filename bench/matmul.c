@@ -8,6 +8,12 @@
  * matmul op (threaded by its pool, both batch_invariant modes) on weights of
  * each dtype for the shapes of prefill and batched decode. GFLOP/s counts
  * 2 * tokens * rows * cols. Prints one JSON document. A program, not a test.
+ *
+ * --cold: each call reads a different copy of the weight (copies filling about
+ * 1 GiB), so its weights come from memory as a model's do in the engine; by
+ * default the one weight stays in L2/L3 between calls, which hides what the
+ * kernels do while they wait on memory (session 14: the engine's products ran
+ * at half of the warm rate).
  */
 #include <math.h>
 #include <pthread.h>
@@ -26,7 +32,9 @@
 
 typedef struct weight {
     moeq_tensor t, scale;
-    void *data;
+    void *data;     /* `copies` copies of the weight, `bytes` apart */
+    size_t bytes;
+    int copies;
     float *scales;
 } weight;
 
@@ -36,10 +44,13 @@ static float urand(void) {
     return ((rng_state >> 8) * (1.0f / 16777216.0f)) * 2.0f - 1.0f;
 }
 
-static int weight_make(weight *w, moeq_dtype dt, int64_t rows, int64_t cols) {
+static int weight_make(weight *w, moeq_dtype dt, int64_t rows, int64_t cols, int cold) {
     size_t es = moeq_dtype_size(dt), n = (size_t)rows * (size_t)cols;
     memset(w, 0, sizeof *w);
-    w->data = aligned_alloc(64, (n * es + 63) / 64 * 64);
+    w->bytes = (n * es + 4095) / 4096 * 4096;
+    w->copies = cold ? (int)(((size_t)1 << 30) / w->bytes) : 1;
+    w->copies = w->copies < 2 && cold ? 2 : w->copies;
+    w->data = aligned_alloc(4096, w->bytes * (size_t)w->copies);
     if (!w->data) return -1;
     for (size_t i = 0; i < n; i++) {
         float f = urand() * 0.05f;
@@ -53,6 +64,7 @@ static int weight_make(weight *w, moeq_dtype dt, int64_t rows, int64_t cols) {
         case MOEQ_DTYPE_Q8R: ((uint8_t *)w->data)[i] = (uint8_t)(1 + (rng_state >> 9) % 255); break;
         }
     }
+    for (int c = 1; c < w->copies; c++) memcpy((uint8_t *)w->data + (size_t)c * w->bytes, w->data, n * es);
     w->t = (moeq_tensor){.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = w->data,
                          .nbytes = n * es};
     if (dt == MOEQ_DTYPE_Q8R) { /* a draft copy: one scale per row */
@@ -102,8 +114,8 @@ static double cpu_seconds(void) {
  * the same per CPU-second the process used (less disturbed by other load on a shared machine; times the
  * thread count it is the rate the threads reach while they run).
  */
-static double kernel_gflops(moeq_backend *b, const weight *w, int64_t tokens, const float *x, float *y,
-                            double min_s, double *per_cpu) {
+static double kernel_gflops(moeq_backend *b, weight *w, int64_t tokens, const float *x, float *y, double min_s,
+                            double *per_cpu) {
     int64_t rows = w->t.shape[0], cols = w->t.shape[1];
     moeq_mm_job job = {.w = &w->t, .row0 = 0, .n_rows = rows, .x = x, .ldx = cols, .y = y, .ldy = rows,
                        .n_tok = tokens};
@@ -112,6 +124,7 @@ static double kernel_gflops(moeq_backend *b, const weight *w, int64_t tokens, co
     int64_t t0 = moeq_mono_ns();
     double s, c0 = cpu_seconds();
     do {
+        w->t.data = (uint8_t *)w->data + (size_t)((reps + 1) % w->copies) * w->bytes; /* --cold: the next copy */
         b->matmul(b, &job, 1);
         reps++;
         s = (moeq_mono_ns() - t0) * 1e-9;
@@ -122,7 +135,7 @@ static double kernel_gflops(moeq_backend *b, const weight *w, int64_t tokens, co
 }
 
 int main(int argc, char **argv) {
-    int n_threads = 2, inv_min = 0;
+    int n_threads = 2, inv_min = 0, cold = 0;
     double min_s = 0.5;
     int64_t rows = 4096, cols = 1024;
     const char *tokens_list = "1,8,32,128,512";
@@ -133,9 +146,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cols") && i + 1 < argc) cols = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_list = argv[++i];
         else if (!strcmp(argv[i], "--invariant-only")) inv_min = 1;
+        else if (!strcmp(argv[i], "--cold")) cold = 1;
         else {
             fprintf(stderr, "usage: bench-matmul [--threads N] [--rows N] [--cols K] [--tokens 1,8,32,128,512]"
-                            " [--min-seconds S]\n");
+                            " [--min-seconds S] [--invariant-only] [--cold]\n");
             return 2;
         }
     }
@@ -149,8 +163,8 @@ int main(int argc, char **argv) {
     int max_tok = 1;
     for (int i = 0; i < n_toks; i++) max_tok = toks[i] > max_tok ? toks[i] : max_tok;
 
-    printf("{\n  \"threads\": %d, \"rows\": %lld, \"cols\": %lld,\n  \"peak_gflops\": {", n_threads,
-           (long long)rows, (long long)cols);
+    printf("{\n  \"threads\": %d, \"rows\": %lld, \"cols\": %lld, \"cold\": %s,\n  \"peak_gflops\": {", n_threads,
+           (long long)rows, (long long)cols, cold ? "true" : "false");
     static const char *names[] = {"fp32_fma_avx512", "fp32_fma_avx2", "bf16_dp_avx512", "amx_bf16"};
     for (int k = 0, n = 0; k < 4; k++)
         if (peak_supported(k)) printf("%s\"%s\": %.1f", n++ ? ", " : "", names[k], peak_gflops(k, n_threads));
@@ -174,7 +188,7 @@ int main(int argc, char **argv) {
             weight w;
             moeq_dtype dt = draft ? MOEQ_DTYPE_Q8R : dts[d];
             if (draft && dts[d] != MOEQ_DTYPE_F8_E4M3) continue; /* once, in place of F8 */
-            if (weight_make(&w, dt, rows, cols)) return 1;
+            if (weight_make(&w, dt, rows, cols, cold)) return 1;
             for (int i = 0; i < n_toks; i++) {
                 double pc, g = kernel_gflops(b, &w, toks[i], x, y, min_s, &pc);
                 const char *path = draft ? "draft" : amx ? "amx" : inv ? "lanes" : "openblas";
