@@ -356,7 +356,9 @@ static void plan_splits(cpu_backend *cb, const moeq_mla_params *args, int64_t n_
     for (int64_t g = 0; g < n_groups; g++) { /* split_end holds each split's offset in the buffer until it is had */
         int64_t g1 = g;
         while (g1 + 1 < n_groups && args->seq[cb->attn_group[g1 + 1]] == args->seq[cb->attn_group[g]]) g1++;
-        const int64_t n = args->pos[cb->attn_group[g1 + 1] - 1] + 1; /* the run's last token's context */
+        int64_t n = 0; /* the longest context of the run's tokens */
+        for (int64_t t = cb->attn_group[g]; t < cb->attn_group[g1 + 1]; t++)
+            if (args->pos[t] + 1 > n) n = args->pos[t] + 1;
         const size_t bytes = (moeq_mla_amx_split_bytes(args->kv_lora, args->rope, n) + 63) / 64 * 64;
         int e = -1;
         if (g1 > g && total + bytes <= SPLIT_MAX_BYTES) {
