@@ -313,6 +313,12 @@ typedef struct next_strip {
     int64_t ld, bytes;
 } next_strip;
 
+/* Line s of each of next's rows into L2 (none past their end). */
+static TAMX ALWAYS_INLINE void fetch_next(const next_strip *next, int64_t s) {
+    if (next->rows && s * 64 < next->bytes)
+        for (int r = 0; r < STRIP; r++) _mm_prefetch((const char *)(next->rows + r * next->ld + s * 64), _MM_HINT_T1);
+}
+
 /* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. Step s fetches line
  * s of each of next's rows into L2. */
 static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const next_strip *next,
@@ -320,9 +326,7 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
     for (int64_t s = s0; s < s1; s++) {
         if (NG == 1) /* few tokens: the weights' 32 row streams, four lines ahead (decode b1 ~1.04x) */
             for (int r = 0; r < NR * 16; r++) _mm_prefetch((const char *)(a + r * lda + (s + 4) * 64), _MM_HINT_T0);
-        else if (next->rows && s * 64 < next->bytes)
-            for (int r = 0; r < STRIP; r++)
-                _mm_prefetch((const char *)(next->rows + r * next->ld + s * 64), _MM_HINT_T1);
+        else fetch_next(next, s);
         step_from(NR, NG, a + s * 64, lda, src, s);
         if (pd && pd->left > 0) pending_one(pd);
     }
@@ -378,9 +382,7 @@ static TAMX ALWAYS_INLINE void chain_f8_first(const int NR, const int NG, const 
     for (int64_t s = s0; s < s1; s += 2) {
         if (s + 2 < s1) widen_pair(&t, w8, ldw, rows, strip, lds, s + 2, s1);
         for (int64_t q = s; q < s + 2 && q < s1; q++) {
-            if (next->rows && q * 64 < next->bytes)
-                for (int r = 0; r < STRIP; r++)
-                    _mm_prefetch((const char *)(next->rows + r * next->ld + q * 64), _MM_HINT_T1);
+            fetch_next(next, q);
             step_from(NR, NG, strip + q * 64, lds, src, q);
         }
     }
