@@ -185,13 +185,13 @@ static TAMX void out_chain_any(int nm, int nd, const uint16_t *p, const uint32_t
 
 static const float zero_row[2048];
 
-/* Rows [j0, j0 + SLAB) of the cache (zeros from row n on) split for the scores: part i of row j0 + r at
- * dst + (i * apart + r) * ldr. */
+/* Rows [j0, j0 + fill) of the cache (fill <= SLAB; zeros from row n on) split for the scores: part i of row j0 + r
+ * at dst + (i * apart + r) * ldr. */
 static TAMX void split_rows_slab(const ws_layout *w, const moeq_kv_view *kv, int64_t n, int64_t j0, uint16_t *dst,
-                                 int64_t apart) {
+                                 int64_t apart, int fill) {
     const int E = w->E;
     const int64_t entry_bytes = (int64_t)E * 4, nrows = n - j0 < SLAB ? n - j0 : SLAB;
-    for (int r = 0; r < SLAB; r++) {
+    for (int r = 0; r < fill; r++) {
         if (r >= nrows) {
             for (int i = 0; i < NP; i++) memset(dst + (i * apart + r) * w->ldr, 0, (size_t)w->S * 64);
             continue;
@@ -209,11 +209,12 @@ static TAMX void split_rows_slab(const ws_layout *w, const moeq_kv_view *kv, int
     }
 }
 
-/* Rows [j0, j0 + SLAB) of the cache (zeros from row n on) in the output's pair layout: for each 32 rows u, part i,
- * pair row k2 at dst + ((u * NP + i) * 16 + k2) * ldp. */
-static TAMX void split_pairs_slab(const ws_layout *w, const moeq_kv_view *kv, int64_t n, int64_t j0, uint32_t *dst) {
+/* Rows [j0, j0 + 32 nu) of the cache (nu <= SLAB / 32; zeros from row n on) in the output's pair layout: for each
+ * 32 rows u, part i, pair row k2 at dst + ((u * NP + i) * 16 + k2) * ldp. */
+static TAMX void split_pairs_slab(const ws_layout *w, const moeq_kv_view *kv, int64_t n, int64_t j0, uint32_t *dst,
+                                  int nu) {
     const int L = w->L;
-    for (int u = 0; u < SLAB / 32; u++)
+    for (int u = 0; u < nu; u++)
         for (int k2 = 0; k2 < 16; k2++) {
             const int64_t ja = j0 + u * 32 + 2 * k2, jb = ja + 1;
             const float *ea = ja < n ? moeq_kv_view_entry(kv, ja) : zero_row;
@@ -246,8 +247,8 @@ int64_t moeq_mla_amx_split_slabs(int64_t n) { return (n + SLAB - 1) / SLAB; }
 TAMX void moeq_mla_amx_split_slab(const moeq_mla_params *a, const moeq_mla_amx_split *sp, int64_t k) {
     const ws_layout w = layout_of(a->kv_lora, a->rope);
     const moeq_kv_view kv = moeq_kv_paged_view(&a->kv, sp->seq);
-    split_rows_slab(&w, &kv, sp->n, k * SLAB, sp->rows + k * SLAB * w.ldr, sp->n_pad);
-    split_pairs_slab(&w, &kv, sp->n, k * SLAB, sp->pairs + (k * SLAB / 32) * NP * 16 * w.ldp);
+    split_rows_slab(&w, &kv, sp->n, k * SLAB, sp->rows + k * SLAB * w.ldr, sp->n_pad, SLAB);
+    split_pairs_slab(&w, &kv, sp->n, k * SLAB, sp->pairs + (k * SLAB / 32) * NP * 16 * w.ldp, SLAB / 32);
 }
 
 TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h0, int h1, const moeq_mla_amx_split *sp,
@@ -278,7 +279,7 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
         const int nrows = (int)(ld - j0 < SLAB ? ld - j0 : SLAB), nrt = (nrows + 15) / 16;
         /* the last slab is split here, as without sp: rows past ld are zeros (the output's last step reads them) */
         const int own = !sp || j0 + SLAB >= ld;
-        if (own) split_rows_slab(&w, &kv, ld, j0, rows, SLAB);
+        if (own) split_rows_slab(&w, &kv, ld, j0, rows, SLAB, nrt * 16); /* the row tiles the chains read */
         const uint16_t *srows = own ? rows : sp->rows + j0 * w.ldr;
         const int64_t apart = (own ? SLAB : sp->n_pad) * w.ldr;
         for (int rt = 0; rt < nrt; rt += 2) {
@@ -310,7 +311,7 @@ TAMX void moeq_mla_group_amx(const moeq_mla_params *a, int64_t t0, int nt, int h
     for (int64_t j0 = 0; j0 < ld; j0 += SLAB) {
         const int nrows = (int)(ld - j0 < SLAB ? ld - j0 : SLAB), nu = (nrows + 31) / 32;
         const int own = !sp || j0 + SLAB >= ld;
-        if (own) split_pairs_slab(&w, &kv, ld, j0, pairs);
+        if (own) split_pairs_slab(&w, &kv, ld, j0, pairs, nu);
         const uint32_t *spairs = own ? pairs : sp->pairs + (j0 / 32) * NP * 16 * w.ldp;
         for (int c = 0; c < nmt * 16; c++) { /* probabilities, 0 past each column's context */
             if (c >= ncol) {
