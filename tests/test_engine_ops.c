@@ -605,7 +605,10 @@ static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
                         int n0 = blocks[bi][0], n1 = blocks[bi][1], t0 = first_tok[v];
                         memset(got, 0xff, (size_t)T * rows * 4);
                         j.y = got;
-                        moeq_amx_nt_block(&j, &views[v], n0, n1, t0, T, ws, wsb);
+                        /* every other block is told its thread's next block (here rows 200.. of the weight) */
+                        const int64_t rb = (int64_t)cols * (dts[d] == MOEQ_DTYPE_BF16 ? 2 : 1);
+                        const moeq_amx_then then = {(const uint8_t *)f.t.data + 200 * rb, rb, rb};
+                        moeq_amx_nt_block(&j, &views[v], n0, n1, t0, T, bi % 2 ? &then : NULL, ws, wsb);
                         assert_block_bits(got, want, T, rows, n0, n1, t0);
                     }
                 free(panel);
@@ -1608,6 +1611,46 @@ static void pool_runs_every_task_exactly_once(void **state) {
     moeq_pool_destroy(p);
 }
 
+/* What each worker ran, in order, and the next task the pool named while it ran it. */
+static int64_t ran[3][1000], named[3][1000];
+static int n_ran[3];
+static void record_task(void *ctx, int64_t task, int worker) {
+    ran[worker][n_ran[worker]] = task;
+    named[worker][n_ran[worker]++] = moeq_pool_next_task(ctx, worker);
+}
+
+/* The AMX kernels fetch the weights of the task the pool names as a worker's next one: the name must be the task the
+ * worker runs next (or -1), every task still runs once, and a pool of one names the following task. */
+static void pool_names_a_workers_next_task_truthfully(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        moeq_pool *p = moeq_pool_new(threads);
+        assert_non_null(p);
+        int named_some = 0;
+        for (int n_tasks = 1; n_tasks <= 1000; n_tasks = n_tasks * 3 + 1) {
+            memset(n_ran, 0, sizeof n_ran);
+            moeq_pool_run(p, record_task, p, n_tasks);
+            static int seen[1000];
+            memset(seen, 0, sizeof seen);
+            for (int w = 0; w < threads; w++)
+                for (int i = 0; i < n_ran[w]; i++) {
+                    seen[ran[w][i]]++;
+                    if (named[w][i] >= 0) {
+                        assert_true(i + 1 < n_ran[w]);
+                        assert_int_equal(named[w][i], ran[w][i + 1]);
+                        named_some = 1;
+                    }
+                    if (threads == 1) assert_int_equal(named[w][i], i + 1 < n_tasks ? i + 1 : -1);
+                }
+            for (int t = 0; t < n_tasks; t++) assert_int_equal(seen[t], 1);
+            assert_int_equal(moeq_pool_next_task(p, 0), -1); /* outside a task: none */
+        }
+        assert_true(named_some);
+        moeq_pool_destroy(p);
+    }
+    assert_int_equal(moeq_pool_next_task(NULL, 0), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kernel_matches_its_scalar_emulation_bit_for_bit),
@@ -1654,6 +1697,7 @@ int main(void) {
         cmocka_unit_test(seeded_sampling_reproduces_and_seeds_differ),
         cmocka_unit_test(top_k_and_top_p_never_pick_outside_the_allowed_set),
         cmocka_unit_test(pool_runs_every_task_exactly_once),
+        cmocka_unit_test(pool_names_a_workers_next_task_truthfully),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -137,15 +137,15 @@ static int64_t nt_rows(const cpu_backend *cb, const moeq_mm_job *job) {
     return rows < NT_ROWS ? NT_ROWS : rows > NT_ROWS_MAX ? NT_ROWS_MAX : rows;
 }
 
-static void nt_task(void *ctx, int64_t task, int worker) {
-    cpu_backend *cb = ctx;
+/* The block of an NT task (not for BLAS): its job, rows [n0, n1) and tokens [t0, t1). */
+typedef struct nt_block {
+    const moeq_mm_job *job;
+    int64_t n0, n1, t0, t1;
+} nt_block;
+
+static nt_block nt_block_of(cpu_backend *cb, int64_t task) {
     int64_t local;
     const moeq_mm_job *job = &cb->jobs[find_job(cb, task, &local)];
-    if (cb->use_blas) {
-        int64_t n0 = local * BLAS_ROWS, n1 = n0 + BLAS_ROWS < job->n_rows ? n0 + BLAS_ROWS : job->n_rows;
-        moeq_mm_nt_blas_block(job, n0, n1, cb->wbuf[worker]);
-        return;
-    }
     int64_t n_tb = ceil_div(job->n_tok, NT_TOKS), rows = nt_rows(cb, job);
     int64_t n0 = (local / n_tb) * rows, t0 = (local % n_tb) * NT_TOKS;
     const moeq_amx_xview *xv = cb->p.amx ? &cb->views[job - cb->jobs] : NULL;
@@ -155,13 +155,41 @@ static void nt_task(void *ctx, int64_t task, int worker) {
         int64_t n_rb = ceil_div(job->n_rows, rows);
         n0 = (local % n_rb) * rows, t0 = (local / n_rb) * NT_TOKS;
     }
-    int64_t n1 = n0 + rows < job->n_rows ? n0 + rows : job->n_rows;
-    int64_t t1 = t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok;
+    return (nt_block){job, n0, n0 + rows < job->n_rows ? n0 + rows : job->n_rows, t0,
+                      t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok};
+}
+
+/* The first weight rows of the worker's next task when that runs on the AMX tiles (a hint for the kernel). */
+static int amx_then(cpu_backend *cb, int worker, moeq_amx_then *then) {
+    int64_t next = moeq_pool_next_task(cb->pool, worker);
+    if (next < 0) return 0;
+    nt_block b = nt_block_of(cb, next);
+    if (!cb->views[b.job - cb->jobs].pack || moeq_draft_fits(b.job->w)) return 0;
+    int64_t row_bytes = moeq_tensor_cols(b.job->w) * (int64_t)moeq_dtype_size(b.job->w->dtype);
+    *then = (moeq_amx_then){(const uint8_t *)b.job->w->data + (b.job->row0 + b.n0) * row_bytes, row_bytes, row_bytes};
+    return 1;
+}
+
+static void nt_task(void *ctx, int64_t task, int worker) {
+    cpu_backend *cb = ctx;
+    if (cb->use_blas) {
+        int64_t local;
+        const moeq_mm_job *job = &cb->jobs[find_job(cb, task, &local)];
+        int64_t n0 = local * BLAS_ROWS, n1 = n0 + BLAS_ROWS < job->n_rows ? n0 + BLAS_ROWS : job->n_rows;
+        moeq_mm_nt_blas_block(job, n0, n1, cb->wbuf[worker]);
+        return;
+    }
+    nt_block b = nt_block_of(cb, task);
+    const moeq_mm_job *job = b.job;
+    const moeq_amx_xview *xv = cb->p.amx ? &cb->views[job - cb->jobs] : NULL;
     if (moeq_draft_fits(job->w)) /* the key names this call's job: a worker quantises its tokens once */
-        moeq_draft_nt_block(job, n0, n1, t0, t1, cb->dws[worker], cb->dws_bytes,
+        moeq_draft_nt_block(job, b.n0, b.n1, b.t0, b.t1, cb->dws[worker], cb->dws_bytes,
                             cb->call_seq << 20 | (uint64_t)(job - cb->jobs + 1));
-    else if (xv && xv->pack) moeq_amx_nt_block(job, xv, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
-    else moeq_mm_nt_block_ws(job, n0, n1, t0, t1, cb->ws[worker], cb->ws_bytes);
+    else if (xv && xv->pack) {
+        moeq_amx_then then;
+        moeq_amx_nt_block(job, xv, b.n0, b.n1, b.t0, b.t1, amx_then(cb, worker, &then) ? &then : NULL, cb->ws[worker],
+                          cb->ws_bytes);
+    } else moeq_mm_nt_block_ws(job, b.n0, b.n1, b.t0, b.t1, cb->ws[worker], cb->ws_bytes);
 }
 
 static void nn_task(void *ctx, int64_t task, int worker) {

@@ -28,6 +28,10 @@ typedef struct worker_arg {
     int index;
 } worker_arg;
 
+typedef struct claimed_slot {
+    _Alignas(64) int64_t task; /* the worker's next task (moeq_pool_next_task); a line each, written per task */
+} claimed_slot;
+
 struct moeq_pool {
     int n_threads;
     pthread_t *threads;
@@ -41,14 +45,24 @@ struct moeq_pool {
     moeq_pool_fn fn;
     void *ctx;
     int64_t n_tasks;
+    claimed_slot *claimed; /* per worker */
 };
 
+static int64_t claim(moeq_pool *pool) {
+    int64_t t = atomic_fetch_add_explicit(&pool->next_task, 1, memory_order_relaxed);
+    return t < pool->n_tasks ? t : -1;
+}
+
 static void run_tasks(moeq_pool *pool, int worker) {
-    for (;;) {
-        int64_t t = atomic_fetch_add_explicit(&pool->next_task, 1, memory_order_relaxed);
-        if (t >= pool->n_tasks) break;
+    const int64_t n = pool->n_tasks;
+    for (int64_t t = claim(pool); t >= 0;) {
+        int64_t left = n - atomic_load_explicit(&pool->next_task, memory_order_relaxed);
+        int64_t next = left > pool->n_threads ? claim(pool) : -1;
+        pool->claimed[worker].task = next;
         pool->fn(pool->ctx, t, worker);
+        t = next >= 0 ? next : claim(pool);
     }
+    pool->claimed[worker].task = -1;
 }
 
 static uint64_t wait_generation(moeq_pool *pool, uint64_t seen) {
@@ -87,7 +101,12 @@ moeq_pool *moeq_pool_new(int n_threads) {
     pthread_cond_init(&pool->cv, NULL);
     pool->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     pool->args = calloc((size_t)n_threads, sizeof(worker_arg));
-    if (!pool->threads || !pool->args) goto fail;
+    pool->claimed = aligned_alloc(64, (size_t)n_threads * sizeof(claimed_slot));
+    if (!pool->threads || !pool->args || !pool->claimed) {
+        pool->n_threads = 1; /* no thread started: none to join */
+        goto fail;
+    }
+    for (int i = 0; i < n_threads; i++) pool->claimed[i].task = -1;
     for (int i = 1; i < n_threads; i++) {
         pool->args[i] = (worker_arg){pool, i};
         if (pthread_create(&pool->threads[i], NULL, worker_main, &pool->args[i]) != 0) {
@@ -112,15 +131,24 @@ void moeq_pool_destroy(moeq_pool *pool) {
     pthread_cond_destroy(&pool->cv);
     free(pool->threads);
     free(pool->args);
+    free(pool->claimed);
     free(pool);
 }
 
 int moeq_pool_n_threads(const moeq_pool *pool) { return pool ? pool->n_threads : 1; }
 
+int64_t moeq_pool_next_task(const moeq_pool *pool, int worker) {
+    return pool && pool->claimed && worker >= 0 && worker < pool->n_threads ? pool->claimed[worker].task : -1;
+}
+
 void moeq_pool_run(moeq_pool *pool, moeq_pool_fn fn, void *ctx, int64_t n_tasks) {
     if (n_tasks <= 0) return;
     if (!pool || pool->n_threads == 1 || n_tasks == 1) {
-        for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        for (int64_t t = 0; t < n_tasks; t++) {
+            if (pool) pool->claimed[0].task = t + 1 < n_tasks ? t + 1 : -1;
+            fn(ctx, t, 0);
+        }
+        if (pool) pool->claimed[0].task = -1;
         return;
     }
     pool->fn = fn;

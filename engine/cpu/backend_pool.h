@@ -27,4 +27,12 @@ int moeq_pool_n_threads(const moeq_pool *pool);
 /* Run fn for tasks 0..n_tasks-1 on all threads (the caller included); returns when all are done. */
 void moeq_pool_run(moeq_pool *pool, moeq_pool_fn fn, void *ctx, int64_t n_tasks);
 
+/*
+ * Inside fn: the task this worker runs after the current one, or -1 (none claimed yet). While more tasks are left
+ * than threads, a worker claims its next task before it runs the current one, so a task can start fetching what the
+ * next one reads (the AMX kernels fetch its first weights); near a dispatch's end it claims one at a time, so no
+ * thread holds a task another could run. A hint: which thread runs a task never changes a result.
+ */
+int64_t moeq_pool_next_task(const moeq_pool *pool, int worker);
+
 #endif

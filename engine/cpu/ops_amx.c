@@ -63,10 +63,10 @@ size_t moeq_amx_panel_bytes(int64_t n, int64_t K) {
 }
 
 size_t moeq_amx_ws_bytes(int64_t K) {
-    /* the strip (32 rows, stride K*2 + 64 against cache-set aliasing; at least the F8 step buffer), C,
-     * the F8 accumulators, a compact copy of up to 16 tokens' pack, and the pending C tiles */
+    /* the strip (32 rows, stride K*2 + 64 against cache-set aliasing; at least the F8 step buffer), the F8 sums,
+     * four C tiles, and a compact copy of up to 16 tokens' pack */
     size_t strip = (size_t)STRIP * (size_t)(K * 2 + 64);
-    return (strip > 8192 ? strip : 8192) + 4 * 1024 + 4 * 1024 + (size_t)K * 64 + 4 * 1024 + 128;
+    return (strip > 8192 ? strip : 8192) + 4 * 1024 + 4 * 1024 + (size_t)K * 64 + 128;
 }
 
 /* ---- the emulation's scalar pieces ------------------------------------------------------------------ */
@@ -261,25 +261,95 @@ typedef struct bsrc {
     int64_t part, gs, ldb;
 } bsrc;
 
-/* Step s's products with the A tiles loaded (tmm4-5): the hi pairs, then the lo pairs, of NG token groups. */
-static TAMX ALWAYS_INLINE void step_tiles(const int NR, const int NG, const bsrc *src, int64_t s) {
+/* C tile c into drain[c * 256] and zeroed, unless drain is NULL. */
+static TAMX ALWAYS_INLINE void drain_c(int c, float *drain) {
+    if (drain) {
+        moeq_amx_store_c(c, drain + c * 256, 64);
+        switch (c) {
+        case 0: _tile_zero(0); break;
+        case 1: _tile_zero(1); break;
+        case 2: _tile_zero(2); break;
+        default: _tile_zero(3); break;
+        }
+    }
+}
+
+/*
+ * Step s's products with the A tiles loaded (tmm4-5): the hi pairs, then the lo pairs, of NG token groups. With
+ * drain, each C tile is stored there and zeroed just before its first product of the step (an F8 scale block's
+ * start): the tiles' unit runs in order, so storing all four first left it idle until the last one's chain was done.
+ */
+static TAMX ALWAYS_INLINE void step_tiles(const int NR, const int NG, const bsrc *src, int64_t s, float *drain) {
     for (int p = 0; p < 2; p++) {
         const uint32_t *bp = src->b + (s * 2 + p) * src->part;
+        float *d = p == 0 ? drain : NULL;
         _tile_loadd(6, bp, src->ldb);
         if (NG == 2) _tile_loadd(7, bp + src->gs, src->ldb);
+        drain_c(0, d);
         _tile_dpbf16ps(0, 4, 6);
-        if (NG == 2) _tile_dpbf16ps(1, 4, 7);
-        if (NR == 2) _tile_dpbf16ps(2, 5, 6);
-        if (NR == 2 && NG == 2) _tile_dpbf16ps(3, 5, 7);
+        if (NG == 2) {
+            drain_c(1, d);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        if (NR == 2) {
+            drain_c(2, d);
+            _tile_dpbf16ps(2, 5, 6);
+        }
+        if (NR == 2 && NG == 2) {
+            drain_c(3, d);
+            _tile_dpbf16ps(3, 5, 7);
+        }
     }
 }
 
 /* Step s with its A tiles loaded from a (32 weight rows, lda bytes apart). */
 static TAMX ALWAYS_INLINE void step_from(const int NR, const int NG, const uint8_t *a, int64_t lda, const bsrc *src,
-                                         int64_t s) {
+                                         int64_t s, float *drain) {
     _tile_loadd(4, a, lda);
     if (NR == 2) _tile_loadd(5, a + 16 * lda, lda);
-    step_tiles(NR, NG, src, s);
+    step_tiles(NR, NG, src, s, drain);
+}
+
+/*
+ * An F8 pass's scale blocks run as one chain: the first step of block kb stores the C tiles of block kb - 1 into buf
+ * (step_tiles' drain), and right after that step's products are issued, the vector unit folds them into acc, scaled
+ * by block kb - 1's scale, while the tiles go on. Each block's sums start from zero and acc gathers the blocks in
+ * order, as in the emulation.
+ */
+typedef struct f8_fold {
+    const moeq_tensor *w;
+    int64_t grow, rs, kb; /* kb: the block being folded */
+    int rows, nr, ng;
+    float *buf, *acc;     /* the four drained tiles; their sums so far, tile c at acc + c * 256 */
+} f8_fold;
+
+static TAMX void fold_tiles(const f8_fold *f) {
+    for (int i = 0; i < f->nr; i++) {
+        /* a tile's 16 rows share one scale when they sit in one 128-row block (rows past the strip's hold zeros, and
+         * their results are never written) */
+        const int64_t r0 = f->grow + 16 * i * f->rs;
+        const int one = f->rs == 1 && r0 / F8B == (r0 + 15) / F8B;
+        const __m512 f1 = _mm512_set1_ps(one ? f8_scale(f->w, r0, f->kb) : 0.0f);
+        for (int g = 0; g < f->ng; g++) {
+            const float *c = f->buf + (2 * i + g) * 256;
+            float *ac = f->acc + (2 * i + g) * 256;
+            for (int r = 0; r < 16; r++) {
+                __m512 sc = one ? f1
+                                : _mm512_set1_ps(r < f->rows - 16 * i ? f8_scale(f->w, f->grow + (16 * i + r) * f->rs,
+                                                                                  f->kb)
+                                                                      : 0.0f);
+                _mm512_storeu_ps(ac + 16 * r,
+                                 _mm512_fmadd_ps(sc, _mm512_loadu_ps(c + 16 * r), _mm512_loadu_ps(ac + 16 * r)));
+            }
+        }
+    }
+}
+
+/* Step s from a; with fd (s the first step of a scale block after the first), the drain and fold of fd's block. */
+static TAMX ALWAYS_INLINE void step_fold(const int NR, const int NG, const uint8_t *a, int64_t lda, const bsrc *src,
+                                         int64_t s, const f8_fold *fd) {
+    step_from(NR, NG, a, lda, src, s, fd ? fd->buf : NULL);
+    if (fd) fold_tiles(fd);
 }
 
 static TAMX void out_tile(const moeq_mm_job *job, const float *c, int64_t t, int64_t n, int64_t rs, int rows, int nt,
@@ -307,7 +377,8 @@ static TAMX void pending_flush(pending_out *p) {
     while (p->left > 0) pending_one(p);
 }
 
-/* The next strip's weight rows, for a pass to fetch into L2 (see strip_pass): STRIP rows of `bytes`, ld apart. */
+/* The next strip's weight rows, for a pass to fetch into L2 (see strip_pass): STRIP rows of `bytes`, ld apart (a
+ * prefetch never faults, so rows past a tensor's end are harmless). */
 typedef struct next_strip {
     const uint8_t *rows; /* NULL: none */
     int64_t ld, bytes;
@@ -322,12 +393,12 @@ static TAMX ALWAYS_INLINE void fetch_next(const next_strip *next, int64_t s) {
 /* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. Step s fetches line
  * s of each of next's rows into L2. */
 static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *a, int64_t lda, const next_strip *next,
-                                     pending_out *pd, const bsrc *src, int64_t s0, int64_t s1) {
+                                     pending_out *pd, const f8_fold *fd, const bsrc *src, int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; s++) {
         if (NG == 1) /* few tokens: the weights' 32 row streams, four lines ahead (decode b1 ~1.04x) */
             for (int r = 0; r < NR * 16; r++) _mm_prefetch((const char *)(a + r * lda + (s + 4) * 64), _MM_HINT_T0);
         else fetch_next(next, s);
-        step_from(NR, NG, a + s * 64, lda, src, s);
+        step_fold(NR, NG, a + s * 64, lda, src, s, s == s0 ? fd : NULL);
         if (pd && pd->left > 0) pending_one(pd);
     }
 }
@@ -337,7 +408,7 @@ static TAMX ALWAYS_INLINE void chain(const int NR, const int NG, const uint8_t *
  * (one step's 32 bytes per row left the loads waiting on memory). Loads of a strip widened whole come from
  * L2, and tile loads from L2 run at about half the rate of L1's. */
 static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_t *w8, int64_t ldw, int rows,
-                                        uint8_t *buf, const bsrc *src, int64_t s0, int64_t s1) {
+                                        uint8_t *buf, const f8_fold *fd, const bsrc *src, int64_t s0, int64_t s1) {
     const f8_tables t = f8_tables_load();
     int64_t s = s0;
     for (; s + 2 <= s1; s += 2) { /* ldw: bytes from one strip row to the next; step s at buf, s + 1 at buf + 2 KiB */
@@ -347,13 +418,13 @@ static TAMX ALWAYS_INLINE void chain_f8(const int NR, const int NG, const uint8_
             _mm_prefetch((const char *)(w8 + r * ldw + (s + 8) * MOEQ_AMX_STEP), _MM_HINT_T0);
             f8_to_bf16_64(&t, w8 + r * ldw + s * MOEQ_AMX_STEP, buf + r * 64, buf + 2048 + r * 64);
         }
-        step_from(NR, NG, buf, 64, src, s);
-        step_from(NR, NG, buf + 2048, 64, src, s + 1);
+        step_fold(NR, NG, buf, 64, src, s, s == s0 ? fd : NULL);
+        step_from(NR, NG, buf + 2048, 64, src, s + 1, NULL);
     }
     if (s < s1) { /* an odd last step (K not a multiple of 64) */
         for (int r = 0; r < rows; r++)
             _mm512_storeu_si512(buf + r * 64, f8_to_bf16_32(&t, w8 + r * ldw + s * MOEQ_AMX_STEP));
-        step_from(NR, NG, buf, 64, src, s);
+        step_fold(NR, NG, buf, 64, src, s, s == s0 ? fd : NULL);
     }
 }
 
@@ -375,41 +446,42 @@ static TAMX ALWAYS_INLINE void widen_pair(const f8_tables *t, const uint8_t *w8,
 }
 
 static TAMX ALWAYS_INLINE void chain_f8_first(const int NR, const int NG, const uint8_t *w8, int64_t ldw, int rows,
-                                              uint8_t *strip, int64_t lds, const next_strip *next, const bsrc *src,
-                                              int64_t s0, int64_t s1) {
+                                              uint8_t *strip, int64_t lds, const next_strip *next, const f8_fold *fd,
+                                              const bsrc *src, int64_t s0, int64_t s1) {
     const f8_tables t = f8_tables_load();
     widen_pair(&t, w8, ldw, rows, strip, lds, s0, s1);
     for (int64_t s = s0; s < s1; s += 2) {
         if (s + 2 < s1) widen_pair(&t, w8, ldw, rows, strip, lds, s + 2, s1);
         for (int64_t q = s; q < s + 2 && q < s1; q++) {
             fetch_next(next, q);
-            step_from(NR, NG, strip + q * 64, lds, src, q);
+            step_fold(NR, NG, strip + q * 64, lds, src, q, q == s0 ? fd : NULL);
         }
     }
 }
 
 static TAMX void chain_f8_first_any(int nr, int ng, const uint8_t *w8, int64_t ldw, int rows, uint8_t *strip,
-                                    int64_t lds, const next_strip *next, const bsrc *src, int64_t s0, int64_t s1) {
-    if (nr == 2 && ng == 2) chain_f8_first(2, 2, w8, ldw, rows, strip, lds, next, src, s0, s1);
-    else if (nr == 2) chain_f8_first(2, 1, w8, ldw, rows, strip, lds, next, src, s0, s1);
-    else if (ng == 2) chain_f8_first(1, 2, w8, ldw, rows, strip, lds, next, src, s0, s1);
-    else chain_f8_first(1, 1, w8, ldw, rows, strip, lds, next, src, s0, s1);
+                                    int64_t lds, const next_strip *next, const f8_fold *fd, const bsrc *src, int64_t s0,
+                                    int64_t s1) {
+    if (nr == 2 && ng == 2) chain_f8_first(2, 2, w8, ldw, rows, strip, lds, next, fd, src, s0, s1);
+    else if (nr == 2) chain_f8_first(2, 1, w8, ldw, rows, strip, lds, next, fd, src, s0, s1);
+    else if (ng == 2) chain_f8_first(1, 2, w8, ldw, rows, strip, lds, next, fd, src, s0, s1);
+    else chain_f8_first(1, 1, w8, ldw, rows, strip, lds, next, fd, src, s0, s1);
 }
 
 static TAMX void chain_f8_any(int nr, int ng, const uint8_t *w8, int64_t ldw, int rows, uint8_t *buf,
-                              const bsrc *src, int64_t s0, int64_t s1) {
-    if (nr == 2 && ng == 2) chain_f8(2, 2, w8, ldw, rows, buf, src, s0, s1);
-    else if (nr == 2) chain_f8(2, 1, w8, ldw, rows, buf, src, s0, s1);
-    else if (ng == 2) chain_f8(1, 2, w8, ldw, rows, buf, src, s0, s1);
-    else chain_f8(1, 1, w8, ldw, rows, buf, src, s0, s1);
+                              const f8_fold *fd, const bsrc *src, int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain_f8(2, 2, w8, ldw, rows, buf, fd, src, s0, s1);
+    else if (nr == 2) chain_f8(2, 1, w8, ldw, rows, buf, fd, src, s0, s1);
+    else if (ng == 2) chain_f8(1, 2, w8, ldw, rows, buf, fd, src, s0, s1);
+    else chain_f8(1, 1, w8, ldw, rows, buf, fd, src, s0, s1);
 }
 
 static TAMX void chain_any(int nr, int ng, const uint8_t *a, int64_t lda, const next_strip *next, pending_out *pd,
-                           const bsrc *src, int64_t s0, int64_t s1) {
-    if (nr == 2 && ng == 2) chain(2, 2, a, lda, next, pd, src, s0, s1);
-    else if (nr == 2) chain(2, 1, a, lda, next, pd, src, s0, s1);
-    else if (ng == 2) chain(1, 2, a, lda, next, pd, src, s0, s1);
-    else chain(1, 1, a, lda, next, pd, src, s0, s1);
+                           const f8_fold *fd, const bsrc *src, int64_t s0, int64_t s1) {
+    if (nr == 2 && ng == 2) chain(2, 2, a, lda, next, pd, fd, src, s0, s1);
+    else if (nr == 2) chain(2, 1, a, lda, next, pd, fd, src, s0, s1);
+    else if (ng == 2) chain(1, 2, a, lda, next, pd, fd, src, s0, s1);
+    else chain(1, 1, a, lda, next, pd, fd, src, s0, s1);
 }
 
 /* c (16 weight rows x 16 tokens) transposed into y: tokens [0, nt) of rows [0, nr), row r at y[r * rs]. */
@@ -438,7 +510,7 @@ typedef struct amx_scratch {
     uint8_t *strip;   /* STRIP rows of K bf16 at stride lds (F8 widened, or a padded copy) */
     int64_t lds;
     uint8_t *stepbuf; /* the F8 step buffer (two steps) */
-    float *cbuf, *acc;
+    float *c4, *acc;  /* four C tiles (BF16: a pass's, pending; F8: a block's, drained); F8 sums (4 tiles) */
     pending_out *pd;  /* BF16 passes' C tiles, written out during the next chain */
 } amx_scratch;
 
@@ -447,7 +519,7 @@ typedef struct amx_scratch {
  * tokens [t0, t1). rs > 1 are the decode stretches (see moeq_amx_nt_block).
  */
 static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n, int64_t rs, int rows,
-                            int64_t t0, int64_t t1, int last, const amx_scratch *sc) {
+                            int64_t t0, int64_t t1, int last, const next_strip *then, const amx_scratch *sc) {
     const moeq_tensor *w = job->w;
     const int64_t K = moeq_tensor_cols(w), steps = K / MOEQ_AMX_STEP, total_rows = w->shape[0];
     const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3, nr = rows > 16 ? 2 : 1;
@@ -473,14 +545,16 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     }
     /* A strip's first pass with 17 tokens or more (prefill, batched decode) reads the weights from memory: BF16 tile
      * loads that miss stall the products behind them (tiles are not renamed, so the next step's loads cannot run
-     * ahead), and an F8 strip is widened whole before its products. Unless the strip is the block's last, that pass
-     * fetches the next strip's rows into L2 beside its own steps, 32 lines a step (the backend gives such blocks
-     * four strips). */
+     * ahead), and an F8 strip is widened whole before its products. That pass fetches the next strip's rows into L2
+     * beside its own steps, 32 lines a step: the block's next strip, or for its final strip the first strip of the
+     * thread's next block (then), so no strip but a dispatch's first few starts from memory. */
     next_strip next = {0};
-    if (!last && rs == 1 && t1 - t0 > 16 && !f8_steps) {
+    if (rs == 1 && t1 - t0 > 16 && !f8_steps) {
         const uint8_t *w0 = (const uint8_t *)w->data;
-        next = f8 ? (next_strip){w0 + (size_t)(grow + STRIP) * (size_t)K, K, K}
-                  : (next_strip){w0 + (size_t)(grow + STRIP) * (size_t)K * 2, K * 2, K * 2};
+        if (!last)
+            next = f8 ? (next_strip){w0 + (size_t)(grow + STRIP) * (size_t)K, K, K}
+                      : (next_strip){w0 + (size_t)(grow + STRIP) * (size_t)K * 2, K * 2, K * 2};
+        else if (then) next = *then;
     }
     const next_strip none = {0};
     for (int64_t t = t0; t < t1; t += 32) {
@@ -492,7 +566,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             src = (bsrc){xv->pack + (xv->tok0 + t), TROWS * xv->n_pad, 16, xv->n_pad * 4};
         if (!f8) {
             moeq_amx_zero_c4();
-            chain_any(nr, ng, a, lda, t == t0 ? &next : &none, sc->pd, &src, 0, steps);
+            chain_any(nr, ng, a, lda, t == t0 ? &next : &none, sc->pd, NULL, &src, 0, steps);
             pending_out *pd = sc->pd;
             pending_flush(pd); /* a chain shorter than the tiles left */
             for (int i = 0; i < nr; i++)
@@ -502,32 +576,21 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             continue;
         }
         memset(sc->acc, 0, 4 * 256 * sizeof(float));
-        for (int64_t s = 0; s < steps; s += F8B / MOEQ_AMX_STEP) {
-            int64_t s1 = s + F8B / MOEQ_AMX_STEP < steps ? s + F8B / MOEQ_AMX_STEP : steps, kb = s / (F8B / MOEQ_AMX_STEP);
-            moeq_amx_zero_c4();
-            const uint8_t *w8 = (const uint8_t *)w->data + (size_t)grow * (size_t)K;
-            if (f8_steps) chain_f8_any(nr, ng, w8, rs * K, rows, sc->stepbuf, &src, s, s1);
-            else if (t == t0) chain_f8_first_any(nr, ng, w8, K, rows, sc->strip, sc->lds, &next, &src, s, s1);
-            else chain_any(nr, ng, a, lda, &none, NULL, &src, s, s1);
-            for (int i = 0; i < nr; i++) {
-                /* a tile's 16 rows share one scale when they sit in one 128-row block (rows past the strip's hold
-                 * zeros, and their results are never written) */
-                const int64_t r0 = grow + 16 * i * rs;
-                const int one = rs == 1 && r0 / F8B == (r0 + 15) / F8B;
-                const __m512 f1 = _mm512_set1_ps(one ? f8_scale(w, r0, kb) : 0.0f);
-                for (int g = 0; g < ng; g++) {
-                    moeq_amx_store_c(2 * i + g, sc->cbuf, 64);
-                    float *ac = sc->acc + (2 * i + g) * 256;
-                    for (int r = 0; r < 16; r++) {
-                        __m512 f = one ? f1
-                                       : _mm512_set1_ps(r < rows - 16 * i ? f8_scale(w, grow + (16 * i + r) * rs, kb)
-                                                                         : 0.0f);
-                        _mm512_storeu_ps(ac + 16 * r, _mm512_fmadd_ps(f, _mm512_loadu_ps(sc->cbuf + 16 * r),
-                                                                      _mm512_loadu_ps(ac + 16 * r)));
-                    }
-                }
-            }
+        f8_fold fold = {w, grow, rs, 0, rows, nr, ng, sc->c4, sc->acc};
+        const uint8_t *w8 = (const uint8_t *)w->data + (size_t)grow * (size_t)K;
+        moeq_amx_zero_c4();
+        for (int64_t s = 0, kb = 0; s < steps; s += F8B / MOEQ_AMX_STEP, kb++) {
+            const int64_t s1 = s + F8B / MOEQ_AMX_STEP < steps ? s + F8B / MOEQ_AMX_STEP : steps;
+            fold.kb = kb - 1;
+            const f8_fold *fd = kb > 0 ? &fold : NULL;
+            if (f8_steps) chain_f8_any(nr, ng, w8, rs * K, rows, sc->stepbuf, fd, &src, s, s1);
+            else if (t == t0) chain_f8_first_any(nr, ng, w8, K, rows, sc->strip, sc->lds, &next, fd, &src, s, s1);
+            else chain_any(nr, ng, a, lda, &none, NULL, fd, &src, s, s1);
         }
+        for (int i = 0; i < nr; i++)
+            for (int g = 0; g < ng; g++) moeq_amx_store_c(2 * i + g, sc->c4 + (2 * i + g) * 256, 64);
+        fold.kb = (steps - 1) / (F8B / MOEQ_AMX_STEP);
+        fold_tiles(&fold);
         for (int i = 0; i < nr; i++)
             for (int g = 0; g < ng; g++) out_tile(job, sc->acc + (2 * i + g) * 256, t, n, rs, rows, nt, i, g);
     }
@@ -545,21 +608,21 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
 #define STREAM_MIN_SPAN 4
 
 TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n0, int64_t n1, int64_t t0,
-                            int64_t t1, void *ws, size_t ws_bytes) {
+                            int64_t t1, const moeq_amx_then *then, void *ws, size_t ws_bytes) {
     const int64_t K = moeq_tensor_cols(job->w), steps = K / MOEQ_AMX_STEP;
     if (n0 >= n1 || t0 >= t1) return;
     if (ws_bytes < moeq_amx_ws_bytes(K)) abort(); /* the backend sizes it from max_k */
     if (xv->panels && (xv->tok0 + t0) % 16) abort(); /* a panel's tokens start at multiples of 16 */
     amx_scratch sc = {.strip = ws, .lds = K * 2 + 64, .stepbuf = ws};
-    sc.cbuf = (float *)(sc.strip + ((size_t)STRIP * (size_t)sc.lds > 8192 ? (size_t)STRIP * (size_t)sc.lds : 8192));
-    sc.acc = sc.cbuf + 256;
-    pending_out pd = {.buf = (float *)((uint8_t *)sc.cbuf + 8192 + (size_t)K * 64)}; /* past the compact copy */
+    sc.acc = (float *)(sc.strip + ((size_t)STRIP * (size_t)sc.lds > 8192 ? (size_t)STRIP * (size_t)sc.lds : 8192));
+    sc.c4 = sc.acc + 4 * 256;
+    pending_out pd = {.buf = sc.c4};
     sc.pd = &pd;
     /* A block of at most 16 tokens reading a wide pack (the experts' slices of one gathered array) takes
      * its columns into a compact copy first: its B tiles then come from L1, not from L2. */
     moeq_amx_xview local = *xv;
     if (t1 - t0 <= 16 && !xv->panels && xv->n_pad > 16) {
-        uint32_t *compact = (uint32_t *)(sc.acc + 4 * 256);
+        uint32_t *compact = (uint32_t *)(sc.c4 + 4 * 256);
         const int64_t nt = t1 - t0;
         const __mmask16 m = (__mmask16)((1u << nt) - 1u);
         const uint32_t *src = xv->pack + xv->tok0 + t0;
@@ -571,11 +634,13 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     _tile_loadconfig(&full_config);
     int64_t n = n0, span = (n1 - n0) / STRIP;
     if (t1 - t0 <= STREAM_TOKS && span >= STREAM_MIN_SPAN) {
-        for (int64_t i = 0; i < span; i++) strip_pass(job, xv, n0 + i, span, STRIP, t0, t1, 1, &sc);
+        for (int64_t i = 0; i < span; i++) strip_pass(job, xv, n0 + i, span, STRIP, t0, t1, 1, NULL, &sc);
         n = n0 + span * STRIP;
     }
+    const next_strip after = {then ? (const uint8_t *)then->rows : NULL, then ? then->ld : 0, then ? then->bytes : 0};
     for (; n < n1; n += STRIP)
-        strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, n + 2 * STRIP > n1, &sc);
+        strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, n + 2 * STRIP > n1,
+                   n + STRIP >= n1 && after.rows ? &after : NULL, &sc);
     pending_flush(&pd);
     _tile_release();
 }
@@ -630,8 +695,8 @@ void moeq_amx_pack_panel(const float *x, int64_t ldx, int64_t n, int64_t K, uint
     abort();
 }
 void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n0, int64_t n1, int64_t t0,
-                       int64_t t1, void *ws, size_t ws_bytes) {
-    (void)job, (void)xv, (void)n0, (void)n1, (void)t0, (void)t1, (void)ws, (void)ws_bytes;
+                       int64_t t1, const moeq_amx_then *then, void *ws, size_t ws_bytes) {
+    (void)job, (void)xv, (void)n0, (void)n1, (void)t0, (void)t1, (void)then, (void)ws, (void)ws_bytes;
     abort();
 }
 void moeq_amx_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
@@ -664,7 +729,7 @@ int moeq_amx_nt_job(const moeq_mm_job *job) {
         if (panels) moeq_amx_pack_panel(job->x, job->ldx, n, K, pack, g);
         else moeq_amx_pack_group(job->x, job->ldx, n, K, pack, g);
     moeq_amx_xview xv = {pack, moeq_amx_pack_cols(n), 0, panels};
-    moeq_amx_nt_block(job, &xv, 0, job->n_rows, 0, n, ws, wb);
+    moeq_amx_nt_block(job, &xv, 0, job->n_rows, 0, n, NULL, ws, wb);
     free(pack), free(ws);
     return 0;
 }

@@ -77,9 +77,18 @@ typedef struct moeq_amx_xview {
 /* Per-thread workspace for moeq_amx_nt_block (64-byte aligned). */
 size_t moeq_amx_ws_bytes(int64_t K);
 
-/* y[t][n] for rows [n0, n1) and tokens [t0, t1) of job (moeq_amx_fits(job->w)), from the packed x. */
+/* The first 32 weight rows of the block the thread runs next (`bytes` each, ld apart from rows): the last strip's
+ * first pass fetches them into L2 beside its products, as every strip does for the one after it, so the next block
+ * does not start with its weights in memory. A hint only (rows past a tensor's end are never loaded). */
+typedef struct moeq_amx_then {
+    const void *rows;
+    int64_t ld, bytes;
+} moeq_amx_then;
+
+/* y[t][n] for rows [n0, n1) and tokens [t0, t1) of job (moeq_amx_fits(job->w)), from the packed x; then: the thread's
+ * next block (NULL: none or unknown). */
 void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n0, int64_t n1, int64_t t0,
-                       int64_t t1, void *ws, size_t ws_bytes);
+                       int64_t t1, const moeq_amx_then *then, void *ws, size_t ws_bytes);
 
 /* The emulation: the same chain per element, built from job->x and the weight with scalar code, one
  * element per tile (slow; the tests' oracle). */
