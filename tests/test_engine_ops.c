@@ -571,8 +571,11 @@ static void amx_tiles_match_their_emulation_bit_for_bit(void **state) {
     (void)state;
     if (!amx_or_skip()) skip();
     static const int colss[] = {32, 96, 416};
-    static const int toks[] = {1, 2, 15, 16, 17, 33, 50};
-    static const int blocks[][2] = {{0, 295}, {0, 16}, {0, 17}, {7, 77}, {120, 140}, {250, 295}, {280, 283}};
+    /* 150 tokens: F8 blocks of up to four strips keep their widened strips over sub-blocks of 64 tokens, the last
+     * of 17 (from token 5) or 6 (from 16) */
+    static const int toks[] = {1, 2, 15, 16, 17, 33, 50, 150};
+    static const int blocks[][2] = {{0, 295}, {0, 16}, {0, 17}, {7, 77}, {120, 140}, {250, 295}, {280, 283},
+                                    {0, 128}, {100, 228}};
     const moeq_dtype dts[] = {MOEQ_DTYPE_BF16, MOEQ_DTYPE_F8_E4M3};
     int rows = 300;
     for (int d = 0; d < 2; d++)

@@ -137,6 +137,12 @@ static int64_t nt_rows(const cpu_backend *cb, const moeq_mm_job *job) {
     return rows < NT_ROWS ? NT_ROWS : rows > NT_ROWS_MAX ? NT_ROWS_MAX : rows;
 }
 
+/* Tokens per NT task: the AMX kernel's choice for jobs on the tiles (moeq_amx_block_tokens), else NT_TOKS. */
+static int64_t nt_toks(const cpu_backend *cb, const moeq_mm_job *job) {
+    return cb->p.amx && job->n_tok > NT_SMALL_TOKS && cb->views[job - cb->jobs].pack ? moeq_amx_block_tokens(job->w)
+                                                                                    : NT_TOKS;
+}
+
 /* The block of an NT task (not for BLAS): its job, rows [n0, n1) and tokens [t0, t1). */
 typedef struct nt_block {
     const moeq_mm_job *job;
@@ -146,17 +152,17 @@ typedef struct nt_block {
 static nt_block nt_block_of(cpu_backend *cb, int64_t task) {
     int64_t local;
     const moeq_mm_job *job = &cb->jobs[find_job(cb, task, &local)];
-    int64_t n_tb = ceil_div(job->n_tok, NT_TOKS), rows = nt_rows(cb, job);
-    int64_t n0 = (local / n_tb) * rows, t0 = (local % n_tb) * NT_TOKS;
+    int64_t toks = nt_toks(cb, job), n_tb = ceil_div(job->n_tok, toks), rows = nt_rows(cb, job);
+    int64_t n0 = (local / n_tb) * rows, t0 = (local % n_tb) * toks;
     const moeq_amx_xview *xv = cb->p.amx ? &cb->views[job - cb->jobs] : NULL;
     if ((xv && xv->pack) || moeq_draft_fits(job->w)) {
         /* token blocks outermost: a block's pack (a draft's int8 codes, kept per thread) stays while the weights
          * stream past */
         int64_t n_rb = ceil_div(job->n_rows, rows);
-        n0 = (local % n_rb) * rows, t0 = (local / n_rb) * NT_TOKS;
+        n0 = (local % n_rb) * rows, t0 = (local / n_rb) * toks;
     }
     return (nt_block){job, n0, n0 + rows < job->n_rows ? n0 + rows : job->n_rows, t0,
-                      t0 + NT_TOKS < job->n_tok ? t0 + NT_TOKS : job->n_tok};
+                      t0 + toks < job->n_tok ? t0 + toks : job->n_tok};
 }
 
 /* The first weight rows of the worker's next task when that runs on the AMX tiles (a hint for the kernel). */
@@ -295,8 +301,9 @@ static void cpu_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
     }
     int64_t total = 0;
     for (int i = 0; i < n_jobs; i++) {
-        int64_t n = cb->use_blas ? ceil_div(jobs[i].n_rows, BLAS_ROWS)
-                                 : ceil_div(jobs[i].n_rows, nt_rows(cb, &jobs[i])) * ceil_div(jobs[i].n_tok, NT_TOKS);
+        const moeq_mm_job *job = &jobs[i];
+        int64_t n = cb->use_blas ? ceil_div(job->n_rows, BLAS_ROWS)
+                                 : ceil_div(job->n_rows, nt_rows(cb, job)) * ceil_div(job->n_tok, nt_toks(cb, job));
         total += jobs[i].n_tok > 0 ? n : 0;
         cb->task_end[i] = total;
     }

@@ -39,6 +39,21 @@
 #define F8B MOEQ_F8_BLOCK
 #define STRIP 32 /* weight rows per pass: two A tiles */
 
+/* An F8 block of up to CACHE_STRIPS strips and many tokens keeps its widened strips while it walks its tokens
+ * SUB_TOKS at a time (moeq_amx_nt_block), when they fit in CACHE_BYTES: with a sub-block's pack they stay in L2
+ * (2 MiB on every AMX core so far). */
+#define CACHE_STRIPS 4
+#define CACHE_BYTES (640 << 10)
+#define SUB_TOKS 64
+
+static int64_t strip_bytes(int64_t K) { return (int64_t)STRIP * (K * 2 + 64); }
+static int cache_fits(int64_t K) { return strip_bytes(K) * CACHE_STRIPS <= CACHE_BYTES; }
+/* The workspace's strip region: the strip, or the cached ones; at least CACHE_BYTES, so that it never shrinks as K
+ * grows (the backend sizes the workspace from its largest K) and holds the F8 step buffer. */
+static size_t strips_region(int64_t K) {
+    return strip_bytes(K) > CACHE_BYTES ? (size_t)strip_bytes(K) : (size_t)CACHE_BYTES;
+}
+
 static char amx_text[160];
 
 int moeq_amx_fits(const moeq_tensor *w) {
@@ -63,10 +78,13 @@ size_t moeq_amx_panel_bytes(int64_t n, int64_t K) {
 }
 
 size_t moeq_amx_ws_bytes(int64_t K) {
-    /* the strip (32 rows, stride K*2 + 64 against cache-set aliasing; at least the F8 step buffer), the F8 sums,
-     * four C tiles, and a compact copy of up to 16 tokens' pack */
-    size_t strip = (size_t)STRIP * (size_t)(K * 2 + 64);
-    return (strip > 8192 ? strip : 8192) + 4 * 1024 + 4 * 1024 + (size_t)K * 64 + 128;
+    /* the strip (32 rows, stride K*2 + 64 against cache-set aliasing; at least the F8 step buffer) or the cached
+     * strips, the F8 sums, four C tiles, and a compact copy of up to 16 tokens' pack */
+    return strips_region(K) + 4 * 1024 + 4 * 1024 + (size_t)K * 64 + 128;
+}
+
+int64_t moeq_amx_block_tokens(const moeq_tensor *w) {
+    return w->dtype == MOEQ_DTYPE_F8_E4M3 && cache_fits(moeq_tensor_cols(w)) ? CACHE_STRIPS * SUB_TOKS : SUB_TOKS;
 }
 
 /* ---- the emulation's scalar pieces ------------------------------------------------------------------ */
@@ -516,21 +534,24 @@ typedef struct amx_scratch {
 
 /*
  * One strip: output rows n + r * rs of the job (r < rows <= 32), i.e. weight rows row0 + n + r * rs, for
- * tokens [t0, t1). rs > 1 are the decode stretches (see moeq_amx_nt_block).
+ * tokens [t0, t1). rs > 1 are the decode stretches (see moeq_amx_nt_block). widened: an F8 strip's copy in
+ * sc->strip holds it already (an earlier sub-block widened it).
  */
 static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, int64_t n, int64_t rs, int rows,
-                            int64_t t0, int64_t t1, int last, const next_strip *then, const amx_scratch *sc) {
+                            int64_t t0, int64_t t1, int last, const next_strip *then, int widened,
+                            const amx_scratch *sc) {
     const moeq_tensor *w = job->w;
     const int64_t K = moeq_tensor_cols(w), steps = K / MOEQ_AMX_STEP, total_rows = w->shape[0];
     const int f8 = w->dtype == MOEQ_DTYPE_F8_E4M3, nr = rows > 16 ? 2 : 1;
     const int64_t grow = job->row0 + n; /* the weight's own row */
     const uint8_t *a = NULL;
     int64_t lda = 0;
-    const int f8_steps = f8 && t1 - t0 <= 32; /* one token pass: widen step by step */
+    const int f8_steps = f8 && t1 - t0 <= 32 && !widened; /* one token pass: widen step by step */
     if (f8_steps) {
         memset(sc->stepbuf, 0, 4096); /* rows past the strip's stay zero */
     } else if (f8) { /* rs == 1 here: stretches are for decode; the first pass widens the strip (chain_f8_first) */
-        for (int r = rows; r < STRIP; r++) memset(sc->strip + r * sc->lds, 0, (size_t)K * 2);
+        if (!widened)
+            for (int r = rows; r < STRIP; r++) memset(sc->strip + r * sc->lds, 0, (size_t)K * 2);
         a = sc->strip, lda = sc->lds;
     } else if (grow + (nr * 16 - 1) * rs >= total_rows) { /* the tile would read past the tensor: a padded copy */
         for (int r = 0; r < STRIP; r++) {
@@ -551,7 +572,7 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     next_strip next = {0};
     if (rs == 1 && t1 - t0 > 16 && !f8_steps) {
         const uint8_t *w0 = (const uint8_t *)w->data;
-        if (!last)
+        if (!last && !widened)
             next = f8 ? (next_strip){w0 + (size_t)(grow + STRIP) * (size_t)K, K, K}
                       : (next_strip){w0 + (size_t)(grow + STRIP) * (size_t)K * 2, K * 2, K * 2};
         else if (then) next = *then;
@@ -584,8 +605,9 @@ static TAMX void strip_pass(const moeq_mm_job *job, const moeq_amx_xview *xv, in
             fold.kb = kb - 1;
             const f8_fold *fd = kb > 0 ? &fold : NULL;
             if (f8_steps) chain_f8_any(nr, ng, w8, rs * K, rows, sc->stepbuf, fd, &src, s, s1);
-            else if (t == t0) chain_f8_first_any(nr, ng, w8, K, rows, sc->strip, sc->lds, &next, fd, &src, s, s1);
-            else chain_any(nr, ng, a, lda, &none, NULL, fd, &src, s, s1);
+            else if (t == t0 && !widened)
+                chain_f8_first_any(nr, ng, w8, K, rows, sc->strip, sc->lds, &next, fd, &src, s, s1);
+            else chain_any(nr, ng, a, lda, t == t0 ? &next : &none, NULL, fd, &src, s, s1);
         }
         for (int i = 0; i < nr; i++)
             for (int g = 0; g < ng; g++) moeq_amx_store_c(2 * i + g, sc->c4 + (2 * i + g) * 256, 64);
@@ -614,7 +636,7 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     if (ws_bytes < moeq_amx_ws_bytes(K)) abort(); /* the backend sizes it from max_k */
     if (xv->panels && (xv->tok0 + t0) % 16) abort(); /* a panel's tokens start at multiples of 16 */
     amx_scratch sc = {.strip = ws, .lds = K * 2 + 64, .stepbuf = ws};
-    sc.acc = (float *)(sc.strip + ((size_t)STRIP * (size_t)sc.lds > 8192 ? (size_t)STRIP * (size_t)sc.lds : 8192));
+    sc.acc = (float *)(sc.strip + strips_region(K));
     sc.c4 = sc.acc + 4 * 256;
     pending_out pd = {.buf = sc.c4};
     sc.pd = &pd;
@@ -634,13 +656,31 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
     _tile_loadconfig(&full_config);
     int64_t n = n0, span = (n1 - n0) / STRIP;
     if (t1 - t0 <= STREAM_TOKS && span >= STREAM_MIN_SPAN) {
-        for (int64_t i = 0; i < span; i++) strip_pass(job, xv, n0 + i, span, STRIP, t0, t1, 1, NULL, &sc);
+        for (int64_t i = 0; i < span; i++) strip_pass(job, xv, n0 + i, span, STRIP, t0, t1, 1, NULL, 0, &sc);
         n = n0 + span * STRIP;
     }
     const next_strip after = {then ? (const uint8_t *)then->rows : NULL, then ? then->ld : 0, then ? then->bytes : 0};
-    for (; n < n1; n += STRIP)
-        strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, n + 2 * STRIP > n1,
-                   n + STRIP >= n1 && after.rows ? &after : NULL, &sc);
+    if (job->w->dtype == MOEQ_DTYPE_F8_E4M3 && t1 - t0 > 32 && n1 - n0 <= CACHE_STRIPS * STRIP && cache_fits(K)) {
+        /* Widening an F8 strip costs its first pass more than the weights' memory does (the vector unit's byte
+         * shuffles; bench-engine F8 prefill 2,048 ran 1.15x faster without it, results aside). So a block of many
+         * tokens widens each strip once, in the first sub-block, and walks its tokens SUB_TOKS at a time over the
+         * kept copies; the passes over a sub-block read its slice of the pack from L2, as for a block of SUB_TOKS.
+         * The copies hold the values a strip's own widening gives, so each element's chain is the same. */
+        uint8_t *cache = ws;
+        for (int64_t u = t0; u < t1; u += SUB_TOKS) {
+            const int64_t u1 = u + SUB_TOKS < t1 ? u + SUB_TOKS : t1;
+            for (int64_t i = 0; n + i * STRIP < n1; i++) {
+                const int64_t ni = n + i * STRIP;
+                sc.strip = cache + i * strip_bytes(K);
+                strip_pass(job, xv, ni, 1, (int)(n1 - ni < STRIP ? n1 - ni : STRIP), u, u1, ni + 2 * STRIP > n1,
+                           ni + STRIP >= n1 && u1 == t1 && after.rows ? &after : NULL, u > t0, &sc);
+            }
+        }
+    } else {
+        for (; n < n1; n += STRIP)
+            strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, n + 2 * STRIP > n1,
+                       n + STRIP >= n1 && after.rows ? &after : NULL, 0, &sc);
+    }
     pending_flush(&pd);
     _tile_release();
 }

@@ -77,6 +77,10 @@ typedef struct moeq_amx_xview {
 /* Per-thread workspace for moeq_amx_nt_block (64-byte aligned). */
 size_t moeq_amx_ws_bytes(int64_t K);
 
+/* Tokens per block that suit w: 64 (a block's slice of the pack stays in L2), or 256 for F8 weights whose widened
+ * strips a block of 128 rows keeps (it widens each strip once and walks the tokens 64 at a time). */
+int64_t moeq_amx_block_tokens(const moeq_tensor *w);
+
 /* The first 32 weight rows of the block the thread runs next (`bytes` each, ld apart from rows): the last strip's
  * first pass fetches them into L2 beside its products, as every strip does for the one after it, so the next block
  * does not start with its weights in memory. A hint only (rows past a tensor's end are never loaded). */
