@@ -9,9 +9,10 @@
  * per task, the pack of a task's tokens stays in L2.
  *
  * F8 strips are widened to BF16 in the workspace once per task (exact: E4M3
- * has 4 significant bits), so the tiles see the same values as for BF16; the
- * 128x128 block scale is applied to each block's partial sums (an fma per
- * element and block), which keeps the weight exact.
+ * has 4 significant bits; a task of up to four strips keeps them for its 256
+ * tokens), so the tiles see the same values as for BF16; the 128x128 block
+ * scale is applied to each block's partial sums (an fma per element and
+ * block), which keeps the weight exact.
  *
  * Linux hands out the 8 KiB of tile state only to a process that asks
  * (arch_prctl ARCH_REQ_XCOMP_PERM); moeq_amx_supported() asks once. Each call
