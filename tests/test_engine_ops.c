@@ -1622,8 +1622,9 @@ static void record_task(void *ctx, int64_t task, int worker) {
     named[worker][n_ran[worker]++] = moeq_pool_next_task(ctx, worker);
 }
 
-/* The AMX kernels fetch the weights of the task the pool names as a worker's next one: the name must be the task the
- * worker runs next (or -1), every task still runs once, and a pool of one names the following task. */
+/* The AMX kernels fetch the weights of the task the pool names as a worker's next one (moeq_pool_run_ahead): the
+ * name must be the task the worker runs next (or -1), every task still runs once, a pool of one names the following
+ * task, and moeq_pool_run names none. */
 static void pool_names_a_workers_next_task_truthfully(void **state) {
     (void)state;
     for (int threads = 1; threads <= 3; threads += 2) {
@@ -1632,7 +1633,7 @@ static void pool_names_a_workers_next_task_truthfully(void **state) {
         int named_some = 0;
         for (int n_tasks = 1; n_tasks <= 1000; n_tasks = n_tasks * 3 + 1) {
             memset(n_ran, 0, sizeof n_ran);
-            moeq_pool_run(p, record_task, p, n_tasks);
+            moeq_pool_run_ahead(p, record_task, p, n_tasks);
             static int seen[1000];
             memset(seen, 0, sizeof seen);
             for (int w = 0; w < threads; w++)
@@ -1649,6 +1650,10 @@ static void pool_names_a_workers_next_task_truthfully(void **state) {
             assert_int_equal(moeq_pool_next_task(p, 0), -1); /* outside a task: none */
         }
         assert_true(named_some);
+        memset(n_ran, 0, sizeof n_ran);
+        moeq_pool_run(p, record_task, p, 100);
+        for (int w = 0; w < threads; w++)
+            for (int i = 0; i < n_ran[w]; i++) assert_int_equal(named[w][i], -1);
         moeq_pool_destroy(p);
     }
     assert_int_equal(moeq_pool_next_task(NULL, 0), -1);

@@ -300,14 +300,17 @@ static void cpu_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
         if (groups) moeq_pool_run(cb->pool, amx_pack_task, cb, groups);
     }
     int64_t total = 0;
+    int fetch_ahead = 0; /* a job on the tiles whose blocks fetch the next task's first strip (amx_then) */
     for (int i = 0; i < n_jobs; i++) {
         const moeq_mm_job *job = &jobs[i];
         int64_t n = cb->use_blas ? ceil_div(job->n_rows, BLAS_ROWS)
                                  : ceil_div(job->n_rows, nt_rows(cb, job)) * ceil_div(job->n_tok, nt_toks(cb, job));
         total += jobs[i].n_tok > 0 ? n : 0;
         cb->task_end[i] = total;
+        fetch_ahead |= !cb->use_blas && cb->p.amx && job->n_tok > NT_SMALL_TOKS && cb->views[i].pack;
     }
-    moeq_pool_run(cb->pool, nt_task, cb, total);
+    if (fetch_ahead) moeq_pool_run_ahead(cb->pool, nt_task, cb, total);
+    else moeq_pool_run(cb->pool, nt_task, cb, total);
 }
 
 static void cpu_matmul_nn(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {

@@ -45,6 +45,7 @@ struct moeq_pool {
     moeq_pool_fn fn;
     void *ctx;
     int64_t n_tasks;
+    int ahead;             /* this dispatch claims one task ahead (moeq_pool_run_ahead) */
     claimed_slot *claimed; /* per worker */
 };
 
@@ -57,7 +58,7 @@ static void run_tasks(moeq_pool *pool, int worker) {
     const int64_t n = pool->n_tasks;
     for (int64_t t = claim(pool); t >= 0;) {
         int64_t left = n - atomic_load_explicit(&pool->next_task, memory_order_relaxed);
-        int64_t next = left > pool->n_threads ? claim(pool) : -1;
+        int64_t next = pool->ahead && left > pool->n_threads ? claim(pool) : -1;
         pool->claimed[worker].task = next;
         pool->fn(pool->ctx, t, worker);
         t = next >= 0 ? next : claim(pool);
@@ -141,16 +142,17 @@ int64_t moeq_pool_next_task(const moeq_pool *pool, int worker) {
     return pool && pool->claimed && worker >= 0 && worker < pool->n_threads ? pool->claimed[worker].task : -1;
 }
 
-void moeq_pool_run(moeq_pool *pool, moeq_pool_fn fn, void *ctx, int64_t n_tasks) {
+static void run(moeq_pool *pool, moeq_pool_fn fn, void *ctx, int64_t n_tasks, int ahead) {
     if (n_tasks <= 0) return;
     if (!pool || pool->n_threads == 1 || n_tasks == 1) {
         for (int64_t t = 0; t < n_tasks; t++) {
-            if (pool) pool->claimed[0].task = t + 1 < n_tasks ? t + 1 : -1;
+            if (pool) pool->claimed[0].task = ahead && t + 1 < n_tasks ? t + 1 : -1;
             fn(ctx, t, 0);
         }
         if (pool) pool->claimed[0].task = -1;
         return;
     }
+    pool->ahead = ahead;
     pool->fn = fn;
     pool->ctx = ctx;
     pool->n_tasks = n_tasks;
@@ -166,4 +168,10 @@ void moeq_pool_run(moeq_pool *pool, moeq_pool_fn fn, void *ctx, int64_t n_tasks)
         if (++spins < SPIN_ITERS) cpu_relax();
         else sched_yield();
     }
+}
+
+void moeq_pool_run(moeq_pool *pool, moeq_pool_fn fn, void *ctx, int64_t n_tasks) { run(pool, fn, ctx, n_tasks, 0); }
+
+void moeq_pool_run_ahead(moeq_pool *pool, moeq_pool_fn fn, void *ctx, int64_t n_tasks) {
+    run(pool, fn, ctx, n_tasks, 1);
 }
