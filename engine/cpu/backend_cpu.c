@@ -137,10 +137,14 @@ static int64_t nt_rows(const cpu_backend *cb, const moeq_mm_job *job) {
     return rows < NT_ROWS ? NT_ROWS : rows > NT_ROWS_MAX ? NT_ROWS_MAX : rows;
 }
 
+/* A job on the AMX tiles in blocks of more than NT_SMALL_TOKS tokens (not for BLAS: cb->views is this call's). */
+static int amx_many_tokens(const cpu_backend *cb, const moeq_mm_job *job) {
+    return cb->p.amx && job->n_tok > NT_SMALL_TOKS && cb->views[job - cb->jobs].pack;
+}
+
 /* Tokens per NT task: the AMX kernel's choice for jobs on the tiles (moeq_amx_block_tokens), else NT_TOKS. */
 static int64_t nt_toks(const cpu_backend *cb, const moeq_mm_job *job) {
-    return cb->p.amx && job->n_tok > NT_SMALL_TOKS && cb->views[job - cb->jobs].pack ? moeq_amx_block_tokens(job->w)
-                                                                                    : NT_TOKS;
+    return amx_many_tokens(cb, job) ? moeq_amx_block_tokens(job->w) : NT_TOKS;
 }
 
 /* The block of an NT task (not for BLAS): its job, rows [n0, n1) and tokens [t0, t1). */
@@ -307,7 +311,7 @@ static void cpu_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n_jobs) {
                                  : ceil_div(job->n_rows, nt_rows(cb, job)) * ceil_div(job->n_tok, nt_toks(cb, job));
         total += jobs[i].n_tok > 0 ? n : 0;
         cb->task_end[i] = total;
-        fetch_ahead |= !cb->use_blas && cb->p.amx && job->n_tok > NT_SMALL_TOKS && cb->views[i].pack;
+        fetch_ahead |= !cb->use_blas && amx_many_tokens(cb, job);
     }
     if (fetch_ahead) moeq_pool_run_ahead(cb->pool, nt_task, cb, total);
     else moeq_pool_run(cb->pool, nt_task, cb, total);

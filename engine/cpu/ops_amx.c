@@ -396,17 +396,16 @@ static TAMX void pending_flush(pending_out *p) {
     while (p->left > 0) pending_one(p);
 }
 
-/* The next strip's weight rows, for a pass to fetch into L2 (see strip_pass): STRIP rows of `bytes`, ld apart (a
- * prefetch never faults, so rows past a tensor's end are harmless). */
-typedef struct next_strip {
-    const uint8_t *rows; /* NULL: none */
-    int64_t ld, bytes;
-} next_strip;
+/* The next strip's weight rows, for a pass to fetch into L2 (see strip_pass): STRIP rows of `bytes`, ld apart, from
+ * rows (NULL: none); the next block's first strip (moeq_amx_then) is one too. A prefetch never faults, so rows past a
+ * tensor's end are harmless. */
+typedef moeq_amx_then next_strip;
 
 /* Line s of each of next's rows into L2 (none past their end). */
 static TAMX ALWAYS_INLINE void fetch_next(const next_strip *next, int64_t s) {
     if (next->rows && s * 64 < next->bytes)
-        for (int r = 0; r < STRIP; r++) _mm_prefetch((const char *)(next->rows + r * next->ld + s * 64), _MM_HINT_T1);
+        for (int r = 0; r < STRIP; r++)
+            _mm_prefetch((const char *)next->rows + r * next->ld + s * 64, _MM_HINT_T1);
 }
 
 /* The chain over steps [s0, s1) into C tiles (not zeroed here); NR weight tiles, NG token groups. Step s fetches line
@@ -664,7 +663,6 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
         for (int64_t i = 0; i < span; i++) strip_pass(job, xv, n0 + i, span, STRIP, t0, t1, 1, NULL, 0, &sc);
         n = n0 + span * STRIP;
     }
-    const next_strip after = {then ? (const uint8_t *)then->rows : NULL, then ? then->ld : 0, then ? then->bytes : 0};
     if (job->w->dtype == MOEQ_DTYPE_F8_E4M3 && t1 - t0 > 32 && n1 - n0 <= CACHE_STRIPS * STRIP && cache_fits(K)) {
         /* Widening an F8 strip costs its first pass more than the weights' memory does (the vector unit's byte
          * shuffles; bench-engine F8 prefill 2,048 ran 1.15x faster without it, results aside). So a block of many
@@ -678,13 +676,13 @@ TAMX void moeq_amx_nt_block(const moeq_mm_job *job, const moeq_amx_xview *xv, in
                 const int64_t ni = n + i * STRIP;
                 sc.strip = cache + i * strip_bytes(K);
                 strip_pass(job, xv, ni, 1, (int)(n1 - ni < STRIP ? n1 - ni : STRIP), u, u1, ni + 2 * STRIP > n1,
-                           ni + STRIP >= n1 && u1 == t1 && after.rows ? &after : NULL, u > t0, &sc);
+                           ni + STRIP >= n1 && u1 == t1 ? then : NULL, u > t0, &sc);
             }
         }
     } else {
         for (; n < n1; n += STRIP)
             strip_pass(job, xv, n, 1, (int)(n1 - n < STRIP ? n1 - n : STRIP), t0, t1, n + 2 * STRIP > n1,
-                       n + STRIP >= n1 && after.rows ? &after : NULL, 0, &sc);
+                       n + STRIP >= n1 ? then : NULL, 0, &sc);
     }
     pending_flush(&pd);
     _tile_release();
