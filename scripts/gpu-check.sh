@@ -155,6 +155,24 @@ if [ -z "$error" ]; then
     --output-junit "$junit") >>"$log" 2>&1
 fi
 
+# ---- after a failure of test_backend_cuda_gpu: each of its tests alone, launches synchronous ---------------------
+# A device fault is sticky for the whole process, so one failing test can fail every test after it; run alone, each
+# says for itself, and CUDA_LAUNCH_BLOCKING=1 makes the error name the launch that faulted. At most 90 s in all.
+alone="$logdir/gpu-check-alone.log"
+if [ -z "$error" ] && [ -f "$junit" ] && grep -q 'name="test_backend_cuda_gpu"[^>]*status="fail' "$junit"; then
+  note "test_backend_cuda_gpu failed: each of its tests alone (see gpu-check-alone.log)"
+  alone_end=$(( $(date +%s) + $(budget 90) ))
+  for t in $(sed -n 's/.*cmocka_unit_test(\([a-z0-9_]*\)).*/\1/p' "$root/tests/test_backend_cuda_gpu.c"); do
+    left=$(( alone_end - $(date +%s) ))
+    [ "$left" -lt 5 ] && { echo "== $t: not run, out of time" >>"$alone"; continue; }
+    echo "== $t" >>"$alone"
+    (cd "$build" && MOEQ_TEST_FILTER="$t" CUDA_LAUNCH_BLOCKING=1 timeout "$(( left > 30 ? 30 : left ))" \
+      tests/test_backend_cuda_gpu) >>"$alone" 2>&1
+    echo "== $t: exit $?" >>"$alone"
+  done
+  grep '^== .*: exit' "$alone" | tee -a "$log" >&2
+fi
+
 # ---- bench-engine --backend cuda --------------------------------------------------------------------------------
 bench_json="$build/gpu-check-bench.json"
 rm -f "$bench_json"
@@ -247,5 +265,9 @@ print(json.dumps({"ok": ok, "gpu": gpu or None, "nvcc": nvcc or None, "cuda_libs
 EOF
 )
 echo "$summary"
-[ -n "${OUT:-}" ] && echo "$summary" >"$OUT/gpu-check.json"
+if [ -n "${OUT:-}" ]; then
+  echo "$summary" >"$OUT/gpu-check.json"
+  cp "$bench_json" "$OUT/gpu-check-bench.json" 2>/dev/null
+  cp "$junit" "$OUT/gpu-check-junit.xml" 2>/dev/null
+fi
 case "$summary" in *'"ok": true'*) exit 0 ;; *) exit 1 ;; esac
