@@ -146,7 +146,7 @@ build_s=$(( $(date +%s) - t_build ))
 # ---- tests ----------------------------------------------------------------------------------------------------
 junit="$build/gpu-check-junit.xml"
 rm -f "$junit"
-if [ -z "$error" ]; then
+if [ -z "$error" ] && [ "${MOEQ_GPU_TESTS:-1}" != 0 ]; then
   # --stop-time ends a hung test (its own TIMEOUT may be longer) and still writes the junit file naming it
   # as failed; an outer timeout that killed ctest would leave no junit and so no per-test results at all
   t_tests=$(budget 240)
@@ -183,6 +183,24 @@ if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/benc
     --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 --cuda-graphs both >"$bench_json" \
     2>"$build/gpu-check-bench.err" || note "bench-engine failed or timed out (see gpu-check.log)"
   cat "$build/gpu-check-bench.err" >>"$log" 2>/dev/null
+fi
+
+# ---- where a step's time goes: Nsight Compute over a short bench-engine run ----------------------------------------
+# MOEQ_GPU_PROFILE=1: every kernel of a prefill of 512 tokens and of two decode steps at batch 1 and 32, its time and
+# DRAM bytes read, in $OUT/gpu-profile.csv; scripts/gpu-profile-summary.py splits it into steps (here and later).
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+if [ -z "$error" ] && [ "${MOEQ_GPU_PROFILE:-0}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
+  if [ -z "$ncu_bin" ]; then note "profile: no ncu"
+  else
+    note "profile: $ncu_bin over bench-engine (prefill 512, decode batch 1 and 32)"
+    prof="$logdir/gpu-profile.csv"
+    timeout "$(budget 150)" "$ncu_bin" --clock-control none --csv --page raw --print-units base \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size --log-file "$prof" \
+      "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda --threads "$(nproc)" \
+      --prefill-tokens 512 --batches 1,32 --contexts none --min-seconds 0 --modes "${MOEQ_GPU_PROFILE_MODES:-1}" \
+      >/dev/null 2>>"$log" || note "profile: ncu failed or timed out (see gpu-check.log)"
+    python3 "$root/scripts/gpu-profile-summary.py" "$prof" 2>&1 | tee -a "$log" >&2
+  fi
 fi
 
 # ---- compute-sanitizer memcheck on the kernels' gpu test, with the time that is left -----------------------------
