@@ -426,10 +426,17 @@ static void cuda_sync(moeq_backend *b) {
 
 // ---- matmul kernels --------------------------------------------------------------------------------------------
 
+// Jobs of one weight, sizes and strides launched as one grid: job z of the run has y + z dy, x + z dx and weight
+// rows from row0 + z drow (MLA's per-head products: one launch for the H heads, not H launches of a few us each).
+typedef struct mm_z {
+    int64_t dy, dx, drow;
+} mm_z;
+
 // NT, own order (ops.cuh's tiling) for weight rows [row0, row0 + O): y[t, o] = sum_k x[t, k] W[row0 + o, k].
 template <int DT>
 __global__ void mm_nt_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const void *W, const float *scale,
-                             int64_t K, int64_t row0, int64_t O, int64_t T) {
+                             int64_t K, int64_t row0, int64_t O, int64_t T, mm_z z) {
+    y += blockIdx.z * z.dy, x += blockIdx.z * z.dx, row0 += blockIdx.z * z.drow;
     int64_t gy = moeq_cu_mm_grid_y(T);
     for (int64_t by = blockIdx.y; by < gy; by += gridDim.y) { // uniform per block: the shuffles stay whole
         moeq_cu_mm_at a = moeq_cu_mm_index(blockIdx.x, by, (int)threadIdx.x, T, O);
@@ -451,13 +458,23 @@ __global__ void mm_nt_kernel(float *y, int64_t ldy, const float *x, int64_t ldx,
 // NN, the CPU's order (one fma chain over the rows from 0): y[t, c] = sum_r x[t, r] W[row0 + r, c].
 template <int DT>
 __global__ void mm_nn_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const void *W, const float *scale,
-                             int64_t cols, int64_t row0, int64_t n_rows, int64_t T) {
+                             int64_t cols, int64_t row0, int64_t n_rows, int64_t T, mm_z z) {
+    y += blockIdx.z * z.dy, x += blockIdx.z * z.dx, row0 += blockIdx.z * z.drow;
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
         float acc = 0.0f;
-        for (int64_t r = 0; r < n_rows; r++)
-            acc = fmaf(x[t * ldx + r], moeq_cu_widen(DT, W, scale, cols, row0 + r, c), acc);
+        int64_t r = 0;
+        // rows MOEQ_CU_MM_UNROLL at a time, their weights loaded before the chain uses them (the chain itself, one
+        // fmaf per row in row order, is unchanged): a load in flight per row instead of one per thread
+        for (; r + MOEQ_CU_MM_UNROLL <= n_rows; r += MOEQ_CU_MM_UNROLL) {
+            float wv[MOEQ_CU_MM_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MOEQ_CU_MM_UNROLL; u++) wv[u] = moeq_cu_widen(DT, W, scale, cols, row0 + r + u, c);
+#pragma unroll
+            for (int u = 0; u < MOEQ_CU_MM_UNROLL; u++) acc = fmaf(x[t * ldx + r + u], wv[u], acc);
+        }
+        for (; r < n_rows; r++) acc = fmaf(x[t * ldx + r], moeq_cu_widen(DT, W, scale, cols, row0 + r, c), acc);
         y[t * ldy + c] = acc;
     }
 }
@@ -472,26 +489,26 @@ __global__ void widen_kernel(float *out, int dtype, const void *W, const float *
 static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 static unsigned grid_y_for(int64_t n) { return (unsigned)(n < 65535 ? (n > 0 ? n : 1) : 65535); }
 
-static void own_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale) {
+static void own_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale, int nz, mm_z z) {
     int64_t K = moeq_tensor_cols(j->w);
-    dim3 grid((unsigned)moeq_cu_mm_grid_x(j->n_rows), grid_y_for(moeq_cu_mm_grid_y(j->n_tok)));
+    dim3 grid((unsigned)moeq_cu_mm_grid_x(j->n_rows), grid_y_for(moeq_cu_mm_grid_y(j->n_tok)), (unsigned)nz);
     cudaStream_t s = cb->stream;
     switch (j->w->dtype) {
     case MOEQ_DTYPE_F32:
         mm_nt_kernel<MOEQ_CU_DTYPE_F32><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, K,
-                                                                           j->row0, j->n_rows, j->n_tok);
+                                                                           j->row0, j->n_rows, j->n_tok, z);
         break;
     case MOEQ_DTYPE_BF16:
         mm_nt_kernel<MOEQ_CU_DTYPE_BF16><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, K,
-                                                                            j->row0, j->n_rows, j->n_tok);
+                                                                            j->row0, j->n_rows, j->n_tok, z);
         break;
     case MOEQ_DTYPE_F16:
         mm_nt_kernel<MOEQ_CU_DTYPE_F16><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, K,
-                                                                           j->row0, j->n_rows, j->n_tok);
+                                                                           j->row0, j->n_rows, j->n_tok, z);
         break;
     case MOEQ_DTYPE_F8_E4M3:
         mm_nt_kernel<MOEQ_CU_DTYPE_F8_E4M3><<<grid, MOEQ_CU_MM_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale,
-                                                                               K, j->row0, j->n_rows, j->n_tok);
+                                                                               K, j->row0, j->n_rows, j->n_tok, z);
         break;    case MOEQ_DTYPE_Q8R: /* draft copies are made for host-visible backends only (engine/mtp.c) */
         fail(cb, MOEQ_ERR_INVALID_ARG, "%s: %s weights are CPU draft copies", "mm_nt", moeq_dtype_name(j->w->dtype));
         return;
@@ -499,26 +516,26 @@ static void own_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const 
     launched(cb, "mm_nt_kernel launch");
 }
 
-static void own_nn(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale) {
+static void own_nn(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale, int nz, mm_z z) {
     int64_t C = moeq_tensor_cols(j->w);
-    dim3 grid(blocks_for(C, THREADS), grid_y_for(j->n_tok));
+    dim3 grid(blocks_for(C, THREADS), grid_y_for(j->n_tok), (unsigned)nz);
     cudaStream_t s = cb->stream;
     switch (j->w->dtype) {
     case MOEQ_DTYPE_F32:
         mm_nn_kernel<MOEQ_CU_DTYPE_F32><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
-                                                                 j->n_rows, j->n_tok);
+                                                                 j->n_rows, j->n_tok, z);
         break;
     case MOEQ_DTYPE_BF16:
         mm_nn_kernel<MOEQ_CU_DTYPE_BF16><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
-                                                                  j->n_rows, j->n_tok);
+                                                                  j->n_rows, j->n_tok, z);
         break;
     case MOEQ_DTYPE_F16:
         mm_nn_kernel<MOEQ_CU_DTYPE_F16><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
-                                                                 j->n_rows, j->n_tok);
+                                                                 j->n_rows, j->n_tok, z);
         break;
     case MOEQ_DTYPE_F8_E4M3:
         mm_nn_kernel<MOEQ_CU_DTYPE_F8_E4M3><<<grid, THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, C, j->row0,
-                                                                     j->n_rows, j->n_tok);
+                                                                     j->n_rows, j->n_tok, z);
         break;    case MOEQ_DTYPE_Q8R: /* draft copies are made for host-visible backends only (engine/mtp.c) */
         fail(cb, MOEQ_ERR_INVALID_ARG, "%s: %s weights are CPU draft copies", "mm_nn", moeq_dtype_name(j->w->dtype));
         return;
@@ -578,17 +595,42 @@ static int blas_for(const cuda_backend *cb, const moeq_mm_job *jobs, int n_jobs)
     return 1;
 }
 
+// How many jobs from jobs[0] one grid takes (*z: their strides): those of the same weight and sizes whose y, x
+// and row0 step by the same amounts. Each element is then computed exactly as by a launch of its own.
+static int same_grid(const moeq_mm_job *jobs, int n, mm_z *z) {
+    *z = (mm_z){0, 0, 0};
+    if (n < 2) return 1;
+    const moeq_mm_job *a = &jobs[0], *b = &jobs[1];
+    mm_z d = {b->y - a->y, b->x - a->x, b->row0 - a->row0};
+    int k = 1;
+    while (k < n && k < 65535) {
+        const moeq_mm_job *p = &jobs[k - 1], *q = &jobs[k];
+        if (q->w != a->w || q->n_rows != a->n_rows || q->n_tok != a->n_tok || q->ldx != a->ldx || q->ldy != a->ldy ||
+            q->y - p->y != d.dy || q->x - p->x != d.dx || q->row0 - p->row0 != d.drow)
+            break;
+        k++;
+    }
+    if (k > 1) *z = d;
+    return k;
+}
+
 static void run_jobs(cuda_backend *cb, const moeq_mm_job *jobs, int n_jobs, int nn) {
     if (cb->err || n_jobs <= 0 || replaying(cb)) return;
     int blas = blas_for(cb, jobs, n_jobs);
-    for (int i = 0; i < n_jobs && !cb->err; i++) {
+    for (int i = 0, nz; i < n_jobs && !cb->err; i += nz) {
         const moeq_mm_job *j = &jobs[i];
+        nz = 1;
         if (j->n_tok <= 0 || j->n_rows <= 0) continue;
         const void *W = wdev(cb, j->w);
         const float *scale = W ? scale_dev(cb, j->w) : NULL;
         if (!W || (j->w->dtype == MOEQ_DTYPE_F8_E4M3 && j->w->scale_inv && !scale)) return;
-        if (blas) nn ? blas_nn(cb, j, W, scale) : blas_nt(cb, j, W, scale);
-        else nn ? own_nn(cb, j, W, scale) : own_nt(cb, j, W, scale);
+        if (blas) {
+            nn ? blas_nn(cb, j, W, scale) : blas_nt(cb, j, W, scale);
+            continue;
+        }
+        mm_z z;
+        nz = same_grid(j, n_jobs - i, &z);
+        nn ? own_nn(cb, j, W, scale, nz, z) : own_nt(cb, j, W, scale, nz, z);
     }
 }
 
@@ -1374,7 +1416,7 @@ static void shared_nt(cuda_backend *cb, const moeq_tensor *w, const float *x, in
     const float *scale = W ? scale_dev(cb, w) : NULL;
     if (!W || (w->dtype == MOEQ_DTYPE_F8_E4M3 && w->scale_inv && !scale)) return;
     moeq_mm_job j = {w, 0, moeq_tensor_rows(w), x, ldx, y, ldy, T};
-    own_nt(cb, &j, W, scale);
+    own_nt(cb, &j, W, scale, 1, (mm_z){0, 0, 0});
 }
 
 static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
@@ -1395,7 +1437,9 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
     const float *const *sg = (const float *const *)(tab + 3 * E), *const *su = (const float *const *)(tab + 4 * E);
     const float *const *sd = (const float *const *)(tab + 5 * E);
     int64_t *offsets = p->plan, *order = p->plan + E + 1, *tile_first = p->plan + E + 1 + p->max_tok * K;
-    int64_t cap = moeq_cu_moe_tile_cap(p->max_tok * K, E, MOEQ_CU_MM_TILE_T); // capacities only: no host count
+    // the capacity of this call's slots (a captured step's T is its bucket, so a replay has the same grid): no host
+    // count. That of max_tok's slots launched ~2,000 idle rows of blocks per product at batch 1, 80-180 us each.
+    int64_t cap = moeq_cu_moe_tile_cap(S, E, MOEQ_CU_MM_TILE_T);
     moe_plan_kernel<<<1, (unsigned)((E + 31) / 32 * 32), 0, cb->stream>>>(
         p->ids, S, E, offsets, order, tile_first, p->slot_row, p->stats,
         cb->br.mode && cb->br.n_rows == T ? cb->br.nvalid_d : NULL, K);
@@ -1425,22 +1469,36 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
 
 // ---- logits: per-row records (argmax, candidates, sums) back to the host -----------------------------------------
 
-// Block-wide exclusive scan of v over the block's NT threads (Hillis-Steele in shared memory); *total: the sum.
+// Block-wide exclusive scan of v over the block's NT threads; *total: the sum. Integers, so any order gives the
+// same result: each warp scans with shuffles, warp 0 scans the warps' totals. Three barriers a call (the
+// Hillis-Steele scan over shared memory this replaces took 2 log2(NT): with one call per tile of the candidates'
+// walk, most of a 129,280-logit row's 650 us).
 template <int NT>
 __device__ uint32_t block_scan_excl(uint32_t v, uint32_t *buf, uint32_t *total) {
-    int t = threadIdx.x;
-    buf[t] = v;
-    __syncthreads();
-    for (int off = 1; off < NT; off <<= 1) {
-        uint32_t add = t >= off ? buf[t - off] : 0u;
-        __syncthreads();
-        buf[t] += add;
-        __syncthreads();
+    static_assert(NT % 32 == 0 && NT >= 64 && NT <= 1024, "buf holds 32 + NT / 32 words");
+    int t = threadIdx.x, lane = t & 31, w = t >> 5;
+    uint32_t incl = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        uint32_t up = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += up;
     }
-    uint32_t incl = buf[t];
-    *total = buf[NT - 1];
+    if (lane == 31) buf[w] = incl;
     __syncthreads();
-    return incl - v;
+    if (w == 0) {
+        uint32_t s = lane < NT / 32 ? buf[lane] : 0u;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            uint32_t up = __shfl_up_sync(0xffffffffu, s, off);
+            if (lane >= off) s += up;
+        }
+        if (lane < NT / 32) buf[32 + lane] = s; // the warps' inclusive prefix
+    }
+    __syncthreads();
+    uint32_t before = (w ? buf[32 + w - 1] : 0u) + incl - v;
+    *total = buf[32 + NT / 32 - 1];
+    __syncthreads(); // the next call writes buf again
+    return before;
 }
 
 // Thread 0 picks pass p's bucket from hist: the prefix and the rank left (logits_reduce.cuh).

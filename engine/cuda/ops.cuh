@@ -118,10 +118,30 @@ MOEQ_HD float moeq_cu_lane_fma(int inside, float a, float b, float acc) {
 /* Chunks of 16 a length-n reduction runs through (every lane takes each one). */
 MOEQ_HD int64_t moeq_cu_chunks(int64_t n) { return (n + MOEQ_CU_LANES - 1) / MOEQ_CU_LANES; }
 
+#define MOEQ_CU_DOT_UNROLL 8
+#ifdef __CUDA_ARCH__ /* the device pass only: the host compiler knows no such pragma */
+#define MOEQ_CU_UNROLL _Pragma("unroll")
+#else
+#define MOEQ_CU_UNROLL
+#endif
+
 /* Lane `lane` of the dot product of a and b over n floats. */
 MOEQ_HD float moeq_cu_dot_lane(const float *a, const float *b, int64_t n, int lane) {
     float acc = 0.0f;
-    for (int64_t c = 0, nc = moeq_cu_chunks(n); c < nc; c++) {
+    int64_t c = 0, whole = n / MOEQ_CU_LANES;
+    /* whole chunks MOEQ_CU_DOT_UNROLL at a time, loaded before the chain uses them (the same fmaf chain: the
+     * bits do not change), so that a lane has that many loads in flight rather than one */
+    for (; c + MOEQ_CU_DOT_UNROLL <= whole; c += MOEQ_CU_DOT_UNROLL) {
+        float av[MOEQ_CU_DOT_UNROLL], bv[MOEQ_CU_DOT_UNROLL];
+        MOEQ_CU_UNROLL
+        for (int u = 0; u < MOEQ_CU_DOT_UNROLL; u++) {
+            av[u] = a[(c + u) * MOEQ_CU_LANES + lane];
+            bv[u] = b[(c + u) * MOEQ_CU_LANES + lane];
+        }
+        MOEQ_CU_UNROLL
+        for (int u = 0; u < MOEQ_CU_DOT_UNROLL; u++) acc = fmaf(av[u], bv[u], acc);
+    }
+    for (int64_t nc = moeq_cu_chunks(n); c < nc; c++) {
         int64_t k = c * MOEQ_CU_LANES + lane;
         acc = k < n ? fmaf(a[k], b[k], acc) : fmaf(0.0f, 0.0f, acc);
     }
@@ -238,21 +258,51 @@ MOEQ_HD int64_t moeq_cu_mm_grid_x(int64_t O) { return (O + MOEQ_CU_MM_ROWS - 1) 
 MOEQ_HD int64_t moeq_cu_mm_grid_y(int64_t T) { return (T + MOEQ_CU_MM_TILE_T - 1) / MOEQ_CU_MM_TILE_T; }
 
 /* One thread's lanes: acc[j] = lane `a.lane` of y[a.t0 + j, a.o], j < a.nt, for a [O, K] weight of any stored
- * dtype (scale_inv: F8's block scales, else NULL). x has row stride ldx. */
+ * dtype (scale_inv: F8's block scales, else NULL). x has row stride ldx.
+ *
+ * The chunks that lie wholly inside K go MOEQ_CU_MM_UNROLL at a time, their weights loaded before the first
+ * multiply-add: a thread then has that many loads in flight instead of one, which is what lets a decode step's
+ * products (each weight read once) approach the memory's bandwidth. Each lane's chain is the same sequence of
+ * fmaf in chunk order either way, so the bits do not change. */
+#define MOEQ_CU_MM_UNROLL 8
+/* The weight of chunk c at this lane, and the factor its activation takes (F8 as the CPU's NT kernels take it:
+ * the weight q / 256, exact, and the activation x * (256 * scale)). */
+MOEQ_HD float moeq_cu_mm_weight(int dtype, const void *W, const float *scale_inv, int64_t K, int64_t o, int64_t k,
+                                float *xf) {
+    if (dtype == MOEQ_CU_DTYPE_F8_E4M3) {
+        *xf = 256.0f * moeq_cu_f8_scale(scale_inv, K, o, k);
+        return moeq_cu_f8_e4m3_to_f32(((const uint8_t *)W)[o * K + k]) * 0x1p-8f;
+    }
+    *xf = 1.0f;
+    return moeq_cu_widen(dtype, W, scale_inv, K, o, k);
+}
+
 MOEQ_HD void moeq_cu_mm_lanes(float *acc, moeq_cu_mm_at a, const float *x, int64_t ldx, int dtype, const void *W,
                               const float *scale_inv, int64_t K) {
     for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++) acc[j] = 0.0f;
-    for (int64_t c = 0, nc = moeq_cu_chunks(K); c < nc; c++) {
+    int64_t c = 0, whole = K / MOEQ_CU_LANES;
+    for (; c + MOEQ_CU_MM_UNROLL <= whole; c += MOEQ_CU_MM_UNROLL) {
+        float wv[MOEQ_CU_MM_UNROLL], xf[MOEQ_CU_MM_UNROLL];
+        MOEQ_CU_UNROLL
+        for (int u = 0; u < MOEQ_CU_MM_UNROLL; u++)
+            wv[u] = moeq_cu_mm_weight(dtype, W, scale_inv, K, a.o, (c + u) * MOEQ_CU_LANES + a.lane, &xf[u]);
+        MOEQ_CU_UNROLL
+        for (int u = 0; u < MOEQ_CU_MM_UNROLL; u++) {
+            int64_t k = (c + u) * MOEQ_CU_LANES + a.lane;
+            MOEQ_CU_UNROLL
+            for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++) {
+                if (j >= a.nt) continue;
+                float xv = x[(a.t0 + j) * ldx + k];
+                if (dtype == MOEQ_CU_DTYPE_F8_E4M3) xv *= xf[u];
+                acc[j] = fmaf(xv, wv[u], acc[j]);
+            }
+        }
+    }
+    for (int64_t nc = moeq_cu_chunks(K); c < nc; c++) {
         int64_t k = c * MOEQ_CU_LANES + a.lane;
         int inside = k < K;
-        /* F8 as the CPU's NT kernels take it: the weight q / 256 (exact), the activation x * (256 * scale) */
         float wv = 0.0f, xf = 1.0f;
-        if (inside && dtype == MOEQ_CU_DTYPE_F8_E4M3) {
-            wv = moeq_cu_f8_e4m3_to_f32(((const uint8_t *)W)[a.o * K + k]) * 0x1p-8f;
-            xf = 256.0f * moeq_cu_f8_scale(scale_inv, K, a.o, k);
-        } else if (inside) {
-            wv = moeq_cu_widen(dtype, W, scale_inv, K, a.o, k);
-        }
+        if (inside) wv = moeq_cu_mm_weight(dtype, W, scale_inv, K, a.o, k, &xf);
         for (int j = 0; j < MOEQ_CU_MM_TILE_T; j++) {
             if (j >= a.nt) continue;
             float xv = inside ? x[(a.t0 + j) * ldx + k] : 0.0f;
