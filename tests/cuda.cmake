@@ -41,8 +41,22 @@ if(MOEQ_HAVE_CUDA_BACKEND AND TARGET moeq_genmodel)
 endif()
 # The cuBLAS and NCCL the build found load at run time and are the pinned
 # CUDA 13 line (no GPU needed).
+# Where the wheels are the setup hook's (its stamp names them), the test holds the loaded libraries to those
+# versions exactly; elsewhere (a GPU image's own python3 wheels, as gpu-check.sh finds them) it checks that each
+# loaded library is its header's and the CUDA 13 line, and says the versions are not the pinned ones.
 if(MOEQ_HAVE_CUBLAS AND MOEQ_HAVE_NCCL)
   moeq_add_test(NAME test_cuda_libs SOURCES test_cuda_libs.c LIBS moeq_cublas moeq_nccl LABELS unit)
+  if(EXISTS "${MOEQ_CUDA_WHEELS_DIR}/.wheels")
+    file(READ "${MOEQ_CUDA_WHEELS_DIR}/.wheels" _stamp)
+    if(_stamp MATCHES "nvidia-nccl-cu13==([0-9]+)\\.([0-9]+)\\.([0-9]+)")
+      math(EXPR _nccl_code "${CMAKE_MATCH_1} * 10000 + ${CMAKE_MATCH_2} * 100 + ${CMAKE_MATCH_3}")
+      target_compile_definitions(test_cuda_libs PRIVATE MOEQ_PINNED_NCCL=${_nccl_code})
+    endif()
+    if(_stamp MATCHES "nvidia-cublas==([0-9]+)\\.([0-9]+)\\.")
+      target_compile_definitions(test_cuda_libs PRIVATE MOEQ_PINNED_CUBLAS_MAJOR=${CMAKE_MATCH_1}
+                                 MOEQ_PINNED_CUBLAS_MINOR=${CMAKE_MATCH_2})
+    endif()
+  endif()
 endif()
 # The CUDA backend meets the float64 reference as the CPU engine does (issue 14): compare_engine.py and
 # compare_mtp.py with every `moeq logits` / `moeq generate` on --backend cuda, the same tolerance (1e-4 of
