@@ -4,7 +4,7 @@
 #
 #   scripts/gpu-check.sh --prepare   on a machine with apt and a network (this repo's Debian build machines):
 #                                    downloads the few build libraries a GPU image may lack into .gpu/debs
-#                                    (ignored by git; about 25 MiB, small enough to travel with the tree)
+#                                    (ignored by git; 14 MiB, small enough to travel with the tree)
 #   scripts/gpu-check.sh             on the GPU machine: CUDA wheel hook, configure (MOEQ_CUDA_CHECK_ONLY: common,
 #                                    engine with the CUDA backend, engine/cuda, genmodel, bench-engine, an
 #                                    engine-only moeq and the cuda tests), build, every test of that build (the
@@ -12,7 +12,9 @@
 #                                    reference comparisons on --backend cuda, with the image's python3 and
 #                                    numpy, among them), then
 #                                    bench-engine --backend cuda on a generated preset (it runs bench-cuda-peak
-#                                    beside: D2D bandwidth for the HBM roofline, cuBLAS BF16 GEMMs), JSON summary
+#                                    beside: D2D bandwidth for the HBM roofline, cuBLAS BF16 GEMMs), where time
+#                                    allows a per-kernel profile (ncu) and compute-sanitizer's memcheck, JSON summary
+#                                    (run on an H100 on 2026-12-05: build 51-60 s, tests 42 s, bench 40 s)
 #
 # The GPU machine may be offline and lack pkg-config, cJSON, PCRE2, OpenBLAS and cmocka (the engine and the
 # tests need them): where pkg-config cannot find one, the .debs in .gpu/debs are unpacked into a private
@@ -25,8 +27,10 @@
 # cut to what is left, so the summary is printed inside the device call's timeout_s of 480),
 # MOEQ_GPU_BUILD (build dir, default build-gpu), MOEQ_GPU_SYSROOT (default /tmp/moeq-sysroot),
 # MOEQ_GPU_BENCH_PRESET (the gen-model preset bench-engine runs, written into the build dir: default bench, the
-# issue's 1.4 B-parameter preset, ~3 GB, a few seconds to write), MOEQ_GPU_BENCH=0 (skip the bench),
+# issue's 1.0 B-parameter preset, 2.6 GB, a few seconds to write), MOEQ_GPU_BENCH=0 (skip the bench),
 # MOEQ_GPU_MEMCHECK=0 (skip compute-sanitizer's memcheck of test_kernels_gpu, which runs only with >= 60 s left),
+# MOEQ_GPU_PROFILE=auto|1|0 (Nsight Compute over a short bench-engine run, $OUT/gpu-profile.csv: auto runs it with
+# >= 150 s left), MOEQ_GPU_TESTS=0 (skip the tests),
 # CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200), MOEQ_GPU_FORCE_SYSROOT=1 (use .gpu/debs even where the
 # libraries are installed: how the sysroot path is tried on a build machine).
 set -uo pipefail
@@ -175,7 +179,7 @@ fi
 
 # ---- bench-engine --backend cuda --------------------------------------------------------------------------------
 bench_json="$build/gpu-check-bench.json"
-rm -f "$bench_json"
+rm -f "$bench_json" "$build/gpu-profile.json"
 preset=${MOEQ_GPU_BENCH_PRESET:-bench}
 if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
   note "bench-engine --backend cuda on preset $preset"
@@ -186,10 +190,16 @@ if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/benc
 fi
 
 # ---- where a step's time goes: Nsight Compute over a short bench-engine run ----------------------------------------
-# MOEQ_GPU_PROFILE=1: every kernel of a prefill of 512 tokens and of two decode steps at batch 1 and 32, its time and
-# DRAM bytes read, in $OUT/gpu-profile.csv; scripts/gpu-profile-summary.py splits it into steps (here and later).
+# Every kernel of a prefill of 512 tokens and of two decode steps at batch 1 and 32, its time and DRAM bytes read, in
+# $OUT/gpu-profile.csv; scripts/gpu-profile-summary.py splits it into steps (here and later). MOEQ_GPU_PROFILE=auto
+# (the default) runs it when 150 s or more are left (it took ~120 s on an H100, 2026-12-05), 1 always, 0 never.
 ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-if [ -z "$error" ] && [ "${MOEQ_GPU_PROFILE:-0}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
+profile=${MOEQ_GPU_PROFILE:-auto}
+if [ "$profile" = auto ]; then
+  left=$(( deadline - $(date +%s) - 10 ))
+  if [ "$left" -ge 150 ]; then profile=1; else profile=0; note "profile: skipped, ${left} s left"; fi
+fi
+if [ -z "$error" ] && [ "$profile" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
   if [ -z "$ncu_bin" ]; then note "profile: no ncu"
   else
     note "profile: $ncu_bin over bench-engine (prefill 512, decode batch 1 and 32)"
@@ -199,7 +209,7 @@ if [ -z "$error" ] && [ "${MOEQ_GPU_PROFILE:-0}" != 0 ] && [ -x "$build/bench/be
       "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda --threads "$(nproc)" \
       --prefill-tokens 512 --batches 1,32 --contexts none --min-seconds 0 --modes "${MOEQ_GPU_PROFILE_MODES:-1}" \
       >/dev/null 2>>"$log" || note "profile: ncu failed or timed out (see gpu-check.log)"
-    python3 "$root/scripts/gpu-profile-summary.py" "$prof" 2>&1 | tee -a "$log" >&2
+    python3 "$root/scripts/gpu-profile-summary.py" "$prof" --json "$build/gpu-profile.json" 2>&1 | tee -a "$log" >&2
   fi
 fi
 
@@ -227,9 +237,15 @@ fi
 
 # ---- one JSON line ----------------------------------------------------------------------------------------------
 summary=$(python3 - "$junit" "$error" "$gpu" "$nvcc_ver" "$wheels" "$build_s" "$(( $(date +%s) - t_start ))" \
-  "$bench_json" "${MOEQ_GPU_BENCH:-1}" "$build/gpu-check-bench.err" "$memcheck" <<'EOF'
+  "$bench_json" "${MOEQ_GPU_BENCH:-1}" "$build/gpu-check-bench.err" "$memcheck" "$build/gpu-profile.json" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
-junit, error, gpu, nvcc, wheels, build_s, total_s, bench_path, bench_on, bench_err, memcheck = sys.argv[1:]
+junit, error, gpu, nvcc, wheels, build_s, total_s, bench_path, bench_on, bench_err, memcheck, prof_path = sys.argv[1:]
+try:  # the profile's steps, each with its five costliest kernels
+    with open(prof_path) as f:
+        profile = [{"tokens": p["tokens"], "kernel_ms": round(p["kernel_ms"], 3),
+                    "top": [[k["name"], round(k["us"], 1)] for k in p["kernels"][:5]]} for p in json.load(f)]
+except (OSError, ValueError, KeyError, TypeError):
+    profile = None
 try:
     with open(bench_err) as f:
         bench_why = ([l.strip() for l in f if l.strip()] or [""])[-1][:300]
@@ -278,7 +294,7 @@ ok = not error and count("failed") == 0 and not not_run and bench_ok
 print(json.dumps({"ok": ok, "gpu": gpu or None, "nvcc": nvcc or None, "cuda_libs": wheels,
                   "build_s": int(build_s), "total_s": int(total_s), "passed": count("passed"),
                   "failed": count("failed"), "skipped": count("skipped"), "tests": tests, "bench": bench,
-                  "memcheck": memcheck,
+                  "memcheck": memcheck, "profile": profile,
                   "error": error or None}))
 EOF
 )
