@@ -31,6 +31,8 @@ typedef struct bench_args {
     const char *model_dir, *preset, *backend;
     const char *cpu_matrix;       /* --cpu-matrix auto|lanes|amx (the engine's cpu_matrix; NULL: its default)    */
     const char *cuda_graphs;      /* --cuda-graphs off|auto|on|both (engine key; both: decode again with auto)   */
+    const char *cuda_matrix;      /* --cuda-matrix auto|lanes|both (engine key; both: decode batches <= 8 again
+                                     with lanes, the kernels auto replaces there, in the same run)             */
     int device, max_batch;
     int n_threads, prefill_tokens, decode_prompt, batches[8], n_batches;
     int prefills[4], n_prefills;  /* prompt lengths timed (--prefill-tokens 512,2048); prefill_tokens: the longest */
@@ -285,6 +287,27 @@ static void decode_with_graphs(const moeq_model *model, const bench_args *a, moe
     moeq_engine_destroy(e);
 }
 
+/* --cuda-matrix both: the decode batches of up to 8 sequences again on an engine with cuda_matrix = lanes (the first
+ * ran auto, whatever the key's default): the two kernels side by side in one run. */
+static void decode_with_lanes(const moeq_model *model, const bench_args *a, moeq_engine_params p, int vocab,
+                              float *logits, double bw_gbs, size_t active) {
+    snprintf(p.cuda_matrix, sizeof p.cuda_matrix, "lanes");
+    bench_args few = *a;
+    few.n_batches = 0;
+    for (int i = 0; i < a->n_batches; i++)
+        if (a->batches[i] <= 8) few.batches[few.n_batches++] = a->batches[i];
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    if (moeq_engine_new(model, &p, &e, err, sizeof(err))) {
+        printf(", \"decode_with_cuda_matrix_lanes_error\": \"%s\"", err);
+        return;
+    }
+    printf(", \"decode_with_cuda_matrix_lanes\": [");
+    print_decode(e, &few, vocab, logits, bw_gbs, active);
+    printf("]");
+    moeq_engine_destroy(e);
+}
+
 static void run_mode(const moeq_model *model, const bench_args *a, int invariant, double bw_gbs, size_t active,
                      int first) {
     moeq_engine_params p = moeq_engine_default_params();
@@ -294,6 +317,8 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     if (a->cpu_matrix) snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "%s", a->cpu_matrix);
     int both = a->cuda_graphs && !strcmp(a->cuda_graphs, "both");
     if (a->cuda_graphs) snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "%s", both ? "off" : a->cuda_graphs);
+    int both_matrix = a->cuda_matrix && !strcmp(a->cuda_matrix, "both");
+    if (a->cuda_matrix) snprintf(p.cuda_matrix, sizeof p.cuda_matrix, "%s", both_matrix ? "auto" : a->cuda_matrix);
     p.device = a->device;
     p.max_seqs = a->max_batch > 128 ? a->max_batch : 128;
     p.max_step_tokens = a->prefill_tokens > 2048 ? a->prefill_tokens : 2048;
@@ -340,6 +365,7 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     }
     moeq_engine_destroy(e);
     if (both) decode_with_graphs(model, a, p, vocab, logits, bw_gbs, active);
+    if (both_matrix) decode_with_lanes(model, a, p, vocab, logits, bw_gbs, active);
     printf("}");
     free(logits);
 }
@@ -369,6 +395,10 @@ static int parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(k, "--cuda-graphs")) {
             if (strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "both")) return -1;
             a->cuda_graphs = v;
+        }
+        else if (!strcmp(k, "--cuda-matrix")) {
+            if (strcmp(v, "auto") && strcmp(v, "lanes") && strcmp(v, "both")) return -1;
+            a->cuda_matrix = v;
         }
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--min-seconds")) a->min_seconds = atof(v);
@@ -421,11 +451,14 @@ int main(int argc, char **argv) {
                         "                    [--threads N] [--prefill-tokens N] [--batches 1,8,32,128,256]\n"
                         "                    [--contexts 1024,4096|none] [--min-seconds S] [--modes 1,0]\n"
                         "                    [--cpu-matrix auto|lanes|amx] [--cuda-graphs off|auto|on|both]\n"
+                        "                    [--cuda-matrix auto|lanes|both]\n"
                         "  --prefill-tokens  one or more prompt lengths (default 512), each timed\n"
                         "  --modes           batch_invariant values to run (default 1,0)\n"
                         "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
                         "  --cuda-graphs     engine key cuda_graphs (default off); both: decode again with auto\n"
                         "                    (decode_with_cuda_graphs beside decode)\n"
+                        "  --cuda-matrix     engine key cuda_matrix (default auto); both: decode batches <= 8\n"
+                        "                    again with lanes (decode_with_cuda_matrix_lanes beside decode)\n"
                         "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no\n"
                         "                  config.json\n");
         return 2;

@@ -27,7 +27,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .prefix_cache_share = 1.0,
                                 .cpu_matrix = "auto",
                                 .mtp_draft = "f8",
-                                .cuda_graphs = "off"};
+                                .cuda_graphs = "off",
+                                .cuda_matrix = "lanes"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -153,6 +154,9 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "cuda_graphs = on, but backend %.16s has no CUDA graphs (cuda has; auto runs eagerly "
                          "elsewhere)", p->backend);
+    if (strcmp(p->cuda_matrix, "auto") && strcmp(p->cuda_matrix, "lanes"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "cuda_matrix \"%.8s\": the choices are auto and lanes", p->cuda_matrix);
     if (!strcmp(p->cpu_matrix, "amx") && !moeq_engine_cpu_amx())
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "cpu_matrix = amx, but this CPU cannot run AMX tiles: %s", moeq_engine_cpu_amx_describe());
@@ -224,7 +228,8 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .max_tokens = e->params.max_step_tokens,
                               .device = e->params.device,
                               .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx(),
-                              .graphs = strcmp(e->params.cuda_graphs, "off") != 0};
+                              .graphs = strcmp(e->params.cuda_graphs, "off") != 0,
+                              .cuda_lanes_only = !strcmp(e->params.cuda_matrix, "lanes")};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;

@@ -184,7 +184,8 @@ preset=${MOEQ_GPU_BENCH_PRESET:-bench}
 if [ -z "$error" ] && [ "${MOEQ_GPU_BENCH:-1}" != 0 ] && [ -x "$build/bench/bench-engine" ]; then
   note "bench-engine --backend cuda on preset $preset"
   timeout "$(budget 150)" "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda \
-    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 --cuda-graphs both >"$bench_json" \
+    --threads "$(nproc)" --min-seconds 1 --batches 1,8,32,128,256 --contexts 1024 --cuda-graphs both --cuda-matrix both \
+    >"$bench_json" \
     2>"$build/gpu-check-bench.err" || note "bench-engine failed or timed out (see gpu-check.log)"
   cat "$build/gpu-check-bench.err" >>"$log" 2>/dev/null
 fi
@@ -282,6 +283,9 @@ try:
                                 "decode": [pick(d, ("batch", "tokens_per_s", "fraction_of_roofline")) for d in m.get("decode", [])],
                                 "decode_with_cuda_graphs": [pick(d, ("batch", "tokens_per_s"))
                                                             for d in m.get("decode_with_cuda_graphs", [])],
+                                "decode_with_cuda_matrix_lanes": [
+                                    pick(d, ("batch", "tokens_per_s", "fraction_of_roofline"))
+                                    for d in m.get("decode_with_cuda_matrix_lanes", [])],
                                 "cuda_graphs_backend_info": m.get("cuda_graphs_backend_info"),
                                 "decode_at_context": m.get("decode_at_context")}
     if not bench["modes"]: bench["error"] = "no mode ran: " + (bench_why or "see gpu-check.log")

@@ -42,8 +42,11 @@
 #define MOEQ_CU_ROUTE_EXPERTS_CAP 256 /* the device router's most experts: moe_experts' jobs on the CPU */
 
 static char model_root[256];
-static moeq_model *models[4]; /* the three the op and whole-model cases run, then tiny-mtp for MTP */
-static const char *const model_names[4] = {"tiny bf16", "tiny f8", "tiny-v2 bf16", "tiny-mtp bf16"};
+/* the three the op and whole-model cases run, tiny-mtp for MTP, then small (rows of 256: whole groups of the few-token
+ * kernels' loads, which tiny's 64 never fill) in bf16 and f8 for the matmuls */
+static moeq_model *models[6];
+static const char *const model_names[6] = {"tiny bf16", "tiny f8", "tiny-v2 bf16", "tiny-mtp bf16", "small bf16",
+                                           "small f8"};
 
 /* The backend under test: "cuda", or with --cpu-standin the CPU backend behind the device's contract (not
  * host_visible, no route scratch), so that the harness itself is checked on every machine (label unit): a
@@ -103,11 +106,13 @@ typedef struct pair {
     int n_bufs;
 } pair;
 
+static int g_lanes_only; /* cuda_matrix = lanes for the next pair_new (the 16-lane kernels at every size) */
+
 static void pair_new(pair *p, const moeq_model *m, int invariant) {
     memset(p, 0, sizeof *p);
     moeq_backend_config bc = {.n_threads = 4, .batch_invariant = invariant, .blas_min_tokens = 16, .max_k = 8192,
                               .max_ctx = 4096, .max_jobs = 2 * MOEQ_CU_ROUTE_EXPERTS_CAP + 8, .max_tokens = 256,
-                              .device = 0};
+                              .device = 0, .cuda_lanes_only = g_lanes_only};
     char err[512] = "";
     assert_int_equal(moeq_backend_new("cpu", &bc, &p->cpu, err, sizeof err), MOEQ_OK);
     if (moeq_backend_new(gpu_name, &bc, &p->gpu, err, sizeof err)) fail_msg("%s", err);
@@ -194,13 +199,19 @@ static void matmul_case(pair *p, const moeq_tensor *w, int64_t row0, int64_t n_r
 
 static void matmuls_give_the_cpu_backends_bits_and_cublas_is_close(void **state) {
     (void)state;
-    for (int mi = 0; mi < 3; mi++)
-        for (int inv = 1; inv >= 0; inv--) {
+    /* batch-invariant twice: cuda_matrix = auto (few-token kernels below 9 tokens) and lanes (16-lane kernels) */
+    static const int mis[] = {0, 1, 2, 4, 5};
+    for (int k = 0; k < 5; k++)
+        for (int run = 0; run < 3; run++) {
+            int mi = mis[k];
+            int inv = run < 2;
             const moeq_model *m = models[mi];
             const moeq_model_config *c = &m->config;
             pair p;
+            g_lanes_only = run == 1;
             pair_new(&p, m, inv);
-            print_message("%s, batch_invariant %d\n", model_names[mi], inv);
+            g_lanes_only = 0;
+            print_message("%s, batch_invariant %d%s\n", model_names[mi], inv, run == 1 ? ", cuda_matrix = lanes" : "");
             const moeq_layer *L = &m->layers[c->num_hidden_layers - 1];
             const int64_t Ts[] = {1, 7, 40};
             for (int ti = 0; ti < 3; ti++) {
@@ -400,7 +411,9 @@ static void moe_ops_route_like_the_cpu_and_permute_exactly(void **state) {
  */
 static void moe_experts_on_cuda_equals_the_cpu_op(void **state) {
     (void)state;
-    for (int mi = 0; mi < 3; mi++) {
+    static const int mis[] = {0, 1, 2, 4, 5}; /* small: experts' rows of 256, whole groups of the few-token loads */
+    for (int k = 0; k < 5; k++) {
+        int mi = mis[k];
         const moeq_model *m = models[mi];
         const moeq_model_config *c = &m->config;
         const moeq_layer *L = NULL;
@@ -510,10 +523,13 @@ static void logits_records_on_cuda_equal_the_cpu_ops(void **state) {
     pair_free(&p);
 }
 
+static const char *g_cuda_matrix; /* the engine key cuda_matrix for params_on (NULL: its default) */
+
 /* Engine parameters on backend with the cases' sizes (the rest as moeq_engine_default_params). */
 static moeq_engine_params params_on(const char *backend, int invariant, int max_seqs, int64_t kv_cache_tokens) {
     moeq_engine_params p = moeq_engine_default_params();
     snprintf(p.backend, sizeof p.backend, "%s", backend);
+    if (g_cuda_matrix) snprintf(p.cuda_matrix, sizeof p.cuda_matrix, "%s", g_cuda_matrix);
     p.batch_invariant = invariant;
     p.max_seqs = max_seqs;
     p.kv_cache_tokens = kv_cache_tokens;
@@ -588,6 +604,19 @@ static void whole_model_logits_on_cuda_match_the_cpu_engine(void **state) {
                 const float *w = want + (size_t)r * V;
                 int best = argmax(w, V);
                 if (w[best] - runner_up(w, V, best) > 4 * tol) assert_int_equal(argmax(got + (size_t)r * V, V), best);
+            }
+            /* either cuda_matrix gives the same bits: the few-token kernels run the 16-lane kernels' chains (checked
+             * in the batch-invariant mode: the other's cuBLAS products promise no run-to-run bits) */
+            for (int auto_matrix = 0; auto_matrix < 2 * inv; auto_matrix++) {
+                g_cuda_matrix = auto_matrix ? "auto" : "lanes";
+                int rm = 0;
+                float *other = run_engine(m, gpu_name, inv, &rm);
+                g_cuda_matrix = NULL;
+                assert_int_equal(rm, rg);
+                snprintf(what, sizeof what, "%s logits, batch_invariant %d, cuda_matrix %s vs the default",
+                         model_names[mi], inv, auto_matrix ? "auto" : "lanes");
+                same_bits(other, got, (size_t)rg * V, what);
+                free(other);
             }
             free(want), free(got);
         }
@@ -823,7 +852,10 @@ int main(int argc, char **argv) {
     models[1] = gen("tiny", MOEQ_GENMODEL_F8, "tiny-f8");
     models[2] = gen("tiny-v2", MOEQ_GENMODEL_BF16, "tiny-v2-bf16");
     models[3] = gen("tiny-mtp", MOEQ_GENMODEL_BF16, "tiny-mtp-bf16");
-    if (!models[0] || !models[1] || !models[2] || !models[3]) return 1;
+    models[4] = gen("small", MOEQ_GENMODEL_BF16, "small-bf16");
+    models[5] = gen("small", MOEQ_GENMODEL_F8, "small-f8");
+    for (int i = 0; i < 6; i++)
+        if (!models[i]) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmuls_give_the_cpu_backends_bits_and_cublas_is_close),
         cmocka_unit_test(row_ops_give_the_cpu_backends_bits),
@@ -842,7 +874,7 @@ int main(int argc, char **argv) {
     const char *only = getenv("MOEQ_TEST_FILTER");
     if (only && *only) cmocka_set_test_filter(only);
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (int i = 0; i < 4; i++) moeq_model_destroy(models[i]);
+    for (int i = 0; i < 6; i++) moeq_model_destroy(models[i]);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", model_root);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", model_root);

@@ -747,6 +747,56 @@ static void f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_r
     moeq_backend_destroy(cpu);
 }
 
+/* The few-token kernels (mv_nt_kernel, mv_grouped_kernel): two threads a weight row, 8 lanes each, 16-byte weight
+ * loads in double-buffered groups of MOEQ_CU_MV_UNROLL chunks, the butterfly's first level across the pair. Played
+ * on the host over K of only a tail, one group, a group and a tail, two groups (the double buffer's hand-over) and
+ * many, rows past 128 with row0 (F8 scales by absolute row), 1..8 tokens in each tile size: the CPU backend's bits. */
+static void few_token_nt_threads_give_the_cpu_backends_bits(void **state) {
+    (void)state;
+    const int64_t Ks[] = {16, 112, 128, 144, 256, 272, 1040}, rows = 300, r0s[] = {0, 3, 130};
+    moeq_backend *cpu = cpu_backend(16);
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            int64_t K = Ks[ki], rb = (rows + 127) / 128, kb = (K + 127) / 128;
+            int f8 = dt == 1;
+            void *q = malloc((size_t)(rows * K) * (f8 ? 1 : 2));
+            float *scale = malloc((size_t)(rb * kb) * sizeof(float));
+            for (int64_t i = 0; i < rb * kb; i++) scale[i] = (float)(1 + i) / 448.0f;
+            for (int64_t i = 0; i < rows * K; i++) {
+                if (f8) ((uint8_t *)q)[i] = moeq_f32_to_f8_e4m3(frand() * 400.0f);
+                else ((uint16_t *)q)[i] = (uint16_t)(moeq_cu_f32_bits(frand() * 0.5f) >> 16);
+            }
+            moeq_tensor st = {.name = "s", .dtype = MOEQ_DTYPE_F32, .ndim = 2, .shape = {rb, kb}, .data = scale,
+                              .nbytes = (size_t)(rb * kb) * 4};
+            moeq_tensor w = {.name = "w", .dtype = f8 ? MOEQ_DTYPE_F8_E4M3 : MOEQ_DTYPE_BF16, .ndim = 2,
+                             .shape = {rows, K}, .data = q, .nbytes = (size_t)(rows * K) * (f8 ? 1 : 2),
+                             .scale_inv = f8 ? &st : NULL};
+            int dtype = f8 ? MOEQ_CU_DTYPE_F8_E4M3 : MOEQ_CU_DTYPE_BF16;
+            const float *sc = f8 ? scale : NULL;
+            for (int64_t T = 1; T <= MOEQ_CU_MV_MAX_TOK; T++)
+                for (int ri = 0; ri < 3; ri++) {
+                    int64_t r0 = r0s[ri], n = rows - r0 < 150 ? rows - r0 : 150, ldx = K + 4 * (T & 1);
+                    float *x = malloc((size_t)(T * ldx) * sizeof(float));
+                    float *y = malloc((size_t)(T * n) * sizeof(float)), *want = malloc((size_t)(T * n) * sizeof(float));
+                    for (int64_t i = 0; i < T * ldx; i++) x[i] = frand();
+                    moeq_mm_job j = {&w, r0, n, x, ldx, want, n, T};
+                    cpu->matmul(cpu, &j, 1);
+                    int NT = moeq_cu_mv_tile(T);
+                    for (int64_t o = 0; o < n; o++) {
+                        float acc[2][MOEQ_CU_MV_MAX_TOK * 8];
+                        for (int h = 0; h < 2; h++)
+                            moeq_cu_mv_lanes(acc[h], NT, (int)T, h, r0 + o, 0, x, ldx, dtype, q, sc, K);
+                        for (int64_t t = 0; t < T; t++)
+                            y[t * n + o] = moeq_cu_mv_reduce(acc[0] + t * 8, acc[1] + t * 8);
+                    }
+                    assert_same_bits(y, want, (size_t)(T * n), f8 ? "few-token NT, f8" : "few-token NT, bf16");
+                    free(x), free(y), free(want);
+                }
+            free(q), free(scale);
+        }
+    moeq_backend_destroy(cpu);
+}
+
 /* ---- moe_experts: the plan, the work list, the grouped GEMM (moe_index.cuh) ------------------------------------ */
 
 /* ids (T, K): distinct experts per token; mode 0 random, 1 every token's first choice is expert e0 (one
@@ -1685,7 +1735,8 @@ static moeq_err padded_cpu_new(const moeq_backend_config *config, moeq_backend *
                                size_t errstr_size) {
     moeq_backend *b = *out = moeq_backend_cpu_new(config);
     if (!b) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "padded-cpu backend");
-    assert_true(config->graphs); /* cuda_graphs = auto reached the backend */
+    assert_true(config->graphs);           /* cuda_graphs = auto reached the backend */
+    assert_true(config->cuda_lanes_only);  /* and cuda_matrix's default, lanes */
     pg.mla_rope = b->mla_rope, pg.attention = b->attention, pg.moe_experts = b->moe_experts;
     b->mla_rope = pg_mla_rope, b->attention = pg_attention, b->moe_experts = pg_moe_experts;
     b->graph_rows = pg_graph_rows, b->graph_begin = pg_graph_begin, b->graph_end = pg_graph_end;
@@ -1810,6 +1861,7 @@ int main(void) {
         cmocka_unit_test(a_padded_step_on_the_capacity_grid_gives_the_eager_bits_in_every_bucket),
         cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
         cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),
+        cmocka_unit_test(few_token_nt_threads_give_the_cpu_backends_bits),
         cmocka_unit_test(moe_plan_and_work_list_helpers_match_a_plain_c_model_over_many_shapes),
         cmocka_unit_test(moe_experts_grids_emulated_give_the_cpu_ops_bits),
         cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),

@@ -84,6 +84,11 @@ static void cpu_matrix_is_checked_and_both_paths_agree_within_tolerance(void **s
     snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "tiles");
     assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "auto, lanes and amx"));
+    snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "auto");
+    snprintf(p.cuda_matrix, sizeof p.cuda_matrix, "tiles"); /* the CUDA backend's key is checked on every backend */
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "cuda_matrix \"tiles\": the choices are auto and lanes"));
+    snprintf(p.cuda_matrix, sizeof p.cuda_matrix, "auto");
     snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "amx");
     if (!moeq_engine_cpu_amx()) {
         assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_ERR_UNSUPPORTED);

@@ -66,6 +66,7 @@ enum { BR_NONE = 0, BR_CAPTURE, BR_REPLAY }; // inside graph_begin .. graph_end:
 typedef struct cuda_backend {
     moeq_backend base; // first: the table
     moeq_backend_config p;
+    int mv; // the few-token kernels where they apply (cuda_matrix = auto), else the 16-lane ones only
     cudaStream_t stream;
     cublasHandle_t blas;
     moeq_err err;      // first failure, kept for status
@@ -455,6 +456,32 @@ __global__ void mm_nt_kernel(float *y, int64_t ldy, const float *x, int64_t ldx,
     }
 }
 
+// Few-token NT (ops.cuh's moeq_cu_mv_lanes): two threads a weight row, tiles of NT <= 8 tokens; the same bits as
+// mm_nt_kernel. Thread pairs are adjacent lanes, so the butterfly's first level is one shuffle per lane.
+template <int DT, int NT>
+__global__ void mv_nt_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const void *W, const float *scale,
+                             int64_t K, int64_t row0, int64_t O, int64_t T, mm_z z) {
+    y += blockIdx.z * z.dy, x += blockIdx.z * z.dx, row0 += blockIdx.z * z.drow;
+    int64_t o = (int64_t)blockIdx.x * MOEQ_CU_MV_ROWS + threadIdx.x / 2;
+    int h = (int)(threadIdx.x & 1);
+    for (int64_t t0 = (int64_t)blockIdx.y * NT; t0 < T; t0 += (int64_t)gridDim.y * NT) { // uniform per block
+        int nt = T - t0 < NT ? (int)(T - t0) : NT;
+        float acc[NT * 8];
+        if (o < O) moeq_cu_mv_lanes(acc, NT, nt, h, row0 + o, t0, x, ldx, DT, W, scale, K);
+        else
+#pragma unroll
+            for (int i = 0; i < NT * 8; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            float mine[8], other[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) mine[i] = acc[j * 8 + i], other[i] = __shfl_xor_sync(0xffffffffu, mine[i], 1);
+            float v = h ? moeq_cu_mv_reduce(other, mine) : moeq_cu_mv_reduce(mine, other);
+            if (o < O && j < nt && (j & 1) == h) y[(t0 + j) * ldy + o] = v; // the pair shares the stores
+        }
+    }
+}
+
 // NN, the CPU's order (one fma chain over the rows from 0): y[t, c] = sum_r x[t, r] W[row0 + r, c].
 template <int DT>
 __global__ void mm_nn_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const void *W, const float *scale,
@@ -489,8 +516,40 @@ __global__ void widen_kernel(float *out, int dtype, const void *W, const float *
 static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 static unsigned grid_y_for(int64_t n) { return (unsigned)(n < 65535 ? (n > 0 ? n : 1) : 65535); }
 
+// Whether the few-token kernels take a product: BF16/F8 weights, K a multiple of 16 (whole chunks), activations in
+// 16-byte aligned rows (x, its row stride, and a run's step between jobs), and not switched off (cuda_matrix).
+static int mv_takes(const cuda_backend *cb, int dtype, int64_t K, const float *x, int64_t ldx, int64_t dx) {
+    return cb->mv && (dtype == MOEQ_DTYPE_BF16 || dtype == MOEQ_DTYPE_F8_E4M3) && K % MOEQ_CU_LANES == 0 &&
+           (uintptr_t)x % 16 == 0 && ldx % 4 == 0 && dx % 4 == 0;
+}
+
+#define MV_THREADS (2 * MOEQ_CU_MV_ROWS)
+
+template <int DT>
+static void mv_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale, int nz, mm_z z) {
+    int64_t K = moeq_tensor_cols(j->w);
+    dim3 grid((unsigned)((j->n_rows + MOEQ_CU_MV_ROWS - 1) / MOEQ_CU_MV_ROWS), 1, (unsigned)nz);
+    cudaStream_t s = cb->stream;
+#define MV_NT(NT)                                                                                                   \
+    mv_nt_kernel<DT, NT><<<grid, MV_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, K, j->row0, j->n_rows,      \
+                                                     j->n_tok, z)
+    switch (moeq_cu_mv_tile(j->n_tok)) {
+    case 1: MV_NT(1); break;
+    case 2: MV_NT(2); break;
+    case 4: MV_NT(4); break;
+    default: MV_NT(8); break;
+    }
+#undef MV_NT
+    launched(cb, "mv_nt_kernel launch");
+}
+
 static void own_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale, int nz, mm_z z) {
     int64_t K = moeq_tensor_cols(j->w);
+    if (j->n_tok <= MOEQ_CU_MV_MAX_TOK && mv_takes(cb, (int)j->w->dtype, K, j->x, j->ldx, nz > 1 ? z.dx : 0)) {
+        if (j->w->dtype == MOEQ_DTYPE_BF16) mv_nt<MOEQ_CU_DTYPE_BF16>(cb, j, W, scale, nz, z);
+        else mv_nt<MOEQ_CU_DTYPE_F8_E4M3>(cb, j, W, scale, nz, z);
+        return;
+    }
     dim3 grid((unsigned)moeq_cu_mm_grid_x(j->n_rows), grid_y_for(moeq_cu_mm_grid_y(j->n_tok)), (unsigned)nz);
     cudaStream_t s = cb->stream;
     switch (j->w->dtype) {
@@ -1355,9 +1414,69 @@ __global__ void mm_grouped_kernel(float *y, const float *x, int64_t K, int64_t O
     }
 }
 
+// mm_grouped_kernel's work list with mv_nt_kernel's threads: for calls of at most 8 tokens (an expert then has at
+// most 8 rows, one tile of the plan), BF16/F8 experts, K a multiple of 16. The same bits.
+template <int DT, int NT>
+__global__ void mv_grouped_kernel(float *y, const float *x, int64_t K, int64_t O, const void *const *W,
+                                  const float *const *scale, const int64_t *offsets, const int64_t *tile_first,
+                                  int E, int64_t cap) {
+    int64_t o = (int64_t)blockIdx.x * MOEQ_CU_MV_ROWS + threadIdx.x / 2;
+    int h = (int)(threadIdx.x & 1);
+    for (int64_t by = blockIdx.y; by < cap; by += gridDim.y) { // uniform per block: the shuffles stay whole
+        int64_t jt = 0;
+        int e = moeq_cu_moe_item(tile_first, E, by, &jt);
+        if (e < 0) break; // past the last item: so is every later one
+        int64_t o0 = offsets[e], cnt = offsets[e + 1] - o0, first = jt * MOEQ_CU_MM_TILE_T;
+        int64_t last = cnt - first < MOEQ_CU_MM_TILE_T ? cnt : first + MOEQ_CU_MM_TILE_T;
+        for (int64_t t0 = first; t0 < last; t0 += NT) { // once, where NT holds the plan's tile
+            int nt = last - t0 < NT ? (int)(last - t0) : NT;
+            float acc[NT * 8];
+            if (o < O) moeq_cu_mv_lanes(acc, NT, nt, h, o, o0 + t0, x, K, DT, W[e], scale[e], K);
+            else
+#pragma unroll
+                for (int i = 0; i < NT * 8; i++) acc[i] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                float mine[8], other[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    mine[i] = acc[j * 8 + i], other[i] = __shfl_xor_sync(0xffffffffu, mine[i], 1);
+                float v = h ? moeq_cu_mv_reduce(other, mine) : moeq_cu_mv_reduce(mine, other);
+                if (o < O && j < nt && (j & 1) == h) y[(o0 + t0 + j) * O + o] = v;
+            }
+        }
+    }
+}
+
+template <int DT>
+static void mv_grouped(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t O, const void *const *W,
+                       const float *const *scale, const int64_t *offsets, const int64_t *tile_first, int E,
+                       int64_t cap, int64_t T) {
+    dim3 grid((unsigned)((O + MOEQ_CU_MV_ROWS - 1) / MOEQ_CU_MV_ROWS), grid_y_for(cap));
+    cudaStream_t s = cb->stream;
+#define MV_GROUPED(NT)                                                                                              \
+    mv_grouped_kernel<DT, NT><<<grid, MV_THREADS, 0, s>>>(y, x, K, O, W, scale, offsets, tile_first, E, cap)
+    switch (moeq_cu_mv_tile(T)) { // an expert has at most T rows: a token picks each expert once
+    case 1: MV_GROUPED(1); break;
+    case 2: MV_GROUPED(2); break;
+    case 4: MV_GROUPED(4); break;
+    default: MV_GROUPED(8); break;
+    }
+#undef MV_GROUPED
+    launched(cb, "mv_grouped_kernel launch");
+}
+
+// T: the call's tokens (an expert's rows are at most that many).
 static void grouped_nt(cuda_backend *cb, int dtype, float *y, const float *x, int64_t K, int64_t O,
                        const void *const *W, const float *const *scale, const int64_t *offsets,
-                       const int64_t *tile_first, int E, int64_t cap) {
+                       const int64_t *tile_first, int E, int64_t cap, int64_t T) {
+    if (T <= MOEQ_CU_MV_MAX_TOK && mv_takes(cb, dtype, K, x, K, 0)) {
+        if (dtype == MOEQ_DTYPE_BF16)
+            mv_grouped<MOEQ_CU_DTYPE_BF16>(cb, y, x, K, O, W, scale, offsets, tile_first, E, cap, T);
+        else
+            mv_grouped<MOEQ_CU_DTYPE_F8_E4M3>(cb, y, x, K, O, W, scale, offsets, tile_first, E, cap, T);
+        return;
+    }
     dim3 grid((unsigned)moeq_cu_mm_grid_x(O), grid_y_for(cap));
     cudaStream_t s = cb->stream;
     switch (dtype) {
@@ -1448,8 +1567,8 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
     if (!launched(cb, "gather_kernel launch (moe_experts)")) return;
     const moeq_expert *sh = p->shared && p->shared->gate_proj ? p->shared : NULL;
     int64_t SI = sh ? moeq_tensor_rows(sh->gate_proj) : 0;
-    grouped_nt(cb, dtype, p->g, p->xg, D, MI, wg, sg, offsets, tile_first, E, cap);
-    grouped_nt(cb, dtype, p->u, p->xg, D, MI, wu, su, offsets, tile_first, E, cap);
+    grouped_nt(cb, dtype, p->g, p->xg, D, MI, wg, sg, offsets, tile_first, E, cap, T);
+    grouped_nt(cb, dtype, p->u, p->xg, D, MI, wu, su, offsets, tile_first, E, cap, T);
     if (sh) {
         shared_nt(cb, sh->gate_proj, p->x, D, p->g + S * MI, SI, T);
         shared_nt(cb, sh->up_proj, p->x, D, p->u + S * MI, SI, T);
@@ -1459,7 +1578,7 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
         fail(cb, MOEQ_ERR_INTERNAL, "silu_mul kernel launch failed%s%s", " (moe_experts)", "");
         return;
     }
-    grouped_nt(cb, dtype, p->down, p->g, MI, D, wd, sd, offsets, tile_first, E, cap);
+    grouped_nt(cb, dtype, p->down, p->g, MI, D, wd, sd, offsets, tile_first, E, cap, T);
     if (sh) shared_nt(cb, sh->down_proj, p->g + S * MI, SI, p->down + S * D, D, T);
     if (cb->err) return;
     combine_kernel<<<blocks_for(T * D, 256), 256, 0, cb->stream>>>(p->out, p->down, p->slot_row, p->weights,
@@ -1892,7 +2011,10 @@ static void create_on_device(cuda_backend *cb) {
                                      "split-KV attention");
     // cublasGemmGroupedBatchedEx takes each group's m/n/k from host arrays: the counts would have to come back
     snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
-             "; MoE layers: moe_experts on the device (own grouped kernel, no host round trip)");
+             "; products of <= 8 tokens: %s; MoE layers: moe_experts on the device (own grouped kernel, no host "
+             "round trip)",
+             cb->mv ? "two threads a row, 16-byte loads (cuda_matrix = auto; BF16/F8, rows of 16k)"
+                    : "16-lane kernels (cuda_matrix = lanes)");
     cb->n_gb = moeq_cu_graph_buckets(T, cb->gsize);
 }
 
@@ -1912,6 +2034,7 @@ extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moe
     if (!cb) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "backend cuda: out of memory creating it");
     cb->base = cuda_table;
     cb->p = *config;
+    cb->mv = !config->cuda_lanes_only;
     if (cb->p.blas_min_tokens < 1) cb->p.blas_min_tokens = 16;
     create_on_device(cb);
     if (cb->err) {

@@ -318,6 +318,124 @@ MOEQ_HD void moeq_cu_mm_bf16_lanes(float *acc, moeq_cu_mm_at a, const float *x, 
     moeq_cu_mm_lanes(acc, a, x, ldx, MOEQ_CU_DTYPE_BF16, W, NULL, K);
 }
 
+/* ---- few-token NT: two threads a row, 16-byte weight loads ----------------------------------------------- */
+
+/*
+ * For a tile of at most 8 tokens (decode steps, experts with few tokens) of BF16 or F8 weights whose K is a
+ * multiple of 16: two threads a weight row, thread h holding lanes 8h .. 8h + 7 of each chunk, so that a chunk's
+ * weights are one 16-byte load (8 bytes for F8) per thread rather than 16 two-byte loads a row, and
+ * MOEQ_CU_MV_UNROLL chunks are loaded before their multiply-adds (the two-byte loads of moeq_cu_mm_lanes were
+ * issued one chunk at a time, interleaved with the multiply-adds: about two in flight a thread). Lane l's chain
+ * is moeq_cu_mm_lanes' fmaf sequence in chunk order, and moeq_cu_mv_reduce is the butterfly with its first level
+ * across the two threads: the same bits.
+ */
+#define MOEQ_CU_MV_UNROLL 8
+#define MOEQ_CU_MV_ROWS 64 /* weight rows a block of 128 threads takes */
+#define MOEQ_CU_MV_MAX_TOK 8
+
+typedef struct moeq_cu_raw16 {
+    uint32_t u[4];
+} moeq_cu_raw16;
+
+/* The 8 weights of lanes k0 .. k0 + 7 of row o as stored (16 bytes of BF16, 8 of F8), in one load. */
+MOEQ_HD moeq_cu_raw16 moeq_cu_mv_load(int dtype, const void *W, int64_t K, int64_t o, int64_t k0) {
+    moeq_cu_raw16 r;
+#ifdef __CUDA_ARCH__
+    if (dtype == MOEQ_CU_DTYPE_F8_E4M3) {
+        uint2 v = __ldg((const uint2 *)((const uint8_t *)W + o * K + k0));
+        r.u[0] = v.x, r.u[1] = v.y, r.u[2] = 0u, r.u[3] = 0u;
+    } else {
+        uint4 v = __ldg((const uint4 *)((const uint16_t *)W + o * K + k0));
+        r.u[0] = v.x, r.u[1] = v.y, r.u[2] = v.z, r.u[3] = v.w;
+    }
+#else
+    memset(&r, 0, sizeof r);
+    if (dtype == MOEQ_CU_DTYPE_F8_E4M3) memcpy(r.u, (const uint8_t *)W + o * K + k0, 8);
+    else memcpy(r.u, (const uint16_t *)W + o * K + k0, 16);
+#endif
+    return r;
+}
+
+/* Weight i of a load as the NT kernels take it (F8: q / 256, exact). Little-endian: element i is at byte
+ * (size) * i, as the stored row. */
+MOEQ_HD float moeq_cu_mv_elem(int dtype, moeq_cu_raw16 r, int i) {
+    if (dtype == MOEQ_CU_DTYPE_F8_E4M3)
+        return moeq_cu_f8_e4m3_to_f32((uint8_t)(r.u[i / 4] >> (8 * (i % 4)))) * 0x1p-8f;
+    return moeq_cu_bf16_to_f32((uint16_t)(r.u[i / 2] >> (16 * (i % 2))));
+}
+
+/* Eight activations x[0 .. 8) (16-byte aligned on the device: the launch checks x and its strides). */
+MOEQ_HD void moeq_cu_mv_x8(const float *x, float *out) {
+#ifdef __CUDA_ARCH__
+    float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+#else
+    memcpy(out, x, 8 * sizeof(float));
+#endif
+}
+
+/* One chunk's multiply-adds of a thread: its 8 lanes for tokens t0 .. t0 + nt. */
+MOEQ_HD void moeq_cu_mv_chunk(float *acc, int nt_max, int nt, moeq_cu_raw16 r, int64_t o, int64_t k0, int64_t t0,
+                              const float *x, int64_t ldx, int dtype, const float *scale_inv, int64_t K) {
+    /* the 8 lanes lie in one 128-column scale block: k0 is a multiple of 8 */
+    float xf = dtype == MOEQ_CU_DTYPE_F8_E4M3 ? 256.0f * moeq_cu_f8_scale(scale_inv, K, o, k0) : 1.0f;
+    MOEQ_CU_UNROLL
+    for (int j = 0; j < nt_max; j++) {
+        if (j >= nt) continue;
+        float xv[8];
+        moeq_cu_mv_x8(x + (t0 + j) * ldx + k0, xv);
+        MOEQ_CU_UNROLL
+        for (int i = 0; i < 8; i++) {
+            float a = xv[i];
+            if (dtype == MOEQ_CU_DTYPE_F8_E4M3) a *= xf;
+            acc[j * 8 + i] = fmaf(a, moeq_cu_mv_elem(dtype, r, i), acc[j * 8 + i]);
+        }
+    }
+}
+
+/* Thread h of weight row o (absolute): acc[j * 8 + i] = lane 8h + i of y[t0 + j, .] for j < nt <= nt_max. x has
+ * row stride ldx; K % 16 == 0. Whole groups of MOEQ_CU_MV_UNROLL chunks load all their weights first (no
+ * predicate between the loads and their uses, so the compiler keeps them ahead), the rest a chunk at a time. */
+MOEQ_HD void moeq_cu_mv_lanes(float *acc, int nt_max, int nt, int h, int64_t o, int64_t t0, const float *x,
+                              int64_t ldx, int dtype, const void *W, const float *scale_inv, int64_t K) {
+    for (int i = 0; i < nt_max * 8; i++) acc[i] = 0.0f;
+    int64_t nc = K / MOEQ_CU_LANES, c = 0;
+    if (nc >= MOEQ_CU_MV_UNROLL) {
+        /* double-buffered: the next group's weights are loaded before this group's multiply-adds, so they are in
+         * flight while those run (loaded and used in one iteration, the compiler issued them one chunk ahead) */
+        moeq_cu_raw16 r[MOEQ_CU_MV_UNROLL], next[MOEQ_CU_MV_UNROLL];
+        MOEQ_CU_UNROLL
+        for (int u = 0; u < MOEQ_CU_MV_UNROLL; u++) r[u] = moeq_cu_mv_load(dtype, W, K, o, u * MOEQ_CU_LANES + 8 * h);
+        for (; c + MOEQ_CU_MV_UNROLL <= nc; c += MOEQ_CU_MV_UNROLL) {
+            int more = c + 2 * MOEQ_CU_MV_UNROLL <= nc;
+            int64_t k_next = (c + MOEQ_CU_MV_UNROLL) * MOEQ_CU_LANES + 8 * h;
+            MOEQ_CU_UNROLL
+            for (int u = 0; u < MOEQ_CU_MV_UNROLL; u++)
+                if (more) next[u] = moeq_cu_mv_load(dtype, W, K, o, k_next + u * MOEQ_CU_LANES);
+            MOEQ_CU_UNROLL
+            for (int u = 0; u < MOEQ_CU_MV_UNROLL; u++)
+                moeq_cu_mv_chunk(acc, nt_max, nt, r[u], o, (c + u) * MOEQ_CU_LANES + 8 * h, t0, x, ldx, dtype,
+                                 scale_inv, K);
+            MOEQ_CU_UNROLL
+            for (int u = 0; u < MOEQ_CU_MV_UNROLL; u++) r[u] = next[u];
+        }
+    }
+    for (; c < nc; c++)
+        moeq_cu_mv_chunk(acc, nt_max, nt, moeq_cu_mv_load(dtype, W, K, o, c * MOEQ_CU_LANES + 8 * h), o,
+                         c * MOEQ_CU_LANES + 8 * h, t0, x, ldx, dtype, scale_inv, K);
+}
+
+/* The butterfly of 16 lanes held as lo = lanes 0..7 and hi = lanes 8..15 (moeq_cu_butterfly16's lane 0). */
+MOEQ_HD float moeq_cu_mv_reduce(const float *lo, const float *hi) {
+    float s[8];
+    for (int i = 0; i < 8; i++) s[i] = lo[i] + hi[i];
+    float u0 = s[0] + s[4], u1 = s[1] + s[5], u2 = s[2] + s[6], u3 = s[3] + s[7];
+    return (u0 + u2) + (u1 + u3);
+}
+
+/* The smallest tile of 1, 2, 4 or 8 tokens that holds n (n <= 8). */
+MOEQ_HD int moeq_cu_mv_tile(int64_t n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
+
 /* ---- router (moe.c) ------------------------------------------------------------------------ */
 
 #define MOEQ_CU_ROUTE_MAX_EXPERTS 256
