@@ -334,8 +334,8 @@ typedef struct moeq_backend_config {
     int graphs;             /* cuda_graphs on/auto: a device backend offers graph_rows/begin/end (decode steps
                                captured per bucket) and launches calls of up to 256 tokens in capture-ready
                                shapes (docs/CUDA.md); the same bits; the CPU ignores it */
-    int cuda_lanes_only;    /* cuda_matrix = lanes: the CUDA backend's 16-lane kernels for products of <= 8 tokens
-                               too, not its two-threads-a-row ones (the same bits); the CPU ignores it */
+    int cuda_few_token;     /* cuda_matrix = auto: the CUDA backend's two-threads-a-row kernels for products of <= 8
+                               tokens (0: its 16-lane kernels at every size); the same bits; the CPU ignores it */
 } moeq_backend_config;
 
 /*

@@ -229,7 +229,7 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .device = e->params.device,
                               .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx(),
                               .graphs = strcmp(e->params.cuda_graphs, "off") != 0,
-                              .cuda_lanes_only = !strcmp(e->params.cuda_matrix, "lanes")};
+                              .cuda_few_token = !strcmp(e->params.cuda_matrix, "auto")};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;

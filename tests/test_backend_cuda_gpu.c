@@ -112,7 +112,7 @@ static void pair_new(pair *p, const moeq_model *m, int invariant) {
     memset(p, 0, sizeof *p);
     moeq_backend_config bc = {.n_threads = 4, .batch_invariant = invariant, .blas_min_tokens = 16, .max_k = 8192,
                               .max_ctx = 4096, .max_jobs = 2 * MOEQ_CU_ROUTE_EXPERTS_CAP + 8, .max_tokens = 256,
-                              .device = 0, .cuda_lanes_only = g_lanes_only};
+                              .device = 0, .cuda_few_token = !g_lanes_only};
     char err[512] = "";
     assert_int_equal(moeq_backend_new("cpu", &bc, &p->cpu, err, sizeof err), MOEQ_OK);
     if (moeq_backend_new(gpu_name, &bc, &p->gpu, err, sizeof err)) fail_msg("%s", err);

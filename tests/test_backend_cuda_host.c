@@ -1736,7 +1736,7 @@ static moeq_err padded_cpu_new(const moeq_backend_config *config, moeq_backend *
     moeq_backend *b = *out = moeq_backend_cpu_new(config);
     if (!b) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "padded-cpu backend");
     assert_true(config->graphs);           /* cuda_graphs = auto reached the backend */
-    assert_true(config->cuda_lanes_only);  /* and cuda_matrix's default, lanes */
+    assert_false(config->cuda_few_token);  /* and cuda_matrix's default, lanes */
     pg.mla_rope = b->mla_rope, pg.attention = b->attention, pg.moe_experts = b->moe_experts;
     b->mla_rope = pg_mla_rope, b->attention = pg_attention, b->moe_experts = pg_moe_experts;
     b->graph_rows = pg_graph_rows, b->graph_begin = pg_graph_begin, b->graph_end = pg_graph_end;

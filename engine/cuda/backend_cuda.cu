@@ -2034,7 +2034,7 @@ extern "C" moeq_err moeq_backend_cuda_new(const moeq_backend_config *config, moe
     if (!cb) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "backend cuda: out of memory creating it");
     cb->base = cuda_table;
     cb->p = *config;
-    cb->mv = !config->cuda_lanes_only;
+    cb->mv = config->cuda_few_token;
     if (cb->p.blas_min_tokens < 1) cb->p.blas_min_tokens = 16;
     create_on_device(cb);
     if (cb->err) {
