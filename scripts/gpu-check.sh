@@ -192,7 +192,8 @@ fi
 
 # ---- where a step's time goes: Nsight Compute over a short bench-engine run ----------------------------------------
 # Every kernel of a prefill of 512 tokens and of two decode steps at batch 1 and 32, its time and DRAM bytes read, in
-# $OUT/gpu-profile.csv; scripts/gpu-profile-summary.py splits it into steps (here and later). MOEQ_GPU_PROFILE=auto
+# $OUT/gpu-profile.csv; scripts/gpu-profile-summary.py splits it into steps (here and later). The engine runs
+# cuda_matrix = auto (the few-token kernels; MOEQ_GPU_PROFILE_MATRIX=lanes for the others). MOEQ_GPU_PROFILE=auto
 # (the default) runs it when 150 s or more are left (it took ~120 s on an H100, 2026-12-05), 1 always, 0 never.
 ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 profile=${MOEQ_GPU_PROFILE:-auto}
@@ -209,6 +210,7 @@ if [ -z "$error" ] && [ "$profile" != 0 ] && [ -x "$build/bench/bench-engine" ];
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size --log-file "$prof" \
       "$build/bench/bench-engine" --model "$build/bench-$preset" --preset "$preset" --backend cuda --threads "$(nproc)" \
       --prefill-tokens 512 --batches 1,32 --contexts none --min-seconds 0 --modes "${MOEQ_GPU_PROFILE_MODES:-1}" \
+      --cuda-matrix "${MOEQ_GPU_PROFILE_MATRIX:-auto}" \
       >/dev/null 2>>"$log" || note "profile: ncu failed or timed out (see gpu-check.log)"
     python3 "$root/scripts/gpu-profile-summary.py" "$prof" --json "$build/gpu-profile.json" 2>&1 | tee -a "$log" >&2
   fi
