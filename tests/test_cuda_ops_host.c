@@ -329,6 +329,47 @@ static moeq_cu_router cu_router_of(const moeq_moe_router *r) {
     return c;
 }
 
+/* backend_cuda.cu's route_warp_kernel for one token, its 32 lanes played in turn between its warp barriers (lane
+ * loops stand for the lanes' strided loops, a tree of moeq_cu_pick_better for the shuffles' butterfly). */
+static int route_warp_emulated(const moeq_cu_router *r, const float *lg, const float *bias, int32_t *id, float *wt) {
+    enum { W = MOEQ_CU_WARP };
+    int n = r->n_experts, fin = 1;
+    float scores[MOEQ_CU_ROUTE_MAX_EXPERTS], choice[MOEQ_CU_ROUTE_MAX_EXPERTS], gscore[MOEQ_CU_ROUTE_MAX_EXPERTS];
+    for (int lane = 0; lane < W; lane++)
+        for (int i = lane; i < n; i += W) fin &= isfinite(lg[i]) != 0, scores[i] = moeq_cu_route_score(r, lg[i]);
+    if (!r->sigmoid) moeq_cu_softmax(scores, n);
+    for (int lane = 0; lane < W; lane++)
+        for (int i = lane; i < n; i += W) choice[i] = scores[i] + (bias && r->method == 2 ? bias[i] : 0.0f);
+    if (r->method != 0 && r->n_group > 1) {
+        int size = n / r->n_group;
+        for (int lane = W - 1; lane >= 0; lane--) /* any lane order */
+            for (int g = lane; g < r->n_group; g += W) gscore[g] = moeq_cu_group_score(r, choice + g * size, size);
+        for (int kept = 0; kept < r->topk_group; kept++) {
+            int g = moeq_cu_argmax_first(gscore, r->n_group);
+            if (g < 0) break;
+            gscore[g] = NAN;
+        }
+        for (int i = 0; i < n; i++)
+            if (!isnan(gscore[i / size])) choice[i] = -INFINITY;
+    }
+    float sum = 0.0f;
+    for (int s = 0; s < r->top_k; s++) {
+        moeq_cu_pick p[W];
+        for (int lane = 0; lane < W; lane++) p[lane] = moeq_cu_pick_lane(choice, n, lane);
+        for (int m = W / 2; m > 0; m >>= 1) { /* the xor butterfly: every lane ends with the same pick */
+            moeq_cu_pick q[W];
+            for (int lane = 0; lane < W; lane++) q[lane] = moeq_cu_pick_better(p[lane], p[lane ^ m]);
+            memcpy(p, q, sizeof p);
+        }
+        for (int lane = 1; lane < W; lane++) assert_int_equal(p[lane].i, p[0].i);
+        int e = p[0].i >= 0 ? p[0].i : moeq_cu_first_unpicked(id, s);
+        choice[e] = -INFINITY;
+        id[s] = e, wt[s] = scores[e], sum += scores[e];
+    }
+    moeq_cu_route_weights(r, wt, sum);
+    return fin;
+}
+
 static void router_helper_routes_as_the_engine_for_every_method(void **state) {
     (void)state;
     const moeq_moe_router routers[] = {
@@ -365,6 +406,11 @@ static void router_helper_routes_as_the_engine_for_every_method(void **state) {
                 assert_int_equal(cok, ok);
                 assert_memory_equal(cids, ids, (size_t)K * 4);
                 assert_same_bits(cw, w, (size_t)K, "router weights");
+                int32_t wids[8];
+                float ww[8];
+                assert_int_equal(route_warp_emulated(&c, l, b, wids, ww), ok);
+                assert_memory_equal(wids, ids, (size_t)K * 4);
+                assert_same_bits(ww, w, (size_t)K, "router weights, a warp a token");
             }
             free(logits), free(bias), free(scratch);
         }

@@ -1278,14 +1278,71 @@ static void cuda_route(moeq_backend *b, const moeq_route_params *p) {
     if (cb->err || cb->br.mode) route_valid_ids_after_error(p);
 }
 
-// moe_route_kernel's body with the engine's uint8 flags, ids and flags left in backend memory.
-__global__ void route_backend_kernel(int32_t *ids, float *weights, uint8_t *finite, const float *logits,
-                                     const float *bias, int64_t T, moeq_cu_router r) {
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    float scratch[3 * MOEQ_CU_ROUTE_MAX_EXPERTS];
-    int ok = moeq_cu_route(&r, logits + t * r.n_experts, bias, ids + t * r.top_k, weights + t * r.top_k, scratch);
-    finite[t] = (uint8_t)(ok != 0);
+// The router a warp a token (ops.cuh, "the router as a warp a token"; tests/test_cuda_ops_host.c plays its lanes):
+// moeq_cu_route's ids and weights, the scratch in shared memory (the one-thread kernel's 3 KiB of local memory a
+// thread made the driver reserve ~0.8 GB at its first launch).
+#define ROUTE_WARPS 4
+__global__ void route_warp_kernel(int32_t *ids, float *weights, uint8_t *finite, const float *logits,
+                                  const float *bias, int64_t T, moeq_cu_router r) {
+    extern __shared__ float route_smem[];
+    const unsigned all = 0xffffffffu;
+    int lane = (int)(threadIdx.x % MOEQ_CU_WARP), n = r.n_experts;
+    int64_t t = (int64_t)blockIdx.x * ROUTE_WARPS + threadIdx.x / MOEQ_CU_WARP;
+    if (t >= T) return; // the whole warp: t is the warp's
+    float *scores = route_smem + (threadIdx.x / MOEQ_CU_WARP) * (size_t)(2 * n + r.n_group);
+    float *choice = scores + n, *gscore = choice + n;
+    const float *lg = logits + t * n;
+    int fin = 1;
+    for (int i = lane; i < n; i += MOEQ_CU_WARP) {
+        float v = lg[i];
+        fin &= isfinite(v) != 0;
+        scores[i] = moeq_cu_route_score(&r, v);
+    }
+    fin = __all_sync(all, fin);
+    __syncwarp();
+    if (!r.sigmoid) { // the ascending sum: one lane
+        if (lane == 0) moeq_cu_softmax(scores, n);
+        __syncwarp();
+    }
+    for (int i = lane; i < n; i += MOEQ_CU_WARP) choice[i] = scores[i] + (bias && r.method == 2 ? bias[i] : 0.0f);
+    __syncwarp();
+    if (r.method != 0 && r.n_group > 1) {
+        int size = n / r.n_group;
+        for (int g = lane; g < r.n_group; g += MOEQ_CU_WARP)
+            gscore[g] = moeq_cu_group_score(&r, choice + g * size, size);
+        __syncwarp();
+        if (lane == 0)
+            for (int kept = 0; kept < r.topk_group; kept++) {
+                int g = moeq_cu_argmax_first(gscore, r.n_group);
+                if (g < 0) break;
+                gscore[g] = NAN;
+            }
+        __syncwarp();
+        for (int i = lane; i < n; i += MOEQ_CU_WARP)
+            if (!isnan(gscore[i / size])) choice[i] = -INFINITY;
+        __syncwarp();
+    }
+    int32_t *id = ids + t * r.top_k;
+    float *wt = weights + t * r.top_k, sum = 0.0f;
+    for (int s = 0; s < r.top_k; s++) {
+        moeq_cu_pick p = moeq_cu_pick_lane(choice, n, lane);
+        for (int m = MOEQ_CU_WARP / 2; m > 0; m >>= 1) { // every lane ends with the best: a total order's max
+            moeq_cu_pick o;
+            o.v = __shfl_xor_sync(all, p.v, m);
+            o.i = __shfl_xor_sync(all, p.i, m);
+            p = moeq_cu_pick_better(p, o);
+        }
+        if (lane == 0) {
+            int e = p.i >= 0 ? p.i : moeq_cu_first_unpicked(id, s);
+            choice[e] = -INFINITY;
+            id[s] = e, wt[s] = scores[e], sum += scores[e];
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        moeq_cu_route_weights(&r, wt, sum);
+        finite[t] = (uint8_t)fin;
+    }
 }
 
 static void route_on_backend(cuda_backend *cb, const moeq_route_params *p) {
@@ -1296,9 +1353,10 @@ static void route_on_backend(cuda_backend *cb, const moeq_route_params *p) {
              " in groups that divide them (and no host plan with on_backend)");
         return;
     }
-    route_backend_kernel<<<blocks_for(p->n_tok, 64), 64, 0, cb->stream>>>(p->ids, p->weights, p->finite, p->logits,
-                                                                          p->bias, p->n_tok, r);
-    launched(cb, "route_backend_kernel launch");
+    size_t smem = (size_t)ROUTE_WARPS * (size_t)(2 * r.n_experts + r.n_group) * sizeof(float); // <= 12 KB
+    route_warp_kernel<<<blocks_for(p->n_tok, ROUTE_WARPS), ROUTE_WARPS * MOEQ_CU_WARP, smem, cb->stream>>>(
+        p->ids, p->weights, p->finite, p->logits, p->bias, p->n_tok, r);
+    launched(cb, "route_warp_kernel launch");
 }
 
 static void route_on_device(cuda_backend *cb, const moeq_route_params *p) {

@@ -503,6 +503,54 @@ MOEQ_HD void moeq_cu_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] /= sum;
 }
 
+/* ---- the router as a warp a token ------------------------------------------------------------------------- */
+
+/*
+ * moeq_cu_route's steps split over the 32 lanes of a warp (backend_cuda.cu's route_warp_kernel), with the same
+ * helpers where order matters: per-expert scores, bias and masks lane-strided (each element its own arithmetic);
+ * the softmax's ascending sum and the top-k weights' sum by lane 0; each group's score by one lane
+ * (moeq_cu_group_score); the groups kept by lane 0 (moeq_cu_argmax_first). Each top-k pick is a warp argmax:
+ * every lane's first best among its elements, then the better of two (value by >, a tie to the lower index),
+ * which is moeq_cu_argmax_first's pick whatever the tree. The same ids and weights; one thread a token took
+ * ~40 us for 64 experts (its scratch in local memory, one chain of loads).
+ */
+#define MOEQ_CU_WARP 32
+
+typedef struct moeq_cu_pick {
+    float v;
+    int i; /* -1: no element above -inf */
+} moeq_cu_pick;
+
+/* Lane `lane`'s first best among v[lane], v[lane + 32], ...: moeq_cu_argmax_first over its elements. */
+MOEQ_HD moeq_cu_pick moeq_cu_pick_lane(const float *v, int n, int lane) {
+    moeq_cu_pick p = {-INFINITY, -1};
+    for (int i = lane; i < n; i += MOEQ_CU_WARP)
+        if (v[i] > -INFINITY && (p.i < 0 || v[i] > p.v)) p.v = v[i], p.i = i;
+    return p;
+}
+
+/* The better of two lanes' picks: a larger value, or the lower index on a tie (neither NaN). */
+MOEQ_HD moeq_cu_pick moeq_cu_pick_better(moeq_cu_pick a, moeq_cu_pick b) {
+    if (a.i < 0) return b;
+    if (b.i < 0) return a;
+    if (b.v > a.v || (!(a.v > b.v) && b.i < a.i)) return b;
+    return a;
+}
+
+/* Score of expert i (before the softmax, which lane 0 runs over all of them). */
+MOEQ_HD float moeq_cu_route_score(const moeq_cu_router *r, float logit) {
+    return r->sigmoid ? 1.0f / (1.0f + expf(-logit)) : logit;
+}
+
+/* The top-k picks' weights from their scores (lane 0): moeq_cu_route's normalisation. */
+MOEQ_HD void moeq_cu_route_weights(const moeq_cu_router *r, float *weights, float sum) {
+    int norm = r->top_k > 1 && r->norm_topk_prob;
+    for (int s = 0; s < r->top_k; s++) {
+        if (norm) weights[s] /= sum + 1e-20f;
+        if (!norm || r->scale_always) weights[s] *= r->scaling;
+    }
+}
+
 /* One token, as moeq_moe_route: scratch holds 2 * n_experts + n_group floats. Returns 1, or 0 when a logit
  * is not finite. */
 MOEQ_HD int moeq_cu_route(const moeq_cu_router *r, const float *logits, const float *bias, int32_t *ids,
@@ -510,12 +558,8 @@ MOEQ_HD int moeq_cu_route(const moeq_cu_router *r, const float *logits, const fl
     int n = r->n_experts, finite = 1;
     float *scores = scratch, *choice = scratch + n, *gscore = scratch + 2 * n;
     for (int i = 0; i < n; i++) finite &= isfinite(logits[i]) != 0;
-    if (r->sigmoid)
-        for (int i = 0; i < n; i++) scores[i] = 1.0f / (1.0f + expf(-logits[i]));
-    else {
-        for (int i = 0; i < n; i++) scores[i] = logits[i];
-        moeq_cu_softmax(scores, n);
-    }
+    for (int i = 0; i < n; i++) scores[i] = moeq_cu_route_score(r, logits[i]);
+    if (!r->sigmoid) moeq_cu_softmax(scores, n);
     for (int i = 0; i < n; i++) choice[i] = scores[i] + (bias && r->method == 2 ? bias[i] : 0.0f);
     if (r->method != 0 && r->n_group > 1) moeq_cu_mask_groups(r, choice, gscore);
     float sum = 0.0f;
@@ -527,11 +571,7 @@ MOEQ_HD int moeq_cu_route(const moeq_cu_router *r, const float *logits, const fl
         weights[s] = scores[e];
         sum += scores[e];
     }
-    int norm = r->top_k > 1 && r->norm_topk_prob;
-    for (int s = 0; s < r->top_k; s++) {
-        if (norm) weights[s] /= sum + 1e-20f;
-        if (!norm || r->scale_always) weights[s] *= r->scaling;
-    }
+    moeq_cu_route_weights(r, weights, sum);
     return finite;
 }
 
