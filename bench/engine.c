@@ -31,8 +31,8 @@ typedef struct bench_args {
     const char *model_dir, *preset, *backend;
     const char *cpu_matrix;       /* --cpu-matrix auto|lanes|amx (the engine's cpu_matrix; NULL: its default)    */
     const char *cuda_graphs;      /* --cuda-graphs off|auto|on|both (engine key; both: decode again with auto)   */
-    const char *cuda_matrix;      /* --cuda-matrix auto|lanes|both (engine key; both: decode batches <= 8 again
-                                     with lanes, the kernels auto replaces there, in the same run)             */
+    const char *cuda_matrix;      /* --cuda-matrix auto|lanes|both (engine key; both: the prefills and decode
+                                     batches again with lanes, in the same run)                                */
     int device, max_batch;
     int n_threads, prefill_tokens, decode_prompt, batches[8], n_batches;
     int prefills[4], n_prefills;  /* prompt lengths timed (--prefill-tokens 512,2048); prefill_tokens: the longest */
@@ -287,24 +287,24 @@ static void decode_with_graphs(const moeq_model *model, const bench_args *a, moe
     moeq_engine_destroy(e);
 }
 
-/* --cuda-matrix both: the decode batches of up to 8 sequences again on an engine with cuda_matrix = lanes (the first
- * ran auto, whatever the key's default): the two kernels side by side in one run. */
-static void decode_with_lanes(const moeq_model *model, const bench_args *a, moeq_engine_params p, int vocab,
-                              float *logits, double bw_gbs, size_t active) {
+/* --cuda-matrix both: the prefills and decode batches again on an engine with cuda_matrix = lanes (the first ran
+ * auto, whatever the key's default): the two kernel sets side by side in one run. */
+static void again_with_lanes(const moeq_model *model, const bench_args *a, moeq_engine_params p, int vocab,
+                             float *logits, double bw_gbs, size_t active) {
     snprintf(p.cuda_matrix, sizeof p.cuda_matrix, "lanes");
-    bench_args few = *a;
-    few.n_batches = 0;
-    for (int i = 0; i < a->n_batches; i++)
-        if (a->batches[i] <= 8) few.batches[few.n_batches++] = a->batches[i];
     moeq_engine *e = NULL;
     char err[256] = "";
     if (moeq_engine_new(model, &p, &e, err, sizeof(err))) {
-        printf(", \"decode_with_cuda_matrix_lanes_error\": \"%s\"", err);
+        printf(", \"with_cuda_matrix_lanes_error\": \"%s\"", err);
         return;
     }
-    printf(", \"decode_with_cuda_matrix_lanes\": [");
-    print_decode(e, &few, vocab, logits, bw_gbs, active);
-    printf("]");
+    printf(", \"with_cuda_matrix_lanes\": {\"prefill\": [");
+    for (int i = 0; i < a->n_prefills; i++)
+        printf("%s{\"tokens\": %d, \"tokens_per_s\": %.2f}", i ? ", " : "", a->prefills[i],
+               prefill_tps(e, vocab, a->prefills[i], logits));
+    printf("], \"decode\": [");
+    print_decode(e, a, vocab, logits, bw_gbs, active);
+    printf("]}");
     moeq_engine_destroy(e);
 }
 
@@ -365,7 +365,7 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     }
     moeq_engine_destroy(e);
     if (both) decode_with_graphs(model, a, p, vocab, logits, bw_gbs, active);
-    if (both_matrix) decode_with_lanes(model, a, p, vocab, logits, bw_gbs, active);
+    if (both_matrix) again_with_lanes(model, a, p, vocab, logits, bw_gbs, active);
     printf("}");
     free(logits);
 }
@@ -457,8 +457,8 @@ int main(int argc, char **argv) {
                         "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
                         "  --cuda-graphs     engine key cuda_graphs (default off); both: decode again with auto\n"
                         "                    (decode_with_cuda_graphs beside decode)\n"
-                        "  --cuda-matrix     engine key cuda_matrix (default auto); both: decode batches <= 8\n"
-                        "                    again with lanes (decode_with_cuda_matrix_lanes beside decode)\n"
+                        "  --cuda-matrix     engine key cuda_matrix (default lanes); both: auto, then the prefills\n"
+                        "                    and decode batches again with lanes (with_cuda_matrix_lanes)\n"
                         "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no\n"
                         "                  config.json\n");
         return 2;

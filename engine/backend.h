@@ -335,7 +335,8 @@ typedef struct moeq_backend_config {
                                captured per bucket) and launches calls of up to 256 tokens in capture-ready
                                shapes (docs/CUDA.md); the same bits; the CPU ignores it */
     int cuda_few_token;     /* cuda_matrix = auto: the CUDA backend's two-threads-a-row kernels for products of <= 8
-                               tokens (0: its 16-lane kernels at every size); the same bits; the CPU ignores it */
+                               tokens and 32 x 32 shared-memory tiles for more (0: its 16-lane kernels at every
+                               size); the same bits; the CPU ignores it */
 } moeq_backend_config;
 
 /*

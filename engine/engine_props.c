@@ -62,10 +62,10 @@ const moeq_prop moeq_engine_params_props[] = {
      "Batch-invariant: the same bits as off (tested on an H100, 2026-12-05, where decode ran 0.99-1.12x the speed "
      "of off: the steps' time is in the kernels, not their launches; docs/CUDA.md)"},
     {"cuda_matrix", MOEQ_PROP_STR, P(cuda_matrix), 0, 0, "lanes",
-     "the CUDA backend's own products of up to 8 tokens (decode steps of up to 8 sequences, experts with few "
-     "tokens): \"lanes\" (the 16-lane kernels at every size, run on an H100) or \"auto\" (BF16/F8 weights "
-     "whose rows are a multiple of 16: two threads a weight row, 16-byte loads in flight ahead of their "
-     "multiply-adds; host-tested for the same bits, not yet run on a device: the default once a device run "
+     "the CUDA backend's own matrix products: \"lanes\" (the 16-lane kernels at every size, run on an H100) or "
+     "\"auto\" (up to 8 tokens, BF16/F8 weights whose rows are a multiple of 16: two threads a weight row, "
+     "16-byte loads in flight ahead of their multiply-adds; more tokens: 32 x 32 tiles with both operands staged "
+     "in shared memory; host-tested for the same bits, not yet run on a device: the default once a device run "
      "confirms it); the same bits either way (docs/CUDA.md)"},
     MOEQ_PROP_END,
 };

@@ -285,9 +285,10 @@ try:
                                 "decode": [pick(d, ("batch", "tokens_per_s", "fraction_of_roofline")) for d in m.get("decode", [])],
                                 "decode_with_cuda_graphs": [pick(d, ("batch", "tokens_per_s"))
                                                             for d in m.get("decode_with_cuda_graphs", [])],
-                                "decode_with_cuda_matrix_lanes": [
-                                    pick(d, ("batch", "tokens_per_s", "fraction_of_roofline"))
-                                    for d in m.get("decode_with_cuda_matrix_lanes", [])],
+                                "with_cuda_matrix_lanes": {
+                                    "prefill": (m.get("with_cuda_matrix_lanes") or {}).get("prefill"),
+                                    "decode": [pick(d, ("batch", "tokens_per_s", "fraction_of_roofline"))
+                                               for d in (m.get("with_cuda_matrix_lanes") or {}).get("decode", [])]},
                                 "cuda_graphs_backend_info": m.get("cuda_graphs_backend_info"),
                                 "decode_at_context": m.get("decode_at_context")}
     if not bench["modes"]: bench["error"] = "no mode ran: " + (bench_why or "see gpu-check.log")

@@ -924,6 +924,120 @@ static moeq_tensor bf16_tensor(int64_t rows, int64_t cols) {
                          .nbytes = (size_t)(rows * cols) * 2};
 }
 
+/* One block of backend_cuda.cu's mt_tile on the host: stages into the two shared arrays (all 256 threads, in
+ * reverse order: the order does not matter), each thread's chunks, then each half-warp's butterfly; y as mt_tile
+ * writes it. */
+static void mt_tile_emulated(float *y, int64_t ldy, int64_t ycol0, const float *x, int64_t ldx, int dtype,
+                             const void *W, const float *scale, int64_t K, int64_t o0, int64_t o_end, int64_t t0,
+                             int64_t t_end) {
+    static float ws[MOEQ_CU_MT_ROWS * MOEQ_CU_MT_LD], xs[MOEQ_CU_MT_TOK * MOEQ_CU_MT_LD];
+    static float acc[MOEQ_CU_MT_THREADS][64];
+    memset(acc, 0, sizeof acc);
+    for (int64_t c0 = 0, nc = moeq_cu_chunks(K); c0 < nc; c0 += MOEQ_CU_MT_CH) {
+        for (int i = 0; i < MOEQ_CU_MT_ROWS * MOEQ_CU_MT_LD; i++) ws[i] = xs[i] = NAN; /* padding is never read */
+        for (int tid = MOEQ_CU_MT_THREADS - 1; tid >= 0; tid--)
+            moeq_cu_mt_stage(ws, xs, tid, MOEQ_CU_MT_THREADS, dtype, W, scale, K, o0, o_end, x, ldx, t0, t_end, c0);
+        for (int tid = 0; tid < MOEQ_CU_MT_THREADS; tid++) {
+            int g = tid / MOEQ_CU_LANES;
+            moeq_cu_mt_compute(acc[tid], ws, xs, tid % MOEQ_CU_LANES, g % 4, g / 4, moeq_cu_mt_stage_chunks(K, c0));
+        }
+    }
+    for (int g = 0; g < MOEQ_CU_MT_THREADS / MOEQ_CU_LANES; g++)
+        for (int q = 0; q < 64; q++) {
+            float v[MOEQ_CU_LANES];
+            for (int l = 0; l < MOEQ_CU_LANES; l++) v[l] = acc[g * MOEQ_CU_LANES + l][q];
+            moeq_cu_butterfly16(v);
+            int64_t o = o0 + (g % 4) * 8 + q / 8, t = t0 + (g / 4) * 8 + q % 8;
+            if (o < o_end && t < t_end) y[t * ldy + (o - ycol0)] = v[0];
+        }
+}
+
+/* The many-token kernels (mt_nt_kernel, mt_grouped_kernel): 32 x 32 tiles, 256 threads each keeping one lane of an
+ * 8 x 8 block of outputs, operands staged 8 chunks at a time into shared memory (F8 weights as q / 256,
+ * activations scaled by the tile's block scale), zeros past K. Played on the host over K of one partial chunk, a
+ * stage's tail, stages and a tail, 1,024; partial tiles of rows and tokens; row0 at multiples of 32 (F8: rows past
+ * 128 with other scales); BF16, F8 and F32: the CPU backend's bits. Then a grouped call's 32-token items
+ * (moeq_cu_mt_item) over experts of 0..70 rows against the CPU's per-expert products. */
+static void many_token_nt_tiles_give_the_cpu_backends_bits(void **state) {
+    (void)state;
+    const int64_t Ks[] = {1, 15, 17, 128, 200, 1024}, rows = 300, Ts[] = {9, 32, 45}, r0s[] = {0, 32, 160};
+    moeq_backend *cpu = cpu_backend(16);
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            int64_t K = Ks[ki], rb = (rows + 127) / 128, kb = (K + 127) / 128;
+            int dtype = dt == 0 ? MOEQ_CU_DTYPE_BF16 : dt == 1 ? MOEQ_CU_DTYPE_F8_E4M3 : MOEQ_CU_DTYPE_F32;
+            size_t es = dt == 0 ? 2 : dt == 1 ? 1 : 4;
+            void *q = malloc((size_t)(rows * K) * es);
+            float *scale = malloc((size_t)(rb * kb) * sizeof(float));
+            for (int64_t i = 0; i < rb * kb; i++) scale[i] = (float)(1 + i) / 448.0f;
+            for (int64_t i = 0; i < rows * K; i++) {
+                if (dt == 0) ((uint16_t *)q)[i] = (uint16_t)(moeq_cu_f32_bits(frand() * 0.5f) >> 16);
+                else if (dt == 1) ((uint8_t *)q)[i] = moeq_f32_to_f8_e4m3(frand() * 400.0f);
+                else ((float *)q)[i] = frand();
+            }
+            moeq_tensor st = {.name = "s", .dtype = MOEQ_DTYPE_F32, .ndim = 2, .shape = {rb, kb}, .data = scale,
+                              .nbytes = (size_t)(rb * kb) * 4};
+            moeq_tensor w = {.name = "w", .dtype = dt == 0 ? MOEQ_DTYPE_BF16 : dt == 1 ? MOEQ_DTYPE_F8_E4M3
+                                                                                         : MOEQ_DTYPE_F32,
+                             .ndim = 2, .shape = {rows, K}, .data = q, .nbytes = (size_t)(rows * K) * es,
+                             .scale_inv = dt == 1 ? &st : NULL};
+            const float *sc = dt == 1 ? scale : NULL;
+            for (int ti = 0; ti < 3; ti++)
+                for (int ri = 0; ri < 3; ri++) {
+                    int64_t T = Ts[ti], r0 = r0s[ri], n = rows - r0 < 70 ? rows - r0 : 70, ldx = K + 3;
+                    float *x = malloc((size_t)(T * ldx) * sizeof(float));
+                    float *y = malloc((size_t)(T * n) * sizeof(float)), *want = malloc((size_t)(T * n) * sizeof(float));
+                    for (int64_t i = 0; i < T * ldx; i++) x[i] = frand();
+                    moeq_mm_job j = {&w, r0, n, x, ldx, want, n, T};
+                    cpu->matmul(cpu, &j, 1);
+                    for (int64_t i = 0; i < T * n; i++) y[i] = NAN;
+                    for (int64_t bx = 0; bx * MOEQ_CU_MT_ROWS < n; bx++) /* mt_nt_kernel's grid */
+                        for (int64_t by = 0; by * MOEQ_CU_MT_TOK < T; by++)
+                            mt_tile_emulated(y, n, r0, x, ldx, dtype, q, sc, K, r0 + bx * MOEQ_CU_MT_ROWS, r0 + n,
+                                             by * MOEQ_CU_MT_TOK, T);
+                    char what[80];
+                    snprintf(what, sizeof what, "many-token NT, dtype %d, K %lld, T %lld, row0 %lld", dtype,
+                             (long long)K, (long long)T, (long long)r0);
+                    assert_same_bits(y, want, (size_t)(T * n), what);
+                    free(x), free(y), free(want);
+                }
+            free(q), free(scale);
+        }
+    /* grouped: experts of 0, 1, 31, 32, 33, 70 rows, each [O, Kd] bf16; the items in expert order */
+    enum { E = 6, O = 40, Kd = 48 };
+    const int64_t cnt[E] = {0, 1, 31, 32, 33, 70};
+    int64_t offsets[E + 1] = {0};
+    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + cnt[e];
+    int64_t S = offsets[E];
+    moeq_tensor t[E];
+    float *x = malloc((size_t)(S * Kd) * sizeof(float)), *y = malloc((size_t)(S * O) * sizeof(float));
+    float *want = malloc((size_t)(S * O) * sizeof(float));
+    for (int64_t i = 0; i < S * Kd; i++) x[i] = frand();
+    for (int e = 0; e < E; e++) {
+        t[e] = bf16_tensor(O, Kd);
+        if (cnt[e] == 0) continue;
+        moeq_mm_job j = {&t[e], 0, O, x + offsets[e] * Kd, Kd, want + offsets[e] * O, O, cnt[e]};
+        cpu->matmul(cpu, &j, 1);
+    }
+    for (int64_t i = 0; i < S * O; i++) y[i] = NAN;
+    int64_t cap = moeq_cu_moe_tile_cap(S, E, MOEQ_CU_MT_TOK), items = 0;
+    for (int64_t by = 0; by < cap; by++) { /* mt_grouped_kernel's grid */
+        int64_t jt = -1;
+        int e = moeq_cu_mt_item(offsets, E, by, &jt);
+        if (e < 0) continue;
+        items++;
+        assert_true(jt * MOEQ_CU_MT_TOK < cnt[e]);
+        for (int64_t bx = 0; bx * MOEQ_CU_MT_ROWS < O; bx++)
+            mt_tile_emulated(y + offsets[e] * O, O, 0, x + offsets[e] * Kd, Kd, MOEQ_CU_DTYPE_BF16, t[e].data, NULL,
+                             Kd, bx * MOEQ_CU_MT_ROWS, O, jt * MOEQ_CU_MT_TOK, cnt[e]);
+    }
+    assert_int_equal(items, 0 + 1 + 1 + 1 + 2 + 3); /* every expert's tiles, each once, within the capacity */
+    assert_same_bits(y, want, (size_t)(S * O), "many-token grouped");
+    for (int e = 0; e < E; e++) free((void *)t[e].data);
+    free(x), free(y), free(want);
+    moeq_backend_destroy(cpu);
+}
+
 /*
  * The whole CUDA moe_experts op played on the host (the plan, the gather's index, the grouped GEMMs over the
  * capacity's items, the shared expert as a plain matmul grid, SiLU, the combine) against the CPU backend's
@@ -1862,6 +1976,7 @@ int main(void) {
         cmocka_unit_test(gather_and_combine_grids_give_the_cpu_backends_bits),
         cmocka_unit_test(f8_block_scales_by_absolute_row_give_the_cpu_backends_products_for_row_ranges),
         cmocka_unit_test(few_token_nt_threads_give_the_cpu_backends_bits),
+        cmocka_unit_test(many_token_nt_tiles_give_the_cpu_backends_bits),
         cmocka_unit_test(moe_plan_and_work_list_helpers_match_a_plain_c_model_over_many_shapes),
         cmocka_unit_test(moe_experts_grids_emulated_give_the_cpu_ops_bits),
         cmocka_unit_test(logits_through_download_in_chunks_equal_the_direct_logits),

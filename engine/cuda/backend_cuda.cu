@@ -482,6 +482,42 @@ __global__ void mv_nt_kernel(float *y, int64_t ldy, const float *x, int64_t ldx,
     }
 }
 
+// A 32 x 32 tile of y (ops.cuh's many-token NT): weight rows o0 .. (valid below o_end, absolute), tokens t0 ..
+// (below t_end) of x; y[(t) * ldy + (o - ycol0)]. The stages run in chunk order, so each lane's chain is in order.
+template <int DT>
+__device__ void mt_tile(float *y, int64_t ldy, int64_t ycol0, const float *x, int64_t ldx, const void *W,
+                        const float *scale, int64_t K, int64_t o0, int64_t o_end, int64_t t0, int64_t t_end) {
+    __shared__ float ws[MOEQ_CU_MT_ROWS * MOEQ_CU_MT_LD], xs[MOEQ_CU_MT_TOK * MOEQ_CU_MT_LD];
+    int tid = (int)threadIdx.x, lane = tid % MOEQ_CU_LANES, g = tid / MOEQ_CU_LANES, gr = g % 4, gt = g / 4;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int64_t c0 = 0, nc = moeq_cu_chunks(K); c0 < nc; c0 += MOEQ_CU_MT_CH) {
+        __syncthreads(); // the last stage's reads are done
+        moeq_cu_mt_stage(ws, xs, tid, MOEQ_CU_MT_THREADS, DT, W, scale, K, o0, o_end, x, ldx, t0, t_end, c0);
+        __syncthreads();
+        moeq_cu_mt_compute(acc, ws, xs, lane, gr, gt, moeq_cu_mt_stage_chunks(K, c0));
+    }
+#pragma unroll
+    for (int q = 0; q < 64; q++) { // the butterfly over the half-warp's 16 lanes; lane q % 16 writes output q
+        float v = moeq_cu_tree16_shfl(acc[q], 0xffffffffu);
+        int64_t o = o0 + gr * 8 + q / 8, t = t0 + gt * 8 + q % 8;
+        if (q % MOEQ_CU_LANES == lane && o < o_end && t < t_end) y[t * ldy + (o - ycol0)] = v;
+    }
+}
+
+// Many-token NT over rows [row0, row0 + O) of W: block (bx, by) the tile of rows row0 + 32 bx .., tokens 32 by ...
+template <int DT>
+__global__ void __launch_bounds__(MOEQ_CU_MT_THREADS) mt_nt_kernel(float *y, int64_t ldy, const float *x,
+                                                                   int64_t ldx, const void *W, const float *scale,
+                                                                   int64_t K, int64_t row0, int64_t O, int64_t T,
+                                                                   mm_z z) {
+    y += blockIdx.z * z.dy, x += blockIdx.z * z.dx, row0 += blockIdx.z * z.drow;
+    for (int64_t by = blockIdx.y; by * MOEQ_CU_MT_TOK < T; by += gridDim.y) // uniform per block
+        mt_tile<DT>(y, ldy, row0, x, ldx, W, scale, K, row0 + (int64_t)blockIdx.x * MOEQ_CU_MT_ROWS, row0 + O,
+                    by * MOEQ_CU_MT_TOK, T);
+}
+
 // NN, the CPU's order (one fma chain over the rows from 0): y[t, c] = sum_r x[t, r] W[row0 + r, c].
 template <int DT>
 __global__ void mm_nn_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const void *W, const float *scale,
@@ -543,11 +579,41 @@ static void mv_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const f
     launched(cb, "mv_nt_kernel launch");
 }
 
+// Whether the many-token kernels take a product of more than 8 tokens: not switched off (cuda_matrix), and F8
+// tiles within one 128-row scale block (row0 a multiple of 32: every tile's 32 rows then are, as its rows'
+// activations are scaled once a stage).
+static int mt_takes(const cuda_backend *cb, int dtype, int64_t row0, int nz, int64_t drow) {
+    return cb->mv && dtype != MOEQ_DTYPE_Q8R &&
+           (dtype != MOEQ_DTYPE_F8_E4M3 || (row0 % MOEQ_CU_MT_ROWS == 0 && (nz < 2 || drow % MOEQ_CU_MT_ROWS == 0)));
+}
+
+static void mt_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale, int nz, mm_z z) {
+    int64_t K = moeq_tensor_cols(j->w);
+    dim3 grid((unsigned)((j->n_rows + MOEQ_CU_MT_ROWS - 1) / MOEQ_CU_MT_ROWS),
+              grid_y_for((j->n_tok + MOEQ_CU_MT_TOK - 1) / MOEQ_CU_MT_TOK), (unsigned)nz);
+    cudaStream_t s = cb->stream;
+#define MT_NT(DT)                                                                                                   \
+    mt_nt_kernel<DT><<<grid, MOEQ_CU_MT_THREADS, 0, s>>>(j->y, j->ldy, j->x, j->ldx, W, scale, K, j->row0,           \
+                                                         j->n_rows, j->n_tok, z)
+    switch (j->w->dtype) {
+    case MOEQ_DTYPE_F32: MT_NT(MOEQ_CU_DTYPE_F32); break;
+    case MOEQ_DTYPE_BF16: MT_NT(MOEQ_CU_DTYPE_BF16); break;
+    case MOEQ_DTYPE_F16: MT_NT(MOEQ_CU_DTYPE_F16); break;
+    default: MT_NT(MOEQ_CU_DTYPE_F8_E4M3); break;
+    }
+#undef MT_NT
+    launched(cb, "mt_nt_kernel launch");
+}
+
 static void own_nt(cuda_backend *cb, const moeq_mm_job *j, const void *W, const float *scale, int nz, mm_z z) {
     int64_t K = moeq_tensor_cols(j->w);
     if (j->n_tok <= MOEQ_CU_MV_MAX_TOK && mv_takes(cb, (int)j->w->dtype, K, j->x, j->ldx, nz > 1 ? z.dx : 0)) {
         if (j->w->dtype == MOEQ_DTYPE_BF16) mv_nt<MOEQ_CU_DTYPE_BF16>(cb, j, W, scale, nz, z);
         else mv_nt<MOEQ_CU_DTYPE_F8_E4M3>(cb, j, W, scale, nz, z);
+        return;
+    }
+    if (j->n_tok > MOEQ_CU_MV_MAX_TOK && mt_takes(cb, (int)j->w->dtype, j->row0, nz, z.drow)) {
+        mt_nt(cb, j, W, scale, nz, z);
         return;
     }
     dim3 grid((unsigned)moeq_cu_mm_grid_x(j->n_rows), grid_y_for(moeq_cu_mm_grid_y(j->n_tok)), (unsigned)nz);
@@ -1506,6 +1572,23 @@ __global__ void mv_grouped_kernel(float *y, const float *x, int64_t K, int64_t O
     }
 }
 
+// The grouped experts' many-token tiles: block (bx, y) takes item y (an expert and one of its 32-token tiles,
+// ops.cuh's moeq_cu_mt_item; past the last the block idles) and rows 32 bx .. of that expert's weight.
+template <int DT>
+__global__ void __launch_bounds__(MOEQ_CU_MT_THREADS) mt_grouped_kernel(float *y, const float *x, int64_t K,
+                                                                        int64_t O, const void *const *W,
+                                                                        const float *const *scale,
+                                                                        const int64_t *offsets, int E, int64_t cap) {
+    for (int64_t by = blockIdx.y; by < cap; by += gridDim.y) { // uniform per block
+        int64_t jt = 0;
+        int e = moeq_cu_mt_item(offsets, E, by, &jt);
+        if (e < 0) break; // past the last item: so is every later one
+        int64_t o0 = offsets[e];
+        mt_tile<DT>(y + o0 * O, O, 0, x + o0 * K, K, W[e], scale[e], K, (int64_t)blockIdx.x * MOEQ_CU_MT_ROWS, O,
+                    jt * MOEQ_CU_MT_TOK, offsets[e + 1] - o0);
+    }
+}
+
 template <int DT>
 static void mv_grouped(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t O, const void *const *W,
                        const float *const *scale, const int64_t *offsets, const int64_t *tile_first, int E,
@@ -1524,10 +1607,29 @@ static void mv_grouped(cuda_backend *cb, float *y, const float *x, int64_t K, in
     launched(cb, "mv_grouped_kernel launch");
 }
 
-// T: the call's tokens (an expert's rows are at most that many).
+template <int DT>
+static void mt_grouped(cuda_backend *cb, float *y, const float *x, int64_t K, int64_t O, const void *const *W,
+                       const float *const *scale, const int64_t *offsets, int E, int64_t S) {
+    int64_t cap = moeq_cu_moe_tile_cap(S, E, MOEQ_CU_MT_TOK);
+    dim3 grid((unsigned)((O + MOEQ_CU_MT_ROWS - 1) / MOEQ_CU_MT_ROWS), grid_y_for(cap));
+    mt_grouped_kernel<DT><<<grid, MOEQ_CU_MT_THREADS, 0, cb->stream>>>(y, x, K, O, W, scale, offsets, E, cap);
+    launched(cb, "mt_grouped_kernel launch");
+}
+
+// T: the call's tokens (an expert's rows are at most that many); S: its slots (T * top_k).
 static void grouped_nt(cuda_backend *cb, int dtype, float *y, const float *x, int64_t K, int64_t O,
                        const void *const *W, const float *const *scale, const int64_t *offsets,
-                       const int64_t *tile_first, int E, int64_t cap, int64_t T) {
+                       const int64_t *tile_first, int E, int64_t cap, int64_t T, int64_t S) {
+    // experts of 16 tokens or more on average: the 32-token tiles (with fewer, most of each tile would idle)
+    if (T > MOEQ_CU_MV_MAX_TOK && S >= 16 * (int64_t)E && mt_takes(cb, dtype, 0, 1, 0)) {
+        switch (dtype) {
+        case MOEQ_DTYPE_F32: mt_grouped<MOEQ_CU_DTYPE_F32>(cb, y, x, K, O, W, scale, offsets, E, S); break;
+        case MOEQ_DTYPE_BF16: mt_grouped<MOEQ_CU_DTYPE_BF16>(cb, y, x, K, O, W, scale, offsets, E, S); break;
+        case MOEQ_DTYPE_F16: mt_grouped<MOEQ_CU_DTYPE_F16>(cb, y, x, K, O, W, scale, offsets, E, S); break;
+        default: mt_grouped<MOEQ_CU_DTYPE_F8_E4M3>(cb, y, x, K, O, W, scale, offsets, E, S); break;
+        }
+        return;
+    }
     if (T <= MOEQ_CU_MV_MAX_TOK && mv_takes(cb, dtype, K, x, K, 0)) {
         if (dtype == MOEQ_DTYPE_BF16)
             mv_grouped<MOEQ_CU_DTYPE_BF16>(cb, y, x, K, O, W, scale, offsets, tile_first, E, cap, T);
@@ -1625,8 +1727,8 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
     if (!launched(cb, "gather_kernel launch (moe_experts)")) return;
     const moeq_expert *sh = p->shared && p->shared->gate_proj ? p->shared : NULL;
     int64_t SI = sh ? moeq_tensor_rows(sh->gate_proj) : 0;
-    grouped_nt(cb, dtype, p->g, p->xg, D, MI, wg, sg, offsets, tile_first, E, cap, T);
-    grouped_nt(cb, dtype, p->u, p->xg, D, MI, wu, su, offsets, tile_first, E, cap, T);
+    grouped_nt(cb, dtype, p->g, p->xg, D, MI, wg, sg, offsets, tile_first, E, cap, T, S);
+    grouped_nt(cb, dtype, p->u, p->xg, D, MI, wu, su, offsets, tile_first, E, cap, T, S);
     if (sh) {
         shared_nt(cb, sh->gate_proj, p->x, D, p->g + S * MI, SI, T);
         shared_nt(cb, sh->up_proj, p->x, D, p->u + S * MI, SI, T);
@@ -1636,7 +1738,7 @@ static void cuda_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) 
         fail(cb, MOEQ_ERR_INTERNAL, "silu_mul kernel launch failed%s%s", " (moe_experts)", "");
         return;
     }
-    grouped_nt(cb, dtype, p->down, p->g, MI, D, wd, sd, offsets, tile_first, E, cap, T);
+    grouped_nt(cb, dtype, p->down, p->g, MI, D, wd, sd, offsets, tile_first, E, cap, T, S);
     if (sh) shared_nt(cb, sh->down_proj, p->g + S * MI, SI, p->down + S * D, D, T);
     if (cb->err) return;
     combine_kernel<<<blocks_for(T * D, 256), 256, 0, cb->stream>>>(p->out, p->down, p->slot_row, p->weights,
@@ -2071,8 +2173,9 @@ static void create_on_device(cuda_backend *cb) {
     snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
              "; products of <= 8 tokens: %s; MoE layers: moe_experts on the device (own grouped kernel, no host "
              "round trip)",
-             cb->mv ? "two threads a row, 16-byte loads (cuda_matrix = auto; BF16/F8, rows of 16k)"
-                    : "16-lane kernels (cuda_matrix = lanes)");
+             cb->mv ? "two threads a row, 16-byte loads, BF16/F8 rows of 16k; more: 32 x 32 shared-memory tiles "
+                      "(cuda_matrix = auto)"
+                    : "16-lane kernels, as more (cuda_matrix = lanes)");
     cb->n_gb = moeq_cu_graph_buckets(T, cb->gsize);
 }
 

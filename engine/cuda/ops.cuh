@@ -436,6 +436,84 @@ MOEQ_HD float moeq_cu_mv_reduce(const float *lo, const float *hi) {
 /* The smallest tile of 1, 2, 4 or 8 tokens that holds n (n <= 8). */
 MOEQ_HD int moeq_cu_mv_tile(int64_t n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
 
+/* ---- many-token NT: 32 x 32 output tiles, operands staged in shared memory ------------------------------------- */
+
+/*
+ * For more than 8 tokens (prefill chunks, large decode batches, experts with many tokens): a block of 256 threads
+ * takes 32 weight rows x 32 tokens. Thread (lane l = tid % 16, group g = tid / 16) keeps lane l of an 8 x 8 block
+ * of those outputs (rows 8 (g % 4) .., tokens 8 (g / 4) ..), 64 accumulators, so that each operand it reads from
+ * shared memory feeds 8 multiply-adds (the 16-lane kernels read both operands from global memory, one
+ * multiply-add each). Stages of MOEQ_CU_MT_CH chunks: the block widens the weights (F8: q / 256) and scales the
+ * activations (F8: x * 256 * scale, the tile's rows sharing one 128-row scale block) into shared memory, as the
+ * lanes' chains take them; places past K hold zeros, which is moeq_cu_lane_fma's fmaf(0, 0, acc) there. Every
+ * lane's chain is the 16-lane kernels' fmaf sequence in chunk order, and the tree over a half-warp's 16 lanes is
+ * the butterfly: the same bits (tests/test_backend_cuda_host.c plays a block's threads).
+ */
+#define MOEQ_CU_MT_ROWS 32
+#define MOEQ_CU_MT_TOK 32
+#define MOEQ_CU_MT_THREADS 256
+#define MOEQ_CU_MT_CH 8 /* chunks a stage */
+/* floats a staged row, padded so that rows 8 apart start 16 banks apart: a warp's two 8-row groups read disjoint
+ * banks of the weights (its 16 lanes read 16 consecutive floats of a row) */
+#define MOEQ_CU_MT_LD (MOEQ_CU_MT_CH * MOEQ_CU_LANES + 2)
+
+/* Stage [c0, c0 + MOEQ_CU_MT_CH) chunks (those past K: zeros) of weight rows o0 .. o0 + 32 of W (absolute rows,
+ * valid below o_end) into ws and of tokens t0 .. t0 + 32 of x (valid below t_end) into xs: thread tid of
+ * nthreads fills elements tid, tid + nthreads, ... The F8 factor is that of row o0's scale block. */
+MOEQ_HD void moeq_cu_mt_stage(float *ws, float *xs, int tid, int nthreads, int dtype, const void *W,
+                              const float *scale_inv, int64_t K, int64_t o0, int64_t o_end, const float *x,
+                              int64_t ldx, int64_t t0, int64_t t_end, int64_t c0) {
+    for (int idx = tid; idx < MOEQ_CU_MT_ROWS * MOEQ_CU_MT_CH * MOEQ_CU_LANES; idx += nthreads) {
+        int r = idx / (MOEQ_CU_MT_CH * MOEQ_CU_LANES), kk = idx % (MOEQ_CU_MT_CH * MOEQ_CU_LANES);
+        int64_t k = c0 * MOEQ_CU_LANES + kk, o = o0 + r, t = t0 + r;
+        float w = 0.0f, a = 0.0f;
+        if (k < K && o < o_end)
+            w = dtype == MOEQ_CU_DTYPE_F8_E4M3 ? moeq_cu_f8_e4m3_to_f32(((const uint8_t *)W)[o * K + k]) * 0x1p-8f
+                                               : moeq_cu_widen(dtype, W, scale_inv, K, o, k);
+        if (k < K && t < t_end) {
+            a = x[t * ldx + k];
+            if (dtype == MOEQ_CU_DTYPE_F8_E4M3) a *= 256.0f * moeq_cu_f8_scale(scale_inv, K, o0, k);
+        }
+        ws[r * MOEQ_CU_MT_LD + kk] = w;
+        xs[r * MOEQ_CU_MT_LD + kk] = a;
+    }
+}
+
+/* Thread (lane, rows 8 gr .., tokens 8 gt ..): n_ch staged chunks into acc[i * 8 + j] (row i, token j). */
+MOEQ_HD void moeq_cu_mt_compute(float *acc, const float *ws, const float *xs, int lane, int gr, int gt, int n_ch) {
+    for (int c = 0; c < n_ch; c++) {
+        float xv[8];
+        MOEQ_CU_UNROLL
+        for (int j = 0; j < 8; j++) xv[j] = xs[(gt * 8 + j) * MOEQ_CU_MT_LD + c * MOEQ_CU_LANES + lane];
+        MOEQ_CU_UNROLL
+        for (int i = 0; i < 8; i++) {
+            float wv = ws[(gr * 8 + i) * MOEQ_CU_MT_LD + c * MOEQ_CU_LANES + lane];
+            MOEQ_CU_UNROLL
+            for (int j = 0; j < 8; j++) acc[i * 8 + j] = fmaf(xv[j], wv, acc[i * 8 + j]);
+        }
+    }
+}
+
+/* Chunks of a stage from c0 that the chain takes: at most MOEQ_CU_MT_CH, none past the last (partial) chunk. */
+MOEQ_HD int moeq_cu_mt_stage_chunks(int64_t K, int64_t c0) {
+    int64_t left = moeq_cu_chunks(K) - c0;
+    return left < MOEQ_CU_MT_CH ? (int)left : MOEQ_CU_MT_CH;
+}
+
+/* Item y of a grouped call's 32-token tiles, in expert order (offsets: the plan's, E + 1 of them): its expert
+ * and *tile, or -1 past the last. A block finds its own: at most E steps. */
+MOEQ_HD int moeq_cu_mt_item(const int64_t *offsets, int E, int64_t y, int64_t *tile) {
+    for (int e = 0; e < E; e++) {
+        int64_t n = (offsets[e + 1] - offsets[e] + MOEQ_CU_MT_TOK - 1) / MOEQ_CU_MT_TOK;
+        if (y < n) {
+            *tile = y;
+            return e;
+        }
+        y -= n;
+    }
+    return -1;
+}
+
 /* ---- router (moe.c) ------------------------------------------------------------------------ */
 
 #define MOEQ_CU_ROUTE_MAX_EXPERTS 256

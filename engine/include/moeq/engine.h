@@ -121,11 +121,11 @@ typedef struct moeq_engine_params {
     char cuda_graphs[8];       /* CUDA graphs for decode steps of <= 256 sequences: "off"
                                   (default), "auto" (where the backend has them) or
                                   "on" (fails on a backend without them); docs/CUDA.md */
-    char cuda_matrix[8];       /* the CUDA backend's own products of <= 8 tokens: "lanes"
-                                  (default: the 16-lane kernels at every size) or "auto"
-                                  (two threads a weight row with 16-byte loads, BF16/F8
-                                  weights; not yet run on a device); the same bits either
-                                  way; docs/CUDA.md */
+    char cuda_matrix[8];       /* the CUDA backend's own matrix products: "lanes" (default:
+                                  the 16-lane kernels at every size) or "auto" (<= 8
+                                  tokens: two threads a weight row with 16-byte loads;
+                                  more: 32 x 32 tiles staged in shared memory; not yet run
+                                  on a device); the same bits either way; docs/CUDA.md */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
