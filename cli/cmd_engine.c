@@ -11,11 +11,16 @@
 
 #include "moeq/engine.h"
 #include "moeq/tokenizer.h"
+#ifdef MOEQ_WORKER_SHELL /* --response-format: the worker's processor (a build with the worker) */
+#include "decode_proc.h"
+#include "moeq/grammar.h"
+#include "moeq/job.h"
+#endif
 
 typedef struct engine_args {
     const char *model_dir, *prompt, *tokens;
     int max_new_tokens, top, n_threads, batch_invariant, mtp_k, mtp_rejection, max_model_len, device;
-    const char *backend, *mtp_draft;
+    const char *backend, *mtp_draft, *response_format;
     moeq_sampling_params sampling;
 } engine_args;
 
@@ -40,6 +45,11 @@ static void generate_usage(FILE *out) {
                  "                      the MTP layer's projections and head, int8 rows where the CPU\n"
                  "                      has AVX512-VNNI, else F8 E4M3), e4m3 (F8 E4M3 copies) or\n"
                  "                      exact; the same tokens\n"
+                 "  --response-format J structured output as a job's response_format, J its JSON or\n"
+                 "                      @FILE: {\"type\":\"json_object\"}, {\"type\":\"json_schema\",\n"
+                 "                      \"json_schema\":{\"schema\":{...}}}, {\"type\":\"regex\",\"pattern\":P}\n"
+                 "                      or {\"type\":\"choice\",\"choices\":[...]} (schemas/job.md); the text\n"
+                 "                      is complete within --max-new-tokens; needs the model's tokenizer\n"
                  "  --max-model-len N   context: prompt + max-new-tokens at most N (default 0 = the\n"
                  "                      model's max_position_embeddings, never more); refused, not cut\n"
                  "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}; text is\n"
@@ -85,6 +95,7 @@ static int parse_args(int argc, char **argv, engine_args *a) {
         else if (!strcmp(k, "--mtp")) a->mtp_k = atoi(v);
         else if (!strcmp(k, "--mtp-draft")) a->mtp_draft = v;
         else if (!strcmp(k, "--max-model-len")) a->max_model_len = atoi(v);
+        else if (!strcmp(k, "--response-format")) a->response_format = v;
         else return -1;
     }
     return a->model_dir ? 0 : -1;
@@ -179,6 +190,9 @@ static int session_open(session *s, const engine_args *a, int extra_tokens, cons
     if (draft) snprintf(p.mtp_draft, sizeof p.mtp_draft, "%s", draft);
     p.max_model_len = a->max_model_len;
     p.max_step_tokens = s->n_ids < 512 ? s->n_ids : 512;
+    /* an MTP verify step is the token and its k drafts: a shorter prompt left the engine too narrow for it (a
+     * one-token prompt with --mtp 1 failed with "step of 2 tokens exceeds max_step_tokens 1") */
+    if (p.max_step_tokens < 1 + a->mtp_k) p.max_step_tokens = 1 + a->mtp_k;
     if ((rc = moeq_engine_new(s->model, &p, &s->engine, err, sizeof(err))))
         return fprintf(stderr, "moeq %s: engine: %s: %s\n", cmd, moeq_err_str(rc), err), 1;
     int ctx = moeq_engine_max_model_len(s->engine);
@@ -189,6 +203,107 @@ static int session_open(session *s, const engine_args *a, int extra_tokens, cons
                        cmd, s->n_ids, extra_tokens, ctx, a->max_model_len ? " / --max-model-len" : ""),
                1;
     return 0;
+}
+
+/* --response-format: the text, decoded and validated as the worker decodes a job's field, compiled against the
+ * tokenizer's vocabulary, and the worker's logits processor (worker/decode_proc.h) as the sampler's hook. */
+typedef struct constraint {
+    const moeq_tokenizer *tok;
+    int32_t eos;
+#ifdef MOEQ_WORKER_SHELL
+    moeq_grammar_vocab *vocab;
+    moeq_grammar *grammar;
+    moeq_decode_proc *proc;
+#endif
+    moeq_sampler_hook hook;
+} constraint;
+
+#ifdef MOEQ_WORKER_SHELL
+static int constraint_token(void *ctx, int32_t id, const char **bytes, size_t *len) {
+    const constraint *c = ctx;
+    if (id == c->eos) return -1; /* the end is the processor's to allow, as in the worker */
+    return moeq_tokenizer_token_bytes(c->tok, id, bytes, len) == 0 ? 0 : -1;
+}
+
+/* J or the contents of @FILE (malloc'd), or NULL with the reason. */
+static char *read_arg(const char *arg, char *err, size_t err_size) {
+    if (arg[0] != '@') return strdup(arg);
+    FILE *f = fopen(arg + 1, "rb");
+    if (!f) return snprintf(err, err_size, "cannot open %s", arg + 1), NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (n + 4096 + 1 > cap && !(buf = realloc(buf, cap = 2 * cap + 4096 + 1))) break;
+        got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+    } while (got > 0);
+    fclose(f);
+    if (buf) buf[n] = 0;
+    else snprintf(err, err_size, "out of memory reading %s", arg + 1);
+    return buf;
+}
+#endif
+
+static moeq_err constraint_open(constraint *c, const char *arg, const session *s, int32_t eos, int max_new_tokens,
+                                char *err, size_t err_size) {
+    memset(c, 0, sizeof *c);
+#ifndef MOEQ_WORKER_SHELL
+    (void)arg, (void)s, (void)eos, (void)max_new_tokens;
+    return moeq_errf(MOEQ_ERR_UNSUPPORTED, err, err_size, "this moeq was built without the worker (a GPU check "
+                     "build): --response-format needs its logits processor");
+#else
+    if (!s->tok) return moeq_errf(MOEQ_ERR_UNSUPPORTED, err, err_size, "the model has no tokenizer");
+    c->tok = s->tok, c->eos = eos;
+    char *text = read_arg(arg, err, err_size);
+    if (!text) return MOEQ_ERR_INVALID_ARG;
+    /* a job around it, so that the worker's own decoder says what is wrong with it */
+    size_t cap = strlen(text) + 64;
+    char *doc = malloc(cap);
+    if (!doc) return free(text), moeq_errf(MOEQ_ERR_NOMEM, err, err_size, "response_format");
+    snprintf(doc, cap, "{\"v\":1,\"id\":\"cli\",\"tokens\":[0],\"response_format\":%s}", text);
+    free(text);
+    moeq_job job;
+    moeq_job_reject rej;
+    moeq_err e = moeq_job_decode(doc, strlen(doc), "application/json", NULL, &job, &rej);
+    free(doc);
+    if (e) return moeq_errf(MOEQ_ERR_INVALID_ARG, err, err_size, "%s", rej.message[0] ? rej.message : moeq_err_str(e));
+    const moeq_response_format *rf = &job.response_format;
+    static const moeq_grammar_kind kinds[] = {0, MOEQ_GRAMMAR_JSON_OBJECT, MOEQ_GRAMMAR_JSON_SCHEMA,
+                                              MOEQ_GRAMMAR_REGEX, MOEQ_GRAMMAR_CHOICE};
+    if (rf->type == MOEQ_RESPONSE_TEXT) return moeq_job_free(&job), MOEQ_OK; /* plain text: nothing to do */
+    const char *spec_text = rf->type == MOEQ_RESPONSE_REGEX ? rf->pattern : rf->schema;
+    moeq_grammar_spec spec = {kinds[rf->type], spec_text, spec_text ? strlen(spec_text) : 0,
+                              (const char *const *)rf->choices, rf->n_choices};
+    moeq_grammar_limits lim = moeq_grammar_default_limits();
+    int vocab = moeq_model_get_config(s->model)->vocab_size;
+    if (!(e = moeq_grammar_vocab_new(vocab, constraint_token, c, &c->vocab, err, err_size)))
+        e = moeq_grammar_compile(&spec, c->vocab, &lim, &c->grammar, err, err_size);
+    moeq_job_free(&job);
+    if (e) return e;
+    moeq_decode_proc_params pp = {.grammar = c->grammar, .eos_ids = &c->eos, .n_eos = eos >= 0,
+                                  .max_new_tokens = max_new_tokens > 0 ? max_new_tokens : 1};
+    if ((e = moeq_decode_proc_new(&pp, vocab, &c->proc, err, err_size))) return e;
+    c->hook = moeq_decode_proc_hook(c->proc);
+    return MOEQ_OK;
+#endif
+}
+
+static void constraint_close(constraint *c) {
+#ifdef MOEQ_WORKER_SHELL
+    moeq_decode_proc_destroy(c->proc);
+    moeq_grammar_release(c->grammar);
+    moeq_grammar_vocab_destroy(c->vocab);
+#endif
+    (void)c;
+}
+
+static const moeq_sampler_hook *constraint_hook(const constraint *c) {
+#ifdef MOEQ_WORKER_SHELL
+    return c->proc ? &c->hook : NULL;
+#else
+    (void)c;
+    return NULL;
+#endif
 }
 
 int moeq_cmd_generate(int argc, char **argv);
@@ -202,14 +317,26 @@ int moeq_cmd_generate(int argc, char **argv) {
     if (rc) return session_close(&s), rc;
     int32_t stop = s.tok && moeq_tokenizer_eos_id(s.tok) >= 0 ? moeq_tokenizer_eos_id(s.tok)
                                                                 : moeq_model_get_config(s.model)->eos_token_id;
+    char err[512] = "";
+    constraint con;
+    memset(&con, 0, sizeof con);
+    if (a.response_format) {
+        moeq_err ce = constraint_open(&con, a.response_format, &s, stop, a.max_new_tokens, err, sizeof(err));
+        if (ce) {
+            fprintf(stderr, "moeq generate: --response-format: %s: %s\n", moeq_err_str(ce), err);
+            constraint_close(&con);
+            session_close(&s);
+            return ce == MOEQ_ERR_INVALID_ARG ? 2 : 1;
+        }
+    }
     moeq_generate_stats stats = {0};
     moeq_generate_params gp = {.sampling = a.sampling, .max_new_tokens = a.max_new_tokens, .stop_ids = &stop,
                                .n_stop_ids = stop >= 0 ? 1 : 0, .mtp_k = a.mtp_k,
-                               .mtp_rejection = a.mtp_rejection, .stats = &stats};
+                               .mtp_rejection = a.mtp_rejection, .stats = &stats, .hook = constraint_hook(&con)};
     int32_t *out = NULL;
     int n_out = 0;
-    char err[512] = "";
     moeq_err e = moeq_generate(s.engine, s.ids, s.n_ids, &gp, &out, &n_out, err, sizeof(err));
+    constraint_close(&con);
     if (e) {
         fprintf(stderr, "moeq generate: %s: %s\n", moeq_err_str(e), err);
         session_close(&s);

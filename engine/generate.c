@@ -106,6 +106,12 @@ moeq_err moeq_generate(moeq_engine *engine, const int32_t *prompt, int n_prompt,
         moeq_errf(err, errstr, errstr_size, "sampling params");
         goto free_all;
     }
+    if (params->hook && params->mtp_k > 0 && params->mtp_rejection) { /* its draws do not go through the sampler */
+        err = moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                        "a logits processor (hook) runs with MTP's exact mode only, not rejection sampling");
+        goto free_all;
+    }
+    if (params->hook) moeq_sampler_set_hook(sampler, params->hook);
     if ((err = moeq_engine_seq_new(engine, &seq))) {
         moeq_errf(err, errstr, errstr_size, "no free sequence slot");
         goto free_all;

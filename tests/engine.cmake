@@ -20,6 +20,12 @@ if(TARGET moeq)
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_numerics_cli.sh ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(cli_checks_numbers_contexts_and_prints_every_byte PROPERTIES LABELS unit TIMEOUT 120
     REQUIRED_FILES $<TARGET_FILE:moeq>)
+  # moeq generate --response-format (a job's response_format through the worker's processor) and --mtp after a
+  # prompt shorter than the verify step.
+  add_test(NAME generate_cli_constrains_output_and_speculates_after_one_token
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_generate_cli.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(generate_cli_constrains_output_and_speculates_after_one_token PROPERTIES LABELS unit
+    TIMEOUT 120 REQUIRED_FILES $<TARGET_FILE:moeq>)
   # model-info: the CPU kernels, and what fits on a device of a given size (--device-memory-gib).
   add_test(NAME model_info_names_the_kernels_and_sizes_a_device
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_model_info_cli.sh ${CMAKE_BINARY_DIR})

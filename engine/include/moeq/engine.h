@@ -630,6 +630,8 @@ typedef struct moeq_generate_params {
                                       sampler's tokens, as the worker gives), 1 = speculative
                                       rejection sampling (the same distribution, other tokens) */
     moeq_generate_stats *stats;    /* optional out                                 */
+    const moeq_sampler_hook *hook; /* optional logits processor for every draw (structured output:
+                                      worker/decode_proc.h); not with mtp_rejection */
 } moeq_generate_params;
 
 /* Generate for one prompt; *out (malloc'd, caller frees) receives the new ids. */
