@@ -104,6 +104,9 @@ int regex_compile(nfa *n, const char *pattern, size_t len, int json_string, int 
 
 /* ---- JSON Schema ------------------------------------------------------------------ */
 
+/* "$ref"s followed inside one another at most (each a schema level too: max_schema_depth bounds them first). */
+#define MOEQ_GRAMMAR_MAX_REFS 64
+
 typedef struct schema_ctx {
     nfa *n;
     const moeq_grammar_limits *limits;
@@ -111,6 +114,9 @@ typedef struct schema_ctx {
     size_t errstr_size;
     moeq_err err;    /* first error                                           */
     char path[256];  /* JSON pointer of the schema being compiled            */
+    const gj *root;  /* the whole schema: "$ref" resolves against it         */
+    const gj *refs[MOEQ_GRAMMAR_MAX_REFS]; /* the "$ref" targets being compiled, outermost first */
+    int n_refs;
 } schema_ctx;
 
 /* A fragment for one JSON value valid against schema; -1 with ctx->err set. */

@@ -209,7 +209,7 @@ static const char *const annotations[] = {"title", "description", "$schema", "$i
 static const char *const keywords[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                        "items", "minItems", "maxItems", "anyOf", "minLength", "maxLength",
                                        "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-                                       "exclusiveMaximum", "uniqueItems", NULL};
+                                       "exclusiveMaximum", "uniqueItems", "$ref", "allOf", NULL};
 
 static int in_list(const char *k, const char *const *list) {
     for (; *list; list++)
@@ -544,6 +544,82 @@ static int any_of(schema_ctx *c, const gj *s, int depth, frag *out) {
     return *out = alts, 0;
 }
 
+/* ---- $ref and allOf -------------------------------------------------------------------------- */
+
+/* A keyword that takes the whole schema: nothing beside it but annotations. */
+static int alone(schema_ctx *c, const gj *s, const char *kw, const char *hint) {
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->keys[i], kw) && !in_list(s->keys[i], annotations)) {
+            char what[96];
+            snprintf(what, sizeof what, "'%s' beside '%s' is not supported (%s)", kw, s->keys[i], hint);
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", what);
+        }
+    return 0;
+}
+
+/* The schema a local "$ref" ("#", "#/$defs/Name", "#/definitions/a~1b/items/0": a JSON pointer into the
+ * document) names, or NULL. */
+static const gj *resolve_ref(const gj *root, const char *ref) {
+    if (ref[0] != '#') return NULL;
+    const gj *at = root;
+    for (const char *p = ref + 1; *p;) {
+        if (*p != '/' || !at) return NULL;
+        char seg[256];
+        size_t n = 0;
+        for (p++; *p && *p != '/'; p++) {
+            char ch = *p;
+            if (ch == '~') {
+                if (p[1] != '0' && p[1] != '1') return NULL;
+                ch = p[1] == '0' ? '~' : '/';
+                p++;
+            }
+            if (n + 1 >= sizeof seg) return NULL;
+            seg[n++] = ch;
+        }
+        seg[n] = 0;
+        if (at->type == GJ_OBJ) at = gj_get(at, seg);
+        else if (at->type == GJ_ARR) {
+            char *end;
+            unsigned long k = strtoul(seg, &end, 10);
+            at = n && !*end && k < at->n ? at->items[k] : NULL;
+        } else
+            return NULL;
+    }
+    return at;
+}
+
+/* "$ref": the schema it names, compiled in its place (pydantic and most generators put shared models in
+ * "$defs"). A reference back into a schema being compiled is recursion, which a finite automaton cannot hold. */
+static int ref(schema_ctx *c, const gj *s, int depth, frag *out) {
+    const gj *r = gj_get(s, "$ref");
+    if (r->type != GJ_STR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'$ref' must be a string");
+    if (alone(c, s, "$ref", "put it in an 'anyOf' of one, or into the referenced schema")) return -1;
+    if (r->str[0] != '#')
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "'$ref' to '%s' is not supported (only references inside the schema, "
+                     "'#...')", r->str);
+    const gj *target = resolve_ref(c->root, r->str);
+    if (!target) return sfail(c, MOEQ_ERR_FORMAT, "'$ref' '%s' names nothing in the schema", r->str);
+    for (int i = 0; i < c->n_refs; i++)
+        if (c->refs[i] == target)
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "'$ref' '%s' is recursive (a schema inside itself), which is not "
+                         "supported", r->str);
+    if (c->n_refs == MOEQ_GRAMMAR_MAX_REFS) return sfail(c, MOEQ_ERR_LIMIT, "%s", "'$ref's nested too deep");
+    c->refs[c->n_refs++] = target;
+    int rc = sub(c, target, depth, "$ref", NULL, out);
+    c->n_refs--;
+    return rc;
+}
+
+/* "allOf" of one schema (as generators wrap a "$ref" to give it a description): that schema. */
+static int all_of(schema_ctx *c, const gj *s, int depth, frag *out) {
+    const gj *a = gj_get(s, "allOf");
+    if (a->type != GJ_ARR || a->n == 0) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'allOf' must be a non-empty array");
+    if (a->n > 1)
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'allOf' of more than one schema is not supported (merge them)");
+    if (alone(c, s, "allOf", "move it into the schema")) return -1;
+    return sub(c, a->items[0], depth, "allOf", "0", out);
+}
+
 int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
     if (c->n->failed) /* over the state limit: stop at once, or nested repeats would still cost m^depth calls */
         return sfail(c, c->n->nomem ? MOEQ_ERR_NOMEM : MOEQ_ERR_LIMIT, "%s",
@@ -555,6 +631,8 @@ int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
     }
     if (s->type != GJ_OBJ) return sfail(c, MOEQ_ERR_FORMAT, "%s", "a schema must be an object or a boolean");
     if (check_keywords(c, s)) return -1;
+    if (gj_get(s, "$ref")) return ref(c, s, depth, out);
+    if (gj_get(s, "allOf")) return all_of(c, s, depth, out);
     if (gj_get(s, "anyOf")) return any_of(c, s, depth, out);
     if (gj_get(s, "enum") || gj_get(s, "const")) return enum_values(c, s, out);
     const gj *type = gj_get(s, "type");

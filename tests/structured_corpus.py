@@ -87,6 +87,18 @@ HAND = [
      "required": ["id", "kind"]},
     {"type": "object", "properties": {"unicode": {"enum": ["héllo", "日本", "😀", "a\"b\\c"]}},
      "required": ["unicode"]},
+    # as pydantic writes a model's schema: shared models in $defs, $ref, allOf of one for a description
+    {"$defs": {"Party": {"type": "object", "title": "Party",
+                         "properties": {"name": {"type": "string", "maxLength": 20}, "role": {"$ref": "#/$defs/Role"}},
+                         "required": ["name", "role"]},
+               "Role": {"enum": ["buyer", "seller"], "title": "Role", "type": "string"}},
+     "type": "object", "title": "Contract",
+     "properties": {"parties": {"type": "array", "items": {"$ref": "#/$defs/Party"}, "maxItems": 3},
+                    "lead": {"allOf": [{"$ref": "#/$defs/Party"}], "description": "the lead party"},
+                    "backup": {"anyOf": [{"$ref": "#/$defs/Party"}, {"type": "null"}], "default": None}},
+     "required": ["parties", "lead"]},
+    {"definitions": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+     "type": "array", "items": {"$ref": "#/definitions/n"}, "minItems": 1, "maxItems": 4},
 ]
 assert len(HAND) >= 30
 

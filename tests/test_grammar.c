@@ -257,7 +257,8 @@ static void an_unsupported_feature_is_an_error_naming_it_and_where(void **state)
     moeq_grammar_vocab *v = vocab();
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"a\":{\"patternProperties\":{}}}}",
                  MOEQ_ERR_UNSUPPORTED, "'patternProperties' is not supported at /properties/a");
-    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/x\"}", MOEQ_ERR_UNSUPPORTED, "'$ref'");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/x\"}", MOEQ_ERR_FORMAT,
+                 "'$ref' '#/$defs/x' names nothing in the schema at /");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"hostname\"}", MOEQ_ERR_UNSUPPORTED,
                  "format 'hostname'");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"type\":\"integer\"},{\"oneOf\":[]}]}",
@@ -278,6 +279,57 @@ static void an_unsupported_feature_is_an_error_naming_it_and_where(void **state)
     strcat(deep, "{\"type\":\"integer\"}");
     for (int i = 0; i < 8; i++) strcat(deep, "}");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, deep, MOEQ_ERR_LIMIT, "max_nfa_states");
+    moeq_grammar_vocab_destroy(v);
+}
+
+/* $ref into $defs / definitions (JSON pointer escapes, array indices), allOf of one schema (a generator's
+ * description wrapper), as a pydantic model's schema has them; what stays refused says why and where. */
+static void refs_and_single_all_of_compile_as_their_targets(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    const char *schema =
+        "{\"$defs\":{\"Point\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},"
+        "\"required\":[\"x\"],\"additionalProperties\":false},"
+        "\"Kind\":{\"enum\":[\"a\",\"b\"]}},"
+        "\"definitions\":{\"a/b~c\":{\"type\":\"boolean\"}},"
+        "\"title\":\"Shape\",\"type\":\"object\",\"properties\":{"
+        "\"p\":{\"$ref\":\"#/$defs/Point\",\"description\":\"where\"},"
+        "\"q\":{\"anyOf\":[{\"$ref\":\"#/$defs/Point\"},{\"type\":\"null\"}],\"default\":null},"
+        "\"k\":{\"allOf\":[{\"$ref\":\"#/$defs/Kind\"}],\"description\":\"kind\"},"
+        "\"f\":{\"$ref\":\"#/definitions/a~1b~0c\"},"
+        "\"g\":{\"$ref\":\"#/properties/q/anyOf/1\"}},"
+        "\"required\":[\"p\",\"q\",\"k\",\"f\",\"g\"],\"additionalProperties\":false}";
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, schema);
+    assert_true(matches(g, "{\"p\":{\"x\":1},\"q\":null,\"k\":\"a\",\"f\":true,\"g\":null}"));
+    assert_true(matches(g, "{\"p\":{\"x\":-7},\"q\":{\"x\":2},\"k\":\"b\",\"f\":false,\"g\":null}"));
+    assert_false(matches(g, "{\"p\":{},\"q\":null,\"k\":\"a\",\"f\":true,\"g\":null}"));        /* x required */
+    assert_false(matches(g, "{\"p\":{\"x\":1},\"q\":null,\"k\":\"c\",\"f\":true,\"g\":null}")); /* the enum */
+    assert_false(matches(g, "{\"p\":{\"x\":1},\"q\":null,\"k\":\"a\",\"f\":1,\"g\":null}"));   /* boolean */
+    assert_false(matches(g, "{\"p\":{\"x\":1},\"q\":null,\"k\":\"a\",\"f\":true,\"g\":{}}"));  /* null */
+    char out[4096];
+    moeq_grammar_stats st;
+    moeq_grammar_get_stats(g, &st);
+    for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed, st.min_bytes + 40, out, sizeof out);
+    moeq_grammar_release(g);
+    /* a root reference, and one reached twice in a row (not recursion) */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"$defs\":{\"I\":{\"type\":\"integer\"}},\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/I\"},"
+                "\"maxItems\":3}");
+    assert_true(matches(g, "[1,2,3]"));
+    assert_false(matches(g, "[1,\"a\"]"));
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{\"type\":\"object\",\"properties\":{\"next\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}}}",
+                 MOEQ_ERR_UNSUPPORTED, "'$ref' '#' is recursive (a schema inside itself), which is not supported at "
+                                       "/properties/next/anyOf/0");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"https://example.com/s.json\"}", MOEQ_ERR_UNSUPPORTED,
+                 "only references inside the schema");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$defs\":{\"a\":{}},\"$ref\":\"#/$defs/a\",\"type\":\"object\"}",
+                 MOEQ_ERR_UNSUPPORTED, "'$ref' beside 'type' is not supported");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"allOf\":[{\"type\":\"object\"},{\"required\":[\"a\"]}]}",
+                 MOEQ_ERR_UNSUPPORTED, "'allOf' of more than one schema is not supported");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/a~2\"}", MOEQ_ERR_FORMAT, "names nothing");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":3}", MOEQ_ERR_FORMAT, "'$ref' must be a string");
     moeq_grammar_vocab_destroy(v);
 }
 
@@ -336,6 +388,7 @@ int main(void) {
         cmocka_unit_test(a_token_is_allowed_exactly_when_all_its_bytes_walk_the_automaton),
         cmocka_unit_test(a_tight_budget_allows_exactly_the_tokens_that_can_still_finish),
         cmocka_unit_test(an_unsupported_feature_is_an_error_naming_it_and_where),
+        cmocka_unit_test(refs_and_single_all_of_compile_as_their_targets),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
         cmocka_unit_test(a_cached_grammar_is_compiled_once_and_shared),
     };
