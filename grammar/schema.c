@@ -205,11 +205,11 @@ static frag int_range(nfa *n, int has_lo, long long lo, int has_hi, long long hi
 
 static const char *const annotations[] = {"title", "description", "$schema", "$id", "$comment", "default",
                                           "examples", "deprecated", "readOnly", "writeOnly", "$defs",
-                                          "definitions", "name", "strict", NULL};
+                                          "definitions", "name", "strict", "discriminator", NULL};
 static const char *const keywords[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                        "items", "minItems", "maxItems", "anyOf", "minLength", "maxLength",
                                        "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-                                       "exclusiveMaximum", "uniqueItems", "$ref", "allOf", NULL};
+                                       "exclusiveMaximum", "uniqueItems", "$ref", "allOf", "oneOf", NULL};
 
 static int in_list(const char *k, const char *const *list) {
     for (; *list; list++)
@@ -525,24 +525,6 @@ static int enum_values(schema_ctx *c, const gj *s, frag *out) {
     return *out = alts, 0;
 }
 
-static int any_of(schema_ctx *c, const gj *s, int depth, frag *out) {
-    const gj *a = gj_get(s, "anyOf");
-    if (a->type != GJ_ARR || a->n == 0) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'anyOf' must be a non-empty array");
-    for (size_t i = 0; i < s->n; i++)
-        if (strcmp(s->keys[i], "anyOf") && !in_list(s->keys[i], annotations))
-            return sfail(c, MOEQ_ERR_UNSUPPORTED, "'anyOf' beside '%s' is not supported (move it into each branch)",
-                         s->keys[i]);
-    frag alts = {nfa_state(c->n), nfa_state(c->n)};
-    for (size_t i = 0; i < a->n; i++) {
-        char idx[24];
-        snprintf(idx, sizeof idx, "%u", (unsigned)i);
-        frag f;
-        if (sub(c, a->items[i], depth, "anyOf", idx, &f)) return -1;
-        nfa_eps(c->n, alts.start, f.start);
-        nfa_eps(c->n, f.end, alts.end);
-    }
-    return *out = alts, 0;
-}
 
 /* ---- $ref and allOf -------------------------------------------------------------------------- */
 
@@ -620,6 +602,114 @@ static int all_of(schema_ctx *c, const gj *s, int depth, frag *out) {
     return sub(c, a->items[0], depth, "allOf", "0", out);
 }
 
+/* ---- oneOf: branches told apart --------------------------------------------------------------- */
+
+/* A schema with its "$ref"s followed (a few: a chain that long is not a branch to inspect), or NULL. */
+static const gj *deref(const schema_ctx *c, const gj *s) {
+    for (int i = 0; i < 8 && s && s->type == GJ_OBJ; i++) {
+        const gj *r = gj_get(s, "$ref");
+        if (!r) return s;
+        if (r->type != GJ_STR) return NULL;
+        s = resolve_ref(c->root, r->str);
+    }
+    return s && s->type == GJ_OBJ && !gj_get(s, "$ref") ? s : NULL;
+}
+
+enum { T_STR = 1, T_INT = 2, T_FRAC = 4, T_BOOL = 8, T_NULL = 16, T_OBJ = 32, T_ARR = 64 };
+
+/* The values a schema's explicit "type" allows, as bits ("number" is integers too); 0: no "type". */
+static unsigned type_bits(const gj *s) {
+    const gj *t = gj_get(s, "type");
+    unsigned bits = 0;
+    for (size_t i = 0; t && i < (t->type == GJ_ARR ? t->n : 1); i++) {
+        const gj *x = t->type == GJ_ARR ? t->items[i] : t;
+        if (x->type != GJ_STR) return 0;
+        const char *n = x->str;
+        bits |= !strcmp(n, "string") ? T_STR : !strcmp(n, "integer") ? T_INT : !strcmp(n, "number") ? T_INT | T_FRAC
+              : !strcmp(n, "boolean") ? T_BOOL : !strcmp(n, "null") ? T_NULL : !strcmp(n, "object") ? T_OBJ
+              : !strcmp(n, "array") ? T_ARR : 0;
+    }
+    return bits;
+}
+
+/* Whether two literals may be the same value (strings, numbers, booleans, null compared by value; arrays
+ * and objects assumed equal: the check only has to be safe). */
+static int may_equal(const gj *a, const gj *b) {
+    if (a->type != b->type) return 0;
+    switch (a->type) {
+    case GJ_STR: return a->len == b->len && !memcmp(a->str, b->str, a->len);
+    case GJ_NUM: return a->num == b->num;
+    case GJ_BOOL: return a->b == b->b;
+    default: return 1;
+    }
+}
+
+/* Whether no value can match both branches: their types do not meet, or a property both require allows
+ * literals in one that the other never allows (a discriminator: {"type": {"const": "cat"}} vs "dog"). */
+static int disjoint(const schema_ctx *c, const gj *a, const gj *b) {
+    if (!(a = deref(c, a)) || !(b = deref(c, b))) return 0;
+    unsigned ta = type_bits(a), tb = type_bits(b);
+    if (ta && tb && !(ta & tb)) return 1;
+    const gj *pa = gj_get(a, "properties"), *pb = gj_get(b, "properties");
+    const gj *ra = gj_get(a, "required"), *rb = gj_get(b, "required");
+    if (!pa || !pb || pa->type != GJ_OBJ || pb->type != GJ_OBJ) return 0;
+    for (size_t i = 0; i < pa->n; i++) {
+        const char *key = pa->keys[i];
+        const gj *qa = deref(c, pa->items[i]), *qb = gj_get(pb, key);
+        if (!qa || !qb || !(qb = deref(c, qb)) || !is_required(ra, key) || !is_required(rb, key)) continue;
+        const gj *ca = gj_get(qa, "const"), *cb = gj_get(qb, "const");
+        const gj *ea = gj_get(qa, "enum"), *eb = gj_get(qb, "enum");
+        const gj *const *va = ca ? &ca : ea && ea->type == GJ_ARR ? (const gj *const *)ea->items : NULL;
+        const gj *const *vb = cb ? &cb : eb && eb->type == GJ_ARR ? (const gj *const *)eb->items : NULL;
+        size_t na = ca ? 1 : va ? ea->n : 0, nb = cb ? 1 : vb ? eb->n : 0;
+        if (!va || !vb) continue;
+        int meet = 0;
+        for (size_t x = 0; x < na && !meet; x++)
+            for (size_t y = 0; y < nb && !meet; y++) meet = may_equal(va[x], vb[y]);
+        if (!meet) return 1;
+    }
+    return 0;
+}
+
+/* The union of a's branches ("anyOf", or a "oneOf" whose branches are disjoint). */
+static int union_of(schema_ctx *c, const gj *a, const char *kw, int depth, frag *out) {
+    frag alts = {nfa_state(c->n), nfa_state(c->n)};
+    for (size_t i = 0; i < a->n; i++) {
+        char idx[24];
+        snprintf(idx, sizeof idx, "%zu", i);
+        frag f;
+        if (sub(c, a->items[i], depth, kw, idx, &f)) return -1;
+        nfa_eps(c->n, alts.start, f.start);
+        nfa_eps(c->n, f.end, alts.end);
+    }
+    return *out = alts, 0;
+}
+
+static int any_of(schema_ctx *c, const gj *s, int depth, frag *out) {
+    const gj *a = gj_get(s, "anyOf");
+    if (a->type != GJ_ARR || a->n == 0) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'anyOf' must be a non-empty array");
+    if (alone(c, s, "anyOf", "move it into each branch")) return -1;
+    return union_of(c, a, "anyOf", depth, out);
+}
+
+/* "oneOf": a value must match exactly one branch, which a union keeps only when no value can match two; so
+ * the branches must be told apart by their types or by a property both require (pydantic's discriminated
+ * unions, "discriminator" an annotation here). Otherwise refused, naming the two. */
+static int one_of(schema_ctx *c, const gj *s, int depth, frag *out) {
+    const gj *a = gj_get(s, "oneOf");
+    if (a->type != GJ_ARR || a->n == 0) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'oneOf' must be a non-empty array");
+    if (alone(c, s, "oneOf", "move it into each branch")) return -1;
+    for (size_t i = 0; i < a->n; i++)
+        for (size_t j = i + 1; j < a->n; j++)
+            if (!disjoint(c, a->items[i], a->items[j])) {
+                char what[192];
+                snprintf(what, sizeof what, "'oneOf' branches %zu and %zu may both match a value (tell them apart "
+                         "by 'type' or a required property's 'const', or use 'anyOf')", i, j);
+                return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", what);
+            }
+    return union_of(c, a, "oneOf", depth, out);
+}
+
 int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
     if (c->n->failed) /* over the state limit: stop at once, or nested repeats would still cost m^depth calls */
         return sfail(c, c->n->nomem ? MOEQ_ERR_NOMEM : MOEQ_ERR_LIMIT, "%s",
@@ -633,6 +723,7 @@ int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
     if (check_keywords(c, s)) return -1;
     if (gj_get(s, "$ref")) return ref(c, s, depth, out);
     if (gj_get(s, "allOf")) return all_of(c, s, depth, out);
+    if (gj_get(s, "oneOf")) return one_of(c, s, depth, out);
     if (gj_get(s, "anyOf")) return any_of(c, s, depth, out);
     if (gj_get(s, "enum") || gj_get(s, "const")) return enum_values(c, s, out);
     const gj *type = gj_get(s, "type");

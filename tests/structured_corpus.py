@@ -99,6 +99,19 @@ HAND = [
      "required": ["parties", "lead"]},
     {"definitions": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
      "type": "array", "items": {"$ref": "#/definitions/n"}, "minItems": 1, "maxItems": 4},
+    # a discriminated union as pydantic writes it (oneOf + discriminator), and a oneOf told apart by type
+    {"$defs": {"Cat": {"type": "object", "properties": {"pet_type": {"const": "cat", "type": "string"},
+                                                        "lives": {"type": "integer", "minimum": 0, "maximum": 9}},
+                       "required": ["pet_type", "lives"]},
+               "Dog": {"type": "object", "properties": {"pet_type": {"const": "dog", "type": "string"},
+                                                        "good": {"type": "boolean"}},
+                       "required": ["pet_type", "good"]}},
+     "type": "object", "properties": {"pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                                              "discriminator": {"propertyName": "pet_type",
+                                                                "mapping": {"cat": "#/$defs/Cat",
+                                                                            "dog": "#/$defs/Dog"}}}},
+     "required": ["pet"]},
+    {"oneOf": [{"type": "string", "maxLength": 6}, {"type": "integer"}, {"type": "null"}]},
 ]
 assert len(HAND) >= 30
 

@@ -261,8 +261,8 @@ static void an_unsupported_feature_is_an_error_naming_it_and_where(void **state)
                  "'$ref' '#/$defs/x' names nothing in the schema at /");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"hostname\"}", MOEQ_ERR_UNSUPPORTED,
                  "format 'hostname'");
-    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"type\":\"integer\"},{\"oneOf\":[]}]}",
-                 MOEQ_ERR_UNSUPPORTED, "'oneOf' is not supported at /anyOf/1");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"type\":\"integer\"},{\"not\":{}}]}",
+                 MOEQ_ERR_UNSUPPORTED, "'not' is not supported at /anyOf/1");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", MOEQ_ERR_UNSUPPORTED,
                  "backreferences");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0.5}", MOEQ_ERR_UNSUPPORTED,
@@ -333,6 +333,49 @@ static void refs_and_single_all_of_compile_as_their_targets(void **state) {
     moeq_grammar_vocab_destroy(v);
 }
 
+/* oneOf whose branches no value can match twice: by type, or by a property both require with disjoint
+ * const/enum values (pydantic's discriminated unions, through $ref); branches that may overlap are refused. */
+static void one_of_compiles_when_its_branches_are_told_apart(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    const char *pets =
+        "{\"$defs\":{\"Cat\":{\"type\":\"object\",\"properties\":{\"pet\":{\"const\":\"cat\",\"type\":\"string\"},"
+        "\"lives\":{\"type\":\"integer\"}},\"required\":[\"pet\",\"lives\"]},"
+        "\"Dog\":{\"type\":\"object\",\"properties\":{\"pet\":{\"enum\":[\"dog\",\"puppy\"]},"
+        "\"good\":{\"type\":\"boolean\"}},\"required\":[\"pet\",\"good\"]}},"
+        "\"type\":\"object\",\"properties\":{\"p\":{\"oneOf\":[{\"$ref\":\"#/$defs/Cat\"},{\"$ref\":\"#/$defs/Dog\"}],"
+        "\"discriminator\":{\"propertyName\":\"pet\",\"mapping\":{\"cat\":\"#/$defs/Cat\",\"dog\":\"#/$defs/Dog\"}}}},"
+        "\"required\":[\"p\"]}";
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, pets);
+    assert_true(matches(g, "{\"p\":{\"pet\":\"cat\",\"lives\":9}}"));
+    assert_true(matches(g, "{\"p\":{\"pet\":\"puppy\",\"good\":true}}"));
+    assert_false(matches(g, "{\"p\":{\"pet\":\"cat\",\"good\":true}}"));
+    char out[4096];
+    for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed, 60, out, sizeof out);
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"oneOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"integer\"},"
+                                             "{\"type\":[\"null\",\"boolean\"]}]}");
+    assert_true(matches(g, "\"ab\""));
+    assert_true(matches(g, "-12"));
+    assert_true(matches(g, "null"));
+    assert_false(matches(g, "1.5"));
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}",
+                 MOEQ_ERR_UNSUPPORTED, "'oneOf' branches 0 and 1 may both match a value");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"object\",\"properties\":{\"k\":{\"const\":1}},"
+                 "\"required\":[\"k\"]},{\"type\":\"object\",\"properties\":{\"k\":{\"enum\":[2,1.0]}},"
+                 "\"required\":[\"k\"]}]}",
+                 MOEQ_ERR_UNSUPPORTED, "'oneOf' branches 1 and 2 may both match a value"); /* 1 == 1.0 */
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{\"oneOf\":[{\"properties\":{\"k\":{\"const\":1}},\"required\":[\"k\"]},"
+                 "{\"properties\":{\"k\":{\"const\":2}}}]}",
+                 MOEQ_ERR_UNSUPPORTED, "may both match"); /* k optional in one: {} matches both */
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"oneOf\":[{\"type\":\"string\"}],\"type\":\"string\"}",
+                 MOEQ_ERR_UNSUPPORTED, "'oneOf' beside 'type' is not supported");
+    moeq_grammar_vocab_destroy(v);
+}
+
 static void regex_and_choice_outputs_match_exactly(void **state) {
     (void)state;
     moeq_grammar_vocab *v = vocab();
@@ -389,6 +432,7 @@ int main(void) {
         cmocka_unit_test(a_tight_budget_allows_exactly_the_tokens_that_can_still_finish),
         cmocka_unit_test(an_unsupported_feature_is_an_error_naming_it_and_where),
         cmocka_unit_test(refs_and_single_all_of_compile_as_their_targets),
+        cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
         cmocka_unit_test(a_cached_grammar_is_compiled_once_and_shared),
     };
