@@ -127,7 +127,7 @@ static moeq_err build_schema(nfa *n, const moeq_grammar_spec *spec, const moeq_g
     gj *root = gj_parse(spec->text ? spec->text : "", spec->text ? spec->text_len : 0, lim->max_schema_depth * 4 + 8,
                         errstr, errstr_size);
     if (!root) return MOEQ_ERR_PARSE;
-    schema_ctx c = {n, lim, errstr, errstr_size, MOEQ_OK, "", root, {NULL}, 0};
+    schema_ctx c = {n, lim, errstr, errstr_size, MOEQ_OK, "", root, {root}, 1}; /* "#" inside it: recursion */
     schema_compile(&c, root, 0, out);
     gj_free(root);
     return c.err;

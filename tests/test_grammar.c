@@ -322,6 +322,16 @@ static void refs_and_single_all_of_compile_as_their_targets(void **state) {
                  "{\"type\":\"object\",\"properties\":{\"next\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}}}",
                  MOEQ_ERR_UNSUPPORTED, "'$ref' '#' is recursive (a schema inside itself), which is not supported at "
                                        "/properties/next/anyOf/0");
+    { /* named where it first refers back, not a level further in */
+        const char *rec = "{\"properties\":{\"next\":{\"$ref\":\"#\"}}}";
+        moeq_grammar_spec spec = {MOEQ_GRAMMAR_JSON_SCHEMA, rec, strlen(rec), NULL, 0};
+        moeq_grammar *none = NULL;
+        char err[256] = "";
+        assert_int_equal(moeq_grammar_compile(&spec, v, NULL, &none, err, sizeof err), MOEQ_ERR_UNSUPPORTED);
+        const char *at = strstr(err, " at ");
+        assert_non_null(at);
+        assert_string_equal(at, " at /properties/next");
+    }
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"https://example.com/s.json\"}", MOEQ_ERR_UNSUPPORTED,
                  "only references inside the schema");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$defs\":{\"a\":{}},\"$ref\":\"#/$defs/a\",\"type\":\"object\"}",
