@@ -456,6 +456,26 @@ __global__ void mm_nt_kernel(float *y, int64_t ldy, const float *x, int64_t ldx,
     }
 }
 
+// One tile of the few-token NT for thread h of output column o (weight row wrow, valid while o < O): tokens
+// t0 .. t0 + nt of x (row stride ldx) into y[(t0 + j) * ldy + o]. Every thread of the warp calls it: the shuffles.
+template <int DT, int NT>
+__device__ void mv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const void *W, const float *scale,
+                        int64_t K, int64_t o, int64_t wrow, int64_t O, int64_t t0, int nt, int h) {
+    float acc[NT * 8];
+    if (o < O) moeq_cu_mv_lanes(acc, NT, nt, h, wrow, t0, x, ldx, DT, W, scale, K);
+    else
+#pragma unroll
+        for (int i = 0; i < NT * 8; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        float mine[8], other[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) mine[i] = acc[j * 8 + i], other[i] = __shfl_xor_sync(0xffffffffu, mine[i], 1);
+        float v = h ? moeq_cu_mv_reduce(other, mine) : moeq_cu_mv_reduce(mine, other);
+        if (o < O && j < nt && (j & 1) == h) y[(t0 + j) * ldy + o] = v; // the pair shares the stores
+    }
+}
+
 // Few-token NT (ops.cuh's moeq_cu_mv_lanes): two threads a weight row, tiles of NT <= 8 tokens; the same bits as
 // mm_nt_kernel. Thread pairs are adjacent lanes, so the butterfly's first level is one shuffle per lane.
 template <int DT, int NT>
@@ -464,22 +484,8 @@ __global__ void mv_nt_kernel(float *y, int64_t ldy, const float *x, int64_t ldx,
     y += blockIdx.z * z.dy, x += blockIdx.z * z.dx, row0 += blockIdx.z * z.drow;
     int64_t o = (int64_t)blockIdx.x * MOEQ_CU_MV_ROWS + threadIdx.x / 2;
     int h = (int)(threadIdx.x & 1);
-    for (int64_t t0 = (int64_t)blockIdx.y * NT; t0 < T; t0 += (int64_t)gridDim.y * NT) { // uniform per block
-        int nt = T - t0 < NT ? (int)(T - t0) : NT;
-        float acc[NT * 8];
-        if (o < O) moeq_cu_mv_lanes(acc, NT, nt, h, row0 + o, t0, x, ldx, DT, W, scale, K);
-        else
-#pragma unroll
-            for (int i = 0; i < NT * 8; i++) acc[i] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            float mine[8], other[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) mine[i] = acc[j * 8 + i], other[i] = __shfl_xor_sync(0xffffffffu, mine[i], 1);
-            float v = h ? moeq_cu_mv_reduce(other, mine) : moeq_cu_mv_reduce(mine, other);
-            if (o < O && j < nt && (j & 1) == h) y[(t0 + j) * ldy + o] = v; // the pair shares the stores
-        }
-    }
+    for (int64_t t0 = (int64_t)blockIdx.y * NT; t0 < T; t0 += (int64_t)gridDim.y * NT) // uniform per block
+        mv_tile<DT, NT>(y, ldy, x, ldx, W, scale, K, o, row0 + o, O, t0, T - t0 < NT ? (int)(T - t0) : NT, h);
 }
 
 // A 32 x 32 tile of y (ops.cuh's many-token NT): weight rows o0 .. (valid below o_end, absolute), tokens t0 ..
@@ -1552,23 +1558,9 @@ __global__ void mv_grouped_kernel(float *y, const float *x, int64_t K, int64_t O
         if (e < 0) break; // past the last item: so is every later one
         int64_t o0 = offsets[e], cnt = offsets[e + 1] - o0, first = jt * MOEQ_CU_MM_TILE_T;
         int64_t last = cnt - first < MOEQ_CU_MM_TILE_T ? cnt : first + MOEQ_CU_MM_TILE_T;
-        for (int64_t t0 = first; t0 < last; t0 += NT) { // once, where NT holds the plan's tile
-            int nt = last - t0 < NT ? (int)(last - t0) : NT;
-            float acc[NT * 8];
-            if (o < O) moeq_cu_mv_lanes(acc, NT, nt, h, o, o0 + t0, x, K, DT, W[e], scale[e], K);
-            else
-#pragma unroll
-                for (int i = 0; i < NT * 8; i++) acc[i] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                float mine[8], other[8];
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    mine[i] = acc[j * 8 + i], other[i] = __shfl_xor_sync(0xffffffffu, mine[i], 1);
-                float v = h ? moeq_cu_mv_reduce(other, mine) : moeq_cu_mv_reduce(mine, other);
-                if (o < O && j < nt && (j & 1) == h) y[(o0 + t0 + j) * O + o] = v;
-            }
-        }
+        for (int64_t t0 = first; t0 < last; t0 += NT) // once, where NT holds the plan's tile
+            mv_tile<DT, NT>(y + o0 * O, O, x + o0 * K, K, W[e], scale[e], K, o, o, O, t0,
+                            last - t0 < NT ? (int)(last - t0) : NT, h);
     }
 }
 
