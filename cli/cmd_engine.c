@@ -268,12 +268,8 @@ static moeq_err constraint_open(constraint *c, const char *arg, const session *s
     free(doc);
     if (e) return moeq_errf(MOEQ_ERR_INVALID_ARG, err, err_size, "%s", rej.message[0] ? rej.message : moeq_err_str(e));
     const moeq_response_format *rf = &job.response_format;
-    static const moeq_grammar_kind kinds[] = {0, MOEQ_GRAMMAR_JSON_OBJECT, MOEQ_GRAMMAR_JSON_SCHEMA,
-                                              MOEQ_GRAMMAR_REGEX, MOEQ_GRAMMAR_CHOICE};
     if (rf->type == MOEQ_RESPONSE_TEXT) return moeq_job_free(&job), MOEQ_OK; /* plain text: nothing to do */
-    const char *spec_text = rf->type == MOEQ_RESPONSE_REGEX ? rf->pattern : rf->schema;
-    moeq_grammar_spec spec = {kinds[rf->type], spec_text, spec_text ? strlen(spec_text) : 0,
-                              (const char *const *)rf->choices, rf->n_choices};
+    moeq_grammar_spec spec = moeq_response_format_spec(rf);
     moeq_grammar_limits lim = moeq_grammar_default_limits();
     int vocab = moeq_model_get_config(s->model)->vocab_size;
     if (!(e = moeq_grammar_vocab_new(vocab, constraint_token, c, &c->vocab, err, err_size)))

@@ -650,16 +650,12 @@ static int job_mtp_k(const moeq_worker *w, const moeq_job *job) {
 /* The job's response_format compiled (through the cache); NULL, or the error code with the reason in why. */
 static const char *job_grammar(moeq_worker *w, const moeq_job *job, wjob *wj, char *why, size_t why_size) {
     const moeq_response_format *rf = &job->response_format;
-    static const moeq_grammar_kind kinds[] = {0, MOEQ_GRAMMAR_JSON_OBJECT, MOEQ_GRAMMAR_JSON_SCHEMA,
-                                              MOEQ_GRAMMAR_REGEX, MOEQ_GRAMMAR_CHOICE};
     if (rf->type == MOEQ_RESPONSE_TEXT) return NULL;
     if (!w->grammars) {
         snprintf(why, why_size, "response_format needs the model's tokenizer, and this worker has none");
         return MOEQ_CODE_UNSUPPORTED_SCHEMA;
     }
-    const char *text = rf->type == MOEQ_RESPONSE_REGEX ? rf->pattern : rf->schema;
-    moeq_grammar_spec spec = {kinds[rf->type], text, text ? strlen(text) : 0, (const char *const *)rf->choices,
-                              rf->n_choices};
+    moeq_grammar_spec spec = moeq_response_format_spec(rf);
     char err[200] = "";
     moeq_err e = moeq_grammar_cache_get(w->grammars, &spec, &wj->grammar, err, sizeof err);
     if (!e) return NULL;
