@@ -146,6 +146,13 @@ frag json_any_object(nfa *n, int depth) {
 /* Digit strings of one length between a and b (same length, a <= b). */
 static frag digits_between(nfa *n, const char *a, const char *b, int len) {
     if (len == 0) return frag_empty(n);
+    int every = 1; /* a = 00..0 and b = 99..9: every string, built linearly (the split below would be 2^len) */
+    for (int i = 0; i < len && every; i++) every = a[i] == '0' && b[i] == '9';
+    if (every) {
+        frag any = byte_range(n, '0', '9');
+        for (int i = 1; i < len; i++) any = frag_seq(n, any, byte_range(n, '0', '9'));
+        return any;
+    }
     if (a[0] == b[0]) return frag_seq(n, frag_bytes(n, a, 1), digits_between(n, a + 1, b + 1, len - 1));
     char nines[24], zeros[24];
     memset(nines, '9', (size_t)len), memset(zeros, '0', (size_t)len);
@@ -199,6 +206,243 @@ static frag int_range(nfa *n, int has_lo, long long lo, int has_hi, long long hi
         parts[k++] = frag_seq(n, literal(n, "-"), nonneg_range(n, nlo, nhi));
     }
     return k == 1 ? parts[0] : frag_alt(n, parts, k);
+}
+
+/* ---- number bounds ------------------------------------------------------------------- */
+
+/*
+ * A bound as the schema wrote it, exactly: |value| = ip.frac (frac's digits
+ * without trailing zeros). Bounds are compared as decimals, not doubles, so
+ * "maximum": 0.1 admits "0.1" and refuses "0.10001" whatever 0.1's binary
+ * value is.
+ */
+#define MAX_BOUND_FRAC 40
+typedef struct decimal {
+    int neg;
+    long long ip;
+    char frac[MAX_BOUND_FRAC + 1];
+} decimal;
+
+typedef struct bound {
+    int has, strict;
+    decimal v;
+} bound;
+
+/* A JSON number's text (already valid: gjson parsed it) into a decimal; -1 when it has too many fraction digits. */
+static int decimal_parse(const char *s, size_t len, decimal *d) {
+    char digits[64];
+    int nd = 0, point = 0, exp = 0, esign = 1, neg = 0, seen_point = 0, too_long = 0;
+    size_t i = 0;
+    if (i < len && s[i] == '-') neg = 1, i++;
+    for (; i < len && s[i] != 'e' && s[i] != 'E'; i++) {
+        if (s[i] == '.') {
+            seen_point = 1;
+            continue;
+        }
+        if (nd == 0 && s[i] == '0') { /* a leading zero: moves the point, not the digits */
+            if (seen_point) point--;
+            continue;
+        }
+        if (nd < (int)sizeof digits) digits[nd++] = s[i];
+        else too_long = 1;
+        if (!seen_point) point++;
+    }
+    if (i < len) {
+        i++;
+        if (s[i] == '+' || s[i] == '-') esign = s[i++] == '-' ? -1 : 1;
+        for (; i < len && exp < 100000; i++) exp = exp * 10 + (s[i] - '0');
+    }
+    while (nd > 0 && digits[nd - 1] == '0') nd--;
+    memset(d, 0, sizeof *d);
+    if (nd == 0) return 0; /* zero, -0 included */
+    if (too_long) return -1;
+    point += esign * exp; /* value = 0.digits * 10^point */
+    if (point > 18) return -1; /* callers refuse |value| > 1e15 before this matters */
+    d->neg = neg;
+    for (int k = 0; k < point; k++) d->ip = d->ip * 10 + (k < nd ? digits[k] - '0' : 0);
+    int lead = point < 0 ? -point : 0, from = point > 0 ? point : 0;
+    if (nd > from && lead + nd - from > MAX_BOUND_FRAC) return -1;
+    for (int k = 0; k < lead && nd > from; k++) d->frac[k] = '0';
+    for (int k = from; k < nd; k++) d->frac[lead + k - from] = digits[k];
+    return 0;
+}
+
+static int decimal_cmp_abs(const decimal *a, const decimal *b) {
+    if (a->ip != b->ip) return a->ip < b->ip ? -1 : 1;
+    int c = strcmp(a->frac, b->frac); /* no trailing zeros: a prefix is the smaller */
+    return c < 0 ? -1 : c > 0;
+}
+
+static int decimal_cmp(const decimal *a, const decimal *b) {
+    if (a->neg != b->neg) return a->neg ? -1 : 1;
+    return a->neg ? -decimal_cmp_abs(a, b) : decimal_cmp_abs(a, b);
+}
+
+/* The tighter of two bounds on one side (upper: the smaller); at equal values the exclusive one. */
+static void bound_tighten(bound *b, const decimal *v, int strict, int upper) {
+    int c = b->has ? decimal_cmp(v, &b->v) : 0;
+    if (!b->has || (upper ? c < 0 : c > 0)) *b = (bound){1, strict, *v};
+    else if (c == 0 && strict) b->strict = 1;
+}
+
+/*
+ * minimum / maximum / exclusiveMinimum / exclusiveMaximum into a lower and an
+ * upper bound. Draft 4's boolean exclusiveMinimum/exclusiveMaximum (which make
+ * minimum/maximum exclusive) are read too, as older generators still write them.
+ */
+static int read_bounds(schema_ctx *c, const gj *s, bound *lo, bound *hi) {
+    static const char *const kw[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    *lo = *hi = (bound){0};
+    int draft4_strict[2] = {0, 0};
+    for (int i = 0; i < 4; i++) {
+        const gj *v = gj_get(s, kw[i]);
+        if (!v) continue;
+        if (v->type == GJ_BOOL && i % 2 == 1) {
+            if (v->b && !gj_get(s, kw[i - 1]))
+                return sfail(c, MOEQ_ERR_FORMAT, "'%s': true without the bound it makes exclusive", kw[i]);
+            draft4_strict[i / 2] = v->b;
+            continue;
+        }
+        if (v->type != GJ_NUM) return sfail(c, MOEQ_ERR_FORMAT, "'%s' must be a number", kw[i]);
+        if (fabs(v->num) > 1e15) return sfail(c, MOEQ_ERR_UNSUPPORTED, "'%s' beyond 1e15 is not supported", kw[i]);
+        decimal d;
+        if (decimal_parse(v->raw, v->raw_len, &d))
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "'%s' with more than 40 digits after the point is not supported",
+                         kw[i]);
+        bound_tighten(i < 2 ? lo : hi, &d, i % 2, i >= 2);
+    }
+    if (draft4_strict[0]) lo->strict = 1; /* draft 4: minimum/maximum is then the side's only bound */
+    if (draft4_strict[1]) hi->strict = 1;
+    if (lo->has && hi->has) {
+        int cmp = decimal_cmp(&lo->v, &hi->v);
+        if (cmp > 0 || (cmp == 0 && (lo->strict || hi->strict)))
+            return sfail(c, MOEQ_ERR_FORMAT, "%s", "minimum is above maximum (no value is within the bounds)");
+    }
+    return 0;
+}
+
+/* The least integer within a lower bound (upper: the greatest). */
+static long long bound_integer(const bound *b, int upper) {
+    long long m = b->v.ip;
+    int whole = !b->v.frac[0];
+    /* |v| = m.frac; toward +inf for a lower bound, toward -inf for an upper one */
+    if (!upper) {
+        if (b->v.neg) return whole ? -m + b->strict : -m;
+        return whole ? m + b->strict : m + 1;
+    }
+    if (b->v.neg) return whole ? -m - b->strict : -m - 1;
+    return whole ? m - b->strict : m;
+}
+
+/*
+ * The optional fraction (".digits") after an integer part, as the digits
+ * automaton of a comparison: state (p digits read, still equal to lo's
+ * fraction, still equal to hi's). Leaving the equality with lo by a larger
+ * digit, or with hi by a smaller one, frees that side; the other ways out are
+ * dead. An output may end where the value so far is within the bounds. Past
+ * both fractions' digits every position behaves alike (both compare against
+ * 0), so positions are counted up to that and then loop; max_digits >= 0
+ * stops them there instead. *empty: no fraction (nor its absence) fits.
+ */
+static frag fraction_between(nfa *n, const char *a, int a_strict, int tight_lo, const char *b, int b_strict,
+                             int tight_hi, int max_digits, int *empty) {
+    int la = tight_lo ? (int)strlen(a) : 0, lb = tight_hi ? (int)strlen(b) : 0;
+    int cap = la > lb ? la : lb;
+    if (cap < 1) cap = 1; /* position 0 (a digit must follow the point) is never an end */
+    if (max_digits >= 0) cap = max_digits;
+    int32_t st[MAX_BOUND_FRAC + 2][2][2];
+    for (int p = 0; p <= cap; p++)
+        for (int x = 0; x < 2; x++) st[p][x][0] = st[p][x][1] = -1;
+    frag f = frag_empty(n);
+    int32_t end = nfa_state(n);
+    *empty = 1;
+    /* the value as it stands ends within the bounds? */
+#define ENDS_WITHIN(p, tl, th) (!((tl) && ((p) < la || a_strict)) && !((th) && (p) >= lb && b_strict))
+    if (ENDS_WITHIN(0, tight_lo, tight_hi)) nfa_eps(n, f.start, end), *empty = 0; /* no fraction */
+    if (cap == 0) return (frag){f.start, end};
+    int32_t todo[(MAX_BOUND_FRAC + 2) * 4][3];
+    int nt = 0;
+    st[0][tight_lo][tight_hi] = nfa_state(n);
+    nfa_range(n, f.start, st[0][tight_lo][tight_hi], '.', '.');
+    todo[nt][0] = 0, todo[nt][1] = tight_lo, todo[nt++][2] = tight_hi;
+    while (nt > 0) {
+        nt--;
+        int p = todo[nt][0], tl = todo[nt][1], th = todo[nt][2];
+        int32_t from = st[p][tl][th];
+        if (p > 0 && ENDS_WITHIN(p, tl, th)) nfa_eps(n, from, end), *empty = 0;
+        if (max_digits >= 0 && p == cap) continue;
+        int da = tl && p < la ? a[p] - '0' : 0, db = th && p < lb ? b[p] - '0' : 9;
+        if (th && p >= lb) db = 0;
+        int np = p + 1 < cap ? p + 1 : cap;
+        for (int dig = tl ? da : 0; dig <= db;) { /* runs of digits with one target */
+            int ntl = tl && dig == da, nth = th && dig == db;
+            int last = dig;
+            while (last + 1 <= db && (tl && last + 1 == da) == ntl && (th && last + 1 == db) == nth) last++;
+            if (st[np][ntl][nth] < 0) {
+                st[np][ntl][nth] = nfa_state(n);
+                todo[nt][0] = np, todo[nt][1] = ntl, todo[nt++][2] = nth;
+            }
+            nfa_range(n, from, st[np][ntl][nth], (uint8_t)('0' + dig), (uint8_t)('0' + last));
+            dig = last + 1;
+        }
+    }
+#undef ENDS_WITHIN
+    return (frag){f.start, end};
+}
+
+/* (\.[0-9]{1,k})? */
+static frag fraction_upto(nfa *n, int k) {
+    if (k == 0) return frag_empty(n);
+    frag f = frag_seq(n, literal(n, "."), byte_range(n, '0', '9'));
+    for (int i = 1; i < k; i++) f = frag_seq(n, f, frag_opt(n, byte_range(n, '0', '9')));
+    return frag_opt(n, f);
+}
+
+/* The digits a magnitude's integer part counts against a digit budget: a lone 0 counts none. */
+static int int_digits(long long ip) { return ip ? ndigits(ip) : 0; }
+
+/*
+ * Unsigned decimals (0|[1-9][0-9]*)(\.[0-9]+)? with a value in [lo, hi] (hi
+ * NULL: unbounded); max_digits >= 0 bounds the digits written (a lone integer
+ * 0 not counted). *empty: none fits.
+ */
+static frag magnitude_between(nfa *n, const decimal *lo, int lo_strict, const decimal *hi, int hi_strict,
+                              int max_digits, int *empty) {
+    char text[24];
+    frag parts[24];
+    int k = 0, none;
+    int lo_room = max_digits < 0 ? -1 : max_digits - int_digits(lo->ip);
+    snprintf(text, sizeof text, "%lld", lo->ip);
+    frag dead = {nfa_state(n), nfa_state(n)};
+    if (hi && hi->ip == lo->ip) {
+        if (max_digits >= 0 && lo_room < 0) return *empty = 1, dead;
+        frag f = fraction_between(n, lo->frac, lo_strict, 1, hi->frac, hi_strict, 1, lo_room, &none);
+        *empty = none;
+        return frag_seq(n, literal(n, text), f);
+    }
+    if (max_digits < 0 || lo_room >= 0) {
+        frag f = fraction_between(n, lo->frac, lo_strict, 1, "", 0, 0, lo_room, &none);
+        if (!none) parts[k++] = frag_seq(n, literal(n, text), f);
+    }
+    long long from = lo->ip + 1, to = hi ? hi->ip - 1 : -1;
+    if (max_digits < 0) {
+        if (to < 0 || to >= from) parts[k++] = frag_seq(n, nonneg_range(n, from, to), frag_opt(n, fraction(n)));
+    } else { /* one integer length at a time: each leaves its own room for the fraction */
+        for (int len = ndigits(from); len <= max_digits && (to < 0 || len <= ndigits(to)) && k < 22; len++) {
+            long long a = len == ndigits(from) ? from : pow10ll(len - 1), z = pow10ll(len) - 1;
+            if (to >= 0 && to < z) z = to;
+            if (a > z) break;
+            parts[k++] = frag_seq(n, nonneg_range(n, a, z), fraction_upto(n, max_digits - len));
+        }
+    }
+    int hi_room = hi && max_digits >= 0 ? max_digits - int_digits(hi->ip) : -1;
+    if (hi && (max_digits < 0 || hi_room >= 0)) {
+        snprintf(text, sizeof text, "%lld", hi->ip);
+        frag f = fraction_between(n, "", 0, 0, hi->frac, hi_strict, 1, hi_room, &none);
+        if (!none) parts[k++] = frag_seq(n, literal(n, text), f);
+    }
+    *empty = k == 0;
+    return k == 0 ? dead : k == 1 ? parts[0] : frag_alt(n, parts, k);
 }
 
 /* ---- keywords ------------------------------------------------------------------------- */
@@ -307,60 +551,74 @@ static int type_string(schema_ctx *c, const gj *s, frag *out) {
     return 0;
 }
 
-/* minimum/maximum/exclusive* as an integer range [lo, hi]. */
-static int bounds(schema_ctx *c, const gj *s, int integer, int *has_lo, long long *lo, int *has_hi, long long *hi) {
-    static const char *const kw[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
-    *has_lo = *has_hi = 0;
-    for (int i = 0; i < 4; i++) {
-        const gj *v = gj_get(s, kw[i]);
-        if (!v) continue;
-        if (v->type != GJ_NUM) return sfail(c, MOEQ_ERR_FORMAT, "'%s' must be a number", kw[i]);
-        if (fabs(v->num) > 1e15) return sfail(c, MOEQ_ERR_UNSUPPORTED, "'%s' beyond 1e15 is not supported", kw[i]);
-        if (!integer && (i % 2 == 1 || v->num != floor(v->num)))
-            return sfail(c, MOEQ_ERR_UNSUPPORTED,
-                         "'%s' on a number is supported only as an integer minimum/maximum (use type integer)", kw[i]);
-        if (i < 2) {
-            long long b = i == 0 ? (long long)ceil(v->num) : (long long)floor(v->num) + 1;
-            if (!*has_lo || b > *lo) *lo = b;
-            *has_lo = 1;
-        } else {
-            long long b = i == 2 ? (long long)floor(v->num) : (long long)ceil(v->num) - 1;
-            if (!*has_hi || b < *hi) *hi = b;
-            *has_hi = 1;
-        }
-    }
-    if (*has_lo && *has_hi && *lo > *hi) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minimum is above maximum");
+static int type_integer(schema_ctx *c, const gj *s, frag *out) {
+    bound lo, hi;
+    if (read_bounds(c, s, &lo, &hi)) return -1;
+    long long ilo = lo.has ? bound_integer(&lo, 0) : 0, ihi = hi.has ? bound_integer(&hi, 1) : 0;
+    if (lo.has && hi.has && ilo > ihi) return sfail(c, MOEQ_ERR_FORMAT, "%s", "no integer is within the bounds");
+    *out = lo.has || hi.has ? int_range(c->n, lo.has, ilo, hi.has, ihi) : json_integer(c->n);
     return 0;
 }
 
-static int type_integer(schema_ctx *c, const gj *s, frag *out) {
-    int has_lo, has_hi;
-    long long lo = 0, hi = 0;
-    if (bounds(c, s, 1, &has_lo, &lo, &has_hi, &hi)) return -1;
-    *out = has_lo || has_hi ? int_range(c->n, has_lo, lo, has_hi, hi) : json_integer(c->n);
-    return 0;
+/* Significant digits of a decimal (1000 and 0.001: one). */
+static int significant_digits(const decimal *d) {
+    char t[24 + MAX_BOUND_FRAC];
+    snprintf(t, sizeof t, "%lld%s", d->ip, d->frac);
+    size_t i = 0, e = strlen(t);
+    while (i < e && t[i] == '0') i++;
+    while (e > i && t[e - 1] == '0') e--;
+    return (int)(e - i);
 }
+
+/*
+ * A bounded number is written without an exponent (as xgrammar does), so the
+ * bounds compare digit by digit: the non-negative values, then "-" and the
+ * negative ones' magnitudes (never "-0").
+ *
+ * Readers hold numbers as doubles, which round: a value just inside an
+ * exclusive bound can read as the bound itself (99.9999999999999999 is 100.0).
+ * Rounding keeps order, so inclusive bounds are safe; beside an exclusive one
+ * numbers get at most 15 digits (a lone integer 0 not counted) and the bound at
+ * most 15 significant digits. Distinct decimals of 15 significant digits in
+ * the double range are distinct doubles (DBL_DIG), so a value the grammar
+ * admits stays strictly inside once read.
+ */
+#define EXCLUSIVE_DIGITS 15
 
 static int type_number(schema_ctx *c, const gj *s, frag *out) {
-    int has_lo, has_hi;
-    long long lo = 0, hi = 0;
-    if (bounds(c, s, 0, &has_lo, &lo, &has_hi, &hi)) return -1;
+    bound lo, hi;
+    if (read_bounds(c, s, &lo, &hi)) return -1;
     nfa *n = c->n;
-    if (!has_lo && !has_hi) return *out = json_number(n), 0;
-    if (!has_lo || lo < 0)
-        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "a number range is supported only with an integer minimum >= 0");
-    if (!has_hi) return *out = frag_seq(n, nonneg_range(n, lo, -1), frag_opt(n, fraction(n))), 0;
-    char top[32];
-    snprintf(top, sizeof top, "%lld", hi);
-    frag zero = literal(n, "0");
-    frag zeros = frag_seq(n, literal(n, ".0"), frag_star(n, zero)); /* hi.000: still hi */
-    frag parts[2] = {frag_seq(n, literal(n, top), frag_opt(n, zeros)), {0, 0}};
-    if (hi > lo) {
-        parts[1] = frag_seq(n, nonneg_range(n, lo, hi - 1), frag_opt(n, fraction(n)));
-        *out = frag_alt(n, parts, 2);
-    } else {
-        *out = parts[0];
+    if (!lo.has && !hi.has) return *out = json_number(n), 0;
+    int max_digits = -1;
+    if ((lo.has && lo.strict) || (hi.has && hi.strict)) {
+        if ((lo.strict && significant_digits(&lo.v) > EXCLUSIVE_DIGITS) ||
+            (hi.strict && significant_digits(&hi.v) > EXCLUSIVE_DIGITS))
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s",
+                         "an exclusive bound of more than 15 significant digits (a double's) is not supported");
+        max_digits = EXCLUSIVE_DIGITS;
     }
+    decimal zero = {0};
+    frag parts[2];
+    int k = 0, empty;
+    int hi_zero = hi.has && !hi.v.ip && !hi.v.frac[0];
+    if (!hi.has || (!hi.v.neg && !(hi_zero && hi.strict))) {
+        int from_lo = lo.has && !lo.v.neg;
+        frag f = magnitude_between(n, from_lo ? &lo.v : &zero, from_lo && lo.strict, hi.has ? &hi.v : NULL, hi.strict,
+                                   max_digits, &empty);
+        if (!empty) parts[k++] = f;
+    }
+    if (!lo.has || lo.v.neg) {
+        decimal mlo = zero, mhi = lo.v;
+        int below_neg = hi.has && hi.v.neg;
+        if (below_neg) mlo = hi.v, mlo.neg = 0;
+        mhi.neg = 0;
+        frag f = magnitude_between(n, &mlo, below_neg ? hi.strict : 1, lo.has ? &mhi : NULL, lo.strict, max_digits,
+                                   &empty);
+        if (!empty) parts[k++] = frag_seq(n, literal(n, "-"), f);
+    }
+    if (k == 0) return sfail(c, MOEQ_ERR_FORMAT, "%s", "no number of at most 15 digits is within the bounds");
+    *out = k == 1 ? parts[0] : frag_alt(n, parts, k);
     return 0;
 }
 

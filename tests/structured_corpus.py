@@ -62,6 +62,14 @@ HAND = [
     {"type": "integer", "minimum": 7},
     {"type": "number"},
     {"type": "number", "minimum": 1, "maximum": 5},
+    # bounds of any sign, fractional and exclusive (pydantic's confloat(gt=0, le=1), PositiveFloat, ...)
+    {"type": "object", "properties": {"confidence": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                                      "change": {"type": "number", "minimum": -2.5, "maximum": 2.5},
+                                      "loss": {"type": "number", "exclusiveMaximum": -0.05},
+                                      "rate": {"type": "number", "exclusiveMinimum": 0}},
+     "required": ["confidence", "change", "loss", "rate"]},
+    {"type": "array", "items": {"type": "number", "minimum": 0.125, "exclusiveMaximum": 0.5}, "minItems": 2,
+     "maxItems": 4},
     {"type": "string", "format": "date-time"},
     {"type": "string", "format": "uuid"},
     {"type": "string", "format": "email"},
@@ -152,8 +160,16 @@ def gen_schema(rng, depth):
             return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 2000)}
         return {"type": "integer", "minimum": lo} if r < 0.8 else {"type": "integer", "maximum": lo}
     if k == "number":
-        return {"type": "number"} if rng.random() < 0.5 else {"type": "number", "minimum": 0,
-                                                               "maximum": rng.choice([1, 10, 100])}
+        r = rng.random()
+        if r < 0.4:
+            return {"type": "number"}
+        if r < 0.6:
+            return {"type": "number", "minimum": 0, "maximum": rng.choice([1, 10, 100])}
+        lo = round(rng.uniform(-20, 20), rng.choice([0, 1, 2, 3]))
+        s = {"type": "number", rng.choice(["minimum", "exclusiveMinimum"]): lo}
+        if r < 0.9:
+            s[rng.choice(["maximum", "exclusiveMaximum"])] = round(lo + rng.uniform(0.01, 30), rng.choice([0, 1, 2]))
+        return s
     if k == "boolean":
         return {"type": "boolean"}
     if k == "null":

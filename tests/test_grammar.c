@@ -265,8 +265,8 @@ static void an_unsupported_feature_is_an_error_naming_it_and_where(void **state)
                  MOEQ_ERR_UNSUPPORTED, "'not' is not supported at /anyOf/1");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", MOEQ_ERR_UNSUPPORTED,
                  "backreferences");
-    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0.5}", MOEQ_ERR_UNSUPPORTED,
-                 "'minimum' on a number");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5}", MOEQ_ERR_UNSUPPORTED,
+                 "'multipleOf' is not supported");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":", MOEQ_ERR_PARSE, "schema JSON");
     expect_error(v, MOEQ_GRAMMAR_REGEX, "a(?=b)", MOEQ_ERR_UNSUPPORTED, "lookaround");
     expect_error(v, MOEQ_GRAMMAR_REGEX, "[a-\\d]", MOEQ_ERR_PARSE, "bad class range"); /* a class cannot end a range */
@@ -386,6 +386,129 @@ static void one_of_compiles_when_its_branches_are_told_apart(void **state) {
     moeq_grammar_vocab_destroy(v);
 }
 
+/* A number text as the bounded-number grammar should admit it: -?(0|[1-9][0-9]*)(\.[0-9]+)?, never "-0...",
+ * with at most 4 fraction digits (the candidates have no more); its value in units of 1e-4 into *v. */
+static int canonical_number(const char *t, long long *v) {
+    int neg = *t == '-';
+    const char *p = t + neg;
+    if (!(*p >= '0' && *p <= '9') || (p[0] == '0' && p[1] >= '0' && p[1] <= '9')) return 0;
+    long long ip = 0, frac = 0;
+    for (; *p >= '0' && *p <= '9'; p++) ip = ip * 10 + (*p - '0');
+    int fd = 0;
+    if (*p == '.') {
+        for (p++; *p >= '0' && *p <= '9'; p++, fd++) frac = frac * 10 + (*p - '0');
+        if (fd == 0) return 0;
+    }
+    if (*p) return 0;
+    for (int i = fd; i < 4; i++) frac *= 10;
+    *v = (ip * 10000 + frac) * (neg ? -1 : 1);
+    return !(neg && *v == 0);
+}
+
+/* Number bounds of any sign, fractional and exclusive (and draft 4's boolean exclusive*), against every
+ * candidate text: admitted exactly when canonical and within the bounds, compared exactly (units of 1e-4). */
+static void number_bounds_admit_exactly_the_values_within_them(void **state) {
+    (void)state;
+    static const struct {
+        const char *bounds;
+        int has_lo, lo_strict, has_hi, hi_strict;
+        long long lo, hi; /* units of 1e-4 */
+    } cases[] = {
+        {"\"minimum\":0,\"maximum\":1", 1, 0, 1, 0, 0, 10000},
+        {"\"exclusiveMinimum\":0", 1, 1, 0, 0, 0, 0},
+        {"\"minimum\":-1.5,\"maximum\":2.25", 1, 0, 1, 0, -15000, 22500},
+        {"\"exclusiveMinimum\":-10,\"exclusiveMaximum\":-0.5", 1, 1, 1, 1, -100000, -5000},
+        {"\"maximum\":0.5", 0, 0, 1, 0, 0, 5000},
+        {"\"exclusiveMaximum\":0", 0, 0, 1, 1, 0, 0},
+        {"\"maximum\":0", 0, 0, 1, 0, 0, 0},
+        {"\"minimum\":0.25,\"exclusiveMaximum\":0.75", 1, 0, 1, 1, 2500, 7500},
+        {"\"minimum\":-0.001", 1, 0, 0, 0, -10, 0},
+        {"\"minimum\":1.5,\"maximum\":1.50", 1, 0, 1, 0, 15000, 15000},
+        {"\"minimum\":5,\"exclusiveMaximum\":12", 1, 0, 1, 1, 50000, 120000},
+        {"\"minimum\":2,\"exclusiveMinimum\":2,\"maximum\":100", 1, 1, 1, 0, 20000, 1000000},
+        {"\"minimum\":1,\"exclusiveMinimum\":true,\"maximum\":9.9,\"exclusiveMaximum\":false", 1, 1, 1, 0, 10000,
+         99000},
+        {"\"minimum\":1e-3,\"maximum\":1.2E1", 1, 0, 1, 0, 10, 120000},
+        {"\"maximum\":-0.1,\"minimum\":-99.99", 1, 0, 1, 0, -999900, -1000},
+        {"\"minimum\":0.1,\"maximum\":0.1001,\"exclusiveMaximum\":0.10010", 1, 0, 1, 1, 1000, 1001},
+        {"\"minimum\":-5.05,\"exclusiveMaximum\":-5.0", 1, 0, 1, 1, -50500, -50000},
+    };
+    static const char *const ints[] = {"0", "00", "01", "1", "2", "5", "9", "10", "12", "99", "100", "123"};
+    static const char *const fracs[] = {"",    ".",    ".0",   ".00", ".5",   ".05",  ".1",   ".25",  ".50",
+                                        ".75", ".9",   ".99", ".999", ".001", ".0001", ".1001", ".101", ".2"};
+    moeq_grammar_vocab *v = vocab();
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char schema[256];
+        snprintf(schema, sizeof schema, "{\"type\":\"number\",%s}", cases[c].bounds);
+        moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, schema);
+        int admitted = 0;
+        for (int sign = 0; sign < 2; sign++)
+            for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+                for (size_t f = 0; f < sizeof fracs / sizeof fracs[0]; f++) {
+                    char text[32];
+                    snprintf(text, sizeof text, "%s%s%s", sign ? "-" : "", ints[i], fracs[f]);
+                    long long x = 0;
+                    int want = canonical_number(text, &x);
+                    if (want && cases[c].has_lo) want = cases[c].lo_strict ? x > cases[c].lo : x >= cases[c].lo;
+                    if (want && cases[c].has_hi) want = cases[c].hi_strict ? x < cases[c].hi : x <= cases[c].hi;
+                    int got = matches(g, text);
+                    if (got != want) print_error("%s: '%s' admitted %d, want %d\n", schema, text, got, want);
+                    assert_int_equal(got, want);
+                    admitted += got;
+                }
+        assert_true(admitted > 0);
+        assert_false(matches(g, "1e2")); /* bounded numbers are written without an exponent */
+        char out[256];
+        for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed, 40, out, sizeof out);
+        moeq_grammar_release(g);
+    }
+    /* beside an exclusive bound at most 15 digits, so a reader's double stays strictly inside: 99.99999999999999
+     * (16 digits) reads as 100.0; an inclusive bound needs no such cap (rounding keeps order) */
+    static const struct {
+        const char *schema, *text;
+        int admitted;
+    } digits[] = {
+        {"{\"type\":\"number\",\"exclusiveMaximum\":100}", "99.9999999999999", 1},
+        {"{\"type\":\"number\",\"exclusiveMaximum\":100}", "99.99999999999999", 0},
+        {"{\"type\":\"number\",\"exclusiveMaximum\":100}", "-123456789012345", 1},
+        {"{\"type\":\"number\",\"exclusiveMaximum\":100}", "-1234567890123456", 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0}", "0.000000000000001", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0}", "0.0000000000000001", 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "0.999999999999999999", 0},
+        {"{\"type\":\"number\",\"maximum\":100}", "99.99999999999999999", 1},
+        {"{\"type\":\"number\",\"minimum\":0}", "12345678901234567890.5", 1},
+    };
+    for (size_t i = 0; i < sizeof digits / sizeof digits[0]; i++) {
+        moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, digits[i].schema);
+        if (matches(g, digits[i].text) != digits[i].admitted) print_error("%s: %s\n", digits[i].schema, digits[i].text);
+        assert_int_equal(matches(g, digits[i].text), digits[i].admitted);
+        moeq_grammar_release(g);
+    }
+    /* integers with fractional and exclusive bounds: [-2, 2] */
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                              "{\"type\":\"integer\",\"minimum\":-2.5,\"exclusiveMaximum\":3}");
+    static const char *const in[] = {"-2", "-1", "0", "1", "2"}, *const out_of[] = {"-3", "3", "-0", "2.0", "1e0"};
+    for (int i = 0; i < 5; i++) assert_true(matches(g, in[i]));
+    for (int i = 0; i < 5; i++) assert_false(matches(g, out_of[i]));
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":2,\"maximum\":1.5}", MOEQ_ERR_FORMAT,
+                 "minimum is above maximum");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"exclusiveMinimum\":1,\"maximum\":1}",
+                 MOEQ_ERR_FORMAT, "no value is within the bounds");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":0.2,\"maximum\":0.8}",
+                 MOEQ_ERR_FORMAT, "no integer is within the bounds");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"exclusiveMaximum\":true}", MOEQ_ERR_FORMAT,
+                 "'exclusiveMaximum': true without the bound");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"exclusiveMinimum\":0.1234567890123456}",
+                 MOEQ_ERR_UNSUPPORTED, "more than 15 significant digits");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{\"type\":\"number\",\"exclusiveMinimum\":999999999999999,\"maximum\":1e15}", MOEQ_ERR_FORMAT,
+                 "no number of at most 15 digits");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":1e-50}", MOEQ_ERR_UNSUPPORTED,
+                 "more than 40 digits after the point");
+    moeq_grammar_vocab_destroy(v);
+}
+
 static void regex_and_choice_outputs_match_exactly(void **state) {
     (void)state;
     moeq_grammar_vocab *v = vocab();
@@ -443,6 +566,7 @@ int main(void) {
         cmocka_unit_test(an_unsupported_feature_is_an_error_naming_it_and_where),
         cmocka_unit_test(refs_and_single_all_of_compile_as_their_targets),
         cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
+        cmocka_unit_test(number_bounds_admit_exactly_the_values_within_them),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
         cmocka_unit_test(a_cached_grammar_is_compiled_once_and_shared),
     };
