@@ -104,7 +104,7 @@ struct moeq_grammar {
 
 moeq_grammar_limits moeq_grammar_default_limits(void) {
     return (moeq_grammar_limits){.max_nfa_states = 200000, .max_dfa_states = 20000, .max_schema_depth = 16,
-                                 .max_repeat = 256};
+                                 .max_repeat = 256, .max_recursion = 4};
 }
 
 static int build_choice(nfa *n, const moeq_grammar_spec *spec, frag *out, char *errstr, size_t errstr_size) {
@@ -123,20 +123,21 @@ static int build_choice(nfa *n, const moeq_grammar_spec *spec, frag *out, char *
 }
 
 static moeq_err build_schema(nfa *n, const moeq_grammar_spec *spec, const moeq_grammar_limits *lim, frag *out,
-                             char *errstr, size_t errstr_size) {
+                             int *cut, char *errstr, size_t errstr_size) {
     gj *root = gj_parse(spec->text ? spec->text : "", spec->text ? spec->text_len : 0, lim->max_schema_depth * 4 + 8,
                         errstr, errstr_size);
     if (!root) return MOEQ_ERR_PARSE;
-    schema_ctx c = {n, lim, errstr, errstr_size, MOEQ_OK, "", root, {root}, 1}; /* "#" inside it: recursion */
+    schema_ctx c = {n, lim, errstr, errstr_size, MOEQ_OK, "", root, {root}, {0}, 1, 0}; /* "#" inside: recursion */
     schema_compile(&c, root, 0, out);
     gj_free(root);
+    *cut = c.n_cut;
     return c.err;
 }
 
-static moeq_err build(nfa *n, const moeq_grammar_spec *spec, const moeq_grammar_limits *lim, frag *out, char *errstr,
-                      size_t errstr_size) {
+static moeq_err build(nfa *n, const moeq_grammar_spec *spec, const moeq_grammar_limits *lim, frag *out, int *cut,
+                      char *errstr, size_t errstr_size) {
     switch (spec->kind) {
-    case MOEQ_GRAMMAR_JSON_SCHEMA: return build_schema(n, spec, lim, out, errstr, errstr_size);
+    case MOEQ_GRAMMAR_JSON_SCHEMA: return build_schema(n, spec, lim, out, cut, errstr, errstr_size);
     case MOEQ_GRAMMAR_JSON_OBJECT: *out = json_any_object(n, MOEQ_GRAMMAR_ANY_DEPTH); return MOEQ_OK;
     case MOEQ_GRAMMAR_REGEX:
         if (!spec->text) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "regex: no pattern");
@@ -155,7 +156,8 @@ moeq_err moeq_grammar_compile(const moeq_grammar_spec *spec, const moeq_grammar_
     nfa n;
     nfa_init(&n, lim.max_nfa_states);
     frag f = {0, 0};
-    moeq_err err = build(&n, spec, &lim, &f, errstr, errstr_size);
+    int cut = 0;
+    moeq_err err = build(&n, spec, &lim, &f, &cut, errstr, errstr_size);
     if (!err && n.failed)
         err = n.nomem ? moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar: out of memory")
                       : moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
@@ -171,6 +173,11 @@ moeq_err moeq_grammar_compile(const moeq_grammar_spec *spec, const moeq_grammar_
     if (!g->d) return free(g), moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar DFA");
     if (dfa_distance(g->d, dfa_start(g->d)) == INT32_MAX) {
         moeq_grammar_release(g);
+        if (cut)
+            return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                             "grammar: a recursive schema with no value that nests at most %d levels "
+                             "(max_recursion; is the recursion required at every level?)",
+                             lim.max_recursion);
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "grammar: no output can satisfy it");
     }
     *out = g;

@@ -116,7 +116,9 @@ typedef struct schema_ctx {
     char path[256];  /* JSON pointer of the schema being compiled            */
     const gj *root;  /* the whole schema: "$ref" resolves against it         */
     const gj *refs[MOEQ_GRAMMAR_MAX_REFS]; /* the "$ref" targets being compiled, outermost first */
+    int ref_depth[MOEQ_GRAMMAR_MAX_REFS];  /* the schema depth each was entered at               */
     int n_refs;
+    int n_cut;       /* recursive "$ref"s cut at max_recursion (or the depth limit)            */
 } schema_ctx;
 
 /* A fragment for one JSON value valid against schema; -1 with ctx->err set. */

@@ -828,8 +828,15 @@ static const gj *resolve_ref(const gj *root, const char *ref) {
     return at;
 }
 
-/* "$ref": the schema it names, compiled in its place (pydantic and most generators put shared models in
- * "$defs"). A reference back into a schema being compiled is recursion, which a finite automaton cannot hold. */
+/*
+ * "$ref": the schema it names, compiled in its place (pydantic and most generators put shared models in
+ * "$defs"). A reference back into a schema being compiled is recursion (a tree of sections, a thread of
+ * replies), which a finite automaton cannot hold whole: it is unrolled max_recursion times, and the
+ * reference below the last copy is cut (no value), as is one whose next copy would pass max_schema_depth.
+ * What the cut leaves is still valid against the schema: an empty list, an optional property left out,
+ * anyOf's null; the budget masks never enter a branch that cannot finish. A schema that recursion must
+ * continue at every level has no finite value: the compile refuses it.
+ */
 static int ref(schema_ctx *c, const gj *s, int depth, frag *out) {
     const gj *r = gj_get(s, "$ref");
     if (r->type != GJ_STR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'$ref' must be a string");
@@ -839,11 +846,20 @@ static int ref(schema_ctx *c, const gj *s, int depth, frag *out) {
                      "'#...')", r->str);
     const gj *target = resolve_ref(c->root, r->str);
     if (!target) return sfail(c, MOEQ_ERR_FORMAT, "'$ref' '%s' names nothing in the schema", r->str);
+    int entered = 0, last = -1;
     for (int i = 0; i < c->n_refs; i++)
-        if (c->refs[i] == target)
-            return sfail(c, MOEQ_ERR_UNSUPPORTED, "'$ref' '%s' is recursive (a schema inside itself), which is not "
-                         "supported", r->str);
+        if (c->refs[i] == target) entered++, last = i;
+    if (entered && c->limits->max_recursion <= 0)
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "'$ref' '%s' is recursive (a schema inside itself), which "
+                     "max_recursion = 0 refuses", r->str);
+    if (entered && (entered > c->limits->max_recursion ||
+                    depth + (depth - c->ref_depth[last]) > c->limits->max_schema_depth)) {
+        c->n_cut++;
+        *out = (frag){nfa_state(c->n), nfa_state(c->n)}; /* no edge between them: no value */
+        return 0;
+    }
     if (c->n_refs == MOEQ_GRAMMAR_MAX_REFS) return sfail(c, MOEQ_ERR_LIMIT, "%s", "'$ref's nested too deep");
+    c->ref_depth[c->n_refs] = depth;
     c->refs[c->n_refs++] = target;
     int rc = sub(c, target, depth, "$ref", NULL, out);
     c->n_refs--;

@@ -107,6 +107,20 @@ HAND = [
      "required": ["parties", "lead"]},
     {"definitions": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
      "type": "array", "items": {"$ref": "#/definitions/n"}, "minItems": 1, "maxItems": 4},
+    # recursive models (unrolled to max_recursion levels): a document outline as pydantic writes it, and a
+    # reply thread through the root
+    {"$defs": {"Section": {"type": "object", "title": "Section",
+                           "properties": {"heading": {"type": "string", "maxLength": 16},
+                                          "subsections": {"type": "array", "items": {"$ref": "#/$defs/Section"},
+                                                          "maxItems": 3}},
+                           "required": ["heading", "subsections"]}},
+     "type": "object", "properties": {"title": {"type": "string", "maxLength": 16},
+                                      "sections": {"type": "array", "items": {"$ref": "#/$defs/Section"},
+                                                   "minItems": 1, "maxItems": 3}},
+     "required": ["title", "sections"]},
+    {"type": "object", "properties": {"text": {"type": "string", "maxLength": 12},
+                                      "reply": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+     "required": ["text", "reply"], "additionalProperties": False},
     # a discriminated union as pydantic writes it (oneOf + discriminator), and a oneOf told apart by type
     {"$defs": {"Cat": {"type": "object", "properties": {"pet_type": {"const": "cat", "type": "string"},
                                                         "lives": {"type": "integer", "minimum": 0, "maximum": 9}},

@@ -318,16 +318,15 @@ static void refs_and_single_all_of_compile_as_their_targets(void **state) {
     assert_true(matches(g, "[1,2,3]"));
     assert_false(matches(g, "[1,\"a\"]"));
     moeq_grammar_release(g);
-    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
-                 "{\"type\":\"object\",\"properties\":{\"next\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}}}",
-                 MOEQ_ERR_UNSUPPORTED, "'$ref' '#' is recursive (a schema inside itself), which is not supported at "
-                                       "/properties/next/anyOf/0");
-    { /* named where it first refers back, not a level further in */
+    { /* max_recursion = 0 refuses recursion, named where it first refers back, not a level further in */
         const char *rec = "{\"properties\":{\"next\":{\"$ref\":\"#\"}}}";
         moeq_grammar_spec spec = {MOEQ_GRAMMAR_JSON_SCHEMA, rec, strlen(rec), NULL, 0};
+        moeq_grammar_limits lim = moeq_grammar_default_limits();
+        lim.max_recursion = 0;
         moeq_grammar *none = NULL;
         char err[256] = "";
-        assert_int_equal(moeq_grammar_compile(&spec, v, NULL, &none, err, sizeof err), MOEQ_ERR_UNSUPPORTED);
+        assert_int_equal(moeq_grammar_compile(&spec, v, &lim, &none, err, sizeof err), MOEQ_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err, "'$ref' '#' is recursive"));
         const char *at = strstr(err, " at ");
         assert_non_null(at);
         assert_string_equal(at, " at /properties/next");
@@ -340,6 +339,68 @@ static void refs_and_single_all_of_compile_as_their_targets(void **state) {
                  MOEQ_ERR_UNSUPPORTED, "'allOf' of more than one schema is not supported");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/a~2\"}", MOEQ_ERR_FORMAT, "names nothing");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":3}", MOEQ_ERR_FORMAT, "'$ref' must be a string");
+    moeq_grammar_vocab_destroy(v);
+}
+
+/* {"t":1,"sub":[{"t":2,"sub":[ ... ]}]}: levels nested sections, the innermost with no subsections. */
+static void sections(char *out, int levels) {
+    out[0] = 0;
+    for (int i = 0; i < levels; i++) sprintf(out + strlen(out), "{\"t\":%d,\"sub\":[", i);
+    for (int i = 0; i < levels; i++) strcat(out, "]}");
+}
+
+/* Recursive models (a tree of sections, a linked list through "#", a binary tree) unroll to max_recursion
+ * levels below the first: every output the masks allow is complete and valid, deeper values are refused, and a
+ * schema whose recursion never ends is refused by name. */
+static void recursive_refs_unroll_to_max_recursion_levels(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    const char *tree = "{\"$defs\":{\"S\":{\"type\":\"object\",\"properties\":{\"t\":{\"type\":\"integer\"},"
+                       "\"sub\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/S\"},\"maxItems\":2}},"
+                       "\"required\":[\"t\",\"sub\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/S\"}";
+    char text[512], out[4096];
+    for (int max = 1; max <= 4; max += 3) { /* 1, and the default 4 */
+        moeq_grammar_limits lim = moeq_grammar_default_limits();
+        lim.max_recursion = max;
+        moeq_grammar_spec spec = {MOEQ_GRAMMAR_JSON_SCHEMA, tree, strlen(tree), NULL, 0};
+        moeq_grammar *g = NULL;
+        char err[256] = "";
+        moeq_err e = moeq_grammar_compile(&spec, v, &lim, &g, err, sizeof err);
+        if (e) print_error("%s\n", err);
+        assert_int_equal(e, MOEQ_OK);
+        for (int levels = 1; levels <= max + 2; levels++) {
+            sections(text, levels);
+            assert_int_equal(matches(g, text), levels <= max + 1);
+        }
+        assert_true(matches(g, "{\"t\":0,\"sub\":[{\"t\":1,\"sub\":[]},{\"t\":2,\"sub\":[]}]}"));
+        assert_false(matches(g, "{\"t\":0,\"sub\":[{\"t\":1}]}")); /* sub is required at every level */
+        for (uint64_t seed = 1; seed <= 30; seed++) random_walk(g, seed, 200, out, sizeof out);
+        moeq_grammar_release(g);
+    }
+    /* through the root, with anyOf's null ending the list */
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                              "{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+                              "\"next\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}},"
+                              "\"required\":[\"v\",\"next\"]}");
+    strcpy(text, "null");
+    for (int n = 1; n <= 6; n++) {
+        char longer[512];
+        snprintf(longer, sizeof longer, "{\"v\":%d,\"next\":%s}", n, text);
+        strcpy(text, longer);
+        assert_int_equal(matches(g, text), n <= 5);
+    }
+    for (uint64_t seed = 1; seed <= 30; seed++) random_walk(g, seed, 200, out, sizeof out);
+    moeq_grammar_release(g);
+    /* two references per level: 2^5 copies at the innermost level, still far inside max_nfa_states */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"type\":\"object\",\"properties\":{\"l\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]},"
+                "\"r\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}},\"required\":[\"l\",\"r\"]}");
+    assert_true(matches(g, "{\"l\":{\"l\":null,\"r\":{\"l\":null,\"r\":null}},\"r\":null}"));
+    for (uint64_t seed = 1; seed <= 30; seed++) random_walk(g, seed, 400, out, sizeof out);
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{\"type\":\"object\",\"properties\":{\"next\":{\"$ref\":\"#\"}},\"required\":[\"next\"]}",
+                 MOEQ_ERR_UNSUPPORTED, "a recursive schema with no value that nests at most 4 levels");
     moeq_grammar_vocab_destroy(v);
 }
 
@@ -565,6 +626,7 @@ int main(void) {
         cmocka_unit_test(a_tight_budget_allows_exactly_the_tokens_that_can_still_finish),
         cmocka_unit_test(an_unsupported_feature_is_an_error_naming_it_and_where),
         cmocka_unit_test(refs_and_single_all_of_compile_as_their_targets),
+        cmocka_unit_test(recursive_refs_unroll_to_max_recursion_levels),
         cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
         cmocka_unit_test(number_bounds_admit_exactly_the_values_within_them),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),

@@ -97,6 +97,9 @@ const moeq_prop moeq_worker_props[] = {
     {"grammar_max_dfa_states", MOEQ_PROP_INT, P(grammar_max_dfa_states), 100, 1000000, "20000",
      "structured output: DFA states one grammar may reach while generating (each 1 KiB, plus a token mask "
      "of vocab/8 bytes once used); a job that needs more ends with grammar_too_large"},
+    {"grammar_max_recursion", MOEQ_PROP_INT, P(grammar_max_recursion), 0, 16, "4",
+     "structured output: levels a recursive JSON Schema (a $ref back into itself: a tree of sections) may "
+     "nest below its first; deeper values are not produced; 0 refuses recursive schemas (unsupported_schema)"},
     {"mtp_min_acceptance", MOEQ_PROP_DOUBLE, P(mtp_min_acceptance), -1, 1, "-1",
      "a job whose last 16 drafts were accepted less often than this decodes plainly for 32 tokens (doubling "
      "while it stays low, up to 1024), then drafts again; -1 = auto: 1.5 x the share of a step's weights one "
