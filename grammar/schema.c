@@ -866,14 +866,185 @@ static int ref(schema_ctx *c, const gj *s, int depth, frag *out) {
     return rc;
 }
 
-/* "allOf" of one schema (as generators wrap a "$ref" to give it a description): that schema. */
+static const gj *deref(const schema_ctx *c, const gj *s);
+
+/* Whether a schema constrains nothing (annotations only: a description wrapper). */
+static int annotations_only(const gj *s) {
+    for (size_t i = 0; s->type == GJ_OBJ && i < s->n; i++)
+        if (!in_list(s->keys[i], annotations)) return 0;
+    return s->type == GJ_OBJ || (s->type == GJ_BOOL && s->b);
+}
+
+#define MAX_ALL_OF 32
+
+/* allOf's branches, "$ref"s followed and nested allOfs flattened, annotation-only ones left out. */
+static int all_of_branches(schema_ctx *c, const gj *a, const gj **out, int *n, int level) {
+    for (size_t i = 0; i < a->n; i++) {
+        const gj *b = a->items[i]->type == GJ_OBJ ? deref(c, a->items[i]) : a->items[i];
+        if (!b) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "an 'allOf' branch whose '$ref' cannot be followed");
+        if (annotations_only(b)) continue;
+        if (b->type != GJ_OBJ) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "the schema false in 'allOf'");
+        const gj *inner = gj_get(b, "allOf");
+        if (inner && inner->type == GJ_ARR && level < 4) {
+            if (alone(c, b, "allOf", "nested allOf with other keywords")) return -1;
+            if (all_of_branches(c, inner, out, n, level + 1)) return -1;
+            continue;
+        }
+        if (*n == MAX_ALL_OF) return sfail(c, MOEQ_ERR_LIMIT, "%s", "more than 32 'allOf' branches");
+        out[(*n)++] = b;
+    }
+    return 0;
+}
+
+/* The schema's JSON text, for comparing two branches' schemas of one property; NULL on NOMEM. */
+static char *schema_text(const gj *s) {
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    if (gj_write(s, &buf, &len, &cap)) return free(buf), NULL;
+    return buf;
+}
+
+/*
+ * "allOf": a value valid against every branch. One branch (others only annotations, as generators wrap a
+ * "$ref" to give it a description): that schema. Several: object schemas (an OpenAPI model extending
+ * another), merged into one: the properties in branch order, a property in several branches only with the
+ * same schema, "required" the union, and a property a branch with "additionalProperties": false does not
+ * list left out (refused if required: no value could satisfy both). Anything else in a branch is refused by
+ * name: merging other constraints needs them written as one schema.
+ */
 static int all_of(schema_ctx *c, const gj *s, int depth, frag *out) {
     const gj *a = gj_get(s, "allOf");
     if (a->type != GJ_ARR || a->n == 0) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'allOf' must be a non-empty array");
-    if (a->n > 1)
-        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'allOf' of more than one schema is not supported (merge them)");
-    if (alone(c, s, "allOf", "move it into the schema")) return -1;
-    return sub(c, a->items[0], depth, "allOf", "0", out);
+    const gj *br[MAX_ALL_OF + 1];
+    int nb = 0;
+    if (all_of_branches(c, a, br, &nb, 0)) return -1;
+    /* the schema's own keywords beside allOf are one more branch (a model's own properties next to its base) */
+    char *rest_keys[64];
+    gj *rest_items[64];
+    gj rest = {.type = GJ_OBJ, .keys = rest_keys, .items = rest_items};
+    if (s->n > 64) return sfail(c, MOEQ_ERR_LIMIT, "%s", "more than 63 keywords beside 'allOf'");
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->keys[i], "allOf")) rest_keys[rest.n] = s->keys[i], rest_items[rest.n++] = s->items[i];
+    if (!annotations_only(&rest)) br[nb++] = &rest;
+    if (nb == 0) return *out = json_any_value(c->n, MOEQ_GRAMMAR_ANY_DEPTH), 0;
+    if (nb == 1 && br[0] == &rest) return schema_compile(c, &rest, depth, out);
+    if (nb == 1) { /* compiled where it stands, so a "$ref" to it still counts its recursion */
+        for (size_t i = 0; i < a->n; i++) {
+            char idx[24];
+            snprintf(idx, sizeof idx, "%zu", i);
+            const gj *b = a->items[i]->type == GJ_OBJ ? deref(c, a->items[i]) : a->items[i];
+            if (b == br[0] || (b && !annotations_only(b))) return sub(c, a->items[i], depth, "allOf", idx, out);
+        }
+    }
+    static const char *const object_kw[] = {"type", "properties", "required", "additionalProperties", NULL};
+    int add_false = 0;
+    for (int i = 0; i < nb; i++) {
+        if (check_keywords(c, br[i])) return -1;
+        for (size_t k = 0; k < br[i]->n; k++) {
+            const char *kw = br[i]->keys[k];
+            if (in_list(kw, annotations) || in_list(kw, object_kw)) continue;
+            char what[128];
+            snprintf(what, sizeof what, "'allOf' merges object schemas only; a branch has '%.40s' (write them as "
+                     "one schema)", kw);
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", what);
+        }
+        const gj *t = gj_get(br[i], "type"), *props = gj_get(br[i], "properties"), *req = gj_get(br[i], "required");
+        const gj *add = gj_get(br[i], "additionalProperties");
+        if (t && !(t->type == GJ_STR && !strcmp(t->str, "object")))
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'allOf' merges object schemas only; a branch's 'type' is not "
+                         "\"object\"");
+        if ((props && props->type != GJ_OBJ) || (req && req->type != GJ_ARR))
+            return sfail(c, MOEQ_ERR_FORMAT, "%s", "'properties' must be an object and 'required' an array");
+        if (add && add->type != GJ_BOOL)
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'additionalProperties' as a schema in an 'allOf' branch");
+        add_false |= add && !add->b;
+    }
+    /* the merged object: property and required lists point into the branches (freed, not their contents) */
+    size_t cap_p = 0, cap_r = 0;
+    for (int i = 0; i < nb; i++) {
+        const gj *props = gj_get(br[i], "properties"), *req = gj_get(br[i], "required");
+        cap_p += props ? props->n : 0, cap_r += req ? req->n : 0;
+    }
+    char **pkeys = calloc(cap_p + 1, sizeof *pkeys), **rkeys = calloc(cap_r + 1, sizeof *rkeys);
+    gj **pvals = calloc(cap_p + 1, sizeof *pvals), *rstr = calloc(cap_r + 1, sizeof *rstr);
+    gj **ritems = calloc(cap_r + 1, sizeof *ritems);
+    int rc = -1;
+    size_t np = 0, nr = 0;
+    if (!pkeys || !rkeys || !pvals || !rstr || !ritems) {
+        sfail(c, MOEQ_ERR_NOMEM, "%s", "allOf");
+        goto done;
+    }
+    for (int i = 0; i < nb; i++) { /* required: the union */
+        const gj *req = gj_get(br[i], "required");
+        for (size_t k = 0; req && k < req->n; k++) {
+            if (req->items[k]->type != GJ_STR) {
+                sfail(c, MOEQ_ERR_FORMAT, "%s", "'required' entries must be strings");
+                goto done;
+            }
+            size_t j = 0;
+            while (j < nr && strcmp(rstr[j].str, req->items[k]->str)) j++;
+            if (j == nr) rstr[nr] = *req->items[k], ritems[nr] = &rstr[nr], nr++;
+        }
+    }
+    for (int i = 0; i < nb; i++) { /* properties: branch order, each once */
+        const gj *props = gj_get(br[i], "properties");
+        for (size_t k = 0; props && k < props->n; k++) {
+            const char *name = props->keys[k];
+            size_t j = 0;
+            while (j < np && strcmp(pkeys[j], name)) j++;
+            if (j < np) {
+                char *x = schema_text(pvals[j]), *y = schema_text(props->items[k]);
+                int same = x && y && !strcmp(x, y);
+                free(x), free(y);
+                if (!same) {
+                    sfail(c, MOEQ_ERR_UNSUPPORTED, "'allOf' gives property '%s' two different schemas (write one)",
+                          name);
+                    goto done;
+                }
+                continue;
+            }
+            int allowed = 1, is_req = 0;
+            for (int b = 0; b < nb && allowed; b++) {
+                const gj *add = gj_get(br[b], "additionalProperties"), *bp = gj_get(br[b], "properties");
+                if (add && !add->b && !gj_get(bp, name)) allowed = 0;
+            }
+            for (size_t r = 0; r < nr; r++) is_req |= !strcmp(rstr[r].str, name);
+            if (!allowed && is_req) {
+                sfail(c, MOEQ_ERR_FORMAT, "'allOf': '%s' is required, but a branch with additionalProperties false "
+                      "does not allow it: no value is valid", name);
+                goto done;
+            }
+            if (allowed) pkeys[np] = (char *)name, pvals[np++] = props->items[k];
+        }
+    }
+    for (size_t r = 0; r < nr; r++) { /* a required name no branch describes: any value, as 'required' alone */
+        size_t j = 0;
+        while (j < np && strcmp(pkeys[j], rstr[r].str)) j++;
+        if (j == np) {
+            sfail(c, MOEQ_ERR_UNSUPPORTED, "'allOf': required property '%s' is in no branch's 'properties'",
+                  rstr[r].str);
+            goto done;
+        }
+    }
+    {
+        gj props = {.type = GJ_OBJ, .items = pvals, .keys = pkeys, .n = np};
+        gj req = {.type = GJ_ARR, .items = ritems, .n = nr};
+        gj no = {.type = GJ_BOOL, .b = 0};
+        char *mk[3];
+        gj *mv[3];
+        size_t nm = 0;
+        if (np) mk[nm] = "properties", mv[nm++] = &props;
+        if (nr) mk[nm] = "required", mv[nm++] = &req;
+        if (add_false) mk[nm] = "additionalProperties", mv[nm++] = &no;
+        gj merged = {.type = GJ_OBJ, .items = mv, .keys = mk, .n = nm};
+        size_t mark;
+        path_push(c, &mark, "allOf", NULL);
+        rc = type_object(c, &merged, depth, out);
+        if (rc == 0) path_pop(c, mark);
+    }
+done:
+    free(pkeys), free(rkeys), free(pvals), free(rstr), free(ritems);
+    return rc;
 }
 
 /* ---- oneOf: branches told apart --------------------------------------------------------------- */

@@ -107,6 +107,13 @@ HAND = [
      "required": ["parties", "lead"]},
     {"definitions": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
      "type": "array", "items": {"$ref": "#/definitions/n"}, "minItems": 1, "maxItems": 4},
+    # allOf of object schemas, as OpenAPI generators write a model extending a base
+    {"$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1},
+                                                         "kind": {"enum": ["invoice", "receipt"]}},
+                        "required": ["id", "kind"]}},
+     "allOf": [{"$ref": "#/$defs/Base"},
+               {"type": "object", "properties": {"total": {"type": "number", "minimum": 0, "maximum": 10000},
+                                                 "paid": {"type": "boolean"}}, "required": ["total"]}]},
     # recursive models (unrolled to max_recursion levels): a document outline as pydantic writes it, and a
     # reply thread through the root
     {"$defs": {"Section": {"type": "object", "title": "Section",

@@ -336,7 +336,7 @@ static void refs_and_single_all_of_compile_as_their_targets(void **state) {
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$defs\":{\"a\":{}},\"$ref\":\"#/$defs/a\",\"type\":\"object\"}",
                  MOEQ_ERR_UNSUPPORTED, "'$ref' beside 'type' is not supported");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"allOf\":[{\"type\":\"object\"},{\"required\":[\"a\"]}]}",
-                 MOEQ_ERR_UNSUPPORTED, "'allOf' of more than one schema is not supported");
+                 MOEQ_ERR_UNSUPPORTED, "'allOf': required property 'a' is in no branch's 'properties'");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/a~2\"}", MOEQ_ERR_FORMAT, "names nothing");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"$ref\":3}", MOEQ_ERR_FORMAT, "'$ref' must be a string");
     moeq_grammar_vocab_destroy(v);
@@ -401,6 +401,55 @@ static void recursive_refs_unroll_to_max_recursion_levels(void **state) {
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
                  "{\"type\":\"object\",\"properties\":{\"next\":{\"$ref\":\"#\"}},\"required\":[\"next\"]}",
                  MOEQ_ERR_UNSUPPORTED, "a recursive schema with no value that nests at most 4 levels");
+    moeq_grammar_vocab_destroy(v);
+}
+
+/* allOf of object schemas (an OpenAPI model extending a base, a model's own properties beside its base's) is
+ * merged: properties in branch order, required the union, additionalProperties false honoured; what cannot be
+ * merged is refused by name. */
+static void all_of_merges_object_schemas(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+#define BASE "\"$defs\":{\"Base\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}," \
+             "\"kind\":{\"enum\":[\"a\",\"b\"]}},\"required\":[\"id\"]}," \
+             "\"Closed\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}}," \
+             "\"additionalProperties\":false}}"
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                              "{" BASE ",\"allOf\":[{\"$ref\":\"#/$defs/Base\"},{\"type\":\"object\",\"properties\":"
+                              "{\"note\":{\"type\":\"string\",\"maxLength\":5},\"id\":{\"type\":\"integer\"}},"
+                              "\"required\":[\"note\"]},{\"description\":\"an annotation-only branch\"}]}");
+    assert_true(matches(g, "{\"id\":1,\"note\":\"x\"}"));
+    assert_true(matches(g, "{\"id\":-4,\"kind\":\"b\",\"note\":\"\"}"));
+    assert_false(matches(g, "{\"note\":\"x\"}")); /* Base's required */
+    assert_false(matches(g, "{\"id\":1}"));       /* the extension's required */
+    assert_false(matches(g, "{\"id\":1,\"kind\":\"c\",\"note\":\"x\"}"));
+    char out[1024];
+    for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed, 80, out, sizeof out);
+    moeq_grammar_release(g);
+    /* the schema's own properties beside allOf, and a nested allOf, are branches too */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{" BASE ",\"allOf\":[{\"allOf\":[{\"$ref\":\"#/$defs/Base\"}]}],\"properties\":{\"ok\":"
+                "{\"type\":\"boolean\"}},\"required\":[\"ok\"],\"title\":\"T\"}");
+    assert_true(matches(g, "{\"id\":2,\"ok\":true}"));
+    assert_false(matches(g, "{\"id\":2}"));
+    moeq_grammar_release(g);
+    /* a branch with additionalProperties false keeps the others' properties out */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{" BASE ",\"allOf\":[{\"$ref\":\"#/$defs/Closed\"},{\"properties\":{\"note\":{\"type\":\"string\"}}}]}");
+    assert_true(matches(g, "{\"id\":1}"));
+    assert_true(matches(g, "{}"));
+    assert_false(matches(g, "{\"id\":1,\"note\":\"x\"}"));
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{" BASE ",\"allOf\":[{\"$ref\":\"#/$defs/Closed\"},{\"properties\":{\"note\":{\"type\":\"string\"}},"
+                 "\"required\":[\"note\"]}]}",
+                 MOEQ_ERR_FORMAT, "'note' is required, but a branch with additionalProperties false");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{" BASE ",\"allOf\":[{\"$ref\":\"#/$defs/Base\"},{\"properties\":{\"id\":{\"type\":\"string\"}}}]}",
+                 MOEQ_ERR_UNSUPPORTED, "'allOf' gives property 'id' two different schemas");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"allOf\":[{\"type\":\"integer\"},{\"minimum\":0}]}",
+                 MOEQ_ERR_UNSUPPORTED, "'allOf' merges object schemas only");
+#undef BASE
     moeq_grammar_vocab_destroy(v);
 }
 
@@ -627,6 +676,7 @@ int main(void) {
         cmocka_unit_test(an_unsupported_feature_is_an_error_naming_it_and_where),
         cmocka_unit_test(refs_and_single_all_of_compile_as_their_targets),
         cmocka_unit_test(recursive_refs_unroll_to_max_recursion_levels),
+        cmocka_unit_test(all_of_merges_object_schemas),
         cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
         cmocka_unit_test(number_bounds_admit_exactly_the_values_within_them),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
