@@ -435,7 +435,8 @@ static void all_of_merges_object_schemas(void **state) {
     moeq_grammar_release(g);
     /* a branch with additionalProperties false keeps the others' properties out */
     g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
-                "{" BASE ",\"allOf\":[{\"$ref\":\"#/$defs/Closed\"},{\"properties\":{\"note\":{\"type\":\"string\"}}}]}");
+                "{" BASE ",\"allOf\":[{\"$ref\":\"#/$defs/Closed\"},"
+                "{\"properties\":{\"note\":{\"type\":\"string\"}}}]}");
     assert_true(matches(g, "{\"id\":1}"));
     assert_true(matches(g, "{}"));
     assert_false(matches(g, "{\"id\":1,\"note\":\"x\"}"));
