@@ -4,10 +4,11 @@
  *   - the CPU backend's op (the reference) against a plain C reference that
  *     sorts the whole row, over many row lengths and awkward rows (NaN first
  *     or inside, inf, ties, all equal, -0 beside +0);
- *   - the CUDA kernel's block (engine/cuda/logits_reduce.cuh's helpers, every
- *     thread of a launch emulated in the kernel's order) against the CPU op
- *     over row lengths x block sizes x candidate counts: the same record, the
- *     sums within moeq_logits_sum_bound;
+ *   - the CUDA kernels' blocks (engine/cuda/logits_reduce.cuh's helpers, every
+ *     thread of every partition's block and the merging block emulated in the
+ *     kernels' order) against the CPU op over row lengths x block sizes x
+ *     candidate counts x partition lengths: the same record, the sums within
+ *     moeq_logits_sum_bound;
  *   - drawing from a record = drawing from the row (same seed, same draws)
  *     for greedy, temperature, top-k and top-p, also with sum_t moved to the
  *     edge of its bound (another device's order), and the fallback
@@ -168,42 +169,33 @@ static void the_cpu_op_equals_a_full_sort_of_the_row(void **state) {
 
 /* ---- the kernel's block, emulated ------------------------------------------------------------------------------- */
 
-/* backend_cuda.cu's logits_reduce_kernel for one row with nt threads and c candidates, step for step. */
-static void emulate_block(const float *x, int64_t V, double temperature, int nt, int c_max, moeq_logits_record *r) {
-    memset(r, 0, sizeof *r);
-    int c = V < c_max ? (int)V : c_max;
+/* backend_cuda.cu's lr_segment over x[0, n) with nt threads and c candidates, step for step: the c best (key,
+ * index + id0) in rank order, and the segment's best. */
+static void emulate_segment(const float *x, int64_t n, int64_t id0, int nt, int c, uint32_t *key_out, int32_t *id_out,
+                            moeq_cu_lr_best *best_out) {
     uint32_t hist[MOEQ_CU_LR_BUCKETS], prefix = 0, k_left = (uint32_t)c;
     moeq_cu_lr_best *best = malloc((size_t)nt * sizeof *best);
-    for (int t = 0; t < nt; t++) best[t] = (moeq_cu_lr_best){0u, (int32_t)V, 0};
+    for (int t = 0; t < nt; t++) best[t] = (moeq_cu_lr_best){0u, (int32_t)n, 0};
     for (int pass = 0; pass < MOEQ_CU_LR_PASSES; pass++) {
         memset(hist, 0, sizeof hist);
         for (int t = nt - 1; t >= 0; t--) /* threads in any order: counts commute */
-            moeq_cu_lr_pass_thread(x, V, nt, t, pass, prefix, hist, &best[t]);
+            moeq_cu_lr_pass_thread(x, n, nt, t, pass, prefix, hist, &best[t]);
         uint32_t b = moeq_cu_lr_pick(hist, k_left, &k_left);
         prefix |= b << (24 - 8 * pass);
     }
     for (int s = nt / 2; s > 0; s >>= 1) /* the kernel's tree */
         for (int t = 0; t < s; t++) best[t] = moeq_cu_lr_best_merge(best[t], best[t + s]);
-    int32_t argmax = moeq_cu_lr_argmax(x, best[0].id);
-    int finite = !best[0].nonfinite;
-    double top = (double)x[argmax], inv_t = temperature > 0 ? 1.0 / temperature : 0.0;
-    double *st = calloc((size_t)nt, sizeof(double)), *s1 = calloc((size_t)nt, sizeof(double));
-    if (finite) {
-        for (int t = 0; t < nt; t++) moeq_cu_lr_sum_thread(x, V, nt, t, top, inv_t, &st[t], &s1[t]);
-        for (int s = nt / 2; s > 0; s >>= 1)
-            for (int t = 0; t < s; t++) st[t] += st[t + s], s1[t] += s1[t + s];
-    }
     uint32_t thr = prefix, n_eq = k_left, n_gt = (uint32_t)c - n_eq, gt_base = 0, eq_base = 0;
     uint32_t c_key[MOEQ_LOGITS_TOP];
     int32_t c_id[MOEQ_LOGITS_TOP];
     int filled = 0;
-    for (int64_t j = 0; j < moeq_cu_lr_tiles(V, nt); j++) {
+    for (int64_t j = 0; j < moeq_cu_lr_tiles(n, nt); j++) {
         uint32_t gt_before = 0, eq_before = 0; /* the block scan: counts of the tile's lower threads */
         for (int t = 0; t < nt; t++) {
             int64_t i = j * nt + t;
-            uint32_t key = i < V ? moeq_cu_lr_key(x[i]) : 0u;
-            int gt = i < V && key > thr, eq = i < V && key == thr;
-            int slot = i < V ? moeq_cu_lr_slot(key, thr, gt_base + gt_before, eq_base + eq_before, n_gt, n_eq) : -1;
+            uint32_t key = i < n ? moeq_cu_lr_key(x[i]) : 0u;
+            int gt = i < n && key > thr, eq = i < n && key == thr;
+            int slot = i < n ? moeq_cu_lr_slot(key, thr, gt_base + gt_before, eq_base + eq_before, n_gt, n_eq) : -1;
             if (slot >= 0) {
                 assert_true(slot < c);
                 c_key[slot] = key, c_id[slot] = (int32_t)i, filled++;
@@ -216,21 +208,96 @@ static void emulate_block(const float *x, int64_t V, double temperature, int nt,
     assert_int_equal(filled, c); /* every slot written exactly once (slots are distinct by construction) */
     for (int i = 0; i < c; i++) {
         int rank = moeq_cu_lr_rank(c_key, c_id, c, i);
-        r->top_id[rank] = c_id[i], r->top_logit[rank] = x[c_id[i]];
+        key_out[rank] = c_key[i], id_out[rank] = (int32_t)(c_id[i] + id0);
     }
-    r->argmax = argmax, r->finite = finite, r->max = x[argmax], r->n_top = c;
-    r->temperature = finite && temperature > 0 ? temperature : 0.0;
-    r->sum_t = finite && temperature > 0 ? st[0] : 0.0;
-    r->sum_1 = finite ? s1[0] : 0.0;
-    free(best), free(st), free(s1);
+    *best_out = (moeq_cu_lr_best){best[0].key, (int32_t)(best[0].id + id0), best[0].nonfinite};
+    free(best);
 }
 
-static void the_kernels_block_gives_the_cpu_ops_record_for_every_shape(void **state) {
+/*
+ * backend_cuda.cu's logits_select_kernel and logits_sum_kernel for one row with nt threads, partitions of S
+ * values (the kernels take moeq_cu_lr_part_len) and c candidates: each partition's segment, the union's
+ * selection in (partition, rank) order by the last block, the sums per partition added in partition order.
+ */
+static void emulate_partitioned(const float *x, int64_t V, double temperature, int nt, int64_t S, int c_max,
+                                moeq_logits_record *r) {
+    memset(r, 0, sizeof *r);
+    int c = V < c_max ? (int)V : c_max, P = (int)((V + S - 1) / S);
+    uint32_t *u_key = malloc((size_t)P * MOEQ_LOGITS_TOP * sizeof *u_key);
+    int32_t *u_id = malloc((size_t)P * MOEQ_LOGITS_TOP * sizeof *u_id);
+    moeq_cu_lr_best best = {0u, (int32_t)V, 0};
+    int n = 0;
+    for (int p = P - 1; p >= 0; p--) { /* the partitions' blocks in any order: each writes its own region */
+        int64_t lo = (int64_t)p * S, L = V - lo < S ? V - lo : S;
+        int cp = L < c ? (int)L : c;
+        moeq_cu_lr_best pb;
+        emulate_segment(x + lo, L, lo, nt, cp, u_key + (size_t)p * MOEQ_LOGITS_TOP, u_id + (size_t)p * MOEQ_LOGITS_TOP,
+                        &pb);
+        best = moeq_cu_lr_best_merge(best, pb); /* a total order: the same in partition order */
+    }
+    for (int p = 0; p < P; p++) { /* the union, compacted in (partition, rank) order */
+        int64_t L = V - (int64_t)p * S < S ? V - (int64_t)p * S : S;
+        int cp = L < c ? (int)L : c;
+        memmove(u_key + n, u_key + (size_t)p * MOEQ_LOGITS_TOP, (size_t)cp * sizeof *u_key);
+        memmove(u_id + n, u_id + (size_t)p * MOEQ_LOGITS_TOP, (size_t)cp * sizeof *u_id);
+        n += cp;
+    }
+    uint32_t hist[MOEQ_CU_LR_BUCKETS], prefix = 0, k_left = (uint32_t)c;
+    for (int pass = 0; pass < MOEQ_CU_LR_PASSES; pass++) {
+        memset(hist, 0, sizeof hist);
+        for (int t = nt - 1; t >= 0; t--) moeq_cu_lr_key_pass_thread(u_key, n, nt, t, pass, prefix, hist);
+        uint32_t b = moeq_cu_lr_pick(hist, k_left, &k_left);
+        prefix |= b << (24 - 8 * pass);
+    }
+    uint32_t thr = prefix, n_eq = k_left, n_gt = (uint32_t)c - n_eq, gt_base = 0, eq_base = 0;
+    uint32_t c_key[MOEQ_LOGITS_TOP];
+    int32_t c_id[MOEQ_LOGITS_TOP];
+    int filled = 0;
+    for (int j = 0; j < (n + nt - 1) / nt; j++) {
+        uint32_t gt_before = 0, eq_before = 0;
+        for (int t = 0; t < nt; t++) {
+            int i = j * nt + t;
+            uint32_t key = i < n ? u_key[i] : 0u;
+            int gt = i < n && key > thr, eq = i < n && key == thr;
+            int slot = i < n ? moeq_cu_lr_slot(key, thr, gt_base + gt_before, eq_base + eq_before, n_gt, n_eq) : -1;
+            if (slot >= 0) c_key[slot] = key, c_id[slot] = u_id[i], filled++;
+            gt_before += (uint32_t)gt, eq_before += (uint32_t)eq;
+        }
+        gt_base += gt_before, eq_base += eq_before;
+        if (gt_base >= n_gt && eq_base >= n_eq) break;
+    }
+    assert_int_equal(filled, c);
+    for (int i = 0; i < c; i++) {
+        int rank = moeq_cu_lr_rank(c_key, c_id, c, i);
+        r->top_id[rank] = c_id[i], r->top_logit[rank] = x[c_id[i]];
+    }
+    int32_t argmax = moeq_cu_lr_argmax(x, best.id);
+    int finite = !best.nonfinite;
+    r->argmax = argmax, r->finite = finite, r->max = x[argmax], r->n_top = c;
+    if (finite) {
+        double top = (double)x[argmax], inv_t = temperature > 0 ? 1.0 / temperature : 0.0, st = 0.0, s1 = 0.0;
+        double *pt = calloc((size_t)nt, sizeof(double)), *p1 = calloc((size_t)nt, sizeof(double));
+        for (int p = 0; p < P; p++) {
+            int64_t lo = (int64_t)p * S, L = V - lo < S ? V - lo : S;
+            for (int t = 0; t < nt; t++) moeq_cu_lr_sum_thread(x + lo, L, nt, t, top, inv_t, &pt[t], &p1[t]);
+            for (int s = nt / 2; s > 0; s >>= 1)
+                for (int t = 0; t < s; t++) pt[t] += pt[t + s], p1[t] += p1[t + s];
+            st += pt[0], s1 += p1[0];
+        }
+        free(pt), free(p1);
+        r->temperature = temperature > 0 ? temperature : 0.0;
+        r->sum_t = temperature > 0 ? st : 0.0;
+        r->sum_1 = s1;
+    }
+    free(u_key), free(u_id);
+}
+
+static void the_kernels_blocks_give_the_cpu_ops_record_for_every_shape(void **state) {
     (void)state;
     static const int nts[] = {32, 64, MOEQ_CU_LR_THREADS, 1024};
     static const int cs[] = {1, 5, 64};
     float *x = malloc(129280 * sizeof(float));
-    int cases = 0;
+    int cases = 0, many = 0;
     double worst = 0;
     for (int li = 0; li < N_LENGTHS; li++)
         for (int kind = 0; kind < ROW_KINDS; kind++) {
@@ -242,17 +309,25 @@ static void the_kernels_block_gives_the_cpu_ops_record_for_every_shape(void **st
                     if (n > 20000 && (ti != 2 || ci != 2)) continue; /* V3's vocabulary: the shipped shape */
                     double temp = (ti + ci) % 3 == 0 ? 0.0 : 0.8;
                     moeq_logits_record got, want;
-                    emulate_block(x, n, temp, nts[ti], cs[ci], &got);
                     moeq_cpu_logits_reduce_row(x, n, temp, cs[ci], &want);
-                    records_equal(&got, &want, n, kind, 0, "kernel block vs cpu op");
-                    if (want.sum_1 > 0) {
-                        double e = fabs(got.sum_1 - want.sum_1) / want.sum_1;
-                        worst = e > worst ? e : worst;
+                    /* the shipped partitions, and short ones: many partitions, ties across their edges */
+                    int64_t parts[2] = {moeq_cu_lr_part_len(n, nts[ti]), 2 * nts[ti]};
+                    for (int pi = 0; pi < 2; pi++) {
+                        if (pi == 1 && (n + parts[1] - 1) / parts[1] > 512) continue;
+                        emulate_partitioned(x, n, temp, nts[ti], parts[pi], cs[ci], &got);
+                        records_equal(&got, &want, n, kind, 0, "kernel blocks vs cpu op");
+                        if (want.sum_1 > 0) {
+                            double e = fabs(got.sum_1 - want.sum_1) / want.sum_1;
+                            worst = e > worst ? e : worst;
+                        }
+                        cases++;
+                        many += (n + parts[pi] - 1) / parts[pi] > 1;
                     }
-                    cases++;
                 }
         }
-    print_message("kernel block = cpu op: %d shapes; sums' worst relative difference %.3g\n", cases, worst);
+    assert_true(many > cases / 5); /* many shapes went through the union of several partitions */
+    print_message("kernel blocks = cpu op: %d shapes (%d of several partitions); sums' worst relative difference "
+                  "%.3g\n", cases, many, worst);
     free(x);
 }
 
@@ -472,7 +547,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(the_cpu_op_equals_a_full_sort_of_the_row),
         cmocka_unit_test(radix_keys_order_floats_as_the_sampler_compares_them),
-        cmocka_unit_test(the_kernels_block_gives_the_cpu_ops_record_for_every_shape),
+        cmocka_unit_test(the_kernels_blocks_give_the_cpu_ops_record_for_every_shape),
         cmocka_unit_test(drawing_from_a_record_equals_drawing_from_the_row),
         cmocka_unit_test(a_sum_at_the_edge_of_its_bound_never_changes_a_decided_draw),
         cmocka_unit_test(a_nucleus_edge_inside_the_bound_is_left_to_the_row),

@@ -83,6 +83,8 @@ typedef struct cuda_backend {
     size_t wide_floats;
     float *ws;         // split-KV partials (o, then m and l)
     size_t ws_bytes;
+    void *lr_buf;      // logits_reduce's partitions: candidates, bests, sums, row counters (lr_scratch_reserve)
+    size_t lr_bytes;
     const void **moe_tab;            // per MoE layer 6 E device pointers: gate, up, down, then their F8 scales
     const moeq_expert **moe_key;     // [n_moe] the layer's experts array (NULL: none, or built per call)
     int n_moe;
@@ -1781,38 +1783,35 @@ __device__ void lr_pick(const uint32_t *hist, int pass, uint32_t *prefix, uint32
     __syncthreads();
 }
 
-// One block per row (NT threads): the record of row blockIdx.x of logits (row stride ld, V values), sum_t at
-// temp[row]. The steps are logits_reduce.cuh's, in its order; tests/test_logits_reduce.c emulates this block.
+// The c best (key, index) of x[0, n) in rank order into key_out / id_out (ids offset by id0), and the segment's
+// best and non-finite flag into *best_out (thread 0): logits_reduce.cuh's steps in its order, one block.
+// tests/test_logits_reduce.c emulates it.
 template <int NT>
-__global__ void logits_reduce_kernel(const float *logits, int64_t ld, int64_t V, const double *temp,
-                                     moeq_logits_record *out) {
+__device__ void lr_segment(const float *x, int64_t n, int64_t id0, int c, uint32_t *key_out, int32_t *id_out,
+                           moeq_cu_lr_best *best_out) {
     __shared__ uint32_t hist[MOEQ_CU_LR_BUCKETS];
-    __shared__ uint32_t scan[NT];
+    __shared__ uint32_t scan[32 + NT / 32];
     __shared__ uint32_t b_key[NT];
     __shared__ int32_t b_id[NT];
     __shared__ int b_nf[NT];
-    __shared__ double s_t[NT], s_1[NT];
     __shared__ uint32_t c_key[MOEQ_LOGITS_TOP];
     __shared__ int32_t c_id[MOEQ_LOGITS_TOP];
     __shared__ uint32_t prefix, k_left;
-    const float *x = logits + (int64_t)blockIdx.x * ld;
-    moeq_logits_record *r = out + blockIdx.x;
-    int t = threadIdx.x, c = V < MOEQ_LOGITS_TOP ? (int)V : MOEQ_LOGITS_TOP;
-    double temperature = temp[blockIdx.x];
+    int t = threadIdx.x;
     if (t == 0) prefix = 0, k_left = (uint32_t)c;
-    moeq_cu_lr_best best = {0u, (int32_t)V, 0};
+    moeq_cu_lr_best best = {0u, (int32_t)n, 0};
     for (int pass = 0; pass < MOEQ_CU_LR_PASSES; pass++) {
         for (int b = t; b < MOEQ_CU_LR_BUCKETS; b += NT) hist[b] = 0;
         __syncthreads();
-        moeq_cu_lr_pass_thread(x, V, NT, t, pass, prefix, hist, &best);
-        if (pass == 0) { // the block's best (a total order: the tree's shape does not matter) and finite flag
+        moeq_cu_lr_pass_thread(x, n, NT, t, pass, prefix, hist, &best);
+        if (pass == 0) { // the segment's best (a total order: the tree's shape does not matter) and finite flag
             b_key[t] = best.key, b_id[t] = best.id, b_nf[t] = best.nonfinite;
             __syncthreads();
             for (int s = NT / 2; s > 0; s >>= 1) {
                 if (t < s) {
-                    moeq_cu_lr_best a = {b_key[t], b_id[t], b_nf[t]}, o = {b_key[t + s], b_id[t + s], b_nf[t + s]};
-                    a = moeq_cu_lr_best_merge(a, o);
-                    b_key[t] = a.key, b_id[t] = a.id, b_nf[t] = a.nonfinite;
+                    moeq_cu_lr_best u = {b_key[t], b_id[t], b_nf[t]}, o = {b_key[t + s], b_id[t + s], b_nf[t + s]};
+                    u = moeq_cu_lr_best_merge(u, o);
+                    b_key[t] = u.key, b_id[t] = u.id, b_nf[t] = u.nonfinite;
                 }
                 __syncthreads();
             }
@@ -1820,46 +1819,179 @@ __global__ void logits_reduce_kernel(const float *logits, int64_t ld, int64_t V,
         __syncthreads();
         lr_pick(hist, pass, &prefix, &k_left);
     }
-    int32_t argmax = moeq_cu_lr_argmax(x, b_id[0]);
-    int finite = !b_nf[0];
-    double top = (double)x[argmax], inv_t = temperature > 0 ? 1.0 / temperature : 0.0;
-    if (finite) { // per thread in tile order, then the fixed tree
-        moeq_cu_lr_sum_thread(x, V, NT, t, top, inv_t, &s_t[t], &s_1[t]);
-        __syncthreads();
-        for (int s = NT / 2; s > 0; s >>= 1) {
-            if (t < s) s_t[t] += s_t[t + s], s_1[t] += s_1[t + s];
-            __syncthreads();
-        }
-    }
     // the candidates: above the threshold key, then the lowest ids equal to it, in index order
     uint32_t thr = prefix, n_eq = k_left, n_gt = (uint32_t)c - n_eq, gt_base = 0, eq_base = 0;
-    for (int64_t j = 0; j < moeq_cu_lr_tiles(V, NT); j++) {
+    for (int64_t j = 0; j < moeq_cu_lr_tiles(n, NT); j++) {
         int64_t i = j * NT + t;
-        uint32_t key = i < V ? moeq_cu_lr_key(x[i]) : 0u;
-        int gt = i < V && key > thr, eq = i < V && key == thr;
+        uint32_t key = i < n ? moeq_cu_lr_key(x[i]) : 0u;
+        int gt = i < n && key > thr, eq = i < n && key == thr;
         uint32_t total, before = block_scan_excl<NT>((uint32_t)gt | ((uint32_t)eq << 16), scan, &total);
-        int slot = i < V ? moeq_cu_lr_slot(key, thr, gt_base + (before & 0xffffu), eq_base + (before >> 16), n_gt, n_eq)
+        int slot = i < n ? moeq_cu_lr_slot(key, thr, gt_base + (before & 0xffffu), eq_base + (before >> 16), n_gt, n_eq)
                          : -1;
         if (slot >= 0) c_key[slot] = key, c_id[slot] = (int32_t)i;
         gt_base += total & 0xffffu, eq_base += total >> 16;
         if (gt_base >= n_gt && eq_base >= n_eq) break; // every thread sees the same totals: the same exit
     }
     __syncthreads();
-    int32_t my_id = 0;
-    int my_rank = -1;
-    if (t < c) my_id = c_id[t], my_rank = moeq_cu_lr_rank(c_key, c_id, c, t);
+    if (t < c) {
+        int rank = moeq_cu_lr_rank(c_key, c_id, c, t);
+        key_out[rank] = c_key[t], id_out[rank] = (int32_t)(c_id[t] + id0);
+    }
+    if (t == 0) *best_out = (moeq_cu_lr_best){b_key[0], (int32_t)(b_id[0] + id0), b_nf[0]};
     __syncthreads();
-    if (t < c) r->top_id[my_rank] = my_id, r->top_logit[my_rank] = x[my_id];
+}
+
+// Whether this block is the last of the row's gridDim.x to get here (each block's results written and fenced
+// before it counts); the last one resets the counter for the next launch.
+__device__ int lr_last_block(unsigned *done) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (last) *done = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence(); // the others' writes, seen before they are read (they are read with __ldcg)
+    return last;
+}
+
+// Scratch of the partitioned kernels, per row: the partitions' candidates (keys, ids), bests (key, id, flag) and
+// sums (sum_t, sum_1), and the row's counter.
+typedef struct lr_scratch {
+    uint32_t *cand_key;
+    int32_t *cand_id;
+    uint32_t *best; // 3 per partition
+    double *sums;   // 2 per partition
+    unsigned *done;
+} lr_scratch;
+
+// Grid (partitions, rows), NT threads: partition blockIdx.x of row blockIdx.y writes its candidates and best; the
+// row's last block selects the row's c best from their union and writes the record (sums: logits_sum_kernel).
+template <int NT>
+__global__ void logits_select_kernel(const float *logits, int64_t ld, int64_t V, int64_t S, lr_scratch sc,
+                                     moeq_logits_record *out) {
+    __shared__ uint32_t u_key[MOEQ_CU_LR_MAX_PARTS * MOEQ_LOGITS_TOP];
+    __shared__ int32_t u_id[MOEQ_CU_LR_MAX_PARTS * MOEQ_LOGITS_TOP];
+    __shared__ uint32_t hist[MOEQ_CU_LR_BUCKETS];
+    __shared__ uint32_t scan[32 + NT / 32];
+    __shared__ uint32_t c_key[MOEQ_LOGITS_TOP];
+    __shared__ int32_t c_id[MOEQ_LOGITS_TOP];
+    __shared__ uint32_t prefix, k_left;
+    __shared__ moeq_cu_lr_best seg_best, row_best;
+    const int P = (int)gridDim.x, p = (int)blockIdx.x, row = (int)blockIdx.y, t = threadIdx.x;
+    const float *x = logits + (int64_t)row * ld;
+    const int64_t lo = (int64_t)p * S, L = V - lo < S ? V - lo : S;
+    const int c = V < MOEQ_LOGITS_TOP ? (int)V : MOEQ_LOGITS_TOP;
+    const size_t at = ((size_t)row * P + p) * MOEQ_LOGITS_TOP;
+    lr_segment<NT>(x + lo, L, lo, L < c ? (int)L : c, sc.cand_key + at, sc.cand_id + at, &seg_best);
     if (t == 0) {
-        r->argmax = argmax;
-        r->finite = finite;
-        r->max = x[argmax];
-        r->n_top = c;
-        r->temperature = finite && temperature > 0 ? temperature : 0.0;
-        r->sum_t = finite && temperature > 0 ? s_t[0] : 0.0;
-        r->sum_1 = finite ? s_1[0] : 0.0;
+        uint32_t *b = sc.best + ((size_t)row * P + p) * 3;
+        b[0] = seg_best.key, b[1] = (uint32_t)seg_best.id, b[2] = (uint32_t)seg_best.nonfinite;
+    }
+    if (!lr_last_block(sc.done + row)) return;
+    // the union, in (partition, rank) order
+    int n = 0;
+    for (int q = 0; q < P; q++) {
+        int64_t lq = V - (int64_t)q * S < S ? V - (int64_t)q * S : S;
+        int cq = lq < c ? (int)lq : c;
+        const size_t aq = ((size_t)row * P + q) * MOEQ_LOGITS_TOP;
+        for (int k = t; k < cq; k += NT) u_key[n + k] = __ldcg(sc.cand_key + aq + k), u_id[n + k] = __ldcg(sc.cand_id + aq + k);
+        n += cq;
+    }
+    if (t == 0) {
+        moeq_cu_lr_best best = {0u, (int32_t)V, 0};
+        for (int q = 0; q < P; q++) {
+            const uint32_t *b = sc.best + ((size_t)row * P + q) * 3;
+            moeq_cu_lr_best o = {__ldcg(b), (int32_t)__ldcg(b + 1), (int)__ldcg(b + 2)};
+            best = moeq_cu_lr_best_merge(best, o);
+        }
+        row_best = best;
+        prefix = 0, k_left = (uint32_t)c;
+    }
+    __syncthreads();
+    for (int pass = 0; pass < MOEQ_CU_LR_PASSES; pass++) {
+        for (int b = t; b < MOEQ_CU_LR_BUCKETS; b += NT) hist[b] = 0;
+        __syncthreads();
+        moeq_cu_lr_key_pass_thread(u_key, n, NT, t, pass, prefix, hist);
+        __syncthreads();
+        lr_pick(hist, pass, &prefix, &k_left);
+    }
+    uint32_t thr = prefix, n_eq = k_left, n_gt = (uint32_t)c - n_eq, gt_base = 0, eq_base = 0;
+    for (int j = 0; j < (n + NT - 1) / NT; j++) {
+        int i = j * NT + t;
+        uint32_t key = i < n ? u_key[i] : 0u;
+        int gt = i < n && key > thr, eq = i < n && key == thr;
+        uint32_t total, before = block_scan_excl<NT>((uint32_t)gt | ((uint32_t)eq << 16), scan, &total);
+        int slot = i < n ? moeq_cu_lr_slot(key, thr, gt_base + (before & 0xffffu), eq_base + (before >> 16), n_gt, n_eq)
+                         : -1;
+        if (slot >= 0) c_key[slot] = key, c_id[slot] = u_id[i];
+        gt_base += total & 0xffffu, eq_base += total >> 16;
+        if (gt_base >= n_gt && eq_base >= n_eq) break;
+    }
+    __syncthreads();
+    moeq_logits_record *r = out + row;
+    if (t < c) {
+        int rank = moeq_cu_lr_rank(c_key, c_id, c, t);
+        r->top_id[rank] = c_id[t], r->top_logit[rank] = x[c_id[t]];
     }
     for (int i = c + t; i < MOEQ_LOGITS_TOP; i += NT) r->top_id[i] = 0, r->top_logit[i] = 0.0f; // the CPU's zeros
+    if (t == 0) {
+        int32_t argmax = moeq_cu_lr_argmax(x, row_best.id);
+        r->argmax = argmax;
+        r->finite = !row_best.nonfinite;
+        r->max = x[argmax];
+        r->n_top = c;
+        r->temperature = 0.0, r->sum_t = 0.0, r->sum_1 = 0.0; // logits_sum_kernel's, for finite rows
+    }
+}
+
+// Grid (partitions, rows), NT threads: the sums of a finite row's partition blockIdx.x (per thread in tile order,
+// then the fixed tree); the row's last block adds the partitions' in partition order into the record.
+template <int NT>
+__global__ void logits_sum_kernel(const float *logits, int64_t ld, int64_t V, int64_t S, const double *temp,
+                                  lr_scratch sc, moeq_logits_record *out) {
+    __shared__ double s_t[NT], s_1[NT];
+    const int P = (int)gridDim.x, p = (int)blockIdx.x, row = (int)blockIdx.y, t = threadIdx.x;
+    moeq_logits_record *r = out + row;
+    if (!r->finite) return; // the same for every block of the row: none counts
+    const float *x = logits + (int64_t)row * ld;
+    const int64_t lo = (int64_t)p * S, L = V - lo < S ? V - lo : S;
+    double temperature = temp[row], top = (double)r->max, inv_t = temperature > 0 ? 1.0 / temperature : 0.0;
+    moeq_cu_lr_sum_thread(x + lo, L, NT, t, top, inv_t, &s_t[t], &s_1[t]);
+    __syncthreads();
+    for (int s = NT / 2; s > 0; s >>= 1) {
+        if (t < s) s_t[t] += s_t[t + s], s_1[t] += s_1[t + s];
+        __syncthreads();
+    }
+    if (t == 0) sc.sums[((size_t)row * P + p) * 2] = s_t[0], sc.sums[((size_t)row * P + p) * 2 + 1] = s_1[0];
+    if (!lr_last_block(sc.done + row) || t != 0) return;
+    double st = 0.0, s1 = 0.0;
+    for (int q = 0; q < P; q++)
+        st += __ldcg(sc.sums + ((size_t)row * P + q) * 2), s1 += __ldcg(sc.sums + ((size_t)row * P + q) * 2 + 1);
+    r->temperature = temperature > 0 ? temperature : 0.0;
+    r->sum_t = temperature > 0 ? st : 0.0;
+    r->sum_1 = s1;
+}
+
+// The partitioned kernels' scratch for n_rows rows of V values (grown, never shrunk; the counters start at 0).
+static int lr_scratch_reserve(cuda_backend *cb, int64_t n_rows, int P, lr_scratch *sc) {
+    size_t per_row = (size_t)P * (MOEQ_LOGITS_TOP * 8 + 3 * 4 + 2 * 8) + 4, need = per_row * (size_t)n_rows;
+    if (need > cb->lr_bytes) {
+        cu_ok(cb, cudaFree(cb->lr_buf), "cudaFree (logits scratch)");
+        cb->lr_buf = NULL, cb->lr_bytes = 0;
+        if (!cu_ok(cb, cudaMalloc(&cb->lr_buf, need), "cudaMalloc (logits scratch)")) return 0;
+        cb->lr_bytes = need;
+    }
+    // doubles first (alignment), then the 4-byte arrays, the counters last
+    char *base = (char *)cb->lr_buf;
+    size_t rows = (size_t)n_rows, parts = rows * (size_t)P;
+    sc->sums = (double *)base;
+    sc->cand_key = (uint32_t *)(base + parts * 16);
+    sc->cand_id = (int32_t *)(base + parts * (16 + MOEQ_LOGITS_TOP * 4));
+    sc->best = (uint32_t *)(base + parts * (16 + MOEQ_LOGITS_TOP * 8));
+    sc->done = (unsigned *)(base + cb->lr_bytes - rows * 4);
+    return 1;
 }
 
 static void cuda_logits_reduce(moeq_backend *b, const float *logits, int64_t ld, int64_t n_rows, int64_t vocab,
@@ -1868,16 +2000,25 @@ static void cuda_logits_reduce(moeq_backend *b, const float *logits, int64_t ld,
     if (n_rows <= 0) return;
     size_t rec_bytes = (size_t)n_rows * sizeof(moeq_logits_record), t_bytes = (size_t)n_rows * sizeof(double);
     void *d_rec = NULL;
-    if (in_bracket(cb, "logits records (a wait) in a captured step") ||
-        !stage_reserve(cb, STAGED(rec_bytes) + STAGED(t_bytes)))
+    const int NT = MOEQ_CU_LR_THREADS, P = moeq_cu_lr_parts(vocab, NT);
+    const int64_t S = moeq_cu_lr_part_len(vocab, NT);
+    lr_scratch sc;
+    if (in_bracket(cb, "logits records (a wait) in a captured step") || n_rows > 65535 ||
+        !lr_scratch_reserve(cb, n_rows, P, &sc) || !stage_reserve(cb, STAGED(rec_bytes) + STAGED(t_bytes)) ||
+        !cu_ok(cb, cudaMemsetAsync(sc.done, 0, (size_t)n_rows * sizeof(unsigned), cb->stream),
+               "cudaMemsetAsync (logits counters)")) // the last blocks reset them too: this guards a failed launch
         goto failed;
     {
         const double *d_t = (const double *)stage_up(cb, temperature, t_bytes, "cudaMemcpyAsync (temperatures)");
         moeq_logits_record *h_rec = d_t ? (moeq_logits_record *)stage(cb, rec_bytes, &d_rec) : NULL;
         if (!h_rec) goto failed;
-        logits_reduce_kernel<MOEQ_CU_LR_THREADS><<<(unsigned)n_rows, MOEQ_CU_LR_THREADS, 0, cb->stream>>>(
-            logits, ld, vocab, d_t, (moeq_logits_record *)d_rec);
-        if (!launched(cb, "logits_reduce_kernel launch") ||
+        dim3 grid((unsigned)P, (unsigned)n_rows);
+        logits_select_kernel<MOEQ_CU_LR_THREADS><<<grid, NT, 0, cb->stream>>>(logits, ld, vocab, S, sc,
+                                                                             (moeq_logits_record *)d_rec);
+        if (!launched(cb, "logits_select_kernel launch")) goto failed;
+        logits_sum_kernel<MOEQ_CU_LR_THREADS><<<grid, NT, 0, cb->stream>>>(logits, ld, vocab, S, d_t, sc,
+                                                                          (moeq_logits_record *)d_rec);
+        if (!launched(cb, "logits_sum_kernel launch") ||
             !cu_ok(cb, cudaMemcpyAsync(h_rec, d_rec, rec_bytes, cudaMemcpyDeviceToHost, cb->stream),
                    "cudaMemcpyAsync (logits records)") ||
             !cu_ok(cb, cudaStreamSynchronize(cb->stream), "cudaStreamSynchronize (logits records)"))
@@ -2070,6 +2211,7 @@ static void cuda_destroy(moeq_backend *b) {
     cudaFree(cb->moe_tab);
     free(cb->moe_key);
     cudaFree(cb->ws);
+    cudaFree(cb->lr_buf);
     for (int i = 0; i < MOEQ_CU_GRAPH_MAX_BUCKETS; i++) {
         if (cb->gb[i].exec) cudaGraphExecDestroy(cb->gb[i].exec);
         cudaFree(cb->gb[i].stage_d);

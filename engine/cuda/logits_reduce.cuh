@@ -6,9 +6,21 @@
  * op (engine/cpu/logits_reduce.c) over many row lengths, block sizes and
  * candidate counts.
  *
- * One block per row, nt threads; the row is read in tiles of nt values,
- * thread t taking value j * nt + t of tile j (coalesced reads, and the tile
- * order is the index order, which the ordered selection below needs).
+ * A row is cut into partitions (moeq_cu_lr_part_len values each, at most
+ * MOEQ_CU_LR_MAX_PARTS; one block each, so a batch-1 row of V3's 129,280
+ * values is read by 32 SMs, not one: that single block took 650 us a step).
+ * A partition's block reads its values in tiles of nt, thread t taking value
+ * j * nt + t of tile j (coalesced reads, and the tile order is the index
+ * order, which the ordered selection below needs), and writes its c best
+ * candidates in rank order with its best value and finite flag. The row's
+ * best c are among the partitions' (an element with fewer than c better in
+ * the row has fewer than c better in its partition), so the row's last block
+ * to finish (a counter) selects them from that union by the same steps over
+ * the candidates' keys (moeq_cu_lr_key_pass_thread): the union is read in
+ * (partition, rank) order, in which equal keys come in index order, so the
+ * lowest ids of those equal to the threshold are the first met. A second
+ * kernel sums each partition, and the row's last block adds the partitions'
+ * sums in partition order.
  *
  *   order key   a float's 32-bit key: larger key = ranks first; -0 is +0;
  *               every NaN is 0, below -inf (moeq_cu_lr_key). Candidates rank
@@ -27,9 +39,10 @@
  *   argmax      the best candidate, unless value 0 is a NaN (the sampler's
  *               scalar loop then keeps 0); finite: no exponent field all ones.
  *   sums        per thread over its values in tile order, then a fixed tree
- *               (stride nt/2, nt/4, ..., 1): deterministic, but not the
- *               CPU's left-to-right order (nor its exp): within
- *               moeq_logits_sum_bound of it, which is all the sampler assumes.
+ *               (stride nt/2, nt/4, ..., 1), then the partitions in order:
+ *               deterministic, but not the CPU's left-to-right order (nor
+ *               its exp): within moeq_logits_sum_bound of it, which is all
+ *               the sampler assumes.
  *
  * Not here: the launch and the copy back of the records (backend_cuda.cu).
  */
@@ -45,6 +58,8 @@
 #define MOEQ_CU_LR_THREADS 256 /* the kernel's block (a power of two: the sum tree halves it) */
 #define MOEQ_CU_LR_BUCKETS 256
 #define MOEQ_CU_LR_PASSES 4
+#define MOEQ_CU_LR_MAX_PARTS 32   /* partitions of a row: the union of their candidates stays in shared memory */
+#define MOEQ_CU_LR_PART_MIN 4096  /* values of a partition at least: fewer make the union the larger read */
 
 MOEQ_HD uint32_t moeq_cu_lr_key(float x) {
     uint32_t u;
@@ -156,6 +171,26 @@ MOEQ_HD int moeq_cu_lr_rank(const uint32_t *keys, const int32_t *ids, int m, int
     int r = 0;
     for (int j = 0; j < m; j++) r += moeq_cu_lr_better(keys[j], ids[j], keys[i], ids[i]);
     return r;
+}
+
+/* Values per partition of a row of n: a multiple of nt, at least MOEQ_CU_LR_PART_MIN, at most
+ * MOEQ_CU_LR_MAX_PARTS partitions. */
+MOEQ_HD int64_t moeq_cu_lr_part_len(int64_t n, int nt) {
+    int64_t s = (n + MOEQ_CU_LR_MAX_PARTS - 1) / MOEQ_CU_LR_MAX_PARTS;
+    if (s < MOEQ_CU_LR_PART_MIN) s = MOEQ_CU_LR_PART_MIN;
+    return (s + nt - 1) / nt * nt;
+}
+
+MOEQ_HD int moeq_cu_lr_parts(int64_t n, int nt) {
+    int64_t s = moeq_cu_lr_part_len(n, nt);
+    return n > 0 ? (int)((n + s - 1) / s) : 1;
+}
+
+/* Thread t's share of radix pass p over the union's n candidate keys (the merge's histogram). */
+MOEQ_HD void moeq_cu_lr_key_pass_thread(const uint32_t *keys, int n, int nt, int t, int pass, uint32_t prefix,
+                                        uint32_t *hist) {
+    for (int i = t; i < n; i += nt)
+        if (moeq_cu_lr_in_prefix(keys[i], prefix, pass)) moeq_cu_lr_count(hist, moeq_cu_lr_digit(keys[i], pass));
 }
 
 /* The record's argmax: the best candidate, or 0 when x[0] is a NaN (moeq_sampler_argmax's scalar loop). */
