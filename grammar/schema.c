@@ -453,7 +453,8 @@ static const char *const annotations[] = {"title", "description", "$schema", "$i
 static const char *const keywords[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                        "items", "minItems", "maxItems", "anyOf", "minLength", "maxLength",
                                        "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-                                       "exclusiveMaximum", "uniqueItems", "$ref", "allOf", "oneOf", NULL};
+                                       "exclusiveMaximum", "uniqueItems", "$ref", "allOf", "oneOf", "prefixItems",
+                                       "additionalItems", NULL};
 
 static int in_list(const char *k, const char *const *list) {
     for (; *list; list++)
@@ -466,8 +467,6 @@ static int check_keywords(schema_ctx *c, const gj *s) {
         const char *k = s->keys[i];
         if (in_list(k, annotations)) continue;
         if (!in_list(k, keywords)) return sfail(c, MOEQ_ERR_UNSUPPORTED, "schema keyword '%s' is not supported", k);
-        if (!strcmp(k, "uniqueItems") && !(s->items[i]->type == GJ_BOOL && !s->items[i]->b))
-            return sfail(c, MOEQ_ERR_UNSUPPORTED, "schema keyword '%s' is not supported (only false)", k);
     }
     return 0;
 }
@@ -687,15 +686,175 @@ static int item(schema_ctx *c, const gj *items, int depth, frag *out) {
     return sub(c, items, depth, "items", NULL, out);
 }
 
+static int type_matches(const gj *v, const gj *type);
+static int value_literal(schema_ctx *c, const gj *v, frag *out);
+static int may_equal(const gj *a, const gj *b);
+static const gj *deref(const schema_ctx *c, const gj *s);
+
+#define MAX_SET_VALUES 64
+
+/*
+ * The values an item schema allows when they are few (uniqueItems needs them): enum/const (filtered by
+ * "type"), boolean, null, an integer range of at most MAX_SET_VALUES. Equal values (1 and 1.0) are kept
+ * once. Returns the count into vals, or -1 (refused, said why).
+ */
+static int finite_values(schema_ctx *c, const gj *items, gj *store, char (*text)[24], const gj **vals) {
+    static const char *const why = "'uniqueItems': true needs items with a finite set of values (enum, const, "
+                                   "boolean, null, or an integer range of at most 64): a regular language "
+                                   "cannot tell other items apart";
+    const gj *it = items ? deref(c, items) : NULL;
+    if (!it || it->type != GJ_OBJ) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", why);
+    static const char *const allowed[] = {"enum", "const", "type", "minimum", "maximum", "exclusiveMinimum",
+                                          "exclusiveMaximum", NULL};
+    for (size_t i = 0; i < it->n; i++)
+        if (!in_list(it->keys[i], annotations) && !in_list(it->keys[i], allowed))
+            return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", why);
+    const gj *e = gj_get(it, "enum"), *cst = gj_get(it, "const"), *type = gj_get(it, "type");
+    int n = 0;
+    if (e || cst) {
+        if (e && e->type != GJ_ARR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'enum' must be an array");
+        for (size_t i = 0; i < (e ? e->n : 1); i++) {
+            const gj *v = e ? e->items[i] : cst;
+            if (cst && e && !(v->raw_len == cst->raw_len && !memcmp(v->raw, cst->raw, v->raw_len))) continue;
+            if (!type_matches(v, type)) continue;
+            int dup = 0;
+            for (int j = 0; j < n && !dup; j++) dup = v->type != GJ_ARR && v->type != GJ_OBJ && may_equal(vals[j], v);
+            if (dup) continue;
+            if (n == MAX_SET_VALUES) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", why);
+            vals[n++] = v;
+        }
+        return n;
+    }
+    const char *t = type && type->type == GJ_STR ? type->str : "";
+    if (!strcmp(t, "boolean")) {
+        store[0] = (gj){.type = GJ_BOOL, .b = 1}, store[1] = (gj){.type = GJ_BOOL, .b = 0};
+        vals[0] = &store[0], vals[1] = &store[1];
+        return 2;
+    }
+    if (!strcmp(t, "null")) return store[0] = (gj){.type = GJ_NULL}, vals[0] = &store[0], 1;
+    bound lo, hi;
+    if (strcmp(t, "integer") || read_bounds(c, it, &lo, &hi) || !lo.has || !hi.has) {
+        if (!c->err) sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", why);
+        return -1;
+    }
+    long long a = bound_integer(&lo, 0), z = bound_integer(&hi, 1);
+    if (a > z || z - a >= MAX_SET_VALUES) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", why);
+    for (long long v = a; v <= z; v++, n++) {
+        snprintf(text[n], sizeof text[n], "%lld", v);
+        store[n] = (gj){.type = GJ_NUM, .num = (double)v, .is_int = 1, .raw = text[n], .raw_len = strlen(text[n])};
+        vals[n] = &store[n];
+    }
+    return n;
+}
+
+/*
+ * uniqueItems over a finite set: the arrays whose items are distinct values of vals, written in vals' order
+ * (a set's members in the schema's order: as valid as any other order, and a regular language). State
+ * (i values considered, k taken; k capped at max(min, 1) when unbounded) takes value i or skips it.
+ */
+static int unique_items(schema_ctx *c, const gj **vals, int m, long long mn, long long mx, frag *out) {
+    nfa *n = c->n;
+    if (mn > m)
+        return sfail(c, MOEQ_ERR_FORMAT, "%s", "minItems is above the number of distinct values the items allow");
+    int cap = mx >= 0 ? (int)(mx < m ? mx : m) : (int)(mn > 1 ? mn : 1);
+    int32_t *st = malloc((size_t)(m + 1) * (size_t)(cap + 1) * sizeof *st);
+    if (!st) return sfail(c, MOEQ_ERR_NOMEM, "%s", "uniqueItems");
+    for (int i = 0; i <= m; i++)
+        for (int k = 0; k <= cap; k++) st[i * (cap + 1) + k] = nfa_state(n);
+    frag open = literal(n, "["), close = literal(n, "]");
+    nfa_eps(n, open.end, st[0]);
+    for (int i = 0; i < m; i++)
+        for (int k = 0; k <= cap; k++) {
+            int32_t from = st[i * (cap + 1) + k];
+            nfa_eps(n, from, st[(i + 1) * (cap + 1) + k]); /* skip value i */
+            if (k == cap && mx >= 0) continue;          /* as many as maxItems allows */
+            frag v;
+            if (value_literal(c, vals[i], &v)) return free(st), -1;
+            if (k) v = frag_seq(n, literal(n, ","), v);
+            nfa_eps(n, from, v.start);
+            nfa_eps(n, v.end, st[(i + 1) * (cap + 1) + (k < cap ? k + 1 : cap)]);
+        }
+    for (int k = (int)mn; k <= cap; k++) nfa_eps(n, st[m * (cap + 1) + k], close.start);
+    free(st);
+    *out = (frag){open.start, close.end};
+    return 0;
+}
+
+/*
+ * A tuple: prefixItems (or draft 7's "items" array) one schema per position, then "items" (draft 7:
+ * "additionalItems") for the rest; minItems/maxItems bound the length. Items past the prefix are written
+ * only where minItems needs them or an explicit schema allows them (a tuple's length is the prefix's).
+ */
+static int tuple_items(schema_ctx *c, const gj *prefix, const gj *rest, const char *rest_kw, long long mn,
+                       long long mx, int depth, frag *out) {
+    nfa *n = c->n;
+    int np = (int)prefix->n, rest_none = rest && rest->type == GJ_BOOL && !rest->b;
+    if (rest_none && mn > np)
+        return sfail(c, MOEQ_ERR_FORMAT, "%s", "minItems is above the tuple's length and no more items are allowed");
+    long long last = np; /* positions written at most */
+    if (rest && !rest_none) last = mx >= 0 ? mx : -1;
+    else if (mn > np) last = mn;
+    if (mx >= 0 && last > mx) last = mx;
+    frag open = literal(n, "["), close = literal(n, "]");
+    int32_t cur = open.end;
+    for (long long k = 0; last < 0 || k < last; k++) {
+        if (k >= mn) nfa_eps(n, cur, close.start);
+        frag e;
+        char idx[24];
+        snprintf(idx, sizeof idx, "%lld", k);
+        if (k < np) {
+            if (sub(c, prefix->items[k], depth, rest_kw[0] == 'a' ? "items" : "prefixItems", idx, &e)) return -1;
+        } else if (rest && !rest_none) {
+            if (sub(c, rest, depth, rest_kw, NULL, &e)) return -1;
+            if (last < 0 && k >= mn && k >= np && k >= 1) { /* unbounded: one looped copy from here */
+                frag more = frag_seq(n, literal(n, ","), e);
+                int32_t loop = nfa_state(n);
+                nfa_eps(n, cur, loop);
+                nfa_eps(n, loop, more.start);
+                nfa_eps(n, more.end, loop);
+                nfa_eps(n, loop, close.start);
+                return *out = (frag){open.start, close.end}, 0;
+            }
+        } else {
+            e = json_any_value(n, MOEQ_GRAMMAR_ANY_DEPTH - 1); /* only as many as minItems needs */
+        }
+        frag piece = k ? frag_seq(n, literal(n, ","), e) : e;
+        nfa_eps(n, cur, piece.start);
+        cur = piece.end;
+    }
+    nfa_eps(n, cur, close.start);
+    return *out = (frag){open.start, close.end}, 0;
+}
+
 static int type_array(schema_ctx *c, const gj *s, int depth, frag *out) {
     nfa *n = c->n;
-    const gj *items = gj_get(s, "items");
+    const gj *items = gj_get(s, "items"), *prefix = gj_get(s, "prefixItems"), *uniq = gj_get(s, "uniqueItems");
     long long mn, mx;
     if (count_kw(c, s, "minItems", &mn) || count_kw(c, s, "maxItems", &mx)) return -1;
     if (mn < 0) mn = 0;
     if (mx >= 0 && mn > mx) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minItems is above maxItems");
+    if (uniq && uniq->type != GJ_BOOL) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'uniqueItems' must be a boolean");
+    int unique = uniq && uniq->b;
+    if (prefix && prefix->type != GJ_ARR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'prefixItems' must be an array");
+    if ((prefix || (items && items->type == GJ_ARR)) && unique)
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'uniqueItems': true on a tuple is not supported");
+    if (prefix) {
+        if (items && items->type == GJ_ARR)
+            return sfail(c, MOEQ_ERR_FORMAT, "%s", "'items' must be a schema beside 'prefixItems'");
+        return tuple_items(c, prefix, items, "items", mn, mx, depth, out);
+    }
     if (items && items->type == GJ_ARR)
-        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'items' as an array (tuple validation) is not supported");
+        return tuple_items(c, items, gj_get(s, "additionalItems"), "additionalItems", mn, mx, depth, out);
+    if (gj_get(s, "additionalItems"))
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'additionalItems' without an 'items' array is not supported");
+    if (unique) {
+        gj store[MAX_SET_VALUES];
+        char text[MAX_SET_VALUES][24];
+        const gj *vals[MAX_SET_VALUES];
+        int m = finite_values(c, items, store, text, vals);
+        if (m < 0) return -1;
+        return unique_items(c, vals, m, mn, mx, out);
+    }
     frag e;
     if (mn == 0 && mx < 0) {
         if (item(c, items, depth, &e)) return -1;
@@ -1174,7 +1333,9 @@ int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
     const gj *type = gj_get(s, "type");
     if (!type) {
         if (gj_get(s, "properties") || gj_get(s, "required")) return type_object(c, s, depth, out);
-        if (gj_get(s, "items") || gj_get(s, "minItems") || gj_get(s, "maxItems")) return type_array(c, s, depth, out);
+        if (gj_get(s, "items") || gj_get(s, "minItems") || gj_get(s, "maxItems") || gj_get(s, "prefixItems") ||
+            gj_get(s, "uniqueItems"))
+            return type_array(c, s, depth, out);
         if (gj_get(s, "pattern") || gj_get(s, "format") || gj_get(s, "minLength") || gj_get(s, "maxLength"))
             return type_string(c, s, out);
         return *out = json_any_value(c->n, MOEQ_GRAMMAR_ANY_DEPTH), 0;

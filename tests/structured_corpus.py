@@ -107,6 +107,17 @@ HAND = [
      "required": ["parties", "lead"]},
     {"definitions": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
      "type": "array", "items": {"$ref": "#/definitions/n"}, "minItems": 1, "maxItems": 4},
+    # pydantic's set[Literal[...]] (uniqueItems over an enum) and tuple[int, int] / tuple[str, *int] (prefixItems)
+    {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"enum": ["legal", "finance", "hr", "it"], "type": "string"},
+                 "uniqueItems": True},
+        "span": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 0}, {"type": "integer", "minimum": 0}],
+                 "minItems": 2, "maxItems": 2},
+        "levels": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 5}, "uniqueItems": True,
+                   "minItems": 1}},
+     "required": ["tags", "span", "levels"]},
+    {"type": "array", "prefixItems": [{"type": "string", "maxLength": 6}], "items": {"type": "integer"},
+     "maxItems": 5},
     # allOf of object schemas, as OpenAPI generators write a model extending a base
     {"$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1},
                                                          "kind": {"enum": ["invoice", "receipt"]}},

@@ -454,6 +454,72 @@ static void all_of_merges_object_schemas(void **state) {
     moeq_grammar_vocab_destroy(v);
 }
 
+/* Sets and tuples as pydantic writes them: set[Literal[...]] (uniqueItems over a finite set: distinct values in the
+ * schema's order, within minItems/maxItems), tuple[int, str] (prefixItems, draft 7's items array) and a tuple
+ * with a rest; uniqueItems over items that cannot be told apart is refused by name. */
+static void sets_and_tuples_compile(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                              "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\",1,1.0],\"type\":[\"string\","
+                              "\"integer\"]},\"uniqueItems\":true,\"maxItems\":3}");
+    static const char *const yes[] = {"[]", "[\"a\"]", "[\"a\",\"c\"]", "[\"b\",\"c\",1]", "[1]"};
+    static const char *const no[] = {"[\"a\",\"a\"]", "[\"c\",\"a\"]", "[\"a\",\"b\",\"c\",1]", "[1,1]", "[1.0]"};
+    for (int i = 0; i < 5; i++) assert_true(matches(g, yes[i]));
+    for (int i = 0; i < 5; i++) assert_false(matches(g, no[i]));
+    char out[512];
+    for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed, 40, out, sizeof out);
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":4},\"uniqueItems\":true,"
+                "\"minItems\":2}");
+    assert_true(matches(g, "[1,4]"));
+    assert_true(matches(g, "[1,2,3,4]"));
+    assert_false(matches(g, "[2]"));
+    assert_false(matches(g, "[1,2,3,4,4]"));
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"items\":{\"type\":\"boolean\"},\"uniqueItems\":true}");
+    assert_true(matches(g, "[true,false]"));
+    assert_false(matches(g, "[true,true]"));
+    moeq_grammar_release(g);
+    /* tuple[int, str]: pydantic's prefixItems with minItems = maxItems */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\",\"maxLength\":3}],"
+                "\"minItems\":2,\"maxItems\":2}");
+    assert_true(matches(g, "[1,\"ab\"]"));
+    assert_false(matches(g, "[1]"));
+    assert_false(matches(g, "[\"ab\",1]"));
+    assert_false(matches(g, "[1,\"ab\",2]"));
+    for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed, 40, out, sizeof out);
+    moeq_grammar_release(g);
+    /* a prefix then a rest of integers (tuple[str, *int]), and draft 7's items array with additionalItems false */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"prefixItems\":[{\"type\":\"string\",\"maxLength\":2}],\"items\":{\"type\":\"integer\"}}");
+    assert_true(matches(g, "[]"));
+    assert_true(matches(g, "[\"x\"]"));
+    assert_true(matches(g, "[\"x\",1,2,3]"));
+    assert_false(matches(g, "[\"x\",\"y\"]"));
+    for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed, 60, out, sizeof out);
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"type\":\"array\",\"items\":[{\"type\":\"boolean\"},{\"type\":\"null\"}],\"additionalItems\":false,"
+                "\"minItems\":1}");
+    assert_true(matches(g, "[true]"));
+    assert_true(matches(g, "[false,null]"));
+    assert_false(matches(g, "[]"));
+    assert_false(matches(g, "[false,null,null]"));
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}",
+                 MOEQ_ERR_UNSUPPORTED, "'uniqueItems': true needs items with a finite set of values");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"uniqueItems\":true,\"minItems\":3}",
+                 MOEQ_ERR_FORMAT, "minItems is above the number of distinct values");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"null\"}],\"items\":false,\"minItems\":2}",
+                 MOEQ_ERR_FORMAT, "no more items are allowed");
+    moeq_grammar_vocab_destroy(v);
+}
+
 /* oneOf whose branches no value can match twice: by type, or by a property both require with disjoint
  * const/enum values (pydantic's discriminated unions, through $ref); branches that may overlap are refused. */
 static void one_of_compiles_when_its_branches_are_told_apart(void **state) {
@@ -678,6 +744,7 @@ int main(void) {
         cmocka_unit_test(refs_and_single_all_of_compile_as_their_targets),
         cmocka_unit_test(recursive_refs_unroll_to_max_recursion_levels),
         cmocka_unit_test(all_of_merges_object_schemas),
+        cmocka_unit_test(sets_and_tuples_compile),
         cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
         cmocka_unit_test(number_bounds_admit_exactly_the_values_within_them),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
