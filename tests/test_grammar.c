@@ -510,7 +510,8 @@ static void sets_and_tuples_compile(void **state) {
     assert_false(matches(g, "[false,null,null]"));
     moeq_grammar_release(g);
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
-                 "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}", MOEQ_ERR_UNSUPPORTED, "'uniqueItems': true needs items with a finite set of values");
+                 "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}", MOEQ_ERR_UNSUPPORTED,
+                 "'uniqueItems': true needs items with a finite set of values");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
                  "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"uniqueItems\":true,\"minItems\":3}",
                  MOEQ_ERR_FORMAT, "minItems is above the number of distinct values");
