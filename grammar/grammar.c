@@ -104,7 +104,7 @@ struct moeq_grammar {
 
 moeq_grammar_limits moeq_grammar_default_limits(void) {
     return (moeq_grammar_limits){.max_nfa_states = 200000, .max_dfa_states = 20000, .max_schema_depth = 16,
-                                 .max_repeat = 256, .max_recursion = 4};
+                                 .max_repeat = 256, .max_string_chars = 4096, .max_recursion = 4};
 }
 
 static int build_choice(nfa *n, const moeq_grammar_spec *spec, frag *out, char *errstr, size_t errstr_size) {

@@ -57,13 +57,53 @@ static frag json_char(nfa *n) {
     return frag_alt(n, parts, 2);
 }
 
+/*
+ * One JSON string character from state `from` to state `to`, with the fewest states in between (12): the
+ * unescaped characters as UTF-8 (no overlong forms, no surrogates: what json_char's class gives), then the
+ * escapes. A length-bounded string is a chain of these, one per position, so its size is 13 states a
+ * character (json_char's fragments took 38).
+ */
+static void json_char_into(nfa *n, int32_t from, int32_t to) {
+    int32_t y = nfa_state(n), x_e0 = nfa_state(n), x_ed = nfa_state(n), x = nfa_state(n), z_f0 = nfa_state(n);
+    int32_t z = nfa_state(n), z_f4 = nfa_state(n), esc = nfa_state(n), h1 = nfa_state(n), h2 = nfa_state(n);
+    int32_t h3 = nfa_state(n), h4 = nfa_state(n);
+    nfa_range(n, from, to, 0x20, 0x21), nfa_range(n, from, to, 0x23, 0x5B), nfa_range(n, from, to, 0x5D, 0x7F);
+    nfa_range(n, from, y, 0xC2, 0xDF);                                      /* 2 bytes */
+    nfa_range(n, from, x_e0, 0xE0, 0xE0), nfa_range(n, x_e0, y, 0xA0, 0xBF); /* 3 bytes */
+    nfa_range(n, from, x, 0xE1, 0xEC), nfa_range(n, from, x, 0xEE, 0xEF);
+    nfa_range(n, from, x_ed, 0xED, 0xED), nfa_range(n, x_ed, y, 0x80, 0x9F); /* no surrogates */
+    nfa_range(n, x, y, 0x80, 0xBF), nfa_range(n, y, to, 0x80, 0xBF);
+    nfa_range(n, from, z_f0, 0xF0, 0xF0), nfa_range(n, z_f0, x, 0x90, 0xBF); /* 4 bytes, to U+10FFFF */
+    nfa_range(n, from, z, 0xF1, 0xF3), nfa_range(n, z, x, 0x80, 0xBF);
+    nfa_range(n, from, z_f4, 0xF4, 0xF4), nfa_range(n, z_f4, x, 0x80, 0x8F);
+    nfa_range(n, from, esc, '\\', '\\');
+    static const char simple[] = "\"\\/bfnrt";
+    for (const char *e = simple; *e; e++) nfa_range(n, esc, to, (uint8_t)*e, (uint8_t)*e);
+    nfa_range(n, esc, h1, 'u', 'u');
+    int32_t hs[5] = {h1, h2, h3, h4, to};
+    for (int i = 0; i < 4; i++)
+        nfa_range(n, hs[i], hs[i + 1], '0', '9'), nfa_range(n, hs[i], hs[i + 1], 'a', 'f'),
+            nfa_range(n, hs[i], hs[i + 1], 'A', 'F');
+}
+
 frag json_string_frag(nfa *n, int min_chars, int max_chars) {
-    frag f = frag_bytes(n, "\"", 1);
-    for (int i = 0; i < min_chars; i++) f = frag_seq(n, f, json_char(n));
-    if (max_chars < 0) f = frag_seq(n, f, frag_star(n, json_char(n)));
-    else
-        for (int i = min_chars; i < max_chars; i++) f = frag_seq(n, f, frag_opt(n, json_char(n)));
-    return frag_seq(n, f, frag_bytes(n, "\"", 1));
+    frag open = frag_bytes(n, "\"", 1);
+    if (max_chars < 0) {
+        frag f = open;
+        for (int i = 0; i < min_chars; i++) f = frag_seq(n, f, json_char(n));
+        f = frag_seq(n, f, frag_star(n, json_char(n)));
+        return frag_seq(n, f, frag_bytes(n, "\"", 1));
+    }
+    frag close = frag_bytes(n, "\"", 1);
+    int32_t at = open.end;
+    for (int i = 0; i < max_chars && !n->failed; i++) { /* position i: end here (i >= min), or one more character */
+        int32_t next = nfa_state(n);
+        if (i >= min_chars) nfa_eps(n, at, close.start);
+        json_char_into(n, at, next);
+        at = next;
+    }
+    nfa_eps(n, at, close.start);
+    return (frag){open.start, close.end};
 }
 
 static frag digit_run(nfa *n, int at_least) { /* [0-9]{at_least,} */
@@ -471,17 +511,26 @@ static int check_keywords(schema_ctx *c, const gj *s) {
     return 0;
 }
 
-/* A non-negative integer keyword; -1 when absent. */
-static int count_kw(schema_ctx *c, const gj *s, const char *kw, long long *out) {
+/* A non-negative integer keyword at most limit (named limit_name in the error); -1 when absent. */
+static int count_kw_at_most(schema_ctx *c, const gj *s, const char *kw, int limit, const char *limit_name,
+                            long long *out) {
     const gj *v = gj_get(s, kw);
     *out = -1;
     if (!v) return 0;
     if (v->type != GJ_NUM || v->num < 0 || v->num != floor(v->num))
         return sfail(c, MOEQ_ERR_FORMAT, "'%s' must be a non-negative integer", kw);
-    if (v->num > c->limits->max_repeat)
-        return sfail(c, MOEQ_ERR_LIMIT, "'%s' is above the grammar's max_repeat", kw);
+    if (v->num > limit) {
+        char what[96];
+        snprintf(what, sizeof what, "'%s' is above the grammar's %s (%d)", kw, limit_name, limit);
+        return sfail(c, MOEQ_ERR_LIMIT, "%s", what);
+    }
     *out = (long long)v->num;
     return 0;
+}
+
+/* minItems/maxItems: each item is a copy of its schema's automaton, so they stay within max_repeat. */
+static int count_kw(schema_ctx *c, const gj *s, const char *kw, long long *out) {
+    return count_kw_at_most(c, s, kw, c->limits->max_repeat, "max_repeat", out);
 }
 
 static void path_push(schema_ctx *c, size_t *mark, const char *a, const char *b) {
@@ -508,6 +557,13 @@ static int sub(schema_ctx *c, const gj *s, int depth, const char *a, const char 
 #define DATE "(" YEAR "-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|" YEAR "-(0[13-9]|1[0-2])-(29|30)|" YEAR \
              "-(0[13578]|1[02])-31|" LEAP "-02-29)"
 #define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define URI_CH "-A-Za-z0-9._~!$&'()*+,;=" /* unreserved and sub-delims ('-' first: a literal) */
+#define URI_PCT "%[0-9A-Fa-f][0-9A-Fa-f]"
+#define URI_PCHAR "([" URI_CH ":@]|" URI_PCT ")"
+#define URI_SEGMENTS "(/" URI_PCHAR "*)*"
+#define URI "[A-Za-z][A-Za-z0-9+.-]*:(//(([" URI_CH ":]|" URI_PCT ")*@)?([" URI_CH "]|" URI_PCT ")*(:[0-9]*)?" \
+            URI_SEGMENTS "|/(" URI_PCHAR "+" URI_SEGMENTS ")?|" URI_PCHAR "+" URI_SEGMENTS ")?(\\?(" URI_PCHAR \
+            "|[/?])*)?(#(" URI_PCHAR "|[/?])*)?"
 static const char *const formats[][2] = {
     {"date", DATE},
     {"time", TIME},
@@ -516,14 +572,218 @@ static const char *const formats[][2] = {
     {"ipv4", "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"},
     /* unbounded parts: bounded repeats ({1,64}) would give a DFA state per position, each a vocabulary walk */
     {"email", "[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,}"},
+    /* RFC 3986's URI: scheme ":" hier-part ["?" query] ["#" fragment], every character of its sets */
+    {"uri", URI},
     {NULL, NULL},
 };
 
-static int string_pattern(schema_ctx *c, const char *pattern, int anchored, frag *out) {
+/* ---- a pattern's automaton made deterministic (for the length product) ---------------------------------- */
+
+#define PATTERN_DFA_MAX 4096
+
+typedef struct subset_dfa {
+    int32_t *pool;    /* every state's sorted member list, back to back */
+    int64_t *off;     /* [n + 1] its start in pool                     */
+    int n, cap, pool_len, pool_cap;
+    int32_t *next;    /* [n][256] the state a byte leads to, -1 none     */
+} subset_dfa;
+
+/* The eps-closure of set[0..k) in NFA n (states inside [s0, s1)), sorted, into set; returns its size. */
+static int closure(const nfa *n, int32_t s0, int32_t s1, int32_t *set, int k, uint8_t *seen) {
+    memset(seen, 0, (size_t)(s1 - s0));
+    for (int i = 0; i < k; i++) seen[set[i] - s0] = 1;
+    for (int i = 0; i < k; i++) /* set grows as the stack */
+        for (int32_t e = n->head[set[i]]; e >= 0; e = n->edges[e].next)
+            if (n->edges[e].is_eps && !seen[n->edges[e].to - s0])
+                seen[n->edges[e].to - s0] = 1, set[k++] = n->edges[e].to;
+    k = 0;
+    for (int32_t u = s0; u < s1; u++)
+        if (seen[u - s0]) set[k++] = u;
+    return k;
+}
+
+static int subset_find_or_add(subset_dfa *d, const int32_t *set, int k) {
+    for (int i = 0; i < d->n; i++)
+        if (d->off[i + 1] - d->off[i] == k && !memcmp(d->pool + d->off[i], set, (size_t)k * sizeof *set)) return i;
+    if (d->n == PATTERN_DFA_MAX) return -2;
+    if (d->n + 1 >= d->cap) {
+        int cap = d->cap ? d->cap * 2 : 64;
+        int64_t *off = realloc(d->off, (size_t)(cap + 1) * sizeof *off);
+        if (!off) return -3;
+        d->off = off;
+        int32_t *next = realloc(d->next, (size_t)cap * 256 * sizeof *next);
+        if (!next) return -3;
+        d->next = next, d->cap = cap;
+    }
+    if (d->pool_len + k > d->pool_cap) {
+        int cap = (d->pool_len + k) * 2 + 64;
+        int32_t *pool = realloc(d->pool, (size_t)cap * sizeof *pool);
+        if (!pool) return -3;
+        d->pool = pool, d->pool_cap = cap;
+    }
+    if (d->n == 0) d->off[0] = 0;
+    memcpy(d->pool + d->pool_len, set, (size_t)k * sizeof *set);
+    d->pool_len += k;
+    d->off[d->n + 1] = d->pool_len;
+    return d->n++;
+}
+
+/*
+ * The pattern's automaton (states [s0, s1) entered at body.start, final body.end) as a DFA written into n
+ * after them: *out and its states [*d0, *d1). A regex's NFA has several states per character class and
+ * group; its DFA far fewer (format uri: 248 NFA states), which is what the length product multiplies.
+ * Returns 0, 1 when the DFA would pass PATTERN_DFA_MAX states (the caller keeps the NFA), -1 on NOMEM.
+ */
+static int pattern_dfa(nfa *n, frag body, int32_t s0, int32_t s1, frag *out, int32_t *d0, int32_t *d1) {
+    int W = s1 - s0, rc = -1;
+    subset_dfa d = {0};
+    int32_t *set = malloc((size_t)W * sizeof *set);
+    uint8_t *seen = malloc((size_t)W), *hit = malloc((size_t)W);
+    if (!set || !seen || !hit) goto done;
+    set[0] = body.start;
+    int k = closure(n, s0, s1, set, 1, seen);
+    if (subset_find_or_add(&d, set, k) < 0) goto done;
+    for (int i = 0; i < d.n; i++) {
+        for (int b = 0; b < 256; b++) {
+            memset(hit, 0, (size_t)W);
+            int m = 0;
+            for (int64_t j = d.off[i]; j < d.off[i + 1]; j++)
+                for (int32_t e = n->head[d.pool[j]]; e >= 0; e = n->edges[e].next) {
+                    const nfa_edge *ed = &n->edges[e];
+                    if (!ed->is_eps && ed->lo <= b && b <= ed->hi && !hit[ed->to - s0])
+                        hit[ed->to - s0] = 1, set[m++] = ed->to;
+                }
+            int t = -1;
+            if (m) {
+                t = subset_find_or_add(&d, set, closure(n, s0, s1, set, m, seen));
+                if (t == -2) {
+                    rc = 1;
+                    goto done;
+                }
+                if (t < 0) goto done;
+            }
+            d.next[(size_t)i * 256 + b] = t;
+        }
+    }
+    /* Moore's minimisation: classes split by (class, each byte's target class) until stable; state 0's class
+     * is numbered 0, so the start stays the first */
+    int *cls = malloc((size_t)d.n * sizeof *cls), *ncls = malloc((size_t)d.n * sizeof *ncls), nc = d.n > 512 ? d.n : 0;
+    if (!cls || !ncls) {
+        free(cls), free(ncls);
+        goto done;
+    }
+    for (int i = 0; i < d.n; i++) {
+        int acc = 0;
+        for (int64_t j = d.off[i]; j < d.off[i + 1]; j++) acc |= d.pool[j] == body.end;
+        cls[i] = d.n > 512 ? i : acc; /* past 512 states the quadratic refinement costs more than it saves */
+    }
+    for (int changed = d.n <= 512; changed;) {
+        int m = 0;
+        for (int i = 0; i < d.n; i++) {
+            ncls[i] = -1;
+            for (int j = 0; j < i && ncls[i] < 0; j++) { /* the first earlier state with the same signature */
+                int same = cls[i] == cls[j];
+                for (int b = 0; b < 256 && same; b++) {
+                    int ti = d.next[(size_t)i * 256 + b], tj = d.next[(size_t)j * 256 + b];
+                    same = (ti < 0 ? -1 : cls[ti]) == (tj < 0 ? -1 : cls[tj]);
+                }
+                if (same) ncls[i] = ncls[j];
+            }
+            if (ncls[i] < 0) ncls[i] = m++;
+        }
+        changed = m != nc;
+        nc = m;
+        memcpy(cls, ncls, (size_t)d.n * sizeof *cls);
+    }
+    *d0 = n->n_states;
+    for (int i = 0; i < nc; i++) nfa_state(n);
+    int32_t end = nfa_state(n);
+    *d1 = n->n_states;
+    for (int c = 0; c < nc; c++) {
+        int i = 0;
+        while (cls[i] != c) i++; /* a representative */
+        const int32_t *row = d.next + (size_t)i * 256;
+        for (int b = 0; b < 256;) { /* runs of bytes with one target class */
+            int tc = row[b] < 0 ? -1 : cls[row[b]], e = b;
+            while (e + 1 < 256 && (row[e + 1] < 0 ? -1 : cls[row[e + 1]]) == tc) e++;
+            if (tc >= 0) nfa_range(n, *d0 + c, *d0 + tc, (uint8_t)b, (uint8_t)e);
+            b = e + 1;
+        }
+        for (int64_t j = d.off[i]; j < d.off[i + 1]; j++)
+            if (d.pool[j] == body.end) nfa_eps(n, *d0 + c, end);
+    }
+    free(cls), free(ncls);
+    *out = (frag){*d0 + 0, end};
+    rc = 0;
+done:
+    free(set), free(seen), free(hit), free(d.pool), free(d.off), free(d.next);
+    return rc;
+}
+
+/*
+ * The strings of a pattern's automaton (NFA states [s0, s1), built by regex_compile, entered at body.start)
+ * that have between minl and maxl characters (maxl -1: no bound): the product with a character count, one
+ * copy of the pattern's states per count 0..K (K = maxl, or minl where only that bounds, the count then
+ * saturating). A character is one UTF-8 lead or ASCII byte (a pattern writes no JSON escapes), so a byte
+ * range is split at the continuation bytes 0x80-0xBF, which do not count.
+ */
+static int length_bounded(schema_ctx *c, frag body, int32_t s0, int32_t s1, long long minl, long long maxl,
+                          frag *out) {
+    nfa *n = c->n;
+    int32_t W = s1 - s0;
+    long long K = maxl >= 0 ? maxl : minl;
+    if (minl < 0) minl = 0;
+    for (int32_t u = s0; u < s1; u++)
+        for (int32_t e = n->head[u]; e >= 0; e = n->edges[e].next)
+            if (n->edges[e].to < s0 || n->edges[e].to >= s1)
+                return sfail(c, MOEQ_ERR_INTERNAL, "%s", "a pattern's automaton reaches outside itself");
+    if ((K + 1) * (long long)W > (long long)n->max_states)
+        return sfail(c, MOEQ_ERR_LIMIT, "%s", "grammar_too_large: minLength/maxLength with this pattern needs more "
+                     "than max_nfa_states (the pattern's states once per length)");
+    int32_t base = n->n_states;
+    for (long long i = 0; i < (K + 1) * W; i++) nfa_state(n);
+    if (n->failed) return sfail(c, n->nomem ? MOEQ_ERR_NOMEM : MOEQ_ERR_LIMIT, "%s", "grammar_too_large");
+#define AT(u, k) (base + (int32_t)(k) * W + ((u) - s0))
+    for (int32_t u = s0; u < s1; u++)
+        for (int32_t e = n->head[u]; e >= 0; e = n->edges[e].next) {
+            nfa_edge ed = n->edges[e]; /* a copy: adding edges may move the array */
+            for (long long k = 0; k <= K; k++) {
+                long long up = k < K ? k + 1 : (maxl >= 0 ? -1 : K); /* past maxl: none; past minl alone: stays */
+                if (ed.is_eps) {
+                    nfa_eps(n, AT(u, k), AT(ed.to, k));
+                    continue;
+                }
+                int lo = ed.lo, hi = ed.hi;
+                int32_t from = AT(u, k);
+                uint8_t a7 = (uint8_t)(hi < 0x7f ? hi : 0x7f), c0 = (uint8_t)(lo > 0x80 ? lo : 0x80);
+                uint8_t c1 = (uint8_t)(hi < 0xbf ? hi : 0xbf), l0 = (uint8_t)(lo > 0xc0 ? lo : 0xc0);
+                if (lo < 0x80 && up >= 0) nfa_range(n, from, AT(ed.to, up), (uint8_t)lo, a7);
+                if (hi >= 0x80 && lo <= 0xbf) nfa_range(n, from, AT(ed.to, k), c0, c1); /* continuations: no count */
+                if (hi >= 0xc0 && up >= 0) nfa_range(n, from, AT(ed.to, up), l0, (uint8_t)hi);
+            }
+        }
+    int32_t end = nfa_state(n);
+    for (long long k = minl; k <= K; k++) nfa_eps(n, AT(body.end, k), end);
+    *out = (frag){AT(body.start, 0), end};
+#undef AT
+    return 0;
+}
+
+static int string_pattern(schema_ctx *c, const char *pattern, int anchored, long long minl, long long maxl,
+                          frag *out) {
     char err[200] = "";
     frag body;
+    int32_t s0 = c->n->n_states;
     int e = regex_compile(c->n, pattern, strlen(pattern), 1, anchored, c->limits->max_repeat, &body, err, sizeof err);
     if (e) return sfail(c, (moeq_err)e, "%s", err);
+    if (minl > 0 || maxl >= 0) {
+        int32_t s1 = c->n->n_states, d0, d1;
+        frag d;
+        int rc = pattern_dfa(c->n, body, s0, s1, &d, &d0, &d1);
+        if (rc < 0) return sfail(c, MOEQ_ERR_NOMEM, "%s", "a pattern's DFA");
+        if (rc == 0) body = d, s0 = d0, s1 = d1; /* else the NFA itself, larger */
+        if (length_bounded(c, body, s0, s1, minl, maxl, &body)) return -1;
+    }
     *out = frag_seq(c->n, frag_seq(c->n, literal(c->n, "\""), body), literal(c->n, "\""));
     return 0;
 }
@@ -531,21 +791,22 @@ static int string_pattern(schema_ctx *c, const char *pattern, int anchored, frag
 static int type_string(schema_ctx *c, const gj *s, frag *out) {
     const gj *pattern = gj_get(s, "pattern"), *format = gj_get(s, "format");
     long long minl, maxl;
-    if (count_kw(c, s, "minLength", &minl) || count_kw(c, s, "maxLength", &maxl)) return -1;
-    if ((pattern || format) && (minl >= 0 || maxl >= 0))
-        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "minLength/maxLength together with pattern or format is not supported");
+    int limit = c->limits->max_string_chars;
+    if (count_kw_at_most(c, s, "minLength", limit, "max_string_chars", &minl) ||
+        count_kw_at_most(c, s, "maxLength", limit, "max_string_chars", &maxl))
+        return -1;
+    if (maxl >= 0 && minl > maxl) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minLength is above maxLength");
     if (pattern && format) return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "pattern together with format is not supported");
     if (pattern) {
         if (pattern->type != GJ_STR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'pattern' must be a string");
-        return string_pattern(c, pattern->str, 0, out);
+        return string_pattern(c, pattern->str, 0, minl, maxl, out);
     }
     if (format) {
         if (format->type != GJ_STR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'format' must be a string");
         for (int i = 0; formats[i][0]; i++)
-            if (!strcmp(format->str, formats[i][0])) return string_pattern(c, formats[i][1], 1, out);
+            if (!strcmp(format->str, formats[i][0])) return string_pattern(c, formats[i][1], 1, minl, maxl, out);
         return sfail(c, MOEQ_ERR_UNSUPPORTED, "string format '%s' is not supported", format->str);
     }
-    if (maxl >= 0 && minl > maxl) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minLength is above maxLength");
     *out = json_string_frag(c->n, minl < 0 ? 0 : (int)minl, (int)maxl);
     return 0;
 }

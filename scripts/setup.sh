@@ -15,7 +15,7 @@ pkgs=(build-essential cmake pkg-config git clang
       libibverbs-dev libmicrohttpd-dev libcmocka-dev libucx-dev ucx-utils
       redis-server kcat maven default-jdk-headless
       python3 python3-pip python3-numpy python3-msgpack python3-confluent-kafka
-      python3-jsonschema  # tests/structured_corpus.py validates structured outputs with it
+      python3-jsonschema python3-rfc3987  # tests/structured_corpus.py validates outputs (rfc3987: format uri)
       nodejs npm curl ca-certificates
       docker-compose python3-yaml prometheus)  # the last three: tests/deploy_check.py (compose config, promtool)
 export DEBIAN_FRONTEND=noninteractive

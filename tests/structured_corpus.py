@@ -118,6 +118,14 @@ HAND = [
      "required": ["tags", "span", "levels"]},
     {"type": "array", "prefixItems": [{"type": "string", "maxLength": 6}], "items": {"type": "integer"},
      "maxItems": 5},
+    # pydantic's HttpUrl (format uri with lengths), constr(pattern=..., min_length=..., max_length=...) and a long
+    # bounded summary
+    {"type": "object", "properties": {"source": {"type": "string", "format": "uri", "minLength": 1,
+                                                 "maxLength": 2083},
+                                      "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]+$", "minLength": 4,
+                                               "maxLength": 6},
+                                      "summary": {"type": "string", "maxLength": 1000}},
+     "required": ["source", "code", "summary"]},
     # allOf of object schemas, as OpenAPI generators write a model extending a base
     {"$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1},
                                                          "kind": {"enum": ["invoice", "receipt"]}},

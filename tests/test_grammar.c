@@ -521,6 +521,81 @@ static void sets_and_tuples_compile(void **state) {
     moeq_grammar_vocab_destroy(v);
 }
 
+/* Characters of a JSON string's contents (no quotes): one per UTF-8 lead or ASCII byte, an escape one. */
+static int json_chars_of(const char *t) {
+    int k = 0;
+    for (const unsigned char *p = (const unsigned char *)t; *p; p++) {
+        if (*p == '\\') p += p[1] == 'u' ? 5 : 1;
+        if ((*p & 0xC0) != 0x80) k++;
+    }
+    return k;
+}
+
+/* Length bounds: a bounded string (the chain of per-position characters) admits what the unbounded one does,
+ * exactly when it has no more characters than maxLength (multi-byte UTF-8, escapes, and the bytes JSON or UTF-8
+ * refuse); minLength/maxLength beside a pattern or format (the pattern's minimal DFA times a character count;
+ * pydantic's HttpUrl: format uri, 1..2083); format uri; a bound past max_string_chars is refused by name. */
+static void string_lengths_hold_with_and_without_patterns(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    static const char *const texts[] = {"", "a", "ab", "abc", "\xc3\xa9", "\xc3\xa9\xc3\xa9\xc3\xa9",
+                                        "\xe6\x97\xa5\xe6\x9c\xac", "\xf0\x9f\x98\x80x", "\\n", "\\u00e9z",
+                                        "a\\\"b", "\xed\xa0\x80", "\xc0\x80", "\x01", "\xf4\x90\x80\x80",
+                                        "\xe0\x80\x80", "abcdefgh", "\\x"};
+    moeq_grammar *any = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\"}");
+    for (int mx = 0; mx <= 4; mx++) {
+        char schema[96], q[64];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"minLength\":1,\"maxLength\":%d}", mx);
+        if (mx == 0) snprintf(schema, sizeof schema, "{\"type\":\"string\",\"maxLength\":0}");
+        moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, schema);
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+            snprintf(q, sizeof q, "\"%s\"", texts[i]);
+            int k = json_chars_of(texts[i]), want = matches(any, q) && k <= mx && (mx == 0 || k >= 1);
+            if (matches(g, q) != want) print_error("%s: %s admitted %d want %d\n", schema, q, !want, want);
+            assert_int_equal(matches(g, q), want);
+        }
+        moeq_grammar_release(g);
+    }
+    moeq_grammar_release(any);
+    /* a pattern with lengths: characters, not bytes */
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                              "{\"type\":\"string\",\"pattern\":\"^[a-z\xc3\xa9]+$\",\"minLength\":2,\"maxLength\":3}");
+    assert_true(matches(g, "\"ab\""));
+    assert_true(matches(g, "\"\xc3\xa9\xc3\xa9\xc3\xa9\""));
+    assert_false(matches(g, "\"a\""));
+    assert_false(matches(g, "\"abcd\""));
+    assert_false(matches(g, "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\""));
+    assert_false(matches(g, "\"aB\""));
+    moeq_grammar_release(g);
+    /* a search pattern (no anchors) with a length: the count covers what surrounds the match */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"x\",\"maxLength\":3}");
+    assert_true(matches(g, "\"axb\""));
+    assert_false(matches(g, "\"aaxb\""));
+    assert_false(matches(g, "\"ab\""));
+    moeq_grammar_release(g);
+    /* pydantic's HttpUrl */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"type\":\"string\",\"format\":\"uri\",\"minLength\":1,\"maxLength\":2083}");
+    static const char *const uris[] = {"\"https://example.com/a/b?x=1&y=%20#top\"", "\"mailto:a@b.c\"",
+                                       "\"urn:isbn:0451450523\"", "\"http://u:p@host:8080/\"", "\"a:\""};
+    static const char *const not_uris[] = {"\"example.com\"", "\"http://exa mple.com\"", "\"1http://x\"",
+                                           "\"http://x/%zz\"", "\"\""};
+    for (int i = 0; i < 5; i++) assert_true(matches(g, uris[i]));
+    for (int i = 0; i < 5; i++) assert_false(matches(g, not_uris[i]));
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"uri\",\"maxLength\":12}");
+    char out[512];
+    for (uint64_t seed = 1; seed <= 30; seed++) {
+        size_t len = random_walk(g, seed, 40, out, sizeof out);
+        out[len - 1] = 0;
+        assert_true(json_chars_of(out + 1) <= 12);
+    }
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":5000}", MOEQ_ERR_LIMIT,
+                 "'maxLength' is above the grammar's max_string_chars (4096)");
+    moeq_grammar_vocab_destroy(v);
+}
+
 /* oneOf whose branches no value can match twice: by type, or by a property both require with disjoint
  * const/enum values (pydantic's discriminated unions, through $ref); branches that may overlap are refused. */
 static void one_of_compiles_when_its_branches_are_told_apart(void **state) {
@@ -746,6 +821,7 @@ int main(void) {
         cmocka_unit_test(recursive_refs_unroll_to_max_recursion_levels),
         cmocka_unit_test(all_of_merges_object_schemas),
         cmocka_unit_test(sets_and_tuples_compile),
+        cmocka_unit_test(string_lengths_hold_with_and_without_patterns),
         cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
         cmocka_unit_test(number_bounds_admit_exactly_the_values_within_them),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),

@@ -322,6 +322,7 @@ static moeq_err open_grammars(moeq_worker *w, char *errstr, size_t errstr_size) 
     lim.max_nfa_states = (int)w->params.grammar_max_nfa_states;
     lim.max_dfa_states = (int)w->params.grammar_max_dfa_states;
     lim.max_recursion = (int)w->params.grammar_max_recursion;
+    lim.max_string_chars = (int)w->params.grammar_max_string_chars;
     return moeq_grammar_cache_new(w->gvocab, &lim, (int)w->params.grammar_cache_entries, &w->grammars, errstr,
                                   errstr_size);
 }

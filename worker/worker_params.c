@@ -97,6 +97,10 @@ const moeq_prop moeq_worker_props[] = {
     {"grammar_max_dfa_states", MOEQ_PROP_INT, P(grammar_max_dfa_states), 100, 1000000, "20000",
      "structured output: DFA states one grammar may reach while generating (each 1 KiB, plus a token mask "
      "of vocab/8 bytes once used); a job that needs more ends with grammar_too_large"},
+    {"grammar_max_string_chars", MOEQ_PROP_INT, P(grammar_max_string_chars), 16, 65536, "4096",
+     "structured output: the largest minLength/maxLength a JSON Schema string may have (each character position "
+     "is a copy of the character's automaton: 13 states, or the pattern's minimal DFA beside a pattern or "
+     "format); above it the job gets error grammar_too_large"},
     {"grammar_max_recursion", MOEQ_PROP_INT, P(grammar_max_recursion), 0, 16, "4",
      "structured output: levels a recursive JSON Schema (a $ref back into itself: a tree of sections) may "
      "nest below its first; deeper values are not produced; 0 refuses recursive schemas (unsupported_schema)"},

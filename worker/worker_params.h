@@ -66,6 +66,7 @@ typedef struct moeq_worker_params {
     int64_t grammar_max_nfa_states; /* one response_format's automaton; 200000                      */
     int64_t grammar_max_dfa_states; /* DFA states one grammar may reach (1 KiB each + a 16 KiB mask
                                       when used, at DeepSeek's vocabulary); 20000                   */
+    int64_t grammar_max_string_chars; /* largest minLength/maxLength of a string; 4096               */
     int64_t grammar_max_recursion; /* levels a recursive schema nests below its first; 0 refuses; 4  */
     double mtp_min_acceptance;    /* a job pauses drafting while its acceptance is below this;
                                      -1 = auto (1.5 x a draft's share of a step's weight bytes)     */

@@ -80,6 +80,9 @@ typedef struct moeq_grammar_limits {
     int max_schema_depth; /* nesting of schemas inside schemas; default 16               */
     int max_repeat;       /* largest {n,m}, minItems/maxItems, minLength/maxLength
                              bound expanded into the automaton; default 256             */
+    int max_string_chars; /* largest minLength/maxLength of a string; default 4096 (each
+                             character position is a copy of the character's automaton,
+                             and of a pattern's, beside minLength/maxLength)            */
     int max_recursion;    /* times a "$ref" may enter a schema again inside itself (a
                              recursive model, unrolled: values nest at most this many
                              levels below its first); 0 refuses recursion; default 4    */
