@@ -2,7 +2,7 @@
  * bench-structured — what structured output costs (issue 17): per decode step, the decode processors of B
  * constrained jobs (copy of the row, grammar mask with the job's budget, applying it, advancing the matcher)
  * against the engine's decode step at the same batch, for three schemas (flat object, nested with arrays,
- * enum-heavy); and the compile time of each schema and of a ~2 KB one. Prints JSON.
+ * enum-heavy, length-bounded strings); and the compile time of each schema and of a ~2 KB one. Prints JSON.
  *
  *   bench-structured --model DIR [--batches 1,8,32] [--tokens N (96)] [--threads N] [--repeat R (5)]
  *
@@ -46,6 +46,12 @@ static const char *const NESTED =
     "[\"name\"]},\"minItems\":1},\"amounts\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},\"dates\":"
     "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"format\":\"date\"},\"maxItems\":4}},\"required\":"
     "[\"document\",\"parties\"]}";
+
+/* Length-bounded strings: a DFA state per character position (pydantic's HttpUrl; a bounded summary). */
+static const char *const LONG_STRINGS =
+    "{\"type\":\"object\",\"properties\":{\"source\":{\"type\":\"string\",\"format\":\"uri\",\"minLength\":1,"
+    "\"maxLength\":2083},\"summary\":{\"type\":\"string\",\"maxLength\":2000}},\"required\":[\"source\","
+    "\"summary\"]}";
 
 /* Built at start: 6 properties, each an enum of 40 labels. */
 static char ENUMS[16384];
@@ -250,8 +256,9 @@ int main(int argc, char **argv) {
     double vocab_ms = (double)(moeq_mono_ns() - t0) / 1e6;
     build_enum_schema();
     build_2kb_schema();
-    const char *names[] = {"flat_object", "nested_arrays", "enum_heavy"};
-    const char *schemas[] = {FLAT, NESTED, ENUMS};
+    const char *names[] = {"flat_object", "nested_arrays", "enum_heavy", "long_strings"};
+    const char *schemas[] = {FLAT, NESTED, ENUMS, LONG_STRINGS};
+    const int n_schemas = 4;
     printf("{\n  \"model\": \"%s\", \"vocab\": %d, \"tokens_per_job\": %d, \"vocab_trie_ms\": %.1f,\n", model, b.vocab,
            b.tokens, vocab_ms);
     moeq_grammar_stats st;
@@ -263,7 +270,7 @@ int main(int argc, char **argv) {
     printf("  \"decode_step_ms\": {");
     for (int k = 0; k < nB; k++) printf("%s\"%d\": %.2f", k ? ", " : "", Bs[k], step_ms[k]);
     printf("},\n  \"schemas\": [\n");
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < n_schemas; s++) {
         double cms = compile_ms(&b, schemas[s], &st);
         printf("    {\"name\": \"%s\", \"bytes\": %zu, \"compile_ms\": %.3f, \"nfa_states\": %d, \"batches\": [\n",
                names[s], strlen(schemas[s]), cms, st.nfa_states);
@@ -293,7 +300,7 @@ int main(int argc, char **argv) {
                    k + 1 < nB ? "," : "");
             moeq_grammar_release(g);
         }
-        printf("    ]}%s\n", s < 2 ? "," : "");
+        printf("    ]}%s\n", s < n_schemas - 1 ? "," : "");
     }
     printf("  ]\n}\n");
     moeq_grammar_vocab_destroy(b.gvocab);
