@@ -494,7 +494,7 @@ static const char *const keywords[] = {"type", "properties", "required", "additi
                                        "items", "minItems", "maxItems", "anyOf", "minLength", "maxLength",
                                        "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
                                        "exclusiveMaximum", "uniqueItems", "$ref", "allOf", "oneOf", "prefixItems",
-                                       "additionalItems", NULL};
+                                       "additionalItems", "minProperties", "maxProperties", "propertyNames", NULL};
 
 static int in_list(const char *k, const char *const *list) {
     for (; *list; list++)
@@ -898,19 +898,92 @@ static frag key_frag(nfa *n, const char *key) {
     return frag_seq(n, f, literal(n, ":"));
 }
 
+static int enum_values(schema_ctx *c, const gj *s, frag *out);
+static int type_string(schema_ctx *c, const gj *s, frag *out);
+
+/* A map's key: any JSON string, or one valid against propertyNames (a string schema: type string, pattern,
+ * format, lengths, or string enum/const), compiled as a string. */
+static int map_key(schema_ctx *c, const gj *names, frag *out) {
+    if (!names) return *out = json_string_frag(c->n, 0, -1), 0;
+    static const char *const string_kw[] = {"type", "pattern", "format", "minLength", "maxLength", "enum", "const",
+                                            NULL};
+    const gj *t = names->type == GJ_OBJ ? gj_get(names, "type") : NULL;
+    int ok = names->type == GJ_OBJ && (!t || (t->type == GJ_STR && !strcmp(t->str, "string")));
+    for (size_t i = 0; ok && i < names->n; i++)
+        ok = in_list(names->keys[i], annotations) || in_list(names->keys[i], string_kw);
+    const gj *e = ok ? gj_get(names, "enum") : NULL, *cst = ok ? gj_get(names, "const") : NULL;
+    for (size_t i = 0; ok && e && e->type == GJ_ARR && i < e->n; i++) ok = e->items[i]->type == GJ_STR;
+    if (ok && cst) ok = cst->type == GJ_STR;
+    if (!ok)
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'propertyNames' other than a string schema (type string, "
+                     "pattern, format, lengths, string enum/const) is not supported");
+    size_t mark;
+    path_push(c, &mark, "propertyNames", NULL);
+    int rc = e || cst ? enum_values(c, names, out) : type_string(c, names, out);
+    if (rc == 0) path_pop(c, mark);
+    return rc;
+}
+
+/*
+ * A map (pydantic's dict[str, X]: additionalProperties a schema, no properties): "{" key ":" value, ... "}"
+ * with between minProperties and maxProperties members; a key may repeat (JSON allows it; readers keep one).
+ */
+static int type_map(schema_ctx *c, const gj *s, const gj *add, int depth, frag *out) {
+    nfa *n = c->n;
+    long long mn, mx;
+    if (count_kw(c, s, "minProperties", &mn) || count_kw(c, s, "maxProperties", &mx)) return -1;
+    if (mn < 0) mn = 0;
+    if (mx >= 0 && mn > mx) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minProperties is above maxProperties");
+    const gj *names = gj_get(s, "propertyNames");
+    if (!names && (!add || add->type == GJ_BOOL) && mn == 0 && mx < 0)
+        return *out = json_any_object(n, MOEQ_GRAMMAR_ANY_DEPTH - 1), 0;
+    if (mx == 0) return *out = literal(n, "{}"), 0;
+    frag open = literal(n, "{"), close = literal(n, "}");
+    int32_t at = open.end;
+    for (long long k = 0; mx < 0 || k < mx; k++) {
+        if (k >= mn) nfa_eps(n, at, close.start);
+        frag key, value;
+        if (map_key(c, names, &key)) return -1;
+        if (add && add->type == GJ_OBJ) {
+            if (sub(c, add, depth, "additionalProperties", NULL, &value)) return -1;
+        } else {
+            value = json_any_value(n, MOEQ_GRAMMAR_ANY_DEPTH - 1);
+        }
+        frag member = frag_seq(n, frag_seq(n, key, literal(n, ":")), value);
+        if (k) member = frag_seq(n, literal(n, ","), member);
+        if (mx < 0 && k >= mn && k >= 1) { /* unbounded: one looped copy from here */
+            int32_t loop = nfa_state(n);
+            nfa_eps(n, at, loop);
+            nfa_eps(n, loop, member.start);
+            nfa_eps(n, member.end, loop);
+            nfa_eps(n, loop, close.start);
+            return *out = (frag){open.start, close.end}, 0;
+        }
+        nfa_eps(n, at, member.start);
+        at = member.end;
+    }
+    nfa_eps(n, at, close.start);
+    return *out = (frag){open.start, close.end}, 0;
+}
+
 static int type_object(schema_ctx *c, const gj *s, int depth, frag *out) {
     nfa *n = c->n;
     const gj *props = gj_get(s, "properties"), *req = gj_get(s, "required"), *add = gj_get(s, "additionalProperties");
     if (props && props->type != GJ_OBJ) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'properties' must be an object");
     if (req && req->type != GJ_ARR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'required' must be an array");
+    if (add && add->type != GJ_BOOL && add->type != GJ_OBJ)
+        return sfail(c, MOEQ_ERR_FORMAT, "%s", "'additionalProperties' must be a boolean or a schema");
     int add_false = add && add->type == GJ_BOOL && !add->b;
-    if (add && !add_false && (props || req))
-        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s",
-                     "'additionalProperties' other than false beside 'properties' is not supported");
-    if (!props && !req) {
-        *out = add_false ? literal(n, "{}") : json_any_object(n, MOEQ_GRAMMAR_ANY_DEPTH - 1);
-        return 0;
-    }
+    if (!props && !req) return add_false ? (*out = literal(n, "{}"), 0) : type_map(c, s, add, depth, out);
+    /* with properties only they are written: additionalProperties (true or a schema) holds for no extra member;
+     * minProperties/maxProperties only where every output meets them */
+    long long mn, mx;
+    if (count_kw(c, s, "minProperties", &mn) || count_kw(c, s, "maxProperties", &mx)) return -1;
+    if ((mn >= 0 && (long long)(req ? req->n : 0) < mn) || (mx >= 0 && (long long)(props ? props->n : 0) > mx))
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "minProperties/maxProperties beside 'properties' only where "
+                     "'required' reaches the minimum and 'properties' stays within the maximum");
+    if (gj_get(s, "propertyNames"))
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "'propertyNames' beside 'properties' is not supported");
     for (size_t i = 0; req && i < req->n; i++)
         if (req->items[i]->type != GJ_STR || !gj_get(props, req->items[i]->str))
             return sfail(c, MOEQ_ERR_UNSUPPORTED, "required property '%s' is not in 'properties'",
@@ -1593,7 +1666,9 @@ int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
     if (gj_get(s, "enum") || gj_get(s, "const")) return enum_values(c, s, out);
     const gj *type = gj_get(s, "type");
     if (!type) {
-        if (gj_get(s, "properties") || gj_get(s, "required")) return type_object(c, s, depth, out);
+        if (gj_get(s, "properties") || gj_get(s, "required") || gj_get(s, "additionalProperties") ||
+            gj_get(s, "minProperties") || gj_get(s, "maxProperties") || gj_get(s, "propertyNames"))
+            return type_object(c, s, depth, out);
         if (gj_get(s, "items") || gj_get(s, "minItems") || gj_get(s, "maxItems") || gj_get(s, "prefixItems") ||
             gj_get(s, "uniqueItems"))
             return type_array(c, s, depth, out);

@@ -126,6 +126,15 @@ HAND = [
                                                "maxLength": 6},
                                       "summary": {"type": "string", "maxLength": 1000}},
      "required": ["source", "code", "summary"]},
+    # maps: pydantic's dict[str, int] and dict[Literal[...], list[str]], and a map with propertyNames
+    {"type": "object", "properties": {
+        "counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+        "by_role": {"type": "object", "propertyNames": {"enum": ["buyer", "seller"]},
+                    "additionalProperties": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                             "maxItems": 2}}},
+     "required": ["counts", "by_role"]},
+    {"propertyNames": {"pattern": "^[a-z]{1,6}$"}, "additionalProperties": {"type": "boolean"}, "minProperties": 1,
+     "maxProperties": 3},
     # allOf of object schemas, as OpenAPI generators write a model extending a base
     {"$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1},
                                                          "kind": {"enum": ["invoice", "receipt"]}},

@@ -596,6 +596,50 @@ static void string_lengths_hold_with_and_without_patterns(void **state) {
     moeq_grammar_vocab_destroy(v);
 }
 
+/* Maps (pydantic's dict[str, X]: additionalProperties a schema) hold every value to it; minProperties,
+ * maxProperties and propertyNames bound them; beside properties only those are written (additionalProperties
+ * true or a schema then holds for no extra member). Before, a map was any object: {"a":"x"} for dict[str, int]. */
+static void maps_hold_their_values_and_bounds(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"additionalProperties\":"
+                                                          "{\"type\":\"integer\"}}");
+    assert_true(matches(g, "{}"));
+    assert_true(matches(g, "{\"a\":1,\"b\":-2}"));
+    assert_false(matches(g, "{\"a\":\"x\"}"));
+    assert_false(matches(g, "{\"a\":1,\"b\":null}"));
+    char out[512];
+    for (uint64_t seed = 1; seed <= 20; seed++) random_walk(g, seed, 60, out, sizeof out);
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"propertyNames\":{\"pattern\":\"^[a-z]+$\"},\"additionalProperties\":{\"type\":\"boolean\"},"
+                "\"minProperties\":1,\"maxProperties\":2}");
+    assert_true(matches(g, "{\"ab\":true}"));
+    assert_true(matches(g, "{\"ab\":true,\"c\":false}"));
+    assert_false(matches(g, "{}"));
+    assert_false(matches(g, "{\"Ab\":true}"));
+    assert_false(matches(g, "{\"a\":true,\"b\":true,\"c\":true}"));
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"propertyNames\":{\"enum\":[\"x\",\"y\"]},\"additionalProperties\":"
+                                            "{\"type\":\"null\"}}");
+    assert_true(matches(g, "{\"y\":null,\"x\":null}"));
+    assert_false(matches(g, "{\"z\":null}"));
+    moeq_grammar_release(g);
+    /* beside properties: the listed ones only */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],"
+                "\"additionalProperties\":{\"type\":\"string\"},\"minProperties\":1}");
+    assert_true(matches(g, "{\"a\":1}"));
+    assert_false(matches(g, "{\"a\":1,\"z\":\"w\"}"));
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA,
+                 "{\"properties\":{\"a\":{}},\"minProperties\":1}", MOEQ_ERR_UNSUPPORTED,
+                 "minProperties/maxProperties beside 'properties' only where");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"propertyNames\":{\"type\":\"integer\"}}", MOEQ_ERR_UNSUPPORTED,
+                 "'propertyNames' other than a string schema");
+    moeq_grammar_vocab_destroy(v);
+}
+
 /* oneOf whose branches no value can match twice: by type, or by a property both require with disjoint
  * const/enum values (pydantic's discriminated unions, through $ref); branches that may overlap are refused. */
 static void one_of_compiles_when_its_branches_are_told_apart(void **state) {
@@ -822,6 +866,7 @@ int main(void) {
         cmocka_unit_test(all_of_merges_object_schemas),
         cmocka_unit_test(sets_and_tuples_compile),
         cmocka_unit_test(string_lengths_hold_with_and_without_patterns),
+        cmocka_unit_test(maps_hold_their_values_and_bounds),
         cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
         cmocka_unit_test(number_bounds_admit_exactly_the_values_within_them),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
