@@ -72,6 +72,8 @@ frag frag_seq(nfa *n, frag a, frag b);
 frag frag_alt(nfa *n, const frag *parts, int k);
 frag frag_opt(nfa *n, frag a);
 frag frag_star(nfa *n, frag a); /* a*; a must be a fresh fragment (its end gets edges) */
+/* 1 when f accepts exactly these bytes, 0 when not, -1 on NOMEM. */
+int nfa_match(const nfa *n, frag f, const char *bytes, size_t len);
 
 /* A set of code points: sorted, disjoint ranges. */
 typedef struct cp_range {

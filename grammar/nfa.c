@@ -235,3 +235,43 @@ frag frag_class(nfa *n, const cp_set *set) {
     }
     return f;
 }
+
+/* Whether f (in n) accepts bytes exactly: the state-set simulation, each set closed under eps. */
+int nfa_match(const nfa *n, frag f, const char *bytes, size_t len) {
+    int N = n->n_states, rc = -1;
+    int32_t *cur = malloc((size_t)N * sizeof *cur), *nxt = malloc((size_t)N * sizeof *nxt);
+    uint8_t *in = calloc((size_t)N, 1);
+    if (!cur || !nxt || !in) goto done;
+    int nc = 0;
+#define ADD(list, cnt, s)                                                                                             \
+    do {                                                                                                            \
+        if (!in[s]) in[s] = 1, list[cnt++] = (s);                                                                   \
+    } while (0)
+    ADD(cur, nc, f.start);
+    for (size_t i = 0;; i++) {
+        for (int k = 0; k < nc; k++) /* the closure: cur grows while it is walked */
+            for (int32_t e = n->head[cur[k]]; e >= 0; e = n->edges[e].next)
+                if (n->edges[e].is_eps) ADD(cur, nc, n->edges[e].to);
+        if (i == len) {
+            rc = 0;
+            for (int k = 0; k < nc; k++) rc |= cur[k] == f.end;
+            break;
+        }
+        for (int k = 0; k < nc; k++) in[cur[k]] = 0;
+        int nn = 0;
+        uint8_t b = (uint8_t)bytes[i];
+        for (int k = 0; k < nc; k++)
+            for (int32_t e = n->head[cur[k]]; e >= 0; e = n->edges[e].next)
+                if (!n->edges[e].is_eps && n->edges[e].lo <= b && b <= n->edges[e].hi) ADD(nxt, nn, n->edges[e].to);
+        int32_t *t = cur;
+        cur = nxt, nxt = t, nc = nn;
+        if (!nc) {
+            rc = 0;
+            break;
+        }
+    }
+#undef ADD
+done:
+    free(cur), free(nxt), free(in);
+    return rc;
+}

@@ -898,7 +898,7 @@ static frag key_frag(nfa *n, const char *key) {
     return frag_seq(n, f, literal(n, ":"));
 }
 
-static int enum_values(schema_ctx *c, const gj *s, frag *out);
+static int enum_values(schema_ctx *c, const gj *s, int depth, frag *out);
 static int type_string(schema_ctx *c, const gj *s, frag *out);
 
 /* A map's key: any JSON string, or one valid against propertyNames (a string schema: type string, pattern,
@@ -919,7 +919,7 @@ static int map_key(schema_ctx *c, const gj *names, frag *out) {
                      "pattern, format, lengths, string enum/const) is not supported");
     size_t mark;
     path_push(c, &mark, "propertyNames", NULL);
-    int rc = e || cst ? enum_values(c, names, out) : type_string(c, names, out);
+    int rc = e || cst ? enum_values(c, names, 0, out) : type_string(c, names, out);
     if (rc == 0) path_pop(c, mark);
     return rc;
 }
@@ -1257,22 +1257,74 @@ static int value_literal(schema_ctx *c, const gj *v, frag *out) {
     return 0;
 }
 
-static int enum_values(schema_ctx *c, const gj *s, frag *out) {
+/*
+ * The schema's other constraints beside enum/const ({"enum": ["a", "bb"], "maxLength": 1}), compiled into a
+ * scratch automaton that each value's text is matched against: a value is written only where the rest of the
+ * schema admits it (before, only "type" filtered them, so "bb" could be written there). The scratch automaton
+ * writes the subset of values the grammar writes (compact, no exponent beside bounds), so a value outside it
+ * is left out even where JSON Schema would allow it: never one that is not valid. *rest: 0 when there is
+ * nothing but type and annotations to check.
+ */
+static int enum_rest(schema_ctx *c, const gj *s, nfa *scratch, frag *rest, int *has, int depth) {
+    char *keys[64];
+    gj *items[64];
+    gj r = {.type = GJ_OBJ, .keys = keys, .items = items};
+    *has = 0;
+    for (size_t i = 0; i < s->n && r.n < 64; i++) {
+        if (!strcmp(s->keys[i], "enum") || !strcmp(s->keys[i], "const")) continue;
+        keys[r.n] = s->keys[i], items[r.n++] = s->items[i];
+        *has |= strcmp(s->keys[i], "type") && !in_list(s->keys[i], annotations);
+    }
+    if (!*has) return 0;
+    if (s->n > 63) return sfail(c, MOEQ_ERR_LIMIT, "%s", "more than 62 keywords beside 'enum'");
+    /* untyped: every type, each with the keywords that apply to it ({"minimum": 2} leaves strings alone) */
+    static gj all_types[6] = {{.type = GJ_STR, .str = "string", .len = 6}, {.type = GJ_STR, .str = "number", .len = 6},
+                              {.type = GJ_STR, .str = "boolean", .len = 7}, {.type = GJ_STR, .str = "null", .len = 4},
+                              {.type = GJ_STR, .str = "object", .len = 6}, {.type = GJ_STR, .str = "array", .len = 5}};
+    static gj *all_items[6] = {&all_types[0], &all_types[1], &all_types[2], &all_types[3], &all_types[4],
+                               &all_types[5]};
+    static gj any_type = {.type = GJ_ARR, .items = all_items, .n = 6};
+    if (!gj_get(&r, "type")) keys[r.n] = "type", items[r.n++] = &any_type;
+    nfa_init(scratch, c->limits->max_nfa_states);
+    schema_ctx sc = *c;
+    sc.n = scratch;
+    int rc = schema_compile(&sc, &r, depth, rest);
+    if (rc && !c->err) c->err = sc.err; /* the message is already in errstr */
+    return rc;
+}
+
+static int enum_values(schema_ctx *c, const gj *s, int depth, frag *out) {
     const gj *e = gj_get(s, "enum"), *cst = gj_get(s, "const"), *type = gj_get(s, "type");
     if (e && e->type != GJ_ARR) return sfail(c, MOEQ_ERR_FORMAT, "%s", "'enum' must be an array");
+    nfa scratch = {0};
+    frag rest;
+    int has_rest = 0;
+    if (enum_rest(c, s, &scratch, &rest, &has_rest, depth)) return nfa_free(&scratch), -1;
     frag alts = {nfa_state(c->n), nfa_state(c->n)};
-    int k = 0;
+    int k = 0, typed = 0;
     for (size_t i = 0; i < (e ? e->n : 1); i++) {
         const gj *v = e ? e->items[i] : cst;
         if (cst && e && !(v->raw_len == cst->raw_len && !memcmp(v->raw, cst->raw, v->raw_len))) continue;
         if (!type_matches(v, type)) continue;
+        typed++;
+        if (has_rest) {
+            char *buf = NULL;
+            size_t len = 0, cap = 0;
+            int ok = gj_write(v, &buf, &len, &cap) ? -1 : nfa_match(&scratch, rest, buf, len);
+            free(buf);
+            if (ok < 0) return nfa_free(&scratch), sfail(c, MOEQ_ERR_NOMEM, "%s", "out of memory");
+            if (!ok) continue;
+        }
         frag f;
-        if (value_literal(c, v, &f)) return -1;
+        if (value_literal(c, v, &f)) return nfa_free(&scratch), -1;
         nfa_eps(c->n, alts.start, f.start);
         nfa_eps(c->n, f.end, alts.end);
         k++;
     }
-    if (!k) return sfail(c, MOEQ_ERR_FORMAT, "%s", "no value of 'enum'/'const' matches the schema's type");
+    nfa_free(&scratch);
+    if (!k)
+        return sfail(c, MOEQ_ERR_FORMAT, "%s", typed ? "no value of 'enum'/'const' meets the schema's other keywords"
+                                                     : "no value of 'enum'/'const' matches the schema's type");
     return *out = alts, 0;
 }
 
@@ -1663,7 +1715,7 @@ int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
     if (gj_get(s, "allOf")) return all_of(c, s, depth, out);
     if (gj_get(s, "oneOf")) return one_of(c, s, depth, out);
     if (gj_get(s, "anyOf")) return any_of(c, s, depth, out);
-    if (gj_get(s, "enum") || gj_get(s, "const")) return enum_values(c, s, out);
+    if (gj_get(s, "enum") || gj_get(s, "const")) return enum_values(c, s, depth, out);
     const gj *type = gj_get(s, "type");
     if (!type) {
         if (gj_get(s, "properties") || gj_get(s, "required") || gj_get(s, "additionalProperties") ||
@@ -1674,6 +1726,9 @@ int schema_compile(schema_ctx *c, const gj *s, int depth, frag *out) {
             return type_array(c, s, depth, out);
         if (gj_get(s, "pattern") || gj_get(s, "format") || gj_get(s, "minLength") || gj_get(s, "maxLength"))
             return type_string(c, s, out);
+        if (gj_get(s, "minimum") || gj_get(s, "maximum") || gj_get(s, "exclusiveMinimum") ||
+            gj_get(s, "exclusiveMaximum")) /* numbers only: a subset of what it allows, as the cases above */
+            return type_number(c, s, out);
         return *out = json_any_value(c->n, MOEQ_GRAMMAR_ANY_DEPTH), 0;
     }
     if (type->type == GJ_STR) return type_one(c, s, type->str, depth, out);

@@ -126,6 +126,10 @@ HAND = [
                                                "maxLength": 6},
                                       "summary": {"type": "string", "maxLength": 1000}},
      "required": ["source", "code", "summary"]},
+    # enum beside other keywords (each value written only where they admit it) and an untyped bounded value
+    {"type": "object", "properties": {"grade": {"enum": ["A", "B", "C", "pass", "fail"], "maxLength": 1},
+                                      "level": {"minimum": 1, "maximum": 3}},
+     "required": ["grade", "level"]},
     # maps: pydantic's dict[str, int] and dict[Literal[...], list[str]], and a map with propertyNames
     {"type": "object", "properties": {
         "counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},

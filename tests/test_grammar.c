@@ -640,6 +640,38 @@ static void maps_hold_their_values_and_bounds(void **state) {
     moeq_grammar_vocab_destroy(v);
 }
 
+/* enum/const beside other keywords: a value is written only where they admit it (before, only "type" filtered,
+ * so "bb" was written for {"enum": ["a", "bb"], "maxLength": 1}); an untyped schema's keywords restrict only
+ * their own type ({"minimum": 2} leaves "a" valid); an untyped schema with number bounds writes numbers within
+ * them (before: any value, -5 for {"minimum": 0}); no value left is an error naming why. */
+static void enum_values_meet_the_schemas_other_keywords(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"enum\":[\"a\",\"bb\",7],\"maxLength\":1}");
+    assert_true(matches(g, "\"a\""));
+    assert_false(matches(g, "\"bb\""));
+    assert_true(matches(g, "7")); /* maxLength does not apply to numbers */
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"enum\":[1,\"a\",3,{\"k\":1},{\"k\":\"x\"}],\"minimum\":2,"
+                                            "\"properties\":{\"k\":{\"type\":\"integer\"}}}");
+    assert_false(matches(g, "1"));
+    assert_true(matches(g, "3"));
+    assert_true(matches(g, "\"a\""));
+    assert_true(matches(g, "{\"k\":1}"));
+    assert_false(matches(g, "{\"k\":\"x\"}"));
+    moeq_grammar_release(g);
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"properties\":{\"x\":{\"minimum\":0}},\"required\":[\"x\"]}");
+    assert_true(matches(g, "{\"x\":3}"));
+    assert_false(matches(g, "{\"x\":-5}"));
+    assert_false(matches(g, "{\"x\":\"s\"}")); /* numbers only: a subset of what the schema allows */
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"const\":5,\"minimum\":6}", MOEQ_ERR_FORMAT,
+                 "no value of 'enum'/'const' meets the schema's other keywords");
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"enum\":[\"a\"],\"not\":{}}", MOEQ_ERR_UNSUPPORTED,
+                 "'not' is not supported");
+    moeq_grammar_vocab_destroy(v);
+}
+
 /* oneOf whose branches no value can match twice: by type, or by a property both require with disjoint
  * const/enum values (pydantic's discriminated unions, through $ref); branches that may overlap are refused. */
 static void one_of_compiles_when_its_branches_are_told_apart(void **state) {
@@ -867,6 +899,7 @@ int main(void) {
         cmocka_unit_test(sets_and_tuples_compile),
         cmocka_unit_test(string_lengths_hold_with_and_without_patterns),
         cmocka_unit_test(maps_hold_their_values_and_bounds),
+        cmocka_unit_test(enum_values_meet_the_schemas_other_keywords),
         cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
         cmocka_unit_test(number_bounds_admit_exactly_the_values_within_them),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
