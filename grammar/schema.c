@@ -924,9 +924,68 @@ static int map_key(schema_ctx *c, const gj *names, frag *out) {
     return rc;
 }
 
+static int value_literal(schema_ctx *c, const gj *v, frag *out);
+
+#define MAX_SET_VALUES 64 /* a finite set's values written apart (uniqueItems, a map's distinct keys) */
+
+/*
+ * A map that must have at least two members: a repeated key would make fewer (a reader keeps one), so the keys
+ * must differ, which a regular language can keep only over a finite set of them: propertyNames' string enum
+ * or const. The members are then distinct keys in the enum's order (as unique_items), within the bounds.
+ */
+static int distinct_keys_map(schema_ctx *c, const gj *names, const gj *add, long long mn, long long mx, int depth,
+                             frag *out) {
+    nfa *n = c->n;
+    const gj *e = names && names->type == GJ_OBJ ? gj_get(names, "enum") : NULL;
+    const gj *cst = names && names->type == GJ_OBJ ? gj_get(names, "const") : NULL;
+    const gj *keys[MAX_SET_VALUES];
+    int m = 0;
+    for (size_t i = 0; (e && e->type == GJ_ARR && i < e->n) || (!e && cst && i < 1); i++) {
+        const gj *k = e ? e->items[i] : cst;
+        int dup = k->type != GJ_STR;
+        for (int j = 0; j < m && !dup; j++) dup = keys[j]->len == k->len && !memcmp(keys[j]->str, k->str, k->len);
+        if (dup) continue;
+        if (m == MAX_SET_VALUES) break;
+        keys[m++] = k;
+    }
+    if (!m || (e && m == MAX_SET_VALUES && e->n > MAX_SET_VALUES))
+        return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "minProperties of 2 or more needs propertyNames with a finite "
+                     "set of keys (a string enum of at most 64): a regular language cannot keep other keys distinct");
+    if (mn > m) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minProperties is above the number of keys propertyNames allows");
+    int cap = mx >= 0 ? (int)(mx < m ? mx : m) : m;
+    int32_t *st = malloc((size_t)(m + 1) * (size_t)(cap + 1) * sizeof *st);
+    if (!st) return sfail(c, MOEQ_ERR_NOMEM, "%s", "map");
+    for (int i = 0; i <= m; i++)
+        for (int k = 0; k <= cap; k++) st[i * (cap + 1) + k] = nfa_state(n);
+    frag open = literal(n, "{"), close = literal(n, "}");
+    nfa_eps(n, open.end, st[0]);
+    for (int i = 0; i < m; i++)
+        for (int k = 0; k <= cap; k++) {
+            int32_t from = st[i * (cap + 1) + k];
+            nfa_eps(n, from, st[(i + 1) * (cap + 1) + k]); /* key i left out */
+            if (k == cap) continue;
+            frag key, value;
+            if (value_literal(c, keys[i], &key)) return free(st), -1;
+            if (add && add->type == GJ_OBJ) {
+                if (sub(c, add, depth, "additionalProperties", NULL, &value)) return free(st), -1;
+            } else {
+                value = json_any_value(n, MOEQ_GRAMMAR_ANY_DEPTH - 1);
+            }
+            frag member = frag_seq(n, frag_seq(n, key, literal(n, ":")), value);
+            if (k) member = frag_seq(n, literal(n, ","), member);
+            nfa_eps(n, from, member.start);
+            nfa_eps(n, member.end, st[(i + 1) * (cap + 1) + k + 1]);
+        }
+    for (int k = (int)mn; k <= cap; k++) nfa_eps(n, st[m * (cap + 1) + k], close.start);
+    free(st);
+    *out = (frag){open.start, close.end};
+    return 0;
+}
+
 /*
  * A map (pydantic's dict[str, X]: additionalProperties a schema, no properties): "{" key ":" value, ... "}"
- * with between minProperties and maxProperties members; a key may repeat (JSON allows it; readers keep one).
+ * with between minProperties and maxProperties members. Below two required members a key may repeat (JSON
+ * allows it; a reader keeps one, which still meets a minimum of one and any maximum).
  */
 static int type_map(schema_ctx *c, const gj *s, const gj *add, int depth, frag *out) {
     nfa *n = c->n;
@@ -938,6 +997,7 @@ static int type_map(schema_ctx *c, const gj *s, const gj *add, int depth, frag *
     if (!names && (!add || add->type == GJ_BOOL) && mn == 0 && mx < 0)
         return *out = json_any_object(n, MOEQ_GRAMMAR_ANY_DEPTH - 1), 0;
     if (mx == 0) return *out = literal(n, "{}"), 0;
+    if (mn >= 2) return distinct_keys_map(c, names, add, mn, mx, depth, out);
     frag open = literal(n, "{"), close = literal(n, "}");
     int32_t at = open.end;
     for (long long k = 0; mx < 0 || k < mx; k++) {
@@ -1021,11 +1081,9 @@ static int item(schema_ctx *c, const gj *items, int depth, frag *out) {
 }
 
 static int type_matches(const gj *v, const gj *type);
-static int value_literal(schema_ctx *c, const gj *v, frag *out);
 static int may_equal(const gj *a, const gj *b);
 static const gj *deref(const schema_ctx *c, const gj *s);
 
-#define MAX_SET_VALUES 64
 
 /*
  * The values an item schema allows when they are few (uniqueItems needs them): enum/const (filtered by

@@ -2,6 +2,17 @@
 # Schemas run on the test checkpoints and validated with Python's jsonschema (Debian python3-jsonschema).
 if(TARGET moeq_grammar)
   moeq_add_test(NAME test_grammar SOURCES test_grammar.c LIBS moeq_grammar LABELS unit)
+  # Random schemas from every supported keyword and their awkward combinations, each output validated by
+  # Python's jsonschema (tests/grammar_fuzz.py; the walks by tests/grammar_walk.c over a byte vocabulary).
+  add_executable(grammar_walk grammar_walk.c)
+  target_link_libraries(grammar_walk PRIVATE moeq_grammar)
+  find_program(MOEQ_GRAMMAR_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+  if(MOEQ_GRAMMAR_PYTHON)
+    add_test(NAME every_random_schemas_output_validates_or_the_schema_is_refused
+      COMMAND ${MOEQ_GRAMMAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/grammar_fuzz.py --walk $<TARGET_FILE:grammar_walk>)
+    set_tests_properties(every_random_schemas_output_validates_or_the_schema_is_refused PROPERTIES
+      LABELS "unit;python" SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 600)
+  endif()
 endif()
 
 # The corpus driver (tests/structured_run.c) and the checks around it (tests/structured_corpus.py):

@@ -637,6 +637,17 @@ static void maps_hold_their_values_and_bounds(void **state) {
                  "minProperties/maxProperties beside 'properties' only where");
     expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"propertyNames\":{\"type\":\"integer\"}}", MOEQ_ERR_UNSUPPORTED,
                  "'propertyNames' other than a string schema");
+    /* two members or more: a repeated key would be one member to a reader, so the keys must differ: distinct keys
+     * of propertyNames' enum, in its order (grammar_fuzz.py found {"k2":1,"k2":2} for minProperties 2) */
+    g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"propertyNames\":{\"enum\":[\"a\",\"b\",\"c\"]},\"minProperties\":2,"
+                                            "\"additionalProperties\":{\"type\":\"integer\"}}");
+    assert_true(matches(g, "{\"a\":1,\"c\":2}"));
+    assert_true(matches(g, "{\"a\":1,\"b\":2,\"c\":3}"));
+    assert_false(matches(g, "{\"a\":1,\"a\":2}"));
+    assert_false(matches(g, "{\"b\":1}"));
+    moeq_grammar_release(g);
+    expect_error(v, MOEQ_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":2}", MOEQ_ERR_UNSUPPORTED,
+                 "minProperties of 2 or more needs propertyNames with a finite set of keys");
     moeq_grammar_vocab_destroy(v);
 }
 
