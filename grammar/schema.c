@@ -951,7 +951,8 @@ static int distinct_keys_map(schema_ctx *c, const gj *names, const gj *add, long
     if (!m || (e && m == MAX_SET_VALUES && e->n > MAX_SET_VALUES))
         return sfail(c, MOEQ_ERR_UNSUPPORTED, "%s", "minProperties of 2 or more needs propertyNames with a finite "
                      "set of keys (a string enum of at most 64): a regular language cannot keep other keys distinct");
-    if (mn > m) return sfail(c, MOEQ_ERR_FORMAT, "%s", "minProperties is above the number of keys propertyNames allows");
+    if (mn > m)
+        return sfail(c, MOEQ_ERR_FORMAT, "%s", "minProperties is above the number of keys propertyNames allows");
     int cap = mx >= 0 ? (int)(mx < m ? mx : m) : m;
     int32_t *st = malloc((size_t)(m + 1) * (size_t)(cap + 1) * sizeof *st);
     if (!st) return sfail(c, MOEQ_ERR_NOMEM, "%s", "map");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Random JSON Schemas against the grammar, every output validated by Python's jsonschema.
 
-  grammar_fuzz.py --walk build/tests/grammar_walk [--schemas N (600)] [--seed S (5)]
+  grammar_fuzz.py --walk build/tests/grammar_walk [--schemas N (2000)] [--seed S (5)]
 
 The corpus test (structured_corpus.py) runs curated schemas through a model; this one tries to break the
 promise "output valid against the schema, or the schema refused by name" with many schemas a generator makes
@@ -87,7 +87,10 @@ def untyped_schema(rng):
                        {"maxLength": rng.randint(0, 5)}, {"pattern": "^z"}, {"minItems": 1},
                        {"required": []}, {"additionalProperties": {"type": "integer"}},
                        {"type": "string", "minimum": 3, "items": {"type": "integer"}},
-                       {"type": "integer", "pattern": "^1", "maxLength": 1, "format": "int32"}])
+                       {"type": "integer", "pattern": "^1", "maxLength": 1, "format": "int32"},
+                       {"type": ["string", "integer"], "maxLength": 2, "minimum": 0},
+                       {"type": ["string", "null"], "format": "date"},
+                       {"type": ["number", "boolean"], "exclusiveMaximum": 0.5, "enum": [0, 0.5, True, "z", 0.25]}])
 
 
 def array_schema(rng, depth):
@@ -177,7 +180,7 @@ def schema(rng):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--walk", required=True)
-    ap.add_argument("--schemas", type=int, default=600)
+    ap.add_argument("--schemas", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=5)
     a = ap.parse_args()
     rng = random.Random(a.seed)
