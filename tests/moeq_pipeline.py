@@ -99,6 +99,7 @@ class Pipeline:
         self.dir = tempfile.mkdtemp(prefix="moeq-py-%s-" % run)
         self.procs = {}
         self.ports = {}
+        self.args = {}
 
     def common_flags(self):
         return (["--kafka_brokers=" + self.brokers, "--redis_url=" + self.redis_url,
@@ -108,6 +109,7 @@ class Pipeline:
     def spawn(self, name, args):
         port = free_port()
         self.ports[name] = port
+        self.args[name] = args
         log = open(os.path.join(self.dir, name + ".log"), "w")
         self.procs[name] = subprocess.Popen([self.moeq] + args + ["--http_port=%d" % port] + self.common_flags(),
                                             stdout=log, stderr=subprocess.STDOUT)
@@ -123,9 +125,15 @@ class Pipeline:
 
     def wait_ready(self, name):
         deadline = time.time() + self.ready_timeout
+        respawns = 0
         while time.time() < deadline:
             proc = self.procs[name]
             if proc.poll() is not None:
+                # free_port() let the port go before the process bound it; another process may have taken it
+                if "http_port: cannot listen" in self.log(name) and respawns < 3:
+                    respawns += 1
+                    self.spawn(name, self.args[name])
+                    continue
                 raise AssertionError("%s exited with %d before it was ready:\n%s" % (name, proc.returncode,
                                                                                      self.log(name)[-3000:]))
             if self.ready(name):
