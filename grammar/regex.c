@@ -34,6 +34,7 @@ typedef struct rp {
     size_t errstr_size;
     moeq_err err;
     int depth;
+    int in_negated; /* inside [^...]: a class escape adds what it may match, not what it surely matches */
 } rp;
 
 static void *rfail(rp *r, moeq_err err, const char *fmt, const char *what) {
@@ -84,16 +85,54 @@ static uint32_t next_cp(rp *r) {
     return c;
 }
 
-static int add_class_escape(cp_set *s, char c) {
-    cp_set t = {0};
-    int neg = c == 'D' || c == 'W' || c == 'S', rc = 0;
-    switch (c | 0x20) {
-    case 'd': rc = cp_set_add(&t, '0', '9'); break;
-    case 'w': rc = cp_set_add(&t, '0', '9') || cp_set_add(&t, 'A', 'Z') || cp_set_add(&t, 'a', 'z') || cp_set_add(&t, '_', '_'); break;
-    case 's': rc = cp_set_add(&t, '\t', '\r') || cp_set_add(&t, ' ', ' ') || cp_set_add(&t, 0xA0, 0xA0) ||
-                   cp_set_add(&t, 0x2028, 0x2029) || cp_set_add(&t, 0xFEFF, 0xFEFF); break;
+/*
+ * \d \w \s mean different sets to the readers that check a pattern: ECMA-262 (JSON Schema's dialect; ASCII
+ * digits and word characters, its own list of spaces) and Python's re (jsonschema's: Unicode digits, word
+ * characters and spaces). An output must match under both, so each escape has a narrow set (surely in it,
+ * both ways) and a wide one (in it either way): \d \w \s and, inside [^...], \D \W \S add the narrow set of
+ * what they match, the others the wide one (a negated bracket then leaves out everything either may
+ * count). Wide \w is ASCII's plus every non-ASCII character (Python's Unicode word characters, without their
+ * table); wide \d adds Unicode's decimal digits in the BMP (Python 3.11's, below) and every character past it.
+ */
+static const uint32_t unicode_nd_bmp[][2] = {
+    {0x660, 0x669},   {0x6F0, 0x6F9},   {0x7C0, 0x7C9},   {0x966, 0x96F},   {0x9E6, 0x9EF},   {0xA66, 0xA6F},
+    {0xAE6, 0xAEF},   {0xB66, 0xB6F},   {0xBE6, 0xBEF},   {0xC66, 0xC6F},   {0xCE6, 0xCEF},   {0xD66, 0xD6F},
+    {0xDE6, 0xDEF},   {0xE50, 0xE59},   {0xED0, 0xED9},   {0xF20, 0xF29},   {0x1040, 0x1049}, {0x1090, 0x1099},
+    {0x17E0, 0x17E9}, {0x1810, 0x1819}, {0x1946, 0x194F}, {0x19D0, 0x19D9}, {0x1A80, 0x1A89}, {0x1A90, 0x1A99},
+    {0x1B50, 0x1B59}, {0x1BB0, 0x1BB9}, {0x1C40, 0x1C49}, {0x1C50, 0x1C59}, {0xA620, 0xA629}, {0xA8D0, 0xA8D9},
+    {0xA900, 0xA909}, {0xA9D0, 0xA9D9}, {0xA9F0, 0xA9F9}, {0xAA50, 0xAA59}, {0xABF0, 0xABF9}, {0xFF10, 0xFF19}};
+
+static int class_set(cp_set *t, char c, int wide) {
+    int rc = 0;
+    switch (c) {
+    case 'd':
+        rc = cp_set_add(t, '0', '9');
+        for (size_t i = 0; wide && !rc && i < sizeof unicode_nd_bmp / sizeof unicode_nd_bmp[0]; i++)
+            rc = cp_set_add(t, unicode_nd_bmp[i][0], unicode_nd_bmp[i][1]);
+        if (wide && !rc) rc = cp_set_add(t, 0x10000, 0x10FFFF);
+        break;
+    case 'w':
+        rc = cp_set_add(t, '0', '9') || cp_set_add(t, 'A', 'Z') || cp_set_add(t, 'a', 'z') || cp_set_add(t, '_', '_');
+        if (wide && !rc) rc = cp_set_add(t, 0x80, 0x10FFFF);
+        break;
+    case 's': /* both: \t-\r, space, NBSP, Ogham, U+2000-200A, line/paragraph separators, narrow NBSP, MMSP,
+                 ideographic space; ECMA alone: U+FEFF; Python alone: U+001C-001F, U+0085 */
+        rc = cp_set_add(t, '\t', '\r') || cp_set_add(t, ' ', ' ') || cp_set_add(t, 0xA0, 0xA0) ||
+             cp_set_add(t, 0x1680, 0x1680) || cp_set_add(t, 0x2000, 0x200A) || cp_set_add(t, 0x2028, 0x2029) ||
+             cp_set_add(t, 0x202F, 0x202F) || cp_set_add(t, 0x205F, 0x205F) || cp_set_add(t, 0x3000, 0x3000);
+        if (wide && !rc)
+            rc = cp_set_add(t, 0xFEFF, 0xFEFF) || cp_set_add(t, 0x1C, 0x1F) || cp_set_add(t, 0x85, 0x85);
+        break;
     }
-    if (!rc && neg) rc = cp_set_negate(&t);
+    return rc;
+}
+
+static int add_class_escape(cp_set *s, char c, int in_negated) {
+    cp_set t = {0};
+    int upper = c == 'D' || c == 'W' || c == 'S';
+    /* lower case: narrow, wide inside [^...]; upper case: the complement of wide, of narrow inside [^...] */
+    int rc = class_set(&t, (char)(c | 0x20), upper != in_negated);
+    if (!rc && upper) rc = cp_set_negate(&t);
     for (int i = 0; !rc && i < t.n; i++) rc = cp_set_add(s, t.r[i].lo, t.r[i].hi);
     cp_set_free(&t);
     return rc;
@@ -119,7 +158,7 @@ static int escape(rp *r, cp_set *s, uint32_t *cp) {
     char c = *r->p++;
     switch (c) {
     case 'd': case 'D': case 'w': case 'W': case 's': case 'S': /* s NULL: no class allowed here, say 1 only */
-        return s && add_class_escape(s, c) ? (rfail(r, MOEQ_ERR_NOMEM, "%s", "out of memory"), -1) : 1;
+        return s && add_class_escape(s, c, r->in_negated) ? (rfail(r, MOEQ_ERR_NOMEM, "%s", "out of memory"), -1) : 1;
     case 'n': *cp = '\n'; return 0;
     case 't': *cp = '\t'; return 0;
     case 'r': *cp = '\r'; return 0;
@@ -155,6 +194,7 @@ static rx *bracket(rp *r) {
     cp_set s = {0};
     int neg = r->p < r->end && *r->p == '^';
     if (neg) r->p++;
+    r->in_negated = neg;
     int first = 1;
     while (r->p < r->end && (*r->p != ']' || first)) {
         first = 0;
@@ -183,6 +223,7 @@ static rx *bracket(rp *r) {
         }
         if (cp_set_add(&s, lo, hi)) return cp_set_free(&s), rfail(r, MOEQ_ERR_NOMEM, "%s", "out of memory");
     }
+    r->in_negated = 0;
     if (r->p >= r->end) return cp_set_free(&s), rfail(r, MOEQ_ERR_PARSE, "%s", "unterminated [");
     r->p++;
     if (neg && cp_set_negate(&s)) return cp_set_free(&s), rfail(r, MOEQ_ERR_NOMEM, "%s", "out of memory");
@@ -387,7 +428,7 @@ static int json_chars(cp_set *s) {
 
 int regex_compile(nfa *n, const char *pattern, size_t len, int json_string, int anchored, int max_repeat, frag *out,
                   char *errstr, size_t errstr_size) {
-    rp r = {pattern, pattern + len, max_repeat, json_string, errstr, errstr_size, MOEQ_OK, 0};
+    rp r = {pattern, pattern + len, max_repeat, json_string, errstr, errstr_size, MOEQ_OK, 0, 0};
     int head = len > 0 && pattern[0] == '^';
     int tail = len > (size_t)head && pattern[len - 1] == '$' && (len < 2 || pattern[len - 2] != '\\');
     r.p += head;

@@ -40,7 +40,11 @@ def string_schema(rng):
     s = {"type": "string"} if rng.random() < 0.8 else {}
     r = rng.random()
     if r < 0.25:
-        s["pattern"] = rng.choice(["^[a-z]+$", "^[A-Z]{2}[0-9]*$", "x", "^(ab|cd)+$", "[0-9]", "^\\w{2,5}$"])
+        s["pattern"] = rng.choice(["^[a-z]+$", "^[A-Z]{2}[0-9]*$", "x", "^(ab|cd)+$", "[0-9]", "^\\w{2,5}$",
+                                   # class escapes read as ECMA-262 and as Python's re (jsonschema's): Unicode
+                                   # digits, word characters and spaces differ between them
+                                   "^\\S+$", "^\\D{1,6}$", "^\\W+$", "^[^\\s]+$", "^[^\\d]{2,}$", "^[^\\w]+$",
+                                   "^.{1,5}$", "\\s", "^[\\s\\d]+$", "^[^\\Sa]+$", "^[\\D]+$", "^\\s*x\\s*$"])
     elif r < 0.45:
         s["format"] = rng.choice(FORMATS)
     if rng.random() < 0.5:

@@ -849,6 +849,37 @@ static void number_bounds_admit_exactly_the_values_within_them(void **state) {
     moeq_grammar_vocab_destroy(v);
 }
 
+/* \d \w \s read as ECMA-262 and as Python's re (jsonschema's) differ on Unicode: an output must match under both,
+ * so \W, \D, \S and negated brackets leave out what either counts as a word character, digit or space, and \s
+ * writes only the spaces both count (grammar_fuzz.py found "é" for "^\\W+$" and U+FEFF for "^[\\s\\d]+$"). */
+static void class_escapes_match_under_ecma_and_python_alike(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    static const struct {
+        const char *pattern, *text;
+        int admitted;
+    } cases[] = {
+        {"^\\\\W$", "-", 1},           {"^\\\\W$", "\xc3\xa9", 0},          /* é: a word character to Python */
+        {"^\\\\s$", " ", 1},           {"^\\\\s$", "\xe2\x80\x80", 1},      /* U+2000: a space to both */
+        {"^\\\\s$", "\xef\xbb\xbf", 0}, /* U+FEFF: ECMA's, not Python's */
+        {"^\\\\S$", "a", 1},           {"^\\\\S$", "\xe2\x80\x80", 0},      {"^\\\\S$", "\xef\xbb\xbf", 0},
+        {"^\\\\S$", "\xc2\x85", 0},    /* U+0085: Python's, not ECMA's */
+        {"^\\\\D$", "a", 1},           {"^\\\\D$", "\xd9\xa3", 0},          /* U+0663: a digit to Python */
+        {"^[^\\\\d]$", "\xd9\xa3", 0}, {"^[^\\\\d]$", "\xc3\xa9", 1},       {"^[^\\\\w]$", "\xc3\xa9", 0},
+        {"^[^\\\\w]$", "!", 1},        {"^[\\\\d]$", "\xd9\xa3", 0},        {"^\\\\d$", "7", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char schema[128], text[32];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":\"%s\"}", cases[i].pattern);
+        snprintf(text, sizeof text, "\"%s\"", cases[i].text);
+        moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, schema);
+        if (matches(g, text) != cases[i].admitted) print_error("%s: %s\n", schema, text);
+        assert_int_equal(matches(g, text), cases[i].admitted);
+        moeq_grammar_release(g);
+    }
+    moeq_grammar_vocab_destroy(v);
+}
+
 static void regex_and_choice_outputs_match_exactly(void **state) {
     (void)state;
     moeq_grammar_vocab *v = vocab();
@@ -913,6 +944,7 @@ int main(void) {
         cmocka_unit_test(enum_values_meet_the_schemas_other_keywords),
         cmocka_unit_test(one_of_compiles_when_its_branches_are_told_apart),
         cmocka_unit_test(number_bounds_admit_exactly_the_values_within_them),
+        cmocka_unit_test(class_escapes_match_under_ecma_and_python_alike),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
         cmocka_unit_test(a_cached_grammar_is_compiled_once_and_shared),
     };
