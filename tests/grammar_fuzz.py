@@ -11,6 +11,7 @@ bounds, lengths beside patterns and formats, maps, sets, tuples, allOf merges, o
 recursion. tests/grammar_walk.c writes random complete outputs of each (byte tokens plus multi-byte ones).
 
 Checks (the ctest name): every_random_schemas_output_validates_or_the_schema_is_refused
+  - every output of a random response_format regex is a full match under Python's re;
   - every output parses as JSON and validates (Draft 2020-12, its format checker: date, time, date-time,
     email, uuid, ipv4, uri with rfc3987) and is complete;
   - every refusal is unsupported_schema's kind (UNSUPPORTED, FORMAT, LIMIT) with a message;
@@ -20,6 +21,7 @@ Exit 0 when all hold, 1 otherwise, 77 when jsonschema is missing.
 import argparse
 import json
 import random
+import re
 import subprocess
 import sys
 
@@ -181,6 +183,32 @@ def schema(rng):
     return s
 
 
+def regex(rng, depth=3):
+    """A random pattern of the supported syntax (response_format regex: the whole output matches)."""
+    atoms = ["a", "b", "x", "0", "é", "日", "\\.", "-", " ", ".", "\\d", "\\w", "\\s", "\\D", "\\W", "\\S",
+             "[a-c]", "[^a-c]", "[\\d_]", "[^\\s]", "[^\\w-]", "\\n", "\\t", "\\u00e9", "\\x41", "[\\u0100-\\u0105]"]
+    parts = []
+    for _ in range(rng.randint(1, 4)):
+        if depth > 0 and rng.random() < 0.25:
+            a = "(" + "|".join(regex(rng, depth - 1) for _ in range(rng.randint(1, 3))) + ")"
+            # a group gets no unbounded quantifier: Python's backtracking re takes exponential time on (a*)*
+            parts.append(a + rng.choice(["", "?", "{2}", "{0,2}"]))
+            continue
+        a = rng.choice(atoms)
+        q = rng.random()
+        if q < 0.15:
+            a += "*"
+        elif q < 0.3:
+            a += "+"
+        elif q < 0.4:
+            a += "?"
+        elif q < 0.5:
+            lo = rng.randint(0, 3)
+            a += rng.choice(["{%d}" % lo, "{%d,}" % lo, "{%d,%d}" % (lo, lo + rng.randint(0, 3))])
+        parts.append(a)
+    return "".join(parts)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--walk", required=True)
@@ -189,14 +217,29 @@ def main():
     a = ap.parse_args()
     rng = random.Random(a.seed)
     schemas = [schema(rng) for _ in range(a.schemas)]
+    patterns = [regex(rng) for _ in range(a.schemas // 4)]
     text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in schemas)
+    text += "".join("regex:" + p + "\n" for p in patterns)
     res = subprocess.run([a.walk, "--seed", str(a.seed)], input=text.encode(), capture_output=True, check=True)
     lines = [json.loads(l) for l in res.stdout.decode().split("\n") if l]  # not splitlines: U+2028 is data
-    if len(lines) != len(schemas):
-        print(f"FAIL: {len(lines)} answers for {len(schemas)} schemas")
+    if len(lines) != len(schemas) + len(patterns):
+        print(f"FAIL: {len(lines)} answers for {len(schemas)} schemas and {len(patterns)} patterns")
         return 1
+    failures, regex_outputs = 0, 0
+    for line in lines[len(schemas):]:  # regexes: every output a full match under Python's re
+        p = patterns[line["i"] - len(schemas)]
+        if "error" in line and line["code"] not in ("unsupported", "parse", "limit"):
+            failures += 1
+            print(f"FAIL: regex {p!r} refused with {line['code']}: {line['error']}")
+        for out in line.get("outputs", []):
+            regex_outputs += 1
+            if isinstance(out, dict) or not re.fullmatch(p, out):
+                failures += 1
+                if failures <= 20:
+                    print(f"FAIL: regex {p!r}: output {out!r} is not a full match")
+    lines = lines[:len(schemas)]
     cls = jsonschema.Draft202012Validator
-    failures, compiled, outputs, refused = 0, 0, 0, {}
+    compiled, outputs, refused = 0, 0, {}
     for line in lines:
         s = schemas[line["i"]]
         if "error" in line:
@@ -226,6 +269,7 @@ def main():
                 if failures <= 20:
                     print(f"FAIL: schema {line['i']}: {why}\n  schema {json.dumps(s)[:400]}\n  output {out[:300]}")
     share = compiled / len(schemas)
+    print(f"{len(patterns)} regexes: {regex_outputs} outputs matched")
     print(f"{len(schemas)} schemas: {compiled} compiled ({share:.0%}), {outputs} outputs validated; refused:")
     for k, n in sorted(refused.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {n:4d}  {k}")
