@@ -908,13 +908,22 @@ static moeq_err kafka_probe(void *opaque, char *errstr, size_t n) {
     return moeq_kafka_consumer_ping(c->consumer, 1000, errstr, n);
 }
 
-/* Readiness: the broker answers metadata requests and Redis answers PING (its own connection). */
+/* The producer has its own connections (dead letters, error results): a broker the consumer reaches may still
+ * refuse it (its own credentials, a listener it cannot reach). */
+static moeq_err kafka_producer_probe(void *opaque, char *errstr, size_t n) {
+    moeq_coordinator *c = opaque;
+    return moeq_kafka_producer_ping(c->producer, 1000, errstr, n);
+}
+
+/* Readiness: the broker answers the consumer's and the producer's metadata requests, and Redis answers PING
+ * (its own connection). */
 static moeq_err start_health(moeq_coordinator *c, const moeq_kvlist *redis, char *errstr, size_t n) {
     moeq_redis_params rp;
     moeq_err e = moeq_redis_params_parse(c->p.redis_url, redis, &rp, errstr, n);
     if (!e && (moeq_health_new(2000, c->p.livez_stall_ms, &c->health) || moeq_redis_probe_new(&rp, &c->redis_probe)))
         e = moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "out of memory");
     if (!e) moeq_health_add_probe(c->health, "kafka", kafka_probe, c);
+    if (!e) moeq_health_add_probe(c->health, "kafka_producer", kafka_producer_probe, c);
     if (!e) moeq_health_add_probe(c->health, "redis", moeq_redis_probe_check, c->redis_probe);
     if (!e && c->p.http_port >= 0) e = start_http(c, errstr, n);
     return e;
