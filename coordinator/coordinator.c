@@ -76,6 +76,7 @@ struct moeq_coordinator {
     moeq_coordinator_params p;
     moeq_intake_ctx ictx;
     moeq_tokenizer *tok;
+    moeq_schema_check *schemas;   /* response_format checks at intake, by content */
     moeq_kafka_consumer *consumer;
     moeq_kafka_producer *producer;
     moeq_instance *instance;       /* the auto static member slot, held for the process life */
@@ -873,6 +874,7 @@ void moeq_coordinator_destroy(moeq_coordinator *c) {
     moeq_offsets_destroy(c->offsets);
     moeq_intake_free(&c->in);
     moeq_tokenizer_destroy(c->tok);
+    moeq_schema_check_destroy(c->schemas);
     free(c->to_write);
     free(c->ejobs);
     free(c->dups);
@@ -1027,8 +1029,10 @@ moeq_err moeq_coordinator_new(const moeq_coordinator_params *params, const moeq_
         e = moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "out of memory");
     if (!e) e = moeq_batcher_new(&bp, &c->batcher, errstr, n);
     if (!e && params->model[0]) e = moeq_tokenizer_load(params->model, &c->tok, errstr, n);
+    if (!e && moeq_schema_check_new(64, &c->schemas)) e = moeq_errf(MOEQ_ERR_NOMEM, errstr, n, "out of memory");
     c->ictx.params = &c->p;
     c->ictx.tokenizer = c->tok;
+    c->ictx.schemas = c->schemas;
     if (!e) e = context_len(params, &c->p.max_model_len, errstr, n); /* intake reads it from c->p */
     if (!e) e = connect_store(c, redis, errstr, n);
     if (!e) e = connect_kafka(c, kafka, errstr, n);

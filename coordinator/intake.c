@@ -123,6 +123,16 @@ moeq_err moeq_intake_job(const moeq_intake_ctx *ctx, const void *bytes, size_t l
         in->verdict = MOEQ_INTAKE_EXPIRED;
         return MOEQ_OK;
     }
+    if (ctx->schemas) { /* a schema the worker would refuse is refused here, before it is batched */
+        char why[256];
+        e = moeq_schema_check_job(ctx->schemas, &in->job.response_format, why, sizeof why);
+        if (e == MOEQ_ERR_NOMEM) return e;
+        if (e) {
+            reject(in, MOEQ_JOB_REJECT_INVALID_VALUE, "response_format", "field 'response_format': %s", why);
+            in->code = MOEQ_CODE_UNSUPPORTED_SCHEMA;
+            return MOEQ_OK;
+        }
+    }
     if ((e = count_tokens(ctx, in)) != MOEQ_OK) return e;
     if (in->verdict == MOEQ_INTAKE_REJECT) return MOEQ_OK;
     int64_t budget = (int64_t)in->prompt_len + in->job.max_new_tokens;

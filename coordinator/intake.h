@@ -12,6 +12,8 @@
  *   prompt + max_new_tokens too long -> too_large, field prompt/messages/tokens
  *   token id outside the vocabulary  -> out_of_range, field tokens[i]
  *   messages without a chat format   -> invalid_value, field messages
+ *   a response_format schema or pattern outside the supported subset (ctx->schemas: schema_check.h) ->
+ *   result code unsupported_schema (codec code invalid_value), field response_format, the grammar's message
  *   prompt + max_new_tokens past the model's context (max_position_embeddings
  *   or max_model_len: params->max_model_len, which the coordinator resolves
  *   at start; 0 = unchecked) -> result code prompt_too_long (moeq_intake_code; the
@@ -25,7 +27,8 @@
  * by an estimate (ceil(bytes / 4) tokens) and carry no token ids: the worker
  * tokenizes them. `tokens` jobs never need the tokenizer.
  *
- * Thread-safe on distinct moeq_intake values (the tokenizer is immutable).
+ * Thread-safe on distinct moeq_intake values (the tokenizer is immutable) without ctx->schemas; with it, one
+ * thread (its cache).
  */
 #ifndef MOEQ_INTAKE_H
 #define MOEQ_INTAKE_H
@@ -39,6 +42,7 @@
 #include "moeq/tokenizer.h"
 #include "moeq/wire.h"
 #include "params.h"
+#include "schema_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,6 +57,7 @@ typedef enum moeq_intake_verdict {
 typedef struct moeq_intake_ctx {
     const moeq_coordinator_params *params; /* borrowed */
     const moeq_tokenizer *tokenizer;       /* borrowed; NULL = estimate lengths */
+    moeq_schema_check *schemas;            /* borrowed; NULL = response_format left to the worker */
 } moeq_intake_ctx;
 
 /* The decision about one message. Zero-initialise; reuse with moeq_intake_clear. */

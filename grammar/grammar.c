@@ -147,6 +147,30 @@ static moeq_err build(nfa *n, const moeq_grammar_spec *spec, const moeq_grammar_
     return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "grammar: unknown kind %d", (int)spec->kind);
 }
 
+moeq_err moeq_grammar_check(const moeq_grammar_spec *spec, const moeq_grammar_limits *limits, char *errstr,
+                            size_t errstr_size) {
+    if (!spec) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "grammar: NULL argument");
+    moeq_grammar_limits lim = limits ? *limits : moeq_grammar_default_limits();
+    nfa n;
+    nfa_init(&n, lim.max_nfa_states);
+    frag f = {0, 0};
+    int cut = 0;
+    moeq_err err = build(&n, spec, &lim, &f, &cut, errstr, errstr_size);
+    if (!err && n.failed)
+        err = n.nomem ? moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar: out of memory")
+                      : moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
+                                  "grammar_too_large: the automaton needs more than %d states (max_nfa_states)",
+                                  lim.max_nfa_states);
+    int reach = err ? 1 : nfa_reaches(&n, f.start, f.end);
+    if (reach < 0) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar: out of memory");
+    else if (!reach)
+        err = moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "grammar: %s",
+                        cut ? "a recursive schema with no value within max_recursion levels"
+                            : "no output can satisfy it");
+    nfa_free(&n);
+    return err;
+}
+
 moeq_err moeq_grammar_compile(const moeq_grammar_spec *spec, const moeq_grammar_vocab *vocab,
                               const moeq_grammar_limits *limits, moeq_grammar **out, char *errstr,
                               size_t errstr_size) {

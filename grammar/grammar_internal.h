@@ -74,6 +74,8 @@ frag frag_opt(nfa *n, frag a);
 frag frag_star(nfa *n, frag a); /* a*; a must be a fresh fragment (its end gets edges) */
 /* 1 when f accepts exactly these bytes, 0 when not, -1 on NOMEM. */
 int nfa_match(const nfa *n, frag f, const char *bytes, size_t len);
+/* 1 when to is reachable from from, 0 when not, -1 on NOMEM. */
+int nfa_reaches(const nfa *n, int32_t from, int32_t to);
 
 /* A set of code points: sorted, disjoint ranges. */
 typedef struct cp_range {

@@ -275,3 +275,22 @@ done:
     free(cur), free(nxt), free(in);
     return rc;
 }
+
+/* Whether to is reachable from from over any edges (the language between them is not empty). */
+int nfa_reaches(const nfa *n, int32_t from, int32_t to) {
+    uint8_t *seen = calloc((size_t)n->n_states, 1);
+    int32_t *stack = malloc((size_t)n->n_states * sizeof *stack);
+    int k = 0, found = -1;
+    if (seen && stack) {
+        found = 0;
+        seen[from] = 1, stack[k++] = from;
+        while (k > 0 && !found) {
+            int32_t u = stack[--k];
+            found = u == to;
+            for (int32_t e = n->head[u]; e >= 0; e = n->edges[e].next)
+                if (!seen[n->edges[e].to]) seen[n->edges[e].to] = 1, stack[k++] = n->edges[e].to;
+        }
+    }
+    free(seen), free(stack);
+    return found;
+}

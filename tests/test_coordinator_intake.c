@@ -38,8 +38,10 @@ static int teardown(void **state) {
     return 0;
 }
 
+static moeq_schema_check *g_schemas; /* the intake's response_format check, where a case sets it */
+
 static moeq_intake decide(const moeq_tokenizer *tok, const char *json, int64_t now) {
-    moeq_intake_ctx ctx = {&params, tok};
+    moeq_intake_ctx ctx = {&params, tok, g_schemas};
     moeq_intake in;
     memset(&in, 0, sizeof(in));
     assert_int_equal(moeq_intake_job(&ctx, json, strlen(json), NULL, now, &in), MOEQ_OK);
@@ -60,7 +62,7 @@ static void a_prompt_job_is_accepted_with_its_exact_token_ids(void **state) {
     assert_int_equal(in.job.priority, 1);
     assert_int_equal(in.job.max_new_tokens, 16);
     assert_string_equal(moeq_intake_id(&in), "j1");
-    moeq_intake_ctx ctx = {&params, tiny};
+    moeq_intake_ctx ctx = {&params, tiny, NULL};
     assert_string_equal(moeq_intake_result_topic(&ctx, &in), "moeq.results");
     moeq_tokens_free(&ref);
     moeq_intake_free(&in);
@@ -123,6 +125,58 @@ static void invalid_jobs_get_an_error_result_naming_the_reason(void **state) {
 }
 
 /* Results answer this submission: the coordinator's results carry the hash of the job's bytes too. */
+/* A response_format outside the grammar's subset is refused at intake with the worker's code and message
+ * (error result unsupported_schema, dead letter), before it is batched; a schema over a limit is the worker's to
+ * judge (its limits are its own keys); verdicts are kept by content. */
+static void a_response_format_outside_the_subset_is_refused_at_intake(void **state) {
+    (void)state;
+    assert_int_equal(moeq_schema_check_new(4, &g_schemas), MOEQ_OK);
+    static const char *const bad[] = {
+        "{\"v\":1,\"id\":\"s1\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"name\":\"n\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}}}}",
+        "{\"v\":1,\"id\":\"s2\",\"prompt\":\"x\",\"response_format\":{\"type\":\"regex\",\"pattern\":\"a(?=b)\"}}",
+        "{\"v\":1,\"id\":\"s3\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}}}}", /* s1's schema again */
+    };
+    static const char *const why[] = {"'not' is not supported at /properties/a", "lookaround",
+                                      "'not' is not supported at /properties/a"};
+    for (int i = 0; i < 3; i++) {
+        moeq_intake in = decide(tiny, bad[i], 0);
+        assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
+        assert_string_equal(moeq_intake_code(&in), "unsupported_schema");
+        moeq_buf out = {0};
+        char err[128];
+        assert_int_equal(moeq_intake_result_encode(&in, MOEQ_RESULT_ERROR, NULL, 0, &out, err, sizeof(err)), MOEQ_OK);
+        moeq_result r;
+        assert_int_equal(moeq_result_decode(out.data, out.len, NULL, 0, &r, err, sizeof(err)), MOEQ_OK);
+        assert_string_equal(r.error.code, "unsupported_schema");
+        if (!strstr(r.error.message, why[i])) print_error("%s\n", r.error.message);
+        assert_non_null(strstr(r.error.message, why[i]));
+        moeq_result_free(&r);
+        moeq_buf_free(&out);
+        moeq_intake_free(&in);
+    }
+    static const char *const good[] = {
+        "{\"v\":1,\"id\":\"g1\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}}",
+        /* over max_string_chars even at the largest a worker may set: left to the worker */
+        "{\"v\":1,\"id\":\"g2\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"schema\":{\"type\":\"string\",\"maxLength\":100000}}}}",
+        "{\"v\":1,\"id\":\"g3\",\"prompt\":\"x\",\"response_format\":{\"type\":\"choice\",\"choices\":[\"a\"]}}",
+    };
+    for (int i = 0; i < 3; i++) {
+        moeq_intake in = decide(tiny, good[i], 0);
+        assert_int_equal(in.verdict, MOEQ_INTAKE_ACCEPT);
+        moeq_intake_free(&in);
+    }
+    int64_t hits, misses;
+    moeq_schema_check_counts(g_schemas, &hits, &misses);
+    assert_int_equal(hits, 1);   /* s3 */
+    assert_int_equal(misses, 4); /* s1, s2, g1, g2 (choice needs no compile) */
+    moeq_schema_check_destroy(g_schemas);
+    g_schemas = NULL;
+}
+
 static void coordinator_results_carry_the_hash_of_the_job_they_answer(void **state) {
     (void)state;
     const char *json = "{\"v\":1,\"id\":\"bad\",\"prompt\":\"x\",\"temperature\":7}";
@@ -175,7 +229,7 @@ static void no_context_length_check_prompt_and_max_new_tokens_past_the_context_g
 
 static void reply_to_outside_the_allow_list_is_rejected(void **state) {
     (void)state;
-    moeq_intake_ctx ctx = {&params, tiny};
+    moeq_intake_ctx ctx = {&params, tiny, NULL};
     moeq_intake in = decide(tiny, "{\"v\":1,\"id\":\"r\",\"prompt\":\"x\",\"reply_to\":\"evil.topic\"}", 0);
     assert_int_equal(in.verdict, MOEQ_INTAKE_REJECT);
     assert_int_equal(in.reject.code, MOEQ_JOB_REJECT_INVALID_VALUE);
@@ -368,6 +422,7 @@ int main(void) {
         cmocka_unit_test(without_a_tokenizer_prompt_lengths_are_estimated),
         cmocka_unit_test(malformed_bytes_are_rejected_without_an_id),
         cmocka_unit_test(invalid_jobs_get_an_error_result_naming_the_reason),
+        cmocka_unit_test(a_response_format_outside_the_subset_is_refused_at_intake),
         cmocka_unit_test(reply_to_outside_the_allow_list_is_rejected),
         cmocka_unit_test(a_job_past_its_deadline_is_answered_expired),
         cmocka_unit_test(a_job_longer_than_a_batch_is_rejected_too_large),

@@ -195,15 +195,6 @@ static void process(void *ctx, const float *raw, float *w, int vocab) {
     }
 }
 
-moeq_grammar_spec moeq_response_format_spec(const moeq_response_format *rf) {
-    static const moeq_grammar_kind kinds[] = {0, MOEQ_GRAMMAR_JSON_OBJECT, MOEQ_GRAMMAR_JSON_SCHEMA,
-                                              MOEQ_GRAMMAR_REGEX, MOEQ_GRAMMAR_CHOICE};
-    const char *text = rf->type == MOEQ_RESPONSE_REGEX ? rf->pattern : rf->schema;
-    moeq_grammar_spec spec = {kinds[rf->type], text, text ? strlen(text) : 0, (const char *const *)rf->choices,
-                              rf->n_choices};
-    return spec;
-}
-
 /* ---- accept --------------------------------------------------------------------------------- */
 
 /* log-softmax of raw at token t and the top alternatives (float64 sums). */

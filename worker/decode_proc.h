@@ -29,6 +29,7 @@
 #include "moeq/engine.h"
 #include "moeq/err.h"
 #include "moeq/grammar.h"
+#include "moeq/grammar_job.h" /* moeq_response_format_spec */
 #include "moeq/job.h"
 
 #ifdef __cplusplus
@@ -54,9 +55,6 @@ typedef struct moeq_decode_proc_params {
 
 typedef struct moeq_decode_proc moeq_decode_proc;
 
-/* The grammar a job's response_format asks for (not MOEQ_RESPONSE_TEXT: that is none), borrowing rf's text:
- * the worker's and `moeq generate --response-format`'s one reading of the field. */
-moeq_grammar_spec moeq_response_format_spec(const moeq_response_format *rf);
 
 /* 1 when a job with these settings needs a processor at all. */
 int moeq_decode_proc_needed(const moeq_decode_proc_params *params);

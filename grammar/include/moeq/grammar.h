@@ -93,6 +93,14 @@ moeq_grammar_limits moeq_grammar_default_limits(void);
 typedef struct moeq_grammar moeq_grammar;
 
 /*
+ * Whether spec compiles within limits (NULL: defaults), without a vocabulary: the automaton only, and whether
+ * any output satisfies it. The same refusals as moeq_grammar_compile (UNSUPPORTED, PARSE, FORMAT, LIMIT, with
+ * the message in errstr), for a process that checks a response_format before a worker takes the job.
+ */
+moeq_err moeq_grammar_check(const moeq_grammar_spec *spec, const moeq_grammar_limits *limits, char *errstr,
+                            size_t errstr_size);
+
+/*
  * Compile spec for vocab (borrowed; must outlive the grammar). limits NULL =
  * defaults. Errors: MOEQ_ERR_PARSE (the schema is not JSON, the pattern not
  * a regular expression), MOEQ_ERR_UNSUPPORTED (a keyword, format or regex
