@@ -259,6 +259,16 @@ void dfa_free(dfa *d) {
 
 int dfa_start(dfa *d) { return d->start; }
 int dfa_distance(dfa *d, int32_t state) { return state < 0 ? INF : d->sdist[state]; }
+/* What the DFA holds, about: its NFA (states, edges, distances, scratch), the reached states' rows, sets and
+ * per-state arrays, the cached masks; the dist lists beside masks are small and left out. */
+size_t dfa_bytes(const dfa *d) {
+    size_t nfa_bytes = (size_t)d->n.cap_states * (sizeof(int32_t) * 5) + (size_t)d->n.cap_edges * sizeof(nfa_edge);
+    size_t per_state = 256 * sizeof(int32_t) + 2 * sizeof(int32_t) + sizeof(int32_t) + 1 + sizeof(uint32_t *) +
+                       sizeof(int64_t) + sizeof(int32_t) + sizeof(void *);
+    return nfa_bytes + (size_t)d->cap * per_state + d->pool_cap * sizeof(int32_t) +
+           (size_t)d->n_masks * (size_t)d->words * sizeof(uint32_t) + (d->ht_mask + 1) * sizeof(int32_t);
+}
+
 int dfa_n_states(const dfa *d) { return d->n_states; }
 int dfa_n_masks(const dfa *d) { return d->n_masks; }
 int dfa_nfa_states(const dfa *d) { return d->n.n_states; }

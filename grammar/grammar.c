@@ -225,6 +225,7 @@ void moeq_grammar_get_stats(const moeq_grammar *g, moeq_grammar_stats *st) {
     st->dfa_states = dfa_n_states(g->d);
     st->masks = dfa_n_masks(g->d);
     st->min_bytes = dfa_distance(g->d, dfa_start(g->d));
+    st->bytes = dfa_bytes(g->d);
 }
 
 size_t moeq_grammar_mask_words(const moeq_grammar *g) { return g ? ((size_t)g->vocab->n_ids + 31) / 32 : 0; }
@@ -244,9 +245,37 @@ struct moeq_grammar_cache {
     moeq_grammar_limits limits;
     cache_entry *e;
     int n, max;
+    size_t max_bytes; /* 0: none */
     uint64_t clock;
     int64_t hits, misses;
 };
+
+void moeq_grammar_cache_set_max_bytes(moeq_grammar_cache *c, size_t max_bytes) {
+    if (c) c->max_bytes = max_bytes;
+}
+
+size_t moeq_grammar_cache_bytes(const moeq_grammar_cache *c) {
+    size_t total = 0;
+    for (int i = 0; c && i < c->n; i++) total += dfa_bytes(c->e[i].grammar->d);
+    return total;
+}
+
+/* Release least recently used entries, never keep, while the kept grammars hold more than max_bytes. */
+static void cache_trim(moeq_grammar_cache *c, const moeq_grammar *keep) {
+    if (!c->max_bytes) return;
+    size_t total = moeq_grammar_cache_bytes(c);
+    while (total > c->max_bytes && c->n > 1) {
+        int lru = -1;
+        for (int i = 0; i < c->n; i++)
+            if (c->e[i].grammar != keep && (lru < 0 || c->e[i].used < c->e[lru].used)) lru = i;
+        if (lru < 0) break;
+        total -= dfa_bytes(c->e[lru].grammar->d);
+        free(c->e[lru].key);
+        moeq_grammar_release(c->e[lru].grammar);
+        c->e[lru] = c->e[--c->n];
+        c->e[c->n] = (cache_entry){0};
+    }
+}
 
 moeq_err moeq_grammar_cache_new(const moeq_grammar_vocab *vocab, const moeq_grammar_limits *limits, int max_entries,
                                 moeq_grammar_cache **out, char *errstr, size_t errstr_size) {
@@ -310,6 +339,7 @@ moeq_err moeq_grammar_cache_get(moeq_grammar_cache *c, const moeq_grammar_spec *
             c->hits++;
             moeq_grammar_retain(c->e[i].grammar);
             *out = c->e[i].grammar;
+            cache_trim(c, *out);
             return MOEQ_OK;
         }
     c->misses++;
@@ -326,6 +356,7 @@ moeq_err moeq_grammar_cache_get(moeq_grammar_cache *c, const moeq_grammar_spec *
     c->e[slot] = (cache_entry){h, key, len, g, ++c->clock};
     moeq_grammar_retain(g);
     *out = g;
+    cache_trim(c, g);
     return MOEQ_OK;
 }
 

@@ -144,6 +144,7 @@ int32_t dfa_next(dfa *d, int32_t state, uint8_t byte); /* -1 dead, -2 over the l
 int dfa_distance(dfa *d, int32_t state);
 int dfa_done(dfa *d, int32_t state);
 int dfa_n_states(const dfa *d);
+size_t dfa_bytes(const dfa *d); /* memory held, about (the grammar cache's budget) */
 int dfa_n_masks(const dfa *d);
 int dfa_nfa_states(const dfa *d);
 /* The cached mask of a state (NULL with *err on failure), or one restricted to budget written into bits. */

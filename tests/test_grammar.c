@@ -929,6 +929,50 @@ static void a_cached_grammar_is_compiled_once_and_shared(void **state) {
     moeq_grammar_vocab_destroy(v);
 }
 
+/* A byte budget over the kept grammars (they grow as outputs reach new states): past it, the least recently
+ * used are released at the next get (never the one asked for); a released grammar lives on in its matchers. */
+static void the_cache_keeps_its_grammars_within_a_byte_budget(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    moeq_grammar_cache *c = NULL;
+    assert_int_equal(moeq_grammar_cache_new(v, NULL, 8, &c, NULL, 0), MOEQ_OK);
+    const char *texts[3] = {"{\"type\":\"string\",\"maxLength\":300}", "{\"type\":\"integer\",\"maximum\":999}",
+                            "{\"type\":\"array\",\"items\":{\"type\":\"boolean\"}}"};
+    moeq_grammar *g[3];
+    moeq_grammar_spec spec = {MOEQ_GRAMMAR_JSON_SCHEMA, NULL, 0, NULL, 0};
+    spec.text = texts[0], spec.text_len = strlen(texts[0]);
+    assert_int_equal(moeq_grammar_cache_get(c, &spec, &g[0], NULL, 0), MOEQ_OK);
+    char out[2048];
+    for (uint64_t seed = 1; seed <= 10; seed++) random_walk(g[0], seed, 320, out, sizeof out); /* grows it */
+    moeq_grammar_stats st;
+    moeq_grammar_get_stats(g[0], &st);
+    assert_true(st.bytes > 0);
+    assert_int_equal(moeq_grammar_cache_bytes(c), st.bytes);
+    moeq_grammar_cache_set_max_bytes(c, st.bytes + 1); /* room for the first alone */
+    for (int i = 1; i < 3; i++) {
+        spec.text = texts[i], spec.text_len = strlen(texts[i]);
+        assert_int_equal(moeq_grammar_cache_get(c, &spec, &g[i], NULL, 0), MOEQ_OK);
+    }
+    assert_true(moeq_grammar_cache_bytes(c) <= st.bytes + 1); /* the first released; the others fit */
+    spec.text = texts[2], spec.text_len = strlen(texts[2]);
+    moeq_grammar *again;
+    assert_int_equal(moeq_grammar_cache_get(c, &spec, &again, NULL, 0), MOEQ_OK);
+    assert_ptr_equal(again, g[2]); /* the one asked for stays */
+    spec.text = texts[0], spec.text_len = strlen(texts[0]);
+    moeq_grammar *first;
+    assert_int_equal(moeq_grammar_cache_get(c, &spec, &first, NULL, 0), MOEQ_OK);
+    assert_ptr_not_equal(first, g[0]); /* compiled again */
+    assert_true(matches(g[0], "\"abc\"")); /* the released one still works for its holder */
+    int64_t hits, misses;
+    moeq_grammar_cache_counts(c, &hits, &misses);
+    assert_int_equal(hits, 1);
+    assert_int_equal(misses, 4);
+    for (int i = 0; i < 3; i++) moeq_grammar_release(g[i]);
+    moeq_grammar_release(again), moeq_grammar_release(first);
+    moeq_grammar_cache_destroy(c);
+    moeq_grammar_vocab_destroy(v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_outputs_of_a_schema_are_complete_within_their_budget),
@@ -947,6 +991,7 @@ int main(void) {
         cmocka_unit_test(class_escapes_match_under_ecma_and_python_alike),
         cmocka_unit_test(regex_and_choice_outputs_match_exactly),
         cmocka_unit_test(a_cached_grammar_is_compiled_once_and_shared),
+        cmocka_unit_test(the_cache_keeps_its_grammars_within_a_byte_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

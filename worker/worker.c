@@ -323,8 +323,10 @@ static moeq_err open_grammars(moeq_worker *w, char *errstr, size_t errstr_size) 
     lim.max_dfa_states = (int)w->params.grammar_max_dfa_states;
     lim.max_recursion = (int)w->params.grammar_max_recursion;
     lim.max_string_chars = (int)w->params.grammar_max_string_chars;
-    return moeq_grammar_cache_new(w->gvocab, &lim, (int)w->params.grammar_cache_entries, &w->grammars, errstr,
+    err = moeq_grammar_cache_new(w->gvocab, &lim, (int)w->params.grammar_cache_entries, &w->grammars, errstr,
                                   errstr_size);
+    if (!err) moeq_grammar_cache_set_max_bytes(w->grammars, (size_t)w->params.grammar_cache_bytes);
+    return err;
 }
 
 /* The device's memory into the metrics (cudaMemGetInfo on a GPU: cheap, no sync). */

@@ -91,6 +91,10 @@ const moeq_prop moeq_worker_props[] = {
     {"grammar_cache_entries", MOEQ_PROP_INT, P(grammar_cache_entries), 1, 4096, "64",
      "structured output: compiled response_formats kept, least recently used first out; jobs with the same "
      "schema share one grammar, its automaton and its token masks"},
+    {"grammar_cache_bytes", MOEQ_PROP_INT, P(grammar_cache_bytes), 0, 1099511627776, "1073741824",
+     "structured output: the most memory the cached grammars may hold (automata and token masks, which grow as "
+     "outputs reach new states), least recently used released first; 0 = no bound (grammar_cache_entries "
+     "still applies)"},
     {"grammar_max_nfa_states", MOEQ_PROP_INT, P(grammar_max_nfa_states), 1000, 10000000, "200000",
      "structured output: automaton states one response_format may compile to; above it the job gets error "
      "grammar_too_large"},

@@ -63,6 +63,7 @@ typedef struct moeq_worker_params {
     int prefix_affinity;          /* 1: hand a fresh batch whose prefix key a live peer advertises
                                      (and this worker does not hold) to that peer                     */
     int64_t grammar_cache_entries; /* compiled response_formats kept (LRU, by content); 64          */
+    int64_t grammar_cache_bytes;   /* the most memory they may hold; 1 GiB (0 = no bound)           */
     int64_t grammar_max_nfa_states; /* one response_format's automaton; 200000                      */
     int64_t grammar_max_dfa_states; /* DFA states one grammar may reach (1 KiB each + a 16 KiB mask
                                       when used, at DeepSeek's vocabulary); 20000                   */

@@ -119,6 +119,7 @@ void moeq_grammar_release(moeq_grammar *grammar);
 typedef struct moeq_grammar_stats {
     int nfa_states, dfa_states, masks; /* masks: DFA states whose token mask is cached */
     int min_bytes;                     /* shortest complete output, bytes              */
+    size_t bytes;                      /* memory held, about (automata and masks)      */
 } moeq_grammar_stats;
 void moeq_grammar_get_stats(const moeq_grammar *grammar, moeq_grammar_stats *stats);
 
@@ -127,12 +128,19 @@ void moeq_grammar_get_stats(const moeq_grammar *grammar, moeq_grammar_stats *sta
 /*
  * Compiled grammars by (kind, text, choices), so the jobs of a batch (and
  * later batches) that share a schema compile it once and share its DFA and
- * masks. Least recently used entries beyond max_entries are released.
+ * masks. Least recently used entries beyond max_entries are released, and
+ * beyond max_bytes (0: no bound) of what the kept grammars hold — they grow
+ * as outputs reach new states, so the budget is checked at every get. A
+ * released grammar lives on while a matcher holds it.
  */
 typedef struct moeq_grammar_cache moeq_grammar_cache;
 
 moeq_err moeq_grammar_cache_new(const moeq_grammar_vocab *vocab, const moeq_grammar_limits *limits,
                                 int max_entries, moeq_grammar_cache **out, char *errstr, size_t errstr_size);
+/* The byte budget (0: none; the default). */
+void moeq_grammar_cache_set_max_bytes(moeq_grammar_cache *cache, size_t max_bytes);
+/* What the kept grammars hold now, about. */
+size_t moeq_grammar_cache_bytes(const moeq_grammar_cache *cache);
 void moeq_grammar_cache_destroy(moeq_grammar_cache *cache);
 /* The grammar for spec, compiled on a miss; *out holds a new reference (release it). Errors as compile. */
 moeq_err moeq_grammar_cache_get(moeq_grammar_cache *cache, const moeq_grammar_spec *spec, moeq_grammar **out,
