@@ -43,6 +43,11 @@ struct dfa {
     int n_masks;
     int32_t *ht;          /* open addressing over state ids, -1 empty              */
     size_t ht_mask;
+    uint8_t *mask_shared; /* [cap] 1: masks/lists are another state's (alike positions) */
+    int n_shared;
+    struct alias_entry *akeys; /* open addressing: alias keys of states with a mask */
+    size_t ak_cap, ak_n;
+    int32_t *run_pos;     /* [n_runs] scratch: the position a set's members of the run are at, -1 none, -2 two */
     uint32_t *mark, gen;  /* [NFA states] closure scratch                          */
     int32_t *stack, *set; /* [NFA states]                                          */
     int start;
@@ -121,7 +126,9 @@ static int grow_states(dfa *d) {
     if (mf) d->mask_far = mf;
     struct dist_lists **ls = realloc(d->lists, (size_t)cap * sizeof *ls);
     if (ls) d->lists = ls;
-    if (!off || !len || !tr || !sd || !dn || !mk || !mc || !mf || !ls) return -1;
+    uint8_t *sh = realloc(d->mask_shared, (size_t)cap);
+    if (sh) d->mask_shared = sh;
+    if (!off || !len || !tr || !sd || !dn || !mk || !mc || !mf || !ls || !sh) return -1;
     d->cap = cap;
     /* the hash table keeps a load below one half */
     size_t hsize = 1;
@@ -165,7 +172,7 @@ static int32_t intern(dfa *d, const int32_t *s, int n) {
     for (int i = 0; i < n; i++)
         if (d->dist[s[i]] < best) best = d->dist[s[i]];
     d->sdist[id] = best, d->done[id] = -1, d->masks[id] = NULL, d->mask_count[id] = 0, d->mask_far[id] = 0;
-    d->lists[id] = NULL;
+    d->lists[id] = NULL, d->mask_shared[id] = 0;
     size_t h = hv & d->ht_mask;
     while (d->ht[h] >= 0) h = (h + 1) & d->ht_mask;
     d->ht[h] = id;
@@ -248,9 +255,18 @@ dfa *dfa_new(nfa *n, int32_t start, int32_t accept, int n_ids, int max_states) {
     return d;
 }
 
+struct alias_entry {
+    uint64_t h;
+    int32_t state, len; /* state -1: empty */
+    int32_t *key;
+};
+
 void dfa_free(dfa *d) {
     if (!d) return;
-    for (int i = 0; i < d->n_states; i++) free(d->masks[i]), free(d->lists[i]);
+    for (int i = 0; i < d->n_states; i++)
+        if (!d->mask_shared[i]) free(d->masks[i]), free(d->lists[i]);
+    for (size_t i = 0; i < d->ak_cap; i++) free(d->akeys[i].key);
+    free(d->akeys), free(d->run_pos), free(d->mask_shared);
     nfa_free(&d->n);
     free(d->dist), free(d->set_off), free(d->set_len), free(d->pool), free(d->trans), free(d->sdist);
     free(d->done), free(d->masks), free(d->mask_count), free(d->mask_far), free(d->lists), free(d->ht), free(d->mark), free(d->stack), free(d->set);
@@ -270,6 +286,7 @@ size_t dfa_bytes(const dfa *d) {
 }
 
 int dfa_n_states(const dfa *d) { return d->n_states; }
+int dfa_n_shared_masks(const dfa *d) { return d->n_shared; }
 int dfa_n_masks(const dfa *d) { return d->n_masks; }
 int dfa_nfa_states(const dfa *d) { return d->n.n_states; }
 int dfa_max_distance(const dfa *d) { return d->max_dist; }
@@ -380,20 +397,138 @@ static int64_t walk(dfa *d, const moeq_grammar_vocab *v, int32_t state, int32_t 
     return count;
 }
 
+/* ---- alike positions share a mask ------------------------------------------------------------ */
+
+/*
+ * A state's alias key: its NFA set with every member of a run (nfa_run) moved to the run's representative
+ * position, when all its members of that run stand at one position inside the alike range — past the minimum
+ * and more than a token's bytes (span, the vocabulary's longest) before the bound. From such a position every
+ * token walks the same bytes into states that are again alike (or past the run, where they are the same
+ * states), with the same distances to completion: two states with one key have one mask, one far list, one set
+ * of distance lists. A set with members of a run at two positions keeps them (no sharing for it).
+ */
+static const nfa_run *run_of(const nfa *n, int32_t s) {
+    int lo = 0, hi = n->n_runs - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const nfa_run *r = &n->runs[mid];
+        if (s < r->first) hi = mid - 1;
+        else if (s >= r->first + r->stride * r->copies) lo = mid + 1;
+        else return r;
+    }
+    return NULL;
+}
+
+static int32_t run_position(const nfa_run *r, int32_t s) {
+    int32_t off = s - r->first, copy = off / r->stride;
+    return r->pos_shift && off % r->stride == 0 ? copy + 1 : copy;
+}
+
+static int cmp_key(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The key of state into key (its set's size), or 0 when no member moved (nothing to share by position). */
+static int alias_key(dfa *d, int32_t state, int32_t span, int32_t *key) {
+    const nfa *n = &d->n;
+    const int32_t *set = d->pool + d->set_off[state];
+    int len = d->set_len[state], moved = 0;
+    for (int i = 0; i < n->n_runs; i++) d->run_pos[i] = -1;
+    for (int i = 0; i < len; i++) {
+        const nfa_run *r = run_of(n, set[i]);
+        if (!r) continue;
+        int32_t p = run_position(r, set[i]), *seen = &d->run_pos[r - n->runs];
+        *seen = *seen == -1 || *seen == p ? p : -2;
+    }
+    for (int i = 0; i < len; i++) {
+        int32_t s = set[i];
+        const nfa_run *r = run_of(n, s);
+        key[i] = s;
+        if (!r || d->run_pos[r - n->runs] < 0) continue;
+        int32_t p = run_position(r, s), lo = r->min_pos > 1 ? r->min_pos : 1, rep = r->max_pos - span - 1;
+        if (p < lo || p > rep) continue;
+        key[i] = s + (rep - p) * r->stride;
+        moved = 1;
+    }
+    if (moved) qsort(key, (size_t)len, sizeof *key, cmp_key);
+    return moved ? len : 0;
+}
+
+static uint64_t hash_key(const int32_t *k, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)k[i]) * 1099511628211ull;
+    return h ^ (uint64_t)n;
+}
+
+/* The state whose mask key is key, or -1; with insert_state >= 0 and none found, records it (owning key). */
+static int32_t alias_find(dfa *d, int32_t *key, int len, int32_t insert_state, int *owned) {
+    uint64_t h = hash_key(key, len);
+    *owned = 0;
+    if (d->ak_cap) {
+        for (size_t i = h & (d->ak_cap - 1); d->akeys[i].state >= 0; i = (i + 1) & (d->ak_cap - 1))
+            if (d->akeys[i].h == h && d->akeys[i].len == len && !memcmp(d->akeys[i].key, key, (size_t)len * 4))
+                return d->akeys[i].state;
+    }
+    if (insert_state < 0) return -1;
+    if ((d->ak_n + 1) * 2 > d->ak_cap) { /* grow: load below one half */
+        size_t cap = d->ak_cap ? d->ak_cap * 2 : 64;
+        struct alias_entry *t = malloc(cap * sizeof *t);
+        if (!t) return -1;
+        for (size_t i = 0; i < cap; i++) t[i].state = -1, t[i].key = NULL;
+        for (size_t i = 0; i < d->ak_cap; i++) {
+            if (d->akeys[i].state < 0) continue;
+            size_t j = d->akeys[i].h & (cap - 1);
+            while (t[j].state >= 0) j = (j + 1) & (cap - 1);
+            t[j] = d->akeys[i];
+        }
+        free(d->akeys);
+        d->akeys = t, d->ak_cap = cap;
+    }
+    size_t j = h & (d->ak_cap - 1);
+    while (d->akeys[j].state >= 0) j = (j + 1) & (d->ak_cap - 1);
+    d->akeys[j] = (struct alias_entry){h, insert_state, len, key};
+    d->ak_n++;
+    *owned = 1;
+    return -1;
+}
+
 const uint32_t *dfa_mask(dfa *d, const moeq_grammar_vocab *vocab, int32_t state, moeq_err *err) {
     if (d->masks[state]) return d->masks[state];
+    int32_t *key = NULL;
+    int klen = 0;
+    if (d->n.n_runs && (d->run_pos || (d->run_pos = malloc((size_t)d->n.n_runs * sizeof *d->run_pos)))) {
+        key = malloc((size_t)(d->set_len[state] ? d->set_len[state] : 1) * sizeof *key);
+        klen = key ? alias_key(d, state, vocab->nodes[0].height, key) : 0;
+        int owned;
+        int32_t o = klen ? alias_find(d, key, klen, -1, &owned) : -1;
+        if (o >= 0 && d->masks[o]) { /* an alike position's: the same tokens, distances and lists */
+            free(key);
+            d->masks[state] = d->masks[o], d->lists[state] = d->lists[o];
+            d->mask_count[state] = d->mask_count[o], d->mask_far[state] = d->mask_far[o];
+            d->mask_shared[state] = 1;
+            d->n_shared++;
+            return d->masks[state];
+        }
+        if (!klen) free(key), key = NULL;
+    }
     uint32_t *bits = malloc((size_t)d->words * sizeof *bits);
-    if (!bits) return *err = MOEQ_ERR_NOMEM, NULL;
+    if (!bits) return free(key), *err = MOEQ_ERR_NOMEM, NULL;
     int32_t far = 0;
     collector col = {NULL, 0, 0, 0, d->sdist[state]};
     int64_t count = walk(d, vocab, state, INT32_MAX, bits, &far, &col, err);
-    if (count < 0) return free(col.items), free(bits), NULL;
+    if (count < 0) return free(key), free(col.items), free(bits), NULL;
     d->masks[state] = bits; /* walk may have grown the arrays: index again */
     d->mask_count[state] = count;
     d->mask_far[state] = far;
     d->lists[state] = make_lists(&col);
     free(col.items);
     d->n_masks++;
+    if (key) { /* the first of its alike positions: the others will share it */
+        int owned;
+        alias_find(d, key, klen, state, &owned);
+        if (!owned) free(key);
+    }
     return bits;
 }
 

@@ -226,6 +226,7 @@ void moeq_grammar_get_stats(const moeq_grammar *g, moeq_grammar_stats *st) {
     st->masks = dfa_n_masks(g->d);
     st->min_bytes = dfa_distance(g->d, dfa_start(g->d));
     st->bytes = dfa_bytes(g->d);
+    st->shared_masks = dfa_n_shared_masks(g->d);
 }
 
 size_t moeq_grammar_mask_words(const moeq_grammar *g) { return g ? ((size_t)g->vocab->n_ids + 31) / 32 : 0; }

@@ -45,6 +45,19 @@ typedef struct nfa_edge {
     uint8_t is_eps;
 } nfa_edge;
 
+/*
+ * A run of NFA states laid out one copy per character position (a length-bounded string's chain, a pattern's
+ * states times a character count): copy k is states [first + k * stride, first + (k + 1) * stride). Where the
+ * bound is far (more than a token's bytes away) and the minimum is behind, the positions' futures within one
+ * token are alike, so the DFA shares their masks (dfa.c: the alias key). pos_shift: 1 when a copy's first
+ * state is the position after its others (the chain: P_k+1, then the 12 states of character k).
+ */
+typedef struct nfa_run {
+    int32_t first, stride, copies;
+    int32_t min_pos, max_pos; /* the positions an output may end at or after / the bound                 */
+    int32_t pos_shift;
+} nfa_run;
+
 typedef struct nfa {
     int32_t *head;    /* [n_states] first edge, -1 none                   */
     int n_states, cap_states;
@@ -53,7 +66,12 @@ typedef struct nfa {
     int max_states;   /* limit                                            */
     int failed;       /* 1: over the limit or out of memory (sticky)      */
     int nomem;
+    nfa_run *runs;    /* in increasing `first` order (states are never reused) */
+    int n_runs, cap_runs;
 } nfa;
+
+/* Record a run (no-op on NOMEM: the masks are then not shared, which changes nothing else). */
+void nfa_add_run(nfa *n, nfa_run run);
 
 typedef struct frag {
     int32_t start, end; /* end: the fragment's single final state          */
@@ -145,6 +163,7 @@ int dfa_distance(dfa *d, int32_t state);
 int dfa_done(dfa *d, int32_t state);
 int dfa_n_states(const dfa *d);
 size_t dfa_bytes(const dfa *d); /* memory held, about (the grammar cache's budget) */
+int dfa_n_shared_masks(const dfa *d); /* states whose mask is another's (alike positions of a run) */
 int dfa_n_masks(const dfa *d);
 int dfa_nfa_states(const dfa *d);
 /* The cached mask of a state (NULL with *err on failure), or one restricted to budget written into bits. */

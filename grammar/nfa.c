@@ -21,7 +21,19 @@ void nfa_init(nfa *n, int max_states) {
 void nfa_free(nfa *n) {
     free(n->head);
     free(n->edges);
+    free(n->runs);
     memset(n, 0, sizeof *n);
+}
+
+void nfa_add_run(nfa *n, nfa_run run) {
+    if (n->failed || run.copies < 1) return;
+    if (n->n_runs == n->cap_runs) {
+        int cap = n->cap_runs ? n->cap_runs * 2 : 8;
+        nfa_run *g = realloc(n->runs, (size_t)cap * sizeof *g);
+        if (!g) return;
+        n->runs = g, n->cap_runs = cap;
+    }
+    n->runs[n->n_runs++] = run;
 }
 
 int32_t nfa_state(nfa *n) {

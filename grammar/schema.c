@@ -95,13 +95,15 @@ frag json_string_frag(nfa *n, int min_chars, int max_chars) {
         return frag_seq(n, f, frag_bytes(n, "\"", 1));
     }
     frag close = frag_bytes(n, "\"", 1);
-    int32_t at = open.end;
+    int32_t at = open.end, first = n->n_states;
     for (int i = 0; i < max_chars && !n->failed; i++) { /* position i: end here (i >= min), or one more character */
         int32_t next = nfa_state(n);
         if (i >= min_chars) nfa_eps(n, at, close.start);
         json_char_into(n, at, next);
         at = next;
     }
+    /* copy i: P(i+1), then character i's 12 states (json_char_into's layout) */
+    if (max_chars > 0) nfa_add_run(n, (nfa_run){first, 13, max_chars, min_chars, max_chars, 1});
     nfa_eps(n, at, close.start);
     return (frag){open.start, close.end};
 }
@@ -765,6 +767,7 @@ static int length_bounded(schema_ctx *c, frag body, int32_t s0, int32_t s1, long
     int32_t end = nfa_state(n);
     for (long long k = minl; k <= K; k++) nfa_eps(n, AT(body.end, k), end);
     *out = (frag){AT(body.start, 0), end};
+    if (maxl >= 0) nfa_add_run(n, (nfa_run){base, W, (int32_t)K + 1, (int32_t)minl, (int32_t)K, 0});
 #undef AT
     return 0;
 }

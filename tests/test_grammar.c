@@ -181,6 +181,70 @@ static void a_token_is_allowed_exactly_when_all_its_bytes_walk_the_automaton(voi
     moeq_grammar_vocab_destroy(v);
 }
 
+/* Length-bounded strings give a DFA state per character position; positions past the minimum and more than a
+ * token away from the bound share one mask (dfa.c's alias key). Every mask must still equal the byte walk of
+ * every token from the state itself, and every budget mask the tokens whose end state can finish in budget - 1
+ * bytes: checked at each step of random outputs through a bounded string, a format with lengths and a pattern
+ * with lengths (whose positions are a product's copies). */
+static void alike_positions_share_masks_and_each_equals_the_byte_walk(void **state) {
+    (void)state;
+    moeq_grammar_vocab *v = vocab();
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":3,\"maxLength\":60},"
+        "\"u\":{\"type\":\"string\",\"format\":\"uri\",\"maxLength\":50}},\"required\":[\"s\",\"u\"]}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":40},"
+        "\"maxItems\":3}",
+    };
+    for (int si = 0; si < 2; si++)
+        for (uint64_t seed = 1; seed <= 6; seed++) {
+            moeq_grammar *g = compile(v, MOEQ_GRAMMAR_JSON_SCHEMA, schemas[si]);
+            moeq_grammar_matcher *m = NULL, *probe = NULL;
+            assert_int_equal(moeq_grammar_matcher_new(g, &m), MOEQ_OK);
+            assert_int_equal(moeq_grammar_matcher_new(g, &probe), MOEQ_OK);
+            uint32_t *bits = calloc(moeq_grammar_mask_words(g), 4), *tight = calloc(moeq_grammar_mask_words(g), 4);
+            char prefix[4096];
+            size_t plen = 0;
+            uint64_t r = seed * 7919;
+            for (int step = 0; step < 200 && !moeq_grammar_matcher_done(m); step++) {
+                moeq_err err;
+                assert_true(moeq_grammar_matcher_mask(m, INT32_MAX, bits, &err) >= 0);
+                int32_t budget = (int32_t)(1 + rng(&r) % 6);
+                assert_true(moeq_grammar_matcher_mask(m, budget, tight, &err) >= 0);
+                int32_t ids[N_IDS];
+                int k = 0;
+                for (int id = 0; id < N_IDS; id++) {
+                    int allowed = (int)(bits[id / 32] >> (id % 32) & 1);
+                    if (allowed != walks(g, prefix, plen, id)) print_error("schema %d step %d id %d\n", si, step, id);
+                    assert_int_equal(allowed, walks(g, prefix, plen, id));
+                    int fits = 0;
+                    if (allowed) {
+                        assert_int_equal(moeq_grammar_matcher_copy(probe, m), MOEQ_OK);
+                        assert_int_equal(moeq_grammar_matcher_accept(probe, id), MOEQ_OK);
+                        fits = moeq_grammar_matcher_distance(probe) <= budget - 1;
+                        ids[k++] = id;
+                    }
+                    assert_int_equal((int)(tight[id / 32] >> (id % 32) & 1), fits);
+                }
+                if (!k || (moeq_grammar_matcher_accepting(m) && rng(&r) % 8 == 0)) break;
+                int32_t pick = ids[rng(&r) % (uint64_t)k];
+                const char *b = NULL;
+                size_t len = 0;
+                token_bytes(NULL, pick, &b, &len);
+                assert_true(plen + len < sizeof prefix);
+                memcpy(prefix + plen, b, len);
+                plen += len;
+                assert_int_equal(moeq_grammar_matcher_accept(m, pick), MOEQ_OK);
+            }
+            moeq_grammar_stats st;
+            moeq_grammar_get_stats(g, &st);
+            if (seed == 6) assert_true(st.shared_masks > 0);
+            free(bits), free(tight);
+            moeq_grammar_matcher_destroy(m), moeq_grammar_matcher_destroy(probe);
+            moeq_grammar_release(g);
+        }
+    moeq_grammar_vocab_destroy(v);
+}
+
 /* With a budget, a token is allowed exactly when its end state can still finish in budget - 1 bytes. */
 static void a_tight_budget_allows_exactly_the_tokens_that_can_still_finish(void **state) {
     (void)state;
@@ -978,6 +1042,7 @@ int main(void) {
         cmocka_unit_test(random_outputs_of_a_schema_are_complete_within_their_budget),
         cmocka_unit_test(a_token_is_allowed_exactly_when_all_its_bytes_walk_the_automaton),
         cmocka_unit_test(a_tight_budget_allows_exactly_the_tokens_that_can_still_finish),
+        cmocka_unit_test(alike_positions_share_masks_and_each_equals_the_byte_walk),
         cmocka_unit_test(an_unsupported_feature_is_an_error_naming_it_and_where),
         cmocka_unit_test(refs_and_single_all_of_compile_as_their_targets),
         cmocka_unit_test(recursive_refs_unroll_to_max_recursion_levels),

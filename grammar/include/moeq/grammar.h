@@ -120,6 +120,7 @@ typedef struct moeq_grammar_stats {
     int nfa_states, dfa_states, masks; /* masks: DFA states whose token mask is cached */
     int min_bytes;                     /* shortest complete output, bytes              */
     size_t bytes;                      /* memory held, about (automata and masks)      */
+    int shared_masks;                  /* states whose mask is an alike position's     */
 } moeq_grammar_stats;
 void moeq_grammar_get_stats(const moeq_grammar *grammar, moeq_grammar_stats *stats);
 
