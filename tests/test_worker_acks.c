@@ -8,7 +8,9 @@
  *   nothing stays pending;
  * - a worker restarted with the same worker_id takes the entries still
  *   pending for its consumer name at once (not after visibility_timeout_ms),
- *   and an entry delivered too often is still dead-lettered.
+ *   and an entry delivered too often is still dead-lettered;
+ * - a batch that runs longer than visibility_timeout_ms stays with its live
+ *   worker (each heartbeat resets the idle time of what it holds).
  *
  * Needs the `services` fixture (skips with 77 without it).
  */
@@ -241,6 +243,82 @@ static void a_restarted_worker_with_the_same_id_takes_its_pending_batches_at_onc
     assert_int_equal(pending, 0);
 }
 
+/*
+ * Batches that run longer than visibility_timeout_ms stay with the live worker running them: each heartbeat
+ * resets the idle time of what it holds (and it owns), so the other worker's reclaim never takes them and no job
+ * runs twice. Before, a batch longer than the timeout was taken over while it ran (a CI run saw it in
+ * test_worker_group: both ranks answered one batch).
+ */
+static void a_batch_longer_than_the_visibility_timeout_stays_with_its_worker(void **state) {
+    (void)state;
+    enum { N = 192 };
+    for (size_t i = 0; i < g_t.cap; i++) free(g_t.jobs[i].tokens);
+    memset(g_t.jobs, 0, g_t.cap * sizeof *g_t.jobs), g_t.n_jobs = 0, g_t.duplicates = 0;
+    pid_t coord = e2e_start_coordinator(&g_t, "--max_batch_jobs=192"); /* one batch: ~40,000 tokens */
+    /* one sequence at a time and 200 tokens a job: a batch takes seconds; the timeout is 1 s (the least allowed) */
+    const char *flags = "--max_seqs=1 --visibility_timeout_ms=1000 --heartbeat_interval_ms=200";
+    pid_t w1 = e2e_start_worker(&g_t, "long-w1", flags), w2 = e2e_start_worker(&g_t, "long-w2", flags);
+    int failed = 0;
+    char err[512];
+    moeq_kafka_producer_params pp = {.brokers = g_t.kafka, .on_delivery = on_delivery, .cb_opaque = &failed};
+    moeq_kafka_producer *p = NULL;
+    assert_int_equal(moeq_kafka_producer_new(&pp, NULL, &p, err, sizeof err), MOEQ_OK);
+    for (int i = 0; i < N; i++) {
+        char id[64], job[256];
+        snprintf(id, sizeof id, "long-%d", i);
+        int n = snprintf(job, sizeof job, "{\"v\":1,\"id\":\"%s\",\"tokens\":[%d,%d],\"max_new_tokens\":200,"
+                                          "\"temperature\":0,\"min_tokens\":200}", id, 3 + i % 50, 7 + i % 31);
+        moeq_kafka_out m = {.topic = g_t.jobs_topic, .partition = MOEQ_KAFKA_PARTITION_ANY, .key = id,
+                            .key_len = strlen(id), .value = job, .value_len = (size_t)n};
+        assert_int_equal(moeq_kafka_produce(p, &m, err, sizeof err), MOEQ_OK);
+    }
+    assert_int_equal(moeq_kafka_producer_flush(p, 30000, err, sizeof err), MOEQ_OK);
+    moeq_kafka_producer_destroy(p);
+    assert_int_equal(failed, 0);
+    /* while they run, the idle time of every pending entry (XPENDING's extended form) stays below the timeout */
+    moeq_redis *r = redis_open();
+    size_t have = 0;
+    long long max_idle = 0;
+    for (int64_t until = moeq_now_ms() + 120000; have < N && moeq_now_ms() < until;) {
+        have = e2e_collect(&g_t, N, 100);
+        for (int pr = 0; pr < 4; pr++) {
+            char key[256];
+            stream_key(pr, key, sizeof key);
+            const char *argv[] = {"XPENDING", key, "workers", "-", "+", "16"};
+            moeq_redis_reply *rep = redis_do(r, 6, argv);
+            for (size_t e = 0; e < moeq_redis_reply_len(rep); e++) {
+                long long idle = moeq_redis_reply_int(moeq_redis_reply_at(moeq_redis_reply_at(rep, e), 2));
+                if (idle > max_idle) max_idle = idle;
+            }
+            moeq_redis_reply_free(rep);
+        }
+    }
+    moeq_redis_destroy(r);
+    e2e_collect(&g_t, N + 1, 1500); /* late duplicates */
+    assert_int_equal(e2e_term(w1, 20000), 0);
+    assert_int_equal(e2e_term(w2, 20000), 0);
+    e2e_term(coord, 20000);
+    /* the longest batch, from the workers' batch_acked lines: it must have outlasted the timeout */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "grep -ho 'event=batch_acked .* ms=[0-9]*' '%s/%s-long-w1.log' '%s/%s-long-w2.log' "
+                              "| sed 's/.* ms=//' | sort -n | tail -1", g_t.logdir, g_t.ns, g_t.logdir, g_t.ns);
+    FILE *f = popen(cmd, "r");
+    long longest = 0;
+    if (f && fscanf(f, "%ld", &longest) != 1) longest = 0;
+    if (f) pclose(f);
+    snprintf(cmd, sizeof cmd, "grep -q 'reclaimed=1\\|batch_reclaimed_by_another' '%s/%s-long-w1.log' "
+                              "'%s/%s-long-w2.log'", g_t.logdir, g_t.ns, g_t.logdir, g_t.ns);
+    int reclaimed = system(cmd) == 0;
+    print_message("long batches: %zu of %d results, the longest batch %ld ms (visibility timeout 1000 ms), the "
+                  "most idle a pending entry was %lld ms, %lld duplicates, reclaimed: %s\n", have, N, longest, max_idle,
+                  g_t.duplicates, reclaimed ? "yes" : "no");
+    assert_int_equal(have, N);
+    assert_true(longest > 2000);
+    assert_true(max_idle < 1000);
+    assert_false(reclaimed);
+    assert_int_equal(g_t.duplicates, 0);
+}
+
 static int group_setup(void **state) {
     (void)state;
     int rc = e2e_open(&g_t, "wkacks");
@@ -258,6 +336,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_failed_xack_is_retried_and_no_batch_runs_twice),
         cmocka_unit_test(a_restarted_worker_with_the_same_id_takes_its_pending_batches_at_once),
+        cmocka_unit_test(a_batch_longer_than_the_visibility_timeout_stays_with_its_worker),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -72,6 +72,7 @@ struct wbatch {
     int ack_due;
     int ack_failures;              /* attempts Redis did not take, in a row      */
     int64_t ack_next_ms;           /* the next attempt, after a failure          */
+    int lost;                      /* another worker reclaimed it while this one held it (logged once) */
     wbatch *next;
 };
 
@@ -1400,6 +1401,27 @@ static void affinity_refresh(moeq_worker *w) {
     w->own_sweep = 1;
 }
 
+/*
+ * Each heartbeat, the held batches' idle time back to 0 while this worker still owns them: a batch that runs
+ * longer than visibility_timeout_ms (long documents, a slow CPU) is not reclaimed from a live worker and run
+ * twice; only a worker that stops heartbeating loses its batches. One that was reclaimed meanwhile (this worker
+ * stalled past the timeout) is not claimed back: it runs on here too (its results are identical) and is said.
+ */
+static void refresh_claims(moeq_worker *w) {
+    for (wbatch *b = w->held; b; b = b->next) {
+        if (b->ack_due || b->lost) continue;
+        int ours = 1;
+        char err[256] = "";
+        if (worker_io_refresh_claim(w->redis, &w->params, w->params.worker_id, &b->entry, &ours, err, sizeof err))
+            continue; /* Redis unreachable: the next heartbeat tries again */
+        if (!ours) {
+            b->lost = 1;
+            moeq_log(MOEQ_LOG_WARN, COMP, "batch_reclaimed_by_another", "stream=%s entry=%s held_ms=%lld",
+                     b->entry.stream, b->entry.id, (long long)(moeq_now_ms() - b->taken_ms));
+        }
+    }
+}
+
 static void heartbeat(moeq_worker *w, int64_t now) {
     if (now < w->next_heartbeat_ms) return;
     w->next_heartbeat_ms = now + w->params.heartbeat_interval_ms;
@@ -1426,6 +1448,7 @@ static void heartbeat(moeq_worker *w, int64_t now) {
              group);
     affinity_refresh(w);
     char err[256];
+    refresh_claims(w);
     moeq_err e = worker_io_heartbeat(w->redis, w->params.redis_prefix, w->params.worker_id, json, 3 * w->params.heartbeat_interval_ms, err,
                                      sizeof err);
     atomic_store(&w->metrics.healthy, e == MOEQ_OK);

@@ -553,6 +553,27 @@ moeq_err worker_io_sweep(moeq_redis *redis, const moeq_worker_params *params, in
     return err;
 }
 
+/*
+ * A held entry's idle time back to 0 while this consumer still owns it (XPENDING names it): a batch that runs
+ * longer than visibility_timeout_ms is not reclaimed from a live worker. Owned by another (it was reclaimed while
+ * this one stalled): left alone, never claimed back. KEYS[1] stream; ARGV group, consumer, id. 1 = refreshed.
+ */
+static const char REFRESH_LUA[] =
+    "local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)\n"
+    "if p[1] == nil or p[1][2] ~= ARGV[2] then return 0 end\n"
+    "redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')\n"
+    "return 1\n";
+
+moeq_err worker_io_refresh_claim(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                                 const worker_entry *entry, int *still_ours, char *errstr, size_t errstr_size) {
+    const char *argv[] = {"EVAL", REFRESH_LUA, "1", entry->stream, params->group, worker_id, entry->id};
+    moeq_redis_reply *reply = NULL;
+    moeq_err err = moeq_redis_command_argv(redis, 7, argv, NULL, &reply, errstr, errstr_size);
+    *still_ours = err ? 1 : moeq_redis_reply_int(reply) == 1;
+    moeq_redis_reply_free(reply);
+    return err;
+}
+
 moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                              const worker_entry *entry, char *errstr, size_t errstr_size) {
     char idle[24];

@@ -148,6 +148,10 @@ moeq_err worker_io_mark_finished(moeq_redis *redis, const moeq_worker_params *pa
 moeq_err worker_io_sweep(moeq_redis *redis, const moeq_worker_params *params, int priority, int64_t forget_idle_ms,
                          const char *keep, long long *trimmed, long long *forgotten, char *errstr, size_t errstr_size);
 
+/* Reset a held entry's idle time while this consumer owns it (*still_ours 0: another took it meanwhile). */
+moeq_err worker_io_refresh_claim(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
+                                 const worker_entry *entry, int *still_ours, char *errstr, size_t errstr_size);
+
 /* Hand an entry back: XCLAIM to ourselves with IDLE = visibility timeout, so the next reclaim takes it at once. */
 moeq_err worker_io_hand_back(moeq_redis *redis, const moeq_worker_params *params, const char *worker_id,
                              const worker_entry *entry, char *errstr, size_t errstr_size);
