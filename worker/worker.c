@@ -1408,6 +1408,7 @@ static void affinity_refresh(moeq_worker *w) {
  * stalled past the timeout) is not claimed back: it runs on here too (its results are identical) and is said.
  */
 static void refresh_claims(moeq_worker *w) {
+    if (w->handed_back) return; /* handed back at the drain deadline: idle already set for the next reclaim */
     for (wbatch *b = w->held; b; b = b->next) {
         if (b->ack_due || b->lost) continue;
         int ours = 1;
