@@ -147,26 +147,43 @@ static moeq_err build(nfa *n, const moeq_grammar_spec *spec, const moeq_grammar_
     return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "grammar: unknown kind %d", (int)spec->kind);
 }
 
+/* spec's NFA into n (initialised here; free it on every path) with its final fragment and whether recursion
+ * was cut; the limit and NOMEM as errors. Shared by check and compile. */
+static moeq_err build_nfa(const moeq_grammar_spec *spec, const moeq_grammar_limits *lim, nfa *n, frag *f, int *cut,
+                          char *errstr, size_t errstr_size) {
+    nfa_init(n, lim->max_nfa_states);
+    *f = (frag){0, 0};
+    *cut = 0;
+    moeq_err err = build(n, spec, lim, f, cut, errstr, errstr_size);
+    if (!err && n->failed)
+        err = n->nomem ? moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar: out of memory")
+                       : moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
+                                   "grammar_too_large: the automaton needs more than %d states (max_nfa_states)",
+                                   lim->max_nfa_states);
+    return err;
+}
+
+/* The refusal of a grammar no output satisfies. */
+static moeq_err empty_error(int cut, const moeq_grammar_limits *lim, char *errstr, size_t errstr_size) {
+    if (cut)
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
+                         "grammar: a recursive schema with no value that nests at most %d levels "
+                         "(max_recursion; is the recursion required at every level?)",
+                         lim->max_recursion);
+    return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "grammar: no output can satisfy it");
+}
+
 moeq_err moeq_grammar_check(const moeq_grammar_spec *spec, const moeq_grammar_limits *limits, char *errstr,
                             size_t errstr_size) {
     if (!spec) return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "grammar: NULL argument");
     moeq_grammar_limits lim = limits ? *limits : moeq_grammar_default_limits();
     nfa n;
-    nfa_init(&n, lim.max_nfa_states);
-    frag f = {0, 0};
-    int cut = 0;
-    moeq_err err = build(&n, spec, &lim, &f, &cut, errstr, errstr_size);
-    if (!err && n.failed)
-        err = n.nomem ? moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar: out of memory")
-                      : moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
-                                  "grammar_too_large: the automaton needs more than %d states (max_nfa_states)",
-                                  lim.max_nfa_states);
+    frag f;
+    int cut;
+    moeq_err err = build_nfa(spec, &lim, &n, &f, &cut, errstr, errstr_size);
     int reach = err ? 1 : nfa_reaches(&n, f.start, f.end);
     if (reach < 0) err = moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar: out of memory");
-    else if (!reach)
-        err = moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "grammar: %s",
-                        cut ? "a recursive schema with no value within max_recursion levels"
-                            : "no output can satisfy it");
+    else if (!reach) err = empty_error(cut, &lim, errstr, errstr_size);
     nfa_free(&n);
     return err;
 }
@@ -178,15 +195,9 @@ moeq_err moeq_grammar_compile(const moeq_grammar_spec *spec, const moeq_grammar_
     *out = NULL;
     moeq_grammar_limits lim = limits ? *limits : moeq_grammar_default_limits();
     nfa n;
-    nfa_init(&n, lim.max_nfa_states);
-    frag f = {0, 0};
-    int cut = 0;
-    moeq_err err = build(&n, spec, &lim, &f, &cut, errstr, errstr_size);
-    if (!err && n.failed)
-        err = n.nomem ? moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar: out of memory")
-                      : moeq_errf(MOEQ_ERR_LIMIT, errstr, errstr_size,
-                                  "grammar_too_large: the automaton needs more than %d states (max_nfa_states)",
-                                  lim.max_nfa_states);
+    frag f;
+    int cut;
+    moeq_err err = build_nfa(spec, &lim, &n, &f, &cut, errstr, errstr_size);
     if (err) return nfa_free(&n), err;
     moeq_grammar *g = calloc(1, sizeof *g);
     if (!g) return nfa_free(&n), moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar");
@@ -197,12 +208,7 @@ moeq_err moeq_grammar_compile(const moeq_grammar_spec *spec, const moeq_grammar_
     if (!g->d) return free(g), moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "grammar DFA");
     if (dfa_distance(g->d, dfa_start(g->d)) == INT32_MAX) {
         moeq_grammar_release(g);
-        if (cut)
-            return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
-                             "grammar: a recursive schema with no value that nests at most %d levels "
-                             "(max_recursion; is the recursion required at every level?)",
-                             lim.max_recursion);
-        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "grammar: no output can satisfy it");
+        return empty_error(cut, &lim, errstr, errstr_size);
     }
     *out = g;
     return MOEQ_OK;

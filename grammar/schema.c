@@ -402,14 +402,14 @@ static frag fraction_between(nfa *n, const char *a, int a_strict, int tight_lo, 
 #define ENDS_WITHIN(p, tl, th) (!((tl) && ((p) < la || a_strict)) && !((th) && (p) >= lb && b_strict))
     if (ENDS_WITHIN(0, tight_lo, tight_hi)) nfa_eps(n, f.start, end), *empty = 0; /* no fraction */
     if (cap == 0) return (frag){f.start, end};
-    int32_t todo[(MAX_BOUND_FRAC + 2) * 4][3];
+    int32_t work[(MAX_BOUND_FRAC + 2) * 4][3];
     int nt = 0;
     st[0][tight_lo][tight_hi] = nfa_state(n);
     nfa_range(n, f.start, st[0][tight_lo][tight_hi], '.', '.');
-    todo[nt][0] = 0, todo[nt][1] = tight_lo, todo[nt++][2] = tight_hi;
+    work[nt][0] = 0, work[nt][1] = tight_lo, work[nt++][2] = tight_hi;
     while (nt > 0) {
         nt--;
-        int p = todo[nt][0], tl = todo[nt][1], th = todo[nt][2];
+        int p = work[nt][0], tl = work[nt][1], th = work[nt][2];
         int32_t from = st[p][tl][th];
         if (p > 0 && ENDS_WITHIN(p, tl, th)) nfa_eps(n, from, end), *empty = 0;
         if (max_digits >= 0 && p == cap) continue;
@@ -422,7 +422,7 @@ static frag fraction_between(nfa *n, const char *a, int a_strict, int tight_lo, 
             while (last + 1 <= db && (tl && last + 1 == da) == ntl && (th && last + 1 == db) == nth) last++;
             if (st[np][ntl][nth] < 0) {
                 st[np][ntl][nth] = nfa_state(n);
-                todo[nt][0] = np, todo[nt][1] = ntl, todo[nt++][2] = nth;
+                work[nt][0] = np, work[nt][1] = ntl, work[nt++][2] = nth;
             }
             nfa_range(n, from, st[np][ntl][nth], (uint8_t)('0' + dig), (uint8_t)('0' + last));
             dig = last + 1;
