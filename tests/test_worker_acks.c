@@ -29,8 +29,15 @@ static void on_delivery(const moeq_kafka_delivery *d, void *opaque) {
     if (d->err) ++*(int *)opaque;
 }
 
+static void produce_jobs_of(const char *tag, int from, int to, int priority, int max_new_tokens, int min_tokens);
+
 /* Jobs <tag>-<i> for i in [from, to) at one priority, acknowledged by the broker. */
 static void produce_jobs(const char *tag, int from, int to, int priority) {
+    produce_jobs_of(tag, from, to, priority, 4, 0);
+}
+
+/* The same, with max_new_tokens and min_tokens (long jobs). */
+static void produce_jobs_of(const char *tag, int from, int to, int priority, int max_new_tokens, int min_tokens) {
     int failed = 0;
     char err[512];
     moeq_kafka_producer_params pp = {.brokers = g_t.kafka, .on_delivery = on_delivery, .cb_opaque = &failed};
@@ -40,8 +47,9 @@ static void produce_jobs(const char *tag, int from, int to, int priority) {
         char id[64], job[256];
         snprintf(id, sizeof id, "%s-%d", tag, i);
         int n = snprintf(job, sizeof job,
-                         "{\"v\":1,\"id\":\"%s\",\"tokens\":[%d,%d,%d],\"max_new_tokens\":4,\"temperature\":0,"
-                         "\"priority\":%d}", id, 3 + i % 50, 7 + i % 31, 11 + i % 17, priority);
+                         "{\"v\":1,\"id\":\"%s\",\"tokens\":[%d,%d,%d],\"max_new_tokens\":%d,\"min_tokens\":%d,"
+                         "\"temperature\":0,\"priority\":%d}", id, 3 + i % 50, 7 + i % 31, 11 + i % 17, max_new_tokens,
+                         min_tokens, priority);
         moeq_kafka_out m = {.topic = g_t.jobs_topic, .partition = MOEQ_KAFKA_PARTITION_ANY, .key = id,
                             .key_len = strlen(id), .value = job, .value_len = (size_t)n};
         assert_int_equal(moeq_kafka_produce(p, &m, err, sizeof err), MOEQ_OK);
@@ -258,23 +266,7 @@ static void a_batch_longer_than_the_visibility_timeout_stays_with_its_worker(voi
     /* one sequence at a time and 200 tokens a job: a batch takes seconds; the timeout is 1 s (the least allowed) */
     const char *flags = "--max_seqs=1 --visibility_timeout_ms=1000 --heartbeat_interval_ms=200";
     pid_t w1 = e2e_start_worker(&g_t, "long-w1", flags), w2 = e2e_start_worker(&g_t, "long-w2", flags);
-    int failed = 0;
-    char err[512];
-    moeq_kafka_producer_params pp = {.brokers = g_t.kafka, .on_delivery = on_delivery, .cb_opaque = &failed};
-    moeq_kafka_producer *p = NULL;
-    assert_int_equal(moeq_kafka_producer_new(&pp, NULL, &p, err, sizeof err), MOEQ_OK);
-    for (int i = 0; i < N; i++) {
-        char id[64], job[256];
-        snprintf(id, sizeof id, "long-%d", i);
-        int n = snprintf(job, sizeof job, "{\"v\":1,\"id\":\"%s\",\"tokens\":[%d,%d],\"max_new_tokens\":200,"
-                                          "\"temperature\":0,\"min_tokens\":200}", id, 3 + i % 50, 7 + i % 31);
-        moeq_kafka_out m = {.topic = g_t.jobs_topic, .partition = MOEQ_KAFKA_PARTITION_ANY, .key = id,
-                            .key_len = strlen(id), .value = job, .value_len = (size_t)n};
-        assert_int_equal(moeq_kafka_produce(p, &m, err, sizeof err), MOEQ_OK);
-    }
-    assert_int_equal(moeq_kafka_producer_flush(p, 30000, err, sizeof err), MOEQ_OK);
-    moeq_kafka_producer_destroy(p);
-    assert_int_equal(failed, 0);
+    produce_jobs_of("long", 0, N, 2, 200, 200);
     /* while they run, the idle time of every pending entry (XPENDING's extended form) stays below the timeout */
     moeq_redis *r = redis_open();
     size_t have = 0;
@@ -299,7 +291,7 @@ static void a_batch_longer_than_the_visibility_timeout_stays_with_its_worker(voi
     assert_int_equal(e2e_term(w2, 20000), 0);
     e2e_term(coord, 20000);
     /* the longest batch, from the workers' batch_acked lines: it must have outlasted the timeout */
-    char cmd[1024];
+    char cmd[2560]; /* four log paths of up to 512 + 160 bytes */
     snprintf(cmd, sizeof cmd, "grep -ho 'event=batch_acked .* ms=[0-9]*' '%s/%s-long-w1.log' '%s/%s-long-w2.log' "
                               "| sed 's/.* ms=//' | sort -n | tail -1", g_t.logdir, g_t.ns, g_t.logdir, g_t.ns);
     FILE *f = popen(cmd, "r");
