@@ -19,7 +19,9 @@
  * block scale). The K tail is zero padded (masked loads on AVX-512, a copy
  * into a zeroed buffer on AVX2, explicit zeros in the emulation).
  *
- * Batch-1 decode streams every weight once, so the NT kernels prefetch the
+ * Decode streams every weight once. Blocks of at most 16 tokens read row
+ * stretches and prefetch each STREAM_PF_BYTES ahead (nt_streams512); the
+ * adjacent-row tiles of larger blocks (and the rows the stretches leave) prefetch the
  * same rows one or more tiles ahead (PF_BYTES of weights), clamped to the
  * block's rows, one prefetch per 64 bytes of each row (not one per 16-lane
  * chunk: half of those hit a line already requested, and at 2 tokens the
@@ -60,6 +62,7 @@
 #define PF_BYTES 8192 /* weight bytes the NT prefetch runs ahead (>= one tile) */
 #define STREAM_TOKS 16   /* NT blocks of at most this many tokens read their rows as tile-wide streams   */
 #define STREAM_MIN_SPAN 4 /* ... when each stream holds at least this many rows (nt_streams512)          */
+#define STREAM_PF_BYTES 1024 /* ... and prefetch each stream this far ahead of the tile's reads              */
 #define BLK_ROWS 32      /* the many-token path's blocks: rows, tokens, K per step   */
 #define BLK_TOKS 64
 #define BLK_K 1024
@@ -344,7 +347,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
 #define NT512(MR, NR)                                                                                        \
     case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy, NULL); break;
 #define NTR512(MR, NR)                                                                                       \
-    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, NULL, K, y, ldy, col); break;
+    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy, col); break;
 
 /*
  * Rows [n0, n1) in tiles of adjacent rows: 8 per tile for blocks of 1-3 tokens, 6 otherwise (more weight
@@ -385,9 +388,13 @@ static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job
  * make tn runs of one row (1-2 KiB) that restart with every tile. The hardware prefetcher follows long
  * streams and not short ones: on an AMD Zen 4 VM (one core, a 265 MB lm_head, one token) adjacent rows with
  * the software prefetch streamed 12-13 GB/s, the stretches without it 22-24 GB/s (a plain sequential read
- * 22-25; the software prefetch on top of the stretches cost 10-30 %). Which rows share a tile changes no
- * element's chain of fmas, so the bits stay. F8: [a, b) lies in one 128-row scale block (one scale row per
- * tile). Returns the first row not covered (fewer than tn rows are left; the caller's tiles take them).
+ * 22-25). Each stream is also prefetched STREAM_PF_BYTES ahead of its reads (into the stream's next row near a
+ * row's end): the hardware prefetcher alone fell behind once a chunk carries more than one token's fmas. On an
+ * AMD Zen 5 VM (session 18, one core, in-process A/B) BF16 at 2 tokens went 22-25 -> 31 GB/s (K 2,048-7,168),
+ * at 1 token 27-28 -> 30-32 (K = 1,024: no change), F8 at 4 tokens 13 -> 15; 512 bytes ahead gained less,
+ * 2-8 KiB nothing. Which rows share a tile changes no element's chain of fmas, so the bits stay. F8: [a, b)
+ * lies in one 128-row scale block (one scale row per tile). Returns the first row not covered (fewer than tn
+ * rows are left; the caller's tiles take them).
  */
 static T512 ALWAYS_INLINE int64_t nt_streams512(const moeq_dtype dt, const moeq_mm_job *job, int64_t a, int64_t b,
                                                 int64_t t0, int64_t t1, int tn) {
@@ -396,13 +403,16 @@ static T512 ALWAYS_INLINE int64_t nt_streams512(const moeq_dtype dt, const moeq_
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
     const float *srow = scale_row(job->w, job->row0 + a);
+    const uint8_t *pf_last = base + (a + span * tn - 1) * row_bytes; /* prefetches stay in the stretches' rows */
     for (int64_t i = 0; i < span; i++) {
         const uint8_t *wp[TILE_N1];
         const float *sp[TILE_N1];
         int64_t col[TILE_N1];
+        const uint8_t *pp[TILE_N1];
         for (int j = 0; j < tn; j++) {
             col[j] = j * span + i;
             wp[j] = base + (a + col[j]) * row_bytes;
+            pp[j] = wp[j] + STREAM_PF_BYTES < pf_last ? wp[j] + STREAM_PF_BYTES : pf_last;
             sp[j] = srow;
         }
         for (int64_t t = t0; t < t1; t += TILE_T) {
