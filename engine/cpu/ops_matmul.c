@@ -560,9 +560,24 @@ static T512 void nt_blocked512_f8(const moeq_mm_job *job, int64_t n0, int64_t n1
                 }
                 for (int64_t nb = ra, part = 0; nb < rb; nb += BLK_ROWS, part++) {
                     int64_t ne = nb + BLK_ROWS < rb ? nb + BLK_ROWS : rb;
+                    /* the rows staged next, prefetched while these are widened (a part's rows are 32 short
+                     * strided runs the hardware prefetcher does not follow): this step's next part, else the
+                     * next step's first, else the next token block's, else the next scale block's */
+                    int64_t pf_row = -1, pf_k0 = 0, pf_end = 0;
+                    if (ne < rb) pf_row = ne, pf_k0 = k0, pf_end = rb;
+                    else if (k0 + BLK_K < K) pf_row = ra, pf_k0 = k0 + BLK_K, pf_end = rb;
+                    else if (te < t1) pf_row = ra, pf_end = rb;
+                    else if (rb < n1) pf_row = rb, pf_end = n1;
+                    if (pf_end > pf_row + BLK_ROWS) pf_end = pf_row + BLK_ROWS;
+                    const int64_t pf_len = K - pf_k0 < BLK_K ? K - pf_k0 : BLK_K;
                     for (int64_t r = nb; r < ne; r++) { /* the part's rows, this step, as f16: q / 256 */
                         const uint8_t *src = row_ptr(w, job->row0 + r) + k0;
                         uint16_t *dst = wh + (r - nb) * BLK_K;
+                        int64_t pr = pf_row + (r - nb);
+                        if (pf_row >= 0 && pr < pf_end) {
+                            const char *pf = (const char *)row_ptr(w, job->row0 + pr) + pf_k0;
+                            for (int64_t off = 0; off < pf_len; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
+                        }
                         int64_t k = 0;
                         for (; k + 32 <= L; k += 32) {
                             __m512i h = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(src + k)));
