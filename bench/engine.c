@@ -33,6 +33,8 @@ typedef struct bench_args {
     const char *cuda_graphs;      /* --cuda-graphs off|auto|on|both (engine key; both: decode again with auto)   */
     const char *cuda_matrix;      /* --cuda-matrix auto|lanes|both (engine key; both: the prefills and decode
                                      batches again with lanes, in the same run)                                */
+    const char *head_screen;      /* --head-screen auto|off|both (engine key; both: the decode batches again with
+                                     off, in the same run)                                                     */
     int device, max_batch;
     int n_threads, prefill_tokens, decode_prompt, batches[8], n_batches;
     int prefills[4], n_prefills;  /* prompt lengths timed (--prefill-tokens 512,2048); prefill_tokens: the longest */
@@ -262,12 +264,40 @@ static void print_decode(moeq_engine *e, const bench_args *a, int vocab, float *
         double step_s = tps > 0 ? B / tps : 0;
         printf("%s\n      {\"batch\": %d, \"steps\": %d, \"tokens_per_s\": %.2f, \"step_ms\": %.2f", i ? "," : "", B,
                steps, tps, step_s * 1e3);
-        if (B == 1 && bw_gbs > 0)
-            printf(", \"roofline_tokens_per_s\": %.2f, \"fraction_of_roofline\": %.3f", bw_gbs * 1e9 / active,
-                   tps * active / (bw_gbs * 1e9));
+        if (B == 1 && bw_gbs > 0) { /* a screened head reads its int8 copy instead of the head */
+            moeq_head_screen_stats st = moeq_engine_head_screen_stats(e);
+            double bytes = (double)active - (st.bytes ? (double)st.head_bytes - (double)st.bytes : 0.0);
+            printf(", \"roofline_tokens_per_s\": %.2f, \"fraction_of_roofline\": %.3f", bw_gbs * 1e9 / bytes,
+                   tps * bytes / (bw_gbs * 1e9));
+        }
         printf("}");
         fflush(stdout);
     }
+}
+
+/* What the screened head did (engine key head_screen): rows it decided, candidates per row, rows made whole. */
+static void print_screen(const moeq_engine *e) {
+    moeq_head_screen_stats st = moeq_engine_head_screen_stats(e);
+    printf(", \"head_screen\": {\"rows\": %lld, \"candidates_per_row\": %.2f, \"fallbacks\": %lld, \"bytes\": %zu}",
+           (long long)st.rows, st.rows ? (double)st.candidates / (double)st.rows : 0.0, (long long)st.fallbacks,
+           st.bytes);
+}
+
+/* --head-screen both: the same decode batches on an engine with head_screen = off (every logits row whole, as
+ * llama.cpp computes them): the screen's gain in one run. */
+static void decode_head_whole(const moeq_model *model, const bench_args *a, moeq_engine_params p, int vocab,
+                              float *logits, double bw_gbs, size_t active) {
+    snprintf(p.head_screen, sizeof p.head_screen, "off");
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    if (moeq_engine_new(model, &p, &e, err, sizeof(err))) {
+        printf(", \"decode_head_whole_error\": \"%s\"", err);
+        return;
+    }
+    printf(", \"decode_head_whole\": [");
+    print_decode(e, a, vocab, logits, bw_gbs, active);
+    printf("]");
+    moeq_engine_destroy(e);
 }
 
 /* --cuda-graphs both: the same decode batches on an engine with cuda_graphs = auto (the first engine ran off). */
@@ -317,6 +347,8 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     if (a->cpu_matrix) snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "%s", a->cpu_matrix);
     int both = a->cuda_graphs && !strcmp(a->cuda_graphs, "both");
     if (a->cuda_graphs) snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "%s", both ? "off" : a->cuda_graphs);
+    int both_screen = a->head_screen && !strcmp(a->head_screen, "both");
+    if (a->head_screen) snprintf(p.head_screen, sizeof p.head_screen, "%s", both_screen ? "auto" : a->head_screen);
     int both_matrix = a->cuda_matrix && !strcmp(a->cuda_matrix, "both");
     if (a->cuda_matrix) snprintf(p.cuda_matrix, sizeof p.cuda_matrix, "%s", both_matrix ? "auto" : a->cuda_matrix);
     p.device = a->device;
@@ -352,6 +384,7 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     printf("], \"prefill_tokens\": %d, \"prefill_tokens_per_s\": %.2f, \"decode\": [", a->prefills[0], pre);
     print_decode(e, a, vocab, logits, bw_gbs, active);
     printf("]");
+    print_screen(e);
     if (invariant && a->n_contexts > 0) {
         printf(", \"decode_at_context\": [");
         for (int i = 0; i < a->n_contexts; i++) {
@@ -364,6 +397,7 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
         printf("]");
     }
     moeq_engine_destroy(e);
+    if (both_screen) decode_head_whole(model, a, p, vocab, logits, bw_gbs, active);
     if (both) decode_with_graphs(model, a, p, vocab, logits, bw_gbs, active);
     if (both_matrix) again_with_lanes(model, a, p, vocab, logits, bw_gbs, active);
     printf("}");
@@ -395,6 +429,10 @@ static int parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(k, "--cuda-graphs")) {
             if (strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "both")) return -1;
             a->cuda_graphs = v;
+        }
+        else if (!strcmp(k, "--head-screen")) {
+            if (strcmp(v, "off") && strcmp(v, "auto") && strcmp(v, "both")) return -1;
+            a->head_screen = v;
         }
         else if (!strcmp(k, "--cuda-matrix")) {
             if (strcmp(v, "auto") && strcmp(v, "lanes") && strcmp(v, "both")) return -1;
@@ -451,7 +489,7 @@ int main(int argc, char **argv) {
                         "                    [--threads N] [--prefill-tokens N] [--batches 1,8,32,128,256]\n"
                         "                    [--contexts 1024,4096|none] [--min-seconds S] [--modes 1,0]\n"
                         "                    [--cpu-matrix auto|lanes|amx] [--cuda-graphs off|auto|on|both]\n"
-                        "                    [--cuda-matrix auto|lanes|both]\n"
+                        "                    [--cuda-matrix auto|lanes|both] [--head-screen auto|off|both]\n"
                         "  --prefill-tokens  one or more prompt lengths (default 512), each timed\n"
                         "  --modes           batch_invariant values to run (default 1,0)\n"
                         "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
@@ -459,6 +497,8 @@ int main(int argc, char **argv) {
                         "                    (decode_with_cuda_graphs beside decode)\n"
                         "  --cuda-matrix     engine key cuda_matrix (default lanes); both: auto, then the prefills\n"
                         "                    and decode batches again with lanes (with_cuda_matrix_lanes)\n"
+                        "  --head-screen     engine key head_screen (default auto); both: the decode batches\n"
+                        "                    again with off (decode_head_whole: every logits row whole)\n"
                         "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no\n"
                         "                  config.json\n");
         return 2;

@@ -28,7 +28,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .cpu_matrix = "auto",
                                 .mtp_draft = "f8",
                                 .cuda_graphs = "off",
-                                .cuda_matrix = "lanes"};
+                                .cuda_matrix = "lanes",
+                                .head_screen = "auto"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -160,6 +161,9 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
     if (!strcmp(p->cpu_matrix, "amx") && !moeq_engine_cpu_amx())
         return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size,
                          "cpu_matrix = amx, but this CPU cannot run AMX tiles: %s", moeq_engine_cpu_amx_describe());
+    if (strcmp(p->head_screen, "auto") && strcmp(p->head_screen, "off"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "head_screen \"%.8s\": the choices are auto and off", p->head_screen);
     if (strcmp(p->mtp_draft, "exact") && strcmp(p->mtp_draft, "f8") && strcmp(p->mtp_draft, "e4m3"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "mtp_draft \"%.8s\": the choices are exact, f8 and e4m3", p->mtp_draft);
@@ -298,6 +302,7 @@ void moeq_engine_destroy(moeq_engine *engine) {
     if (!engine) return;
     moeq_backend *b = engine->backend; /* NULL when its creation failed: then nothing below was allocated */
     moeq_kv_cache_destroy(engine->cache);
+    moeq_forward_screen_destroy(engine);
     moeq_mtp_state_destroy(engine, engine->mtp);
     moeq_moe_layer_destroy(engine->moe, b);
     if (b && engine->vecs)

@@ -86,6 +86,11 @@ struct moeq_engine {
     int32_t graph_scratch;   /* cuda_graphs: the main cache's block past its capacity, padding rows' only one;
                                 -1: steps are never padded (graphs off, or a backend without them) */
     int64_t prefix_lookups, prefix_hits, prefix_lookup_tokens, prefix_hit_tokens; /* moeq_engine_seq_new_prefix */
+    struct moeq_screen_state *screen; /* head_screen = auto: the screen and its scratch (forward.c), made at the
+                                         first screened step; NULL before or when it cannot be */
+    int screen_state;                 /* 0 not tried yet, 1 made, -1 not available (off, or its making failed) */
+    int64_t screened_rows, screen_fallbacks, screen_candidates; /* rows decided by the screen; rows it could not
+                                                                   decide (computed whole); candidates computed */
 };
 
 /* One decoder block as the forward runs it: weights, widened vectors, and the cache layer it writes. */

@@ -20,7 +20,9 @@
 #include <string.h>
 
 #include "forward.h"
+#include "head_screen.h"
 #include "moe_layer.h"
+#include "sampler.h"
 
 /* HF builds q_a_layernorm and kv_a_layernorm without an eps argument: 1e-6 whatever rms_norm_eps says. */
 #define MOEQ_LORA_NORM_EPS 1e-6f
@@ -239,6 +241,172 @@ static void chunk_out(moeq_engine *e, const moeq_step_out *out, int64_t r0, int6
     }
 }
 
+/* ---- the screened head (head_screen.h) ------------------------------------------------------------------ */
+
+#define SCREEN_ROWS 32 /* rows screened at once: the approximate logits' scratch is SCREEN_ROWS x vocab floats */
+#define SCREEN_CAP 64  /* candidates one row may have (a trained head leaves a few); more: the row is made whole */
+
+typedef struct moeq_screen_state {
+    moeq_head_screen *screen;
+    float *approx;  /* [SCREEN_ROWS][vocab] the int8 copy's logits                        */
+    int32_t *cand;  /* [SCREEN_ROWS][SCREEN_CAP] each row's candidates, ascending           */
+    int64_t n_cand[SCREEN_ROWS];
+    int32_t *uni;   /* [SCREEN_ROWS * SCREEN_CAP] the chunk's candidates, ascending, distinct */
+    float *exact;   /* [SCREEN_ROWS][SCREEN_ROWS * SCREEN_CAP] their values on the exact path */
+    moeq_mm_job *jobs; /* [SCREEN_ROWS * SCREEN_CAP + SCREEN_ROWS]                              */
+} moeq_screen_state;
+
+void moeq_forward_screen_destroy(moeq_engine *e) {
+    moeq_screen_state *st = e->screen;
+    if (!st) return;
+    moeq_head_screen_destroy(st->screen);
+    free(st->approx);
+    free(st->cand);
+    free(st->uni);
+    free(st->exact);
+    free(st->jobs);
+    free(st);
+    e->screen = NULL;
+}
+
+/* The screen of the main head, made at its first use; NULL where it does not apply (head_screen = off, a device,
+ * batch_invariant = 0: the exact values of a few rows would not be the whole product's there, no VNNI: the int8
+ * emulation is slower than the head itself) or could not be made (then never again; the rows come whole). */
+static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
+    if (head != e->model->lm_head) return NULL;
+    if (e->screen_state) return e->screen_state > 0 ? e->screen : NULL;
+    e->screen_state = -1;
+    if (strcmp(e->params.head_screen, "auto") || !e->backend->host_visible || !e->params.batch_invariant ||
+        !moeq_engine_cpu_draft())
+        return NULL;
+    moeq_screen_state *st = calloc(1, sizeof *st);
+    char err[160];
+    int64_t V = moeq_tensor_rows(head);
+    if (st && !moeq_head_screen_new(head, &st->screen, err, sizeof err)) {
+        st->approx = malloc((size_t)(SCREEN_ROWS * V) * sizeof(float));
+        st->cand = malloc((size_t)(SCREEN_ROWS * SCREEN_CAP) * sizeof(int32_t));
+        st->uni = malloc((size_t)(SCREEN_ROWS * SCREEN_CAP) * sizeof(int32_t));
+        st->exact = malloc((size_t)(SCREEN_ROWS * SCREEN_ROWS * SCREEN_CAP) * sizeof(float));
+        st->jobs = malloc((size_t)(SCREEN_ROWS * SCREEN_CAP + SCREEN_ROWS) * sizeof(moeq_mm_job));
+    }
+    e->screen = st;
+    if (!st || !st->screen || !st->approx || !st->cand || !st->uni || !st->exact || !st->jobs) {
+        moeq_forward_screen_destroy(e); /* out of memory: every row whole, as with head_screen = off */
+        return NULL;
+    }
+    e->screen_state = 1;
+    return st;
+}
+
+moeq_head_screen_stats moeq_engine_head_screen_stats(const moeq_engine *e) {
+    moeq_head_screen_stats st = {0, 0, 0, 0, 0};
+    if (!e) return st;
+    const moeq_tensor *head = e->model->lm_head;
+    st.rows = e->screened_rows, st.candidates = e->screen_candidates, st.fallbacks = e->screen_fallbacks;
+    st.bytes = e->screen ? moeq_head_screen_bytes(e->screen->screen) : 0;
+    st.head_bytes = head->nbytes + (head->scale_inv ? head->scale_inv->nbytes : 0);
+    return st;
+}
+
+/* Whether row r of out is read only for its argmax (and whether it is finite). */
+static int argmax_only(const moeq_step_out *out, int64_t r) {
+    if (!out->use) return 1;
+    const moeq_row_use *u = &out->use[r];
+    return !u->full && (!u->sampler || moeq_sampler_argmax_only(u->sampler));
+}
+
+/* The jobs, at most s.max_jobs to a call. */
+static void run_jobs(moeq_engine *e, const moeq_mm_job *jobs, int64_t n) {
+    for (int64_t i = 0; i < n; i += e->s.max_jobs)
+        e->backend->matmul(e->backend, jobs + i, (int)(n - i < e->s.max_jobs ? n - i : e->s.max_jobs));
+}
+
+static int64_t find_id(const int32_t *ids, int64_t n, int32_t id) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (ids[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static int cmp_id(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * Rows [r0, r0 + n) of the step's head (x: s.h rows r0..), n <= SCREEN_ROWS, into out's rows row0 + r0 + i: the
+ * argmax-only rows as records from the screen (have_row 0), the others whole (have_row 1). Each group of
+ * consecutive rows of a kind is one job, so a batch of one kind reads the head (or its copy) once.
+ */
+static void screened_chunk(moeq_engine *e, moeq_screen_state *st, const moeq_tensor *head, const moeq_step_out *out,
+                           int64_t row0, int64_t r0, int64_t n) {
+    moeq_scratch *s = &e->s;
+    const int64_t D = e->cfg->hidden_size, V = moeq_tensor_rows(head);
+    const float *x = s->h + r0 * D;
+    const moeq_tensor *codes = moeq_head_screen_codes(st->screen);
+    uint8_t whole[SCREEN_ROWS];
+    moeq_mm_job *jobs = st->jobs;
+    int64_t nj = 0;
+    for (int64_t i = 0; i < n; i++) whole[i] = (uint8_t)!argmax_only(out, row0 + r0 + i);
+    for (int64_t i = 0, j; i < n; i = j) { /* runs of one kind: whole rows exact, the others on the copy */
+        for (j = i + 1; j < n && whole[j] == whole[i];) j++;
+        jobs[nj++] = whole[i] ? job(head, 0, V, x + i * D, D, out->logits + (row0 + r0 + i) * V, V, j - i)
+                              : job(codes, 0, V, x + i * D, D, st->approx + i * V, V, j - i);
+    }
+    run_jobs(e, jobs, nj);
+    int64_t n_uni = 0;
+    for (int64_t i = 0; i < n; i++) {
+        st->n_cand[i] = whole[i] ? 0
+                                 : moeq_head_screen_candidates(st->screen, x + i * D, st->approx + i * V,
+                                                               st->cand + i * SCREEN_CAP, SCREEN_CAP);
+        for (int64_t c = 0; c < st->n_cand[i]; c++) st->uni[n_uni++] = st->cand[i * SCREEN_CAP + c];
+    }
+    qsort(st->uni, (size_t)n_uni, sizeof(int32_t), cmp_id);
+    int64_t u = 0;
+    for (int64_t c = 0; c < n_uni; c++)
+        if (u == 0 || st->uni[c] != st->uni[u - 1]) st->uni[u++] = st->uni[c];
+    /* the candidates' exact values: one job per run of consecutive rows, every token of the chunk */
+    nj = 0;
+    for (int64_t c = 0, d; c < u; c = d) {
+        for (d = c + 1; d < u && st->uni[d] == st->uni[d - 1] + 1;) d++;
+        jobs[nj++] = job(head, st->uni[c], d - c, x, D, st->exact + c, u, n);
+    }
+    run_jobs(e, jobs, nj);
+    nj = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = row0 + r0 + i;
+        if (whole[i]) {
+            out->have_row[r] = 1;
+            continue;
+        }
+        int32_t best = -1;
+        float max = 0.0f;
+        int finite = st->n_cand[i] > 0;
+        for (int64_t c = 0; c < st->n_cand[i] && finite; c++) {
+            int32_t id = st->cand[i * SCREEN_CAP + c];
+            float v = st->exact[i * u + find_id(st->uni, u, id)];
+            finite = v - v == 0.0f;
+            if (best < 0 || v > max) best = id, max = v; /* ascending ids: the lowest id of the highest value */
+        }
+        if (!finite) { /* undecided, or a candidate's exact value is not finite: the row whole decides */
+            jobs[nj++] = job(head, 0, V, x + i * D, D, out->logits + r * V, V, 1);
+            out->have_row[r] = 1;
+            e->screen_fallbacks++;
+            continue;
+        }
+        moeq_logits_record *rec = &out->records[r];
+        memset(rec, 0, sizeof *rec);
+        rec->argmax = best, rec->finite = 1, rec->max = max, rec->n_top = 0; /* n_top 0: argmax, finite, max only */
+        out->have_row[r] = 0;
+        e->screened_rows++;
+        e->screen_candidates += st->n_cand[i];
+    }
+    run_jobs(e, jobs, nj);
+}
+
 /* A backend whose memory is the host's writes the caller's buffer (every row whole); a device computes chunks
  * of rows into s.logits and brings back each chunk whole, or (records asked for) each row's record and the
  * rows whole only where needed (the same per-row arithmetic: rows are independent). */
@@ -248,6 +416,12 @@ void moeq_forward_head(moeq_engine *e, const float *norm, const moeq_tensor *hea
     int64_t D = e->cfg->hidden_size, V = moeq_tensor_rows(head);
     moeq_forward_rmsnorm(e, s->h, D, s->x, D, s->logit_tok, n_rows, D, norm);
     if (n_rows == 0) return;
+    moeq_screen_state *st = out->records ? screen_of(e, head) : NULL;
+    if (st) {
+        for (int64_t r0 = 0; r0 < n_rows; r0 += SCREEN_ROWS)
+            screened_chunk(e, st, head, out, row0, r0, n_rows - r0 < SCREEN_ROWS ? n_rows - r0 : SCREEN_ROWS);
+        return;
+    }
     if (e->backend->host_visible) {
         moeq_mm_job j = linear(head, s->h, out->logits + row0 * V, n_rows);
         e->backend->matmul(e->backend, &j, 1);

@@ -38,8 +38,12 @@ void moeq_forward_rope(moeq_engine *engine, int64_t n_tok);
 /* One block over the residual stream s.x (T, D): x += MLA(norm x); x += MLP/MoE(norm x). Needs rope set. */
 void moeq_forward_block(moeq_engine *engine, const moeq_block *block, int64_t n_tok);
 
+/* Frees the screened head's state (head_screen = auto), if one was made. */
+void moeq_forward_screen_destroy(moeq_engine *engine);
+
 /* rmsnorm(s.x row s.logit_tok[r], norm) -> head, for r < n_rows, into out's rows row0 + r (moeq_step_out: whole
- * rows, or on a device records and the rows needed whole). Uses s.h. */
+ * rows, or records and the rows needed whole: on a device, and on the CPU for the main head's rows read only for
+ * their argmax when head_screen = auto). Uses s.h. */
 void moeq_forward_head(moeq_engine *engine, const float *norm, const moeq_tensor *head, int64_t n_rows,
                        const moeq_step_out *out, int64_t row0);
 

@@ -229,6 +229,8 @@ int moeq_sampler_finite(const float *logits, int64_t n) { return moeq_ops_finite
 
 int moeq_sampler_has_draft_hook(const moeq_sampler *s) { return s && s->hook.draft != NULL; }
 
+int moeq_sampler_argmax_only(const moeq_sampler *s) { return s && !s->hook.process && s->p.temperature <= 0.0; }
+
 int32_t moeq_sampler_draft(moeq_sampler *s, const float *row, const int32_t *prefix, int n_prefix) {
     if (s->hook.draft) return s->hook.draft(s->hook.ctx, row, s->vocab_size, prefix, n_prefix);
     return moeq_sampler_argmax(row, s->vocab_size);

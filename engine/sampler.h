@@ -23,6 +23,10 @@ int32_t moeq_sampler_draft(moeq_sampler *sampler, const float *row, const int32_
 /* 1 when the sampler's hook drafts (moeq_sampler_draft then reads the whole MTP row). */
 int moeq_sampler_has_draft_hook(const moeq_sampler *sampler);
 
+/* 1 when the sampler's next draws read nothing of a row but its argmax (and whether it is finite): greedy,
+ * no hook. The engine may then find the argmax without the whole row (head_screen.h). */
+int moeq_sampler_argmax_only(const moeq_sampler *sampler);
+
 /* The highest logit's id, the lowest id on ties. */
 int32_t moeq_sampler_argmax(const float *logits, int vocab);
 

@@ -41,3 +41,12 @@ if(TARGET moeq_engine AND TARGET moeq)
   target_include_directories(test_engine_group PRIVATE ${CMAKE_SOURCE_DIR}/engine)
   add_dependencies(test_engine_group moeq)
 endif()
+
+# The screened lm_head (engine/head_screen.h, engine key head_screen): its error bound on every exact path and
+# dtype, candidates that always hold the exact argmax, and greedy records equal to the whole rows' argmax and
+# value through the engine.
+if(TARGET moeq_engine AND TARGET moeq)
+  moeq_add_test(NAME test_head_screen SOURCES test_head_screen.c LIBS moeq_engine LABELS unit TIMEOUT 300)
+  target_include_directories(test_head_screen PRIVATE ${CMAKE_SOURCE_DIR}/engine ${CMAKE_SOURCE_DIR}/engine/cpu)
+  add_dependencies(test_head_screen moeq)
+endif()

@@ -1389,6 +1389,7 @@ static moeq_engine *engine_on(const moeq_model *m, const char *backend) {
     moeq_engine_params p = moeq_engine_default_params();
     snprintf(p.backend, sizeof p.backend, "%s", backend);
     snprintf(p.mtp_draft, sizeof p.mtp_draft, "exact"); /* f8 draft copies exist on host backends only */
+    snprintf(p.head_screen, sizeof p.head_screen, "off"); /* the CPU reference: every row whole */
     p.n_threads = 2, p.max_seqs = 4, p.kv_cache_tokens = 512, p.max_step_tokens = 256;
     moeq_engine *e = NULL;
     char err[512] = "";

@@ -126,6 +126,13 @@ typedef struct moeq_engine_params {
                                   tokens: two threads a weight row with 16-byte loads;
                                   more: 32 x 32 tiles staged in shared memory; not yet run
                                   on a device); the same bits either way; docs/CUDA.md */
+    char head_screen[8];       /* rows read only for their argmax (greedy draws, records
+                                  nobody samples) on the CPU: "auto" (default: the head as
+                                  an int8 copy with a proven error bound per logit, then
+                                  the candidates that bound leaves on the exact path: the
+                                  same token and value as the whole row; batch-invariant
+                                  engines where the CPU has AVX512-VNNI) or "off" (every
+                                  row whole); docs/ENGINE.md */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
@@ -292,7 +299,8 @@ typedef struct moeq_logits_record {
                             0 when the row starts with a NaN)                                               */
     int32_t finite;      /* 1 when every value is finite (the sampler's check: else it gives -1)             */
     float max;           /* row[argmax]                                                                      */
-    int32_t n_top;       /* min(MOEQ_LOGITS_TOP, vocab_size)                                                 */
+    int32_t n_top;       /* min(MOEQ_LOGITS_TOP, vocab_size); 0 in the CPU's screened records (argmax, finite
+                            and max only, no sums: rows read for their argmax alone; docs/ENGINE.md)          */
     double temperature;  /* what sum_t was taken at; <= 0: no sum_t                                          */
     double sum_t;        /* finite rows, temperature > 0: the sum over the row of
                             (float)exp(((double)x - max) * (1.0 / temperature)), in double, in the
@@ -331,7 +339,12 @@ typedef struct moeq_row_use {
  * records NULL: every row whole into logits (moeq_engine_step's behaviour).
  * Otherwise, on a backend whose memory the host reads (the CPU): every row
  * whole, have_row[r] = 1, records untouched (the caller samples the rows, as
- * before). On any other backend: records[r] for every row, and row r whole
+ * before), except the main head's rows read only for their argmax (use NULL,
+ * or use[r] without sampler or with a greedy one without a hook, and not
+ * full) when head_screen = auto applies: those get a record with the whole
+ * row's argmax and max, n_top 0 (the screened head, docs/ENGINE.md), and
+ * have_row[r] = 0 unless the screen could not decide (then the row whole).
+ * On any other backend: records[r] for every row, and row r whole
  * (have_row[r] = 1) only when use[r].full, or use[r].sampler's draw
  * use[r].draw cannot be decided by the record (moeq_sampler_record_decides;
  * a sampler with a hook never can: processors read the whole row); use NULL:
@@ -348,6 +361,18 @@ typedef struct moeq_step_out {
 /* moeq_engine_step with its logits as out says. */
 moeq_err moeq_engine_step_out(moeq_engine *engine, const moeq_step_item *items, int n_items,
                               const moeq_step_out *out, char *errstr, size_t errstr_size);
+
+/*
+ * The screened head's work so far (engine key head_screen; docs/ENGINE.md): rows decided as records from the
+ * int8 copy, the candidates those rows computed on the exact path, rows it could not decide (computed
+ * whole instead), the bytes the screen holds (0: none made: off, not applicable, or no such row yet) and those
+ * of the head it stands in for (a screened row reads the copy instead: a roofline counts the copy's bytes).
+ */
+typedef struct moeq_head_screen_stats {
+    int64_t rows, candidates, fallbacks;
+    size_t bytes, head_bytes;
+} moeq_head_screen_stats;
+moeq_head_screen_stats moeq_engine_head_screen_stats(const moeq_engine *engine);
 
 /* 1 when the engine's rows come back as records (its backend is not host_visible): a caller may then plan
  * for rows it will not have. */

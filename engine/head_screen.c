@@ -1,0 +1,159 @@
+/*
+ * head_screen.c — the screened lm_head's bounds (head_screen.h).
+ *
+ * The bound, for head row j (exact weights w, the Q8R copy's w^ = s_w q) and a token x (D values; x^ its
+ * split int8 form in the draft kernel, s_x = fl(a / 127), a = max |x_k|):
+ *
+ *   y_j - E_j = (y_j - w^.x^) + (w^.x^ - w.x) + (w.x - E_j)
+ *
+ * - w^.x^ - w.x = -(w - w^).x - w^.(x - x^): at most ||w - w^|| X + ||w^|| ||x - x^|| (Cauchy-Schwarz).
+ *   Per element the kernel's u_k = fl(x_k fl(127 / a)) is within 4 * 127 * 2^-24 of x_k / s_x, and
+ *   hi_k + lo_k / 254 within (0.5 + 127 * 2^-24) / 254 of u_k (lo_k = rint(fl((u_k - hi_k) * 254))): so
+ *   |x_k - x^_k| <= 0.00205 s_x, and ||x - x^|| <= sqrt(D) 0.00205 s_x.
+ * - y_j - w^.x^: y = fl(fl(s_w s_x) fma(fl(B), fl(1/254), fl(A))) with A, B exact int32 sums; each of the
+ *   five roundings is relative, against s_w s_x (|A| + |B| / 254) <= sum_k |w^_k| (|x_k| + 0.51 s_x):
+ *   at most 8.5 * 2^-24 ||w^|| (X + 0.51 s_x sqrt(D)).
+ * - w.x - E_j: the exact path's own error, whatever path (cpu_matrix): the float32 lanes' fixed-order
+ *   chains (at most (D + 64) 2^-24 sum |w_k x_k|), AMX tiles with the activation split in two BF16 parts
+ *   (the residual below 2^-16 |x_k|, the tile's sums (2D + 64) 2^-24), F8 weights dequantised per element
+ *   (one more rounding): g = (2D + 68) 2^-24 + 2^-15 of ||w|| X bounds them all. Subnormal products that a
+ *   path flushes add at most 2D 2^-126: the absolute 2^-90.
+ * The per-row parts are computed in double at creation and rounded up into floats; the per-token sums are
+ * taken in double with a 2^-40 margin, far above their own rounding.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "head_screen.h"
+
+struct moeq_head_screen {
+    moeq_tensor *codes; /* the Q8R copy (one allocation: free())                  */
+    int64_t rows, cols;
+    float *p, *q;       /* [rows] P_j and Q_j rounded up; +inf: non-finite weights */
+    double max_wnorm;   /* the largest finite ||w_j||: the overflow guard          */
+    int64_t n_finite;   /* rows with finite bounds                                */
+};
+
+/* Per-token constants: X (inflated), c (inflated), and whether the screen may decide at all. */
+typedef struct token_terms {
+    double x, c;
+    int ok;
+} token_terms;
+
+static token_terms terms_of(const moeq_head_screen *s, const float *x) {
+    token_terms t = {0, 0, 0};
+    double ss = 0.0, a = 0.0;
+    for (int64_t k = 0; k < s->cols; k++) {
+        double v = x[k];
+        if (!(fabs(v) <= FLT_MAX)) return t; /* inf or NaN: the caller computes the row whole */
+        ss += v * v;
+        a = fabs(v) > a ? fabs(v) : a;
+    }
+    double X = sqrt(ss) * (1.0 + 0x1p-40), sx = a / 127.0 * (1.0 + 0x1p-20), rd = sqrt((double)s->cols);
+    /* a product as large as 2^100 is far from any logit; beyond, the exact path's partial sums could overflow */
+    if (X * s->max_wnorm > 0x1p100) return t;
+    t.x = X;
+    t.c = (rd * 0.00205 * sx + 8.5 * 0x1p-24 * (X + 0.51 * sx * rd)) * (1.0 + 0x1p-40);
+    t.ok = 1;
+    return t;
+}
+
+static double eps_of(const moeq_head_screen *s, const token_terms *t, int64_t j) {
+    return t->x * (double)s->p[j] + t->c * (double)s->q[j] + 0x1p-90;
+}
+
+static float round_up(double v) {
+    float f = (float)v;
+    return (double)f >= v ? f : nextafterf(f, INFINITY);
+}
+
+moeq_err moeq_head_screen_new(const moeq_tensor *head, moeq_head_screen **out, char *errstr, size_t errstr_size) {
+    *out = NULL;
+    if (!head || head->ndim != 2 || head->dtype == MOEQ_DTYPE_Q8R || moeq_tensor_cols(head) > MOEQ_Q8R_MAX_COLS)
+        return moeq_errf(MOEQ_ERR_UNSUPPORTED, errstr, errstr_size, "head screen: a 2-D head of at most %d columns",
+                         MOEQ_Q8R_MAX_COLS);
+    moeq_head_screen *s = calloc(1, sizeof *s);
+    const int64_t rows = moeq_tensor_rows(head), cols = moeq_tensor_cols(head);
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (s) {
+        s->rows = rows, s->cols = cols;
+        s->codes = moeq_tensor_q8r_copy(head);
+        s->p = malloc((size_t)rows * sizeof(float));
+        s->q = malloc((size_t)rows * sizeof(float));
+    }
+    if (!s || !row || !s->codes || !s->p || !s->q) {
+        free(row);
+        moeq_head_screen_destroy(s);
+        return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "head screen: an int8 copy of %lld x %lld",
+                         (long long)rows, (long long)cols);
+    }
+    const double g = (2.0 * (double)cols + 68.0) * 0x1p-24 + 0x1p-15;
+    const float *scales = s->codes->scale_inv->data;
+    for (int64_t j = 0; j < rows; j++) {
+        moeq_tensor_rows_to_f32(head, j, 1, row);
+        const uint8_t *codes = s->codes->data;
+        double ww = 0.0, ee = 0.0, qq = 0.0, sw = scales[j];
+        for (int64_t k = 0; k < cols; k++) {
+            double w = row[k], wh = (double)((int)codes[moeq_q8r_at(cols, j, k)] - 128) * sw; /* exact */
+            ww += w * w, ee += (w - wh) * (w - wh), qq += wh * wh;
+        }
+        double wn = sqrt(ww), P = (sqrt(ee) + g * wn) * (1.0 + 0x1p-40), Q = sqrt(qq) * (1.0 + 0x1p-40);
+        if (!(P <= FLT_MAX && Q <= FLT_MAX && sw == sw)) {
+            s->p[j] = s->q[j] = INFINITY; /* non-finite weights: always a candidate, its exact value decides */
+            continue;
+        }
+        s->p[j] = round_up(P), s->q[j] = round_up(Q);
+        s->max_wnorm = wn > s->max_wnorm ? wn : s->max_wnorm;
+        s->n_finite++;
+    }
+    free(row);
+    *out = s;
+    return MOEQ_OK;
+}
+
+void moeq_head_screen_destroy(moeq_head_screen *s) {
+    if (!s) return;
+    free(s->codes);
+    free(s->p);
+    free(s->q);
+    free(s);
+}
+
+const moeq_tensor *moeq_head_screen_codes(const moeq_head_screen *s) { return s->codes; }
+
+size_t moeq_head_screen_bytes(const moeq_head_screen *s) {
+    return s->codes->nbytes + s->codes->scale_inv->nbytes + 2 * (size_t)s->rows * sizeof(float);
+}
+
+double moeq_head_screen_bound(const moeq_head_screen *s, const float *x, int64_t row) {
+    token_terms t = terms_of(s, x);
+    if (!t.ok || !(s->p[row] <= FLT_MAX)) return INFINITY;
+    return eps_of(s, &t, row);
+}
+
+int64_t moeq_head_screen_candidates(const moeq_head_screen *s, const float *x, const float *approx, int32_t *ids,
+                                    int64_t cap) {
+    token_terms t = terms_of(s, x);
+    if (!t.ok || s->n_finite == 0) return 0;
+    const float *p = s->p, *q = s->q;
+    /* T: the highest lower end over the rows with finite bounds (an infinite P gives -inf, a NaN y is skipped) */
+    double T = -INFINITY;
+    for (int64_t j = 0; j < s->rows; j++) {
+        double lo = (double)approx[j] - (t.x * (double)p[j] + t.c * (double)q[j] + 0x1p-90);
+        T = lo > T ? lo : T;
+    }
+    if (!(T > -INFINITY)) return 0;
+    T -= fabs(T) * 0x1p-45; /* the subtraction's rounding, and the comparison below, both leaning to inclusion */
+    int64_t n = 0;
+    for (int64_t j = 0; j < s->rows; j++) {
+        double hi = (double)approx[j] + (t.x * (double)p[j] + t.c * (double)q[j] + 0x1p-90);
+        /* hi >= T, or a row whose bound is not finite (NaN hi: non-finite weights) */
+        if (!(hi + fabs(hi) * 0x1p-45 < T)) {
+            if (n == cap) return 0;
+            ids[n++] = (int32_t)j;
+        }
+    }
+    return n;
+}
