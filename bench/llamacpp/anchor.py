@@ -13,7 +13,9 @@ per-position top-5 of one prompt), and prints ONE JSON document: each side's
 figures, the ratios moeq / llama.cpp, the agreement, and the raw outputs.
 
 The ratios compare moeq's default mode (batch_invariant_1; batch_invariant_0 is in
-the raw output). Figures depend on the machine and on what else runs on it: quote
+the raw output). moeq decodes as a server does: a greedy row is decided by the
+screened head (docs/ENGINE.md); decode_b*_head_whole are the same batches with
+every logits row whole (head_screen = off), as llama.cpp computes them. Figures depend on the machine and on what else runs on it: quote
 ratios from one run of this script, not absolute numbers across runs.
 """
 import argparse
@@ -79,8 +81,11 @@ def moeq_side(a, model_dir, prompt):
     common = [bench, "--model", model_dir, "--threads", str(a.threads), "--contexts", "1"]
     if a.cpu_matrix:
         common += ["--cpu-matrix", a.cpu_matrix]
+    # --head-screen both: decode as a server does (greedy rows decided by the screened head) and again with every
+    # logits row whole, as llama.cpp computes them: both ratios in one run
     main = run_json(common + ["--prefill-tokens", str(PREFILLS[0]), "--batches", ",".join(map(str, BATCHES)),
-                              "--min-seconds", str(a.min_seconds)], "bench-engine (prefill 512, decode)")
+                              "--min-seconds", str(a.min_seconds), "--head-screen", "both"],
+                    "bench-engine (prefill 512, decode)")
     long = run_json(common + ["--prefill-tokens", str(PREFILLS[1]), "--batches", "1", "--min-seconds", "0.2"],
                     "bench-engine (prefill 2048)")
     toks = ",".join(map(str, prompt))
@@ -93,6 +98,8 @@ def moeq_side(a, model_dir, prompt):
         "prefill": {"512": mode["prefill_tokens_per_s"],
                     "2048": long["modes"]["batch_invariant_1"]["prefill_tokens_per_s"]},
         "decode": {str(d["batch"]): d["tokens_per_s"] for d in mode["decode"]},
+        "decode_head_whole": {str(d["batch"]): d["tokens_per_s"] for d in mode.get("decode_head_whole", [])},
+        "head_screen": mode.get("head_screen"),
         "backend_info": mode.get("backend_info"),
         "greedy": greedy.get("tokens"),
         "raw": {"bench_engine": main, "bench_engine_prefill_2048": long, "logits": logits},
@@ -145,6 +152,9 @@ def ratios(moeq, llama):
     for b in map(str, BATCHES):
         if llama["decode"].get(b) and b in moeq["decode"]:
             r[f"decode_b{b}"] = round(moeq["decode"][b] / llama["decode"][b], 3)
+    for b in map(str, BATCHES):  # every logits row whole on both sides (moeq's head_screen = off)
+        if llama["decode"].get(b) and b in moeq.get("decode_head_whole", {}):
+            r[f"decode_b{b}_head_whole"] = round(moeq["decode_head_whole"][b] / llama["decode"][b], 3)
     return r
 
 
