@@ -99,6 +99,8 @@ typedef struct lane {
     int32_t *ids;
     float *logits;
     int64_t *got;
+    moeq_logits_record *rec; /* k = 0: the plain steps' records (greedy rows, as the MTP rounds read theirs) */
+    uint8_t *have;
     int vocab, round;
     result r;
 } lane;
@@ -112,7 +114,7 @@ static int32_t argmax(const float *row, int n) {
 static void lane_close(lane *l) {
     moeq_mtp_decoder_destroy(l->dec);
     moeq_engine_destroy(l->engine);
-    free(l->seqs), free(l->items), free(l->ids), free(l->logits), free(l->got);
+    free(l->seqs), free(l->items), free(l->ids), free(l->logits), free(l->got), free(l->rec), free(l->have);
     memset(l, 0, sizeof *l);
 }
 
@@ -133,7 +135,10 @@ static int lane_open(const moeq_model *model, const args *a, int B, int k, const
     l->ids = malloc((size_t)B * a->prompt * sizeof(int32_t));
     l->logits = malloc((size_t)B * c->vocab_size * sizeof(float));
     l->got = calloc((size_t)B, sizeof(int64_t));
-    if (!l->seqs || !l->items || !l->ids || !l->logits || !l->got) return snprintf(err, err_size, "out of memory"), 1;
+    l->rec = calloc((size_t)B, sizeof *l->rec);
+    l->have = calloc((size_t)B, 1);
+    if (!l->seqs || !l->items || !l->ids || !l->logits || !l->got || !l->rec || !l->have)
+        return snprintf(err, err_size, "out of memory"), 1;
     if (moeq_engine_new(model, &p, &l->engine, err, err_size)) return 1;
     if (k > 0 && moeq_mtp_decoder_new(l->engine, B, k, &l->dec, err, err_size)) return 1;
     for (int b = 0; b < B; b++) {
@@ -165,9 +170,13 @@ static int lane_round(lane *l, char *err, size_t err_size) {
     int64_t t0 = moeq_mono_ns();
     if (l->k == 0) {
         for (int b = 0; b < l->B; b++) l->items[b] = (moeq_step_item){l->seqs[b].seq_id, &l->seqs[b].next_token, 1, 0};
-        if (moeq_engine_step(l->engine, l->items, l->B, l->logits, (size_t)l->B, err, err_size)) return 1;
+        /* greedy rows as a server steps them (records: the screened head where it applies, as the MTP rounds'
+         * verify rows), so that the ratio is the speculation's alone */
+        moeq_step_out out = {l->logits, (size_t)l->B, l->rec, NULL, l->have};
+        if (moeq_engine_step_out(l->engine, l->items, l->B, &out, err, err_size)) return 1;
         for (int b = 0; b < l->B; b++) {
-            l->seqs[b].next_token = argmax(l->logits + (size_t)b * l->vocab, l->vocab);
+            l->seqs[b].next_token =
+                l->have[b] ? argmax(l->logits + (size_t)b * l->vocab, l->vocab) : l->rec[b].argmax;
             l->got[b]++;
         }
     } else {
