@@ -721,15 +721,18 @@ static void cpu_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
 }
 
 const char *moeq_engine_cpu_kernels(void) {
-    static char text[448];
+    static char text[640];
     static _Atomic int done;
     if (atomic_load(&done)) return text;
+    /* the screened head (engine/head_screen.h) runs the head's int8 copy on the draft kernels */
+    const char *screen = moeq_draft_supported() ? "greedy rows: the screened head (an int8 copy, head_screen = auto)"
+                                                : "greedy rows: whole (no int8 kernels for the screened head)";
     if (moeq_amx_supported())
         snprintf(text, sizeof text, "%s; NT products of BF16/F8 weights on amx_bf16 tiles with split float32 "
-                 "activations (cpu_matrix = auto or amx; lanes keeps the float32 lanes); MTP drafts: %s",
-                 moeq_mm_cpu_describe(), moeq_draft_describe());
-    else snprintf(text, sizeof text, "%s; AMX path: %s; MTP drafts: %s", moeq_mm_cpu_describe(), moeq_amx_describe(),
-                  moeq_draft_describe());
+                 "activations (cpu_matrix = auto or amx; lanes keeps the float32 lanes); MTP drafts: %s; %s",
+                 moeq_mm_cpu_describe(), moeq_draft_describe(), screen);
+    else snprintf(text, sizeof text, "%s; AMX path: %s; MTP drafts: %s; %s", moeq_mm_cpu_describe(),
+                  moeq_amx_describe(), moeq_draft_describe(), screen);
     atomic_store(&done, 1);
     return text;
 }
