@@ -278,9 +278,9 @@ static void print_decode(moeq_engine *e, const bench_args *a, int vocab, float *
 /* What the screened head did (engine key head_screen): rows it decided, candidates per row, rows made whole. */
 static void print_screen(const moeq_engine *e) {
     moeq_head_screen_stats st = moeq_engine_head_screen_stats(e);
-    printf(", \"head_screen\": {\"rows\": %lld, \"candidates_per_row\": %.2f, \"fallbacks\": %lld, \"bytes\": %zu}",
-           (long long)st.rows, st.rows ? (double)st.candidates / (double)st.rows : 0.0, (long long)st.fallbacks,
-           st.bytes);
+    printf(", \"head_screen\": {\"state\": \"%s\", \"rows\": %lld, \"candidates_per_row\": %.2f, \"fallbacks\": %lld, "
+           "\"bytes\": %zu}", st.state, (long long)st.rows, st.rows ? (double)st.candidates / (double)st.rows : 0.0,
+           (long long)st.fallbacks, st.bytes);
 }
 
 /* --head-screen both: the same decode batches on an engine with head_screen = off (every logits row whole, as

@@ -269,6 +269,15 @@ void moeq_forward_screen_destroy(moeq_engine *e) {
     e->screen = NULL;
 }
 
+/* Why the screen does not apply to this engine at all, or NULL. */
+static const char *screen_static_why(const moeq_engine *e) {
+    return strcmp(e->params.head_screen, "auto") ? "off (head_screen = off)"
+           : !e->backend->host_visible           ? "not used: a device backend (records come from logits_reduce)"
+           : !e->params.batch_invariant          ? "not used: batch_invariant = false"
+           : !moeq_engine_cpu_draft()            ? "not used: no int8 kernels on this CPU"
+                                                 : NULL;
+}
+
 /* The screen of the main head, made at its first use; NULL where it does not apply (head_screen = off, a device,
  * batch_invariant = 0: the exact values of a few rows would not be the whole product's there, no VNNI: the int8
  * emulation is slower than the head itself) or could not be made (then never again; the rows come whole). */
@@ -276,11 +285,13 @@ static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
     if (head != e->model->lm_head) return NULL;
     if (e->screen_state) return e->screen_state > 0 ? e->screen : NULL;
     e->screen_state = -1;
-    if (strcmp(e->params.head_screen, "auto") || !e->backend->host_visible || !e->params.batch_invariant ||
-        !moeq_engine_cpu_draft())
+    const char *why = screen_static_why(e);
+    if (why) {
+        snprintf(e->screen_why, sizeof e->screen_why, "%s", why);
         return NULL;
+    }
     moeq_screen_state *st = calloc(1, sizeof *st);
-    char err[160];
+    char err[160] = "out of memory";
     int64_t V = moeq_tensor_rows(head);
     if (st && !moeq_head_screen_new(head, &st->screen, err, sizeof err)) {
         st->approx = malloc((size_t)(SCREEN_ROWS * V) * sizeof(float));
@@ -291,7 +302,8 @@ static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
     }
     e->screen = st;
     if (!st || !st->screen || !st->approx || !st->cand || !st->uni || !st->exact || !st->jobs) {
-        moeq_forward_screen_destroy(e); /* out of memory: every row whole, as with head_screen = off */
+        snprintf(e->screen_why, sizeof e->screen_why, "not made: %s", st && st->screen ? "out of memory" : err);
+        moeq_forward_screen_destroy(e); /* every row whole, as with head_screen = off; the stats say why */
         return NULL;
     }
     e->screen_state = 1;
@@ -299,12 +311,14 @@ static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
 }
 
 moeq_head_screen_stats moeq_engine_head_screen_stats(const moeq_engine *e) {
-    moeq_head_screen_stats st = {0, 0, 0, 0, 0};
+    moeq_head_screen_stats st = {0, 0, 0, 0, 0, NULL};
     if (!e) return st;
     const moeq_tensor *head = e->model->lm_head;
     st.rows = e->screened_rows, st.candidates = e->screen_candidates, st.fallbacks = e->screen_fallbacks;
     st.bytes = e->screen ? moeq_head_screen_bytes(e->screen->screen) : 0;
     st.head_bytes = head->nbytes + (head->scale_inv ? head->scale_inv->nbytes : 0);
+    const char *why = screen_static_why(e);
+    st.state = e->screen_state > 0 ? "on" : e->screen_state < 0 ? e->screen_why : why ? why : "not yet used";
     return st;
 }
 

@@ -314,9 +314,16 @@ static void greedy_records_are_the_whole_rows_argmax_and_value(void **state) {
         print_message("%s: %lld rows screened, %.2f candidates a row, %lld made whole, %zu bytes\n", g_names[mi],
                       (long long)st.rows, st.rows ? (double)st.candidates / (double)st.rows : 0.0,
                       (long long)st.fallbacks, st.bytes);
-        if (moeq_engine_cpu_draft()) assert_true(st.rows > 0 && st.bytes > 0);
-        else print_message("SKIP the screen itself (no int8 draft kernels here): %s\n", moeq_engine_cpu_draft_describe());
+        if (moeq_engine_cpu_draft()) {
+            assert_true(st.rows > 0 && st.bytes > 0);
+            assert_string_equal(st.state, "on");
+        } else {
+            print_message("SKIP the screen itself (no int8 draft kernels here): %s\n",
+                          moeq_engine_cpu_draft_describe());
+            assert_non_null(strstr(st.state, "no int8 kernels"));
+        }
         assert_true(off.rows == 0 && off.bytes == 0);
+        assert_string_equal(off.state, "off (head_screen = off)");
         moeq_sampler_destroy(sg), moeq_sampler_destroy(sh);
         moeq_engine_destroy(es), moeq_engine_destroy(ew);
     }
