@@ -283,17 +283,25 @@ static void print_screen(const moeq_engine *e) {
            (long long)st.fallbacks, st.bytes);
 }
 
+/* A second engine of the run (one key changed in p) for the figures printed as `name`; NULL after printing
+ * `name`_error when it cannot be made. */
+static moeq_engine *engine_variant(const moeq_model *model, const moeq_engine_params *p, const char *name) {
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    if (moeq_engine_new(model, p, &e, err, sizeof(err))) {
+        printf(", \"%s_error\": \"%s\"", name, err);
+        return NULL;
+    }
+    return e;
+}
+
 /* --head-screen both: the same decode batches on an engine with head_screen = off (every logits row whole, as
  * llama.cpp computes them): the screen's gain in one run. */
 static void decode_head_whole(const moeq_model *model, const bench_args *a, moeq_engine_params p, int vocab,
                               float *logits, double bw_gbs, size_t active) {
     snprintf(p.head_screen, sizeof p.head_screen, "off");
-    moeq_engine *e = NULL;
-    char err[256] = "";
-    if (moeq_engine_new(model, &p, &e, err, sizeof(err))) {
-        printf(", \"decode_head_whole_error\": \"%s\"", err);
-        return;
-    }
+    moeq_engine *e = engine_variant(model, &p, "decode_head_whole");
+    if (!e) return;
     printf(", \"decode_head_whole\": [");
     print_decode(e, a, vocab, logits, bw_gbs, active);
     printf("]");
@@ -304,12 +312,8 @@ static void decode_head_whole(const moeq_model *model, const bench_args *a, moeq
 static void decode_with_graphs(const moeq_model *model, const bench_args *a, moeq_engine_params p, int vocab,
                                float *logits, double bw_gbs, size_t active) {
     snprintf(p.cuda_graphs, sizeof p.cuda_graphs, "auto");
-    moeq_engine *e = NULL;
-    char err[256] = "";
-    if (moeq_engine_new(model, &p, &e, err, sizeof(err))) {
-        printf(", \"decode_with_cuda_graphs_error\": \"%s\"", err);
-        return;
-    }
+    moeq_engine *e = engine_variant(model, &p, "decode_with_cuda_graphs");
+    if (!e) return;
     printf(", \"decode_with_cuda_graphs\": [");
     print_decode(e, a, vocab, logits, bw_gbs, active);
     /* after the steps: the description counts the captures, replays and eager reruns */
@@ -322,12 +326,8 @@ static void decode_with_graphs(const moeq_model *model, const bench_args *a, moe
 static void again_with_lanes(const moeq_model *model, const bench_args *a, moeq_engine_params p, int vocab,
                              float *logits, double bw_gbs, size_t active) {
     snprintf(p.cuda_matrix, sizeof p.cuda_matrix, "lanes");
-    moeq_engine *e = NULL;
-    char err[256] = "";
-    if (moeq_engine_new(model, &p, &e, err, sizeof(err))) {
-        printf(", \"with_cuda_matrix_lanes_error\": \"%s\"", err);
-        return;
-    }
+    moeq_engine *e = engine_variant(model, &p, "with_cuda_matrix_lanes");
+    if (!e) return;
     printf(", \"with_cuda_matrix_lanes\": {\"prefill\": [");
     for (int i = 0; i < a->n_prefills; i++)
         printf("%s{\"tokens\": %d, \"tokens_per_s\": %.2f}", i ? ", " : "", a->prefills[i],

@@ -88,8 +88,7 @@ struct moeq_engine {
     int64_t prefix_lookups, prefix_hits, prefix_lookup_tokens, prefix_hit_tokens; /* moeq_engine_seq_new_prefix */
     struct moeq_screen_state *screen; /* head_screen = auto: the screen and its scratch (forward.c), made at the
                                          first screened step; NULL before or when it cannot be */
-    int screen_state;                 /* 0 not tried yet, 1 made, -1 not available (off, or its making failed) */
-    char screen_why[192];             /* why not (screen_state -1), in words                                  */
+    char screen_why[192];             /* why it cannot be, in words ("": made, or not tried yet)              */
     int64_t screened_rows, screen_fallbacks, screen_candidates; /* rows decided by the screen; rows it could not
                                                                    decide (computed whole); candidates computed */
 };

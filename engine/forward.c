@@ -283,8 +283,7 @@ static const char *screen_static_why(const moeq_engine *e) {
  * emulation is slower than the head itself) or could not be made (then never again; the rows come whole). */
 static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
     if (head != e->model->lm_head) return NULL;
-    if (e->screen_state) return e->screen_state > 0 ? e->screen : NULL;
-    e->screen_state = -1;
+    if (e->screen || e->screen_why[0]) return e->screen; /* made, or why not already said */
     const char *why = screen_static_why(e);
     if (why) {
         snprintf(e->screen_why, sizeof e->screen_why, "%s", why);
@@ -306,7 +305,6 @@ static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
         moeq_forward_screen_destroy(e); /* every row whole, as with head_screen = off; the stats say why */
         return NULL;
     }
-    e->screen_state = 1;
     return st;
 }
 
@@ -318,7 +316,7 @@ moeq_head_screen_stats moeq_engine_head_screen_stats(const moeq_engine *e) {
     st.bytes = e->screen ? moeq_head_screen_bytes(e->screen->screen) : 0;
     st.head_bytes = head->nbytes + (head->scale_inv ? head->scale_inv->nbytes : 0);
     const char *why = screen_static_why(e);
-    st.state = e->screen_state > 0 ? "on" : e->screen_state < 0 ? e->screen_why : why ? why : "not yet used";
+    st.state = e->screen ? "on" : e->screen_why[0] ? e->screen_why : why ? why : "not yet used";
     return st;
 }
 
@@ -333,16 +331,6 @@ static int argmax_only(const moeq_step_out *out, int64_t r) {
 static void run_jobs(moeq_engine *e, const moeq_mm_job *jobs, int64_t n) {
     for (int64_t i = 0; i < n; i += e->s.max_jobs)
         e->backend->matmul(e->backend, jobs + i, (int)(n - i < e->s.max_jobs ? n - i : e->s.max_jobs));
-}
-
-static int64_t find_id(const int32_t *ids, int64_t n, int32_t id) {
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        int64_t mid = (lo + hi) / 2;
-        if (ids[mid] < id) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
 }
 
 static int cmp_id(const void *a, const void *b) {
@@ -401,7 +389,9 @@ static void screened_chunk(moeq_engine *e, moeq_screen_state *st, const moeq_ten
         int finite = st->n_cand[i] > 0;
         for (int64_t c = 0; c < st->n_cand[i] && finite; c++) {
             int32_t id = st->cand[i * SCREEN_CAP + c];
-            float v = st->exact[i * u + find_id(st->uni, u, id)];
+            /* always found: uni holds every row's candidates */
+            const int32_t *at = bsearch(&id, st->uni, (size_t)u, sizeof(int32_t), cmp_id);
+            float v = st->exact[i * u + (at - st->uni)];
             finite = v - v == 0.0f;
             if (best < 0 || v > max) best = id, max = v; /* ascending ids: the lowest id of the highest value */
         }
