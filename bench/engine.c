@@ -275,12 +275,14 @@ static void print_decode(moeq_engine *e, const bench_args *a, int vocab, float *
     }
 }
 
-/* What the screened head did (engine key head_screen): rows it decided, candidates per row, rows made whole. */
+/* What the screened head did (engine key head_screen): rows it decided, candidates per row, rows made whole,
+ * rows that took the second pass. */
 static void print_screen(const moeq_engine *e) {
     moeq_head_screen_stats st = moeq_engine_head_screen_stats(e);
     printf(", \"head_screen\": {\"state\": \"%s\", \"rows\": %lld, \"candidates_per_row\": %.2f, \"fallbacks\": %lld, "
-           "\"bytes\": %zu}", st.state, (long long)st.rows, st.rows ? (double)st.candidates / (double)st.rows : 0.0,
-           (long long)st.fallbacks, st.bytes);
+           "\"refined\": %lld, \"bytes\": %zu}", st.state, (long long)st.rows,
+           st.rows ? (double)st.candidates / (double)st.rows : 0.0, (long long)st.fallbacks, (long long)st.refined,
+           st.bytes);
 }
 
 /* A second engine of the run (one key changed in p) for the figures printed as `name`; NULL after printing

@@ -91,6 +91,7 @@ struct moeq_engine {
     char screen_why[192];             /* why it cannot be, in words ("": made, or not tried yet)              */
     int64_t screened_rows, screen_fallbacks, screen_candidates; /* rows decided by the screen; rows it could not
                                                                    decide (computed whole); candidates computed */
+    int64_t screen_refined; /* rows whose first pass left more than SCREEN_CAP candidates (forward.c) */
 };
 
 /* One decoder block as the forward runs it: weights, widened vectors, and the cache layer it writes. */

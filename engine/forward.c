@@ -244,16 +244,20 @@ static void chunk_out(moeq_engine *e, const moeq_step_out *out, int64_t r0, int6
 /* ---- the screened head (head_screen.h) ------------------------------------------------------------------ */
 
 #define SCREEN_ROWS 32 /* rows screened at once: the approximate logits' scratch is SCREEN_ROWS x vocab floats */
-#define SCREEN_CAP 64  /* candidates one row may have (a trained head leaves a few); more: the row is made whole */
+#define SCREEN_CAP 64  /* candidates computed exactly for one row (a trained head leaves a few); more: the row whole */
+#define REFINE_CAP 1024 /* first-pass candidates a row may have (refined with the split codes); more: the row whole */
 
 typedef struct moeq_screen_state {
     moeq_head_screen *screen;
-    float *approx;  /* [SCREEN_ROWS][vocab] the int8 copy's logits                        */
+    float *approx;  /* [SCREEN_ROWS][vocab] the int8 copy's logits (hi codes alone)        */
+    int32_t *first; /* [SCREEN_ROWS][REFINE_CAP] each row's first-pass candidates, ascending */
+    int64_t n_first[SCREEN_ROWS];
+    float *refined; /* [SCREEN_ROWS][REFINE_CAP] their products with the split codes         */
     int32_t *cand;  /* [SCREEN_ROWS][SCREEN_CAP] each row's candidates, ascending           */
     int64_t n_cand[SCREEN_ROWS];
     int32_t *uni;   /* [SCREEN_ROWS * SCREEN_CAP] the chunk's candidates, ascending, distinct */
     float *exact;   /* [SCREEN_ROWS][SCREEN_ROWS * SCREEN_CAP] their values on the exact path */
-    moeq_mm_job *jobs; /* [SCREEN_ROWS * SCREEN_CAP + SCREEN_ROWS]                              */
+    moeq_mm_job *jobs; /* [SCREEN_ROWS * REFINE_CAP]: at least SCREEN_ROWS * SCREEN_CAP + SCREEN_ROWS        */
 } moeq_screen_state;
 
 void moeq_forward_screen_destroy(moeq_engine *e) {
@@ -261,6 +265,8 @@ void moeq_forward_screen_destroy(moeq_engine *e) {
     if (!st) return;
     moeq_head_screen_destroy(st->screen);
     free(st->approx);
+    free(st->first);
+    free(st->refined);
     free(st->cand);
     free(st->uni);
     free(st->exact);
@@ -294,13 +300,16 @@ static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
     int64_t V = moeq_tensor_rows(head);
     if (st && !moeq_head_screen_new(head, &st->screen, err, sizeof err)) {
         st->approx = malloc((size_t)(SCREEN_ROWS * V) * sizeof(float));
+        st->first = malloc((size_t)(SCREEN_ROWS * REFINE_CAP) * sizeof(int32_t));
+        st->refined = malloc((size_t)(SCREEN_ROWS * REFINE_CAP) * sizeof(float));
         st->cand = malloc((size_t)(SCREEN_ROWS * SCREEN_CAP) * sizeof(int32_t));
         st->uni = malloc((size_t)(SCREEN_ROWS * SCREEN_CAP) * sizeof(int32_t));
         st->exact = malloc((size_t)(SCREEN_ROWS * SCREEN_ROWS * SCREEN_CAP) * sizeof(float));
-        st->jobs = malloc((size_t)(SCREEN_ROWS * SCREEN_CAP + SCREEN_ROWS) * sizeof(moeq_mm_job));
+        st->jobs = malloc((size_t)(SCREEN_ROWS * REFINE_CAP) * sizeof(moeq_mm_job));
     }
     e->screen = st;
-    if (!st || !st->screen || !st->approx || !st->cand || !st->uni || !st->exact || !st->jobs) {
+    if (!st || !st->screen || !st->approx || !st->first || !st->refined || !st->cand || !st->uni || !st->exact ||
+        !st->jobs) {
         snprintf(e->screen_why, sizeof e->screen_why, "not made: %s", st && st->screen ? "out of memory" : err);
         moeq_forward_screen_destroy(e); /* every row whole, as with head_screen = off; the stats say why */
         return NULL;
@@ -309,10 +318,11 @@ static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
 }
 
 moeq_head_screen_stats moeq_engine_head_screen_stats(const moeq_engine *e) {
-    moeq_head_screen_stats st = {0, 0, 0, 0, 0, NULL};
+    moeq_head_screen_stats st = {0, 0, 0, 0, 0, 0, NULL};
     if (!e) return st;
     const moeq_tensor *head = e->model->lm_head;
     st.rows = e->screened_rows, st.candidates = e->screen_candidates, st.fallbacks = e->screen_fallbacks;
+    st.refined = e->screen_refined;
     st.bytes = e->screen ? moeq_head_screen_bytes(e->screen->screen) : 0;
     st.head_bytes = head->nbytes + (head->scale_inv ? head->scale_inv->nbytes : 0);
     const char *why = screen_static_why(e);
@@ -339,6 +349,44 @@ static int cmp_id(const void *a, const void *b) {
 }
 
 /*
+ * The candidates of the chunk's argmax-only rows (whole[i] == 0) into st->cand / n_cand (0: undecided), from the
+ * first pass's products in st->approx: a row with at most SCREEN_CAP first-pass candidates keeps them; one with
+ * more (up to REFINE_CAP) has those rows' products with the split codes computed (one job per run of
+ * consecutive rows, every row of the chunk in one call) and keeps what that tighter bound leaves.
+ */
+static void screen_candidates(moeq_engine *e, moeq_screen_state *st, const float *x, const uint8_t *whole,
+                              int64_t n) {
+    const int64_t D = e->cfg->hidden_size, V = moeq_tensor_rows(moeq_head_screen_codes(st->screen, 0));
+    const moeq_tensor *split = moeq_head_screen_codes(st->screen, 0);
+    int64_t nj = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t *first = st->first + i * REFINE_CAP;
+        st->n_first[i] = whole[i] ? 0
+                                  : moeq_head_screen_candidates(st->screen, x + i * D, st->approx + i * V, first,
+                                                                REFINE_CAP, 1);
+        st->n_cand[i] = 0;
+        if (st->n_first[i] <= SCREEN_CAP) {
+            memcpy(st->cand + i * SCREEN_CAP, first, (size_t)st->n_first[i] * sizeof(int32_t));
+            st->n_cand[i] = st->n_first[i];
+            continue;
+        }
+        for (int64_t c = 0, d; c < st->n_first[i]; c = d) {
+            for (d = c + 1; d < st->n_first[i] && first[d] == first[d - 1] + 1;) d++;
+            st->jobs[nj++] = job(split, first[c], d - c, x + i * D, D, st->refined + i * REFINE_CAP + c, V, 1);
+        }
+    }
+    if (!nj) return;
+    run_jobs(e, st->jobs, nj);
+    for (int64_t i = 0; i < n; i++)
+        if (st->n_first[i] > SCREEN_CAP) {
+            st->n_cand[i] = moeq_head_screen_refine(st->screen, x + i * D, st->first + i * REFINE_CAP,
+                                                    st->refined + i * REFINE_CAP, st->n_first[i],
+                                                    st->cand + i * SCREEN_CAP, SCREEN_CAP);
+            e->screen_refined++;
+        }
+}
+
+/*
  * Rows [r0, r0 + n) of the step's head (x: s.h rows r0..), n <= SCREEN_ROWS, into out's rows row0 + r0 + i: the
  * argmax-only rows as records from the screen (have_row 0), the others whole (have_row 1). Each group of
  * consecutive rows of a kind is one job, so a batch of one kind reads the head (or its copy) once.
@@ -348,7 +396,7 @@ static void screened_chunk(moeq_engine *e, moeq_screen_state *st, const moeq_ten
     moeq_scratch *s = &e->s;
     const int64_t D = e->cfg->hidden_size, V = moeq_tensor_rows(head);
     const float *x = s->h + r0 * D;
-    const moeq_tensor *codes = moeq_head_screen_codes(st->screen);
+    const moeq_tensor *codes = moeq_head_screen_codes(st->screen, 1);
     uint8_t whole[SCREEN_ROWS];
     moeq_mm_job *jobs = st->jobs;
     int64_t nj = 0;
@@ -359,13 +407,10 @@ static void screened_chunk(moeq_engine *e, moeq_screen_state *st, const moeq_ten
                               : job(codes, 0, V, x + i * D, D, st->approx + i * V, V, j - i);
     }
     run_jobs(e, jobs, nj);
+    screen_candidates(e, st, x, whole, n);
     int64_t n_uni = 0;
-    for (int64_t i = 0; i < n; i++) {
-        st->n_cand[i] = whole[i] ? 0
-                                 : moeq_head_screen_candidates(st->screen, x + i * D, st->approx + i * V,
-                                                               st->cand + i * SCREEN_CAP, SCREEN_CAP);
+    for (int64_t i = 0; i < n; i++)
         for (int64_t c = 0; c < st->n_cand[i]; c++) st->uni[n_uni++] = st->cand[i * SCREEN_CAP + c];
-    }
     qsort(st->uni, (size_t)n_uni, sizeof(int32_t), cmp_id);
     int64_t u = 0;
     for (int64_t c = 0; c < n_uni; c++)

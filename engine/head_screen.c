@@ -20,6 +20,13 @@
  *   path flushes add at most 2D 2^-126: the absolute 2^-90.
  * The per-row parts are computed in double at creation and rounded up into floats; the per-token terms in
  * double with a 2^-40 margin, then rounded up into floats for the candidates' passes (see there).
+ *
+ * The first pass (hi codes alone, q8r_hi_only: half the products) has x^_k = s_x hi_k, up to s_x / 2 from x_k:
+ * as a worst case (0.5 sqrt(D) s_x) that bound is ~3x the split's on the bench head, so ||x - x^|| is
+ * computed instead, exactly as the kernel quantises (u_k = fl(x_k fl(127 / a)), hi_k = rint(u_k)), in double
+ * (s_x hi_k is exact there): about sqrt(D / 12) s_x for a typical token. Its float steps y = fl(fl(s_w s_x)
+ * fl(A)) are three relative roundings of |w^.x^| <= ||w^|| (X + ||x - x^||). The rows that pass it are
+ * refined with the split (the bound above) before any is computed exactly.
  */
 #include <float.h>
 #include <math.h>
@@ -30,6 +37,7 @@
 
 struct moeq_head_screen {
     moeq_tensor *codes; /* the Q8R copy (one allocation: free())                  */
+    moeq_tensor hi;     /* a view of it whose products take the hi codes alone    */
     int64_t rows, cols;
     float *p, *q;       /* [rows] P_j and Q_j rounded up; +inf: non-finite weights */
     double max_wnorm;   /* the largest finite ||w_j||: the overflow guard          */
@@ -42,7 +50,19 @@ typedef struct token_terms {
     int ok;
 } token_terms;
 
-static token_terms terms_of(const moeq_head_screen *s, const float *x) {
+/* ||x - x^|| of the hi codes alone, as the kernel makes them (ops_draft.c quantize; a = max |x_k| > 0). */
+static double hi_residual(const float *x, int64_t D, float a) {
+    const float inv = 127.0f / a, sx = a / 127.0f;
+    double ee = 0.0;
+    for (int64_t k = 0; k < D; k++) {
+        float u = x[k] * inv, h = rintf(u);
+        double d = (double)x[k] - (double)sx * (double)h; /* the product is exact in double */
+        ee += d * d;
+    }
+    return sqrt(ee) * (1.0 + 0x1p-40);
+}
+
+static token_terms terms_of(const moeq_head_screen *s, const float *x, int hi_only) {
     token_terms t = {0, 0, 0};
     double ss = 0.0, a = 0.0;
     for (int64_t k = 0; k < s->cols; k++) {
@@ -55,7 +75,10 @@ static token_terms terms_of(const moeq_head_screen *s, const float *x) {
     /* a product as large as 2^100 is far from any logit; beyond, the exact path's partial sums could overflow */
     if (X * s->max_wnorm > 0x1p100) return t;
     t.x = X;
-    t.c = (rd * 0.00205 * sx + 8.5 * 0x1p-24 * (X + 0.51 * sx * rd)) * (1.0 + 0x1p-40);
+    if (hi_only) {
+        double r = a > 0.0 ? hi_residual(x, s->cols, (float)a) : 0.0; /* a = 0: x^ = x = 0 */
+        t.c = (r + 3.01 * 0x1p-24 * (X + r)) * (1.0 + 0x1p-40);
+    } else t.c = (rd * 0.00205 * sx + 8.5 * 0x1p-24 * (X + 0.51 * sx * rd)) * (1.0 + 0x1p-40);
     t.ok = 1;
     return t;
 }
@@ -109,6 +132,8 @@ moeq_err moeq_head_screen_new(const moeq_tensor *head, moeq_head_screen **out, c
         s->n_finite++;
     }
     free(row);
+    s->hi = *s->codes;
+    s->hi.q8r_hi_only = 1;
     *out = s;
     return MOEQ_OK;
 }
@@ -121,14 +146,16 @@ void moeq_head_screen_destroy(moeq_head_screen *s) {
     free(s);
 }
 
-const moeq_tensor *moeq_head_screen_codes(const moeq_head_screen *s) { return s->codes; }
+const moeq_tensor *moeq_head_screen_codes(const moeq_head_screen *s, int hi_only) {
+    return hi_only ? &s->hi : s->codes;
+}
 
 size_t moeq_head_screen_bytes(const moeq_head_screen *s) {
     return s->codes->nbytes + s->codes->scale_inv->nbytes + 2 * (size_t)s->rows * sizeof(float);
 }
 
-double moeq_head_screen_bound(const moeq_head_screen *s, const float *x, int64_t row) {
-    token_terms t = terms_of(s, x);
+double moeq_head_screen_bound(const moeq_head_screen *s, const float *x, int64_t row, int hi_only) {
+    token_terms t = terms_of(s, x, hi_only);
     if (!t.ok || !(s->p[row] <= FLT_MAX)) return INFINITY;
     return eps_of(s, &t, row);
 }
@@ -141,8 +168,8 @@ double moeq_head_screen_bound(const moeq_head_screen *s, const float *x, int64_t
  * 2^-22 |T|; hi = fl(y + eps_f) may round down by 2^-24 |hi|, so a row counts when hi + 2^-21 |hi| >= T.
  */
 int64_t moeq_head_screen_candidates(const moeq_head_screen *s, const float *x, const float *approx, int32_t *ids,
-                                    int64_t cap) {
-    token_terms t = terms_of(s, x);
+                                    int64_t cap, int hi_only) {
+    token_terms t = terms_of(s, x, hi_only);
     if (!t.ok || s->n_finite == 0) return 0;
     const float *p = s->p, *q = s->q, X = round_up(t.x * (1.0 + 0x1p-19)), c = round_up(t.c * (1.0 + 0x1p-19)),
                 a = 0x1p-88f; /* 2^-90 and the roundings around it */
@@ -182,4 +209,30 @@ int64_t moeq_head_screen_candidates(const moeq_head_screen *s, const float *x, c
         }
     }
     return n;
+}
+
+/*
+ * The same selection among n rows only, in double (few rows): every bound term is already inflated, and each
+ * double step rounds by at most 2^-53 of its value, so T is lowered, and each upper end raised, by 2^-50 of
+ * its size. A NaN value or an infinite bound keeps its row.
+ */
+int64_t moeq_head_screen_refine(const moeq_head_screen *s, const float *x, const int32_t *ids, const float *approx,
+                                int64_t n, int32_t *out, int64_t cap) {
+    token_terms t = terms_of(s, x, 0);
+    if (!t.ok || n <= 0) return 0;
+    double T = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        double lo = (double)approx[i] - eps_of(s, &t, ids[i]);
+        T = lo > T ? lo : T;
+    }
+    if (!(T > -INFINITY)) return 0;
+    T -= fabs(T) * 0x1p-50;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double hi = (double)approx[i] + eps_of(s, &t, ids[i]);
+        if (hi + fabs(hi) * 0x1p-50 < T) continue;
+        if (m == cap) return 0;
+        out[m++] = ids[i];
+    }
+    return m;
 }

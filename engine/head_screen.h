@@ -30,6 +30,13 @@
  * Speed never buys a different token; a screen that cannot decide (a
  * non-finite or enormous activation, too many candidates) says so and the
  * caller computes the row whole.
+ *
+ * Two passes (session 20): the whole head first with the hi codes alone
+ * (half the int8 products; c from ||x - x^|| computed for the token), then,
+ * where that leaves more rows than the caller computes exactly, those rows
+ * again with the split codes and the tighter bound (moeq_head_screen_refine).
+ * Each pass only drops rows that cannot hold the maximum, so the argmax is
+ * among what is left.
  */
 #ifndef MOEQ_ENGINE_HEAD_SCREEN_H
 #define MOEQ_ENGINE_HEAD_SCREEN_H
@@ -49,22 +56,32 @@ typedef struct moeq_head_screen moeq_head_screen;
 moeq_err moeq_head_screen_new(const moeq_tensor *head, moeq_head_screen **out, char *errstr, size_t errstr_size);
 void moeq_head_screen_destroy(moeq_head_screen *screen);
 
-/* The Q8R copy the approximate logits are computed with (rows and columns of the head). */
-const moeq_tensor *moeq_head_screen_codes(const moeq_head_screen *screen);
+/* The Q8R copy the approximate logits are computed with (rows and columns of the head); hi_only: a view of it
+ * whose products take the activations' hi codes alone (the first pass: half the products, a wider bound). */
+const moeq_tensor *moeq_head_screen_codes(const moeq_head_screen *screen, int hi_only);
 /* Bytes the screen holds (the copy and the bounds). */
 size_t moeq_head_screen_bytes(const moeq_head_screen *screen);
 
 /*
  * The candidates of one token: x its normed hidden state (cols floats, the exact product's input), approx
- * the Q8R product of x (rows floats). Writes the candidate row ids, ascending, into ids (at most cap) and
- * returns how many (>= 1), or 0 when the screen cannot decide: x holds a non-finite value, ||x|| is so
- * large that a product could overflow, no row has a finite bound, or more than cap rows are candidates.
+ * the product of x with moeq_head_screen_codes(screen, hi_only) (rows floats). Writes the candidate row ids,
+ * ascending, into ids (at most cap) and returns how many (>= 1), or 0 when the screen cannot decide: x holds
+ * a non-finite value, ||x|| is so large that a product could overflow, no row has a finite bound, or more
+ * than cap rows are candidates.
  */
 int64_t moeq_head_screen_candidates(const moeq_head_screen *screen, const float *x, const float *approx,
-                                    int32_t *ids, int64_t cap);
+                                    int32_t *ids, int64_t cap, int hi_only);
 
-/* eps_j for token x (the bound above, as the candidates use it; +inf for a row with non-finite weights).
- * For the tests: |approx_j - exact_j| <= this for every row. */
-double moeq_head_screen_bound(const moeq_head_screen *screen, const float *x, int64_t row);
+/*
+ * The second pass: among rows ids[0..n) (ascending: the first pass's candidates; the rows it left out
+ * cannot hold the maximum) with approx[i] their products with the split codes (hi_only 0), the candidates
+ * under that pass's tighter bound, ascending into out. Returns how many, or 0 as above.
+ */
+int64_t moeq_head_screen_refine(const moeq_head_screen *screen, const float *x, const int32_t *ids,
+                                const float *approx, int64_t n, int32_t *out, int64_t cap);
+
+/* eps_j for token x and the pass hi_only (the bound above, as the candidates use it; +inf for a row with
+ * non-finite weights). For the tests: |approx_j - exact_j| <= this for every row. */
+double moeq_head_screen_bound(const moeq_head_screen *screen, const float *x, int64_t row, int hi_only);
 
 #endif

@@ -35,6 +35,9 @@ typedef struct moeq_tensor {
     size_t nbytes;
     /* F8_E4M3: float32 [ceil(rows/128), ceil(cols/128)], weight = q * scale_inv; Q8R: float32 [rows] */
     const struct moeq_tensor *scale_inv;
+    /* Q8R: 1 when products take the activations' hi codes alone (half the products: a view the screened head's
+     * first pass reads, engine/head_screen.h), 0 for hi and lo (cpu/ops_draft.h); other dtypes: 0 */
+    int q8r_hi_only;
 } moeq_tensor;
 
 /*

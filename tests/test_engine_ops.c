@@ -403,7 +403,8 @@ static moeq_tensor *q8r_of(int rows, int cols, int nan_row, float **deq) {
  * The kernel gives the emulation's bits for K a multiple of 64 or not, 1-17 tokens (passes of 8, partial ones),
  * rows cut anywhere (register blocks of stretches and the rows left over, a job at a row offset), every
  * workspace size down to none; tokens that are all zero, hold a NaN or an infinity, or are tiny; a NaN row of
- * the weight gives NaN and an all-zero row 0. Nothing outside the block is written.
+ * the weight gives NaN and an all-zero row 0. Nothing outside the block is written. Both elements: hi and lo
+ * codes, and the hi codes alone (q8r_hi_only: the screened head's first pass, other register blocks).
  */
 static void draft_products_match_their_emulation_bit_for_bit(void **state) {
     (void)state;
@@ -416,8 +417,9 @@ static void draft_products_match_their_emulation_bit_for_bit(void **state) {
     for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
         int cols = colss[ci];
         moeq_tensor *w = q8r_of(rows, cols, 1, NULL);
-        for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
-            int T = toks[ti];
+        for (size_t hti = 0; hti < 2 * sizeof toks / sizeof toks[0]; hti++) {
+            int T = toks[hti / 2];
+            w->q8r_hi_only = (int)(hti % 2);
             float *x = rand_floats((size_t)T * cols);
             if (T > 2) memset(x + cols, 0, (size_t)cols * 4);                  /* token 1: zeros */
             if (T > 3) x[2 * cols + 5] = NAN, x[3 * cols + 1] = INFINITY;      /* tokens 2, 3 */
@@ -455,12 +457,12 @@ static void draft_products_match_their_emulation_bit_for_bit(void **state) {
 }
 
 /* Against float64 on the copy's own values: the activation split leaves at most max|x| / (127 * 508) per
- * value, the float32 steps 1e-6 of the magnitude sum. */
-static void draft_products_are_within_the_int8_tolerance(void **state) {
-    (void)state;
+ * value (the hi codes alone max|x| / 254), the float32 steps 1e-6 of the magnitude sum. */
+static void draft_tolerance_of(int hi_only) {
     int rows = 130, cols = 2048, T = 11;
     float *deq;
     moeq_tensor *w = q8r_of(rows, cols, 0, &deq);
+    w->q8r_hi_only = hi_only;
     float *x = rand_floats((size_t)T * cols), *y = malloc((size_t)T * rows * 4);
     for (int k = 0; k < cols; k += 97) x[k] *= 300.0f; /* an outlier channel in token 0 */
     size_t wsb = moeq_draft_ws_bytes(cols);
@@ -477,14 +479,20 @@ static void draft_products_are_within_the_int8_tolerance(void **state) {
                 double p = (double)x[t * cols + k] * deq[(size_t)r * cols + k];
                 ref += p, mag += fabs(p), wsum += fabs((double)deq[(size_t)r * cols + k]);
             }
-            double bound = wsum * amax / (127.0 * 508.0) + 1e-6 * mag + 1e-30;
+            double bound = wsum * amax / (127.0 * (hi_only ? 2.0 : 508.0)) + 1e-6 * mag + 1e-30;
             double e = fabs((double)y[t * rows + r] - ref);
             if (e / bound > worst) worst = e / bound;
             assert_true(e <= bound);
         }
     }
-    print_message("draft products: worst error %.3g of the bound\n", worst);
+    print_message("draft products%s: worst error %.3g of the bound\n", hi_only ? " (hi codes alone)" : "", worst);
     free(ws), free(x), free(y), free(deq), free(w);
+}
+
+static void draft_products_are_within_the_int8_tolerance(void **state) {
+    (void)state;
+    draft_tolerance_of(0);
+    draft_tolerance_of(1);
 }
 
 /* Through the backend (three threads, amx where the CPU has it): a token's draft outputs do not depend on
@@ -500,14 +508,17 @@ static void draft_backend_output_of_a_token_never_depends_on_the_other_tokens(vo
                                   .amx = moeq_amx_supported()};
     moeq_backend *b = moeq_backend_cpu_new(&bp);
     assert_non_null(b);
-    moeq_mm_job j2[2] = {{w, 0, rows, x, cols, all, rows, T},
-                         {&fb.t, 0, rows, x, cols, all + (size_t)T * rows, rows, T}};
-    b->matmul(b, j2, 2);
     float *ref = malloc((size_t)T * rows * 4);
-    moeq_mm_job jr = {w, 0, rows, x, cols, ref, rows, T};
-    moeq_draft_nt_block_ref(&jr, 0, rows, 0, T);
-    assert_memory_equal(all, ref, (size_t)T * rows * 4);
-    assert_batches_give_ref(b, w, x, cols, rows, T, 4, ref);
+    for (int hi_only = 0; hi_only < 2; hi_only++) { /* both elements (the screened head's first pass: hi alone) */
+        w->q8r_hi_only = hi_only;
+        moeq_mm_job j2[2] = {{w, 0, rows, x, cols, all, rows, T},
+                             {&fb.t, 0, rows, x, cols, all + (size_t)T * rows, rows, T}};
+        b->matmul(b, j2, 2);
+        moeq_mm_job jr = {w, 0, rows, x, cols, ref, rows, T};
+        moeq_draft_nt_block_ref(&jr, 0, rows, 0, T);
+        assert_memory_equal(all, ref, (size_t)T * rows * 4);
+        assert_batches_give_ref(b, w, x, cols, rows, T, 4, ref);
+    }
     moeq_backend_destroy(b);
     free(x), free(all), free(ref), free(w);
     fake_weight_free(&fb);

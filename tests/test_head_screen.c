@@ -97,7 +97,8 @@ static float *tokens(int T, int cols) {
 }
 
 /* |approx - exact| <= the bound, for every row, token, weight dtype and exact path (the float32 lanes, and
- * AMX tiles where the CPU has them); the worst ratio is printed (how loose Cauchy-Schwarz leaves it). */
+ * AMX tiles where the CPU has them), in both passes (the hi codes alone, and the split codes); the worst
+ * ratio is printed (how loose Cauchy-Schwarz leaves it). */
 static void the_bound_holds_on_every_exact_path_and_dtype(void **state) {
     (void)state;
     static const moeq_dtype dts[] = {MOEQ_DTYPE_F32, MOEQ_DTYPE_BF16, MOEQ_DTYPE_F16, MOEQ_DTYPE_F8_E4M3};
@@ -116,25 +117,26 @@ static void the_bound_holds_on_every_exact_path_and_dtype(void **state) {
             moeq_head_screen *s = NULL;
             char err[128];
             assert_int_equal(moeq_head_screen_new(&h.t, &s, err, sizeof err), MOEQ_OK);
-            for (int amx = 0; amx <= moeq_amx_supported(); amx++) {
+            for (int pass = 0; pass < 2 * (1 + moeq_amx_supported()); pass++) {
+                const int amx = pass / 2, hi_only = pass % 2;
                 moeq_backend *b = cpu(amx, cols);
-                moeq_mm_job ja = {moeq_head_screen_codes(s), 0, rows, x, cols, ya, rows, T};
+                moeq_mm_job ja = {moeq_head_screen_codes(s, hi_only), 0, rows, x, cols, ya, rows, T};
                 moeq_mm_job je = {&h.t, 0, rows, x, cols, ye, rows, T};
                 b->matmul(b, &ja, 1);
                 b->matmul(b, &je, 1);
                 double worst = 0;
                 for (int t = 0; t < T; t++)
                     for (int r = 0; r < rows; r++) {
-                        double bound = moeq_head_screen_bound(s, x + (size_t)t * cols, r);
+                        double bound = moeq_head_screen_bound(s, x + (size_t)t * cols, r, hi_only);
                         double e = fabs((double)ya[t * rows + r] - (double)ye[t * rows + r]);
                         if (!(e <= bound))
-                            fail_msg("dtype %s cols %d amx %d token %d row %d: |%g - %g| = %g > %g",
-                                     moeq_dtype_name(dts[di]), cols, amx, t, r, ya[t * rows + r], ye[t * rows + r], e,
-                                     bound);
+                            fail_msg("dtype %s cols %d amx %d hi_only %d token %d row %d: |%g - %g| = %g > %g",
+                                     moeq_dtype_name(dts[di]), cols, amx, hi_only, t, r, ya[t * rows + r],
+                                     ye[t * rows + r], e, bound);
                         worst = e / bound > worst ? e / bound : worst;
                     }
-                print_message("%s, %d columns, %s: worst error %.3f of the bound\n", moeq_dtype_name(dts[di]), cols,
-                              amx ? "amx" : "lanes", worst);
+                print_message("%s, %d columns, %s, %s: worst error %.3f of the bound\n", moeq_dtype_name(dts[di]),
+                              cols, amx ? "amx" : "lanes", hi_only ? "hi codes alone" : "split codes", worst);
                 moeq_backend_destroy(b);
             }
             moeq_head_screen_destroy(s);
@@ -147,11 +149,29 @@ static void the_bound_holds_on_every_exact_path_and_dtype(void **state) {
 /* The exact argmax of a token: the lowest id of the highest value. */
 static int32_t exact_argmax(const float *row, int n) { return moeq_sampler_argmax(row, n); }
 
+/* The exact argmax (over the finite rows: not nan_row) and every row tied with it, and nan_row, are in ids. */
+static void assert_holds_the_argmax(const int32_t *ids, int64_t n, const float *exact, int rows, int nan_row) {
+    float best = -INFINITY;
+    for (int r = 0; r < rows; r++)
+        if (r != nan_row && exact[r] > best) best = exact[r];
+    int has_nan_row = 0;
+    for (int r = 0; r < rows; r++) {
+        int in = 0;
+        for (int64_t c = 0; c < n && !in; c++) in = ids[c] == r;
+        if (r == nan_row) has_nan_row = in;
+        else if (exact[r] == best) assert_true(in);
+    }
+    assert_true(has_nan_row);
+    for (int64_t c = 1; c < n; c++) assert_true(ids[c] > ids[c - 1]);
+}
+
 /*
  * Near-ties: rows that are copies of one row with a few weights nudged by one BF16 step, so the exact values
  * differ by less than the int8 copy can see. Whatever the token, the candidates hold the exact argmax and
- * every row tied with it; rows with a NaN weight are always candidates; a NaN or infinite activation, or more
- * candidates than the cap, gives 0 (the row is then made whole).
+ * every row tied with it, in each pass: the first (hi codes alone), the split codes over every row, and the
+ * split codes among the first pass's candidates (refine, as the engine runs them); rows with a NaN weight are
+ * always candidates; a NaN or infinite activation, or more candidates than the cap, gives 0 (the row is then
+ * made whole).
  */
 static void candidates_always_hold_the_exact_argmax(void **state) {
     (void)state;
@@ -172,38 +192,48 @@ static void candidates_always_hold_the_exact_argmax(void **state) {
     float *x = tokens(T, cols), *ya = malloc((size_t)T * rows * 4), *ye = malloc((size_t)T * rows * 4);
     for (int t = 0; t < T; t += 2) /* every other token points at row 99's block */
         for (int k = 0; k < cols; k++) x[(size_t)t * cols + k] = moeq_bf16_to_f32(((uint16_t *)h.data)[99 * cols + k]);
-    moeq_mm_job ja = {moeq_head_screen_codes(s), 0, rows, x, cols, ya, rows, T};
+    float *yh = malloc((size_t)T * rows * 4), *yr = malloc((size_t)rows * 4);
+    moeq_mm_job ja = {moeq_head_screen_codes(s, 0), 0, rows, x, cols, ya, rows, T};
+    moeq_mm_job jh = {moeq_head_screen_codes(s, 1), 0, rows, x, cols, yh, rows, T};
     moeq_mm_job je = {&h.t, 0, rows, x, cols, ye, rows, T};
     b->matmul(b, &ja, 1);
+    b->matmul(b, &jh, 1);
     b->matmul(b, &je, 1);
-    int32_t ids[512];
-    int decided = 0;
+    int32_t ids[512], first[rows], refined[512];
+    int decided = 0, decided_first = 0;
+    int64_t n_split = 0, n_first = 0, n_refined = 0;
     for (int t = 0; t < T; t++) {
-        int64_t n = moeq_head_screen_candidates(s, x + (size_t)t * cols, ya + (size_t)t * rows, ids, 512);
-        if (n == 0) continue;
-        decided++;
-        /* the exact argmax over the finite rows, and every row with its value, are among the candidates */
-        float best = -INFINITY;
-        for (int r = 0; r < rows; r++)
-            if (r != 400 && ye[t * rows + r] > best) best = ye[t * rows + r];
-        int has_nan_row = 0;
-        for (int r = 0; r < rows; r++) {
-            int in = 0;
-            for (int64_t c = 0; c < n && !in; c++) in = ids[c] == r;
-            if (r == 400) has_nan_row = in;
-            else if (ye[t * rows + r] == best) assert_true(in);
-        }
-        assert_true(has_nan_row);
-        for (int64_t c = 1; c < n; c++) assert_true(ids[c] > ids[c - 1]);
+        const float *xt = x + (size_t)t * cols, *et = ye + (size_t)t * rows;
+        int64_t n = moeq_head_screen_candidates(s, xt, ya + (size_t)t * rows, ids, 512, 0);
+        if (n) assert_holds_the_argmax(ids, n, et, rows, 400), decided++, n_split += n;
+        int64_t nf = moeq_head_screen_candidates(s, xt, yh + (size_t)t * rows, first, rows, 1);
+        if (!nf) continue;
+        decided_first++;
+        assert_holds_the_argmax(first, nf, et, rows, 400);
+        for (int64_t c = 0; c < nf; c++) yr[c] = ya[(size_t)t * rows + first[c]]; /* the split codes' values */
+        int64_t nr = moeq_head_screen_refine(s, xt, first, yr, nf, refined, 512);
+        assert_true(nr > 0 && nr <= nf);
+        assert_holds_the_argmax(refined, nr, et, rows, 400);
+        n_first += nf, n_refined += nr;
     }
-    print_message("near-ties: %d of %d tokens decided within 512 candidates\n", decided, T);
-    assert_true(decided >= T / 2);
+    print_message("near-ties: %d of %d tokens decided within 512 candidates (%.1f a token); hi codes alone: %d "
+                  "(%.1f a token, %.1f after refining)\n", decided, T, (double)n_split / decided, decided_first,
+                  (double)n_first / decided_first, (double)n_refined / decided_first);
+    assert_true(decided >= T / 2 && decided_first >= T / 2);
     /* more candidates than the cap (the block of 64 near-copies): undecided */
-    assert_int_equal(moeq_head_screen_candidates(s, x, ya, ids, 8), 0);
-    x[3] = NAN;
-    assert_int_equal(moeq_head_screen_candidates(s, x, ya, ids, 512), 0);
-    x[3] = INFINITY;
-    assert_int_equal(moeq_head_screen_candidates(s, x, ya, ids, 512), 0);
+    assert_int_equal(moeq_head_screen_candidates(s, x, ya, ids, 8, 0), 0);
+    assert_int_equal(moeq_head_screen_candidates(s, x, yh, ids, 8, 1), 0);
+    int64_t nf = moeq_head_screen_candidates(s, x, yh, first, rows, 1);
+    for (int64_t c = 0; c < nf; c++) yr[c] = ya[first[c]];
+    assert_int_equal(moeq_head_screen_refine(s, x, first, yr, nf, refined, 8), 0);
+    for (int hi_only = 0; hi_only < 2; hi_only++) {
+        x[3] = NAN;
+        assert_int_equal(moeq_head_screen_candidates(s, x, hi_only ? yh : ya, ids, 512, hi_only), 0);
+        assert_int_equal(moeq_head_screen_refine(s, x, first, yr, nf, refined, 512), 0);
+        x[3] = INFINITY;
+        assert_int_equal(moeq_head_screen_candidates(s, x, hi_only ? yh : ya, ids, 512, hi_only), 0);
+    }
+    free(yh), free(yr);
     (void)exact_argmax;
     moeq_backend_destroy(b);
     moeq_head_screen_destroy(s);
@@ -213,9 +243,30 @@ static void candidates_always_hold_the_exact_argmax(void **state) {
 
 /* ---- through the engine ---------------------------------------------------- */
 
+#define N_MODELS 4
 static char g_dir[256];
-static moeq_model *g_models[3];
-static const char *g_names[3] = {"tiny bf16", "tiny f8", "tiny-v2 bf16"};
+static moeq_model *g_models[N_MODELS];
+static const char *g_names[N_MODELS] = {"tiny bf16", "tiny f8", "tiny-v2 bf16", "tiny bf16, outlier channel"};
+static moeq_tensor g_norm; /* the last model's final norm: channel 5 x 300 */
+static uint16_t *g_norm_data;
+
+/*
+ * The outlier model: one channel of the final norm 300x the others', so every token's normed state has one
+ * value far above the rest. The hi codes' step (max |x| / 127) then dwarfs the other values and the first
+ * pass leaves most rows as candidates: the engine's second pass (the split codes on those rows) decides.
+ */
+static int outlier_norm(moeq_model *m) {
+    const moeq_tensor *n = m->norm;
+    if (!n || n->dtype != MOEQ_DTYPE_BF16) return -1;
+    int64_t D = n->shape[0];
+    if (!(g_norm_data = malloc((size_t)D * 2))) return -1;
+    memcpy(g_norm_data, n->data, (size_t)D * 2);
+    g_norm_data[5] = moeq_f32_to_bf16(moeq_bf16_to_f32(g_norm_data[5]) * 300.0f);
+    g_norm = *n;
+    g_norm.data = g_norm_data;
+    m->norm = &g_norm;
+    return 0;
+}
 
 static int setup(void **state) {
     (void)state;
@@ -224,12 +275,16 @@ static int setup(void **state) {
     g_models[0] = moeq_test_gen_and_load(g_dir, "tiny", "bf16", "tiny");
     g_models[1] = moeq_test_gen_and_load(g_dir, "tiny", "f8", "tiny-f8");
     g_models[2] = moeq_test_gen_and_load(g_dir, "tiny-v2", "bf16", "tiny-v2");
-    return g_models[0] && g_models[1] && g_models[2] ? 0 : -1;
+    g_models[3] = moeq_test_gen_and_load(g_dir, "tiny", "bf16", "tiny-outlier");
+    for (int i = 0; i < N_MODELS; i++)
+        if (!g_models[i]) return -1;
+    return outlier_norm(g_models[3]);
 }
 
 static int teardown(void **state) {
     (void)state;
-    for (int i = 0; i < 3; i++) moeq_model_destroy(g_models[i]);
+    for (int i = 0; i < N_MODELS; i++) moeq_model_destroy(g_models[i]);
+    free(g_norm_data);
     return moeq_test_remove_dir(g_dir);
 }
 
@@ -257,7 +312,7 @@ static moeq_engine *engine_with(const moeq_model *m, const char *screen) {
 static void greedy_records_are_the_whole_rows_argmax_and_value(void **state) {
     (void)state;
     static const int batches[] = {1, 7, 32, 45};
-    for (int mi = 0; mi < 3; mi++) {
+    for (int mi = 0; mi < N_MODELS; mi++) {
         const moeq_model *m = g_models[mi];
         int V = moeq_test_vocab(m);
         moeq_engine *es = engine_with(m, "auto"), *ew = engine_with(m, "off");
@@ -311,12 +366,13 @@ static void greedy_records_are_the_whole_rows_argmax_and_value(void **state) {
             free(ls), free(lw), free(rec);
         }
         moeq_head_screen_stats st = moeq_engine_head_screen_stats(es), off = moeq_engine_head_screen_stats(ew);
-        print_message("%s: %lld rows screened, %.2f candidates a row, %lld made whole, %zu bytes\n", g_names[mi],
-                      (long long)st.rows, st.rows ? (double)st.candidates / (double)st.rows : 0.0,
-                      (long long)st.fallbacks, st.bytes);
+        print_message("%s: %lld rows screened, %.2f candidates a row, %lld made whole, %lld refined, %zu bytes\n",
+                      g_names[mi], (long long)st.rows, st.rows ? (double)st.candidates / (double)st.rows : 0.0,
+                      (long long)st.fallbacks, (long long)st.refined, st.bytes);
         if (moeq_engine_cpu_draft()) {
             assert_true(st.rows > 0 && st.bytes > 0);
             assert_string_equal(st.state, "on");
+            if (mi == 3) assert_true(st.refined > 0); /* the second pass ran, and its records were checked */
         } else {
             print_message("SKIP the screen itself (no int8 draft kernels here): %s\n",
                           moeq_engine_cpu_draft_describe());

@@ -25,6 +25,7 @@
 #define TOKS 8    /* tokens per pass */
 #define KEEP 64   /* tokens whose codes the workspace holds: the CPU backend's token blocks */
 #define CHUNK 64  /* codes per VPDPBUSD */
+#define GMAX 8    /* groups of 16 rows a pass holds (hi codes alone, 1-2 tokens) */
 /* Each group's stream is prefetched this far ahead (into the next group's codes at its end; a prefetch never
  * faults): on an AMD Zen 5 VM (session 18) 2 tokens went 117 -> 131 GFLOP/s (bench-matmul q8r, one core). */
 #define DRAFT_PF_BYTES 1024
@@ -90,9 +91,9 @@ typedef struct qtok {
 
 size_t moeq_draft_ws_bytes(int64_t cols) { return QHEAD_BYTES + 2 * (size_t)KEEP * (size_t)padded(cols) + 64; }
 
-/* The element's last steps (ops_draft.h), shared by every path. */
-static inline float finish(float sw, float sx, int64_t A, int64_t B) {
-    return (sw * sx) * fmaf((float)B, 1.0f / 254.0f, (float)A);
+/* The element's last steps (ops_draft.h), shared by every path; hi_only: A alone. */
+static inline float finish(float sw, float sx, int64_t A, int64_t B, int hi_only) {
+    return hi_only ? (sw * sx) * (float)A : (sw * sx) * fmaf((float)B, 1.0f / 254.0f, (float)A);
 }
 
 /* ---- the emulation ------------------------------------------------------------------------------------ */
@@ -131,7 +132,7 @@ void moeq_draft_nt_block_ref(const moeq_mm_job *job, int64_t n0, int64_t n1, int
                 int64_t c = (int64_t)q[moeq_q8r_at(K, job->row0 + n, k)] - 128;
                 A += c * h, B += c * l;
             }
-            job->y[t * job->ldy + n] = finish(sw[job->row0 + n], sx, A, B);
+            job->y[t * job->ldy + n] = finish(sw[job->row0 + n], sx, A, B, job->w->q8r_hi_only);
         }
     }
 }
@@ -185,9 +186,9 @@ static TD void quantize(const moeq_mm_job *job, int64_t t0, int R, int64_t K, qh
  * of the codes still in them), the rows' scales at sw (valid: how many exist), into y (rows [r0, r1) of the
  * group stored, row r at column col + r; token t at t * ldy).
  */
-static TD ALWAYS_INLINE void store_group(const int R, const __m512i *ah, const __m512i *al, const qtok *qt,
-                                         const float *sw, int64_t valid, float *y, int64_t col, int64_t ldy,
-                                         int64_t r0, int64_t r1) {
+static TD ALWAYS_INLINE void store_group(const int R, const int LO, const __m512i *ah, const __m512i *al,
+                                         const qtok *qt, const float *sw, int64_t valid, float *y, int64_t col,
+                                         int64_t ldy, int64_t r0, int64_t r1) {
     int64_t lo = r0 < 0 ? 0 : r0, hi = r1 > 16 ? 16 : r1;
     if (lo >= hi) return;
     /* lanes [lo, hi) move to the front, so the store starts at the block's own first column */
@@ -198,10 +199,12 @@ static TD ALWAYS_INLINE void store_group(const int R, const __m512i *ah, const _
 #pragma GCC unroll 16
     for (int t = 0; t < R; t++) {
         const __m512i h128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->hsum[t]), 7); /* 128 * sum, wrapping */
-        const __m512i l128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->lsum[t]), 7);
         __m512 A = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[t], h128));
-        __m512 B = _mm512_cvtepi32_ps(_mm512_sub_epi32(al[t], l128));
-        __m512 v = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(qt->sx[t])), _mm512_fmadd_ps(B, inv254, A));
+        if (LO) {
+            const __m512i l128 = _mm512_slli_epi32(_mm512_set1_epi32(qt->lsum[t]), 7);
+            A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(al[t], l128)), inv254, A);
+        }
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(qt->sx[t])), A);
         _mm512_mask_storeu_ps(y + t * ldy + (col + lo), mo, _mm512_maskz_compress_ps(m, v));
     }
 }
@@ -212,10 +215,10 @@ static TD ALWAYS_INLINE void store_group(const int R, const __m512i *ah, const _
  * sum crosses lanes. Then the element's float steps, 16 rows at once, into y (rows [r0, r1) counted from
  * group 0's first row are stored, row r of that count at column col + r; token t at t * ldy).
  */
-static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const uint8_t *wq, int64_t gstride, int64_t quads,
-                                         const qtok *qt, int64_t Kp, const float *sw, int64_t srows, float *y,
-                                         int64_t col, int64_t ldy, int64_t r0, int64_t r1) {
-    __m512i ah[4][TOKS], al[4][TOKS];
+static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const int LO, const uint8_t *wq, int64_t gstride,
+                                         int64_t quads, const qtok *qt, int64_t Kp, const float *sw, int64_t srows,
+                                         float *y, int64_t col, int64_t ldy, int64_t r0, int64_t r1) {
+    __m512i ah[GMAX][TOKS], al[GMAX][TOKS];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 8
@@ -225,52 +228,55 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const uint8_t
 #pragma GCC unroll 8
         for (int t = 0; t < R; t++) {
             int32_t h, l;
-            memcpy(&h, qt->hi + t * Kp + 4 * j, 4), memcpy(&l, qt->lo + t * Kp + 4 * j, 4);
-            xh[t] = _mm512_set1_epi32(h), xl[t] = _mm512_set1_epi32(l);
+            memcpy(&h, qt->hi + t * Kp + 4 * j, 4);
+            xh[t] = _mm512_set1_epi32(h);
+            if (LO) memcpy(&l, qt->lo + t * Kp + 4 * j, 4), xl[t] = _mm512_set1_epi32(l);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < G; g++) {
             _mm_prefetch((const char *)wq + g * gstride + j * 64 + DRAFT_PF_BYTES, _MM_HINT_T0);
             const __m512i wv = _mm512_loadu_si512(wq + g * gstride + j * 64);
 #pragma GCC unroll 8
             for (int t = 0; t < R; t++) {
                 ah[g][t] = _mm512_dpbusd_epi32(ah[g][t], wv, xh[t]);
-                al[g][t] = _mm512_dpbusd_epi32(al[g][t], wv, xl[t]);
+                if (LO) al[g][t] = _mm512_dpbusd_epi32(al[g][t], wv, xl[t]);
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int g = 0; g < G; g++)
-        store_group(R, ah[g], al[g], qt, sw + 16 * g, srows - 16 * g, y, col + 16 * g, ldy, r0 - 16 * g, r1 - 16 * g);
+        store_group(R, LO, ah[g], al[g], qt, sw + 16 * g, srows - 16 * g, y, col + 16 * g, ldy, r0 - 16 * g,
+                    r1 - 16 * g);
 }
 
 /* Groups [g0, g1) against R tokens, G at a time (G shrinks as R grows so the 2 G R accumulators stay in
  * registers); output rows [n0, n1) counted from group g0's first row (the block may start inside it), row r
  * of that count at column col + r of y. */
-static TD ALWAYS_INLINE void groups_r(const int R, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads,
-                                      const qtok *qt, int64_t Kp, const float *sw, int64_t rows, float *y,
-                                      int64_t col, int64_t ldy, int64_t n0, int64_t n1) {
-    const int G = R <= 2 ? 4 : R <= 4 ? 2 : 1;
+static TD ALWAYS_INLINE void groups_r(const int R, const int LO, const uint8_t *wq, int64_t g0, int64_t g1,
+                                      int64_t quads, const qtok *qt, int64_t Kp, const float *sw, int64_t rows,
+                                      float *y, int64_t col, int64_t ldy, int64_t n0, int64_t n1) {
+    const int G = (R <= 2 ? 4 : R <= 4 ? 2 : 1) * (LO ? 1 : 2); /* hi codes alone: half the accumulators */
     const int64_t gstride = quads * 64;
     int64_t g = g0;
     for (; g + G <= g1; g += G) {
         int64_t base = (g - g0) * 16;
-        groups_pass(G, R, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base, ldy,
-                    n0 - base, n1 - base);
+        groups_pass(G, R, LO, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base,
+                    ldy, n0 - base, n1 - base);
     }
     for (; g < g1; g++) {
         int64_t base = (g - g0) * 16;
-        groups_pass(1, R, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base, ldy,
-                    n0 - base, n1 - base);
+        groups_pass(1, R, LO, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base,
+                    ldy, n0 - base, n1 - base);
     }
 }
 
-static TD void groups_any(int R, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads, const qtok *qt,
+static TD void groups_any(int R, int lo, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads, const qtok *qt,
                           int64_t Kp, const float *sw, int64_t rows, float *y, int64_t col, int64_t ldy, int64_t n0,
                           int64_t n1) {
-    switch (R) {
-#define CASE(n) \
-    case n: groups_r(n, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;
+    switch (R * 2 + !!lo) {
+#define CASE(n)                                                                                                    \
+    case n * 2 + 1: groups_r(n, 1, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;              \
+    case n * 2: groups_r(n, 0, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
@@ -285,9 +291,9 @@ static TD void groups_any(int R, const uint8_t *wq, int64_t g0, int64_t g1, int6
  * tokens x 16 rows of int32 sums, the same integers as VPDPBUSD's lanes, so the same bits. Arguments as
  * groups_r's.
  */
-static TDA void groups_amx16(const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads, const qtok *qt, int64_t Kp,
-                             const float *sw, int64_t rows, float *y, int64_t col, int64_t ldy, int64_t n0,
-                             int64_t n1) {
+static TDA void groups_amx16(int lo, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads, const qtok *qt,
+                             int64_t Kp, const float *sw, int64_t rows, float *y, int64_t col, int64_t ldy,
+                             int64_t n0, int64_t n1) {
     const int64_t gstride = quads * 64, steps = (quads + 15) / 16;
     _Alignas(64) int32_t ch[256], cl[256];
     _Alignas(64) uint8_t tail[1024];
@@ -304,17 +310,20 @@ static TDA void groups_amx16(const uint8_t *wq, int64_t g0, int64_t g1, int64_t 
                 bs = tail;
             }
             _tile_loadd(2, qt->hi + s * 64, Kp);
-            _tile_loadd(3, qt->lo + s * 64, Kp);
             _tile_loadd(4, bs, 64);
             _tile_dpbsud(0, 2, 4);
-            _tile_dpbsud(1, 3, 4);
+            if (lo) {
+                _tile_loadd(3, qt->lo + s * 64, Kp);
+                _tile_dpbsud(1, 3, 4);
+            }
         }
         _tile_stored(0, ch, 64);
-        _tile_stored(1, cl, 64);
+        _tile_stored(1, cl, 64); /* zeros without lo: store_group does not read them then */
         __m512i ah[16], al[16];
         for (int t = 0; t < 16; t++) ah[t] = _mm512_load_si512(ch + 16 * t), al[t] = _mm512_load_si512(cl + 16 * t);
         const int64_t base = (g - g0) * 16;
-        store_group(16, ah, al, qt, sw + g * 16, rows - g * 16, y, col + base, ldy, n0 - base, n1 - base);
+        if (lo) store_group(16, 1, ah, al, qt, sw + g * 16, rows - g * 16, y, col + base, ldy, n0 - base, n1 - base);
+        else store_group(16, 0, ah, al, qt, sw + g * 16, rows - g * 16, y, col + base, ldy, n0 - base, n1 - base);
     }
     _tile_release();
 }
@@ -347,8 +356,8 @@ static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int
 #ifdef MOEQ_AMX_X86
         if (keep && draft_amx && t1 - t >= 16) { /* the tiles give the lanes' integers: the same bits */
             const qtok qt = {qh->sx + s0, qh->hsum + s0, qh->lsum + s0, hi + s0 * Kp, lo + s0 * Kp};
-            groups_amx16((const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0], job->y + t * job->ldy,
-                         col, job->ldy, a - g0 * 16, b - g0 * 16);
+            groups_amx16(!job->w->q8r_hi_only, (const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0],
+                         job->y + t * job->ldy, col, job->ldy, a - g0 * 16, b - g0 * 16);
             step = 16;
             continue;
         }
@@ -360,8 +369,8 @@ static TD void nt_block_vnni(const moeq_mm_job *job, int64_t n0, int64_t n1, int
             qh->key = 0;
         }
         const qtok qt = {qh->sx + s0, qh->hsum + s0, qh->lsum + s0, hi + s0 * Kp, lo + s0 * Kp};
-        groups_any(R, (const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0], job->y + t * job->ldy, col,
-                   job->ldy, a - g0 * 16, b - g0 * 16);
+        groups_any(R, !job->w->q8r_hi_only, (const uint8_t *)w->data, g0, g1, quads, &qt, Kp, sw, w->shape[0],
+                   job->y + t * job->ldy, col, job->ldy, a - g0 * 16, b - g0 * 16);
     }
 }
 #endif

@@ -24,7 +24,10 @@
  *   y = (s_w * s_x) * fma((float)B, 1 / 254, (float)A)
  * The split keeps the activation to ~2^-15 of its largest value, beside the
  * int8 weight's own rounding. a = 0 gives y = 0; a non-finite activation or
- * weight row gives NaN.
+ * weight row gives NaN. A weight with q8r_hi_only set (a view the screened
+ * head's first pass reads) takes the hi codes alone, y = (s_w * s_x) * (float)A:
+ * half the products, the activation to s_x / 2 (the kernel's register blocks
+ * then hold twice the rows).
  *
  * Order, the batch-invariance contract: A and B are exact integer sums, so no
  * tiling, thread split, instruction set or number of tokens can change them,

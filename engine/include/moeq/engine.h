@@ -365,13 +365,14 @@ moeq_err moeq_engine_step_out(moeq_engine *engine, const moeq_step_item *items, 
 /*
  * The screened head's work so far (engine key head_screen; docs/ENGINE.md): rows decided as records from the
  * int8 copy, the candidates those rows computed on the exact path, rows it could not decide (computed
- * whole instead), the bytes the screen holds (0: none made: off, not applicable, or no such row yet) and those
- * of the head it stands in for (a screened row reads the copy instead: a roofline counts the copy's bytes);
- * state says in words which: "on", "not yet used", or why not (head_screen = off, a device, batch_invariant =
- * false, no int8 kernels, or the copy's failure: out of memory).
+ * whole instead), rows whose first pass (hi codes alone) left more than 64 candidates and took the second
+ * (the split codes on those), the bytes the screen holds (0: none made: off, not applicable, or no such row
+ * yet) and those of the head it stands in for (a screened row reads the copy instead: a roofline counts the
+ * copy's bytes); state says in words which: "on", "not yet used", or why not (head_screen = off, a device,
+ * batch_invariant = false, no int8 kernels, or the copy's failure: out of memory).
  */
 typedef struct moeq_head_screen_stats {
-    int64_t rows, candidates, fallbacks;
+    int64_t rows, candidates, fallbacks, refined;
     size_t bytes, head_bytes;
     const char *state; /* borrowed from the engine: valid while it lives */
 } moeq_head_screen_stats;
