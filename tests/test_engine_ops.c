@@ -282,14 +282,15 @@ static void many_token_blocked_path_matches_the_emulation_bit_for_bit(void **sta
 /*
  * Blocks of few tokens (decode) read a tile's rows one from each of several stretches of the block, each
  * stretch a sequential stream (nt_streams512); the rows the stretches leave over take adjacent-row tiles.
- * The bits are the emulation's for every dtype and instruction set, for 1-16 tokens (8- and 6-row tiles),
+ * The bits are the emulation's for every dtype and instruction set, for 1-16 tokens (4-, 6- and 8-row tiles;
+ * 5-6 tokens in one pass of 4-row tiles),
  * blocks whose length leaves 0 to 7 rows over, blocks too short to split, F8 blocks cut at 128-row scale
  * edges (the weight starts at row 5, so no block is aligned to them), and K with and without a tail.
  */
 static void few_token_stream_tiles_match_the_emulation_bit_for_bit(void **state) {
     (void)state;
     static const int colss[] = {256, 301};
-    static const int toks[] = {1, 2, 3, 4, 5, 8, 16};
+    static const int toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 16};
     static const int blocks[][2] = {{0, 290}, {0, 31}, {3, 40}, {7, 77}, {100, 262}, {120, 140}, {250, 290}};
     int rows = 300;
     for (int d = 0; d < 4; d++)

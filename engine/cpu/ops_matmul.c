@@ -54,9 +54,10 @@
 
 #define LANES MOEQ_LANES
 #define TILE_T 4   /* tokens per AVX-512 register tile                       */
-#define TILE_N 6   /* weight rows per AVX-512 NT tile (8 for 1-3 tokens)       */
-#define TILE_N1 8  /* rows per AVX-512 NT tile for blocks of 1-3 tokens       */
-#define TILE_N4 6  /* rows per AVX-512 NT tile for blocks of exactly 4 tokens */
+#define TILE_TMAX 6 /* ... and per stream tile of a block of 5-6 tokens (one pass over its rows) */
+#define TILE_N 6   /* weight rows per AVX-512 NT tile (nt_tile_shape: few-token blocks)       */
+#define TILE_N1 8  /* the most rows a tile holds (blocks of 3 tokens)                         */
+#define TILE_N4 6  /* rows per tile of the many-token steps (nt_step_block512)             */
 #define TILE_V 4   /* 16-column vectors per AVX-512 NN tile (64 columns)      */
 #define TILE_VMAX 16 /* ... and for one token (two: 8), see nn_tile512          */
 #define PF_BYTES 8192 /* weight bytes the NT prefetch runs ahead (>= one tile) */
@@ -295,7 +296,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
                                           int64_t ldx, const uint8_t *const *wp, const float *const *sp,
                                           const uint8_t *const *pp, int64_t K, float *y, int64_t ldy,
                                           const int64_t *col) {
-    __m512 acc[TILE_T][TILE_N1];
+    __m512 acc[TILE_TMAX][TILE_N1];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 8
@@ -304,7 +305,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
     const float *srow = sp[0];
     int64_t k = 0;
     for (; k + LANES <= K; k += LANES) { /* full chunks: unmasked loads, weights prefetched ahead */
-        __m512 xv[TILE_T];
+        __m512 xv[TILE_TMAX];
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
         if (dt == MOEQ_DTYPE_F8_E4M3) {
@@ -323,7 +324,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
     }
     if (k < K) { /* the tail: zero lanes add +0, as the emulation does */
         __mmask16 m = moeq_tail_mask16(K - k);
-        __m512 xv[TILE_T];
+        __m512 xv[TILE_TMAX];
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
         if (dt == MOEQ_DTYPE_F8_E4M3) {
@@ -355,7 +356,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
  * tile). pf: each tile prefetches the rows PF_BYTES on (tile_rows).
  */
 static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
-                                          int64_t t0, int64_t t1, int tn) {
+                                          int64_t t0, int64_t t1, int tn, int tt) {
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
     for (int64_t n = n0, next; n < n1; n = next) {
@@ -365,11 +366,11 @@ static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job
             if (nr > edge) nr = (int)edge;
         }
         next = n + nr;
-        const uint8_t *wp[TILE_N1], *pp[TILE_N1];
-        const float *sp[TILE_N1];
+        const uint8_t *wp[TILE_N1] = {0}, *pp[TILE_N1] = {0}; /* tn of them set: the tile reads nr <= tn */
+        const float *sp[TILE_N1] = {0};
         tile_rows(job, base, row_bytes, n, nr, tn, n1, wp, sp, pp);
-        for (int64_t t = t0; t < t1; t += TILE_T) {
-            int mr = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
+        for (int64_t t = t0; t < t1; t += tt) {
+            int mr = (int)(t1 - t < tt ? t1 - t : tt);
             const float *x = job->x + t * ldx;
             float *y = job->y + t * ldy + n;
             switch (mr * 16 + nr) {
@@ -377,6 +378,7 @@ static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job
                 NT512(2, 1) NT512(2, 2) NT512(2, 3) NT512(2, 4) NT512(2, 5) NT512(2, 6) NT512(2, 7) NT512(2, 8)
                 NT512(3, 1) NT512(3, 2) NT512(3, 3) NT512(3, 4) NT512(3, 5) NT512(3, 6) NT512(3, 7) NT512(3, 8)
                 NT512(4, 1) NT512(4, 2) NT512(4, 3) NT512(4, 4) NT512(4, 5) NT512(4, 6)
+                NT512(5, 1) NT512(5, 2) NT512(5, 3) NT512(5, 4) NT512(6, 1) NT512(6, 2) NT512(6, 3) NT512(6, 4)
             }
         }
     }
@@ -397,7 +399,7 @@ static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job
  * rows are left; the caller's tiles take them).
  */
 static T512 ALWAYS_INLINE int64_t nt_streams512(const moeq_dtype dt, const moeq_mm_job *job, int64_t a, int64_t b,
-                                                int64_t t0, int64_t t1, int tn) {
+                                                int64_t t0, int64_t t1, int tn, int tt) {
     int64_t span = (b - a) / tn;
     if (span < STREAM_MIN_SPAN) return a;
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
@@ -415,35 +417,52 @@ static T512 ALWAYS_INLINE int64_t nt_streams512(const moeq_dtype dt, const moeq_
             pp[j] = wp[j] + STREAM_PF_BYTES < pf_last ? wp[j] + STREAM_PF_BYTES : pf_last;
             sp[j] = srow;
         }
-        for (int64_t t = t0; t < t1; t += TILE_T) {
-            int mr = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
+        for (int64_t t = t0; t < t1; t += tt) {
+            int mr = (int)(t1 - t < tt ? t1 - t : tt);
             const float *x = job->x + t * ldx;
             float *y = job->y + t * ldy + a;
-            switch (mr * 16 + tn) {
-                NTR512(1, 6) NTR512(1, 8) NTR512(2, 6) NTR512(2, 8) NTR512(3, 6) NTR512(3, 8)
-                NTR512(4, 6)
+            switch (mr * 16 + tn) { /* the shapes nt_tile_shape gives, and the 4-token passes' remainders */
+                NTR512(1, 4) NTR512(2, 4) NTR512(3, 8) NTR512(4, 6) NTR512(5, 4) NTR512(6, 4)
+                NTR512(1, 6) NTR512(2, 6) NTR512(3, 6)
             }
         }
     }
     return a + span * tn;
 }
 
+/*
+ * The register tile of a block of `tokens` (<= STREAM_TOKS): *tn rows (streams) x *tt tokens a pass. Measured
+ * on a Zen 5 VM (session 20, one core, an A/B of the batch-32 step's expert products in one process, BF16 from
+ * memory, ratios of medians over 8-12 alternations): 1-2 tokens on 4 streams instead of 8, 0.83-0.86 of the
+ * time (eight streams 1 KiB ahead each kept more lines in flight than one core sustains); 5-6 tokens in one
+ * pass of 5 x 4 or 6 x 4 accumulators instead of a 4-token pass and a second over the same rows, 0.86 (the
+ * second pass left the memory idle). 3 tokens (8 rows), 4 (6 rows) and 7-8 (passes of 4: 7 x 3 the same,
+ * 8 x 3 spills and was slower) kept their shapes: the others were within noise or slower. Which rows and
+ * tokens share a tile changes no element's chain, so no bits.
+ */
+static inline void nt_tile_shape(int64_t tokens, int *tn, int *tt) {
+    *tt = TILE_T;
+    *tn = tokens <= 2 ? 4 : tokens == 3 ? TILE_N1 : TILE_N;
+    if (tokens == 5 || tokens == 6) *tt = (int)tokens, *tn = 4;
+}
+
 static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
                                               int64_t t0, int64_t t1) {
-    const int tn = t1 - t0 <= 3 ? TILE_N1 : t1 - t0 == 4 ? TILE_N4 : TILE_N;
     if (t1 - t0 > STREAM_TOKS) {
         int64_t row_bytes = moeq_tensor_cols(job->w) * (int64_t)esize(dt);
         prefetch_head(row_ptr(job->w, job->row0), row_bytes, n0, n1);
-        nt_rows512(dt, job, n0, n1, t0, t1, tn);
+        nt_rows512(dt, job, n0, n1, t0, t1, TILE_N, TILE_T);
         return;
     }
+    int tn, tt;
+    nt_tile_shape(t1 - t0, &tn, &tt);
     for (int64_t a = n0, b; a < n1; a = b) { /* F8: one scale block at a time */
         b = n1;
         if (dt == MOEQ_DTYPE_F8_E4M3) {
             int64_t edge = a + MOEQ_F8_BLOCK - (job->row0 + a) % MOEQ_F8_BLOCK;
             if (edge < b) b = edge;
         }
-        nt_rows512(dt, job, nt_streams512(dt, job, a, b, t0, t1, tn), b, t0, t1, tn);
+        nt_rows512(dt, job, nt_streams512(dt, job, a, b, t0, t1, tn, tt), b, t0, t1, tn, tt);
     }
 }
 
