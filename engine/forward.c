@@ -356,8 +356,8 @@ static int cmp_id(const void *a, const void *b) {
  */
 static void screen_candidates(moeq_engine *e, moeq_screen_state *st, const float *x, const uint8_t *whole,
                               int64_t n) {
-    const int64_t D = e->cfg->hidden_size, V = moeq_tensor_rows(moeq_head_screen_codes(st->screen, 0));
     const moeq_tensor *split = moeq_head_screen_codes(st->screen, 0);
+    const int64_t D = e->cfg->hidden_size, V = moeq_tensor_rows(split);
     int64_t nj = 0;
     for (int64_t i = 0; i < n; i++) {
         int32_t *first = st->first + i * REFINE_CAP;
