@@ -249,8 +249,8 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const int LO,
                     r1 - 16 * g);
 }
 
-/* Groups [g0, g1) against R tokens, G at a time (G shrinks as R grows so the 2 G R accumulators stay in
- * registers); output rows [n0, n1) counted from group g0's first row (the block may start inside it), row r
+/* Groups [g0, g1) against R tokens, G at a time (G shrinks as R grows so the G R accumulators, 2 G R with lo
+ * codes, stay in registers); output rows [n0, n1) counted from group g0's first row (the block may start inside it), row r
  * of that count at column col + r of y. */
 static TD ALWAYS_INLINE void groups_r(const int R, const int LO, const uint8_t *wq, int64_t g0, int64_t g1,
                                       int64_t quads, const qtok *qt, int64_t Kp, const float *sw, int64_t rows,
@@ -324,8 +324,7 @@ static TDA void groups_amx16(int lo, const uint8_t *wq, int64_t g0, int64_t g1, 
         __m512i ah[16], al[16];
         for (int t = 0; t < 16; t++) ah[t] = _mm512_load_si512(ch + 16 * t), al[t] = _mm512_load_si512(cl + 16 * t);
         const int64_t base = (g - g0) * 16;
-        if (lo) store_group(16, 1, ah, al, qt, sw + g * 16, rows - g * 16, y, col + base, ldy, n0 - base, n1 - base);
-        else store_group(16, 0, ah, al, qt, sw + g * 16, rows - g * 16, y, col + base, ldy, n0 - base, n1 - base);
+        store_group(16, lo, ah, al, qt, sw + g * 16, rows - g * 16, y, col + base, ldy, n0 - base, n1 - base);
     }
     _tile_release();
 }
