@@ -185,6 +185,31 @@ static void mtp_totals_and_the_acceptance_rate_are_rendered(void **state) {
     assert_non_null(strstr(buf, "moeq_worker_mtp_acceptance_rate{worker=\"w1\"} 0.7500\n"));
 }
 
+/* The screened head's counters (the loop copies moeq_engine_head_screen_stats after each step). */
+static void the_screened_heads_counters_are_rendered(void **state) {
+    (void)state;
+    static moeq_worker_metrics m;
+    memset(&m, 0, sizeof m);
+    char buf[65536];
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_non_null(strstr(buf, "moeq_worker_head_screen_on{worker=\"w1\"} 0\n")); /* before any greedy row */
+    atomic_store(&m.screen_on, 1);
+    atomic_store(&m.screen_rows, 40);
+    atomic_store(&m.screen_candidates, 760);
+    atomic_store(&m.screen_fallbacks, 1);
+    atomic_store(&m.screen_refined, 3);
+    atomic_store(&m.screen_bytes, 16973824);
+    moeq_worker_metrics_render(&m, "w1", buf, sizeof buf);
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_head_screen_on gauge\n"));
+    assert_non_null(strstr(buf, "moeq_worker_head_screen_on{worker=\"w1\"} 1\n"));
+    assert_non_null(strstr(buf, "moeq_worker_head_screen_rows_total{worker=\"w1\"} 40\n"));
+    assert_non_null(strstr(buf, "moeq_worker_head_screen_candidates_total{worker=\"w1\"} 760\n"));
+    assert_non_null(strstr(buf, "moeq_worker_head_screen_fallbacks_total{worker=\"w1\"} 1\n"));
+    assert_non_null(strstr(buf, "moeq_worker_head_screen_refined_total{worker=\"w1\"} 3\n"));
+    assert_non_null(strstr(buf, "# TYPE moeq_worker_head_screen_bytes gauge\n"));
+    assert_non_null(strstr(buf, "moeq_worker_head_screen_bytes{worker=\"w1\"} 16973824\n"));
+}
+
 /* The routed experts' load (issue 13's planner input): slots per expert over layers, max / mean per layer. */
 static void the_experts_load_is_a_counter_per_expert_and_an_imbalance_per_layer(void **state) {
     (void)state;
@@ -218,6 +243,7 @@ int main(void) {
         cmocka_unit_test(the_device_its_memory_and_the_kv_pool_are_gauges),
         cmocka_unit_test(every_worker_metric_follows_the_prometheus_conventions),
         cmocka_unit_test(mtp_totals_and_the_acceptance_rate_are_rendered),
+        cmocka_unit_test(the_screened_heads_counters_are_rendered),
         cmocka_unit_test(the_experts_load_is_a_counter_per_expert_and_an_imbalance_per_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -230,6 +230,23 @@ static void jobs_sharing_a_long_instruction_on_two_workers_give_generates_tokens
     /* each worker computes the instruction about once per batch it takes before any of its jobs runs;
        every other job reuses at least its whole blocks (992 of the 1,000 tokens) */
     assert_true(reused >= (N_JOBS - 2 * BATCH) * 992.0);
+    /* the greedy jobs' rows went through the screened head where the CPU has the int8 kernels, and the tokens
+     * above are still generate's; its counters are on /metrics */
+    double on = 0, rows = 0, fallbacks = 0, bytes = 0;
+    for (int k = 0; k < 2; k++) {
+        on += metric(port[k], "moeq_worker_head_screen_on");
+        rows += metric(port[k], "moeq_worker_head_screen_rows_total");
+        fallbacks += metric(port[k], "moeq_worker_head_screen_fallbacks_total");
+        bytes += metric(port[k], "moeq_worker_head_screen_bytes");
+    }
+    print_message("screened head: on in %.0f of 2 workers, %.0f rows decided, %.0f whole (fallbacks)\n", on, rows,
+                  fallbacks);
+    if (moeq_engine_cpu_draft()) {
+        assert_true(on == 2 && rows > 0 && bytes > 0 && fallbacks <= rows);
+    } else {
+        assert_true(on == 0 && rows == 0); /* no int8 kernels: every row whole */
+        print_message("screened head not checked: %s\n", moeq_engine_cpu_draft_describe());
+    }
     assert_int_equal(stop_worker(w[0]), 0);
     assert_int_equal(stop_worker(w[1]), 0);
     moeq_kafka_consumer_destroy(consumer);

@@ -124,6 +124,7 @@ struct moeq_worker {
     worker_group *group;           /* NULL: no group                           */
     int group_idle;                /* no rank had work at the last agreement: a rank may block for batches */
     int handed_back;               /* drain timed out: batches handed back; only empty steps from now on */
+    char screen_state[96];         /* the screened head's state last logged (screen_metrics) */
     int64_t main_steps0;           /* the engine's main passes before this tick's step (a group's lockstep
                                       needs exactly one per tick: moeq_engine_main_steps)               */
     moeq_err group_err;            /* the group failed (a rank died or went silent): end, leave batches pending */
@@ -980,6 +981,28 @@ static void prefix_metrics(moeq_worker *w) {
     atomic_store(&w->metrics.prefix_collisions, ps.collisions);
 }
 
+/* The screened head's counters into the metrics, and its state into the log when it changes (the first greedy
+ * row makes the int8 copy, or says why there is none: head_screen = off, a device, no VNNI, out of memory). */
+static void screen_metrics(moeq_worker *w) {
+    moeq_head_screen_stats st = moeq_engine_head_screen_stats(w->engine);
+    atomic_store(&w->metrics.screen_rows, st.rows);
+    atomic_store(&w->metrics.screen_candidates, st.candidates);
+    atomic_store(&w->metrics.screen_fallbacks, st.fallbacks);
+    atomic_store(&w->metrics.screen_refined, st.refined);
+    atomic_store(&w->metrics.screen_bytes, (long long)st.bytes);
+    int on = st.state && !strcmp(st.state, "on");
+    atomic_store(&w->metrics.screen_on, on);
+    if (!st.state || !strcmp(st.state, "not yet used") || !strncmp(w->screen_state, st.state, sizeof w->screen_state - 1))
+        return;
+    snprintf(w->screen_state, sizeof w->screen_state, "%s", st.state);
+    if (on)
+        moeq_log(MOEQ_LOG_INFO, COMP, "head_screen_on", "model=%s copy_bytes=%zu head_bytes=%zu", w->model_name,
+                 st.bytes, st.head_bytes);
+    else
+        moeq_log(MOEQ_LOG_INFO, COMP, "head_screen_off", "model=%s reason=\"%s; greedy rows are computed whole\"",
+                 w->model_name, st.state);
+}
+
 /* The plan's ordinary items: open (or fork) new sequences, fill w->items. */
 static moeq_err prepare_items(moeq_worker *w, const moeq_sched_step *plan, char *err, size_t err_size) {
     int64_t total = 0;
@@ -1113,6 +1136,7 @@ static int run_step(moeq_worker *w) {
     moeq_sched_commit_mtp(w->sched, w->sampled, w->round_out, moeq_now_ms());
     atomic_fetch_add(&w->metrics.steps, 1);
     prefix_metrics(w);
+    screen_metrics(w);
     atomic_fetch_add(&w->metrics.prefill_tokens, plan.n_prefill_tokens);
     atomic_fetch_add(&w->metrics.decode_tokens, plan.n_decode_tokens);
     return 1;

@@ -222,6 +222,18 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
     emit(&o, "# HELP moeq_worker_mtp_acceptance_rate accepted / drafted since start (0 before any draft)\n"
              "# TYPE moeq_worker_mtp_acceptance_rate gauge\nmoeq_worker_mtp_acceptance_rate{worker=\"%s\"} %.4f\n",
          wid, drafted > 0 ? (double)LOAD(m->mtp_accepted) / (double)drafted : 0.0);
+    counter(&o, "head_screen_on", "1 while greedy rows are decided by the screened head (an int8 copy of lm_head)",
+            "gauge", wid, atomic_load_explicit(&m->screen_on, memory_order_relaxed));
+    counter(&o, "head_screen_rows_total", "greedy logits rows the screened head decided", "counter", wid,
+            LOAD(m->screen_rows));
+    counter(&o, "head_screen_candidates_total", "vocabulary rows those rows computed exactly (candidates)", "counter",
+            wid, LOAD(m->screen_candidates));
+    counter(&o, "head_screen_fallbacks_total", "greedy rows the screen could not decide (computed whole)", "counter",
+            wid, LOAD(m->screen_fallbacks));
+    counter(&o, "head_screen_refined_total", "screened rows that took the second pass (split int8 codes)", "counter",
+            wid, LOAD(m->screen_refined));
+    counter(&o, "head_screen_bytes", "bytes of the screened head's int8 copy (0: none made)", "gauge", wid,
+            LOAD(m->screen_bytes));
     vllm_set(&o, m, wid);
     expert_load(&o, m, wid);
     return o.len;

@@ -44,6 +44,11 @@ typedef struct moeq_worker_metrics {
     atomic_llong sequences_active, slots_free;
     atomic_llong engine_ns;                       /* time inside engine steps (rendered in seconds) */
     atomic_llong mtp_rounds, mtp_drafted, mtp_accepted; /* speculative decoding (MTP)     */
+    /* The screened head (moeq_engine_head_screen_stats, copied by the loop after each step): greedy rows it
+     * decided, the candidates they computed exactly, rows it could not decide (whole), rows that took its
+     * second pass, the int8 copy's bytes, and 1 while it is on (the log says why when it is not). */
+    atomic_llong screen_rows, screen_candidates, screen_fallbacks, screen_refined, screen_bytes;
+    atomic_int screen_on;
     atomic_int healthy;                           /* 0 while Redis/Kafka are unreachable */
     atomic_int draining;
     /* The set vLLM users know (docs/METRICS.md), from the heartbeat's scheduler stats and each result;
