@@ -18,6 +18,14 @@
  * R times and reports the median of each figure. Use a checkpoint with an
  * MTP layer: `moeq gen-model --preset bench-mtp` (agrees by construction)
  * or `bench`.
+ *
+ * `verify_step_cost` (batch 1, issue 18's aim: a 2-4 token verify step at
+ * most ~1.05 plain steps): one engine, one sequence, steps of 1, 2, ...,
+ * max k + 1 tokens with a logits record per token (a verify step's rows),
+ * each truncated away again, alternated --cost-rounds times (default 24) in
+ * one process with fresh tokens every step; the median over rounds of each
+ * step's time over the 1-token step's of the same round. A round of k costs
+ * about that plus the draft, so speedup ~ tokens_per_step / (cost + draft).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +36,7 @@
 
 typedef struct args {
     const char *model;
-    int n_threads, tokens, prompt, repeat;
+    int n_threads, tokens, prompt, repeat, cost_rounds;
     int batches[8], n_batches, ks[8], n_ks;
     char drafts[3][8]; /* --mtp-draft: engine key mtp_draft of the k > 0 lanes */
     const char *cpu_matrix; /* --cpu-matrix: engine key cpu_matrix (default auto) */
@@ -61,13 +69,14 @@ static int parse_list(const char *s, int *out, int max) {
 
 static int parse(int argc, char **argv, args *a) {
     *a = (args){.tokens = 128, .prompt = 16, .batches = {1, 8, 32}, .n_batches = 3, .ks = {0, 1, 2, 3}, .n_ks = 4,
-              .repeat = 1, .drafts = {"f8"}, .n_drafts = 1};
+              .repeat = 1, .drafts = {"f8"}, .n_drafts = 1, .cost_rounds = 24};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--model")) a->model = v;
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--tokens")) a->tokens = atoi(v);
         else if (!strcmp(k, "--repeat")) a->repeat = atoi(v);
+        else if (!strcmp(k, "--cost-rounds")) a->cost_rounds = atoi(v);
         else if (!strcmp(k, "--batches")) a->n_batches = parse_list(v, a->batches, 8);
         else if (!strcmp(k, "--ks")) a->n_ks = parse_list(v, a->ks, 8);
         else if (!strcmp(k, "--cpu-matrix")) a->cpu_matrix = v;
@@ -258,11 +267,74 @@ static void print_batch(int B, const args *a, result res[][8], int *first) {
     fflush(stdout);
 }
 
+/*
+ * verify_step_cost: cost[n - 1] = the median over rounds of (an n-token step's time) / (the 1-token step's of the
+ * same round), n = 1..max_n, batch 1. 0 when it worked.
+ */
+static int verify_cost(const moeq_model *model, const args *a, int max_n, double *cost, char *err, size_t err_size) {
+    enum { MAX_ROUNDS = 256, MAX_N = MOEQ_MTP_MAX_K + 1 };
+    const moeq_model_config *c = moeq_model_get_config(model);
+    int rounds = a->cost_rounds < 3 ? 3 : a->cost_rounds > MAX_ROUNDS ? MAX_ROUNDS : a->cost_rounds, rc = 1, seq;
+    if (max_n > MAX_N) max_n = MAX_N;
+    moeq_engine_params p = moeq_engine_default_params();
+    if (a->cpu_matrix) snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "%s", a->cpu_matrix);
+    p.n_threads = a->n_threads;
+    p.max_seqs = 1;
+    p.max_step_tokens = a->prompt > MAX_N ? a->prompt : MAX_N;
+    p.kv_cache_tokens = a->prompt + MAX_N + 16;
+    moeq_engine *e = NULL;
+    size_t n_ids = (size_t)a->prompt + (size_t)MAX_ROUNDS * MAX_N * (MAX_N + 1) / 2;
+    int32_t *ids = malloc(n_ids * sizeof(int32_t));
+    float *logits = malloc((size_t)MAX_N * c->vocab_size * sizeof(float));
+    static double t[MAX_N][MAX_ROUNDS], ratio[MAX_ROUNDS];
+    moeq_logits_record rec[MAX_N];
+    uint8_t have[MAX_N];
+    if (!ids || !logits) {
+        snprintf(err, err_size, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n_ids; i++) ids[i] = (int32_t)((i * 37 + 5) % c->vocab_size);
+    if (moeq_engine_new(model, &p, &e, err, err_size)) goto done;
+    if (moeq_engine_seq_new(e, &seq)) {
+        snprintf(err, err_size, "seq_new");
+        goto done;
+    }
+    moeq_step_item prefill = {seq, ids, a->prompt, 0};
+    if (moeq_engine_step(e, &prefill, 1, logits, 1, err, err_size)) goto done;
+    /* fresh tokens every step: a step that repeated the previous one's would find its experts' weights in the
+     * last-level cache (MoE models), which flatters whichever step comes second */
+    const int32_t *next = ids + a->prompt;
+    for (int r = 0; r < rounds; r++)
+        for (int n = 1; n <= max_n; n++) {
+            moeq_step_item it = {seq, next, n, 1};
+            moeq_step_out out = {logits, (size_t)n, rec, NULL, have};
+            next += n;
+            int64_t t0 = moeq_mono_ns();
+            if (moeq_engine_step_out(e, &it, 1, &out, err, err_size)) goto done;
+            t[n - 1][r] = (double)(moeq_mono_ns() - t0);
+            if (moeq_engine_seq_truncate(e, seq, a->prompt)) {
+                snprintf(err, err_size, "truncate");
+                goto done;
+            }
+        }
+    for (int n = 1; n <= max_n; n++) {
+        int m = 0;
+        for (int r = 2; r < rounds; r++) ratio[m++] = t[n - 1][r] / t[0][r]; /* rounds 0-1 warm up */
+        cost[n - 1] = median(ratio, m);
+    }
+    rc = 0;
+done:
+    moeq_engine_destroy(e);
+    free(ids);
+    free(logits);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     args a;
     if (parse(argc, argv, &a)) {
         fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3] [--tokens N] "
-                        "[--repeat R (1-15)] [--mtp-draft f8|e4m3|exact|f8,e4m3,exact] "
+                        "[--repeat R (1-15)] [--mtp-draft f8|e4m3|exact|f8,e4m3,exact] [--cost-rounds R (0: none)] "
                         "[--cpu-matrix auto|lanes|amx]\n");
         return 2;
     }
@@ -280,7 +352,21 @@ int main(int argc, char **argv) {
         for (int rep = 0; ok && rep < a.repeat; rep++) ok = !run_batch(model, &a, a.batches[bi], res[rep]);
         if (ok) print_batch(a.batches[bi], &a, res, &first);
     }
-    printf("\n]}\n");
+    printf("\n]");
+    int max_n = 2;
+    for (int i = 0; i < a.n_ks; i++)
+        if (a.ks[i] + 1 > max_n) max_n = a.ks[i] + 1;
+    double cost[MOEQ_MTP_MAX_K + 1];
+    if (max_n > MOEQ_MTP_MAX_K + 1) max_n = MOEQ_MTP_MAX_K + 1;
+    if (a.cost_rounds > 0 && !verify_cost(model, &a, max_n, cost, err, sizeof err)) {
+        printf(",\n \"verify_step_cost\": {\"tokens\": [");
+        for (int n = 1; n <= max_n; n++) printf("%s%d", n > 1 ? ", " : "", n);
+        printf("], \"plain_steps\": [");
+        for (int n = 1; n <= max_n; n++) printf("%s%.3f", n > 1 ? ", " : "", cost[n - 1]);
+        printf("]}");
+    } else if (a.cost_rounds > 0)
+        fprintf(stderr, "bench-mtp: verify_step_cost: %s\n", err);
+    printf("\n}\n");
     moeq_model_destroy(model);
     return 0;
 }
