@@ -992,8 +992,9 @@ static void screen_metrics(moeq_worker *w) {
     atomic_store(&w->metrics.screen_bytes, (long long)st.bytes);
     int on = st.state && !strcmp(st.state, "on");
     atomic_store(&w->metrics.screen_on, on);
-    if (!st.state || !strcmp(st.state, "not yet used") || !strncmp(w->screen_state, st.state, sizeof w->screen_state - 1))
-        return;
+    if (!st.state || !strcmp(st.state, "not yet used") ||
+        !strncmp(w->screen_state, st.state, sizeof w->screen_state - 1))
+        return; /* nothing to say yet, or said already */
     snprintf(w->screen_state, sizeof w->screen_state, "%s", st.state);
     if (on)
         moeq_log(MOEQ_LOG_INFO, COMP, "head_screen_on", "model=%s copy_bytes=%zu head_bytes=%zu", w->model_name,
