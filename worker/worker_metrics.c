@@ -223,7 +223,7 @@ size_t moeq_worker_metrics_render(const moeq_worker_metrics *m, const char *wid,
              "# TYPE moeq_worker_mtp_acceptance_rate gauge\nmoeq_worker_mtp_acceptance_rate{worker=\"%s\"} %.4f\n",
          wid, drafted > 0 ? (double)LOAD(m->mtp_accepted) / (double)drafted : 0.0);
     counter(&o, "head_screen_on", "1 while greedy rows are decided by the screened head (an int8 copy of lm_head)",
-            "gauge", wid, atomic_load_explicit(&m->screen_on, memory_order_relaxed));
+            "gauge", wid, LOAD(m->screen_on));
     counter(&o, "head_screen_rows_total", "greedy logits rows the screened head decided", "counter", wid,
             LOAD(m->screen_rows));
     counter(&o, "head_screen_candidates_total", "vocabulary rows those rows computed exactly (candidates)", "counter",
