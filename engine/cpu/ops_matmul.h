@@ -23,7 +23,7 @@
  * Many tokens (moeq_mm_nt_block_ws with a workspace): K is walked in steps of
  * 1024 with the 16-lane accumulators parked in the workspace between steps, so
  * a step's weights and activations stay in L2 for any K; F8 rows are widened
- * to f16 once per step and 32 tokens rather than once per 4-token tile. The
+ * to f16 once per step and 64 tokens rather than once per 4-token tile. The
  * lanes resume where they stopped: the same bits as the direct tiles.
  *
  * They do not thread (backend_cpu.c splits work over its pool) and do not
