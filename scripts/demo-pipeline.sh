@@ -65,6 +65,12 @@ n_threads = 1
 http_port = 0
 CONF
 
+# The topics first, as a deployment creates them (results compacted, the dead letters kept a month): a
+# consumer that subscribes before its topic exists only logs UNKNOWN_TOPIC_OR_PART until a producer makes it.
+echo "demo: creating the topics (moeq topics)"
+"$moeq" topics --config "$out/coordinator.conf" --partitions 4 >"$out/topics.jsonl" 2>"$out/topics.log" ||
+  { echo "demo: moeq topics failed:" >&2; cat "$out/topics.jsonl" "$out/topics.log" >&2; exit 1; }
+
 echo "demo: starting a coordinator and two workers (logs in $out/)"
 "$moeq" coordinator --config "$out/coordinator.conf" 2>"$out/coordinator.log" & pids+=($!)
 "$moeq" worker --config "$out/worker.conf" --worker_id="$run-w1" 2>"$out/worker-1.log" & pids+=($!)
