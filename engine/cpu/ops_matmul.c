@@ -73,7 +73,9 @@
  * block, so a task's 64 tokens (NT_TOKS) in one block widen them once: bench F8 prefill 0.957 (512 tokens) and 0.966
  * (2,048) of the time with 32, Zen 5, 1 thread, alternated in one process. */
 #define BLK_TOKS_F8 64
-#define ACC_BYTES ((size_t)BLK_TOKS_F8 * MOEQ_F8_BLOCK * LANES * sizeof(float)) /* >= BLK_TOKS x BLK_ROWS's */
+/* The parked accumulators: an F8 block's 4 parts of BLK_TOKS_F8 tokens; the other dtypes' blocks need less. */
+#define ACC_BYTES ((size_t)BLK_TOKS_F8 * MOEQ_F8_BLOCK * LANES * sizeof(float))
+_Static_assert(BLK_TOKS_F8 * MOEQ_F8_BLOCK >= BLK_TOKS * BLK_ROWS, "ACC_BYTES holds a BF16 block's accumulators");
 #define STAGE_W_BYTES ((size_t)BLK_ROWS * BLK_K * 2)
 #define STAGE_X_BYTES ((size_t)BLK_TOKS_F8 * BLK_K * sizeof(float))
 
