@@ -216,6 +216,39 @@ static void invalid_jobs_are_dead_lettered_with_reasons_and_answered(void **stat
     h_destroy(&h);
 }
 
+/*
+ * A job topic that a producer creates after the coordinator started, while another subscribed topic (the cancel
+ * topic) already has partitions: the coordinator reads it within seconds (no refresh override here; librdkafka's
+ * own default refreshed the subscription's metadata only every 5 minutes).
+ */
+static void a_job_topic_created_after_start_up_is_read_within_seconds(void **state) {
+    (void)state;
+    harness h;
+    int rc = h_init(&h, "coord_late_topic");
+    if (rc == MOEQ_TEST_SKIP) skip();
+    assert_int_equal(rc, 0);
+    h_produce(&h, h.cancel_topic, "nobody", "nobody", 6); /* the cancel topic exists before start-up */
+    assert_int_equal(h_flush(&h), 0);
+    const char *extra[] = {"--max_wait_ms=20", NULL};
+    pid_t pid = h_start(&h, extra);
+    h_sleep_ms(3000); /* subscribed, the cancel topic's partition assigned, the job topic still missing */
+    const char *job = "{\"v\":1,\"id\":\"late\",\"tokens\":[1,2,3]}";
+    int64_t t0 = moeq_now_ms();
+    h_produce(&h, h.jobs_topic, "late", job, strlen(job));
+    assert_int_equal(h_flush(&h), 0);
+    h_walk w = {0};
+    int64_t end = t0 + 30000;
+    while (moeq_now_ms() < end && (h_read_batches(&h, &w), w.n_jobs < 1)) h_sleep_ms(100);
+    int64_t took = moeq_now_ms() - t0;
+    assert_int_equal(h_stop(pid), 0);
+    assert_int_equal(w.n_jobs, 1);
+    assert_string_equal(w.jobs[0].id, "late");
+    print_message("a job on a topic created after start-up was batched after %lld ms\n", (long long)took);
+    free(w.jobs);
+    free(w.batches);
+    h_destroy(&h);
+}
+
 static void a_job_cancelled_before_it_arrives_never_reaches_a_batch(void **state) {
     (void)state;
     harness h;
@@ -320,6 +353,7 @@ int main(void) {
         cmocka_unit_test(mixed_jobs_become_batches_that_obey_every_bound),
         cmocka_unit_test(invalid_jobs_are_dead_lettered_with_reasons_and_answered),
         cmocka_unit_test(a_job_cancelled_before_it_arrives_never_reaches_a_batch),
+        cmocka_unit_test(a_job_topic_created_after_start_up_is_read_within_seconds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
