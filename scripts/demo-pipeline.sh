@@ -7,7 +7,7 @@
 # Called by scripts/demo.sh (`make demo`) once `moeq worker` exists.
 # MOEQ_DEMO_KAFKA / MOEQ_DEMO_REDIS (host:port) use running services instead
 # of starting scripts/services.sh; MOEQ_DEMO_NAMESPACE (default moeq) names
-# the topics (<ns>.jobs, <ns>.results), the Redis keys (<ns>:...) and the
+# the topics (<ns>.jobs, .results, .dlq, .cancel), the Redis keys (<ns>:...) and the
 # coordinator group, so a test run shares nothing with anything else.
 set -euo pipefail
 [ $# -eq 2 ] || { echo "usage: $0 MODEL_DIR OUT_DIR" >&2; exit 2; }
@@ -47,6 +47,8 @@ redis_url = $redis
 model = $model
 job_topics = $jobs_topic
 results_topic = $results_topic
+dlq_topic = $ns.dlq
+cancel_topic = $ns.cancel
 redis_prefix = $ns
 group_id = $ns-coordinators
 max_wait_ms = 50
@@ -57,6 +59,7 @@ model = $model
 kafka_brokers = $kafka
 redis_url = $redis
 results_topic = $results_topic
+dlq_topic = $ns.dlq
 redis_prefix = $ns
 max_seqs = 8
 max_step_tokens = 256
@@ -90,7 +93,7 @@ done <"$root/examples/demo/documents.txt"
 
 echo "demo: submitting $i documents"
 "$moeq" submit --in "$out/jobs.jsonl" --out "$out/results.jsonl" --brokers "$kafka" \
-  --topic "$jobs_topic" --results-topic "$results_topic" --timeout-s "${MOEQ_DEMO_TIMEOUT_S:-300}"
+  --topic "$jobs_topic" --results-topic "$results_topic" --dlq-topic "$ns.dlq" --timeout-s "${MOEQ_DEMO_TIMEOUT_S:-300}"
 
 echo
 MOEQ_REDIS_URL=$redis "$moeq" status --prefix "$ns" || true
