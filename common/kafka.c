@@ -83,6 +83,10 @@ static const kv_default consumer_defaults[] = {
     {"enable.auto.offset.store", "false"}, /* guarded: the caller stores after Redis acked */
     {"enable.auto.commit", "false"},
     {"auto.offset.reset", "earliest"},
+    /* A subscribed topic created after start-up (a producer's auto-creation) joins the subscription at the next
+     * metadata refresh: librdkafka's own 5 minutes left a coordinator's job topic unread that long once another
+     * subscribed topic (the cancel topic) had partitions. */
+    {"topic.metadata.refresh.interval.ms", "5000"},
     {NULL, NULL},
 };
 

@@ -962,8 +962,6 @@ static moeq_err set_membership(moeq_coordinator *c, moeq_kvlist *kv, char *errst
     return MOEQ_OK;
 }
 
-#define COORDINATOR_METADATA_REFRESH_MS "5000" /* unless kafka.topic.metadata.refresh.interval.ms says */
-
 static moeq_err connect_kafka(moeq_coordinator *c, const moeq_kvlist *kafka, char *errstr, size_t n) {
     moeq_kafka_producer_params pp = {.brokers = c->p.kafka_brokers, .client_id = "moeq-coordinator",
                                      .on_delivery = on_delivery, .cb_opaque = c};
@@ -981,11 +979,6 @@ static moeq_err connect_kafka(moeq_coordinator *c, const moeq_kvlist *kafka, cha
         moeq_kvlist_at(kafka, i, &k, &v);
         moeq_kvlist_set(kv, k, v);
     }
-    /* A job topic created after start-up (a producer's auto-creation) joins the subscription only when the
-     * consumer next refreshes its metadata: librdkafka's default of 5 minutes left such a topic unread that long
-     * once another subscribed topic (the cancel topic) already had partitions. */
-    if (!moeq_kvlist_get(kv, "topic.metadata.refresh.interval.ms"))
-        moeq_kvlist_set(kv, "topic.metadata.refresh.interval.ms", COORDINATOR_METADATA_REFRESH_MS);
     e = set_membership(c, kv, errstr, n);
     if (e) {
         moeq_kvlist_destroy(kv);
