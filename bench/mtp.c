@@ -26,6 +26,11 @@
  * one process with fresh tokens every step; the median over rounds of each
  * step's time over the 1-token step's of the same round. A round of k costs
  * about that plus the draft, so speedup ~ tokens_per_step / (cost + draft).
+ *
+ * `--ks ...,auto` adds a lane whose drafts per sequence and round (0-3) are
+ * the worker's `mtp_k = auto` choice (worker/mtp_auto.h: each sequence's
+ * acceptance by depth, this lane's own round times), with the mean k it
+ * chose; it should match or beat the best fixed k of its batch size.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +38,10 @@
 
 #include "moeq/engine.h"
 #include "moeq/util.h"
+#include "mtp_auto.h"
+
+#define K_AUTO (-1)   /* --ks auto: the lane of mtp_k = auto                     */
+#define AUTO_MAX_K 3  /* the worker's auto range                                */
 
 typedef struct args {
     const char *model;
@@ -61,6 +70,11 @@ static int parse_drafts(const char *v, args *a) {
 static int parse_list(const char *s, int *out, int max) {
     int n = 0;
     for (char *end; *s && n < max; s = *end ? end + 1 : end) {
+        if (!strncmp(s, "auto", 4) && (s[4] == ',' || !s[4])) {
+            out[n++] = K_AUTO;
+            end = (char *)s + 4;
+            continue;
+        }
         out[n++] = (int)strtol(s, &end, 10);
         if (end == s) return -1;
     }
@@ -86,7 +100,7 @@ static int parse(int argc, char **argv, args *a) {
     }
     a->n_lanes = 0;
     for (int i = 0; i < a->n_ks; i++)
-        for (int d = 0; d < (a->ks[i] > 0 ? a->n_drafts : 1); d++) {
+        for (int d = 0; d < (a->ks[i] != 0 ? a->n_drafts : 1); d++) {
             if (a->n_lanes == 8) return -1;
             a->lane_k[a->n_lanes] = a->ks[i], a->lane_draft[a->n_lanes++] = d;
         }
@@ -94,8 +108,8 @@ static int parse(int argc, char **argv, args *a) {
 }
 
 typedef struct result {
-    double tps, tokens_per_round;
-    int64_t drafted, accepted, tokens, rounds, ns;
+    double tps, tokens_per_round, mean_k;
+    int64_t drafted, accepted, tokens, rounds, ns, k_sum;
 } result;
 
 /* One k at batch B on its own engine. */
@@ -111,6 +125,10 @@ typedef struct lane {
     moeq_logits_record *rec; /* k = 0: the plain steps' records (greedy rows, as the MTP rounds read theirs) */
     uint8_t *have;
     int vocab, round;
+    moeq_mtp_auto *choice;      /* k = K_AUTO: the worker's choice of drafts ... */
+    moeq_mtp_depths *depths;    /* ... each sequence's acceptance by depth       */
+    moeq_mtp_auto_job *jobs;
+    int64_t *accepted_before;
     result r;
 } lane;
 
@@ -123,6 +141,8 @@ static int32_t argmax(const float *row, int n) {
 static void lane_close(lane *l) {
     moeq_mtp_decoder_destroy(l->dec);
     moeq_engine_destroy(l->engine);
+    moeq_mtp_auto_destroy(l->choice);
+    free(l->depths), free(l->jobs), free(l->accepted_before);
     free(l->seqs), free(l->items), free(l->ids), free(l->logits), free(l->got), free(l->rec), free(l->have);
     memset(l, 0, sizeof *l);
 }
@@ -149,10 +169,19 @@ static int lane_open(const moeq_model *model, const args *a, int B, int k, const
     if (!l->seqs || !l->items || !l->ids || !l->logits || !l->got || !l->rec || !l->have)
         return snprintf(err, err_size, "out of memory"), 1;
     if (moeq_engine_new(model, &p, &l->engine, err, err_size)) return 1;
-    if (k > 0 && moeq_mtp_decoder_new(l->engine, B, k, &l->dec, err, err_size)) return 1;
+    if (k != 0 && moeq_mtp_decoder_new(l->engine, B, k == K_AUTO ? AUTO_MAX_K : k, &l->dec, err, err_size)) return 1;
+    if (k == K_AUTO) { /* as the worker sets it up: a draft pass's share of a step's weights */
+        double step = (double)moeq_model_active_bytes_per_token(model);
+        double share = step > 0 ? (double)moeq_model_mtp_active_bytes_per_token(model) / step : 0;
+        if (moeq_mtp_auto_new(p.max_step_tokens, share > 1 ? 1 : share, &l->choice, err, err_size)) return 1;
+        l->depths = calloc((size_t)B, sizeof *l->depths);
+        l->jobs = calloc((size_t)B, sizeof *l->jobs);
+        l->accepted_before = calloc((size_t)B, sizeof *l->accepted_before);
+        if (!l->depths || !l->jobs || !l->accepted_before) return snprintf(err, err_size, "out of memory"), 1;
+    }
     for (int b = 0; b < B; b++) {
         if (moeq_engine_seq_new(l->engine, &l->seqs[b].seq_id)) return snprintf(err, err_size, "seq_new"), 1;
-        if (k > 0 && moeq_engine_seq_set_mtp(l->engine, l->seqs[b].seq_id, 1))
+        if (k != 0 && moeq_engine_seq_set_mtp(l->engine, l->seqs[b].seq_id, 1))
             return snprintf(err, err_size, "the model has no MTP layer"), 1;
         for (int i = 0; i < a->prompt; i++)
             l->ids[b * a->prompt + i] = (int32_t)((i * 37 + b * 101 + 5) % c->vocab_size);
@@ -188,6 +217,25 @@ static int lane_round(lane *l, char *err, size_t err_size) {
                 l->have[b] ? argmax(l->logits + (size_t)b * l->vocab, l->vocab) : l->rec[b].argmax;
             l->got[b]++;
         }
+    } else if (l->k == K_AUTO) { /* the scheduler's use of mtp_auto, without prompts waiting */
+        for (int b = 0; b < l->B; b++) l->jobs[b] = (moeq_mtp_auto_job){.depths = &l->depths[b], .k_max = AUTO_MAX_K};
+        moeq_mtp_auto_choose(l->choice, l->jobs, l->B, l->B, l->B * AUTO_MAX_K);
+        int tokens = 0, passes[AUTO_MAX_K] = {0};
+        for (int b = 0; b < l->B; b++) {
+            int k = l->seqs[b].k = l->jobs[b].k;
+            l->accepted_before[b] = l->seqs[b].accepted;
+            tokens += k + 1;
+            for (int j = 0; j < k; j++) passes[j]++;
+            l->r.k_sum += k;
+        }
+        if (moeq_mtp_decode_step(l->dec, l->seqs, l->B, err, err_size)) return 1;
+        for (int b = 0; b < l->B; b++) {
+            l->got[b] += l->seqs[b].n_out;
+            if (l->seqs[b].k > 0)
+                moeq_mtp_auto_note_round(l->choice, &l->depths[b], l->seqs[b].k,
+                                         (int)(l->seqs[b].accepted - l->accepted_before[b]));
+        }
+        moeq_mtp_auto_note_step(l->choice, tokens, passes, AUTO_MAX_K, (double)(moeq_mono_ns() - t0) * 1e-9);
     } else {
         for (int b = 0; b < l->B; b++) l->seqs[b].k = l->k;
         if (moeq_mtp_decode_step(l->dec, l->seqs, l->B, err, err_size)) return 1;
@@ -205,6 +253,7 @@ static void lane_result(lane *l) {
         r->tokens += l->got[b], r->drafted += l->seqs[b].drafted, r->accepted += l->seqs[b].accepted;
     r->tps = (double)r->tokens / ((double)r->ns / 1e9);
     r->tokens_per_round = (double)r->tokens / (double)(r->rounds * l->B);
+    r->mean_k = l->k == K_AUTO ? (double)r->k_sum / (double)(r->rounds * l->B) : l->k;
 }
 
 /* Every k at batch B in lockstep; res[ki] per k. 0 when all worked. */
@@ -253,13 +302,16 @@ static void print_batch(int B, const args *a, result res[][8], int *first) {
             tps[rep] = res[rep][ki].tps;
             speedup[rep] = base > 0 ? res[rep][ki].tps / base : 0.0;
         }
-        const result *r = &res[0][ki]; /* greedy: acceptance is the same every repetition */
+        const result *r = &res[0][ki]; /* greedy: acceptance is the same every repetition (auto: the first's) */
         double acc = r->drafted ? (double)r->accepted / (double)r->drafted : 0.0;
         double sp = median(speedup, a->repeat); /* sorts: [0] and [repeat - 1] are the extremes */
-        printf("%s\n  {\"batch\": %d, \"k\": %d, \"mtp_draft\": \"%s\", \"tokens_per_s\": %.2f, \"acceptance\": %.4f, "
+        char k[32];
+        if (a->lane_k[ki] == K_AUTO) snprintf(k, sizeof k, "\"auto\", \"mean_k\": %.3f", r->mean_k);
+        else snprintf(k, sizeof k, "%d", a->lane_k[ki]);
+        printf("%s\n  {\"batch\": %d, \"k\": %s, \"mtp_draft\": \"%s\", \"tokens_per_s\": %.2f, \"acceptance\": %.4f, "
                "\"tokens_per_step\": %.3f, \"zero_overhead_speedup\": %.3f, \"speedup\": %.3f, "
                "\"speedup_range\": [%.3f, %.3f]}",
-               *first ? "" : ",", B, a->lane_k[ki], a->lane_k[ki] ? a->drafts[a->lane_draft[ki]] : "-",
+               *first ? "" : ",", B, k, a->lane_k[ki] ? a->drafts[a->lane_draft[ki]] : "-",
                median(tps, a->repeat), acc, r->tokens_per_round,
                r->tokens_per_round, sp, speedup[0], speedup[a->repeat - 1]);
         *first = 0;
@@ -333,7 +385,7 @@ done:
 int main(int argc, char **argv) {
     args a;
     if (parse(argc, argv, &a)) {
-        fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3] [--tokens N] "
+        fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3,auto] [--tokens N] "
                         "[--repeat R (1-15)] [--mtp-draft f8|e4m3|exact|f8,e4m3,exact] [--cost-rounds R (0: none)] "
                         "[--cpu-matrix auto|lanes|amx]\n");
         return 2;
@@ -354,8 +406,10 @@ int main(int argc, char **argv) {
     }
     printf("\n]");
     int max_n = 2;
-    for (int i = 0; i < a.n_ks; i++)
-        if (a.ks[i] + 1 > max_n) max_n = a.ks[i] + 1;
+    for (int i = 0; i < a.n_ks; i++) {
+        int k = a.ks[i] == K_AUTO ? AUTO_MAX_K : a.ks[i];
+        if (k + 1 > max_n) max_n = k + 1;
+    }
     double cost[MOEQ_MTP_MAX_K + 1];
     if (max_n > MOEQ_MTP_MAX_K + 1) max_n = MOEQ_MTP_MAX_K + 1;
     if (a.cost_rounds > 0 && !verify_cost(model, &a, max_n, cost, err, sizeof err)) {

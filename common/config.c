@@ -34,11 +34,18 @@ static moeq_err prop_set(const moeq_prop *p, void *params, const char *value, ch
     char *field = (char *)params + p->offset;
     char *end = NULL;
     errno = 0;
+    if (p->type == MOEQ_PROP_INT_AUTO && strcasecmp(value, "auto") == 0) {
+        if (p->size == sizeof(int)) *(int *)field = MOEQ_PROP_AUTO;
+        else *(int64_t *)field = MOEQ_PROP_AUTO;
+        return MOEQ_OK;
+    }
     switch (p->type) {
+    case MOEQ_PROP_INT_AUTO: /* a number otherwise */
     case MOEQ_PROP_INT: {
         long long v = strtoll(value, &end, 0);
         if (errno || end == value || *end)
-            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "%s: '%s' is not an integer", p->name, value);
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "%s: '%s' is not an integer%s", p->name, value,
+                             p->type == MOEQ_PROP_INT_AUTO ? " or auto" : "");
         if ((double)v < p->min || (double)v > p->max)
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, n, "%s: %lld is outside [%.0f, %.0f]", p->name, v,
                              p->min, p->max);
@@ -98,9 +105,12 @@ moeq_err moeq_props_get(const moeq_prop *table, const void *params, const char *
     const char *field = (const char *)params + p->offset;
     switch (p->type) {
     case MOEQ_PROP_INT:
-        snprintf(out, out_size, "%lld",
-                 p->size == sizeof(int) ? (long long)*(const int *)field : (long long)*(const int64_t *)field);
+    case MOEQ_PROP_INT_AUTO: {
+        long long v = p->size == sizeof(int) ? (long long)*(const int *)field : (long long)*(const int64_t *)field;
+        if (p->type == MOEQ_PROP_INT_AUTO && v == MOEQ_PROP_AUTO) snprintf(out, out_size, "auto");
+        else snprintf(out, out_size, "%lld", v);
         break;
+    }
     case MOEQ_PROP_DOUBLE: snprintf(out, out_size, "%g", *(const double *)field); break;
     case MOEQ_PROP_BOOL: snprintf(out, out_size, "%s", *(const int *)field ? "true" : "false"); break;
     case MOEQ_PROP_STR: snprintf(out, out_size, "%s", field); break;
@@ -111,6 +121,7 @@ moeq_err moeq_props_get(const moeq_prop *table, const void *params, const char *
 static const char *type_name(moeq_prop_type t) {
     switch (t) {
     case MOEQ_PROP_INT: return "int";
+    case MOEQ_PROP_INT_AUTO: return "int or auto";
     case MOEQ_PROP_DOUBLE: return "float";
     case MOEQ_PROP_BOOL: return "bool";
     case MOEQ_PROP_STR: return "string";
@@ -120,6 +131,7 @@ static const char *type_name(moeq_prop_type t) {
 
 static void range_text(const moeq_prop *p, char *out, size_t n) {
     if (p->type == MOEQ_PROP_INT) snprintf(out, n, "%.0f .. %.0f", p->min, p->max);
+    else if (p->type == MOEQ_PROP_INT_AUTO) snprintf(out, n, "%.0f .. %.0f, auto", p->min, p->max);
     else if (p->type == MOEQ_PROP_DOUBLE) snprintf(out, n, "%g .. %g", p->min, p->max);
     else snprintf(out, n, "-");
 }

@@ -258,14 +258,18 @@ static void add_batch(scenario *s, int from, int to) {
     wt_add_batch(s->redis, s->prefix, 2, bj, (size_t)(to - from), NULL, 0);
 }
 
+#define MTP_AUTO (-1) /* run_jobs / start_worker: --mtp_k=auto */
+
 static pid_t start_worker(const scenario *s, const model_ref *m, int mtp_k, int metrics_port) {
-    char cmd[4096];
+    char cmd[4096], k[16];
+    if (mtp_k == MTP_AUTO) snprintf(k, sizeof k, "auto");
+    else snprintf(k, sizeof k, "%d", mtp_k);
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s-w --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
-             "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --mtp_k=%d "
+             "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --mtp_k=%s "
              "--metrics_port=%d --backend=%s 2>>%s/worker-%s.log",
-             g_moeq, m->dir, g_redis, g_kafka, s->ns, s->results, s->ns, mtp_k, metrics_port, g_backend, g_build, s->ns);
+             g_moeq, m->dir, g_redis, g_kafka, s->ns, s->results, s->ns, k, metrics_port, g_backend, g_build, s->ns);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -365,11 +369,11 @@ static void run_jobs(model_ref *m, int mtp_k, int expect_accepts) {
             assert_string_equal(j->finish, "stop");
             stopped++;
         }
-        int speculative = mtp_k > 0 && j->mtp; /* sampled jobs too: exact mode, the plain sampler's tokens */
+        int speculative = mtp_k != 0 && j->mtp; /* sampled jobs too: exact mode, the plain sampler's tokens */
         assert_int_equal(j->has_mtp, speculative);
         if (!speculative) continue;
         assert_true(j->accepted <= j->drafted);
-        if (j->n_got > mtp_k + 1) assert_true(j->drafted > 0);
+        if (mtp_k > 0 && j->n_got > mtp_k + 1) assert_true(j->drafted > 0); /* auto may choose none for a job */
         drafted += j->drafted, accepted += j->accepted;
         if (!j->greedy) sampled_drafted += j->drafted;
     }
@@ -378,6 +382,7 @@ static void run_jobs(model_ref *m, int mtp_k, int expect_accepts) {
                   drafted ? 100.0 * (double)accepted / (double)drafted : 0.0, stopped);
     assert_true(stopped >= 2);
     if (mtp_k > 0) assert_true(drafted > 0 && sampled_drafted > 0);
+    if (mtp_k == MTP_AUTO) assert_true(drafted > 0); /* its prior drafts until the steps' costs say otherwise */
     if (expect_accepts) assert_true(accepted > 0 && accepted * 2 > drafted);
     double m_drafted = metric(port, "moeq_worker_mtp_drafted_total");
     if (m_drafted >= 0) { /* curl reached it */
@@ -447,6 +452,19 @@ static void tiny_mtp_with_mtp_gives_what_generate_alone_gives_and_reports_accept
     run_jobs(&g_models[0], 2, 1);
 }
 
+/* mtp_k = auto: each plan chooses every job's drafts (0-3) from its acceptance and the measured steps; the
+ * tokens are still generate's, job by job. (On tiny-mtp a draft pass costs 0.6 of a step, so auto soon stops
+ * drafting at its ~0.66 acceptance: which choices pay is bench-mtp's and the unit tests' to show.) */
+static void tiny_mtp_with_mtp_k_auto_gives_what_generate_alone_gives(void **state) {
+    (void)state;
+    run_jobs(&g_models[0], MTP_AUTO, 0);
+}
+
+static void tiny_with_a_random_mtp_layer_and_mtp_k_auto_gives_the_same_tokens(void **state) {
+    (void)state;
+    run_jobs(&g_models[1], MTP_AUTO, 0); /* drafts rejected: auto learns to stop, the tokens do not change */
+}
+
 static void tiny_mtp_without_mtp_gives_the_same_tokens(void **state) {
     (void)state;
     run_jobs(&g_models[0], 0, 0);
@@ -466,6 +484,8 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--backend")) g_backend = argv[2]; /* the workers' (expectations: cpu) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tiny_mtp_with_mtp_gives_what_generate_alone_gives_and_reports_accepted_drafts),
+        cmocka_unit_test(tiny_mtp_with_mtp_k_auto_gives_what_generate_alone_gives),
+        cmocka_unit_test(tiny_with_a_random_mtp_layer_and_mtp_k_auto_gives_the_same_tokens),
         cmocka_unit_test(tiny_mtp_without_mtp_gives_the_same_tokens),
         cmocka_unit_test(tiny_with_a_random_mtp_layer_gives_the_same_tokens_with_mtp_on),
         cmocka_unit_test(tiny_without_mtp_gives_the_same_tokens),

@@ -742,6 +742,92 @@ static int drive(moeq_sched *s, int64_t *now, int until, int acc) {
     }
 }
 
+/*
+ * One plan of mtp_auto: rounds of the job whose user is good accept every draft, the others none; items
+ * sample 'p'; the plan's time is noted as 10 ms + per_token a token of the main step (the worker times it).
+ * k_of[0] / k_of[1]: the good job's / the other's drafts this plan (0: it decoded plainly; -1: neither).
+ */
+static void auto_plan(moeq_sched *s, int64_t *now, const fake_job *good, double per_token, int *k_of) {
+    moeq_sched_step plan;
+    assert_int_equal(moeq_sched_plan(s, (*now)++, &plan), MOEQ_OK);
+    int32_t sampled[16];
+    for (int i = 0; i < 16; i++) sampled[i] = 'p';
+    static int32_t run[8][MOEQ_SCHED_MAX_MTP_K + 1];
+    moeq_sched_round_out o[8];
+    k_of[0] = k_of[1] = -1;
+    for (int i = 0; i < plan.n_items; i++) k_of[plan.items[i].user == good ? 0 : 1] = 0;
+    for (int r = 0; r < plan.n_rounds; r++) {
+        int k = plan.rounds[r].k, ok = plan.rounds[r].user == good;
+        for (int t = 0; t <= k; t++) run[r][t] = 'r';
+        o[r] = (moeq_sched_round_out){run[r], ok ? k + 1 : 1, k, ok ? k : 0};
+        k_of[ok ? 0 : 1] = k;
+    }
+    moeq_sched_note_step_seconds(s, 0.010 + per_token * (plan.n_tokens + plan.n_round_tokens));
+    assert_int_equal(moeq_sched_commit_mtp(s, sampled, o, *now), MOEQ_OK);
+}
+
+/* mtp_auto: on a step where a token costs 8 % of it, the job whose drafts are accepted gets 3 a round and
+ * the one whose drafts are rejected decodes plainly, side by side; the plain one tries again later. */
+static void mtp_auto_drafts_deep_for_the_accepting_job_and_not_for_the_rejecting_one(void **state) {
+    (void)state;
+    moeq_sched_params p = test_params(4, 64, 0);
+    p.mtp_auto = 1;
+    p.mtp_draft_share = 0.05;
+    moeq_sched *s = new_sched_with(&p);
+    fake_job fj[2] = {{0}};
+    moeq_sched_job_spec j[2] = {mtp_spec(&fj[0], "good", 2000, 3), mtp_spec(&fj[1], "bad", 2000, 3)};
+    add(s, NULL, j, 2, 0);
+    int64_t now = 1;
+    int k_of[2], bad_rounds = 0;
+    for (int i = 0; i < 100; i++) {
+        auto_plan(s, &now, &fj[0], 0.0008, k_of);
+        bad_rounds += k_of[1] > 0;
+    }
+    print_message("after 100 plans: good job k %d, bad job k %d (it drafted in %d plans)\n", k_of[0], k_of[1],
+                  bad_rounds);
+    assert_int_equal(k_of[0], 3);
+    assert_int_equal(k_of[1], 0);
+    assert_true(bad_rounds >= 2 && bad_rounds < 20);
+    moeq_sched_stats st;
+    moeq_sched_get_stats(s, &st);
+    assert_true(st.mtp_accepted > 0 && st.mtp_accepted < st.mtp_drafted);
+    moeq_sched_destroy(s);
+
+    p.mtp_draft_share = 1.5;
+    moeq_sched *bad = NULL;
+    char err[256];
+    assert_int_equal(moeq_sched_new(&p, fake_detok, NULL, &bad, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "mtp_draft_share"));
+}
+
+/* mtp_auto: while a waiting prompt fills the step, a speculative job decodes plainly (a draft there would
+ * take a prompt token's place); once the prompt is in, it drafts again. */
+static void mtp_auto_gives_no_drafts_while_a_prompt_fills_the_step(void **state) {
+    (void)state;
+    moeq_sched_params p = test_params(4, 16, 0);
+    p.mtp_auto = 1;
+    p.mtp_draft_share = 0.05;
+    moeq_sched *s = new_sched_with(&p);
+    fake_job fj[2] = {{0}};
+    moeq_sched_job_spec j = mtp_spec(&fj[0], "spec", 2000, 3);
+    add(s, NULL, &j, 1, 0);
+    int64_t now = 1;
+    int k_of[2];
+    auto_plan(s, &now, &fj[0], 0.0008, k_of); /* its prompt */
+    auto_plan(s, &now, &fj[0], 0.0008, k_of);
+    assert_int_equal(k_of[0], 3);
+    moeq_sched_job_spec long_prompt = spec(&fj[1], "long", 60, 4); /* 60 tokens: the 15 left in each step */
+    add(s, NULL, &long_prompt, 1, now);
+    for (int i = 0; i < 4; i++) {
+        auto_plan(s, &now, &fj[0], 0.0008, k_of);
+        assert_int_equal(k_of[0], 0);
+    }
+    auto_plan(s, &now, &fj[0], 0.0008, k_of); /* the last 0 of the prompt: room again */
+    auto_plan(s, &now, &fj[0], 0.0008, k_of);
+    assert_true(k_of[0] > 0);
+    moeq_sched_destroy(s);
+}
+
 /* Poor acceptance pauses drafting for 32 tokens, then 64 (doubling), a good window resets the pause. */
 static void a_job_with_poor_acceptance_pauses_drafting_and_looks_again(void **state) {
     (void)state;
@@ -1215,6 +1301,8 @@ int main(void) {
         cmocka_unit_test(rounds_never_draft_past_max_new_tokens),
         cmocka_unit_test(rounds_pause_while_more_sequences_decode_than_mtp_max_seqs),
         cmocka_unit_test(a_job_with_poor_acceptance_pauses_drafting_and_looks_again),
+        cmocka_unit_test(mtp_auto_drafts_deep_for_the_accepting_job_and_not_for_the_rejecting_one),
+        cmocka_unit_test(mtp_auto_gives_no_drafts_while_a_prompt_fills_the_step),
         cmocka_unit_test(a_new_job_forks_the_running_job_that_holds_its_prompt_prefix),
         cmocka_unit_test(a_new_job_starts_its_prefill_after_the_tokens_the_prefix_cache_holds),
         cmocka_unit_test(jobs_that_fork_a_running_jobs_prompt_prefix_get_the_tokens_they_would_get_alone),

@@ -3,6 +3,7 @@
 moeq_add_test(NAME test_worker_scheduler SOURCES test_worker_scheduler.c LIBS moeq_worker LABELS unit)
 moeq_add_test(NAME test_worker_params SOURCES test_worker_params.c LIBS moeq_worker LABELS unit)
 moeq_add_test(NAME test_worker_affinity SOURCES test_worker_affinity.c LIBS moeq_worker LABELS unit)
+moeq_add_test(NAME test_worker_mtp_auto SOURCES test_worker_mtp_auto.c LIBS moeq_worker m LABELS unit)
 
 get_target_property(_moeq_worker_defs moeq_worker INTERFACE_COMPILE_DEFINITIONS)
 if(_moeq_worker_defs AND "MOEQ_WORKER_SHELL=1" IN_LIST _moeq_worker_defs)

@@ -11,6 +11,7 @@
  * a multi-token round exactly where single-token decoding would stop.
  */
 #include "scheduler.h"
+#include "mtp_auto.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -68,6 +69,8 @@ typedef struct sched_job {
     uint64_t first_plan;                   /* the plan that gave it a sequence          */
     int mtp_pause_until;                   /* no rounds while n_out is below this        */
     int mtp_backoff;                       /* the next pause's length, tokens            */
+    moeq_mtp_depths depths;                /* mtp_auto: its acceptance by draft depth    */
+    int auto_k;                            /* mtp_auto: drafts chosen for this plan      */
     char *text;
     size_t text_len, text_cap;
     moeq_result_status status;
@@ -112,6 +115,10 @@ struct moeq_sched {
     void *prefix_ctx;
     uint64_t plans;             /* compose calls                                          */
     int64_t mtp_rounds, mtp_drafted, mtp_accepted;
+    moeq_mtp_auto *mtp_auto;    /* params.mtp_auto: drafts per round chosen each plan          */
+    moeq_mtp_auto_job *auto_jobs; /* max_seqs: scratch for the choice                          */
+    int plan_main_tokens;       /* the open plan's main step: tokens, and sequences drafting  */
+    int plan_passes[MOEQ_MTP_AUTO_MAX_K]; /* at each depth (for the step's time)              */
 };
 
 moeq_sched_params moeq_sched_default_params(void) {
@@ -172,6 +179,9 @@ moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn det
     if (params->mtp_max_seqs < 0)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp_max_seqs: %d is negative (0 = no limit)",
                          params->mtp_max_seqs);
+    if (params->mtp_auto && !(params->mtp_draft_share >= 0 && params->mtp_draft_share <= 1))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "mtp_draft_share: %g is outside [0, 1]",
+                         params->mtp_draft_share);
     if (params->n_stop_ids < 0 || (params->n_stop_ids > 0 && !params->stop_ids))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "stop_ids: %d ids but no array",
                          params->n_stop_ids);
@@ -195,6 +205,15 @@ moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn det
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "scheduler slots");
     }
     for (int i = 0; i < n; i++) s->slots[i] = -1;
+    if (params->mtp_auto) {
+        moeq_err e = moeq_mtp_auto_new(params->max_step_tokens, params->mtp_draft_share, &s->mtp_auto, errstr,
+                                       errstr_size);
+        s->auto_jobs = calloc((size_t)n, sizeof *s->auto_jobs);
+        if (e || !s->auto_jobs) {
+            moeq_sched_destroy(s);
+            return e ? e : moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "scheduler: mtp auto");
+        }
+    }
     if (params->n_stop_ids) memcpy(s->stop_ids, params->stop_ids, sizeof *s->stop_ids * params->n_stop_ids);
     s->params.stop_ids = s->stop_ids;
     *out = s;
@@ -229,6 +248,8 @@ void moeq_sched_destroy(moeq_sched *sched) {
     free(sched->items);
     free(sched->rounds);
     free(sched->stop_ids);
+    moeq_mtp_auto_destroy(sched->mtp_auto);
+    free(sched->auto_jobs);
     free(sched);
 }
 
@@ -572,9 +593,9 @@ static int slots_by_age(const moeq_sched *sched, int *order) {
  * the tokens it may still produce (a round yields up to k + 1), and no more
  * than the step's draft budget. 0: decode it plainly.
  */
-static int round_k(const sched_job *job, int draft_budget) {
+static int round_k(const moeq_sched *sched, const sched_job *job, int draft_budget) {
     if (job->n_out < job->mtp_pause_until) return 0;
-    int k = job->mtp_k, left = job->max_new_tokens - job->n_out;
+    int k = sched->mtp_auto ? job->auto_k : job->mtp_k, left = job->max_new_tokens - job->n_out;
     if (k > left - 1) k = left - 1;
     if (k > draft_budget) k = draft_budget;
     return k > 0 ? k : 0;
@@ -583,7 +604,7 @@ static int round_k(const sched_job *job, int draft_budget) {
 /* A decode of a job past its prompt: a round when it drafts, else one token in the step. Returns 1 for a round. */
 static int compose_round(moeq_sched *sched, int h, int *draft_budget, moeq_sched_step *plan) {
     sched_job *job = sched->jobs[h];
-    int k = round_k(job, *draft_budget);
+    int k = round_k(sched, job, *draft_budget);
     if (k == 0) return 0;
     sched->rounds[sched->n_rounds++] =
         (moeq_sched_round){.slot = job->slot, .job = h, .user = job->user, .next_token = job->last, .k = k};
@@ -629,6 +650,38 @@ void moeq_sched_set_prefix_lookup(moeq_sched *sched, moeq_sched_prefix_fn fn, vo
 }
 
 /*
+ * mtp_auto: each speculative job's drafts for this plan (job->auto_k), from its acceptance by depth and the
+ * measured cost of steps (mtp_auto.h). The step's tokens without drafts are every decoding sequence's plus
+ * the prompts' waiting tokens that fit; drafts only take room those leave (a draft in a prompt token's place
+ * yields less than the token it displaces). Returns the drafts' budget.
+ */
+static int choose_drafts(moeq_sched *sched, const int *order_buf, int n_order, int n_decoding, int room) {
+    int64_t waiting = 0;
+    int n = 0;
+    for (int k = 0; k < n_order; k++) {
+        sched_job *job = sched->jobs[sched->slots[order_buf[k]]];
+        job->auto_k = 0;
+        if (job->n_fed < job->n_prompt) {
+            waiting += job->n_prompt - job->n_fed;
+            continue;
+        }
+        if (job->mtp_k <= 0) continue;
+        int k_max = job->mtp_k, left = job->max_new_tokens - job->n_out;
+        if (k_max > left - 1) k_max = left - 1;
+        sched->auto_jobs[n++] = (moeq_mtp_auto_job){.depths = &job->depths, .k_max = k_max};
+    }
+    int fed = waiting < room ? (int)waiting : room;
+    int free_tokens = room - fed;
+    moeq_mtp_auto_choose(sched->mtp_auto, sched->auto_jobs, n, n_decoding + fed, free_tokens);
+    n = 0;
+    for (int k = 0; k < n_order; k++) {
+        sched_job *job = sched->jobs[sched->slots[order_buf[k]]];
+        if (job->n_fed >= job->n_prompt && job->mtp_k > 0) job->auto_k = sched->auto_jobs[n++].k;
+    }
+    return free_tokens;
+}
+
+/*
  * One plan = one engine step: decode tokens, round tokens and prefill chunks together fit max_step_tokens
  * (the worker runs rounds and ordinary items in one verify step). Every decoding sequence gets its token
  * first; drafts take from what is left, oldest sequence first (at most half of it while a prompt waits);
@@ -650,6 +703,7 @@ static void compose(moeq_sched *sched, moeq_sched_step *plan) {
     int rounds_on = sched->params.mtp_max_seqs <= 0 || n_decoding <= sched->params.mtp_max_seqs;
     int room = sched->params.max_step_tokens - n_decoding; /* >= 0: n_decoding <= max_seqs <= max_step_tokens */
     int draft_budget = prefill_pending ? room / 2 : room; /* drafts never starve a waiting prompt */
+    if (sched->mtp_auto && rounds_on) draft_budget = choose_drafts(sched, order_buf, n_order, n_decoding, room);
     for (int k = 0; k < n_order; k++) { /* decode: one token per sequence past its prompt */
         int h = sched->slots[order_buf[k]];
         sched_job *job = sched->jobs[h];
@@ -693,6 +747,17 @@ static void compose(moeq_sched *sched, moeq_sched_step *plan) {
     plan->n_tokens = plan->n_prefill_tokens + plan->n_decode_tokens;
     plan->rounds = sched->rounds;
     plan->n_rounds = sched->n_rounds;
+    sched->plan_main_tokens = plan->n_tokens + plan->n_round_tokens;
+    for (int j = 0; j < MOEQ_MTP_AUTO_MAX_K; j++) {
+        sched->plan_passes[j] = 0;
+        for (int r = 0; r < sched->n_rounds; r++) sched->plan_passes[j] += sched->rounds[r].k > j;
+    }
+}
+
+void moeq_sched_note_step_seconds(moeq_sched *sched, double seconds) {
+    if (sched && sched->mtp_auto)
+        moeq_mtp_auto_note_step(sched->mtp_auto, sched->plan_main_tokens, sched->plan_passes, MOEQ_MTP_AUTO_MAX_K,
+                                seconds);
 }
 
 moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *plan) {
@@ -851,6 +916,7 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
     }
     job->mtp_drafted += o->drafted;
     job->mtp_accepted += o->accepted;
+    if (sched->mtp_auto) moeq_mtp_auto_note_round(sched->mtp_auto, &job->depths, r->k, o->accepted);
     sched->mtp_rounds++;
     sched->mtp_drafted += o->drafted;
     sched->mtp_accepted += o->accepted;
@@ -858,7 +924,7 @@ static void commit_round(moeq_sched *sched, const moeq_sched_round *r, const moe
         sched->decode_tokens++;
         job_take_token(sched, r->job, o->tokens[t], now_ms);
     }
-    judge_acceptance(sched, job, o);
+    if (!sched->mtp_auto) judge_acceptance(sched, job, o);
 }
 
 void moeq_sched_note_error(moeq_sched *sched, int job, const char *code, const char *message) {

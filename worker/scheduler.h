@@ -77,13 +77,19 @@ typedef struct moeq_sched_params {
                                  tokens, doubling while it stays low, up to 1024; 0 = never   */
     int max_model_len;        /* the model's context: a job whose prompt + max_new_tokens exceeds
                                  it finishes at once with error prompt_too_long; 0 = unchecked */
+    int mtp_auto;             /* 1: each plan chooses every speculative job's drafts, 0 up to its
+                                 mtp_k, from its measured acceptance by depth and the measured
+                                 cost of steps (mtp_auto.h; feed moeq_sched_note_step_seconds);
+                                 mtp_min_acceptance is then not used                          */
+    double mtp_draft_share;   /* mtp_auto: what a pass of the MTP layer costs against a main step
+                                 of as many tokens, [0, 1] (its share of the weights)         */
 } moeq_sched_params;
 
 /* Drafts over which a job's acceptance is judged (mtp_min_acceptance). */
 #define MOEQ_SCHED_MTP_WINDOW 16
 
 /* max_seqs 64, max_step_tokens 2048, kv_cache_tokens 0, kv_block_tokens 16, no stop ids, mtp_max_seqs 0,
- * prefix_share_min 0, mtp_min_acceptance 0. */
+ * prefix_share_min 0, mtp_min_acceptance 0, mtp_auto 0. */
 moeq_sched_params moeq_sched_default_params(void);
 
 /*
@@ -192,7 +198,7 @@ typedef struct moeq_sched_round {
     int job;                /* job handle                                                    */
     void *user;             /* the job's spec.user                                           */
     int32_t next_token;     /* the last sampled token, not yet in the engine's cache         */
-    int k;                  /* drafts, 1..the job's mtp_k                                     */
+    int k;                  /* drafts, 1..the job's mtp_k (mtp_auto: as chosen for the plan)  */
 } moeq_sched_round;
 
 /* What the engine made of round i. */
@@ -226,6 +232,12 @@ typedef struct moeq_sched_step {
  * moeq_sched_abort before the next plan (MOEQ_ERR_INVALID_ARG otherwise).
  */
 moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *plan);
+
+/*
+ * mtp_auto: the last plan (its step and rounds) took this long, start to end; call it after running the
+ * plan, before the next. It is what the choice of drafts learns the cost of steps from. No effect otherwise.
+ */
+void moeq_sched_note_step_seconds(moeq_sched *sched, double seconds);
 
 /*
  * The engine ran the plan: sampled[i] is the token sampled for item i (read

@@ -249,17 +249,37 @@ static void default_worker_id(moeq_worker_params *p) {
  * weight bytes one draft reads. A round of k drafts costs about 1 + k x that share at small batch (the verify
  * step's extra tokens add a little, hence the margin) and yields 1 + k x acceptance tokens.
  */
-static double mtp_min_acceptance(const moeq_worker *w) {
-    if (w->params.mtp_min_acceptance >= 0) return w->params.mtp_min_acceptance;
+static double mtp_draft_share(const moeq_worker *w) {
     double draft = (double)moeq_model_mtp_active_bytes_per_token(w->model);
     double step = (double)moeq_model_active_bytes_per_token(w->model);
-    double t = step > 0 ? 1.5 * draft / step : 0;
+    double t = step > 0 ? draft / step : 0;
+    return t > 1 ? 1 : t;
+}
+
+static double mtp_min_acceptance(const moeq_worker *w) {
+    if (w->params.mtp_k == MOEQ_PROP_AUTO) return 0; /* mtp_k = auto judges each depth itself */
+    if (w->params.mtp_min_acceptance >= 0) return w->params.mtp_min_acceptance;
+    double t = 1.5 * mtp_draft_share(w);
     return t > 0.9 ? 0.9 : t;
+}
+
+/* mtp_k = auto chooses 0..3 drafts per job and step (the param's own range). */
+#define MTP_AUTO_MAX_K 3
+
+/* The most drafts a round may have: mtp_k, or MTP_AUTO_MAX_K for auto. */
+static int mtp_k_max(const moeq_worker *w) {
+    return w->params.mtp_k == MOEQ_PROP_AUTO ? MTP_AUTO_MAX_K : (int)w->params.mtp_k;
+}
+
+/* mtp_max_batch: the param, or (auto) 16 with a fixed mtp_k and no limit with mtp_k = auto. */
+static int mtp_max_batch(const moeq_worker *w) {
+    if (w->params.mtp_max_batch != MOEQ_PROP_AUTO) return (int)w->params.mtp_max_batch;
+    return w->params.mtp_k == MOEQ_PROP_AUTO ? 0 : 16;
 }
 
 /* The speculative decoder, when mtp_k > 0 and the model has an MTP layer (else MTP stays off, logged). */
 static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
-    if (w->params.mtp_k <= 0) return MOEQ_OK; /* a group's ranks draft too: the MTP layers run on each rank */
+    if (mtp_k_max(w) <= 0) return MOEQ_OK; /* a group's ranks draft too: the MTP layers run on each rank */
     if (!moeq_engine_mtp_available(w->engine)) {
         moeq_log(MOEQ_LOG_INFO, COMP, "mtp_off", "model=%s reason=\"the model has no MTP layer\"", w->model_name);
         return MOEQ_OK;
@@ -268,10 +288,12 @@ static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
     w->spec = calloc(n, sizeof *w->spec);
     w->round_out = calloc(n, sizeof *w->round_out);
     if (!w->spec || !w->round_out) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp round buffers");
-    moeq_log(MOEQ_LOG_INFO, COMP, "mtp_on", "model=%s k=%d max_batch=%d min_acceptance=%.3f", w->model_name,
-             (int)w->params.mtp_k, (int)w->params.mtp_max_batch, mtp_min_acceptance(w));
-    return moeq_mtp_decoder_new(w->engine, (int)w->params.max_seqs, (int)w->params.mtp_k, &w->mtp, errstr,
-                                errstr_size);
+    char k[16];
+    if (w->params.mtp_k == MOEQ_PROP_AUTO) snprintf(k, sizeof k, "auto");
+    else snprintf(k, sizeof k, "%d", (int)w->params.mtp_k);
+    moeq_log(MOEQ_LOG_INFO, COMP, "mtp_on", "model=%s k=%s max_batch=%d min_acceptance=%.3f draft_share=%.4f",
+             w->model_name, k, mtp_max_batch(w), mtp_min_acceptance(w), mtp_draft_share(w));
+    return moeq_mtp_decoder_new(w->engine, (int)w->params.max_seqs, mtp_k_max(w), &w->mtp, errstr, errstr_size);
 }
 
 /* check_weights: one log line per bad tensor, the names gathered for the error that refuses to start. */
@@ -422,8 +444,10 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     moeq_sched_params sp = moeq_sched_default_params();
     sp.max_seqs = (int)p->max_seqs;
     sp.max_step_tokens = (int)p->max_step_tokens;
-    sp.mtp_max_seqs = (int)p->mtp_max_batch;
+    sp.mtp_max_seqs = mtp_max_batch(w);
     sp.mtp_min_acceptance = mtp_min_acceptance(w);
+    sp.mtp_auto = p->mtp_k == MOEQ_PROP_AUTO;
+    sp.mtp_draft_share = mtp_draft_share(w);
     sp.prefix_share_min = (int)p->prefix_share_min;
     sp.kv_cache_tokens = p->kv_cache_tokens;
     sp.kv_block_tokens = ep.kv_block_tokens;
@@ -644,13 +668,14 @@ static const char *job_id(const worker_entry_job *ej) { return ej->job.id ? ej->
 
 /*
  * Drafts per round for a job: the worker's mtp_k when MTP is on and the job
- * asks for it (`mtp`, default on), greedy or sampled. Rounds run in the
+ * asks for it (`mtp`, default on), greedy or sampled (auto: up to 3, the
+ * scheduler choosing each plan's). Rounds run in the
  * engine's exact mode (run_plan passes the slot's sampler), so a sampled
  * job's tokens are its plain sampler's, token for token: a job's result does
  * not depend on how it was decoded (duplicates after a crash, `moeq generate`).
  */
 static int job_mtp_k(const moeq_worker *w, const moeq_job *job) {
-    return w->mtp && job->mtp ? (int)w->params.mtp_k : 0;
+    return w->mtp && job->mtp ? mtp_k_max(w) : 0;
 }
 
 /* The job's response_format compiled (through the cache); NULL, or the error code with the reason in why. */
@@ -1123,7 +1148,9 @@ static int run_step(moeq_worker *w) {
     if (moeq_sched_plan(w->sched, moeq_now_ms(), &plan)) return w->group ? group_empty_step(w) : 0;
     for (int i = 0; i < plan.n_released; i++) slot_clear(w, plan.released[i]);
     if (plan.n_items == 0 && plan.n_rounds == 0) return w->group ? group_empty_step(w) : 0;
+    int64_t t0 = moeq_mono_ns();
     moeq_err e = run_plan(w, &plan, err, sizeof err);
+    if (!e) moeq_sched_note_step_seconds(w->sched, (double)(moeq_mono_ns() - t0) * 1e-9);
     if (e && group_failed(w)) return 1; /* no abort: the step's jobs are unfinished, their batches stay pending */
     if (w->group && moeq_engine_main_steps(w->engine) == w->main_steps0)
         group_empty_step(w); /* no main pass ran (a round refused while drafting): keep the lockstep */

@@ -68,12 +68,14 @@ const moeq_prop moeq_worker_props[] = {
      "the dedupe window, one key for every process: a job record (moeq:job:<id>) lives this long after it is "
      "written and again after its job finishes; while it lives, a job with its id is not run again (a "
      "`duplicate` dead letter), s; 0 = forever"},
-    {"mtp_k", MOEQ_PROP_INT, P(mtp_k), 0, 3, "1",
+    {"mtp_k", MOEQ_PROP_INT_AUTO, P(mtp_k), 0, 3, "1",
      "MTP speculative decoding: draft tokens per round for jobs with mtp on (needs a model with an MTP "
-     "layer; output unchanged); 0 = off"},
-    {"mtp_max_batch", MOEQ_PROP_INT, P(mtp_max_batch), 0, 4096, "16",
+     "layer; output unchanged); 0 = off; auto = 0 to 3 per job and step, whichever gives the most tokens a "
+     "second by the job's measured acceptance at each depth and the measured cost of the worker's steps"},
+    {"mtp_max_batch", MOEQ_PROP_INT_AUTO, P(mtp_max_batch), 0, 4096, "auto",
      "speculate only while at most this many sequences decode: above it a step is compute bound and a "
-     "round costs more than it yields (2 CPU cores, bench-mtp: 1.09x at 8, 0.97x at 32); 0 = always"},
+     "round costs more than it yields (2 CPU cores, bench-mtp: 1.09x at 8, 0.97x at 32); 0 = always; auto "
+     "= 16 with a fixed mtp_k, always with mtp_k = auto (its cost model finds where rounds stop paying)"},
     {"prefix_share_min", MOEQ_PROP_INT, P(prefix_share_min), 0, 1048576, "16",
      "a new job whose prompt starts with at least this many tokens of a running job's prompt (already "
      "prefilled) shares that job's cache for them instead of prefilling them again; 0 = never"},
@@ -111,7 +113,7 @@ const moeq_prop moeq_worker_props[] = {
     {"mtp_min_acceptance", MOEQ_PROP_DOUBLE, P(mtp_min_acceptance), -1, 1, "-1",
      "a job whose last 16 drafts were accepted less often than this decodes plainly for 32 tokens (doubling "
      "while it stays low, up to 1024), then drafts again; -1 = auto: 1.5 x the share of a step's weights one "
-     "draft reads; 0 = never pause"},
+     "draft reads (not used with mtp_k = auto, which judges each depth itself); 0 = never pause"},
     {"max_model_len", MOEQ_PROP_INT, P(max_model_len), 0, 1 << 30, "0",
      "context: a job whose prompt + max_new_tokens exceeds it gets error prompt_too_long (as the coordinator "
      "answers); 0 = the model's max_position_embeddings, which it may not exceed"},

@@ -29,7 +29,11 @@ typedef enum moeq_prop_type {
     MOEQ_PROP_DOUBLE, /* double field                          */
     MOEQ_PROP_BOOL,   /* int field, 0/1; true/false/yes/no/on/off */
     MOEQ_PROP_STR,    /* char[size] field, NUL-terminated      */
+    MOEQ_PROP_INT_AUTO, /* MOEQ_PROP_INT that also takes `auto`, stored as MOEQ_PROP_AUTO */
 } moeq_prop_type;
+
+/* The value `auto` gives a MOEQ_PROP_INT_AUTO field (outside its numeric range, which must not hold it). */
+#define MOEQ_PROP_AUTO (-1)
 
 typedef struct moeq_prop {
     const char *name;     /* "max_batch_jobs"                          */
