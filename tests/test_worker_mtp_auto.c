@@ -41,13 +41,17 @@ static void bad_arguments_are_refused_with_a_reason(void **state) {
     moeq_mtp_auto_destroy(NULL);
 }
 
-/* Nothing measured yet: the optimistic prior drafts every depth it may, within each job's k_max. */
+/* The first plan looks at the plain step (no drafts: nothing timed yet); once that is timed, the optimistic
+ * prior drafts every depth it may, within each job's k_max. */
 static void a_new_worker_drafts_as_deep_as_each_job_allows(void **state) {
     (void)state;
     moeq_mtp_auto *a = make(256, 0.05);
     moeq_mtp_depths d[3];
     memset(d, 0, sizeof d);
     moeq_mtp_auto_job jobs[3] = {{&d[0], 3, -1}, {&d[1], 1, -1}, {&d[2], 0, -1}};
+    moeq_mtp_auto_choose(a, jobs, 3, 3, 200);
+    for (int i = 0; i < 3; i++) assert_int_equal(jobs[i].k, 0);
+    moeq_mtp_auto_note_step(a, 3, NULL, 0, 0.010);
     moeq_mtp_auto_choose(a, jobs, 3, 3, 200);
     assert_int_equal(jobs[0].k, 3);
     assert_int_equal(jobs[1].k, 1);
@@ -71,6 +75,30 @@ static void acceptance_by_depth_counts_only_the_judged_drafts(void **state) {
     assert_true(d.reached[2] == 0);
     assert_true(moeq_mtp_auto_acceptance(a, &d, 1) > moeq_mtp_auto_acceptance(a, &d, 2));
     assert_true(moeq_mtp_auto_acceptance(a, &d, 0) == 0 && moeq_mtp_auto_acceptance(a, &d, 99) == 0);
+    moeq_mtp_auto_destroy(a);
+}
+
+/* Each plan after the first few looks at the plain step again whenever no step of about its size was timed
+ * for 64 plans (so the table knows what drafts add); between looks it drafts. */
+static void the_plain_step_is_timed_again_every_64_plans(void **state) {
+    (void)state;
+    moeq_mtp_auto *a = make(256, 0.05);
+    moeq_mtp_depths d;
+    memset(&d, 0, sizeof d);
+    moeq_mtp_auto_job job = {&d, 3, 0};
+    int looks[8], n_looks = 0;
+    for (int plan = 0; plan < 300; plan++) {
+        moeq_mtp_auto_choose(a, &job, 1, 1, 60);
+        if (job.k == 0 && n_looks < 8) looks[n_looks++] = plan;
+        int passes[3] = {job.k > 0, job.k > 1, job.k > 2};
+        moeq_mtp_auto_note_step(a, 1 + job.k, passes, 3, 0.010 + 0.0008 * (1 + job.k) + 0.0005 * job.k);
+        if (job.k) moeq_mtp_auto_note_round(a, &d, job.k, job.k);
+    }
+    print_message("plain plans at %d, %d, %d, %d, %d (of %d)\n", looks[0], looks[1], looks[2], looks[3], looks[4],
+                  n_looks);
+    assert_int_equal(n_looks, 5);
+    assert_int_equal(looks[0], 0);
+    for (int i = 1; i < 5; i++) assert_int_equal(looks[i] - looks[i - 1], 64);
     moeq_mtp_auto_destroy(a);
 }
 
@@ -127,6 +155,7 @@ static void a_compute_bound_step_gets_no_drafts(void **state) {
 static void drafts_never_take_a_prompt_tokens_place(void **state) {
     (void)state;
     moeq_mtp_auto *a = make(256, 0.05);
+    teach_line(a, 1, 8, 0.010, 0.0002, 1);
     moeq_mtp_depths d[4];
     memset(d, 0, sizeof d);
     moeq_mtp_auto_job jobs[4];
@@ -152,6 +181,8 @@ static void a_job_that_stopped_drafting_tries_again_ever_later(void **state) {
     int plan = 0, last_draft = -1, gaps[3], n_gaps = 0, drafts = 0;
     for (; plan < 2000 && n_gaps < 3; plan++) {
         moeq_mtp_auto_choose(a, &job, 1, 1, 60);
+        int passes[3] = {job.k > 0, job.k > 1, job.k > 2};
+        moeq_mtp_auto_note_step(a, 1 + job.k, passes, 3, 0.010 + 0.0008 * (1 + job.k) + 0.0005 * job.k);
         if (job.k == 0) continue;
         drafts++;
         if (last_draft >= 0 && plan - last_draft > 1) gaps[n_gaps++] = plan - last_draft - 1;
@@ -195,6 +226,7 @@ int main(void) {
         cmocka_unit_test(bad_arguments_are_refused_with_a_reason),
         cmocka_unit_test(a_new_worker_drafts_as_deep_as_each_job_allows),
         cmocka_unit_test(acceptance_by_depth_counts_only_the_judged_drafts),
+        cmocka_unit_test(the_plain_step_is_timed_again_every_64_plans),
         cmocka_unit_test(drafts_go_to_the_job_that_accepts_them),
         cmocka_unit_test(a_compute_bound_step_gets_no_drafts),
         cmocka_unit_test(drafts_never_take_a_prompt_tokens_place),

@@ -774,7 +774,8 @@ static void mtp_auto_drafts_deep_for_the_accepting_job_and_not_for_the_rejecting
     p.mtp_auto = 1;
     p.mtp_draft_share = 0.05;
     moeq_sched *s = new_sched_with(&p);
-    fake_job fj[2] = {{0}};
+    fake_job fj[2];
+    memset(fj, 0, sizeof fj);
     moeq_sched_job_spec j[2] = {mtp_spec(&fj[0], "good", 2000, 3), mtp_spec(&fj[1], "bad", 2000, 3)};
     add(s, NULL, j, 2, 0);
     int64_t now = 1;
@@ -808,12 +809,14 @@ static void mtp_auto_gives_no_drafts_while_a_prompt_fills_the_step(void **state)
     p.mtp_auto = 1;
     p.mtp_draft_share = 0.05;
     moeq_sched *s = new_sched_with(&p);
-    fake_job fj[2] = {{0}};
+    fake_job fj[2];
+    memset(fj, 0, sizeof fj);
     moeq_sched_job_spec j = mtp_spec(&fj[0], "spec", 2000, 3);
     add(s, NULL, &j, 1, 0);
     int64_t now = 1;
     int k_of[2];
     auto_plan(s, &now, &fj[0], 0.0008, k_of); /* its prompt */
+    auto_plan(s, &now, &fj[0], 0.0008, k_of); /* a look at the plain step of one token */
     auto_plan(s, &now, &fj[0], 0.0008, k_of);
     assert_int_equal(k_of[0], 3);
     moeq_sched_job_spec long_prompt = spec(&fj[1], "long", 60, 4); /* 60 tokens: the 15 left in each step */
@@ -822,8 +825,8 @@ static void mtp_auto_gives_no_drafts_while_a_prompt_fills_the_step(void **state)
         auto_plan(s, &now, &fj[0], 0.0008, k_of);
         assert_int_equal(k_of[0], 0);
     }
-    auto_plan(s, &now, &fj[0], 0.0008, k_of); /* the last 0 of the prompt: room again */
-    auto_plan(s, &now, &fj[0], 0.0008, k_of);
+    auto_plan(s, &now, &fj[0], 0.0008, k_of); /* the rest of the prompt */
+    auto_plan(s, &now, &fj[0], 0.0008, k_of); /* room again */
     assert_true(k_of[0] > 0);
     moeq_sched_destroy(s);
 }

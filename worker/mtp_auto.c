@@ -8,6 +8,7 @@
  */
 #include "mtp_auto.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,12 +25,17 @@
 #define SLOPE_PRIOR 0.03    /* an unseen larger step costs at least this much more per token, relative
                                to a one-token step (a memory-bound CPU step is 0.01-0.08)               */
 #define COST_WEIGHT_MAX 8.0f /* a table entry is a running mean of its last ~8 plans                  */
+#define LOOK_EVERY 64       /* plans: a plan without drafts whenever no step near its size (within an
+                               eighth) was timed for this long, so the table knows what drafts add to
+                               the plain step, not only the steps it chose                             */
 
 struct moeq_mtp_auto {
     int max_tokens;
     double draft_share;
     double *cost; /* [max_tokens + 1] seconds of a main step of T tokens            */
     float *seen;  /* [max_tokens + 1] plans behind cost[T], capped; 0 = never seen */
+    uint64_t *seen_at; /* [max_tokens + 1] the plan count when cost[T] was last noted */
+    uint64_t plans;    /* moeq_mtp_auto_choose calls                               */
     float g_reached[MOEQ_MTP_AUTO_MAX_K], g_accepted[MOEQ_MTP_AUTO_MAX_K];
     double *main_cost; /* scratch: [max_tokens + 1]                                  */
     double *draft_cost, *chance;
@@ -52,7 +58,8 @@ moeq_err moeq_mtp_auto_new(int max_step_tokens, double draft_share, moeq_mtp_aut
     a->cost = calloc(n, sizeof *a->cost);
     a->seen = calloc(n, sizeof *a->seen);
     a->main_cost = calloc(n, sizeof *a->main_cost);
-    if (!a->cost || !a->seen || !a->main_cost) {
+    a->seen_at = calloc(n, sizeof *a->seen_at);
+    if (!a->cost || !a->seen || !a->main_cost || !a->seen_at) {
         moeq_mtp_auto_destroy(a);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp auto: out of memory for %d tokens",
                          max_step_tokens);
@@ -68,6 +75,7 @@ void moeq_mtp_auto_destroy(moeq_mtp_auto *a) {
     free(a->cost);
     free(a->seen);
     free(a->main_cost);
+    free(a->seen_at);
     free(a->draft_cost);
     free(a->chance);
     free(a->order);
@@ -145,6 +153,16 @@ void moeq_mtp_auto_note_step(moeq_mtp_auto *a, int tokens, const int *passes, in
     float w = a->seen[tokens] + 1 > COST_WEIGHT_MAX ? COST_WEIGHT_MAX : a->seen[tokens] + 1;
     a->cost[tokens] = a->seen[tokens] > 0 ? a->cost[tokens] + (sample - a->cost[tokens]) / w : sample;
     a->seen[tokens] = w;
+    a->seen_at[tokens] = a->plans;
+}
+
+/* Whether a step of about t tokens (within an eighth) was timed in the last LOOK_EVERY plans. */
+static int timed_lately(const moeq_mtp_auto *a, int t) {
+    int lo = t - t / 8, hi = t + t / 8;
+    if (hi > a->max_tokens) hi = a->max_tokens;
+    for (int u = lo < 1 ? 1 : lo; u <= hi; u++)
+        if (seen(a, u) && a->plans - a->seen_at[u] < LOOK_EVERY) return 1;
+    return 0;
 }
 
 /* ---- acceptance ---------------------------------------------------------------------- */
@@ -208,6 +226,7 @@ static void sort_by_chance(int *order, int n, const double *chance) {
 void moeq_mtp_auto_choose(moeq_mtp_auto *a, moeq_mtp_auto_job *jobs, int n_jobs, int base_tokens,
                           int free_tokens) {
     if (!a) return;
+    a->plans++;
     for (int j = 0; j < MOEQ_MTP_AUTO_MAX_K; j++) a->g_reached[j] *= GLOBAL_DRIFT, a->g_accepted[j] *= GLOBAL_DRIFT;
     int room = 0;
     for (int i = 0; i < n_jobs; i++) {
@@ -227,6 +246,7 @@ void moeq_mtp_auto_choose(moeq_mtp_auto *a, moeq_mtp_auto_job *jobs, int n_jobs,
     if (base_tokens < 1) base_tokens = 1;
     if (room > free_tokens) room = free_tokens;
     if (room <= 0 || !grow_scratch(a, n_jobs)) return; /* no room is no verdict on a job: no idle plan */
+    if (!timed_lately(a, base_tokens)) return; /* a look at the plain step (nor a verdict) */
     if (room > a->max_tokens) room = a->max_tokens;
     fill_costs(a, base_tokens, room + 1, a->main_cost);
     fill_costs(a, 0, n_jobs + 1, a->draft_cost);
