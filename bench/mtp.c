@@ -157,7 +157,8 @@ static int lane_open(const moeq_model *model, const args *a, int B, int k, const
     p.n_threads = a->n_threads;
     p.max_seqs = B;
     p.max_step_tokens = B * (a->prompt > MOEQ_MTP_MAX_K + 1 ? a->prompt : MOEQ_MTP_MAX_K + 1);
-    p.kv_cache_tokens = (int64_t)B * (a->prompt + a->tokens + 2 * MOEQ_MTP_MAX_K + 16);
+    /* twice the tokens: auto's sequences run at different paces, and every one steps until the last is done */
+    p.kv_cache_tokens = (int64_t)B * (a->prompt + 2 * a->tokens + 2 * MOEQ_MTP_MAX_K + 16);
     *l = (lane){.B = B, .k = k, .vocab = c->vocab_size};
     l->seqs = calloc((size_t)B, sizeof *l->seqs);
     l->items = calloc((size_t)B, sizeof *l->items);

@@ -79,17 +79,19 @@ static void acceptance_by_depth_counts_only_the_judged_drafts(void **state) {
 }
 
 /* Each plan after the first few looks at the plain step again whenever no step of about its size was timed
- * for 64 plans (so the table knows what drafts add); between looks it drafts. */
+ * for 64 plans (so the table knows what drafts add), and every 16th drafts a depth less than it chose (so
+ * it knows the sizes between); between looks it drafts 3 deep. */
 static void the_plain_step_is_timed_again_every_64_plans(void **state) {
     (void)state;
     moeq_mtp_auto *a = make(256, 0.05);
     moeq_mtp_depths d;
     memset(&d, 0, sizeof d);
     moeq_mtp_auto_job job = {&d, 3, 0};
-    int looks[8], n_looks = 0;
+    int looks[8], n_looks = 0, shallower = 0;
     for (int plan = 0; plan < 300; plan++) {
         moeq_mtp_auto_choose(a, &job, 1, 1, 60);
         if (job.k == 0 && n_looks < 8) looks[n_looks++] = plan;
+        shallower += job.k == 2;
         int passes[3] = {job.k > 0, job.k > 1, job.k > 2};
         moeq_mtp_auto_note_step(a, 1 + job.k, passes, 3, 0.010 + 0.0008 * (1 + job.k) + 0.0005 * job.k);
         if (job.k) moeq_mtp_auto_note_round(a, &d, job.k, job.k);
@@ -99,6 +101,8 @@ static void the_plain_step_is_timed_again_every_64_plans(void **state) {
     assert_int_equal(n_looks, 5);
     assert_int_equal(looks[0], 0);
     for (int i = 1; i < 5; i++) assert_int_equal(looks[i] - looks[i - 1], 64);
+    print_message("%d plans a depth shallower\n", shallower);
+    assert_true(shallower >= 300 / 16 - 5 && shallower <= 300 / 16 + 1);
     moeq_mtp_auto_destroy(a);
 }
 

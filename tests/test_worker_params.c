@@ -65,6 +65,28 @@ static void mtp_k_defaults_to_one_draft_and_stays_within_zero_to_three(void **st
     assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "3", err, sizeof err), MOEQ_OK);
     assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "4", err, sizeof err), MOEQ_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "mtp_k"));
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "-1", err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "many", err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "not an integer or auto"));
+}
+
+/* mtp_k and mtp_max_batch take `auto` (stored as MOEQ_PROP_AUTO), read back as `auto`. */
+static void mtp_k_and_mtp_max_batch_take_auto(void **state) {
+    (void)state;
+    moeq_worker_params p;
+    char err[256], v[32];
+    moeq_worker_default_params(&p, NULL, 0);
+    assert_int_equal(p.mtp_max_batch, MOEQ_PROP_AUTO);
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "auto", err, sizeof err), MOEQ_OK);
+    assert_int_equal(p.mtp_k, MOEQ_PROP_AUTO);
+    assert_int_equal(moeq_props_get(moeq_worker_props, &p, "mtp_k", v, sizeof v), MOEQ_OK);
+    assert_string_equal(v, "auto");
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_max_batch", "AUTO", err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_max_batch", "8", err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_props_get(moeq_worker_props, &p, "mtp_max_batch", v, sizeof v), MOEQ_OK);
+    assert_string_equal(v, "8");
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "http_port", "auto", err, sizeof err),
+                     MOEQ_ERR_INVALID_ARG); /* a plain int does not */
 }
 
 static void reply_to_must_be_on_the_allow_list(void **state) {
@@ -107,6 +129,7 @@ int main(void) {
         cmocka_unit_test(defaults_are_the_documented_names),
         cmocka_unit_test(params_check_names_the_key_at_fault),
         cmocka_unit_test(mtp_k_defaults_to_one_draft_and_stays_within_zero_to_three),
+        cmocka_unit_test(mtp_k_and_mtp_max_batch_take_auto),
         cmocka_unit_test(reply_to_must_be_on_the_allow_list),
         cmocka_unit_test(the_default_seed_depends_only_on_the_id),
         cmocka_unit_test(the_dedupe_window_is_one_key_as_on_the_coordinator),

@@ -28,6 +28,10 @@
 #define LOOK_EVERY 64       /* plans: a plan without drafts whenever no step near its size (within an
                                eighth) was timed for this long, so the table knows what drafts add to
                                the plain step, not only the steps it chose                             */
+#define LOOK_SHALLOWER 16   /* every this many plans, drafts one depth less deep than the last choice:
+                               between two timed sizes the table reads a straight line, which is above
+                               a step time that bends upward (memory bound, then compute bound), so the
+                               sizes in between must be timed too                                      */
 
 struct moeq_mtp_auto {
     int max_tokens;
@@ -36,6 +40,7 @@ struct moeq_mtp_auto {
     float *seen;  /* [max_tokens + 1] plans behind cost[T], capped; 0 = never seen */
     uint64_t *seen_at; /* [max_tokens + 1] the plan count when cost[T] was last noted */
     uint64_t plans;    /* moeq_mtp_auto_choose calls                               */
+    int last_depth;    /* the deepest draft the last ordinary choice gave          */
     float g_reached[MOEQ_MTP_AUTO_MAX_K], g_accepted[MOEQ_MTP_AUTO_MAX_K];
     double *main_cost; /* scratch: [max_tokens + 1]                                  */
     double *draft_cost, *chance;
@@ -254,8 +259,9 @@ void moeq_mtp_auto_choose(moeq_mtp_auto *a, moeq_mtp_auto_job *jobs, int n_jobs,
     for (int i = 0; i < n_jobs; i++) a->chance[i] = 1;
 
     double tokens = base_tokens, drafts_cost = 0; /* the plan so far: expected tokens, draft passes' cost */
-    int added = 0;
-    for (int depth = 1; depth <= MOEQ_MTP_AUTO_MAX_K; depth++) {
+    int added = 0, shallower = a->plans % LOOK_SHALLOWER == 0 && a->last_depth > 0, deepest = 0;
+    int max_depth = shallower ? a->last_depth - 1 : MOEQ_MTP_AUTO_MAX_K;
+    for (int depth = 1; depth <= max_depth; depth++) {
         int nc = 0;
         for (int i = 0; i < n_jobs; i++) {
             if (jobs[i].k != depth - 1 || jobs[i].k_max < depth) continue;
@@ -274,11 +280,14 @@ void moeq_mtp_auto_choose(moeq_mtp_auto *a, moeq_mtp_auto_job *jobs, int n_jobs,
             if (r > best) best = r, best_m = m, best_sum = sum;
         }
         if (best_m == 0) break;
+        deepest = depth;
         for (int m = 0; m < best_m; m++) jobs[a->order[m]].k = depth;
         tokens += best_sum;
         added += best_m;
         drafts_cost += a->draft_cost[best_m];
     }
+    if (shallower) return; /* a look, no verdict on a job */
+    a->last_depth = deepest;
     for (int i = 0; i < n_jobs; i++) {
         moeq_mtp_depths *d = jobs[i].depths;
         if (d && jobs[i].k_max > 0) d->idle = jobs[i].k > 0 ? 0 : d->idle + 1;
