@@ -54,12 +54,12 @@ static void params_check_names_the_key_at_fault(void **state) {
     assert_non_null(strstr(err, "ep.group"));
 }
 
-static void mtp_k_defaults_to_one_draft_and_stays_within_zero_to_three(void **state) {
+static void mtp_k_defaults_to_auto_and_stays_within_zero_to_three(void **state) {
     (void)state;
     moeq_worker_params p;
     char err[256];
     moeq_worker_default_params(&p, NULL, 0);
-    assert_int_equal(p.mtp_k, 1);
+    assert_int_equal(p.mtp_k, MOEQ_PROP_AUTO);
     assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "0", err, sizeof err), MOEQ_OK);
     assert_int_equal(p.mtp_k, 0);
     assert_int_equal(moeq_props_set(moeq_worker_props, &p, "mtp_k", "3", err, sizeof err), MOEQ_OK);
@@ -128,7 +128,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_are_the_documented_names),
         cmocka_unit_test(params_check_names_the_key_at_fault),
-        cmocka_unit_test(mtp_k_defaults_to_one_draft_and_stays_within_zero_to_three),
+        cmocka_unit_test(mtp_k_defaults_to_auto_and_stays_within_zero_to_three),
         cmocka_unit_test(mtp_k_and_mtp_max_batch_take_auto),
         cmocka_unit_test(reply_to_must_be_on_the_allow_list),
         cmocka_unit_test(the_default_seed_depends_only_on_the_id),

@@ -68,7 +68,7 @@ const moeq_prop moeq_worker_props[] = {
      "the dedupe window, one key for every process: a job record (moeq:job:<id>) lives this long after it is "
      "written and again after its job finishes; while it lives, a job with its id is not run again (a "
      "`duplicate` dead letter), s; 0 = forever"},
-    {"mtp_k", MOEQ_PROP_INT_AUTO, P(mtp_k), 0, 3, "1",
+    {"mtp_k", MOEQ_PROP_INT_AUTO, P(mtp_k), 0, 3, "auto",
      "MTP speculative decoding: draft tokens per round for jobs with mtp on (needs a model with an MTP "
      "layer; output unchanged); 0 = off; auto = 0 to 3 per job and step, whichever gives the most tokens a "
      "second by the job's measured acceptance at each depth and the measured cost of the worker's steps"},

@@ -55,7 +55,8 @@ typedef struct moeq_worker_params {
                                      the coordinator's key of the same name), s; 0 = keep; 604800 */
     int64_t mtp_k;                /* MTP drafts per speculative round for jobs with mtp on;
                                      0 = off; used only when the model has an MTP layer; [0, 3];
-                                     MOEQ_PROP_AUTO (`auto`): chosen per job and step (mtp_auto.h) */
+                                     MOEQ_PROP_AUTO (`auto`, the default): chosen per job and step
+                                     (mtp_auto.h)                                                   */
     int64_t mtp_max_batch;        /* rounds only while at most this many sequences decode; 0 = always;
                                      MOEQ_PROP_AUTO: 16 with a fixed mtp_k, 0 with mtp_k auto          */
     int64_t prefix_share_min;     /* a new job forks a running job's cached prompt prefix when they
