@@ -33,6 +33,11 @@
                                a step time that bends upward (memory bound, then compute bound), so the
                                sizes in between must be timed too                                      */
 
+typedef struct candidate {
+    double chance;
+    int job;
+} candidate;
+
 struct moeq_mtp_auto {
     int max_tokens;
     double draft_share;
@@ -44,7 +49,7 @@ struct moeq_mtp_auto {
     float g_reached[MOEQ_MTP_AUTO_MAX_K], g_accepted[MOEQ_MTP_AUTO_MAX_K];
     double *main_cost; /* scratch: [max_tokens + 1]                                  */
     double *draft_cost, *chance;
-    int *order;
+    candidate *order;
     int cap; /* jobs the scratch holds                                                */
 };
 
@@ -212,20 +217,18 @@ static int grow_scratch(moeq_mtp_auto *a, int n) {
     if (dc) a->draft_cost = dc;
     double *ch = realloc(a->chance, (size_t)n * sizeof *ch);
     if (ch) a->chance = ch;
-    int *o = realloc(a->order, (size_t)n * sizeof *o);
+    candidate *o = realloc(a->order, (size_t)n * sizeof *o);
     if (o) a->order = o;
     if (!dc || !ch || !o) return 0;
     a->cap = n;
     return 1;
 }
 
-/* Candidates by falling chance; equal chances keep the caller's order (oldest job first). */
-static void sort_by_chance(int *order, int n, const double *chance) {
-    for (int i = 1; i < n; i++) {
-        int v = order[i], j = i;
-        while (j > 0 && chance[order[j - 1]] < chance[v]) order[j] = order[j - 1], j--;
-        order[j] = v;
-    }
+/* By falling chance; equal chances keep the caller's order (oldest job first). */
+static int by_chance(const void *x, const void *y) {
+    const candidate *a = x, *b = y;
+    if (a->chance != b->chance) return a->chance < b->chance ? 1 : -1;
+    return (a->job > b->job) - (a->job < b->job);
 }
 
 void moeq_mtp_auto_choose(moeq_mtp_auto *a, moeq_mtp_auto_job *jobs, int n_jobs, int base_tokens,
@@ -266,22 +269,22 @@ void moeq_mtp_auto_choose(moeq_mtp_auto *a, moeq_mtp_auto_job *jobs, int n_jobs,
         for (int i = 0; i < n_jobs; i++) {
             if (jobs[i].k != depth - 1 || jobs[i].k_max < depth) continue;
             a->chance[i] *= moeq_mtp_auto_acceptance(a, jobs[i].depths, depth);
-            a->order[nc++] = i;
+            a->order[nc++] = (candidate){a->chance[i], i};
         }
         if (nc == 0) break;
-        sort_by_chance(a->order, nc, a->chance);
+        qsort(a->order, (size_t)nc, sizeof *a->order, by_chance);
         /* the best prefix of the candidates: each adds a verify token and its expected tokens, the depth's
          * MTP pass costs draft_cost[m] for m of them */
         double best = tokens / (a->main_cost[added] + drafts_cost), sum = 0, best_sum = 0;
         int best_m = 0;
         for (int m = 1; m <= nc && added + m <= room; m++) {
-            sum += a->chance[a->order[m - 1]];
+            sum += a->order[m - 1].chance;
             double r = (tokens + sum) / (a->main_cost[added + m] + drafts_cost + a->draft_cost[m]);
             if (r > best) best = r, best_m = m, best_sum = sum;
         }
         if (best_m == 0) break;
         deepest = depth;
-        for (int m = 0; m < best_m; m++) jobs[a->order[m]].k = depth;
+        for (int m = 0; m < best_m; m++) jobs[a->order[m].job].k = depth;
         tokens += best_sum;
         added += best_m;
         drafts_cost += a->draft_cost[best_m];
