@@ -203,7 +203,7 @@ static void a_job_that_stopped_drafting_tries_again_ever_later(void **state) {
 }
 
 /* The table: a straight line between two seen sizes, at least the prior's slope beyond the last, the
- * draft passes' share taken off a plan's time, never falling with the tokens. */
+ * draft passes' share taken off a plan's time, never falling with the tokens, a stall clamped. */
 static void the_cost_table_reads_between_and_beyond_what_it_saw(void **state) {
     (void)state;
     moeq_mtp_auto *a = make(64, 0.1);
@@ -222,6 +222,10 @@ static void the_cost_table_reads_between_and_beyond_what_it_saw(void **state) {
     moeq_mtp_auto_note_step(a, 2, passes, 1, 1.2);
     double est = 1.1, pass = 0.1 * 1.0;
     assert_true(fabs(moeq_mtp_auto_step_cost(a, 2) - 1.2 * est / (est + pass)) < 1e-9);
+    /* an established entry: one stall of 100x moves it by at most an eighth of doubling */
+    for (int i = 0; i < 8; i++) moeq_mtp_auto_note_step(a, 7, NULL, 0, 1.0);
+    moeq_mtp_auto_note_step(a, 7, NULL, 0, 100.0);
+    assert_true(moeq_mtp_auto_step_cost(a, 7) <= 1.0 + 1.0 / 8 + 1e-9);
     moeq_mtp_auto_destroy(a);
 }
 

@@ -160,6 +160,12 @@ void moeq_mtp_auto_note_step(moeq_mtp_auto *a, int tokens, const int *passes, in
     for (int j = 0; passes && j < n_passes; j++)
         if (passes[j] > 0) draft_est += a->draft_share * moeq_mtp_auto_step_cost(a, passes[j]);
     double sample = main_est + draft_est > 0 ? seconds * main_est / (main_est + draft_est) : seconds;
+    /* one stall (page faults on experts first touched, another tenant's burst) moves an established entry at
+     * most to twice or half its value, weighted as one plan of eight */
+    if (a->seen[tokens] >= 4) {
+        double c = a->cost[tokens];
+        sample = sample > 2 * c ? 2 * c : sample < 0.5 * c ? 0.5 * c : sample;
+    }
     float w = a->seen[tokens] + 1 > COST_WEIGHT_MAX ? COST_WEIGHT_MAX : a->seen[tokens] + 1;
     a->cost[tokens] = a->seen[tokens] > 0 ? a->cost[tokens] + (sample - a->cost[tokens]) / w : sample;
     a->seen[tokens] = w;
