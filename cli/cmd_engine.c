@@ -4,6 +4,8 @@
  * tokenizer. Output is one JSON document on stdout; errors go to stderr with
  * exit status 1 (2 for usage).
  */
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +69,22 @@ static void logits_usage(FILE *out) {
                  "--top 0 prints all vocab_size logits of every position in id order (%%.9g).\n");
 }
 
+/* A whole decimal int into *out; -1 (and a message naming the flag) for anything else ("abc" is not 0). */
+static int int_arg(const char *flag, const char *v, int *out) {
+    char *end = NULL;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || end == v || *end || n < INT_MIN || n > INT_MAX) {
+        fprintf(stderr, "moeq: %s: '%s' is not an integer%s\n", flag, v,
+                !strcmp(flag, "--mtp") && !strcmp(v, "auto")
+                    ? " (auto is the worker's mtp_k = auto, which learns from a batch's steps; give 0..8 here)"
+                    : "");
+        return -1;
+    }
+    *out = (int)n;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, engine_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -83,18 +101,32 @@ static int parse_args(int argc, char **argv, engine_args *a) {
         if (!strcmp(k, "--model")) a->model_dir = v;
         else if (!strcmp(k, "--prompt")) a->prompt = v;
         else if (!strcmp(k, "--tokens")) a->tokens = v;
-        else if (!strcmp(k, "--max-new-tokens")) a->max_new_tokens = atoi(v);
+        else if (!strcmp(k, "--max-new-tokens")) {
+            if (int_arg(k, v, &a->max_new_tokens)) return -1;
+        }
         else if (!strcmp(k, "--temperature")) a->sampling.temperature = atof(v);
-        else if (!strcmp(k, "--top-k")) a->sampling.top_k = atoi(v);
+        else if (!strcmp(k, "--top-k")) {
+            if (int_arg(k, v, &a->sampling.top_k)) return -1;
+        }
         else if (!strcmp(k, "--top-p")) a->sampling.top_p = atof(v);
         else if (!strcmp(k, "--seed")) a->sampling.seed = strtoull(v, NULL, 0);
-        else if (!strcmp(k, "--top")) a->top = atoi(v);
-        else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
+        else if (!strcmp(k, "--top")) {
+            if (int_arg(k, v, &a->top)) return -1;
+        }
+        else if (!strcmp(k, "--threads")) {
+            if (int_arg(k, v, &a->n_threads)) return -1;
+        }
         else if (!strcmp(k, "--backend")) a->backend = v;
-        else if (!strcmp(k, "--device")) a->device = atoi(v);
-        else if (!strcmp(k, "--mtp")) a->mtp_k = atoi(v);
+        else if (!strcmp(k, "--device")) {
+            if (int_arg(k, v, &a->device)) return -1;
+        }
+        else if (!strcmp(k, "--mtp")) {
+            if (int_arg(k, v, &a->mtp_k)) return -1;
+        }
         else if (!strcmp(k, "--mtp-draft")) a->mtp_draft = v;
-        else if (!strcmp(k, "--max-model-len")) a->max_model_len = atoi(v);
+        else if (!strcmp(k, "--max-model-len")) {
+            if (int_arg(k, v, &a->max_model_len)) return -1;
+        }
         else if (!strcmp(k, "--response-format")) a->response_format = v;
         else return -1;
     }

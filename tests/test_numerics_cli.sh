@@ -7,7 +7,8 @@
 #   - `moeq model-info --check-weights` names the tensor;
 #   - no context-length check: prompt + --max-new-tokens past max_position_embeddings (or --max-model-len)
 #     is refused with both numbers (ran past the table);
-#   - result text is cut at the first NUL byte: the printed text is every decoded byte, 0x00 as \u0000.
+#   - result text is cut at the first NUL byte: the printed text is every decoded byte, 0x00 as \u0000;
+#   - a flag's number that is not one ("8x", "auto") was read as 0: now refused with usage.
 set -u
 B=$1
 S=$2
@@ -34,6 +35,19 @@ refused() {
     [ "$rc" -eq 1 ] || fail "$what: exit status $rc, want 1 ($(cat "$W/err"))"
     grep -q "$want" "$W/err" || fail "$what: stderr lacks '$want': $(cat "$W/err")"
 }
+
+# a flag's number is a whole number: "8x" or "auto" is refused with usage (exit 2), never read as 0
+usage() {
+    what=$1 want=$2
+    shift 2
+    "$@" >"$W/out" 2>"$W/err"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "$what: exit status $rc, want 2 ($(cat "$W/err"))"
+    grep -q "$want" "$W/err" || fail "$what: stderr lacks '$want': $(cat "$W/err")"
+}
+usage "--max-new-tokens 8x" "max-new-tokens: '8x' is not an integer" \
+    "$M" generate --model "$W/good" --tokens 5,7,9 --max-new-tokens 8x --threads 1
+usage "--mtp auto" "mtp_k = auto" "$M" generate --model "$W/good" --tokens 5,7,9 --mtp auto --threads 1
 
 # NaN crashes the engine
 refused "generate, NaN row" "numerical: non-finite logits" "$M" generate --model "$W/nan" --tokens 5,7,9 --threads 1
