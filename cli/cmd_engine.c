@@ -85,6 +85,31 @@ static int int_arg(const char *flag, const char *v, int *out) {
     return 0;
 }
 
+/* The same for a number (--temperature, --top-p) and an unsigned 64-bit one (--seed). */
+static int double_arg(const char *flag, const char *v, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || end == v || *end || d != d) {
+        fprintf(stderr, "moeq: %s: '%s' is not a number\n", flag, v);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+static int u64_arg(const char *flag, const char *v, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 0);
+    if (errno || end == v || *end || v[0] == '-') {
+        fprintf(stderr, "moeq: %s: '%s' is not an unsigned integer\n", flag, v);
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, engine_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -104,12 +129,17 @@ static int parse_args(int argc, char **argv, engine_args *a) {
         else if (!strcmp(k, "--max-new-tokens")) {
             if (int_arg(k, v, &a->max_new_tokens)) return -1;
         }
-        else if (!strcmp(k, "--temperature")) a->sampling.temperature = atof(v);
+        else if (!strcmp(k, "--temperature")) {
+            if (double_arg(k, v, &a->sampling.temperature)) return -1;
+        }
         else if (!strcmp(k, "--top-k")) {
             if (int_arg(k, v, &a->sampling.top_k)) return -1;
         }
-        else if (!strcmp(k, "--top-p")) a->sampling.top_p = atof(v);
-        else if (!strcmp(k, "--seed")) a->sampling.seed = strtoull(v, NULL, 0);
+        else if (!strcmp(k, "--top-p")) {
+            if (double_arg(k, v, &a->sampling.top_p)) return -1;
+        } else if (!strcmp(k, "--seed")) {
+            if (u64_arg(k, v, &a->sampling.seed)) return -1;
+        }
         else if (!strcmp(k, "--top")) {
             if (int_arg(k, v, &a->top)) return -1;
         }

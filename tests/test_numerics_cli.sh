@@ -48,6 +48,9 @@ usage() {
 usage "--max-new-tokens 8x" "max-new-tokens: '8x' is not an integer" \
     "$M" generate --model "$W/good" --tokens 5,7,9 --max-new-tokens 8x --threads 1
 usage "--mtp auto" "mtp_k = auto" "$M" generate --model "$W/good" --tokens 5,7,9 --mtp auto --threads 1
+usage "--temperature hot" "temperature: 'hot' is not a number" \
+    "$M" generate --model "$W/good" --tokens 5,7,9 --temperature hot --threads 1
+usage "--seed -3" "seed: '-3' is not an unsigned integer" "$M" generate --model "$W/good" --tokens 5,7,9 --seed -3
 
 # NaN crashes the engine
 refused "generate, NaN row" "numerical: non-finite logits" "$M" generate --model "$W/nan" --tokens 5,7,9 --threads 1
