@@ -386,7 +386,8 @@ done:
 int main(int argc, char **argv) {
     args a;
     if (parse(argc, argv, &a)) {
-        fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3,auto] [--tokens N] "
+        fprintf(stderr, "usage: bench-mtp --model DIR [--threads N] [--batches 1,8,32] [--ks 0,1,2,3,auto] "
+                        "[--tokens N] "
                         "[--repeat R (1-15)] [--mtp-draft f8|e4m3|exact|f8,e4m3,exact] [--cost-rounds R (0: none)] "
                         "[--cpu-matrix auto|lanes|amx]\n");
         return 2;

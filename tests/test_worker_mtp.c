@@ -494,13 +494,16 @@ static int stop_left_worker(void **state) {
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--backend")) g_backend = argv[2]; /* the workers' (expectations: cpu) */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(tiny_mtp_with_mtp_gives_what_generate_alone_gives_and_reports_accepted_drafts, stop_left_worker),
+        cmocka_unit_test_teardown(tiny_mtp_with_mtp_gives_what_generate_alone_gives_and_reports_accepted_drafts,
+                                  stop_left_worker),
         cmocka_unit_test_teardown(tiny_mtp_with_mtp_k_auto_gives_what_generate_alone_gives, stop_left_worker),
-        cmocka_unit_test_teardown(tiny_with_a_random_mtp_layer_and_mtp_k_auto_gives_the_same_tokens, stop_left_worker),
+        cmocka_unit_test_teardown(tiny_with_a_random_mtp_layer_and_mtp_k_auto_gives_the_same_tokens,
+                                  stop_left_worker),
         cmocka_unit_test_teardown(tiny_mtp_without_mtp_gives_the_same_tokens, stop_left_worker),
         cmocka_unit_test_teardown(tiny_with_a_random_mtp_layer_gives_the_same_tokens_with_mtp_on, stop_left_worker),
         cmocka_unit_test_teardown(tiny_without_mtp_gives_the_same_tokens, stop_left_worker),
-        cmocka_unit_test_teardown(a_second_round_of_the_same_prompts_hits_the_prefix_cache_and_gives_the_same_tokens, stop_left_worker),
+        cmocka_unit_test_teardown(a_second_round_of_the_same_prompts_hits_the_prefix_cache_and_gives_the_same_tokens,
+                                  stop_left_worker),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
