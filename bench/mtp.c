@@ -236,7 +236,8 @@ static int lane_round(lane *l, char *err, size_t err_size) {
                 moeq_mtp_auto_note_round(l->choice, &l->depths[b], l->seqs[b].k,
                                          (int)(l->seqs[b].accepted - l->accepted_before[b]));
         }
-        moeq_mtp_auto_note_step(l->choice, tokens, passes, AUTO_MAX_K, (double)(moeq_mono_ns() - t0) * 1e-9);
+        moeq_mtp_auto_note_step(l->choice, tokens, passes, AUTO_MAX_K, (double)(moeq_mono_ns() - t0) * 1e-9,
+                                (double)moeq_mtp_decoder_last_draft_ns(l->dec) * 1e-9);
     } else {
         for (int b = 0; b < l->B; b++) l->seqs[b].k = l->k;
         if (moeq_mtp_decode_step(l->dec, l->seqs, l->B, err, err_size)) return 1;

@@ -53,6 +53,7 @@
 
 #include "forward.h"
 #include "sampler.h"
+#include "moeq/util.h"
 
 struct moeq_mtp_decoder {
     moeq_engine *engine;
@@ -72,6 +73,7 @@ struct moeq_mtp_decoder {
     double *p, *q;            /* [V] distributions                          */
     int32_t *cand;            /* [V] candidate order                        */
     float *weight;            /* [V] their unnormalised weights             */
+    int64_t draft_ns;         /* the last round's draft passes, wall time   */
 };
 
 moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq_mtp_decoder **out, char *errstr,
@@ -112,6 +114,8 @@ moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq
     *out = d;
     return MOEQ_OK;
 }
+
+int64_t moeq_mtp_decoder_last_draft_ns(const moeq_mtp_decoder *d) { return d ? d->draft_ns : 0; }
 
 void moeq_mtp_decoder_destroy(moeq_mtp_decoder *d) {
     if (!d) return;
@@ -341,6 +345,7 @@ moeq_err moeq_mtp_decode_step_out(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int 
         if (extra[i].all_logits)
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                              "mtp round: ordinary item %d asks for all logits (only the last row is kept)", i);
+    d->draft_ns = 0;
     if (n_seqs == 0) /* nothing to draft: the ordinary step alone */
         return n_extra ? moeq_engine_step_out(d->engine, extra, n_extra, extra_out, errstr, errstr_size) : MOEQ_OK;
     int K1 = d->max_k + 1, max_depth = 0;
@@ -350,8 +355,10 @@ moeq_err moeq_mtp_decode_step_out(moeq_mtp_decoder *d, moeq_spec_seq *seqs, int 
         d->tokens[(size_t)i * K1] = seqs[i].next_token;
         if (seqs[i].k > max_depth) max_depth = seqs[i].k;
     }
+    int64_t t0 = moeq_mono_ns();
     for (int j = 0; j < max_depth; j++)
         if ((err = draft_depth(d, seqs, n_seqs, j, errstr, errstr_size))) goto undo_round;
+    d->draft_ns = moeq_mono_ns() - t0;
     for (int i = 0; i < n_seqs; i++) {
         d->items[i] = (moeq_step_item){seqs[i].seq_id, d->tokens + (size_t)i * K1, seqs[i].k + 1, 1};
         d->row0[i] = rows;

@@ -762,7 +762,7 @@ static void auto_plan(moeq_sched *s, int64_t *now, const fake_job *good, double 
         o[r] = (moeq_sched_round_out){run[r], ok ? k + 1 : 1, k, ok ? k : 0};
         k_of[ok ? 0 : 1] = k;
     }
-    moeq_sched_note_step_seconds(s, 0.010 + per_token * (plan.n_tokens + plan.n_round_tokens));
+    moeq_sched_note_step_seconds(s, 0.010 + per_token * (plan.n_tokens + plan.n_round_tokens), -1);
     assert_int_equal(moeq_sched_commit_mtp(s, sampled, o, *now), MOEQ_OK);
 }
 

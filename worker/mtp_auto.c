@@ -1,10 +1,13 @@
 /*
  * mtp_auto.c — drafts per round from measured acceptance and measured step times (see mtp_auto.h).
  *
- * The cost side is a table: for each main-step size T (tokens), a running mean of what plans of that size
- * took, less the estimated draft passes. Sizes never seen are read off their seen neighbours (a straight
- * line between two; beyond the last one, its cost grown at least at the prior slope), so the table needs no
- * shape assumed, and a step that turns compute bound past some batch size shows up as a steeper line there.
+ * The cost side is two tables: for each main-step size T (tokens), a running mean of what plans of that
+ * size took, less their draft passes; and for each draft-pass size m (sequences drafting at one depth), what
+ * such a pass took (the engine times a round's drafts apart: moeq_mtp_decoder_last_draft_ns). Sizes never
+ * seen are read off their seen neighbours (a straight line between two; beyond the last one, its cost grown
+ * at least at the prior slope), so no shape is assumed, and a step that turns compute bound past some batch
+ * size shows up as a steeper line there. Before any draft was timed, a pass over m sequences is taken to
+ * cost the MTP layer's share of the weights times a main step of m tokens.
  */
 #include "mtp_auto.h"
 
@@ -38,12 +41,18 @@ typedef struct candidate {
     int job;
 } candidate;
 
+typedef struct cost_table {
+    int max;           /* sizes 1..max                                              */
+    double *cost;      /* [max + 1] seconds at each size                            */
+    float *seen;       /* [max + 1] plans behind cost[t], capped; 0 = never seen    */
+    uint64_t *seen_at; /* [max + 1] the plan count when cost[t] was last noted      */
+    int n_seen;        /* sizes seen at all                                         */
+} cost_table;
+
 struct moeq_mtp_auto {
     int max_tokens;
     double draft_share;
-    double *cost; /* [max_tokens + 1] seconds of a main step of T tokens            */
-    float *seen;  /* [max_tokens + 1] plans behind cost[T], capped; 0 = never seen */
-    uint64_t *seen_at; /* [max_tokens + 1] the plan count when cost[T] was last noted */
+    cost_table main, draft; /* a main step by its tokens; a draft pass by its sequences */
     uint64_t plans;    /* moeq_mtp_auto_choose calls                               */
     int last_depth;    /* the deepest draft the last ordinary choice gave          */
     float g_reached[MOEQ_MTP_AUTO_MAX_K], g_accepted[MOEQ_MTP_AUTO_MAX_K];
@@ -65,11 +74,16 @@ moeq_err moeq_mtp_auto_new(int max_step_tokens, double draft_share, moeq_mtp_aut
     moeq_mtp_auto *a = calloc(1, sizeof *a);
     if (!a) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp auto: out of memory");
     size_t n = (size_t)max_step_tokens + 1;
-    a->cost = calloc(n, sizeof *a->cost);
-    a->seen = calloc(n, sizeof *a->seen);
     a->main_cost = calloc(n, sizeof *a->main_cost);
-    a->seen_at = calloc(n, sizeof *a->seen_at);
-    if (!a->cost || !a->seen || !a->main_cost || !a->seen_at) {
+    int ok = a->main_cost != NULL;
+    for (cost_table *t = &a->main; t <= &a->draft; t++) {
+        t->max = max_step_tokens;
+        t->cost = calloc(n, sizeof *t->cost);
+        t->seen = calloc(n, sizeof *t->seen);
+        t->seen_at = calloc(n, sizeof *t->seen_at);
+        ok &= t->cost && t->seen && t->seen_at;
+    }
+    if (!ok) {
         moeq_mtp_auto_destroy(a);
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp auto: out of memory for %d tokens",
                          max_step_tokens);
@@ -82,10 +96,8 @@ moeq_err moeq_mtp_auto_new(int max_step_tokens, double draft_share, moeq_mtp_aut
 
 void moeq_mtp_auto_destroy(moeq_mtp_auto *a) {
     if (!a) return;
-    free(a->cost);
-    free(a->seen);
+    for (cost_table *t = &a->main; t <= &a->draft; t++) free(t->cost), free(t->seen), free(t->seen_at);
     free(a->main_cost);
-    free(a->seen_at);
     free(a->draft_cost);
     free(a->chance);
     free(a->order);
@@ -96,11 +108,11 @@ void moeq_mtp_auto_destroy(moeq_mtp_auto *a) {
 
 static double prior_shape(int t) { return t <= 0 ? 0 : 1 + SLOPE_PRIOR * (t - 1); }
 
-static int seen(const moeq_mtp_auto *a, int t) { return t >= 1 && t <= a->max_tokens && a->seen[t] > 0; }
+static int seen(const cost_table *a, int t) { return t >= 1 && t <= a->max && a->seen[t] > 0; }
 
 /* Per token above the last seen size L: the line through L and the seen size below it, if steeper than
  * the prior's (a step past the batch where it turns compute bound costs more per token, never less). */
-static double slope_above(const moeq_mtp_auto *a, int L) {
+static double slope_above(const cost_table *a, int L) {
     double s = a->cost[L] * SLOPE_PRIOR / prior_shape(L);
     int L2 = L - 1;
     while (L2 >= 1 && !seen(a, L2)) L2--;
@@ -111,9 +123,9 @@ static double slope_above(const moeq_mtp_auto *a, int L) {
     return s;
 }
 
-/* out[i] = the estimated cost of a main step of lo + i tokens, i < n (lo >= 0), never falling with i. */
-static void fill_costs(const moeq_mtp_auto *a, int lo, int n, double *out) {
-    int L = lo < a->max_tokens ? lo : a->max_tokens; /* last seen size at or below the current one */
+/* out[i] = the estimated cost at size lo + i, i < n (lo >= 0), never falling with i. */
+static void fill_costs(const cost_table *a, int lo, int n, double *out) {
+    int L = lo < a->max ? lo : a->max; /* last seen size at or below the current one */
     while (L >= 1 && !seen(a, L)) L--;
     int U = 0; /* first seen size above the current one; > max_tokens: none */
     double slope = -1;
@@ -128,9 +140,9 @@ static void fill_costs(const moeq_mtp_auto *a, int lo, int n, double *out) {
         } else {
             if (U <= t) {
                 U = t + 1;
-                while (U <= a->max_tokens && !seen(a, U)) U++;
+                while (U <= a->max && !seen(a, U)) U++;
             }
-            int above = U <= a->max_tokens;
+            int above = U <= a->max;
             if (L >= 1 && above) {
                 c = a->cost[L] + (a->cost[U] - a->cost[L]) * (double)(t - L) / (double)(U - L);
             } else if (L >= 1) {
@@ -148,28 +160,60 @@ static void fill_costs(const moeq_mtp_auto *a, int lo, int n, double *out) {
 
 double moeq_mtp_auto_step_cost(const moeq_mtp_auto *a, int tokens) {
     double c = 0;
-    if (a) fill_costs(a, tokens, 1, &c);
+    if (a) fill_costs(&a->main, tokens, 1, &c);
     return c;
 }
 
-void moeq_mtp_auto_note_step(moeq_mtp_auto *a, int tokens, const int *passes, int n_passes, double seconds) {
-    if (!a || tokens < 1 || tokens > a->max_tokens || !(seconds > 0) || seconds > 1e6) return;
-    /* The plan's time holds the draft passes too: take off their estimated share (a pass over m tokens costs
-     * draft_share of a main step of m tokens), in whatever unit the table is in so far. */
-    double main_est = moeq_mtp_auto_step_cost(a, tokens), draft_est = 0;
-    for (int j = 0; passes && j < n_passes; j++)
-        if (passes[j] > 0) draft_est += a->draft_share * moeq_mtp_auto_step_cost(a, passes[j]);
-    double sample = main_est + draft_est > 0 ? seconds * main_est / (main_est + draft_est) : seconds;
-    /* one stall (page faults on experts first touched, another tenant's burst) moves an established entry at
-     * most to twice or half its value, weighted as one plan of eight */
-    if (a->seen[tokens] >= 4) {
-        double c = a->cost[tokens];
+/* out[m] = a draft pass over m sequences, m = lo .. lo + n - 1: the draft table once a draft was timed, else
+ * the MTP layer's share of a main step of m tokens. */
+static void fill_draft_costs(const moeq_mtp_auto *a, int lo, int n, double *out) {
+    if (a->draft.n_seen > 0) {
+        fill_costs(&a->draft, lo, n, out);
+        return;
+    }
+    fill_costs(&a->main, lo, n, out);
+    for (int i = 0; i < n; i++) out[i] *= a->draft_share;
+}
+
+double moeq_mtp_auto_draft_cost(const moeq_mtp_auto *a, int seqs) {
+    double c = 0;
+    if (a) fill_draft_costs(a, seqs, 1, &c);
+    return c;
+}
+
+/* A running mean of the table's last ~8 samples at size t. One stall (page faults on experts first touched,
+ * another tenant's burst) moves an established entry at most to twice or half its value. */
+static void table_note(cost_table *tb, int t, double sample, uint64_t plan) {
+    if (tb->seen[t] >= 4) {
+        double c = tb->cost[t];
         sample = sample > 2 * c ? 2 * c : sample < 0.5 * c ? 0.5 * c : sample;
     }
-    float w = a->seen[tokens] + 1 > COST_WEIGHT_MAX ? COST_WEIGHT_MAX : a->seen[tokens] + 1;
-    a->cost[tokens] = a->seen[tokens] > 0 ? a->cost[tokens] + (sample - a->cost[tokens]) / w : sample;
-    a->seen[tokens] = w;
-    a->seen_at[tokens] = a->plans;
+    float w = tb->seen[t] + 1 > COST_WEIGHT_MAX ? COST_WEIGHT_MAX : tb->seen[t] + 1;
+    tb->n_seen += tb->seen[t] == 0;
+    tb->cost[t] = tb->seen[t] > 0 ? tb->cost[t] + (sample - tb->cost[t]) / w : sample;
+    tb->seen[t] = w;
+    tb->seen_at[t] = plan;
+}
+
+void moeq_mtp_auto_note_step(moeq_mtp_auto *a, int tokens, const int *passes, int n_passes, double seconds,
+                             double draft_seconds) {
+    if (!a || tokens < 1 || tokens > a->max_tokens || !(seconds > 0) || seconds > 1e6) return;
+    int n = 0;
+    double est[MOEQ_MTP_AUTO_MAX_K], draft_est = 0;
+    for (int j = 0; passes && j < n_passes && j < MOEQ_MTP_AUTO_MAX_K; j++, n++) {
+        est[j] = passes[j] > 0 && passes[j] <= a->max_tokens ? moeq_mtp_auto_draft_cost(a, passes[j]) : 0;
+        draft_est += est[j];
+    }
+    double main_sample;
+    if (draft_seconds >= 0 && draft_seconds < seconds) { /* timed apart: each pass gets its estimate's share */
+        main_sample = seconds - draft_seconds;
+        for (int j = 0; j < n && draft_est > 0; j++)
+            if (est[j] > 0) table_note(&a->draft, passes[j], draft_seconds * est[j] / draft_est, a->plans);
+    } else { /* one time for both: take off the passes' estimated share, in whatever unit the tables are in */
+        double main_est = moeq_mtp_auto_step_cost(a, tokens);
+        main_sample = main_est + draft_est > 0 ? seconds * main_est / (main_est + draft_est) : seconds;
+    }
+    table_note(&a->main, tokens, main_sample, a->plans);
 }
 
 /* Whether a step of about t tokens (within an eighth) was timed in the last LOOK_EVERY plans. */
@@ -177,7 +221,7 @@ static int timed_lately(const moeq_mtp_auto *a, int t) {
     int lo = t - t / 8, hi = t + t / 8;
     if (hi > a->max_tokens) hi = a->max_tokens;
     for (int u = lo < 1 ? 1 : lo; u <= hi; u++)
-        if (seen(a, u) && a->plans - a->seen_at[u] < LOOK_EVERY) return 1;
+        if (seen(&a->main, u) && a->plans - a->main.seen_at[u] < LOOK_EVERY) return 1;
     return 0;
 }
 
@@ -262,9 +306,8 @@ void moeq_mtp_auto_choose(moeq_mtp_auto *a, moeq_mtp_auto_job *jobs, int n_jobs,
     if (room <= 0 || !grow_scratch(a, n_jobs)) return; /* no room is no verdict on a job: no idle plan */
     if (!timed_lately(a, base_tokens)) return; /* a look at the plain step (nor a verdict) */
     if (room > a->max_tokens) room = a->max_tokens;
-    fill_costs(a, base_tokens, room + 1, a->main_cost);
-    fill_costs(a, 0, n_jobs + 1, a->draft_cost);
-    for (int m = 0; m <= n_jobs; m++) a->draft_cost[m] *= a->draft_share;
+    fill_costs(&a->main, base_tokens, room + 1, a->main_cost);
+    fill_draft_costs(a, 0, n_jobs + 1, a->draft_cost);
     for (int i = 0; i < n_jobs; i++) a->chance[i] = 1;
 
     double tokens = base_tokens, drafts_cost = 0; /* the plan so far: expected tokens, draft passes' cost */

@@ -10,7 +10,8 @@
  * measured rather than configured:
  *  - per job, acceptance by draft depth over its recent rounds (moeq_mtp_depths), a new job starting from
  *    the worker-wide figures;
- *  - per worker, a step's time as a function of its tokens (moeq_mtp_auto_note_step: each plan's time).
+ *  - per worker, a step's time as a function of its tokens and a draft pass's as a function of its
+ *    sequences (moeq_mtp_auto_note_step: each plan's time, its drafts' apart).
  * Each plan then gets the drafts that maximise its expected tokens (prompt tokens fed plus tokens
  * generated) per second: moeq_mtp_auto_choose. The output never depends on these choices (rounds give plain
  * decoding's tokens whatever k: exact mode, docs/MTP.md); only the speed does.
@@ -76,13 +77,17 @@ void moeq_mtp_auto_note_round(moeq_mtp_auto *a, moeq_mtp_depths *depths, int k, 
 
 /*
  * A plan ran in `seconds`: its main step held `tokens` tokens and passes[j] (j < n_passes) sequences drafted
- * at depth j + 1. Plans with more tokens than max_step_tokens, or no time, are ignored.
+ * at depth j + 1, which took draft_seconds of it (moeq_mtp_decoder_last_draft_ns; < 0: not timed apart, the
+ * passes' share is estimated). Plans with more tokens than max_step_tokens, or no time, are ignored.
  */
-void moeq_mtp_auto_note_step(moeq_mtp_auto *a, int tokens, const int *passes, int n_passes, double seconds);
+void moeq_mtp_auto_note_step(moeq_mtp_auto *a, int tokens, const int *passes, int n_passes, double seconds,
+                             double draft_seconds);
 
 /* The current estimates: a main step of `tokens` tokens (seconds once a plan was noted, else relative to
  * a one-token step), and the chance a job accepts its draft at depth (1-based) after the ones before. */
 double moeq_mtp_auto_step_cost(const moeq_mtp_auto *a, int tokens);
+/* ... and a draft pass over `seqs` sequences (the draft table once a draft was timed apart). */
+double moeq_mtp_auto_draft_cost(const moeq_mtp_auto *a, int seqs);
 double moeq_mtp_auto_acceptance(const moeq_mtp_auto *a, const moeq_mtp_depths *depths, int depth);
 
 #endif

@@ -754,10 +754,10 @@ static void compose(moeq_sched *sched, moeq_sched_step *plan) {
     }
 }
 
-void moeq_sched_note_step_seconds(moeq_sched *sched, double seconds) {
+void moeq_sched_note_step_seconds(moeq_sched *sched, double seconds, double draft_seconds) {
     if (sched && sched->mtp_auto)
         moeq_mtp_auto_note_step(sched->mtp_auto, sched->plan_main_tokens, sched->plan_passes, MOEQ_MTP_AUTO_MAX_K,
-                                seconds);
+                                seconds, draft_seconds);
 }
 
 moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *plan) {

@@ -234,10 +234,12 @@ typedef struct moeq_sched_step {
 moeq_err moeq_sched_plan(moeq_sched *sched, int64_t now_ms, moeq_sched_step *plan);
 
 /*
- * mtp_auto: the last plan (its step and rounds) took this long, start to end; call it after running the
- * plan, before the next. It is what the choice of drafts learns the cost of steps from. No effect otherwise.
+ * mtp_auto: the last plan (its step and rounds) took `seconds`, start to end, of which its rounds' draft
+ * passes took draft_seconds (moeq_mtp_decoder_last_draft_ns; 0 without rounds; < 0: not timed apart). Call
+ * it after running the plan, before the next: the choice of drafts learns the cost of steps and drafts from
+ * it. No effect otherwise.
  */
-void moeq_sched_note_step_seconds(moeq_sched *sched, double seconds);
+void moeq_sched_note_step_seconds(moeq_sched *sched, double seconds, double draft_seconds);
 
 /*
  * The engine ran the plan: sampled[i] is the token sampled for item i (read

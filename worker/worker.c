@@ -1150,7 +1150,9 @@ static int run_step(moeq_worker *w) {
     if (plan.n_items == 0 && plan.n_rounds == 0) return w->group ? group_empty_step(w) : 0;
     int64_t t0 = moeq_mono_ns();
     moeq_err e = run_plan(w, &plan, err, sizeof err);
-    if (!e) moeq_sched_note_step_seconds(w->sched, (double)(moeq_mono_ns() - t0) * 1e-9);
+    if (!e)
+        moeq_sched_note_step_seconds(w->sched, (double)(moeq_mono_ns() - t0) * 1e-9,
+                                     plan.n_rounds > 0 ? (double)moeq_mtp_decoder_last_draft_ns(w->mtp) * 1e-9 : 0);
     if (e && group_failed(w)) return 1; /* no abort: the step's jobs are unfinished, their batches stay pending */
     if (w->group && moeq_engine_main_steps(w->engine) == w->main_steps0)
         group_empty_step(w); /* no main pass ran (a round refused while drafting): keep the lockstep */

@@ -602,6 +602,9 @@ typedef struct moeq_mtp_decoder moeq_mtp_decoder;
 moeq_err moeq_mtp_decoder_new(moeq_engine *engine, int max_seqs, int max_k, moeq_mtp_decoder **out, char *errstr,
                               size_t errstr_size);
 void moeq_mtp_decoder_destroy(moeq_mtp_decoder *decoder); /* NULL is safe */
+/* Wall time of the last round's draft passes (the MTP layer's, before its verify step), ns; 0 when it drafted
+ * nothing. A scheduler that chooses k by cost (the worker's mtp_k = auto) measures drafts apart with it. */
+int64_t moeq_mtp_decoder_last_draft_ns(const moeq_mtp_decoder *decoder);
 
 /*
  * One round for every sequence, batched: chain the MTP module k times
