@@ -26,25 +26,19 @@ cp -r "$W/good" "$W/nan" && python3 "$S/tests/poke_weights.py" "$W/nan" model.em
 cp -r "$W/good" "$W/huge" && python3 "$S/tests/poke_weights.py" "$W/huge" model.embed_tokens.weight 7 3.4e38 0 ||
     fail poke
 
-# refused WHAT WANT CMD...: exit status 1 (not a signal, not 0), WANT on stderr
-refused() {
-    what=$1 want=$2
-    shift 2
+# exits STATUS WHAT WANT CMD...: exit status STATUS (not a signal, not 0), WANT on stderr
+exits() {
+    status=$1 what=$2 want=$3
+    shift 3
     "$@" >"$W/out" 2>"$W/err"
     rc=$?
-    [ "$rc" -eq 1 ] || fail "$what: exit status $rc, want 1 ($(cat "$W/err"))"
+    [ "$rc" -eq "$status" ] || fail "$what: exit status $rc, want $status ($(cat "$W/err"))"
     grep -q "$want" "$W/err" || fail "$what: stderr lacks '$want': $(cat "$W/err")"
 }
+refused() { exits 1 "$@"; } # the engine refused: exit 1
 
 # a flag's number is a whole number: "8x" or "auto" is refused with usage (exit 2), never read as 0
-usage() {
-    what=$1 want=$2
-    shift 2
-    "$@" >"$W/out" 2>"$W/err"
-    rc=$?
-    [ "$rc" -eq 2 ] || fail "$what: exit status $rc, want 2 ($(cat "$W/err"))"
-    grep -q "$want" "$W/err" || fail "$what: stderr lacks '$want': $(cat "$W/err")"
-}
+usage() { exits 2 "$@"; }
 usage "--max-new-tokens 8x" "max-new-tokens: '8x' is not an integer" \
     "$M" generate --model "$W/good" --tokens 5,7,9 --max-new-tokens 8x --threads 1
 usage "--mtp auto" "mtp_k = auto" "$M" generate --model "$W/good" --tokens 5,7,9 --mtp auto --threads 1

@@ -29,6 +29,14 @@ static void teach_line(moeq_mtp_auto *a, int lo, int hi, double base, double per
         for (int t = lo; t <= hi; t++) moeq_mtp_auto_note_step(a, t, NULL, 0, base + per_token * t, -1);
 }
 
+/* One plan of a lone job (base 1 token, room for 60 drafts), timed as 10 ms + 0.8 ms a main-step token +
+ * 0.5 ms a draft pass, its drafts not timed apart. */
+static void one_job_plan(moeq_mtp_auto *a, moeq_mtp_auto_job *job) {
+    moeq_mtp_auto_choose(a, job, 1, 1, 60);
+    int passes[3] = {job->k > 0, job->k > 1, job->k > 2};
+    moeq_mtp_auto_note_step(a, 1 + job->k, passes, 3, 0.010 + 0.0008 * (1 + job->k) + 0.0005 * job->k, -1);
+}
+
 static void bad_arguments_are_refused_with_a_reason(void **state) {
     (void)state;
     moeq_mtp_auto *a = NULL;
@@ -89,11 +97,9 @@ static void the_plain_step_is_timed_again_every_64_plans(void **state) {
     moeq_mtp_auto_job job = {&d, 3, 0};
     int looks[8], n_looks = 0, shallower = 0;
     for (int plan = 0; plan < 300; plan++) {
-        moeq_mtp_auto_choose(a, &job, 1, 1, 60);
+        one_job_plan(a, &job);
         if (job.k == 0 && n_looks < 8) looks[n_looks++] = plan;
         shallower += job.k == 2;
-        int passes[3] = {job.k > 0, job.k > 1, job.k > 2};
-        moeq_mtp_auto_note_step(a, 1 + job.k, passes, 3, 0.010 + 0.0008 * (1 + job.k) + 0.0005 * job.k, -1);
         if (job.k) moeq_mtp_auto_note_round(a, &d, job.k, job.k);
     }
     print_message("plain plans at %d, %d, %d, %d, %d (of %d)\n", looks[0], looks[1], looks[2], looks[3], looks[4],
@@ -184,9 +190,7 @@ static void a_job_that_stopped_drafting_tries_again_ever_later(void **state) {
     moeq_mtp_auto_job job = {&d, 3, 0};
     int plan = 0, last_draft = -1, gaps[3], n_gaps = 0, drafts = 0;
     for (; plan < 2000 && n_gaps < 3; plan++) {
-        moeq_mtp_auto_choose(a, &job, 1, 1, 60);
-        int passes[3] = {job.k > 0, job.k > 1, job.k > 2};
-        moeq_mtp_auto_note_step(a, 1 + job.k, passes, 3, 0.010 + 0.0008 * (1 + job.k) + 0.0005 * job.k, -1);
+        one_job_plan(a, &job);
         if (job.k == 0) continue;
         drafts++;
         if (last_draft >= 0 && plan - last_draft > 1) gaps[n_gaps++] = plan - last_draft - 1;

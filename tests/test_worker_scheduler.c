@@ -766,13 +766,19 @@ static void auto_plan(moeq_sched *s, int64_t *now, const fake_job *good, double 
     assert_int_equal(moeq_sched_commit_mtp(s, sampled, o, *now), MOEQ_OK);
 }
 
+/* Params of an mtp_auto scheduler with 4 slots and steps of max_step_tokens; a draft pass costs 5 % of a step. */
+static moeq_sched_params auto_params(int max_step_tokens) {
+    moeq_sched_params p = test_params(4, max_step_tokens, 0);
+    p.mtp_auto = 1;
+    p.mtp_draft_share = 0.05;
+    return p;
+}
+
 /* mtp_auto: on a step where a token costs 8 % of it, the job whose drafts are accepted gets 3 a round and
  * the one whose drafts are rejected decodes plainly, side by side; the plain one tries again later. */
 static void mtp_auto_drafts_deep_for_the_accepting_job_and_not_for_the_rejecting_one(void **state) {
     (void)state;
-    moeq_sched_params p = test_params(4, 64, 0);
-    p.mtp_auto = 1;
-    p.mtp_draft_share = 0.05;
+    moeq_sched_params p = auto_params(64);
     moeq_sched *s = new_sched_with(&p);
     fake_job fj[2];
     memset(fj, 0, sizeof fj);
@@ -805,9 +811,7 @@ static void mtp_auto_drafts_deep_for_the_accepting_job_and_not_for_the_rejecting
  * take a prompt token's place); once the prompt is in, it drafts again. */
 static void mtp_auto_gives_no_drafts_while_a_prompt_fills_the_step(void **state) {
     (void)state;
-    moeq_sched_params p = test_params(4, 16, 0);
-    p.mtp_auto = 1;
-    p.mtp_draft_share = 0.05;
+    moeq_sched_params p = auto_params(16);
     moeq_sched *s = new_sched_with(&p);
     fake_job fj[2];
     memset(fj, 0, sizeof fj);

@@ -288,9 +288,8 @@ static moeq_err open_mtp(moeq_worker *w, char *errstr, size_t errstr_size) {
     w->spec = calloc(n, sizeof *w->spec);
     w->round_out = calloc(n, sizeof *w->round_out);
     if (!w->spec || !w->round_out) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "mtp round buffers");
-    char k[16];
-    if (w->params.mtp_k == MOEQ_PROP_AUTO) snprintf(k, sizeof k, "auto");
-    else snprintf(k, sizeof k, "%d", (int)w->params.mtp_k);
+    char k[16] = "?";
+    moeq_props_get(moeq_worker_props, &w->params, "mtp_k", k, sizeof k); /* a number, or auto */
     moeq_log(MOEQ_LOG_INFO, COMP, "mtp_on", "model=%s k=%s max_batch=%d min_acceptance=%.3f draft_share=%.4f",
              w->model_name, k, mtp_max_batch(w), mtp_min_acceptance(w), mtp_draft_share(w));
     return moeq_mtp_decoder_new(w->engine, (int)w->params.max_seqs, mtp_k_max(w), &w->mtp, errstr, errstr_size);
