@@ -3,7 +3,7 @@
 # bench-engine and llama.cpp (node-llama-cpp 3.21.1's prebuilt CPU build) on
 # the same checkpoint, one run, one JSON document on stdout (progress on stderr).
 #
-#   scripts/bench-cpu-anchor.sh [--threads N] [--min-seconds S] MODEL_DIR...
+#   scripts/bench-cpu-anchor.sh [--threads N] [--min-seconds S] [--rounds R] MODEL_DIR...
 #
 # A BF16 checkpoint runs against llama.cpp BF16, an FP8 one (F8_E4M3 + 128x128
 # scales) against llama.cpp Q8_0 of the same weights; the GGUF is converted

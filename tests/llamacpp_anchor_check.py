@@ -10,6 +10,7 @@ types: BF16 stays BF16, FP8 projections become Q8_0), then has llama.cpp
 (node-llama-cpp, bench/llamacpp/bench.mjs) load it, decode with two sequences in
 one batch, and give each position's top-5 next tokens for a 12-token prompt:
 the top-1 must be `moeq logits`' on the same directory at nearly every position.
+BF16 also runs the anchor (bench/llamacpp/anchor.py) with --rounds 2.
 
 Exit 77 (skipped, reason printed) when node, node-llama-cpp or gguf-py is not
 installed (scripts/setup.d/50-llamacpp-anchor.sh installs them).
@@ -113,6 +114,23 @@ def main():
         check(agree >= len(PROMPT) - 2, f"top-1 agrees with moeq logits on {agree} of {len(PROMPT)} positions")
         close = sum(m["ids"][0] in p["ids"] for p, m in zip(pos, logits["positions"]))
         check(close >= len(PROMPT) - 1, f"moeq's top-1 is in llama.cpp's top-5 at {close} of {len(PROMPT)} positions")
+        if dtype == "bf16":
+            anchor_rounds(build, lib, model, tmp)
+
+
+def anchor_rounds(build, lib, model, tmp):
+    """The anchor itself, two alternated rounds: each ratio is the median of the paired rounds' ratios."""
+    doc = run([sys.executable, os.path.join(lib, "anchor.py"), "--build", build, "--threads", "1", "--min-seconds",
+               "0.05", "--rounds", "2", "--work", os.path.join(tmp, "work"), model])
+    r = doc["runs"][0]
+    check(doc["rounds"] == 2 and len(r["ratio_rounds"]) == 2 and len(r["rounds"]) == 2,
+          "anchor --rounds 2 keeps both rounds' figures and ratios")
+    med, rng = r["ratio_moeq_over_llama_cpp"], r["ratio_range"]
+    check(all(abs(med[k] - (r["ratio_rounds"][0][k] + r["ratio_rounds"][1][k]) / 2) <= 0.002 and
+              rng[k][0] <= med[k] <= rng[k][1] for k in med) and "decode_b32" in med,
+          f"each ratio is the median of its rounds, within their range (decode_b32 {med['decode_b32']} in "
+          f"{rng['decode_b32']})")
+    check(r["agreement"]["same_model"], "the anchor's agreement check passes on the tiny model")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,12 @@ and batches), checks that both run the same model (greedy tokens and the
 per-position top-5 of one prompt), and prints ONE JSON document: each side's
 figures, the ratios moeq / llama.cpp, the agreement, and the raw outputs.
 
+--rounds R (default 1) runs the two sides R times each, alternating (moeq, llama.cpp,
+llama.cpp, moeq, ...): a shared VM's speed drifts over minutes, and a ratio of two
+figures taken minutes apart carries the drift. Each round's figures make one paired
+ratio; the ratios reported are the medians of those, with their range (the agreement
+is checked on the first round of each side).
+
 The ratios compare moeq's default mode (batch_invariant_1; batch_invariant_0 is in
 the raw output). moeq decodes as a server does: a greedy row is decided by the
 screened head (docs/ENGINE.md); decode_b*_head_whole are the same batches with
@@ -158,29 +164,57 @@ def ratios(moeq, llama):
     return r
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def one_model(a, model_dir):
     hp, (moeq_dtype, llama_type) = checkpoint_kind(model_dir)
     prompt = ids_for(AGREE_PROMPT_LEN, 3, hp["vocab_size"])
     gguf, conv = gguf_for(model_dir, a.work, llama_type)
-    moeq = moeq_side(a, model_dir, prompt)
-    try:
-        llama = llama_side(a, gguf, prompt)
-    except SystemExit as e:  # llama.cpp failed on this model: keep moeq's figures and say why
-        print(str(e), file=sys.stderr)
-        return {"model_dir": model_dir, "pair": f"moeq {moeq_dtype} vs llama.cpp {llama_type}", "conversion": conv,
-                "llama_cpp_error": str(e)[-600:], "agreement": {"same_model": None},
-                "moeq": {k: v for k, v in moeq.items() if k != "raw"}, "raw": {"moeq": moeq["raw"]}}
+    pair = f"moeq {moeq_dtype} vs llama.cpp {llama_type}"
+    moeqs, llamas = [], []
+    for r in range(a.rounds):
+        # ABBA order: a drift in the machine's speed over the run weighs on both sides alike
+        order = ("moeq", "llama") if r % 2 == 0 else ("llama", "moeq")
+        for side in order:
+            if a.rounds > 1:
+                print(f"anchor: {model_dir}: round {r + 1}/{a.rounds}: {side}", file=sys.stderr)
+            if side == "moeq":
+                moeqs.append(moeq_side(a, model_dir, prompt))
+                continue
+            try:
+                llamas.append(llama_side(a, gguf, prompt))
+            except SystemExit as e:  # llama.cpp failed on this model: keep moeq's figures and say why
+                print(str(e), file=sys.stderr)
+                if not moeqs:
+                    moeqs.append(moeq_side(a, model_dir, prompt))
+                return {"model_dir": model_dir, "pair": pair, "conversion": conv,
+                        "llama_cpp_error": str(e)[-600:], "agreement": {"same_model": None},
+                        "moeq": {k: v for k, v in moeqs[0].items() if k != "raw"}, "raw": {"moeq": moeqs[0]["raw"]}}
+    moeq, llama = moeqs[0], llamas[0]
     agree = agreement(moeq["raw"]["logits"], llama["raw"]["greedy"]["positions"], moeq["greedy"], llama["greedy"])
     if not agree["same_model"]:
         print(f"anchor: warning: {model_dir}: moeq and llama.cpp disagree ({agree}); check the conversion",
               file=sys.stderr)
-    return {
-        "model_dir": model_dir, "pair": f"moeq {moeq_dtype} vs llama.cpp {llama_type}", "conversion": conv,
-        "ratio_moeq_over_llama_cpp": ratios(moeq, llama), "agreement": agree,
+    per_round = [ratios(m, l) for m, l in zip(moeqs, llamas)]
+    out = {"model_dir": model_dir, "pair": pair, "conversion": conv,
+           "ratio_moeq_over_llama_cpp": {k: round(median([r[k] for r in per_round]), 3) for k in per_round[0]},
+           "agreement": agree}
+    if a.rounds > 1:
+        out["ratio_range"] = {k: [min(r[k] for r in per_round), max(r[k] for r in per_round)] for k in per_round[0]}
+        out["ratio_rounds"] = per_round
+    out.update({
         "moeq": {k: v for k, v in moeq.items() if k != "raw"},
         "llama_cpp": {k: v for k, v in llama.items() if k != "raw"},
         "raw": {"moeq": moeq["raw"], "llama_cpp": llama["raw"]},
-    }
+    })
+    if a.rounds > 1:
+        out["rounds"] = [{"moeq": {k: v for k, v in m.items() if k != "raw"},
+                          "llama_cpp": {k: v for k, v in l.items() if k != "raw"}} for m, l in zip(moeqs, llamas)]
+    return out
 
 
 def host():
@@ -208,9 +242,14 @@ def main():
                     help="moeq's CPU matrix path (engine key cpu_matrix; default: the engine's, auto)")
     ap.add_argument("--min-seconds", type=float, default=3.0, help="decode: time each batch at least this long")
     ap.add_argument("--work", default=None, help="where converted GGUFs are kept (default BUILD/llamacpp)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run each side this many times, alternating; ratios are medians of the paired rounds")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
     a.work = a.work or os.path.join(a.build, "llamacpp")
     doc = {"anchor": "cpu: moeq bench-engine vs llama.cpp, same checkpoint, one run", "threads": a.threads,
+           "rounds": a.rounds,
            "min_seconds": a.min_seconds, "host": host(), "load_average_at_start": list(os.getloadavg()),
            "runs": [one_model(a, os.path.abspath(m)) for m in a.models]}
     doc["load_average_at_end"] = list(os.getloadavg())
