@@ -4,8 +4,6 @@
  * tokenizer. Output is one JSON document on stdout; errors go to stderr with
  * exit status 1 (2 for usage).
  */
-#include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +12,7 @@
 #include "moeq/engine.h"
 #include "moeq/tokenizer.h"
 #ifdef MOEQ_WORKER_SHELL /* --response-format: the worker's processor (a build with the worker) */
+#include "args.h"
 #include "decode_proc.h"
 #include "moeq/grammar.h"
 #include "moeq/job.h"
@@ -69,45 +68,14 @@ static void logits_usage(FILE *out) {
                  "--top 0 prints all vocab_size logits of every position in id order (%%.9g).\n");
 }
 
-/* A whole decimal int into *out; -1 (and a message naming the flag) for anything else ("abc" is not 0). */
+/* Numbers whole (args.h); --mtp auto also says where auto lives. */
 static int int_arg(const char *flag, const char *v, int *out) {
-    char *end = NULL;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    if (errno || end == v || *end || n < INT_MIN || n > INT_MAX) {
-        fprintf(stderr, "moeq: %s: '%s' is not an integer%s\n", flag, v,
-                !strcmp(flag, "--mtp") && !strcmp(v, "auto")
-                    ? " (auto is the worker's mtp_k = auto, which learns from a batch's steps; give 0..8 here)"
-                    : "");
+    if (!strcmp(flag, "--mtp") && !strcmp(v, "auto")) {
+        fprintf(stderr, "moeq: --mtp: 'auto' is not an integer (auto is the worker's mtp_k = auto, which learns "
+                        "from a batch's steps; give 0..8 here)\n");
         return -1;
     }
-    *out = (int)n;
-    return 0;
-}
-
-/* The same for a number (--temperature, --top-p) and an unsigned 64-bit one (--seed). */
-static int double_arg(const char *flag, const char *v, double *out) {
-    char *end = NULL;
-    errno = 0;
-    double d = strtod(v, &end);
-    if (errno || end == v || *end || d != d) {
-        fprintf(stderr, "moeq: %s: '%s' is not a number\n", flag, v);
-        return -1;
-    }
-    *out = d;
-    return 0;
-}
-
-static int u64_arg(const char *flag, const char *v, uint64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long n = strtoull(v, &end, 0);
-    if (errno || end == v || *end || v[0] == '-') {
-        fprintf(stderr, "moeq: %s: '%s' is not an unsigned integer\n", flag, v);
-        return -1;
-    }
-    *out = n;
-    return 0;
+    return moeq_cli_int_arg(flag, v, out);
 }
 
 static int parse_args(int argc, char **argv, engine_args *a) {
@@ -130,15 +98,15 @@ static int parse_args(int argc, char **argv, engine_args *a) {
             if (int_arg(k, v, &a->max_new_tokens)) return -1;
         }
         else if (!strcmp(k, "--temperature")) {
-            if (double_arg(k, v, &a->sampling.temperature)) return -1;
+            if (moeq_cli_double_arg(k, v, &a->sampling.temperature)) return -1;
         }
         else if (!strcmp(k, "--top-k")) {
             if (int_arg(k, v, &a->sampling.top_k)) return -1;
         }
         else if (!strcmp(k, "--top-p")) {
-            if (double_arg(k, v, &a->sampling.top_p)) return -1;
+            if (moeq_cli_double_arg(k, v, &a->sampling.top_p)) return -1;
         } else if (!strcmp(k, "--seed")) {
-            if (u64_arg(k, v, &a->sampling.seed)) return -1;
+            if (moeq_cli_u64_arg(k, v, &a->sampling.seed)) return -1;
         }
         else if (!strcmp(k, "--top")) {
             if (int_arg(k, v, &a->top)) return -1;

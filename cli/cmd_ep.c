@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "moeq/ep_placement.h"
 #include "moeq/ep_plan.h"
 
@@ -66,9 +67,13 @@ int moeq_cmd_ep_plan(int argc, char **argv) {
             if (n_stats == MAX_STATS) return fprintf(stderr, "ep-plan: at most %d --stats files\n", MAX_STATS), 2;
             stats[n_stats++] = v;
         }
-        else if (!strcmp(a, "--ranks")) ranks = atoi(v);
-        else if (!strcmp(a, "--replicas")) replicas = atoi(v);
-        else return fprintf(stderr, "ep-plan: unknown option '%s'\n", a), usage(stderr), 2;
+        else if (!strcmp(a, "--ranks")) {
+            if (moeq_cli_int_arg(a, v, &ranks)) return 2;
+            if (ranks < 1) return fprintf(stderr, "ep-plan: --ranks %d: give 1 or more\n", ranks), 2;
+        } else if (!strcmp(a, "--replicas")) {
+            if (moeq_cli_int_arg(a, v, &replicas)) return 2;
+            if (replicas < 0) return fprintf(stderr, "ep-plan: --replicas %d: give 0 or more\n", replicas), 2;
+        } else return fprintf(stderr, "ep-plan: unknown option '%s'\n", a), usage(stderr), 2;
         i++;
     }
     if (!n_stats || ranks < 1) return fprintf(stderr, "ep-plan: --stats and --ranks are required\n"), usage(stderr), 2;

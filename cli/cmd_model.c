@@ -4,11 +4,13 @@
  * and moeq_model_load; all decisions live there.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../engine/model.h"
+#include "args.h"
 #include "moeq/engine.h"
 #include "moeq/genmodel.h"
 #include "moeq/util.h"
@@ -205,6 +207,33 @@ static int check_weights(const moeq_model *model) {
     return err || n_bad ? 1 : 0;
 }
 
+static int is_value_flag(const char *flag) {
+    return !strcmp(flag, "--device-memory-gib") || !strcmp(flag, "--reserve-gib") ||
+           !strcmp(flag, "--max-step-tokens") || !strcmp(flag, "--max-seqs");
+}
+
+/* One of is_value_flag's flags and its value, checked whole and in range; 0, or -1 after saying why. */
+static int value_flag(const char *flag, const char *v, double *device_gib, double *reserve_gib,
+                      moeq_engine_params *ep) {
+    if (!strcmp(flag, "--device-memory-gib") || !strcmp(flag, "--reserve-gib")) {
+        int device = !strcmp(flag, "--device-memory-gib");
+        double *out = device ? device_gib : reserve_gib;
+        if (moeq_cli_double_arg(flag, v, out)) return -1;
+        if (!isfinite(*out) || (device ? *out <= 0 : *out < 0)) {
+            fprintf(stderr, "moeq model-info: %s %s: give a finite number %s\n", flag, v, device ? "> 0" : ">= 0");
+            return -1;
+        }
+        return 0;
+    }
+    int *out = !strcmp(flag, "--max-seqs") ? &ep->max_seqs : &ep->max_step_tokens;
+    if (moeq_cli_int_arg(flag, v, out)) return -1;
+    if (*out < 1) {
+        fprintf(stderr, "moeq model-info: %s %d: give 1 or more\n", flag, *out);
+        return -1;
+    }
+    return 0;
+}
+
 int moeq_cmd_model_info(int argc, char **argv) {
     const char *dir = NULL;
     int check = 0;
@@ -218,14 +247,9 @@ int moeq_cmd_model_info(int argc, char **argv) {
             params.load_mtp = 0;
         } else if (!strcmp(argv[i], "--check-weights")) {
             check = 1;
-        } else if (!strcmp(argv[i], "--device-memory-gib") && i + 1 < argc && atof(argv[i + 1]) > 0) {
-            device_gib = atof(argv[++i]);
-        } else if (!strcmp(argv[i], "--reserve-gib") && i + 1 < argc && atof(argv[i + 1]) >= 0) {
-            reserve_gib = atof(argv[++i]);
-        } else if (!strcmp(argv[i], "--max-step-tokens") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
-            ep.max_step_tokens = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--max-seqs") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
-            ep.max_seqs = atoi(argv[++i]);
+        } else if (is_value_flag(argv[i]) && i + 1 < argc) {
+            if (value_flag(argv[i], argv[i + 1], &device_gib, &reserve_gib, &ep)) return 2;
+            i++;
         } else {
             int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr, MODEL_INFO_USAGE);

@@ -19,6 +19,10 @@ if(TARGET moeq)
   add_test(NAME ep_plan_sums_the_stats_files_of_every_rank
            COMMAND sh -c "printf '450 5 5 5 25 10 3 2\n' > ep_plan_r0.txt && printf '# rank 1\n450,5,5,5,25,10,2,3\n' > ep_plan_r1.txt && printf '1 2 3\n' > ep_plan_r2.txt && '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_r0.txt --stats ep_plan_r1.txt --ranks 2 --replicas 2 | grep -q 'max/mean 1.0099 (identity placement: 1.8416)' && ! '$<TARGET_FILE:moeq>' ep-plan --stats ep_plan_r0.txt --stats ep_plan_r2.txt --ranks 2 2> ep_plan_err.txt && grep -q 'ep_plan_r2.txt has 3 experts, ep_plan_r0.txt has 8' ep_plan_err.txt && echo ok")
   set_tests_properties(ep_plan_sums_the_stats_files_of_every_rank PROPERTIES LABELS unit)
+  # --ranks and --replicas are read whole: atoi read "abc" as 0 (refused as missing) and "2x" as 2.
+  add_test(NAME ep_plan_refuses_numbers_that_are_not_numbers
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_ep_plan_numbers.sh $<TARGET_FILE:moeq>)
+  set_tests_properties(ep_plan_refuses_numbers_that_are_not_numbers PROPERTIES LABELS unit)
 endif()
 # The NCCL transport where the toolkit and NCCL are found (label gpu: skipped, 77, with the reason, without a device).
 if(TARGET moeq_ep_nccl)

@@ -3,7 +3,7 @@
 # --device-memory-gib sizes the latent cache from what the weights, the step arena and the reserve leave
 # (issue 14: "model-info says how many sequences x tokens fit on a given device"): more memory holds
 # more tokens, exactly by the bytes per token; a device too small for the weights is refused, exit 1,
-# with the three figures named.
+# with the three figures named. Its number flags refuse what is not a number in range, naming the flag.
 set -u
 B=$1
 M=$B/cli/moeq
@@ -33,4 +33,19 @@ PY
 if "$M" model-info --model "$W/m" --device-memory-gib 0.5 >"$W/c" 2>"$W/err"; then fail "0.5 GiB (reserve 2) fits"; fi
 grep -q '"fits": false' "$W/c" || fail "no fits:false in $(cat "$W/c")"
 grep -q "does not hold the weights" "$W/err" || fail "no reason: $(cat "$W/err")"
+# Numbers are read whole: atoi read "8x" as 8 and "abc" as 0 (which fell through to the usage, no flag named).
+refused() { # FLAG VALUE TEXT: exit 2, and stderr names the flag and says TEXT
+    "$M" model-info --model "$W/m" --device-memory-gib 3 "$1" "$2" >/dev/null 2>"$W/err"
+    rc=$?
+    [ $rc -eq 2 ] || fail "$1 $2: exit status $rc, not 2"
+    grep -q -- "$1" "$W/err" && grep -q -- "$3" "$W/err" || fail "$1 $2: $(cat "$W/err")"
+}
+refused --max-seqs 8x "is not an integer"
+refused --max-step-tokens abc "is not an integer"
+refused --max-step-tokens 0 "give 1 or more"
+refused --reserve-gib -1 "give a finite number >= 0"
+refused --device-memory-gib nan "is not a number"
+refused --device-memory-gib inf "give a finite number > 0"
+"$M" model-info --model "$W/m" --device-memory-gib 3 --max-seqs 8 --max-step-tokens 256 >"$W/d" || fail "valid flags"
+grep -q '"max_step_tokens": 256' "$W/d" || fail "--max-step-tokens 256 not used: $(cat "$W/d")"
 echo "model-info checks passed"
