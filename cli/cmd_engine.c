@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "moeq/engine.h"
 #include "moeq/tokenizer.h"
 #ifdef MOEQ_WORKER_SHELL /* --response-format: the worker's processor (a build with the worker) */
-#include "args.h"
 #include "decode_proc.h"
 #include "moeq/grammar.h"
 #include "moeq/job.h"
