@@ -164,6 +164,11 @@ def ratios(moeq, llama):
     return r
 
 
+def figures(side):
+    """A side's figures without its raw outputs."""
+    return {k: v for k, v in side.items() if k != "raw"}
+
+
 def median(xs):
     xs = sorted(xs)
     n = len(xs)
@@ -188,12 +193,10 @@ def one_model(a, model_dir):
             try:
                 llamas.append(llama_side(a, gguf, prompt))
             except SystemExit as e:  # llama.cpp failed on this model: keep moeq's figures and say why
-                print(str(e), file=sys.stderr)
-                if not moeqs:
-                    moeqs.append(moeq_side(a, model_dir, prompt))
+                print(str(e), file=sys.stderr)  # round 1 runs moeq first: moeqs[0] is there
                 return {"model_dir": model_dir, "pair": pair, "conversion": conv,
                         "llama_cpp_error": str(e)[-600:], "agreement": {"same_model": None},
-                        "moeq": {k: v for k, v in moeqs[0].items() if k != "raw"}, "raw": {"moeq": moeqs[0]["raw"]}}
+                        "moeq": figures(moeqs[0]), "raw": {"moeq": moeqs[0]["raw"]}}
     moeq, llama = moeqs[0], llamas[0]
     agree = agreement(moeq["raw"]["logits"], llama["raw"]["greedy"]["positions"], moeq["greedy"], llama["greedy"])
     if not agree["same_model"]:
@@ -207,13 +210,12 @@ def one_model(a, model_dir):
         out["ratio_range"] = {k: [min(r[k] for r in per_round), max(r[k] for r in per_round)] for k in per_round[0]}
         out["ratio_rounds"] = per_round
     out.update({
-        "moeq": {k: v for k, v in moeq.items() if k != "raw"},
-        "llama_cpp": {k: v for k, v in llama.items() if k != "raw"},
+        "moeq": figures(moeq),
+        "llama_cpp": figures(llama),
         "raw": {"moeq": moeq["raw"], "llama_cpp": llama["raw"]},
     })
     if a.rounds > 1:
-        out["rounds"] = [{"moeq": {k: v for k, v in m.items() if k != "raw"},
-                          "llama_cpp": {k: v for k, v in l.items() if k != "raw"}} for m, l in zip(moeqs, llamas)]
+        out["rounds"] = [{"moeq": figures(m), "llama_cpp": figures(l)} for m, l in zip(moeqs, llamas)]
     return out
 
 
