@@ -44,6 +44,8 @@ typedef struct bench_args {
     double cublas_tflops[4];      /* bench-cuda-peak's BF16 GEMM at (prefills[i], hidden, hidden); 0: not run   */
     int contexts[8], n_contexts; /* batch-1 decode after this many tokens of context */
     double min_seconds;
+    const char *against;          /* --against DIR: a second checkpoint, timed alternated with --model's          */
+    int rounds;                   /* --rounds R: paired rounds of --against (default 3)                          */
 } bench_args;
 
 /* ---- STREAM triad ------------------------------------------------------------ */
@@ -340,8 +342,8 @@ static void again_with_lanes(const moeq_model *model, const bench_args *a, moeq_
     moeq_engine_destroy(e);
 }
 
-static void run_mode(const moeq_model *model, const bench_args *a, int invariant, double bw_gbs, size_t active,
-                     int first) {
+/* The engine parameters every run of this program uses; the three `both` keys take their first value. */
+static moeq_engine_params engine_params(const bench_args *a, int invariant) {
     moeq_engine_params p = moeq_engine_default_params();
     p.n_threads = a->n_threads;
     p.batch_invariant = invariant;
@@ -359,6 +361,15 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     p.kv_cache_tokens = (int64_t)p.max_seqs * (a->decode_prompt + 256) + a->prefill_tokens;
     for (int i = 0; i < a->n_contexts; i++)
         if (p.kv_cache_tokens < a->contexts[i] + 256) p.kv_cache_tokens = a->contexts[i] + 256;
+    return p;
+}
+
+static void run_mode(const moeq_model *model, const bench_args *a, int invariant, double bw_gbs, size_t active,
+                     int first) {
+    moeq_engine_params p = engine_params(a, invariant);
+    int both = a->cuda_graphs && !strcmp(a->cuda_graphs, "both");
+    int both_screen = a->head_screen && !strcmp(a->head_screen, "both");
+    int both_matrix = a->cuda_matrix && !strcmp(a->cuda_matrix, "both");
     int vocab = moeq_model_get_config(model)->vocab_size;
     moeq_engine *e = NULL;
     char err[256] = "";
@@ -406,6 +417,89 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
     free(logits);
 }
 
+/* ---- --against: two checkpoints, alternated ---------------------------------------------------------- */
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static double median_of(const double *v, int n) {
+    double s[64];
+    if (n <= 0 || n > 64) return 0;
+    memcpy(s, v, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+/* One figure of both sides over the rounds: each side's median, the median of the paired rounds' ratios (against
+ * over model) with their range, and every round's pair. A round where either side gave nothing has no ratio. */
+static void print_paired(const double *model_v, const double *against_v, int rounds) {
+    double ratio[64], lo = 0, hi = 0;
+    int n = 0;
+    for (int r = 0; r < rounds; r++) {
+        if (model_v[r] <= 0 || against_v[r] <= 0) continue;
+        ratio[n] = against_v[r] / model_v[r];
+        lo = n == 0 || ratio[n] < lo ? ratio[n] : lo;
+        hi = n == 0 || ratio[n] > hi ? ratio[n] : hi;
+        n++;
+    }
+    printf("\"model_tokens_per_s\": %.2f, \"against_tokens_per_s\": %.2f, \"ratio\": %.3f, \"ratio_range\": [%.3f, %.3f], "
+           "\"rounds\": [", median_of(model_v, rounds), median_of(against_v, rounds), median_of(ratio, n), lo, hi);
+    for (int r = 0; r < rounds; r++) printf("%s[%.2f, %.2f]", r ? ", " : "", model_v[r], against_v[r]);
+    printf("]}");
+    fflush(stdout);
+}
+
+/*
+ * --against DIR: every prefill and decode batch timed on both checkpoints in one process, the two engines taking
+ * turns ABBA (model, against, against, model, ...) so that a shared machine's drift over minutes falls on both
+ * sides alike; each ratio is the median of the paired rounds' ratios (session 25 found a single pair on the Zen 5
+ * VM off by up to 20 %). This is how FP8 is measured against BF16 of the same weights (issue 18: within 10 %).
+ */
+static void run_against(const moeq_model *model, const moeq_model *other, const bench_args *a) {
+    moeq_engine_params p = engine_params(a, a->modes[0]);
+    moeq_engine *e[2] = {NULL, NULL};
+    const moeq_model *m[2] = {model, other};
+    char err[256] = "";
+    for (int s = 0; s < 2; s++)
+        if (moeq_engine_new(m[s], &p, &e[s], err, sizeof(err))) {
+            printf("  \"against_error\": \"%s: %s\"", s ? a->against : a->model_dir, err);
+            if (e[0]) moeq_engine_destroy(e[0]);
+            return;
+        }
+    int vocab[2] = {moeq_model_get_config(model)->vocab_size, moeq_model_get_config(other)->vocab_size};
+    int wide = vocab[0] > vocab[1] ? vocab[0] : vocab[1];
+    float *logits = malloc((size_t)(p.max_seqs > 256 ? p.max_seqs : 256) * wide * sizeof(float));
+    printf("  \"against\": {\"model\": \"%s\", \"batch_invariant\": %d, \"rounds\": %d, \"order\": \"ABBA\",\n"
+           "    \"backend_info\": [\"%s\", \"%s\"], \"prefill\": [", a->against, p.batch_invariant, a->rounds,
+           moeq_engine_backend_info(e[0]), moeq_engine_backend_info(e[1]));
+    double v[2][64];
+    for (int i = 0; i < a->n_prefills; i++) {
+        for (int r = 0; r < a->rounds; r++)
+            for (int t = 0; t < 2; t++) {
+                int s = t ^ (r & 1);
+                v[s][r] = prefill_tps(e[s], vocab[s], a->prefills[i], logits);
+            }
+        printf("%s\n      {\"tokens\": %d, ", i ? "," : "", a->prefills[i]);
+        print_paired(v[0], v[1], a->rounds);
+    }
+    printf("],\n    \"decode\": [");
+    for (int i = 0; i < a->n_batches; i++) {
+        for (int r = 0; r < a->rounds; r++)
+            for (int t = 0; t < 2; t++) {
+                int s = t ^ (r & 1), steps = 0;
+                v[s][r] = decode_tps(e[s], vocab[s], a->batches[i], a->decode_prompt, a->min_seconds, logits, &steps);
+            }
+        printf("%s\n      {\"batch\": %d, ", i ? "," : "", a->batches[i]);
+        print_paired(v[0], v[1], a->rounds);
+    }
+    printf("]}");
+    free(logits);
+    moeq_engine_destroy(e[0]);
+    moeq_engine_destroy(e[1]);
+}
+
 /* A comma-separated list of at most max ints in [lo, hi] into out: how many, or -1 (a value out of range,
  * anything but a comma between them). Values past max are not read. */
 static int int_list(const char *v, int *out, int max, int lo, int hi) {
@@ -442,6 +536,10 @@ static int parse(int argc, char **argv, bench_args *a) {
         }
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--min-seconds")) a->min_seconds = atof(v);
+        else if (!strcmp(k, "--against")) a->against = v;
+        else if (!strcmp(k, "--rounds")) {
+            if (int_list(v, &a->rounds, 1, 1, 64) != 1) return -1;
+        }
         else if (!strcmp(k, "--prefill-tokens")) {
             if ((a->n_prefills = int_list(v, a->prefills, 4, 1, 1 << 16)) < 0) return -1;
             for (int j = 0; j < a->n_prefills; j++)
@@ -485,13 +583,14 @@ int main(int argc, char **argv) {
     bench_args a = {.prefill_tokens = 512, .prefills = {512}, .n_prefills = 1, .modes = {1, 0}, .n_modes = 2,
                     .decode_prompt = 16, .batches = {1, 8, 32, 128}, .n_batches = 4,
                     .contexts = {1024, 4096}, .n_contexts = 2, .min_seconds = 5.0, .backend = "cpu",
-                    .max_batch = 128};
+                    .max_batch = 128, .rounds = 3};
     if (parse(argc, argv, &a)) {
         fprintf(stderr, "usage: bench-engine --model DIR [--preset NAME] [--backend cpu|cuda] [--device N]\n"
                         "                    [--threads N] [--prefill-tokens N] [--batches 1,8,32,128,256]\n"
                         "                    [--contexts 1024,4096|none] [--min-seconds S] [--modes 1,0]\n"
                         "                    [--cpu-matrix auto|lanes|amx] [--cuda-graphs off|auto|on|both]\n"
                         "                    [--cuda-matrix auto|lanes|both] [--head-screen auto|off|both]\n"
+                        "                    [--against DIR [--rounds R]]\n"
                         "  --prefill-tokens  one or more prompt lengths (default 512), each timed\n"
                         "  --modes           batch_invariant values to run (default 1,0)\n"
                         "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
@@ -502,7 +601,12 @@ int main(int argc, char **argv) {
                         "  --head-screen     engine key head_screen (default auto); both: the decode batches\n"
                         "                    again with off (decode_head_whole: every logits row whole)\n"
                         "  --preset NAME   write that gen-model preset (bf16) into DIR first when DIR has no\n"
-                        "                  config.json\n");
+                        "                  config.json\n"
+                        "  --against DIR   a second checkpoint (the FP8 of the same weights, say): instead of the\n"
+                        "                  modes, each prefill and decode batch runs on both, alternated ABBA over\n"
+                        "                  --rounds R (default 3); `against` gives each side's median and the median\n"
+                        "                  of the paired rounds' ratios (DIR's over --model's). Batch-invariant mode\n"
+                        "                  is the first of --modes.\n");
         return 2;
     }
     if (ensure_model(&a)) return 1;
@@ -547,9 +651,22 @@ int main(int argc, char **argv) {
                moeq_engine_cpu_kernels(), a.cpu_matrix ? a.cpu_matrix : "auto", moeq_engine_cpu_amx_describe(),
                a.peak_fp32_gflops, peak_dp, peak_amx_g);
     printf("  \"matmul_flops_per_token\": %.0f,\n", a.matmul_flops_per_token);
-    printf("  \"modes\": {\n");
-    for (int i = 0; i < a.n_modes; i++) run_mode(model, &a, a.modes[i], bw, active, i == 0);
-    printf("\n  },\n  \"peak_rss_mb\": %.1f\n}\n", peak_rss_kb() / 1024.0);
+    if (a.against) {
+        moeq_model *other = NULL;
+        if (moeq_model_load(a.against, NULL, &other, err, sizeof(err))) {
+            fprintf(stderr, "bench-engine: --against %s: %s\n", a.against, err);
+            printf("  \"against_error\": \"%s\",\n  \"peak_rss_mb\": %.1f\n}\n", err, peak_rss_kb() / 1024.0);
+            moeq_model_destroy(model);
+            return 1;
+        }
+        run_against(model, other, &a);
+        moeq_model_destroy(other);
+    } else {
+        printf("  \"modes\": {\n");
+        for (int i = 0; i < a.n_modes; i++) run_mode(model, &a, a.modes[i], bw, active, i == 0);
+        printf("\n  }");
+    }
+    printf(",\n  \"peak_rss_mb\": %.1f\n}\n", peak_rss_kb() / 1024.0);
     moeq_model_destroy(model);
     return 0;
 }

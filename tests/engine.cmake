@@ -32,6 +32,13 @@ if(TARGET moeq)
   set_tests_properties(model_info_names_the_kernels_and_sizes_a_device PROPERTIES LABELS unit TIMEOUT 120
     REQUIRED_FILES $<TARGET_FILE:moeq>)
 endif()
+# bench-engine --against: two checkpoints timed in one process, alternated, ratios the medians of paired rounds.
+if(TARGET moeq AND TARGET bench-engine)
+  add_test(NAME bench_engine_against_pairs_two_checkpoints_round_by_round
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_engine_against.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(bench_engine_against_pairs_two_checkpoints_round_by_round PROPERTIES LABELS unit TIMEOUT 120
+    REQUIRED_FILES "$<TARGET_FILE:moeq>;$<TARGET_FILE:bench-engine>")
+endif()
 
 
 # The engine as one rank of an expert-parallel group (docs/EP.md): 2 and 3 forked ranks over UCX (tcp, shared
