@@ -64,6 +64,7 @@
 #define STREAM_TOKS 16   /* NT blocks of at most this many tokens read their rows as tile-wide streams   */
 #define STREAM_MIN_SPAN 4 /* ... when each stream holds at least this many rows (nt_streams512)          */
 #define STREAM_PF_BYTES 1024 /* ... and prefetch each stream this far ahead of the tile's reads              */
+#define STREAM_PF_BYTES_L2 2048 /* ... this far when the prefetches go to L2 (moeq_mm_stream_l2)             */
 #define BLK_ROWS 32      /* the many-token path's blocks: rows, tokens, K per step   */
 #define BLK_TOKS 64
 #define BLK_K 1024
@@ -300,7 +301,7 @@ static T512 ALWAYS_INLINE __m512 wload512_nt(moeq_dtype dt, const uint8_t *p, in
 static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq_dtype dt, const float *x,
                                           int64_t ldx, const uint8_t *const *wp, const float *const *sp,
                                           const uint8_t *const *pp, int64_t K, float *y, int64_t ldy,
-                                          const int64_t *col) {
+                                          const int64_t *col, const int l2) {
     __m512 acc[TILE_TMAX][TILE_N1];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
@@ -320,8 +321,10 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
         }
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            if (pp && (esz >= 4 || ((size_t)k * esz) % 64 == 0)) /* one prefetch per 64-byte stride of the row */
-                _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
+            if (pp && (esz >= 4 || ((size_t)k * esz) % 64 == 0)) { /* one prefetch per 64-byte stride of the row */
+                if (l2) _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T1);
+                else _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
+            }
             __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
@@ -351,9 +354,9 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
 }
 
 #define NT512(MR, NR)                                                                                        \
-    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy, NULL); break;
+    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy, NULL, l2); break;
 #define NTR512(MR, NR)                                                                                       \
-    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy, col); break;
+    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy, col, l2); break;
 
 /*
  * Rows [n0, n1) in tiles of adjacent rows: 8 per tile for blocks of 1-3 tokens, 6 otherwise (more weight
@@ -361,7 +364,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
  * tile). pf: each tile prefetches the rows PF_BYTES on (tile_rows).
  */
 static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
-                                          int64_t t0, int64_t t1, int tn, int tt) {
+                                          int64_t t0, int64_t t1, int tn, int tt, const int l2) {
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
     for (int64_t n = n0, next; n < n1; n = next) {
@@ -404,7 +407,7 @@ static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job
  * rows are left; the caller's tiles take them).
  */
 static T512 ALWAYS_INLINE int64_t nt_streams512(const moeq_dtype dt, const moeq_mm_job *job, int64_t a, int64_t b,
-                                                int64_t t0, int64_t t1, int tn, int tt) {
+                                                int64_t t0, int64_t t1, int tn, int tt, const int l2) {
     int64_t span = (b - a) / tn;
     if (span < STREAM_MIN_SPAN) return a;
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
@@ -419,7 +422,8 @@ static T512 ALWAYS_INLINE int64_t nt_streams512(const moeq_dtype dt, const moeq_
         for (int j = 0; j < tn; j++) {
             col[j] = j * span + i;
             wp[j] = base + (a + col[j]) * row_bytes;
-            pp[j] = wp[j] + STREAM_PF_BYTES < pf_last ? wp[j] + STREAM_PF_BYTES : pf_last;
+            const int64_t ahead = l2 ? STREAM_PF_BYTES_L2 : STREAM_PF_BYTES;
+            pp[j] = wp[j] + ahead < pf_last ? wp[j] + ahead : pf_last;
             sp[j] = srow;
         }
         for (int64_t t = t0; t < t1; t += tt) {
@@ -452,11 +456,11 @@ static inline void nt_tile_shape(int64_t tokens, int *tn, int *tt) {
 }
 
 static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
-                                              int64_t t0, int64_t t1) {
+                                              int64_t t0, int64_t t1, const int l2) {
     if (t1 - t0 > STREAM_TOKS) {
         int64_t row_bytes = moeq_tensor_cols(job->w) * (int64_t)esize(dt);
         prefetch_head(row_ptr(job->w, job->row0), row_bytes, n0, n1);
-        nt_rows512(dt, job, n0, n1, t0, t1, TILE_N, TILE_T);
+        nt_rows512(dt, job, n0, n1, t0, t1, TILE_N, TILE_T, l2);
         return;
     }
     int tn, tt;
@@ -467,7 +471,7 @@ static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm
             int64_t edge = a + MOEQ_F8_BLOCK - (job->row0 + a) % MOEQ_F8_BLOCK;
             if (edge < b) b = edge;
         }
-        nt_rows512(dt, job, nt_streams512(dt, job, a, b, t0, t1, tn, tt), b, t0, t1, tn, tt);
+        nt_rows512(dt, job, nt_streams512(dt, job, a, b, t0, t1, tn, tt, l2), b, t0, t1, tn, tt, l2);
     }
 }
 
@@ -647,14 +651,19 @@ static T512 void nt_blocked512(const moeq_mm_job *job, int64_t n0, int64_t n1, i
     }
 }
 
+/* One instantiation per dtype and prefetch level (moeq_mm_stream_l2: a constant inside, so each tile issues one
+ * kind of prefetch). */
 static T512 void nt_block512(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
+    const int l2 = moeq_mm_stream_l2();
+#define NT_DT(DT) l2 ? nt_block512_dt(DT, job, n0, n1, t0, t1, 1) : nt_block512_dt(DT, job, n0, n1, t0, t1, 0)
     switch (job->w->dtype) {
-    case MOEQ_DTYPE_F32: nt_block512_dt(MOEQ_DTYPE_F32, job, n0, n1, t0, t1); break;
-    case MOEQ_DTYPE_BF16: nt_block512_dt(MOEQ_DTYPE_BF16, job, n0, n1, t0, t1); break;
-    case MOEQ_DTYPE_F16: nt_block512_dt(MOEQ_DTYPE_F16, job, n0, n1, t0, t1); break;
-    case MOEQ_DTYPE_F8_E4M3: nt_block512_dt(MOEQ_DTYPE_F8_E4M3, job, n0, n1, t0, t1); break;
+    case MOEQ_DTYPE_F32: NT_DT(MOEQ_DTYPE_F32); break;
+    case MOEQ_DTYPE_BF16: NT_DT(MOEQ_DTYPE_BF16); break;
+    case MOEQ_DTYPE_F16: NT_DT(MOEQ_DTYPE_F16); break;
+    case MOEQ_DTYPE_F8_E4M3: NT_DT(MOEQ_DTYPE_F8_E4M3); break;
     case MOEQ_DTYPE_Q8R: moeq_draft_nt_block_ref(job, n0, n1, t0, t1); break;
     }
+#undef NT_DT
 }
 
 /*
@@ -1026,8 +1035,41 @@ moeq_mm_isa moeq_mm_isa_best(void) {
     return (moeq_mm_isa)b;
 }
 
+/*
+ * Where the NT tiles' weight prefetches go. Into L2 (prefetcht1, 2 KiB ahead of each stream) on AMD family 19h
+ * (Zen 3 and Zen 4), into L1 (prefetcht0, 1 KiB ahead) elsewhere. Session 26, Zen 4 VM (EPYC, one core, BF16
+ * from memory, the kernels built both ways in one process and alternated 10-12 times): 2-3 tokens streamed
+ * 13-15 -> 20-23 GB/s (the 1-token rate: 1.35-1.58x), 4 tokens 1.29-1.39x, 6 tokens 1.2-1.25x, 1 token 1.02-1.16x,
+ * 8-16 tokens 1.03-1.06x; the hint, not the distance, made it (prefetcht0 2 KiB ahead: 0.99-1.01x; prefetcht1
+ * 4 or 8 KiB ahead: no better than 2). A prefetch into L1 holds one of its few miss buffers until the line
+ * arrives, so the streams stalled behind them once a chunk carried a second token's fmas; L2 tracks many
+ * more misses, and the tiles' loads then hit L2. F8's few-token products are bound by the widening and did
+ * not move. Zen 5 (family 1Ah; sessions 18-25 tuned prefetcht0 distances there) and Intel keep prefetcht0
+ * until measured: the choice changes no bits.
+ */
+static _Atomic int stream_l2 = -1;
+
+int moeq_mm_stream_l2(void) {
+    int v = atomic_load_explicit(&stream_l2, memory_order_relaxed);
+    if (v < 0) {
+        v = 0;
+#ifdef MOEQ_MM_X86
+        unsigned a, b, c, d;
+        if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u && /* AMD */
+            __get_cpuid(1, &a, &b, &c, &d)) {
+            unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
+            v = family == 0x19;
+        }
+#endif
+        atomic_store_explicit(&stream_l2, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+void moeq_mm_set_stream_l2(int on) { atomic_store_explicit(&stream_l2, on ? 1 : 0, memory_order_relaxed); }
+
 const char *moeq_mm_cpu_describe(void) {
-    static char text[160];
+    static char text[200];
     static _Atomic int done;
     if (atomic_load(&done)) return text;
     int bf16 = 0, amx = 0;
@@ -1036,7 +1078,9 @@ const char *moeq_mm_cpu_describe(void) {
     unsigned a, b, c, d; /* CPUID 7.0 EDX bit 22: AMX-BF16 (gcc 12's __builtin_cpu_supports has no "amx-bf16") */
     amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
 #endif
-    snprintf(text, sizeof text, "%s (float32 lanes; the CPU has %s, %s)", moeq_mm_isa_name(moeq_mm_isa_best()),
+    moeq_mm_isa isa = moeq_mm_isa_best();
+    snprintf(text, sizeof text, "%s (float32 lanes%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
+             isa == MOEQ_MM_ISA_AVX512 && moeq_mm_stream_l2() ? ", weight streams prefetched into L2" : "",
              bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (cpu_matrix)" : "no amx_bf16");
     atomic_store(&done, 1);
     return text;
