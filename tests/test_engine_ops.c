@@ -32,6 +32,7 @@
 #include "ops_amx.h"
 #include "ops_draft.h"
 #include "ops_matmul.h"
+#include "stream_prefetch.h"
 #include "rope.h"
 #include "sampler.h"
 
@@ -289,7 +290,7 @@ static void many_token_blocked_path_matches_the_emulation_bit_for_bit(void **sta
  */
 static void few_token_stream_tiles_match_the_emulation_bit_for_bit(void **state) {
     (void)state;
-    int stream_l2 = moeq_mm_stream_l2(); /* this CPU's choice, restored at the end */
+    int stream_l2 = moeq_cpu_stream_l2(); /* this CPU's choice, restored at the end */
     static const int colss[] = {256, 301};
     static const int toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 16};
     static const int blocks[][2] = {{0, 290}, {0, 31}, {3, 40}, {7, 77}, {100, 262}, {120, 140}, {250, 290}};
@@ -306,7 +307,7 @@ static void few_token_stream_tiles_match_the_emulation_bit_for_bit(void **state)
                 for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
                     for (int i = 0; i < 3 * 2; i++) { /* each isa with its weight prefetches into L1, then L2 */
                         if (!moeq_mm_isa_supported(all_isas[i / 2])) continue;
-                        moeq_mm_set_stream_l2(i % 2);
+                        moeq_cpu_set_stream_l2(i % 2);
                         moeq_mm_job j = {&f.t, 5, 290, x, cols, want, rows, T}; /* rows 5..294 of the weight */
                         int n0 = blocks[bi][0], n1 = blocks[bi][1];
                         memset(want, 0, (size_t)T * rows * 4);
@@ -327,7 +328,7 @@ static void few_token_stream_tiles_match_the_emulation_bit_for_bit(void **state)
             }
             fake_weight_free(&f);
         }
-    moeq_mm_set_stream_l2(stream_l2);
+    moeq_cpu_set_stream_l2(stream_l2);
 }
 
 /* An element's bits do not depend on the sub-block it is computed in (row tiles of 4 or 8, token tiles, tails). */

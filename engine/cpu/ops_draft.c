@@ -20,6 +20,7 @@
 
 #include "amx_inline.h"
 #include "ops_amx.h"
+#include "stream_prefetch.h"
 #include "tensor.h"
 
 #define TOKS 8    /* tokens per pass */
@@ -27,8 +28,12 @@
 #define CHUNK 64  /* codes per VPDPBUSD */
 #define GMAX 8    /* groups of 16 rows a pass holds (hi codes alone, 1-2 tokens) */
 /* Each group's stream is prefetched this far ahead (into the next group's codes at its end; a prefetch never
- * faults): on an AMD Zen 5 VM (session 18) 2 tokens went 117 -> 131 GFLOP/s (bench-matmul q8r, one core). */
+ * faults): on an AMD Zen 5 VM (session 18) 2 tokens went 117 -> 131 GFLOP/s (bench-matmul q8r, one core).
+ * Where the NT tiles prefetch into L2 (moeq_cpu_stream_l2: AMD Zen 3/4), so do these, twice as far ahead: on a
+ * Zen 4 VM (session 26, bench-matmul q8r 16,384 x 1,024 from memory, one core, three runs of each build
+ * alternated) 1 token went 30-32 -> 34-42 GFLOP/s and 2 tokens 54-59 -> 76-82. */
 #define DRAFT_PF_BYTES 1024
+#define DRAFT_PF_BYTES_L2 2048
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DRAFT_X86 1
@@ -215,9 +220,9 @@ static TD ALWAYS_INLINE void store_group(const int R, const int LO, const __m512
  * sum crosses lanes. Then the element's float steps, 16 rows at once, into y (rows [r0, r1) counted from
  * group 0's first row are stored, row r of that count at column col + r; token t at t * ldy).
  */
-static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const int LO, const uint8_t *wq, int64_t gstride,
-                                         int64_t quads, const qtok *qt, int64_t Kp, const float *sw, int64_t srows,
-                                         float *y, int64_t col, int64_t ldy, int64_t r0, int64_t r1) {
+static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const int LO, const int L2, const uint8_t *wq,
+                                         int64_t gstride, int64_t quads, const qtok *qt, int64_t Kp, const float *sw,
+                                         int64_t srows, float *y, int64_t col, int64_t ldy, int64_t r0, int64_t r1) {
     __m512i ah[GMAX][TOKS], al[GMAX][TOKS];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
@@ -234,7 +239,8 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const int LO,
         }
 #pragma GCC unroll 8
         for (int g = 0; g < G; g++) {
-            _mm_prefetch((const char *)wq + g * gstride + j * 64 + DRAFT_PF_BYTES, _MM_HINT_T0);
+            if (L2) _mm_prefetch((const char *)wq + g * gstride + j * 64 + DRAFT_PF_BYTES_L2, _MM_HINT_T1);
+            else _mm_prefetch((const char *)wq + g * gstride + j * 64 + DRAFT_PF_BYTES, _MM_HINT_T0);
             const __m512i wv = _mm512_loadu_si512(wq + g * gstride + j * 64);
 #pragma GCC unroll 8
             for (int t = 0; t < R; t++) {
@@ -252,9 +258,9 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const int LO,
 /* Groups [g0, g1) against R tokens, G at a time (G shrinks as R grows so the G R accumulators, 2 G R with lo
  * codes, stay in registers); output rows [n0, n1) counted from group g0's first row (the block may start inside it), row r
  * of that count at column col + r of y. */
-static TD ALWAYS_INLINE void groups_r(const int R, const int LO, const uint8_t *wq, int64_t g0, int64_t g1,
-                                      int64_t quads, const qtok *qt, int64_t Kp, const float *sw, int64_t rows,
-                                      float *y, int64_t col, int64_t ldy, int64_t n0, int64_t n1) {
+static TD ALWAYS_INLINE void groups_r(const int R, const int LO, const int L2, const uint8_t *wq, int64_t g0,
+                                      int64_t g1, int64_t quads, const qtok *qt, int64_t Kp, const float *sw,
+                                      int64_t rows, float *y, int64_t col, int64_t ldy, int64_t n0, int64_t n1) {
     /* the hi codes alone need half the accumulators: twice the groups up to 4 tokens; past 4, one group (an
      * in-process A/B on a Zen 5 VM, 129,280 x 1,024: 2 groups at 6-8 tokens took 1.2-1.35x the time of 1) */
     const int G = LO ? (R <= 2 ? 4 : R <= 4 ? 2 : 1) : (R <= 2 ? 8 : R <= 4 ? 4 : 1);
@@ -262,12 +268,12 @@ static TD ALWAYS_INLINE void groups_r(const int R, const int LO, const uint8_t *
     int64_t g = g0;
     for (; g + G <= g1; g += G) {
         int64_t base = (g - g0) * 16;
-        groups_pass(G, R, LO, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base,
+        groups_pass(G, R, LO, L2, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base,
                     ldy, n0 - base, n1 - base);
     }
     for (; g < g1; g++) {
         int64_t base = (g - g0) * 16;
-        groups_pass(1, R, LO, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base,
+        groups_pass(1, R, LO, L2, wq + g * gstride, gstride, quads, qt, Kp, sw + g * 16, rows - g * 16, y, col + base,
                     ldy, n0 - base, n1 - base);
     }
 }
@@ -275,10 +281,13 @@ static TD ALWAYS_INLINE void groups_r(const int R, const int LO, const uint8_t *
 static TD void groups_any(int R, int lo, const uint8_t *wq, int64_t g0, int64_t g1, int64_t quads, const qtok *qt,
                           int64_t Kp, const float *sw, int64_t rows, float *y, int64_t col, int64_t ldy, int64_t n0,
                           int64_t n1) {
-    switch (R * 2 + !!lo) {
+    const int l2 = moeq_cpu_stream_l2();
+    switch (R * 4 + !!lo * 2 + l2) {
 #define CASE(n)                                                                                                    \
-    case n * 2 + 1: groups_r(n, 1, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;              \
-    case n * 2: groups_r(n, 0, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;
+    case n * 4 + 3: groups_r(n, 1, 1, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;           \
+    case n * 4 + 2: groups_r(n, 1, 0, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;           \
+    case n * 4 + 1: groups_r(n, 0, 1, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;           \
+    case n * 4: groups_r(n, 0, 0, wq, g0, g1, quads, qt, Kp, sw, rows, y, col, ldy, n0, n1); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }

@@ -34,6 +34,7 @@
  * stay float32 so the CPU path is the exact reference).
  */
 #include "ops_matmul.h"
+#include "stream_prefetch.h"
 
 #include "ops_draft.h"
 
@@ -651,10 +652,10 @@ static T512 void nt_blocked512(const moeq_mm_job *job, int64_t n0, int64_t n1, i
     }
 }
 
-/* One instantiation per dtype and prefetch level (moeq_mm_stream_l2: a constant inside, so each tile issues one
+/* One instantiation per dtype and prefetch level (moeq_cpu_stream_l2: a constant inside, so each tile issues one
  * kind of prefetch). */
 static T512 void nt_block512(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
-    const int l2 = moeq_mm_stream_l2();
+    const int l2 = moeq_cpu_stream_l2();
 #define NT_DT(DT) l2 ? nt_block512_dt(DT, job, n0, n1, t0, t1, 1) : nt_block512_dt(DT, job, n0, n1, t0, t1, 0)
     switch (job->w->dtype) {
     case MOEQ_DTYPE_F32: NT_DT(MOEQ_DTYPE_F32); break;
@@ -1035,39 +1036,6 @@ moeq_mm_isa moeq_mm_isa_best(void) {
     return (moeq_mm_isa)b;
 }
 
-/*
- * Where the NT tiles' weight prefetches go. Into L2 (prefetcht1, 2 KiB ahead of each stream) on AMD family 19h
- * (Zen 3 and Zen 4), into L1 (prefetcht0, 1 KiB ahead) elsewhere. Session 26, Zen 4 VM (EPYC, one core, BF16
- * from memory, the kernels built both ways in one process and alternated 10-12 times): 2-3 tokens streamed
- * 13-15 -> 20-23 GB/s (the 1-token rate: 1.35-1.58x), 4 tokens 1.29-1.39x, 6 tokens 1.2-1.25x, 1 token 1.02-1.16x,
- * 8-16 tokens 1.03-1.06x; the hint, not the distance, made it (prefetcht0 2 KiB ahead: 0.99-1.01x; prefetcht1
- * 4 or 8 KiB ahead: no better than 2). A prefetch into L1 holds one of its few miss buffers until the line
- * arrives, so the streams stalled behind them once a chunk carried a second token's fmas; L2 tracks many
- * more misses, and the tiles' loads then hit L2. F8's few-token products are bound by the widening and did
- * not move. Zen 5 (family 1Ah; sessions 18-25 tuned prefetcht0 distances there) and Intel keep prefetcht0
- * until measured: the choice changes no bits.
- */
-static _Atomic int stream_l2 = -1;
-
-int moeq_mm_stream_l2(void) {
-    int v = atomic_load_explicit(&stream_l2, memory_order_relaxed);
-    if (v < 0) {
-        v = 0;
-#ifdef MOEQ_MM_X86
-        unsigned a, b, c, d;
-        if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u && /* AMD */
-            __get_cpuid(1, &a, &b, &c, &d)) {
-            unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
-            v = family == 0x19;
-        }
-#endif
-        atomic_store_explicit(&stream_l2, v, memory_order_relaxed);
-    }
-    return v;
-}
-
-void moeq_mm_set_stream_l2(int on) { atomic_store_explicit(&stream_l2, on ? 1 : 0, memory_order_relaxed); }
-
 const char *moeq_mm_cpu_describe(void) {
     static char text[200];
     static _Atomic int done;
@@ -1080,7 +1048,7 @@ const char *moeq_mm_cpu_describe(void) {
 #endif
     moeq_mm_isa isa = moeq_mm_isa_best();
     snprintf(text, sizeof text, "%s (float32 lanes%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
-             isa == MOEQ_MM_ISA_AVX512 && moeq_mm_stream_l2() ? ", weight streams prefetched into L2" : "",
+             isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_stream_l2() ? ", weight streams prefetched into L2" : "",
              bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (cpu_matrix)" : "no amx_bf16");
     atomic_store(&done, 1);
     return text;

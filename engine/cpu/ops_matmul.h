@@ -84,14 +84,6 @@ const char *moeq_mm_isa_name(moeq_mm_isa isa); /* "scalar", "avx2", "avx512" */
  * avx512_bf16, no amx_bf16)", for bench-engine and model-info. Thread-safe after the first call. */
 const char *moeq_mm_cpu_describe(void);
 
-/*
- * 1 when the AVX-512 NT tiles prefetch their weight streams into L2 (prefetcht1) rather than L1: chosen by the
- * CPU (AMD Zen 3/4: L2), see ops_matmul.c. moeq_mm_set_stream_l2 overrides it for the whole process (tests and
- * benchmarks, to compare the two); prefetches change no bits. Thread-safe.
- */
-int moeq_mm_stream_l2(void);
-void moeq_mm_set_stream_l2(int on);
-
 /* The same kernels on a given isa (which must be supported): for the tests and benchmarks. */
 void moeq_mm_nt_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1);
 void moeq_mm_nn_block_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
