@@ -65,7 +65,7 @@
 #define STREAM_TOKS 16   /* NT blocks of at most this many tokens read their rows as tile-wide streams   */
 #define STREAM_MIN_SPAN 4 /* ... when each stream holds at least this many rows (nt_streams512)          */
 #define STREAM_PF_BYTES 1024 /* ... and prefetch each stream this far ahead of the tile's reads              */
-#define STREAM_PF_BYTES_L2 2048 /* ... this far when the prefetches go to L2 (moeq_mm_stream_l2)             */
+#define STREAM_PF_BYTES_L2 2048 /* ... this far when they go into L2 (stream_prefetch.h: AMD Zen 3/4)        */
 #define BLK_ROWS 32      /* the many-token path's blocks: rows, tokens, K per step   */
 #define BLK_TOKS 64
 #define BLK_K 1024
