@@ -23,6 +23,7 @@
 #include "moeq/model_config.h"
 #include "moeq/util.h"
 #include "peak.h"
+#include "stream_prefetch.h" /* engine/cpu: --against-prefetch */
 #ifdef MOEQ_BENCH_GENMODEL
 #include "moeq/genmodel.h"
 #endif
@@ -45,6 +46,7 @@ typedef struct bench_args {
     int contexts[8], n_contexts; /* batch-1 decode after this many tokens of context */
     double min_seconds;
     const char *against;          /* --against DIR: a second checkpoint, timed alternated with --model's          */
+    const char *against_prefetch; /* --against-prefetch l1|l2: the second side's weight-stream prefetches       */
     int rounds;                   /* --rounds R: paired rounds of --against (default 3)                          */
 } bench_args;
 
@@ -459,12 +461,16 @@ static void print_paired(const double *model_v, const double *against_v, int rou
  */
 static void run_against(const moeq_model *model, const moeq_model *other, const bench_args *a) {
     moeq_engine_params p = engine_params(a, a->modes[0]);
+    /* each side's weight-stream prefetches (stream_prefetch.h; a process-wide choice, set before every figure):
+     * this CPU's own, and --against-prefetch's on the second side */
+    int pf[2] = {moeq_cpu_stream_l2(), moeq_cpu_stream_l2()};
+    if (a->against_prefetch) pf[1] = !strcmp(a->against_prefetch, "l2");
     moeq_engine *e[2] = {NULL, NULL};
     const moeq_model *m[2] = {model, other};
     char err[256] = "";
     for (int s = 0; s < 2; s++)
         if (moeq_engine_new(m[s], &p, &e[s], err, sizeof(err))) {
-            printf("  \"against_error\": \"%s: %s\"", s ? a->against : a->model_dir, err);
+            printf("  \"against_error\": \"%s: %s\"", s && a->against ? a->against : a->model_dir, err);
             if (e[0]) moeq_engine_destroy(e[0]);
             return;
         }
@@ -472,13 +478,15 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
     int wide = vocab[0] > vocab[1] ? vocab[0] : vocab[1];
     float *logits = malloc((size_t)(p.max_seqs > 256 ? p.max_seqs : 256) * wide * sizeof(float));
     printf("  \"against\": {\"model\": \"%s\", \"batch_invariant\": %d, \"rounds\": %d, \"order\": \"ABBA\",\n"
-           "    \"backend_info\": [\"%s\", \"%s\"], \"prefill\": [", a->against, p.batch_invariant, a->rounds,
-           moeq_engine_backend_info(e[0]), moeq_engine_backend_info(e[1]));
+           "    \"stream_prefetch\": [\"%s\", \"%s\"], \"backend_info\": [\"%s\", \"%s\"], \"prefill\": [",
+           a->against ? a->against : a->model_dir, p.batch_invariant, a->rounds, pf[0] ? "l2" : "l1",
+           pf[1] ? "l2" : "l1", moeq_engine_backend_info(e[0]), moeq_engine_backend_info(e[1]));
     double v[2][64];
     for (int i = 0; i < a->n_prefills; i++) {
         for (int r = 0; r < a->rounds; r++)
             for (int t = 0; t < 2; t++) {
                 int s = t ^ (r & 1);
+                moeq_cpu_set_stream_l2(pf[s]);
                 v[s][r] = prefill_tps(e[s], vocab[s], a->prefills[i], logits);
             }
         printf("%s\n      {\"tokens\": %d, ", i ? "," : "", a->prefills[i]);
@@ -489,12 +497,14 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
         for (int r = 0; r < a->rounds; r++)
             for (int t = 0; t < 2; t++) {
                 int s = t ^ (r & 1), steps = 0;
+                moeq_cpu_set_stream_l2(pf[s]);
                 v[s][r] = decode_tps(e[s], vocab[s], a->batches[i], a->decode_prompt, a->min_seconds, logits, &steps);
             }
         printf("%s\n      {\"batch\": %d, ", i ? "," : "", a->batches[i]);
         print_paired(v[0], v[1], a->rounds);
     }
     printf("]}");
+    moeq_cpu_set_stream_l2(pf[0]);
     free(logits);
     moeq_engine_destroy(e[0]);
     moeq_engine_destroy(e[1]);
@@ -537,6 +547,10 @@ static int parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(k, "--threads")) a->n_threads = atoi(v);
         else if (!strcmp(k, "--min-seconds")) a->min_seconds = atof(v);
         else if (!strcmp(k, "--against")) a->against = v;
+        else if (!strcmp(k, "--against-prefetch")) {
+            if (strcmp(v, "l1") && strcmp(v, "l2")) return -1;
+            a->against_prefetch = v;
+        }
         else if (!strcmp(k, "--rounds")) {
             if (int_list(v, &a->rounds, 1, 1, 64) != 1) return -1;
         }
@@ -590,7 +604,7 @@ int main(int argc, char **argv) {
                         "                    [--contexts 1024,4096|none] [--min-seconds S] [--modes 1,0]\n"
                         "                    [--cpu-matrix auto|lanes|amx] [--cuda-graphs off|auto|on|both]\n"
                         "                    [--cuda-matrix auto|lanes|both] [--head-screen auto|off|both]\n"
-                        "                    [--against DIR [--rounds R]]\n"
+                        "                    [--against DIR] [--against-prefetch l1|l2] [--rounds R]\n"
                         "  --prefill-tokens  one or more prompt lengths (default 512), each timed\n"
                         "  --modes           batch_invariant values to run (default 1,0)\n"
                         "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
@@ -606,7 +620,10 @@ int main(int argc, char **argv) {
                         "                  modes, each prefill and decode batch runs on both, alternated ABBA over\n"
                         "                  --rounds R (default 3); `against` gives each side's median and the median\n"
                         "                  of the paired rounds' ratios (DIR's over --model's). Batch-invariant mode\n"
-                        "                  is the first of --modes.\n");
+                        "                  is the first of --modes.\n"
+                        "  --against-prefetch l1|l2  the second side's CPU kernels prefetch their weight streams\n"
+                        "                  into L1 or L2 (the first side: this CPU's choice, cpu_kernels); without\n"
+                        "                  --against, both sides are --model.\n");
         return 2;
     }
     if (ensure_model(&a)) return 1;
@@ -651,15 +668,15 @@ int main(int argc, char **argv) {
                moeq_engine_cpu_kernels(), a.cpu_matrix ? a.cpu_matrix : "auto", moeq_engine_cpu_amx_describe(),
                a.peak_fp32_gflops, peak_dp, peak_amx_g);
     printf("  \"matmul_flops_per_token\": %.0f,\n", a.matmul_flops_per_token);
-    if (a.against) {
-        moeq_model *other = NULL;
-        if (moeq_model_load(a.against, NULL, &other, err, sizeof(err))) {
+    if (a.against || a.against_prefetch) {
+        moeq_model *other = NULL; /* --against-prefetch alone: both sides are --model */
+        if (a.against && moeq_model_load(a.against, NULL, &other, err, sizeof(err))) {
             fprintf(stderr, "bench-engine: --against %s: %s\n", a.against, err);
             printf("  \"against_error\": \"%s\",\n  \"peak_rss_mb\": %.1f\n}\n", err, peak_rss_kb() / 1024.0);
             moeq_model_destroy(model);
             return 1;
         }
-        run_against(model, other, &a);
+        run_against(model, other ? other : model, &a);
         moeq_model_destroy(other);
     } else {
         printf("  \"modes\": {\n");

@@ -2,7 +2,8 @@
 # test_bench_engine_against.sh BUILD_DIR — `bench-engine --against` (issue 18's FP8-against-BF16 figure measured
 # in one process): the BF16 and FP8 tiny checkpoints of the same weights take turns over --rounds 3, and the JSON
 # holds each side's figures per round, each side's median and the median of the paired rounds' ratios within their
-# range. A missing or broken second checkpoint is named; a round count out of range is refused (exit 2).
+# range. --against-prefetch runs one checkpoint against itself with the other weight-stream prefetch level. A missing
+# second checkpoint is named; a round count or prefetch level out of range is refused (exit 2).
 set -u
 B=$1
 M=$B/cli/moeq
@@ -23,17 +24,34 @@ import json, statistics, sys
 d = json.load(open(sys.argv[1]))
 g = d["against"]
 assert "modes" not in d and g["model"] == sys.argv[2] and g["rounds"] == 3 and g["batch_invariant"] == 1, g
+assert g["stream_prefetch"][0] == g["stream_prefetch"][1] and g["stream_prefetch"][0] in ("l1", "l2"), g
 assert [p["tokens"] for p in g["prefill"]] == [16, 40] and [p["batch"] for p in g["decode"]] == [1, 3], g
 for f in g["prefill"] + g["decode"]:
     rounds = f["rounds"]
     assert len(rounds) == 3 and all(a > 0 and b > 0 for a, b in rounds), f
     ratios = [b / a for a, b in rounds]
-    assert abs(f["ratio"] - statistics.median(ratios)) < 2e-3 * f["ratio"], f
+    near = lambda printed, exact: abs(printed - exact) <= 6e-4 + 1e-3 * exact  # printed with 3 decimals
+    assert near(f["ratio"], statistics.median(ratios)), f
     lo, hi = f["ratio_range"]
-    assert lo <= f["ratio"] <= hi and abs(lo - min(ratios)) < 2e-3 * lo and abs(hi - max(ratios)) < 2e-3 * hi, f
+    assert lo <= f["ratio"] <= hi and near(lo, min(ratios)) and near(hi, max(ratios)), f
     assert abs(f["model_tokens_per_s"] - statistics.median(a for a, _ in rounds)) < 0.01, f
     assert abs(f["against_tokens_per_s"] - statistics.median(b for _, b in rounds)) < 0.01, f
 PY
+# --against-prefetch alone: the same checkpoint on both sides, the second with its weight streams prefetched into
+# L1, the first with this CPU's choice; the choice is restored afterwards
+# shellcheck disable=SC2086
+"$E" --model "$W/bf16" --against-prefetch l1 --rounds 2 $quick >"$W/out" || fail "--against-prefetch: $(cat "$W/out")"
+python3 - "$W/out" "$W/bf16" <<'PY' || fail "against-prefetch figures: $(cat "$W/out")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+g = d["against"]
+auto = "l2" if "prefetched into L2" in d["cpu_kernels"] else "l1"
+assert g["model"] == sys.argv[2] and g["stream_prefetch"] == [auto, "l1"] and g["rounds"] == 2, g
+assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g
+PY
+# shellcheck disable=SC2086
+"$E" --model "$W/bf16" --against-prefetch l3 $quick >/dev/null 2>&1
+[ $? -eq 2 ] || fail "--against-prefetch l3 was not refused with exit 2"
 # shellcheck disable=SC2086
 "$E" --model "$W/bf16" --against "$W/none" $quick >"$W/out" 2>"$W/err"
 [ $? -eq 1 ] || fail "a missing --against directory was not an error"
