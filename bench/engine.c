@@ -447,7 +447,8 @@ static void print_paired(const double *model_v, const double *against_v, int rou
         n++;
     }
     printf("\"model_tokens_per_s\": %.2f, \"against_tokens_per_s\": %.2f, \"ratio\": %.3f, "
-           "\"ratio_range\": [%.3f, %.3f], \"rounds\": [", median_of(model_v, rounds), median_of(against_v, rounds), median_of(ratio, n), lo, hi);
+           "\"ratio_range\": [%.3f, %.3f], \"rounds\": [",
+           median_of(model_v, rounds), median_of(against_v, rounds), median_of(ratio, n), lo, hi);
     for (int r = 0; r < rounds; r++) printf("%s[%.2f, %.2f]", r ? ", " : "", model_v[r], against_v[r]);
     printf("]}");
     fflush(stdout);
