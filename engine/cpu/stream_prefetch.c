@@ -12,7 +12,7 @@
 
 /*
  * Where the weight streams' prefetches go. Into L2 (prefetcht1, 2 KiB ahead of each stream) on AMD family 19h
- * (Zen 3 and Zen 4), into L1 (prefetcht0, 1 KiB ahead) elsewhere. Session 26, Zen 4 VM (EPYC, one core, BF16
+ * (measured on Zen 4; Zen 3 shares the family), into L1 (prefetcht0, 1 KiB ahead) elsewhere. Session 26, Zen 4 VM (EPYC, one core, BF16
  * from memory, the kernels built both ways in one process and alternated 10-12 times): 2-3 tokens streamed
  * 13-15 -> 20-23 GB/s (the 1-token rate: 1.35-1.58x), 4 tokens 1.29-1.39x, 6 tokens 1.2-1.25x, 1 token 1.02-1.16x,
  * 8-16 tokens 1.03-1.06x; the hint, not the distance, made it (prefetcht0 2 KiB ahead: 0.99-1.01x; prefetcht1
