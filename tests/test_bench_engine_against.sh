@@ -2,8 +2,9 @@
 # test_bench_engine_against.sh BUILD_DIR — `bench-engine --against` (issue 18's FP8-against-BF16 figure measured
 # in one process): the BF16 and FP8 tiny checkpoints of the same weights take turns over --rounds 3, and the JSON
 # holds each side's figures per round, each side's median and the median of the paired rounds' ratios within their
-# range. --against-prefetch runs one checkpoint against itself with the other weight-stream prefetch level. A missing
-# second checkpoint is named; a round count or prefetch level out of range is refused (exit 2).
+# range. --against-prefetch runs one checkpoint against itself with the other weight-stream prefetch level, and
+# --against-f8-widen the FP8 one with the other F8 widening. A missing second checkpoint is named; a round count,
+# prefetch level or widening out of range is refused (exit 2).
 set -u
 B=$1
 M=$B/cli/moeq
@@ -25,6 +26,7 @@ d = json.load(open(sys.argv[1]))
 g = d["against"]
 assert "modes" not in d and g["model"] == sys.argv[2] and g["rounds"] == 3 and g["batch_invariant"] == 1, g
 assert g["stream_prefetch"][0] == g["stream_prefetch"][1] and g["stream_prefetch"][0] in ("l1", "l2"), g
+assert g["f8_widen"][0] == g["f8_widen"][1] and g["f8_widen"][0] in ("f16", "f32"), g
 assert [p["tokens"] for p in g["prefill"]] == [16, 40] and [p["batch"] for p in g["decode"]] == [1, 3], g
 for f in g["prefill"] + g["decode"]:
     rounds = f["rounds"]
@@ -49,9 +51,24 @@ auto = "l2" if "prefetched into L2" in d["cpu_kernels"] else "l1"
 assert g["model"] == sys.argv[2] and g["stream_prefetch"] == [auto, "l1"] and g["rounds"] == 2, g
 assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g
 PY
+# --against-f8-widen alone: the FP8 checkpoint against itself, the second side widening through float16
+# shellcheck disable=SC2086
+"$E" --model "$W/f8" --against-f8-widen f16 --rounds 2 $quick >"$W/out" || fail "--against-f8-widen: $(cat "$W/out")"
+python3 - "$W/out" "$W/f8" <<'PY' || fail "against-f8-widen figures: $(cat "$W/out")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+g = d["against"]
+auto = "f32" if "F8 widened straight to float32" in d["cpu_kernels"] else "f16"
+assert g["model"] == sys.argv[2] and g["f8_widen"] == [auto, "f16"] and g["rounds"] == 2, g
+assert g["stream_prefetch"][0] == g["stream_prefetch"][1], g
+assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g
+PY
 # shellcheck disable=SC2086
 "$E" --model "$W/bf16" --against-prefetch l3 $quick >/dev/null 2>&1
 [ $? -eq 2 ] || fail "--against-prefetch l3 was not refused with exit 2"
+# shellcheck disable=SC2086
+"$E" --model "$W/f8" --against-f8-widen f8 $quick >/dev/null 2>&1
+[ $? -eq 2 ] || fail "--against-f8-widen f8 was not refused with exit 2"
 # shellcheck disable=SC2086
 "$E" --model "$W/bf16" --against "$W/none" $quick >"$W/out" 2>"$W/err"
 [ $? -eq 1 ] || fail "a missing --against directory was not an error"

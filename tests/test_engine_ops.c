@@ -32,7 +32,7 @@
 #include "ops_amx.h"
 #include "ops_draft.h"
 #include "ops_matmul.h"
-#include "stream_prefetch.h"
+#include "cpu_tuning.h"
 #include "rope.h"
 #include "sampler.h"
 
@@ -329,6 +329,66 @@ static void few_token_stream_tiles_match_the_emulation_bit_for_bit(void **state)
             fake_weight_free(&f);
         }
     moeq_cpu_set_stream_l2(stream_l2);
+}
+
+/*
+ * F8's direct tiles (blocks of up to 32 tokens; 40 take the staged path) take activations scaled once per 128-row
+ * scale block, and widen the weights through float16 or (cpu_tuning.h) straight into float32 bits, q * 2^-120
+ * against activations 2^112 larger. Both must give the emulation's bits for every e4m3 byte (subnormals, zeros,
+ * 0x7f), with and without the workspace, for
+ * activations so small that x * 256 * scale is a float32 denormal (the 2^112 must then be exact) and so large
+ * that it would overflow (the block falls back to the float16 form), and with an infinite activation.
+ */
+static void f8_few_token_tiles_match_the_emulation_in_both_widenings(void **state) {
+    (void)state;
+    int widen32 = moeq_cpu_f8_widen32(), stream_l2 = moeq_cpu_stream_l2(); /* this CPU's choices, restored */
+    const int rows = 300, cols = 301, rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    fake_weight f;
+    fake_weight_make(&f, MOEQ_DTYPE_F8_E4M3, rows, cols);
+    for (int i = 0; i < rows * cols; i++) ((uint8_t *)f.data)[i] = (uint8_t)(i * 7 + i / 256); /* every byte */
+    static const float scales[] = {0.5f / 448.0f, 3.0f, 1e-3f, 1e6f, 2e-4f, 1.0f, 0.25f, 7e-3f, 1e-30f};
+    for (int i = 0; i < rb * cb; i++) f.sdata[i] = scales[i % (sizeof scales / sizeof scales[0])];
+    size_t ws_bytes = moeq_mm_nt_ws_bytes(cols);
+    void *ws = aligned_alloc(64, (ws_bytes + 63) / 64 * 64);
+    static const int toks[] = {1, 2, 3, 4, 5, 6, 7, 12, 16, 32, 40};
+    for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+        int T = toks[ti];
+        float *x = rand_floats((size_t)T * cols);
+        if (T > 1)
+            for (int k = 0; k < cols; k++) x[cols + k] *= 1e-38f; /* token 1: x * 256 * scale denormal */
+        if (T > 2) x[2 * cols + 200] = 1e30f;                   /* token 2: past the float32 form's range */
+        if (T > 3) x[3 * cols + 17] = INFINITY;
+        float *want = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
+        moeq_mm_job j = {&f.t, 5, 290, x, cols, want, rows, T}; /* rows 5..294: no block aligned to 128 */
+        static const int blocks[][2] = {{0, 290}, {3, 40}, {120, 140}};
+        for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+            int n0 = blocks[bi][0], n1 = blocks[bi][1];
+            j.y = want;
+            moeq_mm_nt_block_scalar(&j, n0, n1, 0, T);
+            for (int v = 0; v < 8; v++) { /* widening x prefetch level x workspace */
+                for (int isa = 0; isa < 3; isa++) {
+                    if (!moeq_mm_isa_supported(all_isas[isa])) continue;
+                    moeq_cpu_set_f8_widen32(v & 1), moeq_cpu_set_stream_l2(v >> 1 & 1);
+                    memset(got, 0, (size_t)T * rows * 4);
+                    j.y = got;
+                    if (v & 4) moeq_mm_nt_block_ws_isa(all_isas[isa], &j, n0, n1, 0, T, ws, ws_bytes);
+                    else moeq_mm_nt_block_isa(all_isas[isa], &j, n0, n1, 0, T);
+                    for (int t = 0; t < T; t++)
+                        for (int r = n0; r < n1; r++) {
+                            uint32_t gb, wb;
+                            memcpy(&gb, &got[t * rows + r], 4), memcpy(&wb, &want[t * rows + r], 4);
+                            if (gb != wb)
+                                fail_msg("T %d token %d row %d isa %s variant %d: %08x, the emulation %08x", T, t, r,
+                                         moeq_mm_isa_name(all_isas[isa]), v, gb, wb);
+                        }
+                }
+            }
+        }
+        free(x), free(want), free(got);
+    }
+    free(ws);
+    fake_weight_free(&f);
+    moeq_cpu_set_f8_widen32(widen32), moeq_cpu_set_stream_l2(stream_l2);
 }
 
 /* An element's bits do not depend on the sub-block it is computed in (row tiles of 4 or 8, token tiles, tails). */
@@ -1685,6 +1745,7 @@ int main(void) {
         cmocka_unit_test(kernel_output_of_an_element_never_depends_on_its_block),
         cmocka_unit_test(many_token_blocked_path_matches_the_emulation_bit_for_bit),
         cmocka_unit_test(few_token_stream_tiles_match_the_emulation_bit_for_bit),
+        cmocka_unit_test(f8_few_token_tiles_match_the_emulation_in_both_widenings),
         cmocka_unit_test(backend_task_split_for_few_tokens_keeps_the_bits),
         cmocka_unit_test(draft_products_match_their_emulation_bit_for_bit),
         cmocka_unit_test(draft_products_are_within_the_int8_tolerance),

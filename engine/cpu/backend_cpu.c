@@ -134,7 +134,10 @@ static int64_t nt_rows(const cpu_backend *cb, const moeq_mm_job *job) {
     }
     int64_t row_bytes = moeq_tensor_cols(job->w) * (int64_t)moeq_dtype_size(job->w->dtype);
     int64_t rows = NT_TASK_BYTES / (row_bytes > 0 ? row_bytes : 1) / 16 * 16;
-    return rows < NT_ROWS ? NT_ROWS : rows > NT_ROWS_MAX ? NT_ROWS_MAX : rows;
+    rows = rows < NT_ROWS ? NT_ROWS : rows > NT_ROWS_MAX ? NT_ROWS_MAX : rows;
+    /* F8: whole 128-row scale blocks, each of whose activations the kernel scales once (ops_matmul.c) */
+    if (job->w->dtype == MOEQ_DTYPE_F8_E4M3) rows = (rows + MOEQ_F8_BLOCK - 1) / MOEQ_F8_BLOCK * MOEQ_F8_BLOCK;
+    return rows;
 }
 
 /* A job on the AMX tiles in blocks of more than NT_SMALL_TOKS tokens (not for BLAS: cb->views is this call's). */

@@ -20,7 +20,7 @@
 
 #include "amx_inline.h"
 #include "ops_amx.h"
-#include "stream_prefetch.h"
+#include "cpu_tuning.h"
 #include "tensor.h"
 
 #define TOKS 8    /* tokens per pass */

@@ -15,9 +15,13 @@
  *   scalar   the emulation: 16 float lanes, one fmaf per lane, the same tree.
  * All three give bit-identical results; the tests compare every one the CPU
  * can run against the emulation. Weights are widened in registers (bf16:
- * shift, f16: vcvtph2ps, f8 e4m3: bit placement into an f16, x256, x the
- * block scale). The K tail is zero padded (masked loads on AVX-512, a copy
- * into a zeroed buffer on AVX2, explicit zeros in the emulation).
+ * shift, f16: vcvtph2ps, f8 e4m3: bit placement into an f16, the value
+ * q / 256, with x256 and the block scale on the activations; AVX-512's
+ * few-token tiles take those activations scaled once per scale block and,
+ * where cpu_tuning.h says so, place the bits straight into a float32,
+ * q * 2^-120, against activations x 2^112 more: the same products). The K
+ * tail is zero padded (masked loads on AVX-512, a copy into a zeroed buffer
+ * on AVX2, explicit zeros in the emulation).
  *
  * Decode streams every weight once. Blocks of at most 16 tokens read row
  * stretches and prefetch each STREAM_PF_BYTES ahead (nt_streams512); the
@@ -34,7 +38,7 @@
  * stay float32 so the CPU path is the exact reference).
  */
 #include "ops_matmul.h"
-#include "stream_prefetch.h"
+#include "cpu_tuning.h"
 
 #include "ops_draft.h"
 
@@ -45,6 +49,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -65,12 +70,19 @@
 #define STREAM_TOKS 16   /* NT blocks of at most this many tokens read their rows as tile-wide streams   */
 #define STREAM_MIN_SPAN 4 /* ... when each stream holds at least this many rows (nt_streams512)          */
 #define STREAM_PF_BYTES 1024 /* ... and prefetch each stream this far ahead of the tile's reads              */
-#define STREAM_PF_BYTES_L2 2048 /* ... this far when they go into L2 (stream_prefetch.h: AMD Zen 3/4)        */
+#define STREAM_PF_BYTES_L2 2048 /* ... this far when they go into L2 (cpu_tuning.h: AMD Zen 3/4)        */
 #define BLK_ROWS 32      /* the many-token path's blocks: rows, tokens, K per step   */
 #define BLK_TOKS 64
 #define BLK_K 1024
 #define BLK_MIN_TOKS 5    /* blocks of at least this many tokens take it (4 fit one tile) when K > BLK_K, */
-#define BLK_MIN_TOKS_F8 8 /* ... and F8 blocks of at least this many whatever K                          */
+#define BLK_MIN_TOKS_F8 33 /* ... and F8 blocks of at least this many whatever K, or whose scaled        */
+                           /* activations outgrow the workspace (see F8_FEW_TOKS)                      */
+/* F8 blocks of fewer tokens take the direct tiles with their activations scaled once per scale block, in the
+ * workspace, which holds those of F8_FEW_TOKS tokens whatever K (and of more where K is short). Session 27, Zen 4,
+ * one core, F8 from memory, 1,024-2,048 rows x 512-7,168, the two alternated: the direct tiles took 0.67-0.80 of
+ * the staged path's time at 8-16 tokens and 0.86-1.0 at 24-32 (with the float16 widening 0.61-0.89 and 0.91-1.0);
+ * at 64 tokens the two were even. */
+#define F8_FEW_TOKS 16
 /* F8: tokens per block, scaled once per step for a whole 128-row scale block. Each part's rows are widened once per
  * block, so a task's 64 tokens (NT_TOKS) in one block widen them once: bench F8 prefill 0.957 (512 tokens) and 0.966
  * (2,048) of the time with 32, Zen 5, 1 thread, alternated in one process. */
@@ -82,8 +94,10 @@ _Static_assert(BLK_TOKS_F8 * MOEQ_F8_BLOCK >= BLK_TOKS * BLK_ROWS, "ACC_BYTES ho
 #define STAGE_X_BYTES ((size_t)BLK_TOKS_F8 * BLK_K * sizeof(float))
 
 size_t moeq_mm_nt_ws_bytes(int64_t k) {
-    (void)k; /* K is walked in steps: the workspace does not grow with it */
-    return ACC_BYTES + STAGE_W_BYTES + STAGE_X_BYTES;
+    /* the many-token path walks K in steps; F8's few-token tiles take their tokens' scaled activations whole */
+    size_t blocked = ACC_BYTES + STAGE_W_BYTES + STAGE_X_BYTES;
+    size_t f8_few = (size_t)F8_FEW_TOKS * (size_t)(k > 0 ? k : 0) * sizeof(float);
+    return blocked > f8_few ? blocked : f8_few;
 }
 
 static inline const uint8_t *row_ptr(const moeq_tensor *w, int64_t row) {
@@ -287,46 +301,80 @@ static T512 ALWAYS_INLINE __m256i f8_to_f16_256(__m128i b) {
     return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xBF80));
 }
 
-/* The NT kernels' weight chunk: as wload512, but F8 as q / 256 (its scale goes on the activation: nt_x_factor). */
-static T512 ALWAYS_INLINE __m512 wload512_nt(moeq_dtype dt, const uint8_t *p, int64_t k, __mmask16 m) {
+/*
+ * 16 e4m3 bytes straight into float32 bits: sign-extended to 32 bits and shifted left by 20, the sign lands on
+ * bit 31 and the exponent and mantissa on bits 20..26 (the foot of float32's exponent, the head of its
+ * mantissa); bits 27..30 (copies of the sign) are masked off. The value is q * 2^-120 for normals and
+ * subnormals alike (those become float32 denormals, exact): three integer ops and no conversion.
+ */
+static T512 ALWAYS_INLINE __m512 f8_to_f32_512(__m128i b) {
+    __m512i d = _mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20);
+    return _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0x87F00000u)));
+}
+
+/* The NT kernels' weight chunk: as wload512, but F8 as q / 256, or as q * 2^-120 with w32 (its scale goes on the
+ * activations: nt_scale_x512). */
+static T512 ALWAYS_INLINE __m512 wload512_nt(moeq_dtype dt, const uint8_t *p, int64_t k, __mmask16 m, const int w32) {
     if (dt != MOEQ_DTYPE_F8_E4M3) return wload512(dt, p, NULL, k, m);
     const int full = m == (__mmask16)0xFFFF;
     __m128i b = full ? _mm_loadu_si128((const __m128i *)(p + k)) : _mm_maskz_loadu_epi8(m, p + k);
-    return _mm512_cvtph_ps(f8_to_f16_256(b));
+    return w32 ? f8_to_f32_512(b) : _mm512_cvtph_ps(f8_to_f16_256(b));
+}
+
+/*
+ * F8's activations for the rows of one 128-row scale block (srow: its scales), once per block rather than once
+ * per tile and K step: xs[i][k] = x[i][k] * 256 * scale (what the emulation multiplies q / 256 by), tokens
+ * [0, ntok) at x (stride ldx), K columns, xs with stride K. The multiply came to a sixth of a 4-token tile's
+ * ops. With w32 the result is multiplied by 2^112 more, exactly (denormals included), so that q * 2^-120 times
+ * it is the same product, bit for bit, as long as nothing overflows: when some |x * 256 * scale| >= 2^16 it
+ * stays as it is. Returns whether the 2^112 went on, i.e. which widening the tiles must use.
+ */
+static T512 int nt_scale_x512(const float *srow, const float *x, int64_t ldx, int64_t ntok, int64_t K, float *xs,
+                              int w32) {
+    __m512 big = _mm512_setzero_ps(); /* |x * 256 * scale|, largest (a NaN sticks: the f16 form then) */
+    for (int64_t i = 0; i < ntok; i++) {
+        const float *xi = x + i * ldx;
+        float *o = xs + i * K;
+        for (int64_t k = 0; k < K; k += LANES) {
+            __mmask16 m = K - k >= LANES ? (__mmask16)0xFFFF : moeq_tail_mask16(K - k);
+            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + k), _mm512_set1_ps(nt_x_factor(srow, k)));
+            big = _mm512_max_ps(_mm512_abs_ps(v), big);
+            _mm512_mask_storeu_ps(o + k, m, v);
+        }
+    }
+    if (!w32 || !(_mm512_reduce_max_ps(big) < 0x1p16f)) return 0;
+    for (int64_t i = 0; i < ntok * K; i += LANES) {
+        __mmask16 m = ntok * K - i >= LANES ? (__mmask16)0xFFFF : moeq_tail_mask16(ntok * K - i);
+        _mm512_mask_storeu_ps(xs + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xs + i), _mm512_set1_ps(0x1p112f)));
+    }
+    return 1;
 }
 
 /*
  * (mr tokens) x (nr weight rows) dot products over the whole K; pp: where each row's prefetch stream runs.
- * F8: the tile's rows share one 128-row block (srow, its scales), so each activation chunk is scaled once.
+ * F8: the tile's rows share one 128-row block, whose scaled activations x is (nt_scale_x512; w32 as it said).
  */
 static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq_dtype dt, const float *x,
-                                          int64_t ldx, const uint8_t *const *wp, const float *const *sp,
-                                          const uint8_t *const *pp, int64_t K, float *y, int64_t ldy,
-                                          const int64_t *col, const int l2) {
+                                          int64_t ldx, const uint8_t *const *wp, const uint8_t *const *pp, int64_t K,
+                                          float *y, int64_t ldy, const int64_t *col, const int l2, const int w32) {
     __m512 acc[TILE_TMAX][TILE_N1];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
     const size_t esz = esize(dt);
-    const float *srow = sp[0];
     int64_t k = 0;
     for (; k + LANES <= K; k += LANES) { /* full chunks: unmasked loads, weights prefetched ahead */
         __m512 xv[TILE_TMAX];
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
-        if (dt == MOEQ_DTYPE_F8_E4M3) {
-            __m512 f = _mm512_set1_ps(nt_x_factor(srow, k));
-#pragma GCC unroll 8
-            for (int i = 0; i < mr; i++) xv[i] = _mm512_mul_ps(xv[i], f);
-        }
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
             if (pp && (esz >= 4 || ((size_t)k * esz) % 64 == 0)) { /* one prefetch per 64-byte stride of the row */
                 if (l2) _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T1);
                 else _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
             }
-            __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF);
+            __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF, w32);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
         }
@@ -336,14 +384,9 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
         __m512 xv[TILE_TMAX];
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
-        if (dt == MOEQ_DTYPE_F8_E4M3) {
-            __m512 f = _mm512_set1_ps(nt_x_factor(srow, k));
-#pragma GCC unroll 8
-            for (int i = 0; i < mr; i++) xv[i] = _mm512_mul_ps(xv[i], f);
-        }
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            __m512 wv = wload512_nt(dt, wp[j], k, m);
+            __m512 wv = wload512_nt(dt, wp[j], k, m, w32);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
         }
@@ -355,9 +398,9 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
 }
 
 #define NT512(MR, NR)                                                                                        \
-    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy, NULL, l2); break;
+    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, pp, K, y, ldy, NULL, l2, w32); break;
 #define NTR512(MR, NR)                                                                                       \
-    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, sp, pp, K, y, ldy, col, l2); break;
+    case (MR)*16 + (NR): nt_tile512(MR, NR, dt, x, ldx, wp, pp, K, y, ldy, col, l2, w32); break;
 
 /*
  * Rows [n0, n1) in tiles of adjacent rows: 8 per tile for blocks of 1-3 tokens, 6 otherwise (more weight
@@ -365,7 +408,7 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
  * tile). pf: each tile prefetches the rows PF_BYTES on (tile_rows).
  */
 static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
-                                          int64_t t0, int64_t t1, int tn, int tt, const int l2) {
+                                          int64_t t0, int64_t t1, int tn, int tt, const int l2, const int w32) {
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
     for (int64_t n = n0, next; n < n1; n = next) {
@@ -376,7 +419,7 @@ static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job
         }
         next = n + nr;
         const uint8_t *wp[TILE_N1] = {0}, *pp[TILE_N1] = {0}; /* tn of them set: the tile reads nr <= tn */
-        const float *sp[TILE_N1] = {0};
+        const float *sp[TILE_N1] = {0};                          /* (the AVX2 tiles' scales; F8's x is scaled) */
         tile_rows(job, base, row_bytes, n, nr, tn, n1, wp, sp, pp);
         for (int64_t t = t0; t < t1; t += tt) {
             int mr = (int)(t1 - t < tt ? t1 - t : tt);
@@ -408,16 +451,14 @@ static T512 ALWAYS_INLINE void nt_rows512(const moeq_dtype dt, const moeq_mm_job
  * rows are left; the caller's tiles take them).
  */
 static T512 ALWAYS_INLINE int64_t nt_streams512(const moeq_dtype dt, const moeq_mm_job *job, int64_t a, int64_t b,
-                                                int64_t t0, int64_t t1, int tn, int tt, const int l2) {
+                                                int64_t t0, int64_t t1, int tn, int tt, const int l2, const int w32) {
     int64_t span = (b - a) / tn;
     if (span < STREAM_MIN_SPAN) return a;
     int64_t K = moeq_tensor_cols(job->w), ldx = job->ldx, ldy = job->ldy, row_bytes = K * (int64_t)esize(dt);
     const uint8_t *base = row_ptr(job->w, job->row0);
-    const float *srow = scale_row(job->w, job->row0 + a);
     const uint8_t *pf_last = base + (a + span * tn - 1) * row_bytes; /* prefetches stay in the stretches' rows */
     for (int64_t i = 0; i < span; i++) {
         const uint8_t *wp[TILE_N1];
-        const float *sp[TILE_N1];
         int64_t col[TILE_N1];
         const uint8_t *pp[TILE_N1];
         for (int j = 0; j < tn; j++) {
@@ -425,7 +466,6 @@ static T512 ALWAYS_INLINE int64_t nt_streams512(const moeq_dtype dt, const moeq_
             wp[j] = base + (a + col[j]) * row_bytes;
             const int64_t ahead = l2 ? STREAM_PF_BYTES_L2 : STREAM_PF_BYTES;
             pp[j] = wp[j] + ahead < pf_last ? wp[j] + ahead : pf_last;
-            sp[j] = srow;
         }
         for (int64_t t = t0; t < t1; t += tt) {
             int mr = (int)(t1 - t < tt ? t1 - t : tt);
@@ -456,24 +496,50 @@ static inline void nt_tile_shape(int64_t tokens, int *tn, int *tt) {
     if (tokens == 5 || tokens == 6) *tt = (int)tokens, *tn = 4;
 }
 
-static T512 ALWAYS_INLINE void nt_block512_dt(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
-                                              int64_t t0, int64_t t1, const int l2) {
+/* Rows [n0, n1) and tokens [t0, t1) of one job, in the tiles for its number of tokens. F8: [n0, n1) lies in one
+ * 128-row scale block and job->x holds its scaled activations (w32: which widening they were scaled for). */
+static T512 ALWAYS_INLINE void nt_rows_of512(const moeq_dtype dt, const moeq_mm_job *job, int64_t n0, int64_t n1,
+                                             int64_t t0, int64_t t1, const int l2, const int w32) {
     if (t1 - t0 > STREAM_TOKS) {
         int64_t row_bytes = moeq_tensor_cols(job->w) * (int64_t)esize(dt);
         prefetch_head(row_ptr(job->w, job->row0), row_bytes, n0, n1);
-        nt_rows512(dt, job, n0, n1, t0, t1, TILE_N, TILE_T, l2);
+        nt_rows512(dt, job, n0, n1, t0, t1, TILE_N, TILE_T, l2, w32);
         return;
     }
     int tn, tt;
     nt_tile_shape(t1 - t0, &tn, &tt);
-    for (int64_t a = n0, b; a < n1; a = b) { /* F8: one scale block at a time */
-        b = n1;
-        if (dt == MOEQ_DTYPE_F8_E4M3) {
-            int64_t edge = a + MOEQ_F8_BLOCK - (job->row0 + a) % MOEQ_F8_BLOCK;
-            if (edge < b) b = edge;
-        }
-        nt_rows512(dt, job, nt_streams512(dt, job, a, b, t0, t1, tn, tt, l2), b, t0, t1, tn, tt, l2);
+    nt_rows512(dt, job, nt_streams512(dt, job, n0, n1, t0, t1, tn, tt, l2, w32), n1, t0, t1, tn, tt, l2, w32);
+}
+
+/* F8, one scale block at a time: its activations scaled into xs ((t1 - t0) x K floats), then its tiles. */
+static T512 ALWAYS_INLINE void nt_block512_f8(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1,
+                                              float *xs, const int l2) {
+    const int64_t K = moeq_tensor_cols(job->w);
+    const int widen32 = moeq_cpu_f8_widen32();
+    moeq_mm_job scaled = *job; /* tokens from 0: xs holds [t0, t1) */
+    scaled.x = xs, scaled.ldx = K, scaled.y = job->y + t0 * job->ldy, scaled.n_tok = t1 - t0;
+    for (int64_t a = n0, b; a < n1; a = b) {
+        b = a + MOEQ_F8_BLOCK - (job->row0 + a) % MOEQ_F8_BLOCK;
+        if (b > n1) b = n1;
+        const float *srow = scale_row(job->w, job->row0 + a);
+        if (nt_scale_x512(srow, job->x + t0 * job->ldx, job->ldx, t1 - t0, K, xs, widen32))
+            nt_rows_of512(MOEQ_DTYPE_F8_E4M3, &scaled, a, b, 0, t1 - t0, l2, 1);
+        else nt_rows_of512(MOEQ_DTYPE_F8_E4M3, &scaled, a, b, 0, t1 - t0, l2, 0);
     }
+}
+
+/* F8's few-token tiles with xs, a (t1 - t0) x K float scratch: the workspace's (moeq_mm_nt_block_ws), else one
+ * allocated for the call (moeq_mm_nt_block: tests, the ISA comparisons), else the emulation. */
+static T512 void nt_block512_f8_ws(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1,
+                                   float *xs) {
+    float *own = NULL;
+    if (!xs && !(xs = own = malloc((size_t)(t1 - t0) * (size_t)moeq_tensor_cols(job->w) * sizeof(float)))) {
+        moeq_mm_nt_block_scalar(job, n0, n1, t0, t1);
+        return;
+    }
+    if (moeq_cpu_stream_l2()) nt_block512_f8(job, n0, n1, t0, t1, xs, 1);
+    else nt_block512_f8(job, n0, n1, t0, t1, xs, 0);
+    free(own);
 }
 
 /*
@@ -505,7 +571,7 @@ static T512 ALWAYS_INLINE void nt_tile512_step(const int mr, const int nr, const
         for (int j = 0; j < nr; j++) {
             if (pf && (esz >= 4 || ((size_t)k * esz) % 64 == 0)) /* the next rows' step, while this one runs */
                 _mm_prefetch((const char *)pf[j] + (size_t)k * esz, _MM_HINT_T0);
-            __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF);
+            __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF, 0);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
         }
@@ -517,7 +583,7 @@ static T512 ALWAYS_INLINE void nt_tile512_step(const int mr, const int nr, const
         for (int i = 0; i < mr; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            __m512 wv = wload512_nt(dt, wp[j], k, m);
+            __m512 wv = wload512_nt(dt, wp[j], k, m, 0);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
         }
@@ -653,15 +719,15 @@ static T512 void nt_blocked512(const moeq_mm_job *job, int64_t n0, int64_t n1, i
 }
 
 /* One instantiation per dtype and prefetch level (moeq_cpu_stream_l2: a constant inside, so each tile issues one
- * kind of prefetch). */
+ * kind of prefetch); F8's also per widening (nt_block512_f8). */
 static T512 void nt_block512(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1) {
     const int l2 = moeq_cpu_stream_l2();
-#define NT_DT(DT) l2 ? nt_block512_dt(DT, job, n0, n1, t0, t1, 1) : nt_block512_dt(DT, job, n0, n1, t0, t1, 0)
+#define NT_DT(DT) l2 ? nt_rows_of512(DT, job, n0, n1, t0, t1, 1, 0) : nt_rows_of512(DT, job, n0, n1, t0, t1, 0, 0)
     switch (job->w->dtype) {
     case MOEQ_DTYPE_F32: NT_DT(MOEQ_DTYPE_F32); break;
     case MOEQ_DTYPE_BF16: NT_DT(MOEQ_DTYPE_BF16); break;
     case MOEQ_DTYPE_F16: NT_DT(MOEQ_DTYPE_F16); break;
-    case MOEQ_DTYPE_F8_E4M3: NT_DT(MOEQ_DTYPE_F8_E4M3); break;
+    case MOEQ_DTYPE_F8_E4M3: nt_block512_f8_ws(job, n0, n1, t0, t1, NULL); break;
     case MOEQ_DTYPE_Q8R: moeq_draft_nt_block_ref(job, n0, n1, t0, t1); break;
     }
 #undef NT_DT
@@ -1047,8 +1113,9 @@ const char *moeq_mm_cpu_describe(void) {
     amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
 #endif
     moeq_mm_isa isa = moeq_mm_isa_best();
-    snprintf(text, sizeof text, "%s (float32 lanes%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
+    snprintf(text, sizeof text, "%s (float32 lanes%s%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
              isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_stream_l2() ? ", weight streams prefetched into L2" : "",
+             isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_f8_widen32() ? ", F8 widened straight to float32" : "",
              bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (cpu_matrix)" : "no amx_bf16");
     atomic_store(&done, 1);
     return text;
@@ -1105,8 +1172,18 @@ void moeq_mm_nt_block_ws_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0
     }
 #ifdef MOEQ_MM_X86
     int64_t K = moeq_tensor_cols(job->w);
-    int many = job->w->dtype == MOEQ_DTYPE_F8_E4M3 ? t1 - t0 >= BLK_MIN_TOKS_F8 : K > BLK_K && t1 - t0 >= BLK_MIN_TOKS;
-    if (isa == MOEQ_MM_ISA_AVX512 && many && ws && ws_bytes >= moeq_mm_nt_ws_bytes(K)) {
+    int blocked = isa == MOEQ_MM_ISA_AVX512 && ws && ws_bytes >= moeq_mm_nt_ws_bytes(K);
+    if (job->w->dtype == MOEQ_DTYPE_F8_E4M3 && isa == MOEQ_MM_ISA_AVX512 && ws) {
+        /* fewer than BLK_MIN_TOKS_F8 tokens: the direct tiles, when their scaled activations fit (F8_FEW_TOKS) */
+        if (t1 - t0 < BLK_MIN_TOKS_F8 && ws_bytes >= (size_t)(t1 - t0) * (size_t)K * sizeof(float)) {
+            nt_block512_f8_ws(job, n0, n1, t0, t1, ws);
+            return;
+        }
+        if (blocked) {
+            nt_blocked512(job, n0, n1, t0, t1, ws);
+            return;
+        }
+    } else if (blocked && K > BLK_K && t1 - t0 >= BLK_MIN_TOKS) {
         nt_blocked512(job, n0, n1, t0, t1, ws);
         return;
     }

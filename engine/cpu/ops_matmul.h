@@ -48,7 +48,9 @@ void moeq_mm_nn_block(const moeq_mm_job *job, int64_t c0, int64_t c1, int64_t t0
 /*
  * The same products with a workspace (ws_bytes >= moeq_mm_nt_ws_bytes(cols), 64-byte aligned, the caller's
  * per thread): F8 blocks of at least 8 tokens then widen each weight once per block instead of once per 4
- * tokens (AVX-512). Identical bits to moeq_mm_nt_block(), which it falls back to without a big enough ws.
+ * tokens, and smaller F8 blocks scale their activations there once per 128-row scale block (AVX-512; without
+ * the workspace moeq_mm_nt_block allocates that scratch per call). Many-token blocks of other dtypes walk K in
+ * steps. Identical bits to moeq_mm_nt_block(), which it falls back to without a big enough ws.
  */
 void moeq_mm_nt_block_ws(const moeq_mm_job *job, int64_t n0, int64_t n1, int64_t t0, int64_t t1, void *ws,
                          size_t ws_bytes);

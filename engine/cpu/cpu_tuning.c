@@ -1,0 +1,67 @@
+/*
+ * cpu_tuning.c — the CPU kernels' per-CPU choices (cpu_tuning.h).
+ */
+#include "cpu_tuning.h"
+
+#include <stdatomic.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TUNING_X86 1
+#include <cpuid.h>
+#endif
+
+/* The AMD family (CPUID 1 with the extended family added), or 0 on any other vendor. */
+static unsigned amd_family(void) {
+#ifdef TUNING_X86
+    unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u && /* AMD */
+        __get_cpuid(1, &a, &b, &c, &d))
+        return ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
+#endif
+    return 0;
+}
+
+/*
+ * Where the weight streams' prefetches go. Into L2 (prefetcht1, 2 KiB ahead of each stream) on AMD family 19h
+ * (measured on Zen 4; Zen 3 shares the family), into L1 (prefetcht0, 1 KiB ahead) elsewhere. Session 26, Zen 4
+ * VM (EPYC, one core, BF16 from memory, the kernels built both ways in one process and alternated 10-12 times):
+ * 2-3 tokens streamed 13-15 -> 20-23 GB/s (the 1-token rate: 1.35-1.58x), 4 tokens 1.29-1.39x, 6 tokens
+ * 1.2-1.25x, 1 token 1.02-1.16x, 8-16 tokens 1.03-1.06x; the hint, not the distance, made it (prefetcht0 2 KiB
+ * ahead: 0.99-1.01x; prefetcht1 4 or 8 KiB ahead: no better than 2). A prefetch into L1 holds one of its few
+ * miss buffers until the line arrives, so the streams stalled behind them once a chunk carried a second
+ * token's fmas; L2 tracks many more misses, and the tiles' loads then hit L2. Zen 5 (family 1Ah; sessions
+ * 18-25 tuned prefetcht0 distances there) and Intel keep prefetcht0 until measured.
+ */
+static _Atomic int stream_l2 = -1;
+
+int moeq_cpu_stream_l2(void) {
+    int v = atomic_load_explicit(&stream_l2, memory_order_relaxed);
+    if (v < 0) {
+        v = amd_family() == 0x19;
+        atomic_store_explicit(&stream_l2, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+void moeq_cpu_set_stream_l2(int on) { atomic_store_explicit(&stream_l2, on ? 1 : 0, memory_order_relaxed); }
+
+/*
+ * F8 weights into float32 bits on AMD family 19h (Zen 4: session 27, one core, 2,048 x 7,168 F8 from memory,
+ * the kernels built both ways in one process and alternated 8 times, activations already scaled): 1.13-1.29x at
+ * 1-3 tokens over the float16 route, 1.02-1.15x at 4-7. The float32 form makes e4m3 subnormals float32
+ * denormals; Zen 4 multiplies those at full speed (the same figures with and without 1/8 of the weights
+ * subnormal). Intel cores have taken microcode assists on denormal operands, and Zen 5 is unmeasured: both
+ * keep the float16 route, which vcvtph2ps normalises.
+ */
+static _Atomic int f8_widen32 = -1;
+
+int moeq_cpu_f8_widen32(void) {
+    int v = atomic_load_explicit(&f8_widen32, memory_order_relaxed);
+    if (v < 0) {
+        v = amd_family() == 0x19;
+        atomic_store_explicit(&f8_widen32, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+void moeq_cpu_set_f8_widen32(int on) { atomic_store_explicit(&f8_widen32, on ? 1 : 0, memory_order_relaxed); }

@@ -1,0 +1,23 @@
+/*
+ * cpu_tuning.h — internal: the CPU kernels' per-CPU choices, each made once from CPUID and each changing no
+ * bits (the tests run every choice on every host against the emulation). cpu_tuning.c says what was measured.
+ *
+ *   stream_l2   where the weight streams' prefetches go (the NT tiles of ops_matmul.c, the int8 draft kernels
+ *               of ops_draft.c): into L2 (prefetcht1, 2 KiB ahead) or into L1 (prefetcht0, 1 KiB ahead).
+ *   f8_widen32  how the few-token NT tiles widen F8 E4M3 weights: straight into float32 bits (three integer
+ *               ops, the value q * 2^-120) or into float16 bits then vcvtph2ps (q / 256).
+ */
+#ifndef MOEQ_ENGINE_CPU_TUNING_H
+#define MOEQ_ENGINE_CPU_TUNING_H
+
+/* 1: into L2; 0: into L1. Thread-safe. */
+int moeq_cpu_stream_l2(void);
+/* Override the choice for the whole process (tests and benchmarks compare the two). Thread-safe. */
+void moeq_cpu_set_stream_l2(int on);
+
+/* 1: F8 weights widened into float32 bits; 0: through float16. Thread-safe. */
+int moeq_cpu_f8_widen32(void);
+/* Override the choice for the whole process (tests and benchmarks compare the two). Thread-safe. */
+void moeq_cpu_set_f8_widen32(int on);
+
+#endif
