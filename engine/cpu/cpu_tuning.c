@@ -46,12 +46,13 @@ int moeq_cpu_stream_l2(void) {
 void moeq_cpu_set_stream_l2(int on) { atomic_store_explicit(&stream_l2, on ? 1 : 0, memory_order_relaxed); }
 
 /*
- * F8 weights into float32 bits on AMD family 19h (Zen 4: session 27, one core, 2,048 x 7,168 F8 from memory,
- * the kernels built both ways in one process and alternated 8 times, activations already scaled): 1.13-1.29x at
- * 1-3 tokens over the float16 route, 1.02-1.15x at 4-7. The float32 form makes e4m3 subnormals float32
- * denormals; Zen 4 multiplies those at full speed (the same figures with and without 1/8 of the weights
- * subnormal). Intel cores have taken microcode assists on denormal operands, and Zen 5 is unmeasured: both
- * keep the float16 route, which vcvtph2ps normalises.
+ * F8 weights into float32 bits on AMD family 19h. Session 27, Zen 4 VM, one core: 2,048 x 7,168 F8 from memory,
+ * the kernels built both ways in one process and alternated 8 times, activations already scaled once per block:
+ * 1.25x at 1 token over the float16 route, 1.11-1.17x at 2-4, 1.02-1.14x at 5-7; whole engine steps
+ * (bench-engine --against-f8-widen f16, 5 rounds) 1.06-1.09x at batches 1-128, prefill even. The float32 form
+ * makes e4m3 subnormals float32 denormals; Zen 4 multiplies those at full speed (the same ratios with and
+ * without an eighth of the weights subnormal). Intel cores have taken microcode assists on denormal operands,
+ * and Zen 5 is unmeasured: both keep the float16 route, which vcvtph2ps normalises.
  */
 static _Atomic int f8_widen32 = -1;
 
