@@ -23,6 +23,7 @@
 #include "moeq/model_config.h"
 #include "moeq/util.h"
 #include "peak.h"
+#include "stats.h"
 #include "cpu_tuning.h" /* engine/cpu: --against-prefetch, --against-f8-widen */
 #ifdef MOEQ_BENCH_GENMODEL
 #include "moeq/genmodel.h"
@@ -422,19 +423,6 @@ static void run_mode(const moeq_model *model, const bench_args *a, int invariant
 
 /* ---- --against: two checkpoints, alternated ---------------------------------------------------------- */
 
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static double median_of(const double *v, int n) {
-    double s[64];
-    if (n <= 0 || n > 64) return 0;
-    memcpy(s, v, (size_t)n * sizeof *s);
-    qsort(s, (size_t)n, sizeof *s, cmp_double);
-    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-}
-
 /* One figure of both sides over the rounds: each side's median, the median of the paired rounds' ratios (against
  * over model) with their range, and every round's pair. A round where either side gave nothing has no ratio. */
 static void print_paired(const double *model_v, const double *against_v, int rounds) {
@@ -449,7 +437,7 @@ static void print_paired(const double *model_v, const double *against_v, int rou
     }
     printf("\"model_tokens_per_s\": %.2f, \"against_tokens_per_s\": %.2f, \"ratio\": %.3f, "
            "\"ratio_range\": [%.3f, %.3f], \"rounds\": [",
-           median_of(model_v, rounds), median_of(against_v, rounds), median_of(ratio, n), lo, hi);
+           bench_median(model_v, rounds), bench_median(against_v, rounds), bench_median(ratio, n), lo, hi);
     for (int r = 0; r < rounds; r++) printf("%s[%.2f, %.2f]", r ? ", " : "", model_v[r], against_v[r]);
     printf("]}");
     fflush(stdout);

@@ -26,6 +26,7 @@
 #include "moeq/engine.h"
 #include "moeq/ep.h"
 #include "moeq/util.h"
+#include "stats.h"
 
 enum { N_LAT = 4, LAT_MAX_T = 128, EXPERTS = 256, TOP_K = 8 };
 static const int lat_tokens[N_LAT] = {1, 8, 32, 128};
@@ -70,16 +71,6 @@ static void inputs(uint64_t seed, int64_t T, int H, int32_t *ids, float *x) {
     }
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return v[n / 2];
-}
-
 /*
  * Median seconds of dispatch, of combine, and of dispatch_rows (the same
  * exchange without the per-slot copy into expert groups) over iters rounds of
@@ -109,7 +100,8 @@ static moeq_err time_rounds(moeq_ep *ep, int64_t T, int H, int iters, const int3
         if (i >= 0) d[i] = (double)(t1 - t0) / 1e9, c[i] = (double)(t3 - t2) / 1e9, rw[i] = (double)(t4 - t3) / 1e9;
         if (i >= 0) cr[i] = (double)(t6 - t5) / 1e9;
     }
-    if (!e) *d_s = median(d, iters), *c_s = median(c, iters), *r_s = median(rw, iters), *cr_s = median(cr, iters);
+    if (!e) *d_s = bench_median_sort(d, iters), *c_s = bench_median_sort(c, iters), *r_s = bench_median_sort(rw, iters),
+                *cr_s = bench_median_sort(cr, iters);
     free(d), free(c), free(rw), free(cr), free((void *)rows);
     return e;
 }

@@ -38,6 +38,7 @@
 
 #include "moeq/engine.h"
 #include "moeq/util.h"
+#include "stats.h"
 #include "mtp_auto.h"
 
 #define K_AUTO (-1)   /* --ks auto: the lane of mtp_k = auto                     */
@@ -284,16 +285,6 @@ close_all:
     return rc;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void print_batch(int B, const args *a, result res[][8], int *first) {
     for (int ki = 0; ki < a->n_lanes; ki++) {
         double tps[15], speedup[15];
@@ -306,7 +297,7 @@ static void print_batch(int B, const args *a, result res[][8], int *first) {
         }
         const result *r = &res[0][ki]; /* greedy: acceptance is the same every repetition (auto: the first's) */
         double acc = r->drafted ? (double)r->accepted / (double)r->drafted : 0.0;
-        double sp = median(speedup, a->repeat); /* sorts: [0] and [repeat - 1] are the extremes */
+        double sp = bench_median_sort(speedup, a->repeat); /* sorts: [0] and [repeat - 1] are the extremes */
         char k[32];
         if (a->lane_k[ki] == K_AUTO) snprintf(k, sizeof k, "\"auto\", \"mean_k\": %.3f", r->mean_k);
         else snprintf(k, sizeof k, "%d", a->lane_k[ki]);
@@ -314,7 +305,7 @@ static void print_batch(int B, const args *a, result res[][8], int *first) {
                "\"tokens_per_step\": %.3f, \"zero_overhead_speedup\": %.3f, \"speedup\": %.3f, "
                "\"speedup_range\": [%.3f, %.3f]}",
                *first ? "" : ",", B, k, a->lane_k[ki] ? a->drafts[a->lane_draft[ki]] : "-",
-               median(tps, a->repeat), acc, r->tokens_per_round,
+               bench_median_sort(tps, a->repeat), acc, r->tokens_per_round,
                r->tokens_per_round, sp, speedup[0], speedup[a->repeat - 1]);
         *first = 0;
     }
@@ -374,7 +365,7 @@ static int verify_cost(const moeq_model *model, const args *a, int max_n, double
     for (int n = 1; n <= max_n; n++) {
         int m = 0;
         for (int r = 2; r < rounds; r++) ratio[m++] = t[n - 1][r] / t[0][r]; /* rounds 0-1 warm up */
-        cost[n - 1] = median(ratio, m);
+        cost[n - 1] = bench_median_sort(ratio, m);
     }
     rc = 0;
 done:

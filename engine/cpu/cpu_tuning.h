@@ -15,6 +15,16 @@ int moeq_cpu_stream_l2(void);
 /* Override the choice for the whole process (tests and benchmarks compare the two). Thread-safe. */
 void moeq_cpu_set_stream_l2(int on);
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+/* One weight-stream prefetch at the level moeq_cpu_stream_l2() gave: l2 is a constant in each kernel
+ * instantiation, so the branch folds away and every kernel issues the same hint for the same choice. */
+static inline __attribute__((always_inline)) void moeq_cpu_stream_prefetch(const void *p, const int l2) {
+    if (l2) _mm_prefetch((const char *)p, _MM_HINT_T1);
+    else _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
+#endif
+
 /* 1: F8 weights widened into float32 bits; 0: through float16. Thread-safe. */
 int moeq_cpu_f8_widen32(void);
 /* Override the choice for the whole process (tests and benchmarks compare the two). Thread-safe. */

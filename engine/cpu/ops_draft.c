@@ -239,8 +239,7 @@ static TD ALWAYS_INLINE void groups_pass(const int G, const int R, const int LO,
         }
 #pragma GCC unroll 8
         for (int g = 0; g < G; g++) {
-            if (L2) _mm_prefetch((const char *)wq + g * gstride + j * 64 + DRAFT_PF_BYTES_L2, _MM_HINT_T1);
-            else _mm_prefetch((const char *)wq + g * gstride + j * 64 + DRAFT_PF_BYTES, _MM_HINT_T0);
+            moeq_cpu_stream_prefetch(wq + g * gstride + j * 64 + (L2 ? DRAFT_PF_BYTES_L2 : DRAFT_PF_BYTES), L2);
             const __m512i wv = _mm512_loadu_si512(wq + g * gstride + j * 64);
 #pragma GCC unroll 8
             for (int t = 0; t < R; t++) {

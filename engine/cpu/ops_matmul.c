@@ -370,10 +370,8 @@ static T512 ALWAYS_INLINE void nt_tile512(const int mr, const int nr, const moeq
         for (int i = 0; i < mr; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            if (pp && (esz >= 4 || ((size_t)k * esz) % 64 == 0)) { /* one prefetch per 64-byte stride of the row */
-                if (l2) _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T1);
-                else _mm_prefetch((const char *)pp[j] + (size_t)k * esz, _MM_HINT_T0);
-            }
+            if (pp && (esz >= 4 || ((size_t)k * esz) % 64 == 0)) /* one prefetch per 64-byte stride of the row */
+                moeq_cpu_stream_prefetch(pp[j] + (size_t)k * esz, l2);
             __m512 wv = wload512_nt(dt, wp[j], k, (__mmask16)0xFFFF, w32);
 #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
