@@ -70,7 +70,7 @@
 #define STREAM_TOKS 16   /* NT blocks of at most this many tokens read their rows as tile-wide streams   */
 #define STREAM_MIN_SPAN 4 /* ... when each stream holds at least this many rows (nt_streams512)          */
 #define STREAM_PF_BYTES 1024 /* ... and prefetch each stream this far ahead of the tile's reads              */
-#define STREAM_PF_BYTES_L2 2048 /* ... this far when they go into L2 (cpu_tuning.h: AMD Zen 3/4)        */
+#define STREAM_PF_BYTES_L2 2048 /* ... this far when they go into L2 (cpu_tuning.h: AMD Zen 3/4)              */
 #define BLK_ROWS 32      /* the many-token path's blocks: rows, tokens, K per step   */
 #define BLK_TOKS 64
 #define BLK_K 1024
@@ -80,7 +80,7 @@
 /* F8 blocks of fewer tokens take the direct tiles with their activations scaled once per scale block, in the
  * workspace, which holds those of F8_FEW_TOKS tokens whatever K (and of more where K is short). Session 27, Zen 4,
  * one core, F8 from memory, 1,024-2,048 rows x 512-7,168, the two alternated: the direct tiles took 0.67-0.80 of
- * the staged path's time at 8-16 tokens and 0.86-1.0 at 24-32 (with the float16 widening 0.61-0.89 and 0.91-1.0);
+ * the staged path's time at 8-16 tokens and 0.78-0.97 at 24-32 (with the float16 widening 0.61-0.89 and 0.91-1.0);
  * at 64 tokens the two were even. */
 #define F8_FEW_TOKS 16
 /* F8: tokens per block, scaled once per step for a whole 128-row scale block. Each part's rows are widened once per
