@@ -21,6 +21,19 @@ static unsigned amd_family(void) {
     return 0;
 }
 
+/* AMD family 19h (Zen 3/4): the one CPU family both choices below were measured on. */
+static int amd_family_19h(void) { return amd_family() == 0x19; }
+
+/* A choice's value: the override if one was set, else `rule`'s answer, asked once. */
+static int decided(_Atomic int *choice, int (*rule)(void)) {
+    int v = atomic_load_explicit(choice, memory_order_relaxed);
+    if (v < 0) {
+        v = rule();
+        atomic_store_explicit(choice, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 /*
  * Where the weight streams' prefetches go. Into L2 (prefetcht1, 2 KiB ahead of each stream) on AMD family 19h
  * (measured on Zen 4; Zen 3 shares the family), into L1 (prefetcht0, 1 KiB ahead) elsewhere. Session 26, Zen 4
@@ -34,14 +47,7 @@ static unsigned amd_family(void) {
  */
 static _Atomic int stream_l2 = -1;
 
-int moeq_cpu_stream_l2(void) {
-    int v = atomic_load_explicit(&stream_l2, memory_order_relaxed);
-    if (v < 0) {
-        v = amd_family() == 0x19;
-        atomic_store_explicit(&stream_l2, v, memory_order_relaxed);
-    }
-    return v;
-}
+int moeq_cpu_stream_l2(void) { return decided(&stream_l2, amd_family_19h); }
 
 void moeq_cpu_set_stream_l2(int on) { atomic_store_explicit(&stream_l2, on ? 1 : 0, memory_order_relaxed); }
 
@@ -56,13 +62,6 @@ void moeq_cpu_set_stream_l2(int on) { atomic_store_explicit(&stream_l2, on ? 1 :
  */
 static _Atomic int f8_widen32 = -1;
 
-int moeq_cpu_f8_widen32(void) {
-    int v = atomic_load_explicit(&f8_widen32, memory_order_relaxed);
-    if (v < 0) {
-        v = amd_family() == 0x19;
-        atomic_store_explicit(&f8_widen32, v, memory_order_relaxed);
-    }
-    return v;
-}
+int moeq_cpu_f8_widen32(void) { return decided(&f8_widen32, amd_family_19h); }
 
 void moeq_cpu_set_f8_widen32(int on) { atomic_store_explicit(&f8_widen32, on ? 1 : 0, memory_order_relaxed); }

@@ -92,6 +92,7 @@
 _Static_assert(BLK_TOKS_F8 * MOEQ_F8_BLOCK >= BLK_TOKS * BLK_ROWS, "ACC_BYTES holds a BF16 block's accumulators");
 #define STAGE_W_BYTES ((size_t)BLK_ROWS * BLK_K * 2)
 #define STAGE_X_BYTES ((size_t)BLK_TOKS_F8 * BLK_K * sizeof(float))
+_Static_assert(BLK_K % MOEQ_F8_BLOCK == 0, "an F8 K step starts on a scale block (nt_scale_x512 from srow + k0 / 128)");
 
 size_t moeq_mm_nt_ws_bytes(int64_t k) {
     /* the many-token path walks K in steps; F8's few-token tiles take their tokens' scaled activations whole */
@@ -324,17 +325,18 @@ static T512 ALWAYS_INLINE __m512 wload512_nt(moeq_dtype dt, const uint8_t *p, in
 /*
  * F8's activations for the rows of one 128-row scale block (srow: its scales), once per block rather than once
  * per tile and K step: xs[i][k] = x[i][k] * 256 * scale (what the emulation multiplies q / 256 by), tokens
- * [0, ntok) at x (stride ldx), K columns, xs with stride K. The multiply came to a sixth of a 4-token tile's
- * ops. With w32 the result is multiplied by 2^112 more, exactly (denormals included), so that q * 2^-120 times
- * it is the same product, bit for bit, as long as nothing overflows: when some |x * 256 * scale| >= 2^16 it
- * stays as it is. Returns whether the 2^112 went on, i.e. which widening the tiles must use.
+ * [0, ntok) at x (stride ldx), K columns (srow's first scale is column 0's), xs with stride ldxs; the staged
+ * path scales each K step with it. The multiply came to a sixth of a 4-token tile's ops. With w32 the result is
+ * multiplied by 2^112 more, exactly (denormals included), so that q * 2^-120 times it is the same product, bit
+ * for bit, as long as nothing overflows: when some |x * 256 * scale| >= 2^16 it stays as it is. Returns whether
+ * the 2^112 went on, i.e. which widening the tiles must use.
  */
 static T512 int nt_scale_x512(const float *srow, const float *x, int64_t ldx, int64_t ntok, int64_t K, float *xs,
-                              int w32) {
+                              int64_t ldxs, int w32) {
     __m512 big = _mm512_setzero_ps(); /* |x * 256 * scale|, largest (a NaN sticks: the f16 form then) */
     for (int64_t i = 0; i < ntok; i++) {
         const float *xi = x + i * ldx;
-        float *o = xs + i * K;
+        float *o = xs + i * ldxs;
         for (int64_t k = 0; k < K; k += LANES) {
             __mmask16 m = K - k >= LANES ? (__mmask16)0xFFFF : moeq_tail_mask16(K - k);
             __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + k), _mm512_set1_ps(nt_x_factor(srow, k)));
@@ -343,10 +345,12 @@ static T512 int nt_scale_x512(const float *srow, const float *x, int64_t ldx, in
         }
     }
     if (!w32 || !(_mm512_reduce_max_ps(big) < 0x1p16f)) return 0;
-    for (int64_t i = 0; i < ntok * K; i += LANES) {
-        __mmask16 m = ntok * K - i >= LANES ? (__mmask16)0xFFFF : moeq_tail_mask16(ntok * K - i);
-        _mm512_mask_storeu_ps(xs + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xs + i), _mm512_set1_ps(0x1p112f)));
-    }
+    for (int64_t i = 0; i < ntok; i++)
+        for (int64_t k = 0; k < K; k += LANES) {
+            __mmask16 m = K - k >= LANES ? (__mmask16)0xFFFF : moeq_tail_mask16(K - k);
+            float *o = xs + i * ldxs + k;
+            _mm512_mask_storeu_ps(o, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, o), _mm512_set1_ps(0x1p112f)));
+        }
     return 1;
 }
 
@@ -520,7 +524,7 @@ static T512 ALWAYS_INLINE void nt_block512_f8(const moeq_mm_job *job, int64_t n0
         b = a + MOEQ_F8_BLOCK - (job->row0 + a) % MOEQ_F8_BLOCK;
         if (b > n1) b = n1;
         const float *srow = scale_row(job->w, job->row0 + a);
-        if (nt_scale_x512(srow, job->x + t0 * job->ldx, job->ldx, t1 - t0, K, xs, widen32))
+        if (nt_scale_x512(srow, job->x + t0 * job->ldx, job->ldx, t1 - t0, K, xs, K, widen32))
             nt_rows_of512(MOEQ_DTYPE_F8_E4M3, &scaled, a, b, 0, t1 - t0, l2, 1);
         else nt_rows_of512(MOEQ_DTYPE_F8_E4M3, &scaled, a, b, 0, t1 - t0, l2, 0);
     }
@@ -642,15 +646,9 @@ static T512 void nt_blocked512_f8(const moeq_mm_job *job, int64_t n0, int64_t n1
             for (int64_t k0 = 0; k0 < K; k0 += BLK_K) {
                 int64_t L = K - k0 < BLK_K ? K - k0 : BLK_K;
                 int first = k0 == 0, last = k0 + L == K;
-                for (int64_t i = tb; i < te; i++) { /* the tokens' step scaled: x * 256 * scale */
-                    const float *x = job->x + i * job->ldx + k0;
-                    float *o = xs + (i - tb) * BLK_K;
-                    int64_t k = 0;
-                    for (; k + LANES <= L; k += LANES)
-                        _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_loadu_ps(x + k),
-                                                              _mm512_set1_ps(nt_x_factor(srow, k0 + k))));
-                    for (; k < L; k++) o[k] = x[k] * nt_x_factor(srow, k0 + k);
-                }
+                /* the tokens' step scaled: x * 256 * scale (k0 is a multiple of the scale block) */
+                nt_scale_x512(srow ? srow + k0 / MOEQ_F8_BLOCK : NULL, job->x + tb * job->ldx + k0, job->ldx,
+                              te - tb, L, xs, BLK_K, 0);
                 for (int64_t nb = ra, part = 0; nb < rb; nb += BLK_ROWS, part++) {
                     int64_t ne = nb + BLK_ROWS < rb ? nb + BLK_ROWS : rb;
                     /* the rows staged next, prefetched while these are widened (a part's rows are 32 short
