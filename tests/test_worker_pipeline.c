@@ -53,7 +53,7 @@
 #include "worker_test_util.h"
 
 static char g_kafka[128], g_redis[128], g_model[512], g_moeq[512];
-static pid_t g_pids[16]; /* workers started and not yet reaped */
+static pid_t g_pids[64]; /* workers started and not yet reaped */
 static int g_n_pids;
 static moeq_model *g_mdl;
 static moeq_tokenizer *g_tok;
@@ -217,39 +217,115 @@ static void add_batch(scenario *s, int p, int from, int to, char *id_out, size_t
     wt_add_batch(s->redis, s->prefix, p, bj, (size_t)(to - from), id_out, id_size);
 }
 
+/* Workers started by this test, by id: their pid and where their log stood when they started. */
+static struct {
+    char id[32];
+    pid_t pid;
+    long log_from;
+} g_started[64];
+static int g_n_started;
+
+static void worker_log_path(const char *id, char *path, size_t size) {
+    snprintf(path, size, "%s/worker-%s.log", getenv("MOEQ_BUILD_DIR") ? getenv("MOEQ_BUILD_DIR") : "/tmp", id);
+}
+
+static long file_size(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
+    fclose(f);
+    return n < 0 ? 0 : n;
+}
+
+static int started_index(const char *id) {
+    for (int i = g_n_started - 1; i >= 0; i--)
+        if (!strcmp(g_started[i].id, id)) return i;
+    return -1;
+}
+
+/* What this run of worker id has logged so far (the log is appended to across runs), NUL-terminated, or "". */
+static void worker_log_since_start(const char *id, char *out, size_t cap) {
+    char path[512];
+    worker_log_path(id, path, sizeof path);
+    int i = started_index(id);
+    out[0] = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    if (i >= 0) fseek(f, g_started[i].log_from, SEEK_SET);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = 0;
+    fclose(f);
+}
+
 static pid_t start_worker(const scenario *s, const char *id, const char *extra) {
-    char cmd[2048];
+    char cmd[4096], log[512];
+    worker_log_path(id, log, sizeof log);
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
              "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --http_port=0 --backend=%s %s "
-             "2>>%s/worker-%s.log",
-             g_moeq, g_model, g_redis, g_kafka, s->ns, s->results, id, g_backend, extra ? extra : "",
-             getenv("MOEQ_BUILD_DIR") ? getenv("MOEQ_BUILD_DIR") : "/tmp", id);
+             "2>>%s",
+             g_moeq, g_model, g_redis, g_kafka, s->ns, s->results, id, g_backend, extra ? extra : "", log);
+    long log_from = file_size(log);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
     assert_true(pid > 0);
-    if (g_n_pids < 16) g_pids[g_n_pids++] = pid;
+    assert_true(g_n_pids < 64 && g_n_started < 64);
+    g_pids[g_n_pids++] = pid;
+    snprintf(g_started[g_n_started].id, sizeof g_started[g_n_started].id, "%s", id);
+    g_started[g_n_started].pid = pid;
+    g_started[g_n_started++].log_from = log_from;
     return pid;
 }
 
-/* A worker is up once its heartbeat key exists (signals before that kill it by default). */
+/*
+ * A worker is up once its heartbeat key exists (signals before that kill it by default). One that exits first
+ * fails the test at once with what it logged; the wait is long because the suite runs many tests side by side
+ * on two cores.
+ */
 static void wait_heartbeat(scenario *s, const char *worker_id) {
     char key[512], err[256];
     snprintf(key, sizeof key, "%s:worker:%s", s->ns, worker_id);
-    for (int t = 0; t < 300; t++) {
+    int i = started_index(worker_id);
+    for (int t = 0; t < 1200; t++) {
         const char *argv[] = {"EXISTS", key};
         moeq_redis_reply *r = NULL;
         assert_int_equal(moeq_redis_command_argv(s->redis, 2, argv, NULL, &r, err, sizeof err), MOEQ_OK);
         long long v = moeq_redis_reply_int(r);
         moeq_redis_reply_free(r);
         if (v == 1) return;
+        int st;
+        if (i >= 0 && waitpid(g_started[i].pid, &st, WNOHANG) == g_started[i].pid) {
+            static char log[8192];
+            worker_log_since_start(worker_id, log, sizeof log);
+            fail_msg("worker %s exited (%s %d) before its first heartbeat; it logged:\n%s", worker_id,
+                     WIFEXITED(st) ? "status" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), log);
+        }
         usleep(50000);
     }
-    fail_msg("worker %s sent no heartbeat within 15 s", worker_id);
+    static char log[8192];
+    worker_log_since_start(worker_id, log, sizeof log);
+    fail_msg("worker %s sent no heartbeat within 60 s; it logged:\n%s", worker_id, log);
+}
+
+/*
+ * The port a worker started with http_port = 0 listens on, from its http_listening line: a port picked free
+ * beforehand may be taken by a test running beside this one before the worker binds it.
+ */
+static int worker_http_port(const char *worker_id) {
+    static char log[65536];
+    for (int t = 0; t < 200; t++) {
+        worker_log_since_start(worker_id, log, sizeof log);
+        const char *at = strstr(log, "http_listening");
+        const char *port = at ? strstr(at, " port=") : NULL;
+        if (port) return atoi(port + 6);
+        usleep(50000);
+    }
+    fail_msg("worker %s logged no http_listening line in 10 s:\n%s", worker_id, log);
+    return -1;
 }
 
 static void forget_pid(pid_t pid) {
@@ -660,17 +736,6 @@ static long long worker_metric(int port, const char *name) {
 /* steps_total from the worker's /metrics. */
 static long long worker_steps(int port) { return worker_metric(port, "moeq_worker_steps_total"); }
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /*
  * What the coordinator does to cancel a batched or running job: the record's
  * cancel flag, then a notice on <prefix>:cancels (docs/WORKER.md).
@@ -699,11 +764,9 @@ static void a_running_job_cancelled_stops_within_one_engine_step_with_its_partia
     assert_true(s.jobs[longest].n_expect >= 1000);
     if (longest) memcpy(&s.jobs[0], &s.jobs[longest], sizeof s.jobs[0]);
     s.n_jobs = 1;
-    int port = free_port();
-    char extra[256];
-    snprintf(extra, sizeof extra, "--kv_cache_tokens=8192 --metrics_port=%d --cancel_poll_ms=600000", port);
-    pid_t w = start_worker(&s, "cr-w1", extra);
+    pid_t w = start_worker(&s, "cr-w1", "--kv_cache_tokens=8192 --cancel_poll_ms=600000");
     wait_heartbeat(&s, "cr-w1");
+    int port = worker_http_port("cr-w1");
     long long before = worker_steps(port);
     add_batch(&s, 1, 0, 1, NULL, 0);
     /* let it run for a while */
@@ -753,12 +816,10 @@ static void a_batch_running_through_many_heartbeats_is_not_counted_as_redelivere
     assert_true(s.jobs[longest].n_expect >= 1000);
     if (longest) memcpy(&s.jobs[0], &s.jobs[longest], sizeof s.jobs[0]);
     s.n_jobs = 1;
-    int port = free_port();
-    char extra[256];
-    snprintf(extra, sizeof extra, "--kv_cache_tokens=8192 --http_port=%d --heartbeat_interval_ms=100 "
-             "--max_deliveries=3", port);
+    const char *extra = "--kv_cache_tokens=8192 --heartbeat_interval_ms=100 --max_deliveries=3";
     pid_t w = start_worker(&s, "hb-w1", extra);
     wait_heartbeat(&s, "hb-w1");
+    int port = worker_http_port("hb-w1");
     char id[64];
     add_batch(&s, 1, 0, 1, id, sizeof id);
     int64_t t0 = moeq_now_ms();
@@ -853,11 +914,9 @@ static void a_batch_handed_to_a_worker_that_is_gone_is_taken_by_another_within_t
     const char *set[] = {"SET", key, "{\"id\":\"aff-ghost\",\"free_slots\":8,\"pending\":0,\"prefix_keys\":[\"" AFF_KEY "\"]}",
                          "PX", "60000"};
     assert_int_equal(moeq_redis_command_argv(s.redis, 5, set, NULL, NULL, err, sizeof err), MOEQ_OK);
-    int port = free_port();
-    char extra[96];
-    snprintf(extra, sizeof extra, "--http_port=%d", port);
-    pid_t w = start_worker(&s, "aff-w1", extra);
+    pid_t w = start_worker(&s, "aff-w1", NULL);
     wait_heartbeat(&s, "aff-w1"); /* its first heartbeat read the peer's */
+    int port = worker_http_port("aff-w1");
     int64_t t0 = moeq_now_ms();
     add_batch_key(&s, 2, 0, 4, AFF_KEY);
     assert_int_equal(collect(&s, 30000), 4);
@@ -891,17 +950,15 @@ static void fresh_batches_with_a_prefix_key_run_on_the_worker_that_holds_it(void
     scenario_open(&s, "wk-aff-hold");
     make_jobs(&s, 16, "ah", -1);
     lead_jobs(&s, 40); /* what A's cache keeps: the 32 tokens the key covers are two blocks */
-    int port_a = free_port(), port_b = free_port();
-    char extra[96];
-    snprintf(extra, sizeof extra, "--http_port=%d", port_a);
-    pid_t a = start_worker(&s, "aff-a", extra);
+    pid_t a = start_worker(&s, "aff-a", NULL);
     wait_heartbeat(&s, "aff-a");
+    int port_a = worker_http_port("aff-a");
     s.n_jobs = 4;
     add_batch_key(&s, 2, 0, 4, AFF_KEY);
     assert_int_equal(collect(&s, 30000), 4);
-    snprintf(extra, sizeof extra, "--http_port=%d", port_b);
-    pid_t b = start_worker(&s, "aff-b", extra);
+    pid_t b = start_worker(&s, "aff-b", NULL);
     wait_heartbeat(&s, "aff-b");
+    int port_b = worker_http_port("aff-b");
     for (int k = 1; k < 4; k++) {
         usleep(1200 * 1000); /* two heartbeats: A advertises the key with its slots free, B has read it */
         long long handed = worker_metric(port_b, "moeq_worker_affinity_handed_total");
