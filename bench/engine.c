@@ -24,7 +24,7 @@
 #include "moeq/util.h"
 #include "peak.h"
 #include "stats.h"
-#include "cpu_tuning.h" /* engine/cpu: --against-prefetch, --against-f8-widen */
+#include "cpu_tuning.h" /* engine/cpu: --against-prefetch, --against-f8-widen, --against-k-blocked */
 #ifdef MOEQ_BENCH_GENMODEL
 #include "moeq/genmodel.h"
 #endif
@@ -49,6 +49,7 @@ typedef struct bench_args {
     const char *against;          /* --against DIR: a second checkpoint, timed alternated with --model's          */
     const char *against_prefetch; /* --against-prefetch l1|l2: the second side's weight-stream prefetches       */
     const char *against_f8_widen; /* --against-f8-widen f16|f32: the second side's F8 widening (cpu_tuning.h)   */
+    const char *against_k_blocked; /* --against-k-blocked on|off: the second side's many-token K blocking        */
     int rounds;                   /* --rounds R: paired rounds of --against (default 3)                          */
 } bench_args;
 
@@ -449,13 +450,26 @@ static void print_paired(const double *model_v, const double *against_v, int rou
  * sides alike; each ratio is the median of the paired rounds' ratios (session 25 found a single pair on the Zen 5
  * VM off by up to 20 %). This is how FP8 is measured against BF16 of the same weights (issue 18: within 10 %).
  */
+/* One side's CPU tuning (cpu_tuning.h): process-wide choices, set before each of its figures. */
+typedef struct side_tuning {
+    int stream_l2, f8_widen32, k_blocked;
+} side_tuning;
+
+static void side_tuning_set(const side_tuning *t) {
+    moeq_cpu_set_stream_l2(t->stream_l2);
+    moeq_cpu_set_f8_widen32(t->f8_widen32);
+    moeq_cpu_set_k_blocked(t->k_blocked);
+}
+
 static void run_against(const moeq_model *model, const moeq_model *other, const bench_args *a) {
     moeq_engine_params p = engine_params(a, a->modes[0]);
-    /* each side's CPU tuning (cpu_tuning.h; process-wide choices, set before every figure): this CPU's own, and
-     * --against-prefetch's and --against-f8-widen's on the second side */
-    int pf[2] = {moeq_cpu_stream_l2(), moeq_cpu_stream_l2()}, w32[2] = {moeq_cpu_f8_widen32(), moeq_cpu_f8_widen32()};
-    if (a->against_prefetch) pf[1] = !strcmp(a->against_prefetch, "l2");
-    if (a->against_f8_widen) w32[1] = !strcmp(a->against_f8_widen, "f32");
+    /* this CPU's own choices on the first side; the second's as --against-prefetch, -f8-widen, -k-blocked say */
+    side_tuning tune[2];
+    tune[0] = (side_tuning){moeq_cpu_stream_l2(), moeq_cpu_f8_widen32(), moeq_cpu_k_blocked()};
+    tune[1] = tune[0];
+    if (a->against_prefetch) tune[1].stream_l2 = !strcmp(a->against_prefetch, "l2");
+    if (a->against_f8_widen) tune[1].f8_widen32 = !strcmp(a->against_f8_widen, "f32");
+    if (a->against_k_blocked) tune[1].k_blocked = !strcmp(a->against_k_blocked, "on");
     moeq_engine *e[2] = {NULL, NULL};
     const moeq_model *m[2] = {model, other};
     char err[256] = "";
@@ -469,17 +483,18 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
     int wide = vocab[0] > vocab[1] ? vocab[0] : vocab[1];
     float *logits = malloc((size_t)(p.max_seqs > 256 ? p.max_seqs : 256) * wide * sizeof(float));
     printf("  \"against\": {\"model\": \"%s\", \"batch_invariant\": %d, \"rounds\": %d, \"order\": \"ABBA\",\n"
-           "    \"stream_prefetch\": [\"%s\", \"%s\"], \"f8_widen\": [\"%s\", \"%s\"],\n"
+           "    \"stream_prefetch\": [\"%s\", \"%s\"], \"f8_widen\": [\"%s\", \"%s\"], \"k_blocked\": [\"%s\", \"%s\"],\n"
            "    \"backend_info\": [\"%s\", \"%s\"], \"prefill\": [",
-           a->against ? a->against : a->model_dir, p.batch_invariant, a->rounds, pf[0] ? "l2" : "l1",
-           pf[1] ? "l2" : "l1", w32[0] ? "f32" : "f16", w32[1] ? "f32" : "f16", moeq_engine_backend_info(e[0]),
+           a->against ? a->against : a->model_dir, p.batch_invariant, a->rounds, tune[0].stream_l2 ? "l2" : "l1",
+           tune[1].stream_l2 ? "l2" : "l1", tune[0].f8_widen32 ? "f32" : "f16", tune[1].f8_widen32 ? "f32" : "f16",
+           tune[0].k_blocked ? "on" : "off", tune[1].k_blocked ? "on" : "off", moeq_engine_backend_info(e[0]),
            moeq_engine_backend_info(e[1]));
     double v[2][64];
     for (int i = 0; i < a->n_prefills; i++) {
         for (int r = 0; r < a->rounds; r++)
             for (int t = 0; t < 2; t++) {
                 int s = t ^ (r & 1);
-                moeq_cpu_set_stream_l2(pf[s]), moeq_cpu_set_f8_widen32(w32[s]);
+                side_tuning_set(&tune[s]);
                 v[s][r] = prefill_tps(e[s], vocab[s], a->prefills[i], logits);
             }
         printf("%s\n      {\"tokens\": %d, ", i ? "," : "", a->prefills[i]);
@@ -490,14 +505,14 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
         for (int r = 0; r < a->rounds; r++)
             for (int t = 0; t < 2; t++) {
                 int s = t ^ (r & 1), steps = 0;
-                moeq_cpu_set_stream_l2(pf[s]), moeq_cpu_set_f8_widen32(w32[s]);
+                side_tuning_set(&tune[s]);
                 v[s][r] = decode_tps(e[s], vocab[s], a->batches[i], a->decode_prompt, a->min_seconds, logits, &steps);
             }
         printf("%s\n      {\"batch\": %d, ", i ? "," : "", a->batches[i]);
         print_paired(v[0], v[1], a->rounds);
     }
     printf("]}");
-    moeq_cpu_set_stream_l2(pf[0]), moeq_cpu_set_f8_widen32(w32[0]);
+    side_tuning_set(&tune[0]);
     free(logits);
     moeq_engine_destroy(e[0]);
     moeq_engine_destroy(e[1]);
@@ -547,6 +562,10 @@ static int parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(k, "--against-f8-widen")) {
             if (strcmp(v, "f16") && strcmp(v, "f32")) return -1;
             a->against_f8_widen = v;
+        }
+        else if (!strcmp(k, "--against-k-blocked")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) return -1;
+            a->against_k_blocked = v;
         }
         else if (!strcmp(k, "--rounds")) {
             if (int_list(v, &a->rounds, 1, 1, 64) != 1) return -1;
@@ -602,7 +621,7 @@ int main(int argc, char **argv) {
                         "                    [--cpu-matrix auto|lanes|amx] [--cuda-graphs off|auto|on|both]\n"
                         "                    [--cuda-matrix auto|lanes|both] [--head-screen auto|off|both]\n"
                         "                    [--against DIR] [--against-prefetch l1|l2] [--against-f8-widen f16|f32]\n"
-                        "                    [--rounds R]\n"
+                        "                    [--against-k-blocked on|off] [--rounds R]\n"
                         "  --prefill-tokens  one or more prompt lengths (default 512), each timed\n"
                         "  --modes           batch_invariant values to run (default 1,0)\n"
                         "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
@@ -623,7 +642,9 @@ int main(int argc, char **argv) {
                         "                  into L1 or L2 (the first side: this CPU's choice, cpu_kernels); without\n"
                         "                  --against, both sides are --model.\n"
                         "  --against-f8-widen f16|f32  likewise the second side's F8 widening in the few-token\n"
-                        "                  tiles: through float16, or straight into float32 bits.\n");
+                        "                  tiles: through float16, or straight into float32 bits.\n"
+                        "  --against-k-blocked on|off  likewise whether BF16, F16 and F32 products of 5+ tokens\n"
+                        "                  with K > 1,024 walk K in steps (on) or take the direct tiles (off).\n");
         return 2;
     }
     if (ensure_model(&a)) return 1;
@@ -668,8 +689,8 @@ int main(int argc, char **argv) {
                moeq_engine_cpu_kernels(), a.cpu_matrix ? a.cpu_matrix : "auto", moeq_engine_cpu_amx_describe(),
                a.peak_fp32_gflops, peak_dp, peak_amx_g);
     printf("  \"matmul_flops_per_token\": %.0f,\n", a.matmul_flops_per_token);
-    if (a.against || a.against_prefetch || a.against_f8_widen) {
-        moeq_model *other = NULL; /* --against-prefetch / --against-f8-widen alone: both sides are --model */
+    if (a.against || a.against_prefetch || a.against_f8_widen || a.against_k_blocked) {
+        moeq_model *other = NULL; /* --against-prefetch / -f8-widen / -k-blocked alone: both sides are --model */
         if (a.against && moeq_model_load(a.against, NULL, &other, err, sizeof(err))) {
             fprintf(stderr, "bench-engine: --against %s: %s\n", a.against, err);
             printf("  \"against_error\": \"%s\",\n  \"peak_rss_mb\": %.1f\n}\n", err, peak_rss_kb() / 1024.0);

@@ -14,6 +14,12 @@
  * default the one weight stays in L2/L3 between calls, which hides what the
  * kernels do while they wait on memory (session 14: the engine's products ran
  * at half of the warm rate).
+ *
+ * --against-k-blocked R: then the lanes' BF16, F16 and F32 products again with
+ * the K-blocked many-token path and with the direct tiles (cpu_tuning.h,
+ * k_blocked; the same bits), alternated ABBA for R rounds in this process;
+ * "direct_over_blocked" is the median of the rounds' ratios of GFLOP/s, with
+ * its range. This is the figure that decides the choice for a CPU family.
  */
 #include <math.h>
 #include <pthread.h>
@@ -23,10 +29,12 @@
 #include <time.h>
 
 #include "backend.h"
+#include "cpu/cpu_tuning.h"
 #include "moeq/util.h"
 #include "tensor.h"
 
 #include "peak.h"
+#include "stats.h"
 
 /* ---- kernels ----------------------------------------------------------------- */
 
@@ -134,8 +142,47 @@ static double kernel_gflops(moeq_backend *b, weight *w, int64_t tokens, const fl
     return flop / s / 1e9;
 }
 
+/* --against-k-blocked: the lanes' products of each dtype the choice touches, both ways, ABBA rounds. */
+static int k_blocked_rounds(int n_threads, int64_t rows, int64_t cols, const int *toks, int n_toks, int max_tok,
+                            int rounds, int cold, double min_s, const float *x, float *y) {
+    moeq_backend_config cfg = {.n_threads = n_threads, .batch_invariant = 1, .blas_min_tokens = 16, .max_k = cols,
+                               .max_ctx = 64, .max_jobs = 4, .max_tokens = max_tok};
+    moeq_backend *b = moeq_backend_cpu_new(&cfg);
+    if (!b) return 1;
+    int mine = moeq_cpu_k_blocked(), first = 1;
+    printf(",\n  \"k_blocked\": {\"this_cpu\": %s, \"rounds\": %d, \"order\": \"ABBA\", \"products\": [",
+           mine ? "true" : "false", rounds);
+    moeq_dtype dts[] = {MOEQ_DTYPE_BF16, MOEQ_DTYPE_F16, MOEQ_DTYPE_F32};
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        weight w;
+        if (weight_make(&w, dts[d], rows, cols, cold)) return 1;
+        for (int i = 0; i < n_toks; i++) {
+            double g[2][64], ratio[64], pc;
+            for (int r = 0; r < rounds; r++)
+                for (int t = 0; t < 2; t++) {
+                    int blocked = t ^ (r & 1) ^ 1; /* blocked first in even rounds */
+                    moeq_cpu_set_k_blocked(blocked);
+                    g[blocked][r] = kernel_gflops(b, &w, toks[i], (float *)x, y, min_s, &pc);
+                }
+            for (int r = 0; r < rounds; r++) ratio[r] = g[0][r] / g[1][r];
+            double med = bench_median_sort(ratio, rounds);
+            printf("%s\n    {\"dtype\": \"%s\", \"tokens\": %d, \"blocked_gflops\": %.1f, \"direct_gflops\": %.1f, "
+                   "\"direct_over_blocked\": %.3f, \"range\": [%.3f, %.3f]}",
+                   first ? "" : ",", dtype_name(dts[d]), toks[i], bench_median(g[1], rounds),
+                   bench_median(g[0], rounds), med, ratio[0], ratio[rounds - 1]);
+            first = 0;
+            fflush(stdout);
+        }
+        weight_free(&w);
+    }
+    printf("\n  ]}");
+    moeq_cpu_set_k_blocked(mine);
+    moeq_backend_destroy(b);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    int n_threads = 2, inv_min = 0, cold = 0;
+    int n_threads = 2, inv_min = 0, cold = 0, kb_rounds = 0;
     double min_s = 0.5;
     int64_t rows = 4096, cols = 1024;
     const char *tokens_list = "1,8,32,128,512";
@@ -147,11 +194,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_list = argv[++i];
         else if (!strcmp(argv[i], "--invariant-only")) inv_min = 1;
         else if (!strcmp(argv[i], "--cold")) cold = 1;
+        else if (!strcmp(argv[i], "--against-k-blocked") && i + 1 < argc) kb_rounds = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench-matmul [--threads N] [--rows N] [--cols K] [--tokens 1,8,32,128,512]"
-                            " [--min-seconds S] [--invariant-only] [--cold]\n");
+                            " [--min-seconds S] [--invariant-only] [--cold] [--against-k-blocked ROUNDS]\n");
             return 2;
         }
+    }
+    if (kb_rounds < 0 || kb_rounds > 64) {
+        fprintf(stderr, "bench-matmul: --against-k-blocked takes 1 to 64 rounds\n");
+        return 2;
     }
     int toks[16], n_toks = 0;
     for (const char *p = tokens_list; *p && n_toks < 16;) {
@@ -208,7 +260,10 @@ int main(int argc, char **argv) {
         }
         moeq_backend_destroy(b);
     }
-    printf("\n  ]\n}\n");
+    printf("\n  ]");
+    if (kb_rounds && k_blocked_rounds(n_threads, rows, cols, toks, n_toks, max_tok, kb_rounds, cold, min_s, x, y))
+        return 1;
+    printf("\n}\n");
     free(x), free(y);
     return 0;
 }

@@ -3,8 +3,9 @@
 # in one process): the BF16 and FP8 tiny checkpoints of the same weights take turns over --rounds 3, and the JSON
 # holds each side's figures per round, each side's median and the median of the paired rounds' ratios within their
 # range. --against-prefetch runs one checkpoint against itself with the other weight-stream prefetch level, and
-# --against-f8-widen the FP8 one with the other F8 widening. A missing second checkpoint is named; a round count,
-# prefetch level or widening out of range is refused (exit 2).
+# --against-f8-widen the FP8 one with the other F8 widening, --against-k-blocked the BF16 one with the other choice
+# of many-token K blocking. A missing second checkpoint is named; a round count, prefetch level, widening or
+# blocking out of range is refused (exit 2).
 set -u
 B=$1
 M=$B/cli/moeq
@@ -27,6 +28,7 @@ g = d["against"]
 assert "modes" not in d and g["model"] == sys.argv[2] and g["rounds"] == 3 and g["batch_invariant"] == 1, g
 assert g["stream_prefetch"][0] == g["stream_prefetch"][1] and g["stream_prefetch"][0] in ("l1", "l2"), g
 assert g["f8_widen"][0] == g["f8_widen"][1] and g["f8_widen"][0] in ("f16", "f32"), g
+assert g["k_blocked"][0] == g["k_blocked"][1] and g["k_blocked"][0] in ("on", "off"), g
 assert [p["tokens"] for p in g["prefill"]] == [16, 40] and [p["batch"] for p in g["decode"]] == [1, 3], g
 for f in g["prefill"] + g["decode"]:
     rounds = f["rounds"]
@@ -63,6 +65,21 @@ assert g["model"] == sys.argv[2] and g["f8_widen"] == [auto, "f16"] and g["round
 assert g["stream_prefetch"][0] == g["stream_prefetch"][1], g
 assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g
 PY
+# --against-k-blocked alone: the BF16 checkpoint against itself, the second side's many-token products K-blocked
+# shellcheck disable=SC2086
+"$E" --model "$W/bf16" --against-k-blocked on --rounds 2 $quick >"$W/out" || fail "--against-k-blocked: $(cat "$W/out")"
+python3 - "$W/out" "$W/bf16" <<'PY' || fail "against-k-blocked figures: $(cat "$W/out")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+g = d["against"]
+auto = "off" if "many-token products unblocked in K" in d["cpu_kernels"] else "on"
+assert g["model"] == sys.argv[2] and g["k_blocked"] == [auto, "on"] and g["rounds"] == 2, g
+assert g["stream_prefetch"][0] == g["stream_prefetch"][1] and g["f8_widen"][0] == g["f8_widen"][1], g
+assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g
+PY
+# shellcheck disable=SC2086
+"$E" --model "$W/bf16" --against-k-blocked yes $quick >/dev/null 2>&1
+[ $? -eq 2 ] || fail "--against-k-blocked yes was not refused with exit 2"
 # shellcheck disable=SC2086
 "$E" --model "$W/bf16" --against-prefetch l3 $quick >/dev/null 2>&1
 [ $? -eq 2 ] || fail "--against-prefetch l3 was not refused with exit 2"

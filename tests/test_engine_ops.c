@@ -239,12 +239,13 @@ static void every_instruction_set_this_cpu_runs_matches_the_emulation_bit_for_bi
 
 /*
  * Blocks of many tokens take the K-blocked path (moeq_mm_nt_block_ws: accumulators carried in the workspace
- * between K steps; F8 rows widened once per step): the bits are the emulation's for every dtype, K shorter
+ * between K steps; F8 rows widened once per step), where this CPU's k_blocked choice says so (both are run): the bits are the emulation's for every dtype, K shorter
  * and longer than one step (with a tail), any row offset (F8 blocks straddling 128-row scale blocks), token
  * count and sub-block; a workspace too small falls back to the direct tiles with the same bits.
  */
 static void many_token_blocked_path_matches_the_emulation_bit_for_bit(void **state) {
     (void)state;
+    int k_blocked = moeq_cpu_k_blocked(); /* this CPU's choice (cpu_tuning.h), restored at the end: both run */
     static const int colss[] = {301, 2500};
     static const int toks[] = {5, 8, 13, 70};
     static const int blocks[][2] = {{0, 290}, {7, 77}, {120, 140}, {250, 290}};
@@ -267,8 +268,12 @@ static void many_token_blocked_path_matches_the_emulation_bit_for_bit(void **sta
                     memset(got, 0, (size_t)T * rows * 4);
                     moeq_mm_nt_block_scalar(&j, n0, n1, t0, T);
                     j.y = got;
-                    moeq_mm_nt_block_ws(&j, n0, n1, t0, T, ws, ws_bytes);
-                    assert_memory_equal(got, want, (size_t)T * rows * 4);
+                    for (int kb = 0; kb < 2; kb++) { /* K-blocked or not (F8 decides by its own rule) */
+                        moeq_cpu_set_k_blocked(kb);
+                        memset(got, 0, (size_t)T * rows * 4);
+                        moeq_mm_nt_block_ws(&j, n0, n1, t0, T, ws, ws_bytes);
+                        assert_memory_equal(got, want, (size_t)T * rows * 4);
+                    }
                     memset(got, 0, (size_t)T * rows * 4);
                     moeq_mm_nt_block_ws(&j, n0, n1, t0, T, ws, ws_bytes - 1); /* too small: the direct tiles */
                     assert_memory_equal(got, want, (size_t)T * rows * 4);
@@ -278,6 +283,7 @@ static void many_token_blocked_path_matches_the_emulation_bit_for_bit(void **sta
             free(ws);
             fake_weight_free(&f);
         }
+    moeq_cpu_set_k_blocked(k_blocked);
 }
 
 /*

@@ -1099,7 +1099,7 @@ moeq_mm_isa moeq_mm_isa_best(void) {
 }
 
 const char *moeq_mm_cpu_describe(void) {
-    static char text[200];
+    static char text[256];
     static _Atomic int done;
     if (atomic_load(&done)) return text;
     int bf16 = 0, amx = 0;
@@ -1109,9 +1109,10 @@ const char *moeq_mm_cpu_describe(void) {
     amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
 #endif
     moeq_mm_isa isa = moeq_mm_isa_best();
-    snprintf(text, sizeof text, "%s (float32 lanes%s%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
+    snprintf(text, sizeof text, "%s (float32 lanes%s%s%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
              isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_stream_l2() ? ", weight streams prefetched into L2" : "",
              isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_f8_widen32() ? ", F8 widened straight to float32" : "",
+             isa == MOEQ_MM_ISA_AVX512 && !moeq_cpu_k_blocked() ? ", many-token products unblocked in K" : "",
              bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (cpu_matrix)" : "no amx_bf16");
     atomic_store(&done, 1);
     return text;
@@ -1179,7 +1180,7 @@ void moeq_mm_nt_block_ws_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0
             nt_blocked512(job, n0, n1, t0, t1, ws);
             return;
         }
-    } else if (blocked && K > BLK_K && t1 - t0 >= BLK_MIN_TOKS) {
+    } else if (blocked && K > BLK_K && t1 - t0 >= BLK_MIN_TOKS && moeq_cpu_k_blocked()) {
         nt_blocked512(job, n0, n1, t0, t1, ws);
         return;
     }
