@@ -49,7 +49,7 @@ typedef struct bench_args {
     const char *against;          /* --against DIR: a second checkpoint, timed alternated with --model's          */
     const char *against_prefetch; /* --against-prefetch l1|l2: the second side's weight-stream prefetches       */
     const char *against_f8_widen; /* --against-f8-widen f16|f32: the second side's F8 widening (cpu_tuning.h)   */
-    const char *against_k_blocked; /* --against-k-blocked on|off: the second side's many-token K blocking        */
+    const char *against_k_blocked; /* --against-k-blocked on|off: the second side's K blocking at 5-32 tokens    */
     int rounds;                   /* --rounds R: paired rounds of --against (default 3)                          */
 } bench_args;
 
@@ -643,7 +643,7 @@ int main(int argc, char **argv) {
                         "                  --against, both sides are --model.\n"
                         "  --against-f8-widen f16|f32  likewise the second side's F8 widening in the few-token\n"
                         "                  tiles: through float16, or straight into float32 bits.\n"
-                        "  --against-k-blocked on|off  likewise whether BF16, F16 and F32 products of 5+ tokens\n"
+                        "  --against-k-blocked on|off  likewise whether BF16, F16 and F32 blocks of 5-32 tokens\n"
                         "                  with K > 1,024 walk K in steps (on) or take the direct tiles (off).\n");
         return 2;
     }

@@ -16,8 +16,9 @@
  * at half of the warm rate).
  *
  * --against-k-blocked R: then the lanes' BF16, F16 and F32 products again with
- * the K-blocked many-token path and with the direct tiles (cpu_tuning.h,
- * k_blocked; the same bits), alternated ABBA for R rounds in this process;
+ * the K-blocked path and with the direct tiles for blocks of 5-32 tokens
+ * (cpu_tuning.h, k_blocked; the same bits; more tokens are K-blocked either
+ * way), alternated ABBA for R rounds in this process;
  * "direct_over_blocked" is the median of the rounds' ratios of GFLOP/s, with
  * its range. This is the figure that decides the choice for a CPU family.
  */

@@ -4,7 +4,7 @@
 # holds each side's figures per round, each side's median and the median of the paired rounds' ratios within their
 # range. --against-prefetch runs one checkpoint against itself with the other weight-stream prefetch level, and
 # --against-f8-widen the FP8 one with the other F8 widening, --against-k-blocked the BF16 one with the other choice
-# of many-token K blocking. A missing second checkpoint is named; a round count, prefetch level, widening or
+# of K blocking for 5-32 tokens. A missing second checkpoint is named; a round count, prefetch level, widening or
 # blocking out of range is refused (exit 2).
 set -u
 B=$1
@@ -65,14 +65,14 @@ assert g["model"] == sys.argv[2] and g["f8_widen"] == [auto, "f16"] and g["round
 assert g["stream_prefetch"][0] == g["stream_prefetch"][1], g
 assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g
 PY
-# --against-k-blocked alone: the BF16 checkpoint against itself, the second side's many-token products K-blocked
+# --against-k-blocked alone: the BF16 checkpoint against itself, the second side's 5-32-token blocks K-blocked
 # shellcheck disable=SC2086
 "$E" --model "$W/bf16" --against-k-blocked on --rounds 2 $quick >"$W/out" || fail "--against-k-blocked: $(cat "$W/out")"
 python3 - "$W/out" "$W/bf16" <<'PY' || fail "against-k-blocked figures: $(cat "$W/out")"
 import json, sys
 d = json.load(open(sys.argv[1]))
 g = d["against"]
-auto = "off" if "many-token products unblocked in K" in d["cpu_kernels"] else "on"
+auto = "off" if "blocks of 5-32 tokens unblocked in K" in d["cpu_kernels"] else "on"
 assert g["model"] == sys.argv[2] and g["k_blocked"] == [auto, "on"] and g["rounds"] == 2, g
 assert g["stream_prefetch"][0] == g["stream_prefetch"][1] and g["f8_widen"][0] == g["f8_widen"][1], g
 assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g

@@ -132,6 +132,29 @@ static void preset_bench_mtp(moeq_model_config *c) {
     c->first_k_dense_replace = 1000; /* every layer dense, the MTP layer too */
 }
 
+/*
+ * DeepSeek-V3's widths (hidden 7,168, 128 heads, q_lora 1,536, kv_lora 512, the dense and expert MLPs' 18,432
+ * and 2,048) in two layers, one dense and one MoE of 16 experts, and a small vocabulary: every projection's K
+ * is the real model's, as the CPU kernels' per-CPU choices need (bench's hidden 1,024 leaves only its dense
+ * down projection with K past one 1,024-column step), in 3.5 GB of BF16.
+ */
+static void preset_bench_wide(moeq_model_config *c) {
+    preset_bench(c);
+    c->vocab_size = 16384;
+    c->hidden_size = 7168;
+    c->num_hidden_layers = 2;
+    c->num_attention_heads = 128;
+    c->q_lora_rank = 1536;
+    c->kv_lora_rank = 512;
+    c->qk_nope_head_dim = 128;
+    c->qk_rope_head_dim = 64;
+    c->v_head_dim = 128;
+    c->intermediate_size = 18432;
+    c->moe_intermediate_size = 2048;
+    c->n_routed_experts = 16;
+    c->num_nextn_predict_layers = 0;
+}
+
 int moeq_genmodel_preset_mtp_agree(const char *name) {
     return name && (!strcmp(name, "tiny-mtp") || !strcmp(name, "bench-mtp"));
 }
@@ -144,7 +167,7 @@ moeq_err moeq_genmodel_preset(const char *name, moeq_model_config *config, int *
         int min_shards;
     } presets[] = {{"tiny", preset_tiny, 2}, {"tiny-v2", preset_tiny_v2, 2}, {"small", preset_small, 2},
                    {"bench", preset_bench, 1}, {"tiny-mtp", preset_tiny_mtp, 2},
-                   {"bench-mtp", preset_bench_mtp, 1}};
+                   {"bench-mtp", preset_bench_mtp, 1}, {"bench-wide", preset_bench_wide, 1}};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (!strcmp(name, presets[i].name)) {
             presets[i].fill(config);
@@ -152,7 +175,7 @@ moeq_err moeq_genmodel_preset(const char *name, moeq_model_config *config, int *
             return MOEQ_OK;
         }
     return moeq_errf(MOEQ_ERR_NOT_FOUND, errstr, errstr_size,
-                     "unknown preset '%s' (tiny, tiny-v2, small, bench, tiny-mtp, bench-mtp)", name);
+                     "unknown preset '%s' (tiny, tiny-v2, small, bench, tiny-mtp, bench-mtp, bench-wide)", name);
 }
 
 /* ---- values --------------------------------------------------------------- */

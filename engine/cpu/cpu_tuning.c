@@ -67,16 +67,17 @@ int moeq_cpu_f8_widen32(void) { return decided(&f8_widen32, amd_family_19h); }
 void moeq_cpu_set_f8_widen32(int on) { atomic_store_explicit(&f8_widen32, on ? 1 : 0, memory_order_relaxed); }
 
 /*
- * The K-blocked path everywhere but AMD family 19h. It was built on Zen 5 (session 5): there the direct tiles,
- * which re-read 4 tokens' activations for every 6 rows, ran a 7,168-column product of 128 tokens at 133
- * GFLOP/s against 191 blocked, one core, once those activations outgrew L2 (Zen 5 does two 512-bit FMAs a
- * cycle, so the re-reads from L3 bound it). Zen 4 does one, and there the direct tiles, whose weight rows
- * stream with the L2 prefetch, win at every size measured. Session 28, Zen 4 VM, one core, weights from memory
- * in 256-row tasks, the two alternated 6-8 times, speed of the direct tiles over the blocked path: BF16
- * 2,048 x 7,168 1.71x at 5 tokens, 1.29 at 8, 1.17 at 16, 1.14 at 32, 1.07-1.13 at 48-64, 1.08 at 96-256;
- * 7,168 x 2,048, 7,168 x 16,384 and 24,576 x 1,536 alike (1.68-1.86 at 5, 1.06-1.17 at 32-256); F32 1.50 at 5
- * tokens, 1.06-1.32 at 8-64; with both cores running it, 1.03-1.39 at 16-64 tokens. Zen 5 at 5-64 tokens and
- * Intel without AMX are unmeasured (bench-engine --against-k-blocked, bench-matmul --k-blocked).
+ * Blocks of 5-32 tokens K-blocked everywhere but AMD family 19h; more tokens are K-blocked on every CPU. The
+ * K-blocked path was built on Zen 5 (session 5): there the direct tiles, which re-read 4 tokens' activations for
+ * every 6 rows, ran a 7,168-column product of 128 tokens at 133 GFLOP/s against 191 blocked, one core, once
+ * those activations outgrew L2 (Zen 5 does two 512-bit FMAs a cycle, so the re-reads from L3 bound it). Zen 4
+ * does one, and there the direct tiles, whose rows stream with the L2 prefetch, win at decode's sizes. Session
+ * 28, Zen 4 VM, one core: bench-matmul --cold --against-k-blocked 5, direct over blocked, BF16 2,048 x 7,168
+ * 1.56x at 5 tokens, 1.20 at 8, 1.05 at 16, 1.10 at 32 (7,168 x 2,048: 1.59, 1.27, 1.14, 1.12; F16 alike, F32
+ * 1.0-1.2); whole steps on bench-wide (DeepSeek-V3's widths; bench-engine --against-k-blocked on, 3 rounds):
+ * batch 8 1.18x, batch 32 1.06x. At 64 tokens the product alone still favoured the direct tiles (1.04-1.07),
+ * but 512-token prefill on bench-wide ran 0.95 of the K-blocked rate with 64-token blocks direct, so those
+ * stay K-blocked. Zen 5 at 5-32 tokens and Intel without AMX are unmeasured.
  */
 static int not_amd_family_19h(void) { return !amd_family_19h(); }
 

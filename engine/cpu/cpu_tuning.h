@@ -6,9 +6,9 @@
  *               of ops_draft.c): into L2 (prefetcht1, 2 KiB ahead) or into L1 (prefetcht0, 1 KiB ahead).
  *   f8_widen32  how the few-token NT tiles widen F8 E4M3 weights: straight into float32 bits (three integer
  *               ops, the value q * 2^-120) or into float16 bits then vcvtph2ps (q / 256).
- *   k_blocked   whether BF16, F16 and F32 NT products of 5 or more tokens with K > 1,024 walk K in steps
- *               of 1,024 with their accumulators parked (ops_matmul.c, nt_blocked512) or take the direct
- *               tiles over whole rows. F8's own rule (its activations scaled once) is apart from this.
+ *   k_blocked   whether BF16, F16 and F32 NT blocks of 5-32 tokens with K > 1,024 walk K in steps of
+ *               1,024 with their accumulators parked (ops_matmul.c, nt_blocked512) or take the direct tiles
+ *               over whole rows; blocks of more tokens walk K in steps on every CPU. F8 has its own rule.
  */
 #ifndef MOEQ_ENGINE_CPU_TUNING_H
 #define MOEQ_ENGINE_CPU_TUNING_H
@@ -33,7 +33,7 @@ int moeq_cpu_f8_widen32(void);
 /* Override the choice for the whole process (tests and benchmarks compare the two). Thread-safe. */
 void moeq_cpu_set_f8_widen32(int on);
 
-/* 1: many-token BF16 / F16 / F32 products walk K in steps; 0: the direct tiles. Thread-safe. */
+/* 1: BF16 / F16 / F32 blocks of 5-32 tokens walk K in steps; 0: the direct tiles. Thread-safe. */
 int moeq_cpu_k_blocked(void);
 /* Override the choice for the whole process (tests and benchmarks compare the two). Thread-safe. */
 void moeq_cpu_set_k_blocked(int on);

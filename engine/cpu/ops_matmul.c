@@ -74,7 +74,9 @@
 #define BLK_ROWS 32      /* the many-token path's blocks: rows, tokens, K per step   */
 #define BLK_TOKS 64
 #define BLK_K 1024
-#define BLK_MIN_TOKS 5    /* blocks of at least this many tokens take it (4 fit one tile) when K > BLK_K, */
+#define BLK_MIN_TOKS 5    /* blocks of at least this many tokens take it (4 fit one tile) when K > BLK_K  */
+                          /* and this CPU's k_blocked says so (cpu_tuning.h), ...                        */
+#define BLK_MIN_TOKS_ANY 33 /* ... blocks of at least this many when K > BLK_K whatever it says,          */
 #define BLK_MIN_TOKS_F8 33 /* ... and F8 blocks of at least this many whatever K, or whose scaled        */
                            /* activations outgrow the workspace (see F8_FEW_TOKS)                      */
 /* F8 blocks of fewer tokens take the direct tiles with their activations scaled once per scale block, in the
@@ -1112,7 +1114,7 @@ const char *moeq_mm_cpu_describe(void) {
     snprintf(text, sizeof text, "%s (float32 lanes%s%s%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
              isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_stream_l2() ? ", weight streams prefetched into L2" : "",
              isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_f8_widen32() ? ", F8 widened straight to float32" : "",
-             isa == MOEQ_MM_ISA_AVX512 && !moeq_cpu_k_blocked() ? ", many-token products unblocked in K" : "",
+             isa == MOEQ_MM_ISA_AVX512 && !moeq_cpu_k_blocked() ? ", blocks of 5-32 tokens unblocked in K" : "",
              bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (cpu_matrix)" : "no amx_bf16");
     atomic_store(&done, 1);
     return text;
@@ -1180,7 +1182,7 @@ void moeq_mm_nt_block_ws_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0
             nt_blocked512(job, n0, n1, t0, t1, ws);
             return;
         }
-    } else if (blocked && K > BLK_K && t1 - t0 >= BLK_MIN_TOKS && moeq_cpu_k_blocked()) {
+    } else if (blocked && K > BLK_K && t1 - t0 >= BLK_MIN_TOKS && (t1 - t0 >= BLK_MIN_TOKS_ANY || moeq_cpu_k_blocked())) {
         nt_blocked512(job, n0, n1, t0, t1, ws);
         return;
     }
