@@ -483,7 +483,8 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
     int wide = vocab[0] > vocab[1] ? vocab[0] : vocab[1];
     float *logits = malloc((size_t)(p.max_seqs > 256 ? p.max_seqs : 256) * wide * sizeof(float));
     printf("  \"against\": {\"model\": \"%s\", \"batch_invariant\": %d, \"rounds\": %d, \"order\": \"ABBA\",\n"
-           "    \"stream_prefetch\": [\"%s\", \"%s\"], \"f8_widen\": [\"%s\", \"%s\"], \"k_blocked\": [\"%s\", \"%s\"],\n"
+           "    \"stream_prefetch\": [\"%s\", \"%s\"], \"f8_widen\": [\"%s\", \"%s\"],"
+           " \"k_blocked\": [\"%s\", \"%s\"],\n"
            "    \"backend_info\": [\"%s\", \"%s\"], \"prefill\": [",
            a->against ? a->against : a->model_dir, p.batch_invariant, a->rounds, tune[0].stream_l2 ? "l2" : "l1",
            tune[1].stream_l2 ? "l2" : "l1", tune[0].f8_widen32 ? "f32" : "f16", tune[1].f8_widen32 ? "f32" : "f16",

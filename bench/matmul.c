@@ -146,6 +146,7 @@ static double kernel_gflops(moeq_backend *b, weight *w, int64_t tokens, const fl
 /* --against-k-blocked: the lanes' products of each dtype the choice touches, both ways, ABBA rounds. */
 static int k_blocked_rounds(int n_threads, int64_t rows, int64_t cols, const int *toks, int n_toks, int max_tok,
                             int rounds, int cold, double min_s, const float *x, float *y) {
+    if (rounds < 1 || rounds > 64) return 1;
     moeq_backend_config cfg = {.n_threads = n_threads, .batch_invariant = 1, .blas_min_tokens = 16, .max_k = cols,
                                .max_ctx = 64, .max_jobs = 4, .max_tokens = max_tok};
     moeq_backend *b = moeq_backend_cpu_new(&cfg);
@@ -195,16 +196,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_list = argv[++i];
         else if (!strcmp(argv[i], "--invariant-only")) inv_min = 1;
         else if (!strcmp(argv[i], "--cold")) cold = 1;
-        else if (!strcmp(argv[i], "--against-k-blocked") && i + 1 < argc) kb_rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--against-k-blocked") && i + 1 < argc) {
+            kb_rounds = atoi(argv[++i]);
+            if (kb_rounds < 1 || kb_rounds > 64) {
+                fprintf(stderr, "bench-matmul: --against-k-blocked takes 1 to 64 rounds, not '%s'\n", argv[i]);
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "usage: bench-matmul [--threads N] [--rows N] [--cols K] [--tokens 1,8,32,128,512]"
                             " [--min-seconds S] [--invariant-only] [--cold] [--against-k-blocked ROUNDS]\n");
             return 2;
         }
-    }
-    if (kb_rounds < 0 || kb_rounds > 64) {
-        fprintf(stderr, "bench-matmul: --against-k-blocked takes 1 to 64 rounds\n");
-        return 2;
     }
     int toks[16], n_toks = 0;
     for (const char *p = tokens_list; *p && n_toks < 16;) {

@@ -17,7 +17,8 @@
 
 static void gen_model_usage(FILE *out) {
     fprintf(out,
-            "usage: moeq gen-model --preset tiny|tiny-v2|small|bench|tiny-mtp|bench-mtp|bench-wide --out DIR [options]\n"
+            "usage: moeq gen-model --preset tiny|tiny-v2|small|bench|tiny-mtp|bench-mtp|bench-wide --out DIR\n"
+            "                      [options]\n"
             "\n"
             "Writes config.json, safetensors (HF tensor names) and, when sharded,\n"
             "model.safetensors.index.json. Same seed, same bytes.\n"

@@ -239,9 +239,10 @@ static void every_instruction_set_this_cpu_runs_matches_the_emulation_bit_for_bi
 
 /*
  * Blocks of many tokens take the K-blocked path (moeq_mm_nt_block_ws: accumulators carried in the workspace
- * between K steps; F8 rows widened once per step), where this CPU's k_blocked choice says so (both are run): the bits are the emulation's for every dtype, K shorter
- * and longer than one step (with a tail), any row offset (F8 blocks straddling 128-row scale blocks), token
- * count and sub-block; a workspace too small falls back to the direct tiles with the same bits.
+ * between K steps; F8 rows widened once per step), blocks of 5-32 where this CPU's k_blocked choice says so
+ * (both choices are run): the bits are the emulation's for every dtype, K shorter and longer than one step
+ * (with a tail), any row offset (F8 blocks straddling 128-row scale blocks), token count and sub-block; a
+ * workspace too small falls back to the direct tiles with the same bits.
  */
 static void many_token_blocked_path_matches_the_emulation_bit_for_bit(void **state) {
     (void)state;

@@ -74,11 +74,13 @@
 #define BLK_ROWS 32      /* the many-token path's blocks: rows, tokens, K per step   */
 #define BLK_TOKS 64
 #define BLK_K 1024
-#define BLK_MIN_TOKS 5    /* blocks of at least this many tokens take it (4 fit one tile) when K > BLK_K  */
-                          /* and this CPU's k_blocked says so (cpu_tuning.h), ...                        */
-#define BLK_MIN_TOKS_ANY 33 /* ... blocks of at least this many when K > BLK_K whatever it says,          */
-#define BLK_MIN_TOKS_F8 33 /* ... and F8 blocks of at least this many whatever K, or whose scaled        */
-                           /* activations outgrow the workspace (see F8_FEW_TOKS)                      */
+/* Which blocks take it: those of at least BLK_MIN_TOKS tokens (4 fit one tile) when K > BLK_K and this CPU's
+ * k_blocked choice says so (cpu_tuning.h), those of at least BLK_MIN_TOKS_ANY when K > BLK_K whatever it says,
+ * and F8 blocks of at least BLK_MIN_TOKS_F8 whatever K, or whose scaled activations outgrow the workspace
+ * (see F8_FEW_TOKS). */
+#define BLK_MIN_TOKS 5
+#define BLK_MIN_TOKS_ANY 33
+#define BLK_MIN_TOKS_F8 33
 /* F8 blocks of fewer tokens take the direct tiles with their activations scaled once per scale block, in the
  * workspace, which holds those of F8_FEW_TOKS tokens whatever K (and of more where K is short). Session 27, Zen 4,
  * one core, F8 from memory, 1,024-2,048 rows x 512-7,168, the two alternated: the direct tiles took 0.67-0.80 of
@@ -1182,7 +1184,8 @@ void moeq_mm_nt_block_ws_isa(moeq_mm_isa isa, const moeq_mm_job *job, int64_t n0
             nt_blocked512(job, n0, n1, t0, t1, ws);
             return;
         }
-    } else if (blocked && K > BLK_K && t1 - t0 >= BLK_MIN_TOKS && (t1 - t0 >= BLK_MIN_TOKS_ANY || moeq_cpu_k_blocked())) {
+    } else if (blocked && K > BLK_K && t1 - t0 >= BLK_MIN_TOKS &&
+               (t1 - t0 >= BLK_MIN_TOKS_ANY || moeq_cpu_k_blocked())) {
         nt_blocked512(job, n0, n1, t0, t1, ws);
         return;
     }
