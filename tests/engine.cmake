@@ -36,7 +36,7 @@ endif()
 if(TARGET moeq AND TARGET bench-engine)
   add_test(NAME bench_engine_against_pairs_two_checkpoints_round_by_round
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_engine_against.sh ${CMAKE_BINARY_DIR})
-  set_tests_properties(bench_engine_against_pairs_two_checkpoints_round_by_round PROPERTIES LABELS unit TIMEOUT 120
+  set_tests_properties(bench_engine_against_pairs_two_checkpoints_round_by_round PROPERTIES LABELS unit TIMEOUT 240
     REQUIRED_FILES "$<TARGET_FILE:moeq>;$<TARGET_FILE:bench-engine>")
 endif()
 

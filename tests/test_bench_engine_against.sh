@@ -67,7 +67,8 @@ assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["d
 PY
 # --against-k-blocked alone: the BF16 checkpoint against itself, the second side's 5-32-token blocks K-blocked
 # shellcheck disable=SC2086
-"$E" --model "$W/bf16" --against-k-blocked on --rounds 2 $quick >"$W/out" || fail "--against-k-blocked: $(cat "$W/out")"
+"$E" --model "$W/bf16" --against-k-blocked on --rounds 2 --threads 1 --min-seconds 0.02 --prefill-tokens 16 --batches 3 \
+    --contexts none >"$W/out" || fail "--against-k-blocked: $(cat "$W/out")"
 python3 - "$W/out" "$W/bf16" <<'PY' || fail "against-k-blocked figures: $(cat "$W/out")"
 import json, sys
 d = json.load(open(sys.argv[1]))
