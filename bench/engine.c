@@ -444,12 +444,6 @@ static void print_paired(const double *model_v, const double *against_v, int rou
     fflush(stdout);
 }
 
-/*
- * --against DIR: every prefill and decode batch timed on both checkpoints in one process, the two engines taking
- * turns ABBA (model, against, against, model, ...) so that a shared machine's drift over minutes falls on both
- * sides alike; each ratio is the median of the paired rounds' ratios (session 25 found a single pair on the Zen 5
- * VM off by up to 20 %). This is how FP8 is measured against BF16 of the same weights (issue 18: within 10 %).
- */
 /* One side's CPU tuning (cpu_tuning.h): process-wide choices, set before each of its figures. */
 typedef struct side_tuning {
     int stream_l2, f8_widen32, k_blocked;
@@ -461,6 +455,12 @@ static void side_tuning_set(const side_tuning *t) {
     moeq_cpu_set_k_blocked(t->k_blocked);
 }
 
+/*
+ * --against DIR: every prefill and decode batch timed on both checkpoints in one process, the two engines taking
+ * turns ABBA (model, against, against, model, ...) so that a shared machine's drift over minutes falls on both
+ * sides alike; each ratio is the median of the paired rounds' ratios (session 25 found a single pair on the Zen 5
+ * VM off by up to 20 %). This is how FP8 is measured against BF16 of the same weights (issue 18: within 10 %).
+ */
 static void run_against(const moeq_model *model, const moeq_model *other, const bench_args *a) {
     moeq_engine_params p = engine_params(a, a->modes[0]);
     /* this CPU's own choices on the first side; the second's as --against-prefetch, -f8-widen, -k-blocked say */

@@ -53,8 +53,13 @@
 #include "worker_test_util.h"
 
 static char g_kafka[128], g_redis[128], g_model[512], g_moeq[512];
-static pid_t g_pids[64]; /* workers started and not yet reaped */
-static int g_n_pids;
+/* Workers started by this test, by id: their pid (0 once reaped) and where their log stood when they started. */
+static struct {
+    char id[32];
+    pid_t pid;
+    long log_from;
+} g_started[64];
+static int g_n_started;
 static moeq_model *g_mdl;
 static moeq_tokenizer *g_tok;
 static moeq_engine *g_engine;
@@ -132,8 +137,8 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    for (int i = 0; i < g_n_pids; i++) /* workers of a failed test (already reaped ones: ESRCH) */
-        if (g_pids[i] > 0 && kill(g_pids[i], SIGKILL) == 0) waitpid(g_pids[i], NULL, 0);
+    for (int i = 0; i < g_n_started; i++) /* workers of a failed test (already reaped ones: ESRCH) */
+        if (g_started[i].pid > 0 && kill(g_started[i].pid, SIGKILL) == 0) waitpid(g_started[i].pid, NULL, 0);
     moeq_engine_destroy(g_engine);
     moeq_tokenizer_destroy(g_tok);
     moeq_model_destroy(g_mdl);
@@ -217,14 +222,6 @@ static void add_batch(scenario *s, int p, int from, int to, char *id_out, size_t
     wt_add_batch(s->redis, s->prefix, p, bj, (size_t)(to - from), id_out, id_size);
 }
 
-/* Workers started by this test, by id: their pid and where their log stood when they started. */
-static struct {
-    char id[32];
-    pid_t pid;
-    long log_from;
-} g_started[64];
-static int g_n_started;
-
 static void worker_log_path(const char *id, char *path, size_t size) {
     snprintf(path, size, "%s/worker-%s.log", getenv("MOEQ_BUILD_DIR") ? getenv("MOEQ_BUILD_DIR") : "/tmp", id);
 }
@@ -273,8 +270,7 @@ static pid_t start_worker(const scenario *s, const char *id, const char *extra) 
         _exit(127);
     }
     assert_true(pid > 0);
-    assert_true(g_n_pids < 64 && g_n_started < 64);
-    g_pids[g_n_pids++] = pid;
+    assert_true(g_n_started < 64);
     snprintf(g_started[g_n_started].id, sizeof g_started[g_n_started].id, "%s", id);
     g_started[g_n_started].pid = pid;
     g_started[g_n_started++].log_from = log_from;
@@ -287,6 +283,7 @@ static pid_t start_worker(const scenario *s, const char *id, const char *extra) 
  * on two cores.
  */
 static void wait_heartbeat(scenario *s, const char *worker_id) {
+    static char log[8192];
     char key[512], err[256];
     snprintf(key, sizeof key, "%s:worker:%s", s->ns, worker_id);
     int i = started_index(worker_id);
@@ -298,15 +295,14 @@ static void wait_heartbeat(scenario *s, const char *worker_id) {
         moeq_redis_reply_free(r);
         if (v == 1) return;
         int st;
-        if (i >= 0 && waitpid(g_started[i].pid, &st, WNOHANG) == g_started[i].pid) {
-            static char log[8192];
+        if (i >= 0 && g_started[i].pid > 0 && waitpid(g_started[i].pid, &st, WNOHANG) == g_started[i].pid) {
+            g_started[i].pid = 0;
             worker_log_since_start(worker_id, log, sizeof log);
             fail_msg("worker %s exited (%s %d) before its first heartbeat; it logged:\n%s", worker_id,
                      WIFEXITED(st) ? "status" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), log);
         }
         usleep(50000);
     }
-    static char log[8192];
     worker_log_since_start(worker_id, log, sizeof log);
     fail_msg("worker %s sent no heartbeat within 60 s; it logged:\n%s", worker_id, log);
 }
@@ -329,8 +325,8 @@ static int worker_http_port(const char *worker_id) {
 }
 
 static void forget_pid(pid_t pid) {
-    for (int i = 0; i < g_n_pids; i++)
-        if (g_pids[i] == pid) g_pids[i] = 0;
+    for (int i = 0; i < g_n_started; i++)
+        if (g_started[i].pid == pid) g_started[i].pid = 0;
 }
 
 static int wait_exit(pid_t pid, int timeout_ms) {
