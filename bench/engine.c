@@ -12,6 +12,7 @@
  * document. A program, not a test: numbers depend on the machine and on
  * what else runs on it.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,8 @@
 #include "moeq/util.h"
 #include "peak.h"
 #include "stats.h"
-#include "cpu_tuning.h" /* engine/cpu: --against-prefetch, --against-f8-widen, --against-k-blocked */
+#include "cpu_tuning.h" /* engine/cpu: --against-prefetch, --against-f8-widen, --against-k-blocked, --tune */
+#include "model.h"      /* engine: --tune asks which weights the model has                           */
 #ifdef MOEQ_BENCH_GENMODEL
 #include "moeq/genmodel.h"
 #endif
@@ -50,7 +52,8 @@ typedef struct bench_args {
     const char *against_prefetch; /* --against-prefetch l1|l2: the second side's weight-stream prefetches       */
     const char *against_f8_widen; /* --against-f8-widen f16|f32: the second side's F8 widening (cpu_tuning.h)   */
     const char *against_k_blocked; /* --against-k-blocked on|off: the second side's K blocking at 5-32 tokens    */
-    int rounds;                   /* --rounds R: paired rounds of --against (default 3)                          */
+    const char *tune;             /* --tune all|prefetch,f8-widen,k-blocked: this CPU's kernel choices measured    */
+    int rounds;                   /* --rounds R: paired rounds of --against and --tune (default 3)              */
 } bench_args;
 
 /* ---- STREAM triad ------------------------------------------------------------ */
@@ -455,6 +458,20 @@ static void side_tuning_set(const side_tuning *t) {
     moeq_cpu_set_k_blocked(t->k_blocked);
 }
 
+/* Figure f (the prefills, then the decode batches) of both sides over a->rounds, taking turns ABBA, each side under
+ * its own tuning: v[side][round] in tokens/s. */
+static void pair_rounds(moeq_engine *const e[2], const int vocab[2], float *logits, const bench_args *a,
+                        const side_tuning tune[2], int f, double v[2][64]) {
+    for (int r = 0; r < a->rounds; r++)
+        for (int t = 0; t < 2; t++) {
+            int s = t ^ (r & 1), steps = 0;
+            side_tuning_set(&tune[s]);
+            v[s][r] = f < a->n_prefills ? prefill_tps(e[s], vocab[s], a->prefills[f], logits)
+                                        : decode_tps(e[s], vocab[s], a->batches[f - a->n_prefills], a->decode_prompt,
+                                                     a->min_seconds, logits, &steps);
+        }
+}
+
 /*
  * --against DIR: every prefill and decode batch timed on both checkpoints in one process, the two engines taking
  * turns ABBA (model, against, against, model, ...) so that a shared machine's drift over minutes falls on both
@@ -492,23 +509,13 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
            moeq_engine_backend_info(e[1]));
     double v[2][64];
     for (int i = 0; i < a->n_prefills; i++) {
-        for (int r = 0; r < a->rounds; r++)
-            for (int t = 0; t < 2; t++) {
-                int s = t ^ (r & 1);
-                side_tuning_set(&tune[s]);
-                v[s][r] = prefill_tps(e[s], vocab[s], a->prefills[i], logits);
-            }
+        pair_rounds(e, vocab, logits, a, tune, i, v);
         printf("%s\n      {\"tokens\": %d, ", i ? "," : "", a->prefills[i]);
         print_paired(v[0], v[1], a->rounds);
     }
     printf("],\n    \"decode\": [");
     for (int i = 0; i < a->n_batches; i++) {
-        for (int r = 0; r < a->rounds; r++)
-            for (int t = 0; t < 2; t++) {
-                int s = t ^ (r & 1), steps = 0;
-                side_tuning_set(&tune[s]);
-                v[s][r] = decode_tps(e[s], vocab[s], a->batches[i], a->decode_prompt, a->min_seconds, logits, &steps);
-            }
+        pair_rounds(e, vocab, logits, a, tune, a->n_prefills + i, v);
         printf("%s\n      {\"batch\": %d, ", i ? "," : "", a->batches[i]);
         print_paired(v[0], v[1], a->rounds);
     }
@@ -517,6 +524,110 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
     free(logits);
     moeq_engine_destroy(e[0]);
     moeq_engine_destroy(e[1]);
+}
+
+/* ---- --tune: the CPU kernels' choices measured on this host ------------------------------------------------ */
+
+/* A choice switches from this CPU's rule when the figures' ratios (the other value over the rule's) have a geometric
+ * mean of at least TUNE_GAIN and none is below TUNE_WORST: the paired rounds' medians move by a few percent between
+ * runs on a shared VM (session 25), so a smaller gain is not told from noise, and a switch may not buy one figure
+ * with another. */
+#define TUNE_GAIN 1.03
+#define TUNE_WORST 0.97
+
+/* Whether the choice can matter for this model here, and why not when it cannot. */
+static const char *tune_skip(int choice, const moeq_model *model) {
+    if (strncmp(moeq_engine_cpu_kernels(), "avx512 ", 7)) return "not the avx512 lanes: the choices are theirs";
+    int f8 = 0, wide = 0;
+    for (int i = 0; i < model->n_tensors; i++) {
+        const moeq_tensor *t = &model->tensors[i];
+        f8 |= t->dtype == MOEQ_DTYPE_F8_E4M3;
+        wide |= t->ndim == 2 && t->dtype != MOEQ_DTYPE_F8_E4M3 && moeq_tensor_cols(t) > 1024;
+    }
+    if (choice == 1 && !f8) return "no F8 weights";
+    if (choice == 2 && !wide) return "no BF16, F16 or F32 weight rows over 1,024 columns";
+    return NULL;
+}
+
+/*
+ * --tune LIST: each of this CPU's kernel choices (cpu_prefetch, cpu_f8_widen, cpu_k_blocked; cpu_tuning.h) that can
+ * matter for --model, timed against its other value on whole engine steps as --against-* does (every prefill and
+ * decode batch, ABBA over --rounds), one choice after another, each on top of the ones already decided. Prints
+ * every figure's ratio and the `key = value` lines (engine and worker keys) for the choices whose other value won
+ * by the rule above; none when the CPU's rules are already right.
+ */
+static void run_tune(const moeq_model *model, const bench_args *a) {
+    static const char *const keys[3] = {"cpu_prefetch", "cpu_f8_widen", "cpu_k_blocked"};
+    static const char *const names[3] = {"prefetch", "f8-widen", "k-blocked"};
+    static const char *const values[3][2] = {{"l1", "l2"}, {"f16", "f32"}, {"off", "on"}};
+    moeq_engine_params p = engine_params(a, a->modes[0]);
+    moeq_engine *one = NULL;
+    char err[256] = "";
+    if (moeq_engine_new(model, &p, &one, err, sizeof(err))) {
+        printf("  \"tune_error\": \"%s\"", err);
+        return;
+    }
+    /* one engine for both sides: the choices are the process's, so the sides differ in them alone (not in where
+     * two engines' arenas and caches landed); a freed sequence's blocks are found again only by seq_new_prefix */
+    moeq_engine *const e[2] = {one, one};
+    int vocab[2] = {moeq_model_get_config(model)->vocab_size, moeq_model_get_config(model)->vocab_size};
+    float *logits = malloc((size_t)(p.max_seqs > 256 ? p.max_seqs : 256) * vocab[0] * sizeof(float));
+    side_tuning now = {moeq_cpu_stream_l2(), moeq_cpu_f8_widen32(), moeq_cpu_k_blocked()};
+    const side_tuning rule = now;
+    char config[3][64];
+    int n_config = 0;
+    printf("  \"tune\": {\"batch_invariant\": %d, \"rounds\": %d, \"order\": \"ABBA\", \"gain_needed\": %.2f, "
+           "\"worst_allowed\": %.2f, \"choices\": [",
+           p.batch_invariant, a->rounds, TUNE_GAIN, TUNE_WORST);
+    for (int c = 0, printed = 0; c < 3; c++) {
+        if (!strstr(a->tune, names[c]) && strcmp(a->tune, "all")) continue;
+        int *field = c == 0 ? &now.stream_l2 : c == 1 ? &now.f8_widen32 : &now.k_blocked;
+        int mine = *field;
+        printf("%s\n    {\"key\": \"%s\", \"auto\": \"%s\", ", printed++ ? "," : "", keys[c], values[c][mine]);
+        const char *skip = tune_skip(c, model);
+        if (skip) {
+            printf("\"skipped\": \"%s\"}", skip);
+            fflush(stdout);
+            continue;
+        }
+        side_tuning tune[2] = {now, now};
+        *(c == 0 ? &tune[1].stream_l2 : c == 1 ? &tune[1].f8_widen32 : &tune[1].k_blocked) = !mine;
+        printf("\"tried\": \"%s\", \"figures\": [", values[c][!mine]);
+        double log_sum = 0, worst = 0, v[2][64];
+        int n_fig = a->n_prefills + a->n_batches;
+        for (int f = 0; f < n_fig; f++) {
+            pair_rounds(e, vocab, logits, a, tune, f, v);
+            double ratio[64];
+            int n = 0;
+            for (int r = 0; r < a->rounds; r++)
+                if (v[0][r] > 0 && v[1][r] > 0) ratio[n++] = v[1][r] / v[0][r];
+            double med = bench_median(ratio, n);
+            if (f < a->n_prefills) printf("%s\n      {\"prefill\": %d, ", f ? "," : "", a->prefills[f]);
+            else printf("%s\n      {\"batch\": %d, ", f ? "," : "", a->batches[f - a->n_prefills]);
+            print_paired(v[0], v[1], a->rounds);
+            if (med <= 0) med = 1; /* a figure that gave nothing (a failed step) decides nothing */
+            log_sum += log(med);
+            worst = f == 0 || med < worst ? med : worst;
+        }
+        double gain = exp(log_sum / n_fig);
+        int take = gain >= TUNE_GAIN && worst >= TUNE_WORST;
+        if (take) {
+            *field = !mine;
+            snprintf(config[n_config++], sizeof config[0], "%s = %s", keys[c], values[c][!mine]);
+        }
+        printf("],\n     \"geomean\": %.3f, \"worst\": %.3f, \"choose\": \"%s\", \"why\": \"%s\"}", gain, worst,
+               values[c][*field],
+               take                  ? "the other value won"
+               : gain >= TUNE_GAIN   ? "the other value won overall but lost a figure past worst_allowed"
+                                     : "the other value did not win by gain_needed");
+        fflush(stdout);
+    }
+    printf("],\n    \"config\": [");
+    for (int i = 0; i < n_config; i++) printf("%s\"%s\"", i ? ", " : "", config[i]);
+    printf("]}");
+    side_tuning_set(&rule);
+    free(logits);
+    moeq_engine_destroy(one);
 }
 
 /* A comma-separated list of at most max ints in [lo, hi] into out: how many, or -1 (a value out of range,
@@ -567,6 +678,18 @@ static int parse(int argc, char **argv, bench_args *a) {
         else if (!strcmp(k, "--against-k-blocked")) {
             if (strcmp(v, "on") && strcmp(v, "off")) return -1;
             a->against_k_blocked = v;
+        }
+        else if (!strcmp(k, "--tune")) {
+            /* all, or a comma-separated list of prefetch, f8-widen, k-blocked */
+            for (const char *t = v; *t;) {
+                size_t n = strcspn(t, ",");
+                if (!(n == 3 && !strncmp(t, "all", 3)) && !(n == 8 && !strncmp(t, "prefetch", 8)) &&
+                    !(n == 8 && !strncmp(t, "f8-widen", 8)) && !(n == 9 && !strncmp(t, "k-blocked", 9)))
+                    return -1;
+                t += n + (t[n] == ',');
+            }
+            if (!*v) return -1;
+            a->tune = v;
         }
         else if (!strcmp(k, "--rounds")) {
             if (int_list(v, &a->rounds, 1, 1, 64) != 1) return -1;
@@ -623,6 +746,7 @@ int main(int argc, char **argv) {
                         "                    [--cuda-matrix auto|lanes|both] [--head-screen auto|off|both]\n"
                         "                    [--against DIR] [--against-prefetch l1|l2] [--against-f8-widen f16|f32]\n"
                         "                    [--against-k-blocked on|off] [--rounds R]\n"
+                        "                    [--tune all|prefetch,f8-widen,k-blocked]\n"
                         "  --prefill-tokens  one or more prompt lengths (default 512), each timed\n"
                         "  --modes           batch_invariant values to run (default 1,0)\n"
                         "  --cpu-matrix      the CPU's matrix path (engine key cpu_matrix; default auto)\n"
@@ -645,7 +769,12 @@ int main(int argc, char **argv) {
                         "  --against-f8-widen f16|f32  likewise the second side's F8 widening in the few-token\n"
                         "                  tiles: through float16, or straight into float32 bits.\n"
                         "  --against-k-blocked on|off  likewise whether BF16, F16 and F32 blocks of 5-32 tokens\n"
-                        "                  with K > 1,024 walk K in steps (on) or take the direct tiles (off).\n");
+                        "                  with K > 1,024 walk K in steps (on) or take the direct tiles (off).\n"
+                        "  --tune LIST     instead of the modes: each CPU kernel choice in LIST (all: every one)\n"
+                        "                  that can matter for --model, against its other value as --against-*\n"
+                        "                  times them, one after another; `tune.config` gives the engine and\n"
+                        "                  worker keys (cpu_prefetch, cpu_f8_widen, cpu_k_blocked) whose other\n"
+                        "                  value won: a geometric mean >= 1.03 over the figures, none < 0.97.\n");
         return 2;
     }
     if (ensure_model(&a)) return 1;
@@ -690,7 +819,14 @@ int main(int argc, char **argv) {
                moeq_engine_cpu_kernels(), a.cpu_matrix ? a.cpu_matrix : "auto", moeq_engine_cpu_amx_describe(),
                a.peak_fp32_gflops, peak_dp, peak_amx_g);
     printf("  \"matmul_flops_per_token\": %.0f,\n", a.matmul_flops_per_token);
-    if (a.against || a.against_prefetch || a.against_f8_widen || a.against_k_blocked) {
+    if (a.tune && !cpu) {
+        printf("  \"tune_error\": \"--tune measures the CPU kernels' choices: --backend cpu\",\n"
+               "  \"peak_rss_mb\": %.1f\n}\n", peak_rss_kb() / 1024.0);
+        moeq_model_destroy(model);
+        return 1;
+    }
+    if (a.tune) run_tune(model, &a);
+    else if (a.against || a.against_prefetch || a.against_f8_widen || a.against_k_blocked) {
         moeq_model *other = NULL; /* --against-prefetch / -f8-widen / -k-blocked alone: both sides are --model */
         if (a.against && moeq_model_load(a.against, NULL, &other, err, sizeof(err))) {
             fprintf(stderr, "bench-engine: --against %s: %s\n", a.against, err);

@@ -337,6 +337,11 @@ typedef struct moeq_backend_config {
     int cuda_few_token;     /* cuda_matrix = auto: the CUDA backend's two-threads-a-row kernels for products of <= 8
                                tokens and 32 x 32 shared-memory tiles for more (0: its 16-lane kernels at every
                                size); the same bits; the CPU ignores it */
+    /* CPU: the kernels' per-CPU choices (cpu/cpu_tuning.h), each 0 = this CPU's rule, 1 = the first value, 2 = the
+       second: prefetch into L1 / L2, F8 widened through float16 / into float32, 5-32-token blocks direct / walked
+       in K. Process-wide (the kernels read them, not the backend): a backend created with a value sets it for
+       every engine in the process; 0 leaves the process's choice as it is. The same bits every way. */
+    int cpu_prefetch, cpu_f8_widen, cpu_k_blocked;
 } moeq_backend_config;
 
 /*

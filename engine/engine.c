@@ -29,7 +29,10 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .mtp_draft = "f8",
                                 .cuda_graphs = "off",
                                 .cuda_matrix = "lanes",
-                                .head_screen = "auto"};
+                                .head_screen = "auto",
+                                .cpu_prefetch = "auto",
+                                .cpu_f8_widen = "auto",
+                                .cpu_k_blocked = "auto"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -137,6 +140,11 @@ static int64_t max_weight_cols(const moeq_model *model) {
     return m;
 }
 
+/* A CPU kernel choice's value for the backend: 0 = auto (this CPU's rule), 1 = off, 2 = on; -1 for anything else. */
+static int cpu_choice(const char *v, const char *off, const char *on) {
+    return !strcmp(v, "auto") ? 0 : !strcmp(v, off) ? 1 : !strcmp(v, on) ? 2 : -1;
+}
+
 static moeq_err check_params(const moeq_engine_params *p, const moeq_model_config *c, char *errstr,
                              size_t errstr_size) {
     if (p->max_seqs < 1 || p->max_step_tokens < 1 || p->kv_block_tokens < 1 || p->kv_cache_tokens < 1 ||
@@ -164,6 +172,14 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
     if (strcmp(p->head_screen, "auto") && strcmp(p->head_screen, "off"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "head_screen \"%.8s\": the choices are auto and off", p->head_screen);
+    static const struct {
+        const char *key, *off, *on; /* a CPU kernel choice (cpu_tuning.h) and its two values besides auto */
+    } choices[] = {{"cpu_prefetch", "l1", "l2"}, {"cpu_f8_widen", "f16", "f32"}, {"cpu_k_blocked", "off", "on"}};
+    const char *chosen[] = {p->cpu_prefetch, p->cpu_f8_widen, p->cpu_k_blocked};
+    for (int i = 0; i < 3; i++)
+        if (cpu_choice(chosen[i], choices[i].off, choices[i].on) < 0)
+            return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "%s \"%.8s\": the choices are auto, %s and %s",
+                             choices[i].key, chosen[i], choices[i].off, choices[i].on);
     if (strcmp(p->mtp_draft, "exact") && strcmp(p->mtp_draft, "f8") && strcmp(p->mtp_draft, "e4m3"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "mtp_draft \"%.8s\": the choices are exact, f8 and e4m3", p->mtp_draft);
@@ -233,7 +249,10 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .device = e->params.device,
                               .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx(),
                               .graphs = strcmp(e->params.cuda_graphs, "off") != 0,
-                              .cuda_few_token = !strcmp(e->params.cuda_matrix, "auto")};
+                              .cuda_few_token = !strcmp(e->params.cuda_matrix, "auto"),
+                              .cpu_prefetch = cpu_choice(e->params.cpu_prefetch, "l1", "l2"),
+                              .cpu_f8_widen = cpu_choice(e->params.cpu_f8_widen, "f16", "f32"),
+                              .cpu_k_blocked = cpu_choice(e->params.cpu_k_blocked, "off", "on")};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;

@@ -73,5 +73,17 @@ const moeq_prop moeq_engine_params_props[] = {
      "proven bound on each logit's error, then only the rows that bound cannot rule out on the exact path; the "
      "same token and value as the whole row, 2-2.7x faster on the float32 lanes; the copy, half the head's "
      "BF16 bytes, is made at the first such step) or \"off\" (every row whole) (docs/ENGINE.md)"},
+    {"cpu_prefetch", MOEQ_PROP_STR, P(cpu_prefetch), 0, 0, "auto",
+     "where the CPU kernels prefetch their weight streams (AVX-512 tiles, int8 draft kernels): \"auto\" (this "
+     "CPU's choice: L2 on AMD Zen 3/4, L1 elsewhere; cpu_kernels in model-info says which), \"l1\" or \"l2\"; "
+     "the same bits either way. Process-wide: an engine created with l1 or l2 sets it for the whole process "
+     "(bench-engine --tune measures which is faster here; docs/BENCHMARKS.md)"},
+    {"cpu_f8_widen", MOEQ_PROP_STR, P(cpu_f8_widen), 0, 0, "auto",
+     "how the CPU's few-token tiles widen F8 E4M3 weights: \"auto\" (straight into float32 bits on AMD Zen 3/4, "
+     "through float16 elsewhere), \"f16\" or \"f32\"; the same bits either way; process-wide like cpu_prefetch"},
+    {"cpu_k_blocked", MOEQ_PROP_STR, P(cpu_k_blocked), 0, 0, "auto",
+     "whether the CPU's BF16, F16 and F32 products of 5-32 tokens with rows over 1,024 columns walk K in steps "
+     "of 1,024 (\"on\") or take the direct tiles over whole rows (\"off\"); \"auto\": off on AMD Zen 3/4, on "
+     "elsewhere; more tokens always walk K; the same bits either way; process-wide like cpu_prefetch"},
     MOEQ_PROP_END,
 };

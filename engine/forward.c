@@ -317,6 +317,11 @@ static moeq_screen_state *screen_of(moeq_engine *e, const moeq_tensor *head) {
     return st;
 }
 
+const moeq_tensor *moeq_forward_head_codes(moeq_engine *e) {
+    moeq_screen_state *st = screen_of(e, e->model->lm_head);
+    return st ? moeq_head_screen_codes(st->screen, 0) : NULL;
+}
+
 moeq_head_screen_stats moeq_engine_head_screen_stats(const moeq_engine *e) {
     moeq_head_screen_stats st = {0, 0, 0, 0, 0, 0, NULL};
     if (!e) return st;

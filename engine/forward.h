@@ -40,6 +40,9 @@ void moeq_forward_block(moeq_engine *engine, const moeq_block *block, int64_t n_
 
 /* Frees the screened head's state (head_screen = auto), if one was made. */
 void moeq_forward_screen_destroy(moeq_engine *engine);
+/* The screened head's int8 copy of lm_head (Q8R, split codes: moeq_tensor_q8r_copy's bytes), the screen made now if
+ * it applies and was not yet; NULL where it does not apply or could not be made. Lives as long as the engine. */
+const moeq_tensor *moeq_forward_head_codes(moeq_engine *engine);
 
 /* rmsnorm(s.x row s.logit_tok[r], norm) -> head, for r < n_rows, into out's rows row0 + r (moeq_step_out: whole
  * rows, or records and the rows needed whole: on a device, and on the CPU for the main head's rows read only for

@@ -103,11 +103,18 @@ static moeq_err draft_copy(const moeq_engine *e, moeq_mtp_state *m, const moeq_t
 static moeq_err make_draft_layer(moeq_engine *e, moeq_mtp_state *m) {
     moeq_layer d = *m->layer;
     const moeq_tensor *head = m->head;
+    /* a head that is lm_head drafts through the screened head's int8 copy where there is one: draft_copy would
+     * make the same bytes (moeq_tensor_q8r_copy) a second time, vocab x hidden of them (927 MB for V3) */
+    const moeq_tensor *shared = head == e->model->lm_head && !strcmp(e->params.mtp_draft, "f8") &&
+                                        moeq_engine_cpu_draft() && moeq_tensor_cols(head) <= MOEQ_Q8R_MAX_COLS
+                                    ? moeq_forward_head_codes(e)
+                                    : NULL;
+    if (shared) head = shared;
     const moeq_tensor **slots[] = {&d.q_proj,       &d.q_a_proj,       &d.q_b_proj,         &d.kv_a_proj_with_mqa,
                                    &d.o_proj,       &d.mlp.gate_proj,  &d.mlp.up_proj,      &d.mlp.down_proj,
                                    &d.shared.gate_proj, &d.shared.up_proj, &d.shared.down_proj, &d.eh_proj,
-                                   &head};
-    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+                                   shared ? NULL : &head};
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0] && slots[i]; i++) {
         moeq_err err = draft_copy(e, m, slots[i]);
         if (err) {
             for (int j = 0; j < m->n_f8; j++) free(m->f8[j]);
@@ -180,6 +187,8 @@ static int same_values(const moeq_tensor *a, const moeq_tensor *b) {
 }
 
 int moeq_mtp_head_is_lm_head(const moeq_engine *e) { return e->mtp && e->mtp->head == e->model->lm_head; }
+
+const moeq_tensor *moeq_mtp_draft_head(const moeq_engine *e) { return e->mtp ? e->mtp->head : NULL; }
 
 moeq_err moeq_mtp_state_new(moeq_engine *e, moeq_mtp_state **out, char *errstr, size_t errstr_size) {
     *out = NULL;

@@ -99,5 +99,8 @@ int64_t moeq_mtp_rows_run(const moeq_engine *engine);
 
 /* 1 when drafts go through lm_head: the MTP layer has no head of its own, or its head holds lm_head's bytes. */
 int moeq_mtp_head_is_lm_head(const moeq_engine *e);
+/* The head drafts are made with: lm_head, the MTP layer's own, a draft copy, or the screened head's int8 copy of
+ * lm_head (moeq_forward_head_codes) once drafts are int8 and the screen applies. NULL without an MTP layer. */
+const moeq_tensor *moeq_mtp_draft_head(const moeq_engine *e);
 
 #endif

@@ -38,6 +38,11 @@ if(TARGET moeq AND TARGET bench-engine)
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_engine_against.sh ${CMAKE_BINARY_DIR})
   set_tests_properties(bench_engine_against_pairs_two_checkpoints_round_by_round PROPERTIES LABELS unit TIMEOUT 240
     REQUIRED_FILES "$<TARGET_FILE:moeq>;$<TARGET_FILE:bench-engine>")
+  # bench-engine --tune: the CPU kernels' choices timed on whole steps, the keys whose other value won.
+  add_test(NAME bench_engine_tune_prints_the_keys_whose_other_value_won
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_engine_tune.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(bench_engine_tune_prints_the_keys_whose_other_value_won PROPERTIES LABELS unit TIMEOUT 240
+    REQUIRED_FILES "$<TARGET_FILE:moeq>;$<TARGET_FILE:bench-engine>")
 endif()
 
 

@@ -19,6 +19,7 @@
 
 #include "forward.h"
 #include "moe_layer.h"
+#include "cpu/cpu_tuning.h"
 #include "cpu/moe_route.h"
 #include "moeq/engine.h"
 #include "moeq/ep_plan.h"
@@ -463,6 +464,72 @@ static void nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_it
     moeq_engine_destroy(e);
 }
 
+/*
+ * Issue 18: cpu_prefetch, cpu_f8_widen and cpu_k_blocked. A value outside the choices is refused naming them; an
+ * engine created with a value sets the process's choice (cpu_tuning.h) and the kernels' description follows it;
+ * "auto" leaves the process's choice as it is. On BF16 and F8, a prefill and single-token steps (the few-token
+ * tiles that widen F8) give the same bits under all 8 combinations, on the float32 lanes.
+ */
+static void cpu_kernel_choices_are_engine_keys_and_change_no_bits(void **state) {
+    (void)state;
+    const int mine[3] = {moeq_cpu_stream_l2(), moeq_cpu_f8_widen32(), moeq_cpu_k_blocked()}; /* restored at the end */
+    moeq_engine_params p = moeq_engine_default_params();
+    p.kv_cache_tokens = 256, p.max_seqs = 2, p.max_step_tokens = 64, p.n_threads = 2;
+    snprintf(p.cpu_matrix, sizeof p.cpu_matrix, "lanes");
+    moeq_engine *e = NULL;
+    char err[256] = "";
+    static const char *const keys[3] = {"cpu_prefetch", "cpu_f8_widen", "cpu_k_blocked"};
+    static const char *const values[3][2] = {{"l1", "l2"}, {"f16", "f32"}, {"off", "on"}};
+    for (int k = 0; k < 3; k++) {
+        moeq_engine_params bad = p;
+        assert_int_equal(moeq_props_set(moeq_engine_params_props, &bad, keys[k], "fast", err, sizeof err), MOEQ_OK);
+        assert_int_equal(moeq_engine_new(g_tiny, &bad, &e, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+        assert_null(e);
+        char want[96];
+        snprintf(want, sizeof want, "%s \"fast\": the choices are auto, %s and %s", keys[k], values[k][0],
+                 values[k][1]);
+        assert_non_null(strstr(err, want));
+    }
+    int avx512 = !strncmp(moeq_engine_cpu_kernels(), "avx512 ", 7);
+    const moeq_model *models[2] = {g_tiny, g_tiny_f8};
+    int vocab = moeq_test_vocab(g_tiny), n = 7, steps = 3;
+    int32_t ids[10];
+    moeq_test_prompt(ids, n + steps, 9, vocab);
+    size_t floats = (size_t)(n + steps) * vocab;
+    float *first = malloc(floats * 4), *got = malloc(floats * 4);
+    for (int m = 0; m < 2; m++)
+        for (int combo = 0; combo < 8; combo++) {
+            for (int k = 0; k < 3; k++)
+                assert_int_equal(moeq_props_set(moeq_engine_params_props, &p, keys[k], values[k][combo >> k & 1], err,
+                                                sizeof err), MOEQ_OK);
+            assert_int_equal(moeq_engine_new(models[m], &p, &e, err, sizeof err), MOEQ_OK);
+            assert_int_equal(moeq_cpu_stream_l2(), combo & 1);
+            assert_int_equal(moeq_cpu_f8_widen32(), combo >> 1 & 1);
+            assert_int_equal(moeq_cpu_k_blocked(), combo >> 2 & 1);
+            const char *kernels = moeq_engine_cpu_kernels();
+            assert_int_equal(strstr(kernels, "prefetched into L2") != NULL, avx512 && (combo & 1));
+            assert_int_equal(strstr(kernels, "widened straight to float32") != NULL, avx512 && (combo >> 1 & 1));
+            assert_int_equal(strstr(kernels, "unblocked in K") != NULL, avx512 && !(combo >> 2 & 1));
+            int seq;
+            assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
+            run_all(e, seq, ids, n, got, vocab);
+            for (int t = 0; t < steps; t++) run_all(e, seq, ids + n + t, 1, got + (size_t)(n + t) * vocab, vocab);
+            moeq_engine_destroy(e);
+            if (combo == 0) memcpy(first, got, floats * 4);
+            else assert_memory_equal(got, first, floats * 4);
+        }
+    for (int k = 0; k < 3; k++) /* the last combination holds; auto keeps it */
+        assert_int_equal(moeq_props_set(moeq_engine_params_props, &p, keys[k], "auto", err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_OK);
+    assert_true(moeq_cpu_stream_l2() && moeq_cpu_f8_widen32() && moeq_cpu_k_blocked());
+    moeq_engine_destroy(e);
+    moeq_cpu_set_stream_l2(mine[0]);
+    moeq_cpu_set_f8_widen32(mine[1]);
+    moeq_cpu_set_k_blocked(mine[2]);
+    free(first);
+    free(got);
+}
+
 /* Issue 12: `backend = cpu` picks the CPU backend from the registry; any other name fails creation, naming it. */
 static void the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error(void **state) {
     (void)state;
@@ -630,6 +697,7 @@ int main(void) {
         cmocka_unit_test(no_context_length_check_the_engine_refuses_a_step_past_its_context),
         cmocka_unit_test(nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_its_batch_mate_keeps_its_bits),
         cmocka_unit_test(the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error),
+        cmocka_unit_test(cpu_kernel_choices_are_engine_keys_and_change_no_bits),
         cmocka_unit_test(the_whole_model_through_the_moe_layer_with_permuted_and_replicated_placements_gives_the_same_bits),
         cmocka_unit_test(the_engine_counts_each_routed_slot_by_layer_and_expert_whatever_the_batching),
     };

@@ -597,6 +597,54 @@ static void an_mtp_head_that_copies_lm_head_is_not_read_twice(void **state) {
     moeq_engine_destroy(e);
 }
 
+/*
+ * Where the screened head applies (int8 kernels, head_screen = auto), int8 drafts through lm_head read the screen's
+ * int8 copy instead of making the same bytes again: the draft copies are smaller by exactly that copy than with
+ * head_screen = off, and the drafts, so every count of drafted and accepted tokens, are the same.
+ */
+static void int8_drafts_share_the_screened_heads_copy_and_draft_the_same_tokens(void **state) {
+    (void)state;
+    if (!moeq_engine_cpu_draft()) {
+        print_message("SKIP: no int8 draft kernels on this CPU (%s)\n", moeq_engine_cpu_draft_describe());
+        return;
+    }
+    size_t bytes[2], copy = 0;
+    moeq_generate_stats st[2] = {{0}, {0}};
+    int32_t *tokens[2], ids[12];
+    int n_tokens[2];
+    prompt(ids, 12, 7, V(g_agree));
+    for (int off = 0; off < 2; off++) {
+        moeq_engine_params p = moeq_engine_default_params();
+        p.n_threads = 2, p.max_seqs = 16, p.max_step_tokens = 64, p.kv_cache_tokens = 2048, p.kv_block_tokens = 4;
+        snprintf(p.head_screen, sizeof p.head_screen, "%s", off ? "off" : "auto");
+        moeq_engine *e = NULL;
+        char err[256] = "";
+        assert_int_equal(moeq_engine_new(g_agree, &p, &e, err, sizeof err), MOEQ_OK);
+        generate(e, ids, 12, 2, moeq_sampling_default_params(), 40, &tokens[off], &n_tokens[off], &st[off]);
+        bytes[off] = moeq_mtp_draft_f8_bytes(e);
+        const moeq_tensor *codes = moeq_forward_head_codes(e); /* NULL with head_screen = off */
+        if (!off) {
+            assert_non_null(codes);
+            assert_ptr_equal(moeq_mtp_draft_head(e), codes);
+            copy = codes->nbytes + codes->scale_inv->nbytes;
+        } else {
+            assert_null(codes);
+            assert_non_null(moeq_mtp_draft_head(e));
+            assert_false(moeq_mtp_head_is_lm_head(e)); /* its own int8 copy */
+        }
+        moeq_engine_destroy(e);
+    }
+    assert_true(copy > 0);
+    assert_int_equal(bytes[1] - bytes[0], copy);
+    assert_true(st[0].drafted > 0);
+    assert_int_equal(st[0].drafted, st[1].drafted);
+    assert_int_equal(st[0].accepted, st[1].accepted);
+    assert_int_equal(n_tokens[0], n_tokens[1]);
+    assert_memory_equal(tokens[0], tokens[1], (size_t)n_tokens[0] * sizeof(int32_t));
+    free(tokens[0]);
+    free(tokens[1]);
+}
+
 /* What one draft reads: more than the head alone, less than a main step (tiny: 3 main blocks, 1 MTP block). */
 static void draft_bytes_count_the_mtp_block_and_its_head(void **state) {
     (void)state;
@@ -1093,6 +1141,7 @@ int main(void) {
         cmocka_unit_test(mtp_calls_fail_cleanly_without_state_or_layer),
         cmocka_unit_test(draft_bytes_count_the_mtp_block_and_its_head),
         cmocka_unit_test(an_mtp_head_that_copies_lm_head_is_not_read_twice),
+        cmocka_unit_test(int8_drafts_share_the_screened_heads_copy_and_draft_the_same_tokens),
         cmocka_unit_test(f8_drafts_emit_the_plain_tokens_and_are_accepted_like_exact_ones),
         cmocka_unit_test(ordinary_items_in_the_verify_step_give_the_bits_of_separate_steps),
         cmocka_unit_test(a_round_runs_the_mtp_block_once_per_accepted_token_and_draft),

@@ -421,6 +421,9 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.device = (int)p->device;
     snprintf(ep.cuda_graphs, sizeof ep.cuda_graphs, "%s", p->cuda_graphs);
     snprintf(ep.mtp_draft, sizeof ep.mtp_draft, "%s", p->mtp_draft);
+    snprintf(ep.cpu_prefetch, sizeof ep.cpu_prefetch, "%s", p->cpu_prefetch);
+    snprintf(ep.cpu_f8_widen, sizeof ep.cpu_f8_widen, "%s", p->cpu_f8_widen);
+    snprintf(ep.cpu_k_blocked, sizeof ep.cpu_k_blocked, "%s", p->cpu_k_blocked);
     ep.max_model_len = (int)p->max_model_len;
     ep.prefix_cache = p->prefix_cache;
     ep.prefix_cache_share = p->prefix_cache_share;

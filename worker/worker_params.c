@@ -48,6 +48,14 @@ const moeq_prop moeq_worker_props[] = {
      "the engine's mtp_draft: f8 (drafts from 8-bit copies of the MTP layer's projections and head, host "
      "backends: int8 rows where the CPU has AVX512-VNNI, else F8 E4M3), e4m3 (F8 E4M3 copies) or exact; the "
      "emitted tokens are the same either way (docs/MTP.md)"},
+    {"cpu_prefetch", MOEQ_PROP_STR, P(cpu_prefetch), 0, 0, "auto",
+     "the engine's cpu_prefetch: auto, l1 or l2 (where the CPU kernels prefetch their weight streams; the same "
+     "bits; bench-engine --tune says which is faster on this host)"},
+    {"cpu_f8_widen", MOEQ_PROP_STR, P(cpu_f8_widen), 0, 0, "auto",
+     "the engine's cpu_f8_widen: auto, f16 or f32 (how the CPU's few-token tiles widen F8 weights; the same bits)"},
+    {"cpu_k_blocked", MOEQ_PROP_STR, P(cpu_k_blocked), 0, 0, "auto",
+     "the engine's cpu_k_blocked: auto, on or off (whether CPU products of 5-32 tokens walk K in steps; the same "
+     "bits)"},
     {"max_batches_held", MOEQ_PROP_INT, P(max_batches_held), 1, 1024, "4",
      "batches taken and not yet acknowledged, at most"},
     {"block_ms", MOEQ_PROP_INT, P(block_ms), 1, 60000, "200", "XREADGROUP BLOCK when the worker is idle, ms"},

@@ -41,6 +41,9 @@ typedef struct moeq_worker_params {
     int64_t device;               /* device ordinal for backend cuda (one worker process per GPU)   */
     char cuda_graphs[8];          /* the engine's cuda_graphs: off | auto | on                      */
     char mtp_draft[8];            /* the engine's mtp_draft: f8 | exact                             */
+    char cpu_prefetch[8];         /* the engine's cpu_prefetch: auto | l1 | l2                       */
+    char cpu_f8_widen[8];         /* the engine's cpu_f8_widen: auto | f16 | f32                     */
+    char cpu_k_blocked[8];        /* the engine's cpu_k_blocked: auto | on | off                     */
     int64_t max_batches_held;     /* batches taken and not yet acknowledged, at most                */
     int64_t block_ms;             /* XREADGROUP BLOCK when idle                                     */
     int64_t heartbeat_interval_ms;/* heartbeat period; the key's TTL is 3 periods                  */

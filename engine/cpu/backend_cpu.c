@@ -28,6 +28,7 @@
 #include "attention.h"
 #include "attention_amx.h"
 #include "backend_pool.h"
+#include "cpu_tuning.h"
 #include "logits_reduce.h"
 #include "moe_route.h"
 #include "ops.h"
@@ -724,19 +725,23 @@ static void cpu_moe_experts(moeq_backend *b, const moeq_moe_experts_params *p) {
 }
 
 const char *moeq_engine_cpu_kernels(void) {
-    static char text[640];
-    static _Atomic int done;
-    if (atomic_load(&done)) return text;
+    /* one text per combination of the kernel choices, as moeq_mm_cpu_describe keeps */
+    static char texts[8][640];
+    static _Atomic int done[8];
+    int key = moeq_cpu_tuning_key();
+    char *text = texts[key];
+    if (atomic_load(&done[key])) return text;
+    const char *lanes = moeq_mm_cpu_describe();
     /* the screened head (engine/head_screen.h) runs the head's int8 copy on the draft kernels */
     const char *screen = moeq_draft_supported() ? "greedy rows: the screened head (an int8 copy, head_screen = auto)"
                                                 : "greedy rows: whole (no int8 kernels for the screened head)";
     if (moeq_amx_supported())
-        snprintf(text, sizeof text, "%s; NT products of BF16/F8 weights on amx_bf16 tiles with split float32 "
+        snprintf(text, sizeof texts[0], "%s; NT products of BF16/F8 weights on amx_bf16 tiles with split float32 "
                  "activations (cpu_matrix = auto or amx; lanes keeps the float32 lanes); MTP drafts: %s; %s",
-                 moeq_mm_cpu_describe(), moeq_draft_describe(), screen);
-    else snprintf(text, sizeof text, "%s; AMX path: %s; MTP drafts: %s; %s", moeq_mm_cpu_describe(),
+                 lanes, moeq_draft_describe(), screen);
+    else snprintf(text, sizeof texts[0], "%s; AMX path: %s; MTP drafts: %s; %s", lanes,
                   moeq_amx_describe(), moeq_draft_describe(), screen);
-    atomic_store(&done, 1);
+    atomic_store(&done[key], 1);
     return text;
 }
 
@@ -867,6 +872,9 @@ moeq_backend *moeq_backend_cpu_new(const moeq_backend_config *params) {
             goto fail;
     }
     moeq_mm_blas_init();
+    if (cb->p.cpu_prefetch) moeq_cpu_set_stream_l2(cb->p.cpu_prefetch == 2);
+    if (cb->p.cpu_f8_widen) moeq_cpu_set_f8_widen32(cb->p.cpu_f8_widen == 2);
+    if (cb->p.cpu_k_blocked) moeq_cpu_set_k_blocked(cb->p.cpu_k_blocked == 2);
     snprintf(cb->info, sizeof cb->info, "cpu: %s kernels, %d thread%s, %s",
              cb->p.amx ? "amx_bf16 tiles (split float32 activations)" : moeq_mm_cpu_describe(), n, n == 1 ? "" : "s",
              cb->p.batch_invariant ? "batch-invariant" : "OpenBLAS sgemm from 16 tokens");

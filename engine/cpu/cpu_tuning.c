@@ -86,3 +86,7 @@ static _Atomic int k_blocked = -1;
 int moeq_cpu_k_blocked(void) { return decided(&k_blocked, not_amd_family_19h); }
 
 void moeq_cpu_set_k_blocked(int on) { atomic_store_explicit(&k_blocked, on ? 1 : 0, memory_order_relaxed); }
+
+int moeq_cpu_tuning_key(void) {
+    return (moeq_cpu_stream_l2() ? 1 : 0) | (moeq_cpu_f8_widen32() ? 2 : 0) | (moeq_cpu_k_blocked() ? 4 : 0);
+}

@@ -38,4 +38,7 @@ int moeq_cpu_k_blocked(void);
 /* Override the choice for the whole process (tests and benchmarks compare the two). Thread-safe. */
 void moeq_cpu_set_k_blocked(int on);
 
+/* The three choices as bits (stream_l2 1, f8_widen32 2, k_blocked 4): descriptions cached per combination. */
+int moeq_cpu_tuning_key(void);
+
 #endif

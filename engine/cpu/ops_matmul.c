@@ -1103,9 +1103,13 @@ moeq_mm_isa moeq_mm_isa_best(void) {
 }
 
 const char *moeq_mm_cpu_describe(void) {
-    static char text[256];
-    static _Atomic int done;
-    if (atomic_load(&done)) return text;
+    /* one text per combination of the three choices: an engine key may change them after the first call
+     * (cpu_tuning.h), and a caller may keep the pointer it got, so each text stays as it was written */
+    static char texts[8][256];
+    static _Atomic int done[8];
+    int key = moeq_cpu_tuning_key();
+    char *text = texts[key];
+    if (atomic_load(&done[key])) return text;
     int bf16 = 0, amx = 0;
 #ifdef MOEQ_MM_X86
     bf16 = __builtin_cpu_supports("avx512bf16");
@@ -1113,12 +1117,12 @@ const char *moeq_mm_cpu_describe(void) {
     amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
 #endif
     moeq_mm_isa isa = moeq_mm_isa_best();
-    snprintf(text, sizeof text, "%s (float32 lanes%s%s%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
-             isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_stream_l2() ? ", weight streams prefetched into L2" : "",
-             isa == MOEQ_MM_ISA_AVX512 && moeq_cpu_f8_widen32() ? ", F8 widened straight to float32" : "",
-             isa == MOEQ_MM_ISA_AVX512 && !moeq_cpu_k_blocked() ? ", blocks of 5-32 tokens unblocked in K" : "",
+    snprintf(text, sizeof texts[0], "%s (float32 lanes%s%s%s; the CPU has %s, %s)", moeq_mm_isa_name(isa),
+             isa == MOEQ_MM_ISA_AVX512 && (key & 1) ? ", weight streams prefetched into L2" : "",
+             isa == MOEQ_MM_ISA_AVX512 && (key & 2) ? ", F8 widened straight to float32" : "",
+             isa == MOEQ_MM_ISA_AVX512 && !(key & 4) ? ", blocks of 5-32 tokens unblocked in K" : "",
              bf16 ? "avx512_bf16" : "no avx512_bf16", amx ? "amx_bf16 (cpu_matrix)" : "no amx_bf16");
-    atomic_store(&done, 1);
+    atomic_store(&done[key], 1);
     return text;
 }
 

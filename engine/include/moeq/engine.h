@@ -133,6 +133,14 @@ typedef struct moeq_engine_params {
                                   same token and value as the whole row; batch-invariant
                                   engines where the CPU has AVX512-VNNI) or "off" (every
                                   row whole); docs/ENGINE.md */
+    char cpu_prefetch[8];      /* where the CPU kernels prefetch their weight streams:
+                                  "auto" (default: this CPU's choice, cpu_kernels), "l1"
+                                  or "l2"; process-wide, the same bits either way       */
+    char cpu_f8_widen[8];      /* how the few-token CPU tiles widen F8 weights: "auto"
+                                  (default), "f16" or "f32"; process-wide, same bits    */
+    char cpu_k_blocked[8];     /* whether BF16/F16/F32 CPU products of 5-32 tokens with
+                                  K > 1,024 walk K in steps: "auto" (default), "on" or
+                                  "off"; process-wide, the same bits either way          */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
