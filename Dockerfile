@@ -1,4 +1,4 @@
-# The moeq image: one `moeq` binary (coordinator, worker, submit, status, ...)
+# The moeq image: one `moeq` binary (coordinator, worker, submit, status, ...) and `bench-engine`
 # built with the engine's CUDA backend (engine/cuda/, cuBLAS from the toolkit
 # image, NCCL from NVIDIA's apt repository that the image configures), for
 # docker-compose.yml and deploy/k8s/.
@@ -23,7 +23,7 @@ WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DMOEQ_NATIVE=OFF -DMOEQ_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
-    && cmake --build /build -j"$(nproc)" --target moeq
+    && cmake --build /build -j"$(nproc)" --target moeq bench-engine
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
 # The -dev packages pull in exactly the runtime libraries the binary links,
@@ -37,6 +37,9 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
 # /models is owned by moeq so that a fresh named volume mounted there is
 # writable for docker-compose.yml's model-init (it copies this ownership).
 COPY --from=build /build/cli/moeq /usr/local/bin/moeq
+# bench-engine beside it: `bench-engine --tune all` picks this host's CPU kernel keys (docs/BENCHMARKS.md), and
+# its figures are the ones docs/ENGINE.md quotes. (docker run --entrypoint bench-engine moeq --model /models/...)
+COPY --from=build /build/bench/bench-engine /usr/local/bin/bench-engine
 # The CUDA backend is a plugin the engine loads on first use, from ../lib/moeq beside the binary.
 COPY --from=build /build/engine/libmoeq_backend_cuda.so /usr/local/lib/moeq/libmoeq_backend_cuda.so
 USER moeq

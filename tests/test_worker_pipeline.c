@@ -491,7 +491,16 @@ static void a_batch_left_by_a_dead_worker_is_reclaimed_and_finished(void **state
     kill(w1, SIGKILL);
     waitpid(w1, NULL, 0);
     forget_pid(w1);
-    pid_t w2 = start_worker(&s, "rc-w2", NULL);
+    /* an engine key outside its choices: the worker refuses to start, naming it (its batch stays pending) */
+    static char log[8192];
+    pid_t bad = start_worker(&s, "rc-bad", "--cpu_k_blocked=maybe");
+    assert_int_not_equal(wait_exit(bad, 30000), 0);
+    worker_log_since_start("rc-bad", log, sizeof log);
+    assert_non_null(strstr(log, "cpu_k_blocked \"maybe\": the choices are auto, off and on"));
+    /* the worker that finishes runs the CPU kernels' other choices and every logits row whole: the same tokens
+     * (none of them changes a bit; docs/CONFIGURATION.md) */
+    pid_t w2 = start_worker(&s, "rc-w2",
+                            "--cpu_prefetch=l1 --cpu_f8_widen=f16 --cpu_k_blocked=on --head_screen=off");
     assert_int_equal(collect(&s, 45000), s.n_jobs);
     assert_results_equal_generate(&s);
     wait_no_pending(&s, 15000);

@@ -421,6 +421,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.device = (int)p->device;
     snprintf(ep.cuda_graphs, sizeof ep.cuda_graphs, "%s", p->cuda_graphs);
     snprintf(ep.mtp_draft, sizeof ep.mtp_draft, "%s", p->mtp_draft);
+    snprintf(ep.cpu_matrix, sizeof ep.cpu_matrix, "%s", p->cpu_matrix);
+    snprintf(ep.head_screen, sizeof ep.head_screen, "%s", p->head_screen);
     snprintf(ep.cpu_prefetch, sizeof ep.cpu_prefetch, "%s", p->cpu_prefetch);
     snprintf(ep.cpu_f8_widen, sizeof ep.cpu_f8_widen, "%s", p->cpu_f8_widen);
     snprintf(ep.cpu_k_blocked, sizeof ep.cpu_k_blocked, "%s", p->cpu_k_blocked);

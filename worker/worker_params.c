@@ -48,6 +48,12 @@ const moeq_prop moeq_worker_props[] = {
      "the engine's mtp_draft: f8 (drafts from 8-bit copies of the MTP layer's projections and head, host "
      "backends: int8 rows where the CPU has AVX512-VNNI, else F8 E4M3), e4m3 (F8 E4M3 copies) or exact; the "
      "emitted tokens are the same either way (docs/MTP.md)"},
+    {"cpu_matrix", MOEQ_PROP_STR, P(cpu_matrix), 0, 0, "auto",
+     "the engine's cpu_matrix: auto (AMX BF16 tiles where the CPU has AMX, else the float32 lanes), lanes (the "
+     "same bits on every x86 CPU) or amx (the worker fails to start where there is none); each batch-invariant"},
+    {"head_screen", MOEQ_PROP_STR, P(head_screen), 0, 0, "auto",
+     "the engine's head_screen: auto (a greedy row's token from the lm_head's int8 copy and a proven error bound, "
+     "then its few candidates exactly: the same token and value) or off (every row whole)"},
     {"cpu_prefetch", MOEQ_PROP_STR, P(cpu_prefetch), 0, 0, "auto",
      "the engine's cpu_prefetch: auto, l1 or l2 (where the CPU kernels prefetch their weight streams; the same "
      "bits; bench-engine --tune says which is faster on this host)"},

@@ -41,6 +41,8 @@ typedef struct moeq_worker_params {
     int64_t device;               /* device ordinal for backend cuda (one worker process per GPU)   */
     char cuda_graphs[8];          /* the engine's cuda_graphs: off | auto | on                      */
     char mtp_draft[8];            /* the engine's mtp_draft: f8 | exact                             */
+    char cpu_matrix[8];           /* the engine's cpu_matrix: auto | lanes | amx                     */
+    char head_screen[8];          /* the engine's head_screen: auto | off                            */
     char cpu_prefetch[8];         /* the engine's cpu_prefetch: auto | l1 | l2                       */
     char cpu_f8_widen[8];         /* the engine's cpu_f8_widen: auto | f16 | f32                     */
     char cpu_k_blocked[8];        /* the engine's cpu_k_blocked: auto | on | off                     */
