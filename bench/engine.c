@@ -502,11 +502,16 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
     printf("  \"against\": {\"model\": \"%s\", \"batch_invariant\": %d, \"rounds\": %d, \"order\": \"ABBA\",\n"
            "    \"stream_prefetch\": [\"%s\", \"%s\"], \"f8_widen\": [\"%s\", \"%s\"],"
            " \"k_blocked\": [\"%s\", \"%s\"],\n"
-           "    \"backend_info\": [\"%s\", \"%s\"], \"prefill\": [",
+           "    \"backend_info\": [\"%s\", \"%s\"],\n",
            a->against ? a->against : a->model_dir, p.batch_invariant, a->rounds, tune[0].stream_l2 ? "l2" : "l1",
            tune[1].stream_l2 ? "l2" : "l1", tune[0].f8_widen32 ? "f32" : "f16", tune[1].f8_widen32 ? "f32" : "f16",
            tune[0].k_blocked ? "on" : "off", tune[1].k_blocked ? "on" : "off", moeq_engine_backend_info(e[0]),
            moeq_engine_backend_info(e[1]));
+    /* backend_info is each engine's as created (both under this CPU's choices); the kernels each side runs: */
+    for (int s = 0; s < 2; s++) {
+        side_tuning_set(&tune[s]);
+        printf("%s\"%s\"%s", s ? ", " : "    \"cpu_kernels\": [", moeq_engine_cpu_kernels(), s ? "], \"prefill\": [" : "");
+    }
     double v[2][64];
     for (int i = 0; i < a->n_prefills; i++) {
         pair_rounds(e, vocab, logits, a, tune, i, v);

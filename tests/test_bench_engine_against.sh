@@ -2,10 +2,10 @@
 # test_bench_engine_against.sh BUILD_DIR — `bench-engine --against` (issue 18's FP8-against-BF16 figure measured
 # in one process): the BF16 and FP8 tiny checkpoints of the same weights take turns over --rounds 3, and the JSON
 # holds each side's figures per round, each side's median and the median of the paired rounds' ratios within their
-# range. --against-prefetch runs one checkpoint against itself with the other weight-stream prefetch level, and
-# --against-f8-widen the FP8 one with the other F8 widening, --against-k-blocked the BF16 one with the other choice
-# of K blocking for 5-32 tokens. A missing second checkpoint is named; a round count, prefetch level, widening or
-# blocking out of range is refused (exit 2).
+# range. --against-prefetch runs one checkpoint against itself with the other weight-stream prefetch level (each
+# side's `cpu_kernels` says which it ran), and --against-f8-widen the FP8 one with the other F8 widening,
+# --against-k-blocked the BF16 one with the other choice of K blocking for 5-32 tokens. A missing second
+# checkpoint is named; a round count, prefetch level, widening or blocking out of range is refused (exit 2).
 set -u
 B=$1
 M=$B/cli/moeq
@@ -51,6 +51,8 @@ d = json.load(open(sys.argv[1]))
 g = d["against"]
 auto = "l2" if "prefetched into L2" in d["cpu_kernels"] else "l1"
 assert g["model"] == sys.argv[2] and g["stream_prefetch"] == [auto, "l1"] and g["rounds"] == 2, g
+# each side's kernels as it ran them: the first this CPU's, the second without the L2 prefetch
+assert g["cpu_kernels"][0] == d["cpu_kernels"] and "prefetched into L2" not in g["cpu_kernels"][1], g
 assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g
 PY
 # --against-f8-widen alone: the FP8 checkpoint against itself, the second side widening through float16
@@ -75,6 +77,7 @@ d = json.load(open(sys.argv[1]))
 g = d["against"]
 auto = "off" if "blocks of 5-32 tokens unblocked in K" in d["cpu_kernels"] else "on"
 assert g["model"] == sys.argv[2] and g["k_blocked"] == [auto, "on"] and g["rounds"] == 2, g
+assert g["cpu_kernels"][0] == d["cpu_kernels"] and "unblocked in K" not in g["cpu_kernels"][1], g
 assert g["stream_prefetch"][0] == g["stream_prefetch"][1] and g["f8_widen"][0] == g["f8_widen"][1], g
 assert all(len(f["rounds"]) == 2 and f["ratio"] > 0 for f in g["prefill"] + g["decode"]), g
 PY
