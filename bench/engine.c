@@ -510,7 +510,8 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
     /* backend_info is each engine's as created (both under this CPU's choices); the kernels each side runs: */
     for (int s = 0; s < 2; s++) {
         side_tuning_set(&tune[s]);
-        printf("%s\"%s\"%s", s ? ", " : "    \"cpu_kernels\": [", moeq_engine_cpu_kernels(), s ? "], \"prefill\": [" : "");
+        printf("%s\"%s\"%s", s ? ", " : "    \"cpu_kernels\": [", moeq_engine_cpu_kernels(),
+               s ? "], \"prefill\": [" : "");
     }
     double v[2][64];
     for (int i = 0; i < a->n_prefills; i++) {

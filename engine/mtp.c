@@ -69,17 +69,20 @@ int moeq_mtp_draft_f8(const moeq_engine *e) {
            e->model->n_mtp_layers > 0;
 }
 
+/* 1 when t's draft copy is Q8R: mtp_draft = f8 where the CPU backend has the int8 draft kernels (cpu/ops_draft.h). */
+static int draft_q8(const moeq_engine *e, const moeq_tensor *t) {
+    return !strcmp(e->params.mtp_draft, "f8") && moeq_engine_cpu_draft() && moeq_tensor_cols(t) <= MOEQ_Q8R_MAX_COLS;
+}
+
 /*
- * *slot as a draft copy: Q8R for mtp_draft = f8 where the CPU backend has the int8 draft kernels
- * (cpu/ops_draft.h), of F8 weights too (the originals' pages are then never read); else (or e4m3) F8 E4M3,
- * F8 weights staying as they are.
+ * *slot as a draft copy: Q8R where draft_q8 says so, of F8 weights too (the originals' pages are then never
+ * read); else (or e4m3) F8 E4M3, F8 weights staying as they are.
  * NULL stays.
  */
 static moeq_err draft_copy(const moeq_engine *e, moeq_mtp_state *m, const moeq_tensor **slot) {
     const moeq_tensor *t = *slot;
     if (!t || t->ndim != 2) return MOEQ_OK;
-    const int q8 =
-        !strcmp(e->params.mtp_draft, "f8") && moeq_engine_cpu_draft() && moeq_tensor_cols(t) <= MOEQ_Q8R_MAX_COLS;
+    const int q8 = draft_q8(e, t);
     if (!q8 && t->dtype == MOEQ_DTYPE_F8_E4M3) return MOEQ_OK;
     if (m->n_f8 == (int)(sizeof m->f8 / sizeof m->f8[0])) return MOEQ_ERR_INTERNAL;
     moeq_tensor *c = q8 ? moeq_tensor_q8r_copy(t) : moeq_tensor_f8_copy(t);
@@ -105,10 +108,7 @@ static moeq_err make_draft_layer(moeq_engine *e, moeq_mtp_state *m) {
     const moeq_tensor *head = m->head;
     /* a head that is lm_head drafts through the screened head's int8 copy where there is one: draft_copy would
      * make the same bytes (moeq_tensor_q8r_copy) a second time, vocab x hidden of them (927 MB for V3) */
-    const moeq_tensor *shared = head == e->model->lm_head && !strcmp(e->params.mtp_draft, "f8") &&
-                                        moeq_engine_cpu_draft() && moeq_tensor_cols(head) <= MOEQ_Q8R_MAX_COLS
-                                    ? moeq_forward_head_codes(e)
-                                    : NULL;
+    const moeq_tensor *shared = head == e->model->lm_head && draft_q8(e, head) ? moeq_forward_head_codes(e) : NULL;
     if (shared) head = shared;
     const moeq_tensor **slots[] = {&d.q_proj,       &d.q_a_proj,       &d.q_b_proj,         &d.kv_a_proj_with_mqa,
                                    &d.o_proj,       &d.mlp.gate_proj,  &d.mlp.up_proj,      &d.mlp.down_proj,
