@@ -107,7 +107,9 @@ int moeq_cmd_config_docs(int argc, char **argv) {
                                       "Also takes `--in`, `--out`, `--errors`, `--skip-invalid` and `--resume` (docs/SUBMIT.md).",
                                       moeq_submit_props(), stdout);
     moeq_props_print_markdown_section("Engine (`moeq generate`, `moeq logits`; the worker sets these from its keys)",
-                                      NULL, moeq_engine_params_props, stdout);
+                                      "`moeq generate` and `moeq logits` take any of them as `--set key=value`; the "
+                                      "worker's keys of the same names set those a worker has.",
+                                      moeq_engine_params_props, stdout);
     moeq_props_print_markdown_section("Redis connection (`redis.<key>`, every role)",
                                       "The URL (`redis_url`) gives host, port, user and password; these override it.",
                                       moeq_redis_option_table(), stdout);

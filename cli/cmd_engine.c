@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "moeq/config.h"
 #include "moeq/engine.h"
 #include "moeq/tokenizer.h"
 #ifdef MOEQ_WORKER_SHELL /* --response-format: the worker's processor (a build with the worker) */
@@ -22,6 +23,8 @@ typedef struct engine_args {
     const char *model_dir, *prompt, *tokens;
     int max_new_tokens, top, n_threads, batch_invariant, mtp_k, mtp_rejection, max_model_len, device;
     const char *backend, *mtp_draft, *response_format;
+    const char *sets[16]; /* --set KEY=VALUE: any engine key (docs/CONFIGURATION.md), applied last, in order */
+    int n_sets;
     moeq_sampling_params sampling;
 } engine_args;
 
@@ -53,6 +56,8 @@ static void generate_usage(FILE *out) {
                  "                      is complete within --max-new-tokens; needs the model's tokenizer\n"
                  "  --max-model-len N   context: prompt + max-new-tokens at most N (default 0 = the\n"
                  "                      model's max_position_embeddings, never more); refused, not cut\n"
+                 "  --set KEY=VALUE     any engine key (docs/CONFIGURATION.md: cpu_matrix, head_screen,\n"
+                 "                      cpu_prefetch, ...), after the flags above; repeatable (16 at most)\n"
                  "Stops at the model's eos id. Prints {\"prompt_tokens\",\"tokens\"[,\"text\"]}; text is\n"
                  "every decoded byte (a 0x00 byte as \\u0000). NaN/inf in the logits (broken weights):\n"
                  "exit 1 with numerical: ..., nothing printed on stdout.\n");
@@ -61,7 +66,9 @@ static void generate_usage(FILE *out) {
 static void logits_usage(FILE *out) {
     fprintf(out, "usage: moeq logits --model DIR --tokens 1,2,3 [--top K] [--threads N] [--mtp 1]\n"
                  "                   [--mtp-draft exact|f8|e4m3] [--backend cpu|cuda] [--device N]\n"
+                 "                   [--set KEY=VALUE ...]\n"
                  "\n"
+                 "--set: any engine key (docs/CONFIGURATION.md), after the other flags; repeatable.\n"
                  "--mtp 1 adds \"mtp_positions\": the MTP layer's logits at every position but the last\n"
                  "(with its own weights; --mtp-draft f8 or e4m3: with the 8-bit copies drafts use).\n"
                  "Prints every position's K best ids and logits (default 5), best first;\n"
@@ -126,6 +133,10 @@ static int parse_args(int argc, char **argv, engine_args *a) {
             if (int_arg(k, v, &a->max_model_len)) return -1;
         }
         else if (!strcmp(k, "--response-format")) a->response_format = v;
+        else if (!strcmp(k, "--set")) {
+            if (a->n_sets == (int)(sizeof a->sets / sizeof a->sets[0]) || !strchr(v, '=')) return -1;
+            a->sets[a->n_sets++] = v;
+        }
         else return -1;
     }
     return a->model_dir ? 0 : -1;
@@ -223,6 +234,17 @@ static int session_open(session *s, const engine_args *a, int extra_tokens, cons
     /* an MTP verify step is the token and its k drafts: a shorter prompt left the engine too narrow for it (a
      * one-token prompt with --mtp 1 failed with "step of 2 tokens exceeds max_step_tokens 1") */
     if (p.max_step_tokens < 1 + a->mtp_k) p.max_step_tokens = 1 + a->mtp_k;
+    for (int i = 0; i < a->n_sets; i++) {
+        char key[64];
+        size_t n = (size_t)(strchr(a->sets[i], '=') - a->sets[i]);
+        snprintf(key, sizeof key, "%.*s", (int)(n < sizeof key ? n : sizeof key - 1), a->sets[i]);
+        rc = moeq_props_set(moeq_engine_params_props, &p, key, a->sets[i] + n + 1, err, sizeof err);
+        if (rc == MOEQ_ERR_NOT_FOUND)
+            return fprintf(stderr, "moeq %s: --set %s: no engine key %s (docs/CONFIGURATION.md)\n", cmd, a->sets[i],
+                           key),
+                   2;
+        if (rc) return fprintf(stderr, "moeq %s: --set %s: %s\n", cmd, a->sets[i], err), 2;
+    }
     if ((rc = moeq_engine_new(s->model, &p, &s->engine, err, sizeof(err))))
         return fprintf(stderr, "moeq %s: engine: %s: %s\n", cmd, moeq_err_str(rc), err), 1;
     int ctx = moeq_engine_max_model_len(s->engine);

@@ -4,7 +4,8 @@
 #     outputs are what they say, complete within --max-new-tokens; with MTP drafts (exact mode) the same tokens as
 #     without; a malformed or unknown format exits 2 with the job decoder's reason; rejection sampling is refused;
 #   - --mtp K after a prompt shorter than K + 1 tokens: the verify step did not fit the engine (exit 1, "step of
-#     2 tokens exceeds max_step_tokens 1"); now the same tokens as without --mtp.
+#     2 tokens exceeds max_step_tokens 1"); now the same tokens as without --mtp;
+#   - --set KEY=VALUE: any engine key; the CPU kernels' choices and whole rows keep the tokens; bad keys refused.
 set -uo pipefail
 build=$1
 M="$build/cli/moeq"
@@ -78,4 +79,22 @@ for k in 1 3; do
         fail "--mtp $k after a one-token prompt"
     [ "$a" = "$b" ] || fail "--mtp $k changed the tokens: $a vs $b"
 done
+# --set KEY=VALUE: any engine key. The CPU kernels' other choices and whole logits rows give the same tokens
+# (none changes a bit); an unknown key and a value outside the choices are refused, naming them
+a=$("$M" generate --model "$W/tiny" --prompt "a b c" --max-new-tokens 16 | tokens_of) || fail "plain"
+for set in "--set cpu_prefetch=l1 --set cpu_k_blocked=on --set cpu_f8_widen=f16" \
+    "--set cpu_prefetch=l2 --set cpu_k_blocked=off --set cpu_f8_widen=f32 --set head_screen=off"; do
+    # shellcheck disable=SC2086 # $set is a list of flags
+    b=$("$M" generate --model "$W/tiny" --prompt "a b c" --max-new-tokens 16 $set | tokens_of) || fail "$set"
+    [ "$a" = "$b" ] || fail "$set changed the tokens: $a vs $b"
+done
+err=$("$M" generate --model "$W/tiny" --prompt x --set no_such_key=1 2>&1 >/dev/null)
+[ $? -eq 2 ] && grep -q "no engine key no_such_key" <<<"$err" || fail "an unknown --set key: $err"
+err=$("$M" generate --model "$W/tiny" --prompt x --set max_seqs=zero 2>&1 >/dev/null)
+[ $? -eq 2 ] && grep -q "max_seqs" <<<"$err" || fail "a --set value of the wrong type: $err"
+err=$("$M" generate --model "$W/tiny" --prompt x --set cpu_k_blocked=maybe 2>&1 >/dev/null)
+[ $? -eq 1 ] && grep -q 'cpu_k_blocked "maybe": the choices are auto, off and on' <<<"$err" ||
+    fail "a --set value outside the choices: $err"
+err=$("$M" logits --model "$W/tiny" --tokens 5,6 --set cpu_prefetch 2>&1 >/dev/null)
+[ $? -eq 2 ] || fail "--set without =: $err"
 echo "ok"
