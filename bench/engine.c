@@ -448,14 +448,28 @@ static void print_paired(const double *model_v, const double *against_v, int rou
 }
 
 /* One side's CPU tuning (cpu_tuning.h): process-wide choices, set before each of its figures. */
+enum { CHOICE_PREFETCH, CHOICE_F8_WIDEN, CHOICE_K_BLOCKED, N_CHOICES };
+
+/* Each choice: its engine key, its --tune name, its values 0 and 1 (as cpu_tuning.h numbers them). */
+static const struct {
+    const char *key, *name, *value[2];
+} choices[N_CHOICES] = {{"cpu_prefetch", "prefetch", {"l1", "l2"}},
+                        {"cpu_f8_widen", "f8-widen", {"f16", "f32"}},
+                        {"cpu_k_blocked", "k-blocked", {"off", "on"}}};
+
 typedef struct side_tuning {
-    int stream_l2, f8_widen32, k_blocked;
+    int v[N_CHOICES]; /* indexed by CHOICE_* */
 } side_tuning;
 
+/* This CPU's choices as they stand. */
+static side_tuning side_tuning_now(void) {
+    return (side_tuning){{moeq_cpu_stream_l2(), moeq_cpu_f8_widen32(), moeq_cpu_k_blocked()}};
+}
+
 static void side_tuning_set(const side_tuning *t) {
-    moeq_cpu_set_stream_l2(t->stream_l2);
-    moeq_cpu_set_f8_widen32(t->f8_widen32);
-    moeq_cpu_set_k_blocked(t->k_blocked);
+    moeq_cpu_set_stream_l2(t->v[CHOICE_PREFETCH]);
+    moeq_cpu_set_f8_widen32(t->v[CHOICE_F8_WIDEN]);
+    moeq_cpu_set_k_blocked(t->v[CHOICE_K_BLOCKED]);
 }
 
 /* Figure f (the prefills, then the decode batches) of both sides over a->rounds, taking turns ABBA, each side under
@@ -482,11 +496,11 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
     moeq_engine_params p = engine_params(a, a->modes[0]);
     /* this CPU's own choices on the first side; the second's as --against-prefetch, -f8-widen, -k-blocked say */
     side_tuning tune[2];
-    tune[0] = (side_tuning){moeq_cpu_stream_l2(), moeq_cpu_f8_widen32(), moeq_cpu_k_blocked()};
+    tune[0] = side_tuning_now();
     tune[1] = tune[0];
-    if (a->against_prefetch) tune[1].stream_l2 = !strcmp(a->against_prefetch, "l2");
-    if (a->against_f8_widen) tune[1].f8_widen32 = !strcmp(a->against_f8_widen, "f32");
-    if (a->against_k_blocked) tune[1].k_blocked = !strcmp(a->against_k_blocked, "on");
+    const char *second[N_CHOICES] = {a->against_prefetch, a->against_f8_widen, a->against_k_blocked};
+    for (int c = 0; c < N_CHOICES; c++)
+        if (second[c]) tune[1].v[c] = !strcmp(second[c], choices[c].value[1]);
     moeq_engine *e[2] = {NULL, NULL};
     const moeq_model *m[2] = {model, other};
     char err[256] = "";
@@ -503,9 +517,13 @@ static void run_against(const moeq_model *model, const moeq_model *other, const 
            "    \"stream_prefetch\": [\"%s\", \"%s\"], \"f8_widen\": [\"%s\", \"%s\"],"
            " \"k_blocked\": [\"%s\", \"%s\"],\n"
            "    \"backend_info\": [\"%s\", \"%s\"],\n",
-           a->against ? a->against : a->model_dir, p.batch_invariant, a->rounds, tune[0].stream_l2 ? "l2" : "l1",
-           tune[1].stream_l2 ? "l2" : "l1", tune[0].f8_widen32 ? "f32" : "f16", tune[1].f8_widen32 ? "f32" : "f16",
-           tune[0].k_blocked ? "on" : "off", tune[1].k_blocked ? "on" : "off", moeq_engine_backend_info(e[0]),
+           a->against ? a->against : a->model_dir, p.batch_invariant, a->rounds,
+           choices[CHOICE_PREFETCH].value[tune[0].v[CHOICE_PREFETCH]],
+           choices[CHOICE_PREFETCH].value[tune[1].v[CHOICE_PREFETCH]],
+           choices[CHOICE_F8_WIDEN].value[tune[0].v[CHOICE_F8_WIDEN]],
+           choices[CHOICE_F8_WIDEN].value[tune[1].v[CHOICE_F8_WIDEN]],
+           choices[CHOICE_K_BLOCKED].value[tune[0].v[CHOICE_K_BLOCKED]],
+           choices[CHOICE_K_BLOCKED].value[tune[1].v[CHOICE_K_BLOCKED]], moeq_engine_backend_info(e[0]),
            moeq_engine_backend_info(e[1]));
     /* backend_info is each engine's as created (both under this CPU's choices); the kernels each side runs: */
     for (int s = 0; s < 2; s++) {
@@ -550,8 +568,8 @@ static const char *tune_skip(int choice, const moeq_model *model) {
         f8 |= t->dtype == MOEQ_DTYPE_F8_E4M3;
         wide |= t->ndim == 2 && t->dtype != MOEQ_DTYPE_F8_E4M3 && moeq_tensor_cols(t) > 1024;
     }
-    if (choice == 1 && !f8) return "no F8 weights";
-    if (choice == 2 && !wide) return "no BF16, F16 or F32 weight rows over 1,024 columns";
+    if (choice == CHOICE_F8_WIDEN && !f8) return "no F8 weights";
+    if (choice == CHOICE_K_BLOCKED && !wide) return "no BF16, F16 or F32 weight rows over 1,024 columns";
     return NULL;
 }
 
@@ -563,9 +581,6 @@ static const char *tune_skip(int choice, const moeq_model *model) {
  * by the rule above; none when the CPU's rules are already right.
  */
 static void run_tune(const moeq_model *model, const bench_args *a) {
-    static const char *const keys[3] = {"cpu_prefetch", "cpu_f8_widen", "cpu_k_blocked"};
-    static const char *const names[3] = {"prefetch", "f8-widen", "k-blocked"};
-    static const char *const values[3][2] = {{"l1", "l2"}, {"f16", "f32"}, {"off", "on"}};
     moeq_engine_params p = engine_params(a, a->modes[0]);
     moeq_engine *one = NULL;
     char err[256] = "";
@@ -578,18 +593,18 @@ static void run_tune(const moeq_model *model, const bench_args *a) {
     moeq_engine *const e[2] = {one, one};
     int vocab[2] = {moeq_model_get_config(model)->vocab_size, moeq_model_get_config(model)->vocab_size};
     float *logits = malloc((size_t)(p.max_seqs > 256 ? p.max_seqs : 256) * vocab[0] * sizeof(float));
-    side_tuning now = {moeq_cpu_stream_l2(), moeq_cpu_f8_widen32(), moeq_cpu_k_blocked()};
+    side_tuning now = side_tuning_now();
     const side_tuning rule = now;
-    char config[3][64];
+    char config[N_CHOICES][64];
     int n_config = 0;
     printf("  \"tune\": {\"batch_invariant\": %d, \"rounds\": %d, \"order\": \"ABBA\", \"gain_needed\": %.2f, "
            "\"worst_allowed\": %.2f, \"choices\": [",
            p.batch_invariant, a->rounds, TUNE_GAIN, TUNE_WORST);
-    for (int c = 0, printed = 0; c < 3; c++) {
-        if (!strstr(a->tune, names[c]) && strcmp(a->tune, "all")) continue;
-        int *field = c == 0 ? &now.stream_l2 : c == 1 ? &now.f8_widen32 : &now.k_blocked;
-        int mine = *field;
-        printf("%s\n    {\"key\": \"%s\", \"auto\": \"%s\", ", printed++ ? "," : "", keys[c], values[c][mine]);
+    for (int c = 0, printed = 0; c < N_CHOICES; c++) {
+        if (!strstr(a->tune, choices[c].name) && strcmp(a->tune, "all")) continue;
+        int mine = now.v[c];
+        printf("%s\n    {\"key\": \"%s\", \"auto\": \"%s\", ", printed++ ? "," : "", choices[c].key,
+               choices[c].value[mine]);
         const char *skip = tune_skip(c, model);
         if (skip) {
             printf("\"skipped\": \"%s\"}", skip);
@@ -597,8 +612,8 @@ static void run_tune(const moeq_model *model, const bench_args *a) {
             continue;
         }
         side_tuning tune[2] = {now, now};
-        *(c == 0 ? &tune[1].stream_l2 : c == 1 ? &tune[1].f8_widen32 : &tune[1].k_blocked) = !mine;
-        printf("\"tried\": \"%s\", \"figures\": [", values[c][!mine]);
+        tune[1].v[c] = !mine;
+        printf("\"tried\": \"%s\", \"figures\": [", choices[c].value[!mine]);
         double log_sum = 0, worst = 0, v[2][64];
         int n_fig = a->n_prefills + a->n_batches;
         for (int f = 0; f < n_fig; f++) {
@@ -618,11 +633,11 @@ static void run_tune(const moeq_model *model, const bench_args *a) {
         double gain = exp(log_sum / n_fig);
         int take = gain >= TUNE_GAIN && worst >= TUNE_WORST;
         if (take) {
-            *field = !mine;
-            snprintf(config[n_config++], sizeof config[0], "%s = %s", keys[c], values[c][!mine]);
+            now.v[c] = !mine;
+            snprintf(config[n_config++], sizeof config[0], "%s = %s", choices[c].key, choices[c].value[!mine]);
         }
         printf("],\n     \"geomean\": %.3f, \"worst\": %.3f, \"choose\": \"%s\", \"why\": \"%s\"}", gain, worst,
-               values[c][*field],
+               choices[c].value[now.v[c]],
                take                  ? "the other value won"
                : gain >= TUNE_GAIN   ? "the other value won overall but lost a figure past worst_allowed"
                                      : "the other value did not win by gain_needed");
@@ -689,9 +704,10 @@ static int parse(int argc, char **argv, bench_args *a) {
             /* all, or a comma-separated list of prefetch, f8-widen, k-blocked */
             for (const char *t = v; *t;) {
                 size_t n = strcspn(t, ",");
-                if (!(n == 3 && !strncmp(t, "all", 3)) && !(n == 8 && !strncmp(t, "prefetch", 8)) &&
-                    !(n == 8 && !strncmp(t, "f8-widen", 8)) && !(n == 9 && !strncmp(t, "k-blocked", 9)))
-                    return -1;
+                int known = n == 3 && !strncmp(t, "all", 3);
+                for (int c = 0; c < N_CHOICES; c++)
+                    known |= n == strlen(choices[c].name) && !strncmp(t, choices[c].name, n);
+                if (!known) return -1;
                 t += n + (t[n] == ',');
             }
             if (!*v) return -1;

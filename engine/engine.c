@@ -4,6 +4,7 @@
  * step's items out as tokens; the math is in forward.c, every op behind
  * backend.h (the backend chosen by name, params.backend).
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -140,9 +141,18 @@ static int64_t max_weight_cols(const moeq_model *model) {
     return m;
 }
 
-/* A CPU kernel choice's value for the backend: 0 = auto (this CPU's rule), 1 = off, 2 = on; -1 for anything else. */
-static int cpu_choice(const char *v, const char *off, const char *on) {
-    return !strcmp(v, "auto") ? 0 : !strcmp(v, off) ? 1 : !strcmp(v, on) ? 2 : -1;
+/* The CPU kernels' choices (cpu/cpu_tuning.h): each key, its two values besides auto, and its field. */
+static const struct {
+    const char *key, *off, *on;
+    size_t field;
+} cpu_choices[3] = {{"cpu_prefetch", "l1", "l2", offsetof(moeq_engine_params, cpu_prefetch)},
+                    {"cpu_f8_widen", "f16", "f32", offsetof(moeq_engine_params, cpu_f8_widen)},
+                    {"cpu_k_blocked", "off", "on", offsetof(moeq_engine_params, cpu_k_blocked)}};
+
+/* Choice i's value in p for the backend: 0 = auto (this CPU's rule), 1 = off, 2 = on; -1 for anything else. */
+static int cpu_choice(const moeq_engine_params *p, int i) {
+    const char *v = (const char *)p + cpu_choices[i].field;
+    return !strcmp(v, "auto") ? 0 : !strcmp(v, cpu_choices[i].off) ? 1 : !strcmp(v, cpu_choices[i].on) ? 2 : -1;
 }
 
 static moeq_err check_params(const moeq_engine_params *p, const moeq_model_config *c, char *errstr,
@@ -172,14 +182,11 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
     if (strcmp(p->head_screen, "auto") && strcmp(p->head_screen, "off"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "head_screen \"%.8s\": the choices are auto and off", p->head_screen);
-    static const struct {
-        const char *key, *off, *on; /* a CPU kernel choice (cpu_tuning.h) and its two values besides auto */
-    } choices[] = {{"cpu_prefetch", "l1", "l2"}, {"cpu_f8_widen", "f16", "f32"}, {"cpu_k_blocked", "off", "on"}};
-    const char *chosen[] = {p->cpu_prefetch, p->cpu_f8_widen, p->cpu_k_blocked};
     for (int i = 0; i < 3; i++)
-        if (cpu_choice(chosen[i], choices[i].off, choices[i].on) < 0)
+        if (cpu_choice(p, i) < 0)
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "%s \"%.8s\": the choices are auto, %s and %s",
-                             choices[i].key, chosen[i], choices[i].off, choices[i].on);
+                             cpu_choices[i].key, (const char *)p + cpu_choices[i].field, cpu_choices[i].off,
+                             cpu_choices[i].on);
     if (strcmp(p->mtp_draft, "exact") && strcmp(p->mtp_draft, "f8") && strcmp(p->mtp_draft, "e4m3"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "mtp_draft \"%.8s\": the choices are exact, f8 and e4m3", p->mtp_draft);
@@ -250,9 +257,9 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .amx = strcmp(e->params.cpu_matrix, "lanes") && moeq_engine_cpu_amx(),
                               .graphs = strcmp(e->params.cuda_graphs, "off") != 0,
                               .cuda_few_token = !strcmp(e->params.cuda_matrix, "auto"),
-                              .cpu_prefetch = cpu_choice(e->params.cpu_prefetch, "l1", "l2"),
-                              .cpu_f8_widen = cpu_choice(e->params.cpu_f8_widen, "f16", "f32"),
-                              .cpu_k_blocked = cpu_choice(e->params.cpu_k_blocked, "off", "on")};
+                              .cpu_prefetch = cpu_choice(&e->params, 0),
+                              .cpu_f8_widen = cpu_choice(&e->params, 1),
+                              .cpu_k_blocked = cpu_choice(&e->params, 2)};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;
