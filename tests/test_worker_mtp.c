@@ -262,16 +262,19 @@ static void add_batch(scenario *s, int from, int to) {
 
 static pid_t g_worker; /* the running test's worker: a failed check leaves it for the teardown to stop */
 
-static pid_t start_worker(const scenario *s, const model_ref *m, int mtp_k, int metrics_port) {
-    char cmd[4096], k[16];
+/* The worker, on an ephemeral http port (wt_worker_http_port reads it from the log into *port). */
+static pid_t start_worker(const scenario *s, const model_ref *m, int mtp_k, int *port) {
+    char cmd[4096], k[16], log[1024];
     if (mtp_k == MTP_AUTO) snprintf(k, sizeof k, "auto");
     else snprintf(k, sizeof k, "%d", mtp_k);
+    snprintf(log, sizeof log, "%s/worker-%s.log", g_build, s->ns);
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s-w --max_seqs=4 --max_step_tokens=64 --kv_cache_tokens=4096 --n_threads=1 "
              "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --mtp_k=%s "
-             "--metrics_port=%d --backend=%s 2>>%s/worker-%s.log",
-             g_moeq, m->dir, g_redis, g_kafka, s->ns, s->results, s->ns, k, metrics_port, g_backend, g_build, s->ns);
+             "--http_port=0 --backend=%s 2>>%s",
+             g_moeq, m->dir, g_redis, g_kafka, s->ns, s->results, s->ns, k, g_backend, log);
+    long log_from = wt_file_size(log);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -279,6 +282,7 @@ static pid_t start_worker(const scenario *s, const model_ref *m, int mtp_k, int 
     }
     assert_true(pid > 0);
     g_worker = pid;
+    *port = wt_worker_http_port(log, log_from, 60000);
     return pid;
 }
 
@@ -357,8 +361,8 @@ static void run_jobs(model_ref *m, int mtp_k, int expect_accepts) {
     add_batch(&s, 0, 6); /* three batches: jobs of the next one join as sequences finish */
     add_batch(&s, 6, 11);
     add_batch(&s, 11, N_JOBS);
-    int port = 20000 + (int)(getpid() % 20000);
-    pid_t w = start_worker(&s, m, mtp_k, port);
+    int port;
+    pid_t w = start_worker(&s, m, mtp_k, &port);
     collect(&s, 60000);
     long long drafted = 0, accepted = 0, sampled_drafted = 0;
     int stopped = 0;
@@ -425,8 +429,8 @@ static void a_second_round_of_the_same_prompts_hits_the_prefix_cache_and_gives_t
     scenario_open(&s, "wk-prefix");
     make_jobs(&s, m, "pc1");
     add_batch(&s, 0, N_JOBS);
-    int port = 20000 + (int)((getpid() + 7) % 20000);
-    pid_t w = start_worker(&s, m, 2, port);
+    int port;
+    pid_t w = start_worker(&s, m, 2, &port);
     collect(&s, 60000);
     expect_tokens(&s, "first");
     double hits0 = metric(port, "moeq_worker_prefix_cache_hit_tokens_total");

@@ -226,14 +226,6 @@ static void worker_log_path(const char *id, char *path, size_t size) {
     snprintf(path, size, "%s/worker-%s.log", getenv("MOEQ_BUILD_DIR") ? getenv("MOEQ_BUILD_DIR") : "/tmp", id);
 }
 
-static long file_size(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
-    fclose(f);
-    return n < 0 ? 0 : n;
-}
-
 static int started_index(const char *id) {
     for (int i = g_n_started - 1; i >= 0; i--)
         if (!strcmp(g_started[i].id, id)) return i;
@@ -263,7 +255,7 @@ static pid_t start_worker(const scenario *s, const char *id, const char *extra) 
              "--visibility_timeout_ms=3000 --heartbeat_interval_ms=500 --block_ms=100 --http_port=0 --backend=%s %s "
              "2>>%s",
              g_moeq, g_model, g_redis, g_kafka, s->ns, s->results, id, g_backend, extra ? extra : "", log);
-    long log_from = file_size(log);
+    long log_from = wt_file_size(log);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -307,21 +299,12 @@ static void wait_heartbeat(scenario *s, const char *worker_id) {
     fail_msg("worker %s sent no heartbeat within 60 s; it logged:\n%s", worker_id, log);
 }
 
-/*
- * The port a worker started with http_port = 0 listens on, from its http_listening line: a port picked free
- * beforehand may be taken by a test running beside this one before the worker binds it.
- */
+/* The port a worker started with http_port = 0 listens on (wt_worker_http_port: from this run's log). */
 static int worker_http_port(const char *worker_id) {
-    static char log[65536];
-    for (int t = 0; t < 200; t++) {
-        worker_log_since_start(worker_id, log, sizeof log);
-        const char *at = strstr(log, "http_listening");
-        const char *port = at ? strstr(at, " port=") : NULL;
-        if (port) return atoi(port + 6);
-        usleep(50000);
-    }
-    fail_msg("worker %s logged no http_listening line in 10 s:\n%s", worker_id, log);
-    return -1;
+    char path[512];
+    worker_log_path(worker_id, path, sizeof path);
+    int i = started_index(worker_id);
+    return wt_worker_http_port(path, i >= 0 ? g_started[i].log_from : 0, 10000);
 }
 
 static void forget_pid(pid_t pid) {

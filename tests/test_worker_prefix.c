@@ -69,8 +69,15 @@ static int group_setup(void **state) {
     return 0;
 }
 
+static pid_t g_workers[2]; /* the test's workers: a failed check leaves them for the teardown to kill */
+
 static int group_teardown(void **state) {
     (void)state;
+    for (int k = 0; k < 2; k++) /* left running by a failed check: they would hold ctest's output open */
+        if (g_workers[k] > 0) {
+            kill(g_workers[k], SIGKILL);
+            waitpid(g_workers[k], NULL, 0);
+        }
     moeq_engine_destroy(g_engine);
     moeq_model_destroy(g_model);
     return 0;
@@ -127,20 +134,24 @@ static void add_batch(moeq_redis *redis, const char *prefix, int from, int to) {
     moeq_buf_free(&blob);
 }
 
-static pid_t start_worker(const char *ns, const char *results, int k, int port) {
-    char cmd[4096];
+/* Worker k, on an ephemeral http port (wt_worker_http_port reads it from the log into *port). */
+static pid_t start_worker(const char *ns, const char *results, int k, int *port) {
+    char cmd[4096], log[1024];
+    snprintf(log, sizeof log, "%s/worker-%s-%d.log", g_build, ns, k);
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
              "--worker_id=%s-w%d --max_seqs=8 --max_step_tokens=512 --kv_cache_tokens=32768 --n_threads=1 "
-             "--visibility_timeout_ms=120000 --heartbeat_interval_ms=500 --block_ms=50 --http_port=%d "
-             "2>>%s/worker-%s-%d.log",
-             g_moeq, g_dir, g_redis, g_kafka, ns, results, ns, k, port, g_build, ns, k);
+             "--visibility_timeout_ms=120000 --heartbeat_interval_ms=500 --block_ms=50 --http_port=0 2>>%s",
+             g_moeq, g_dir, g_redis, g_kafka, ns, results, ns, k, log);
+    long log_from = wt_file_size(log);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
     assert_true(pid > 0);
+    g_workers[k] = pid;
+    *port = wt_worker_http_port(log, log_from, 60000);
     return pid;
 }
 
@@ -207,9 +218,8 @@ static void jobs_sharing_a_long_instruction_on_two_workers_give_generates_tokens
     moeq_kafka_consumer *consumer = wt_results_consumer(g_kafka, results, group);
     for (int i = 0; i < N_JOBS; i++) make_job(&g_jobs[i], i, ns);
     for (int b = 0; b < N_JOBS; b += BATCH) add_batch(redis, prefix, b, b + BATCH);
-    int port[2] = {21000 + (int)(getpid() % 20000), 0};
-    port[1] = port[0] + 1;
-    pid_t w[2] = {start_worker(ns, results, 0, port[0]), start_worker(ns, results, 1, port[1])};
+    int port[2];
+    pid_t w[2] = {start_worker(ns, results, 0, &port[0]), start_worker(ns, results, 1, &port[1])};
     collect(consumer, 180000);
     for (int i = 0; i < N_JOBS; i++) {
         tjob *j = &g_jobs[i];
@@ -249,6 +259,7 @@ static void jobs_sharing_a_long_instruction_on_two_workers_give_generates_tokens
     }
     assert_int_equal(stop_worker(w[0]), 0);
     assert_int_equal(stop_worker(w[1]), 0);
+    g_workers[0] = g_workers[1] = 0;
     moeq_kafka_consumer_destroy(consumer);
     moeq_redis_destroy(redis);
 }

@@ -11,10 +11,47 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "moeq/batch_entry.h"
 #include "moeq/kafka.h"
 #include "moeq/redis.h"
 #include "moeq/util.h"
+
+/* Bytes in the file at path (0 when there is none): where a worker's appended log starts for its next run. */
+static inline long wt_file_size(const char *path) {
+    FILE *f = fopen(path, "rb");
+    long n = 0;
+    if (f && fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (f) fclose(f);
+    return n > 0 ? n : 0;
+}
+
+/*
+ * The port of a worker started with http_port = 0, from the `http_listening ... port=N` line it logged into
+ * log_path past offset log_from. A port picked free beforehand may be taken by a test running beside this one
+ * (or by a client's ephemeral port) before the worker binds it; the worker then exits at start and its /metrics
+ * answer nothing. Fails the test with what the worker logged when no such line comes within timeout_ms.
+ */
+static inline int wt_worker_http_port(const char *log_path, long log_from, int timeout_ms) {
+    static char log[16384];
+    for (int t = 0;; t += 50) {
+        log[0] = 0;
+        FILE *f = fopen(log_path, "rb");
+        if (f) {
+            fseek(f, log_from, SEEK_SET);
+            log[fread(log, 1, sizeof log - 1, f)] = 0;
+            fclose(f);
+        }
+        const char *at = strstr(log, "http_listening");
+        const char *port = at ? strstr(at, " port=") : NULL;
+        if (port) return atoi(port + 6);
+        if (t >= timeout_ms) break;
+        usleep(50000);
+    }
+    fail_msg("no http_listening line in %s within %d ms; the worker logged:\n%s", log_path, timeout_ms, log);
+    return -1;
+}
 
 /* Connect to redis_url and create group `workers` on <stream_prefix>0..3. */
 static inline moeq_redis *wt_open_streams(const char *redis_url, const char *stream_prefix) {
