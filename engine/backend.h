@@ -265,6 +265,14 @@ struct moeq_backend {
     void (*copy)(moeq_backend *backend, void *dst, const void *src, size_t bytes); /* within backend memory */
     /* Make the model's weights usable (the CPU reads the mapped file; a device uploads once). */
     moeq_err (*map_weights)(moeq_backend *backend, const moeq_model *model, char *errstr, size_t errstr_size);
+    /* Make exactly the main layers' routed experts flagged in resident usable (num_hidden_layers x
+     * n_routed_experts flags, row-major; NULL: all of them) and give back what the others held; the MTP layers'
+     * experts are map_weights'. A rank of an expert-parallel group holds its own experts only (on a GPU:
+     * device memory for 1/n_ranks of them). map_weights leaves the main layers' routed experts to this call when
+     * the config's experts_deferred is set, else maps them all. May be called again (the set changes); not
+     * inside a step. NULL: every expert is usable from map_weights on. */
+    moeq_err (*map_experts)(moeq_backend *backend, const moeq_model *model, const uint8_t *resident, char *errstr,
+                            size_t errstr_size);
     void (*sync)(moeq_backend *backend);  /* wait for every op issued so far */
     /* The first error any call met since creation (names the call), or MOEQ_OK; NULL: never fails. */
     moeq_err (*status)(const moeq_backend *backend, char *errstr, size_t errstr_size);
@@ -342,6 +350,8 @@ typedef struct moeq_backend_config {
        in K. Process-wide (the kernels read them, not the backend): a backend created with a value sets it for
        every engine in the process; 0 leaves the process's choice as it is. The same bits every way. */
     int cpu_prefetch, cpu_f8_widen, cpu_k_blocked;
+    int experts_deferred;   /* 1: map_weights leaves the main layers' routed experts to map_experts (engine key
+                               expert_weights = group: a rank of a group maps only its own) */
 } moeq_backend_config;
 
 /*

@@ -33,7 +33,8 @@ moeq_engine_params moeq_engine_default_params(void) {
                                 .head_screen = "auto",
                                 .cpu_prefetch = "auto",
                                 .cpu_f8_widen = "auto",
-                                .cpu_k_blocked = "auto"};
+                                .cpu_k_blocked = "auto",
+                                .expert_weights = "all"};
 }
 
 static moeq_err widen_layers(moeq_engine *e, char *errstr, size_t errstr_size) {
@@ -187,6 +188,9 @@ static moeq_err check_params(const moeq_engine_params *p, const moeq_model_confi
             return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "%s \"%.8s\": the choices are auto, %s and %s",
                              cpu_choices[i].key, (const char *)p + cpu_choices[i].field, cpu_choices[i].off,
                              cpu_choices[i].on);
+    if (strcmp(p->expert_weights, "all") && strcmp(p->expert_weights, "group"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
+                         "expert_weights \"%.8s\": the choices are all and group", p->expert_weights);
     if (strcmp(p->mtp_draft, "exact") && strcmp(p->mtp_draft, "f8") && strcmp(p->mtp_draft, "e4m3"))
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "mtp_draft \"%.8s\": the choices are exact, f8 and e4m3", p->mtp_draft);
@@ -259,7 +263,9 @@ static moeq_err backend_create(moeq_engine *e, char *errstr, size_t errstr_size)
                               .cuda_few_token = !strcmp(e->params.cuda_matrix, "auto"),
                               .cpu_prefetch = cpu_choice(&e->params, 0),
                               .cpu_f8_widen = cpu_choice(&e->params, 1),
-                              .cpu_k_blocked = cpu_choice(&e->params, 2)};
+                              .cpu_k_blocked = cpu_choice(&e->params, 2),
+                              .experts_deferred = !strcmp(e->params.expert_weights, "group") &&
+                                                  c->n_routed_experts > 0};
     moeq_err err = moeq_backend_new(e->params.backend, &bc, &e->backend, errstr, errstr_size);
     if (err) return err;
     if ((err = check_dtypes(e, errstr, errstr_size))) return err;
@@ -604,6 +610,15 @@ moeq_err moeq_engine_join_group(moeq_engine *e, moeq_ep *ep, const moeq_ep_param
 
 int moeq_engine_in_group(const moeq_engine *e) { return e && moeq_moe_layer_in_group(e); }
 
+void moeq_engine_expert_residency(const moeq_engine *e, int64_t *held, int64_t *total, size_t *bytes) {
+    int64_t h = 0, t = 0;
+    size_t b = 0;
+    if (e) moeq_moe_layer_residency(e, &h, &t, &b);
+    if (held) *held = h;
+    if (total) *total = t;
+    if (bytes) *bytes = b;
+}
+
 int64_t moeq_engine_main_steps(const moeq_engine *e) { return e ? e->main_steps : 0; }
 
 const uint64_t *moeq_engine_expert_counts(const moeq_engine *e, int *n_layers, int *n_experts) {
@@ -653,6 +668,9 @@ static moeq_err step_out(moeq_engine *engine, const moeq_step_item *items, int n
     if (hidden && (size_t)n_rows > hidden_rows)
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "hidden buffer of %zu rows, step needs %lld",
                          hidden_rows, (long long)n_rows);
+    /* expert_weights = group and no group joined: a lone engine still runs, with every expert */
+    if (!moeq_moe_layer_mapped(engine) && (err = moeq_moe_layer_map(engine, NULL, 0, errstr, errstr_size)))
+        return err;
     moeq_scratch *s = &engine->s;
     int64_t t = 0, r = 0;
     for (int i = 0; i < n_items; i++) {

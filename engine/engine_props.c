@@ -85,5 +85,10 @@ const moeq_prop moeq_engine_params_props[] = {
      "whether the CPU's BF16, F16 and F32 products of 5-32 tokens with rows over 1,024 columns walk K in steps "
      "of 1,024 (\"on\") or take the direct tiles over whole rows (\"off\"); \"auto\": off on AMD Zen 3/4, on "
      "elsewhere; more tokens always walk K; the same bits either way; process-wide like cpu_prefetch"},
+    {"expert_weights", MOEQ_PROP_STR, P(expert_weights), 0, 0, "all",
+     "when the main layers' routed experts are made usable: \"all\" (every one, when the engine is created) "
+     "or \"group\" (when the engine joins an expert-parallel group, only the experts its placement gives the "
+     "rank, replicas included: on a GPU a rank then holds 1/n_ranks of them; a step before joining maps them all "
+     "first); the worker takes group whenever ep.group is set (docs/EP.md)"},
     MOEQ_PROP_END,
 };

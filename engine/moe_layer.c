@@ -80,6 +80,10 @@ struct moeq_moe_layer {
     uint8_t *ran;                /* host (n_count_layers): layer routed on the backend since the last flush */
     int ran_lo, ran_hi;          /* their range, ran_lo > ran_hi: none */
     int64_t ran_tok;             /* the pass's tokens */
+    /* the main layers' routed experts the backend holds (moeq_moe_layer_map) */
+    int mapped;                  /* 0: expert_weights = group, and neither a join nor a step has mapped them */
+    uint8_t *resident;           /* (num_hidden_layers, E) flags; NULL: every one (once mapped) */
+    int rank;                    /* this rank of the group (joined) */
 };
 
 /* Where the rows of one exchange sit: groups of rows, each for one expert; groups by rank (parts). */
@@ -153,6 +157,7 @@ moeq_err moeq_moe_layer_new(moeq_engine *e, moeq_moe_layer **out, char *errstr, 
         return err;
     }
     m->identity = 1;
+    m->mapped = strcmp(e->params.expert_weights, "group") != 0; /* "all": map_weights mapped them */
     *out = m;
     return MOEQ_OK;
 }
@@ -174,6 +179,7 @@ void moeq_moe_layer_destroy(moeq_moe_layer *m, moeq_backend *b) {
     free(m->counts_out), free(m->hfinite), free(m->ran);
     free_sim(m);
     free(m->slots);
+    free(m->resident);
     free((void *)m->slot_ptr);
     free(m);
 }
@@ -376,6 +382,22 @@ static int down_jobs(moeq_engine *e, const moeq_layer *L, const moe_rows *rows, 
     return n;
 }
 
+/* A rank runs only the experts it holds: one it does not would read weights the backend gave back (a device
+ * backend fails naming the tensor; the CPU would page them in again). A placement bug, named before any job. */
+static void check_resident(moeq_engine *e, const moeq_layer *L, const moe_rows *rows) {
+    moeq_moe_layer *m = e->moe;
+    int l = layer_number(e, L), E = e->cfg->n_routed_experts;
+    for (int64_t g = 0; m->resident && g < rows->part[rows->n_parts]; g++) {
+        int x = rows->expert[g];
+        if (rows->offset[g + 1] > rows->offset[g] && !m->resident[(size_t)l * (size_t)E + (size_t)x]) {
+            m->failed = MOEQ_ERR_INTERNAL;
+            snprintf(m->why, sizeof m->why, "rank %d was given rows of expert %d of layer %d, which it does not "
+                     "hold (a placement bug)", m->rank, x, l);
+            return;
+        }
+    }
+}
+
 /*
  * One GEMM per group with rows (gate+up, then down) and the shared expert over all tokens: one dispatch per
  * rank's experts and step (on one rank: two dispatches in all, as before the seam).
@@ -422,6 +444,7 @@ void moeq_moe_layer_run(moeq_engine *e, const moeq_layer *L, const moeq_layer_ve
         count_slots(e, L, T);
     }
     moe_rows rows = local ? sim_dispatch(e, T) : ep_dispatch(e, T);
+    if (!local && !m->failed) check_resident(e, L, &rows);
     run_experts(e, L, &rows, T);
     const float *shared = L->shared.gate_proj ? rows.down + rows.n_rows * D : NULL;
     if (local) { /* rows stay where the experts wrote them; the gather's slot map finds them */
@@ -448,23 +471,51 @@ void moeq_moe_layer_run_empty(moeq_engine *e) {
 
 int moeq_moe_layer_in_group(const moeq_engine *e) { return e->moe && e->moe->borrowed; }
 
-/* A group's rank never reads another rank's main-layer experts: drop whatever pages of them were read
- * (check_weights). The MTP layers' experts all stay: drafts run on the rank, without an exchange. */
-static void drop_remote_experts(moeq_engine *e, const moeq_ep_placement *pl, int rank) {
-    const moeq_model *md = e->model;
+moeq_err moeq_moe_layer_map(moeq_engine *e, const moeq_ep_placement *pl, int rank, char *errstr,
+                            size_t errstr_size) {
+    moeq_moe_layer *m = e->moe;
+    if (!m) return MOEQ_OK;
     int n_main = e->cfg->num_hidden_layers, E = e->cfg->n_routed_experts;
-    for (int l = 0; l < n_main + md->n_mtp_layers; l++) {
-        const moeq_layer *L = l < n_main ? &md->layers[l] : &md->mtp_layers[l - n_main];
-        if (!L->experts) continue;
-        for (int x = 0; x < E; x++) {
-            int local = 0;
+    uint8_t *resident = NULL;
+    if (pl) {
+        if (!(resident = calloc((size_t)n_main * (size_t)E, 1)))
+            return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "expert residency flags");
+        for (int x = 0; x < E; x++)
             for (int i = 0; i < moeq_ep_placement_n_replicas(pl, x); i++)
-                local |= moeq_ep_placement_replica(pl, x, i) == rank;
-            if (local || l >= n_main) continue; /* MTP layers: every rank runs them whole */
-            const moeq_expert *ex = &L->experts[x];
-            moeq_tensor_drop_pages(ex->gate_proj);
-            moeq_tensor_drop_pages(ex->up_proj);
-            moeq_tensor_drop_pages(ex->down_proj);
+                if (moeq_ep_placement_replica(pl, x, i) == rank)
+                    for (int l = 0; l < n_main; l++) resident[(size_t)l * (size_t)E + (size_t)x] = 1;
+    }
+    moeq_backend *b = e->backend;
+    char why[384] = "";
+    moeq_err err = b->map_experts ? b->map_experts(b, e->model, resident, why, sizeof why) : MOEQ_OK;
+    if (err) {
+        free(resident);
+        m->mapped = 0; /* what the backend holds is unknown: the next step maps them all again */
+        return moeq_errf(err, errstr, errstr_size, "mapping %s routed experts: %s", pl ? "this rank's" : "every",
+                         why);
+    }
+    free(m->resident);
+    m->resident = resident;
+    m->mapped = 1;
+    return MOEQ_OK;
+}
+
+int moeq_moe_layer_mapped(const moeq_engine *e) { return !e->moe || e->moe->mapped; }
+
+void moeq_moe_layer_residency(const moeq_engine *e, int64_t *held, int64_t *total, size_t *bytes) {
+    const moeq_moe_layer *m = e->moe;
+    *held = *total = 0, *bytes = 0;
+    if (!m) return;
+    int E = e->cfg->n_routed_experts;
+    for (int l = 0; l < e->cfg->num_hidden_layers; l++) {
+        const moeq_layer *L = &e->model->layers[l];
+        for (int x = 0; L->experts && x < E; x++) {
+            ++*total;
+            if (!m->mapped || (m->resident && !m->resident[(size_t)l * (size_t)E + (size_t)x])) continue;
+            ++*held;
+            const moeq_tensor *w[3] = {L->experts[x].gate_proj, L->experts[x].up_proj, L->experts[x].down_proj};
+            for (int i = 0; i < 3; i++)
+                if (w[i]) *bytes += w[i]->nbytes + (w[i]->scale_inv ? w[i]->scale_inv->nbytes : 0);
         }
     }
 }
@@ -500,8 +551,8 @@ moeq_err moeq_moe_layer_join(moeq_engine *e, moeq_ep *ep, int rank, int n_ranks,
     moeq_ep_destroy(m->ep);
     m->ep = ep;
     m->borrowed = 1;
-    drop_remote_experts(e, pl, rank);
-    return MOEQ_OK;
+    m->rank = rank;
+    return moeq_moe_layer_map(e, pl, rank, errstr, errstr_size);
 }
 
 moeq_err moeq_moe_layer_status(const moeq_engine *e, char *errstr, size_t errstr_size) {

@@ -48,12 +48,24 @@ void moeq_moe_layer_set_valid(moeq_engine *engine, int64_t n_valid);
 /*
  * Rank `rank` of a group of n_ranks: every MoE layer exchanges through ep
  * (borrowed; its placement decides this rank's experts), with buffers for the
- * rows every rank may send here (n_ranks * max_tokens * top_k). Pages of the
- * experts this rank does not hold are given back (moeq_tensor_drop_pages).
+ * rows every rank may send here (n_ranks * max_tokens * top_k). The backend
+ * then holds only the main-layer experts the placement gives this rank
+ * (moeq_moe_layer_map); a step that would run another fails, named.
  */
 moeq_err moeq_moe_layer_join(moeq_engine *engine, moeq_ep *ep, int rank, int n_ranks, char *errstr,
                              size_t errstr_size);
 int moeq_moe_layer_in_group(const moeq_engine *engine);
+/*
+ * Make the backend hold the main layers' routed experts that placement gives rank (replicas included; the MTP
+ * layers' are always held), or every one when placement is NULL, and give back the others (backend
+ * map_experts). On failure nothing is known to be held: the next step maps them all again.
+ */
+moeq_err moeq_moe_layer_map(moeq_engine *engine, const moeq_ep_placement *placement, int rank, char *errstr,
+                            size_t errstr_size);
+/* 1 when the routed experts are mapped (expert_weights = all, or a join or step mapped them); 1 without any. */
+int moeq_moe_layer_mapped(const moeq_engine *engine);
+/* The main layers' (layer, expert) pairs held, of all, and their weight bytes (moeq_engine_expert_residency). */
+void moeq_moe_layer_residency(const moeq_engine *engine, int64_t *held, int64_t *total, size_t *bytes);
 
 /* An empty step's part (a rank with no tokens): every main MoE layer's exchange, in order, serving others' rows. */
 void moeq_moe_layer_run_empty(moeq_engine *engine);

@@ -61,11 +61,59 @@ static void standin_route(moeq_backend *b, const moeq_route_params *p) {
     standin_cpu_route(b, &q);
 }
 
+/* The stand-in holds the routed experts map_experts gives it, as the device does: a product on another fails the
+ * backend naming the tensor (the device's "no device copy"), and every later op is void. One stand-in at a time
+ * holds a set (the map_experts case); the others hold every expert. */
+static const moeq_model *standin_model;
+static uint8_t *standin_held;       /* (num_hidden_layers, E); NULL: every one */
+static int standin_none;            /* experts_deferred, before map_experts */
+static char standin_fault[256];
+static void (*standin_cpu_matmul)(moeq_backend *, const moeq_mm_job *, int);
+static moeq_err (*standin_cpu_map_experts)(moeq_backend *, const moeq_model *, const uint8_t *, char *, size_t);
+
+static int standin_holds(const moeq_tensor *w) {
+    const moeq_model *m = standin_model;
+    for (int l = 0; m && l < m->config.num_hidden_layers; l++)
+        for (int x = 0; m->layers[l].experts && x < m->config.n_routed_experts; x++) {
+            const moeq_expert *ex = &m->layers[l].experts[x];
+            if (w == ex->gate_proj || w == ex->up_proj || w == ex->down_proj)
+                return !standin_none &&
+                       (!standin_held || standin_held[(size_t)l * (size_t)m->config.n_routed_experts + (size_t)x]);
+        }
+    return 1;
+}
+
+static void standin_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n) {
+    for (int i = 0; i < n && !standin_fault[0]; i++)
+        if (!standin_holds(jobs[i].w))
+            snprintf(standin_fault, sizeof standin_fault, "tensor %s has no device copy", jobs[i].w->name);
+    if (!standin_fault[0]) standin_cpu_matmul(b, jobs, n);
+}
+
+static moeq_err standin_map_experts(moeq_backend *b, const moeq_model *m, const uint8_t *resident, char *err,
+                                    size_t n) {
+    size_t bytes = (size_t)m->config.num_hidden_layers * (size_t)m->config.n_routed_experts;
+    free(standin_held);
+    standin_held = resident ? malloc(bytes) : NULL;
+    if (standin_held) memcpy(standin_held, resident, bytes);
+    standin_model = m, standin_none = 0;
+    return standin_cpu_map_experts(b, m, resident, err, n);
+}
+
+static moeq_err standin_status(const moeq_backend *b, char *errstr, size_t errstr_size) {
+    (void)b;
+    return standin_fault[0] ? moeq_errf(MOEQ_ERR_INTERNAL, errstr, errstr_size, "%s", standin_fault) : MOEQ_OK;
+}
+
 static moeq_err standin_new(const moeq_backend_config *config, moeq_backend **out, char *errstr, size_t errstr_size) {
     moeq_backend *b = *out = moeq_backend_cpu_new(config);
     if (!b) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "cpu stand-in");
     standin_cpu_route = b->route;
     b->route = standin_route;
+    standin_cpu_matmul = b->matmul, standin_cpu_map_experts = b->map_experts;
+    b->matmul = standin_matmul, b->map_experts = standin_map_experts, b->status = standin_status;
+    free(standin_held);
+    standin_held = NULL, standin_model = NULL, standin_none = config->experts_deferred, standin_fault[0] = 0;
     b->host_visible = 0; /* the engine's device path: lm_head into the arena, rows back by download */
     return MOEQ_OK;
 }
@@ -195,6 +243,60 @@ static void matmul_case(pair *p, const moeq_tensor *w, int64_t row0, int64_t n_r
     if (exact) same_bits(got, want, (size_t)(T * N), what);
     else close_to(got, want, (size_t)(T * N), 1e-4 * max_abs(want, (size_t)(T * N)) + 1e-6, 0, what);
     free(x), free(want), free(got);
+}
+
+/*
+ * map_experts (engine key expert_weights; a rank of an expert-parallel group holds its own experts only): a
+ * backend made with experts_deferred holds no routed expert after map_weights, then exactly the flagged ones, whose
+ * products give the CPU's bits, then all of them again; a product on an expert it does not hold fails the backend
+ * naming the tensor (the engine never issues one: test_engine_group).
+ */
+static void map_experts_holds_exactly_the_flagged_experts(void **state) {
+    (void)state;
+    const moeq_model *m = models[1]; /* tiny f8: the experts' block scales move with them */
+    int E = m->config.n_routed_experts, n_main = m->config.num_hidden_layers, l = 0;
+    while (l < n_main && !m->layers[l].experts) l++;
+    assert_true(l < n_main && E >= 2);
+    uint8_t *even = calloc((size_t)n_main * (size_t)E, 1);
+    for (int i = 0; i < n_main; i++)
+        for (int x = 0; x < E; x += 2) even[(size_t)i * (size_t)E + (size_t)x] = 1;
+    moeq_backend_config bc = {.n_threads = 4, .batch_invariant = 1, .blas_min_tokens = 16, .max_k = 8192,
+                              .max_ctx = 4096, .max_jobs = 8, .max_tokens = 256, .device = 0, .experts_deferred = 1};
+    pair p;
+    memset(&p, 0, sizeof p);
+    char err[512] = "", want[96];
+    assert_int_equal(moeq_backend_new("cpu", &bc, &p.cpu, err, sizeof err), MOEQ_OK);
+    if (moeq_backend_new(gpu_name, &bc, &p.gpu, err, sizeof err)) fail_msg("%s", err);
+    if (p.cpu->map_weights(p.cpu, m, err, sizeof err) || p.gpu->map_weights(p.gpu, m, err, sizeof err))
+        fail_msg("map_weights: %s", err);
+    int64_t total = 0;
+    for (int i = 0; i < n_main; i++) total += m->layers[i].experts ? E : 0;
+    int device = !strcmp(gpu_name, "cuda"); /* the stand-in's describe is the CPU's */
+    snprintf(want, sizeof want, "0 of %lld routed experts held", (long long)total);
+    if (device) assert_non_null(strstr(p.gpu->describe(p.gpu), want));
+    assert_non_null(p.gpu->map_experts);
+    if (p.gpu->map_experts(p.gpu, m, even, err, sizeof err)) fail_msg("map_experts: %s", err);
+    snprintf(want, sizeof want, "%lld of %lld routed experts held", (long long)(total + 1) / 2, (long long)total);
+    if (device) assert_non_null(strstr(p.gpu->describe(p.gpu), want));
+    const moeq_expert *ex = m->layers[l].experts;
+    matmul_case(&p, ex[0].gate_proj, 0, moeq_tensor_rows(ex[0].gate_proj), 3, 0, 1);
+    matmul_case(&p, ex[2 % E].down_proj, 0, moeq_tensor_rows(ex[2 % E].down_proj), 5, 0, 1);
+    if (p.gpu->map_experts(p.gpu, m, NULL, err, sizeof err)) fail_msg("map_experts (all): %s", err);
+    snprintf(want, sizeof want, "%lld of %lld routed experts held", (long long)total, (long long)total);
+    if (device) assert_non_null(strstr(p.gpu->describe(p.gpu), want));
+    matmul_case(&p, ex[1].up_proj, 0, moeq_tensor_rows(ex[1].up_proj), 2, 0, 1); /* held again */
+    matmul_case(&p, ex[0].gate_proj, 0, moeq_tensor_rows(ex[0].gate_proj), 3, 0, 1);
+    /* the odd experts given back: a product on one fails the backend, naming the tensor */
+    if (p.gpu->map_experts(p.gpu, m, even, err, sizeof err)) fail_msg("map_experts: %s", err);
+    int64_t K = moeq_tensor_cols(ex[1].up_proj), N = moeq_tensor_rows(ex[1].up_proj);
+    float *x = rand_host((size_t)K, 1.0f), *dx = dev(&p, x, (size_t)K * 4), *dy = dev(&p, NULL, (size_t)N * 4);
+    moeq_mm_job j = {ex[1].up_proj, 0, N, dx, K, dy, N, 1};
+    p.gpu->matmul(p.gpu, &j, 1);
+    p.gpu->sync(p.gpu);
+    assert_int_not_equal(moeq_backend_status(p.gpu, err, sizeof err), MOEQ_OK);
+    assert_non_null(strstr(err, ex[1].up_proj->name));
+    free(x), free(even);
+    pair_free(&p);
 }
 
 static void matmuls_give_the_cpu_backends_bits_and_cublas_is_close(void **state) {
@@ -858,6 +960,7 @@ int main(int argc, char **argv) {
         if (!models[i]) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmuls_give_the_cpu_backends_bits_and_cublas_is_close),
+        cmocka_unit_test(map_experts_holds_exactly_the_flagged_experts),
         cmocka_unit_test(row_ops_give_the_cpu_backends_bits),
         cmocka_unit_test(cache_ops_match_the_cpu_backend),
         cmocka_unit_test(moe_ops_route_like_the_cpu_and_permute_exactly),

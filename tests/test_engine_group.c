@@ -26,7 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "engine_test_util.h"
+#include "model.h"
 #include "moeq/engine.h"
 #include "moeq/ep.h"
 #include "moeq/util.h"
@@ -71,8 +73,59 @@ static int tick_items(int r, int R, int tick, const int seq[2], const int32_t *i
     return 2;
 }
 
-static moeq_engine *new_engine(const moeq_model *m, char *err, size_t n) {
+/*
+ * "holding": the CPU backend holding only the routed experts map_experts gives it, as a GPU does (none before
+ * the first call with expert_weights = group): a product the engine issues on a main layer's expert it does not
+ * hold is counted. Each rank is a forked process: its own counters.
+ */
+static const moeq_model *g_hold_model;
+static uint8_t *g_held;                  /* (num_hidden_layers, E), NULL: all */
+static int g_held_none = 1;              /* no map_experts yet */
+static long g_unheld_products;
+static void (*g_cpu_matmul)(moeq_backend *, const moeq_mm_job *, int);
+static moeq_err (*g_cpu_map_experts)(moeq_backend *, const moeq_model *, const uint8_t *, char *, size_t);
+
+static int is_held(const moeq_tensor *w) {
+    const moeq_model_config *c = &g_hold_model->config;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        for (int x = 0; g_hold_model->layers[l].experts && x < c->n_routed_experts; x++) {
+            const moeq_expert *ex = &g_hold_model->layers[l].experts[x];
+            if (w == ex->gate_proj || w == ex->up_proj || w == ex->down_proj)
+                return !g_held_none && (!g_held || g_held[(size_t)l * (size_t)c->n_routed_experts + (size_t)x]);
+        }
+    return 1; /* not a main layer's routed expert */
+}
+
+static void hold_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n) {
+    for (int i = 0; i < n; i++) g_unheld_products += !is_held(jobs[i].w);
+    g_cpu_matmul(b, jobs, n);
+}
+
+static moeq_err hold_map_experts(moeq_backend *b, const moeq_model *m, const uint8_t *resident, char *err, size_t n) {
+    size_t bytes = (size_t)m->config.num_hidden_layers * (size_t)m->config.n_routed_experts;
+    free(g_held);
+    g_held = resident ? malloc(bytes) : NULL;
+    if (g_held) memcpy(g_held, resident, bytes);
+    g_hold_model = m, g_held_none = 0;
+    return g_cpu_map_experts(b, m, resident, err, n);
+}
+
+static moeq_err holding_new(const moeq_backend_config *config, moeq_backend **out, char *errstr, size_t errstr_size) {
+    moeq_backend *b = moeq_backend_cpu_new(config);
+    if (!b) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "holding backend");
+    g_cpu_matmul = b->matmul, g_cpu_map_experts = b->map_experts;
+    b->matmul = hold_matmul, b->map_experts = hold_map_experts;
+    b->moe_experts = NULL; /* the composed path: every expert product through matmul, where it is checked */
+    g_held_none = config->experts_deferred;
+    *out = b;
+    return MOEQ_OK;
+}
+
+static moeq_engine *new_engine(const moeq_model *m, const char *expert_weights, char *err, size_t n) {
     moeq_engine_params p = moeq_engine_default_params();
+    snprintf(p.backend, sizeof p.backend, "%s", strcmp(expert_weights, "group") ? "cpu" : "holding");
+    g_hold_model = m;
+    snprintf(p.expert_weights, sizeof p.expert_weights, "%s", expert_weights);
     p.n_threads = 1;
     p.max_seqs = 4;
     p.max_step_tokens = STEP_TOKENS;
@@ -115,7 +168,7 @@ static int run_script(moeq_engine *e, int r, int R, int vocab, float *out, const
 static int setup(void **state) {
     (void)state;
     snprintf(g_dir, sizeof g_dir, "/tmp/moeq-eg-XXXXXX");
-    if (!mkdtemp(g_dir)) return -1;
+    if (!mkdtemp(g_dir) || moeq_backend_register("holding", holding_new)) return -1;
     for (int p = 0; p < 2; p++) {
         moeq_model *m = moeq_test_gen_and_load(g_dir, g_presets[p], NULL, g_presets[p]);
         if (!m) return -1;
@@ -124,7 +177,7 @@ static int setup(void **state) {
         for (int R = 2; R <= 3; R++)
             for (int r = 0; r < R; r++) {
                 char err[256] = "";
-                moeq_engine *e = new_engine(m, err, sizeof err);
+                moeq_engine *e = new_engine(m, "all", err, sizeof err);
                 float *out = g_ref[p][R - 2][r] = calloc((size_t)TICKS * MAX_ROWS * vocab, sizeof(float));
                 if (!e || !out || run_script(e, r, R, vocab, out, NULL, -1, err, sizeof err)) {
                     fprintf(stderr, "reference %s rank %d/%d: %s\n", g_presets[p], r, R, err);
@@ -182,10 +235,23 @@ static int run_rank(const group_cfg *g, int r) {
     strcpy(base.transport, "ucx");
     base.rank = r, base.n_ranks = g->n_ranks, base.timeout_ms = 20000;
     moeq_ep_rendezvous rv = moeq_ep_rendezvous_dir(g->rv);
-    int rc = moeq_model_load(path, NULL, &m, err, sizeof err) || !(e = new_engine(m, err, sizeof err)) ||
+    int64_t held0 = -1, held = 0, total = 0;
+    size_t bytes = 0;
+    /* a rank maps its own experts at the join (expert_weights = group, as the worker runs it), none before */
+    int rc = moeq_model_load(path, NULL, &m, err, sizeof err) || !(e = new_engine(m, "group", err, sizeof err)) ||
+             (moeq_engine_expert_residency(e, &held0, &total, NULL), 0) ||
              moeq_engine_ep_params(e, &base, &p, err, sizeof err) ||
              make_placement(g, moeq_model_get_config(m)->n_routed_experts, &pl, err, sizeof err) ||
              moeq_ep_new(&p, pl, &rv, &ep, err, sizeof err) || moeq_engine_join_group(e, ep, &p, err, sizeof err);
+    if (!rc) {
+        moeq_engine_expert_residency(e, &held, &total, &bytes);
+        const moeq_model_config *c = moeq_model_get_config(m);
+        int64_t moe_layers = total / c->n_routed_experts, want = moe_layers * moeq_ep_placement_n_local(pl, r);
+        if (held0 != 0 || held != want || total != moe_layers * c->n_routed_experts || !bytes)
+            rc = 1, snprintf(err, sizeof err, "residency: %lld held before the join (want 0), %lld of %lld after "
+                             "(want %lld), %zu bytes", (long long)held0, (long long)held, (long long)total,
+                             (long long)want, bytes);
+    }
     int has_mtp = m && moeq_model_get_config(m)->num_nextn_predict_layers > 0;
     if (!rc && (moeq_engine_mtp_available(e) != has_mtp || !moeq_engine_in_group(e)))
         rc = 1, snprintf(err, sizeof err, "in a group: MTP as the model has it, and the engine in the group");
@@ -202,6 +268,8 @@ static int run_rank(const group_cfg *g, int r) {
     } else {
         rc = run_script(e, r, g->n_ranks, g_vocab[g->preset], NULL, g_ref[g->preset][g->n_ranks - 2][r], -1, err,
                         sizeof err);
+        if (!rc && g_unheld_products)
+            rc = 1, snprintf(err, sizeof err, "%ld products on experts the rank does not hold", g_unheld_products);
         int L = 0, E = 0;
         const uint64_t *c = moeq_engine_expert_counts(e, &L, &E);
         if (!rc && (!c || memcmp(c, g_ref_counts[g->preset][g->n_ranks - 2][r], g_counts_bytes[g->preset])))
@@ -259,7 +327,7 @@ static void mtp_prompt(int r, int i, int vocab, int32_t *ids) { moeq_test_prompt
 
 static int greedy_plain(const moeq_model *m, const int32_t *prompt, int vocab, int32_t *out) {
     char err[256] = "";
-    moeq_engine *e = new_engine(m, err, sizeof err);
+    moeq_engine *e = new_engine(m, "all", err, sizeof err);
     static float logits[4096];
     int seq = -1, rc = !e || moeq_engine_seq_new(e, &seq);
     moeq_step_item it = {seq, prompt, MTP_PROMPT, 0};
@@ -366,12 +434,15 @@ static void mtp_in_a_group(const char *tls, int R) {
             strcpy(base.transport, "ucx");
             base.rank = r, base.n_ranks = R, base.timeout_ms = 20000;
             moeq_ep_rendezvous rvz = moeq_ep_rendezvous_dir(rv);
-            int rc = moeq_model_load(path, NULL, &mm, err, sizeof err) || !(e = new_engine(mm, err, sizeof err)) ||
+            int rc = moeq_model_load(path, NULL, &mm, err, sizeof err) ||
+                     !(e = new_engine(mm, "group", err, sizeof err)) ||
                      moeq_engine_ep_params(e, &base, &p, err, sizeof err) ||
                      moeq_ep_new(&p, NULL, &rvz, &ep, err, sizeof err) ||
                      moeq_engine_join_group(e, ep, &p, err, sizeof err);
             if (!rc && !moeq_engine_mtp_available(e)) rc = 1, snprintf(err, sizeof err, "MTP is off in the group");
             if (!rc) rc = mtp_rank_script(e, r, R, moeq_test_vocab(mm), 1 + MTP_NEW, want[r], err, sizeof err);
+            if (!rc && g_unheld_products)
+                rc = 1, snprintf(err, sizeof err, "%ld products on experts the rank does not hold", g_unheld_products);
             if (rc) fprintf(stderr, "mtp rank %d/%d (%s): %s\n", r, R, tls, err);
             moeq_engine_destroy(e);
             moeq_ep_destroy(ep);

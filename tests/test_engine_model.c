@@ -530,6 +530,44 @@ static void cpu_kernel_choices_are_engine_keys_and_change_no_bits(void **state) 
     free(got);
 }
 
+/*
+ * expert_weights = group: an engine maps no routed expert until it joins a group (test_engine_group: then only
+ * its own); one that runs a step alone first maps them all, and gives the logits of expert_weights = all. Any
+ * other value is refused, naming the choices.
+ */
+static void expert_weights_group_maps_every_expert_at_a_lone_engines_first_step(void **state) {
+    (void)state;
+    moeq_engine_params p = moeq_engine_default_params();
+    p.kv_cache_tokens = 256, p.max_seqs = 2, p.max_step_tokens = 64, p.n_threads = 1;
+    char err[256] = "";
+    moeq_engine *e = NULL;
+    assert_int_equal(moeq_props_set(moeq_engine_params_props, &p, "expert_weights", "some", err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "expert_weights \"some\": the choices are all and group"));
+    int vocab = moeq_test_vocab(g_tiny), n = 6;
+    int32_t ids[7];
+    moeq_test_prompt(ids, n + 1, 5, vocab);
+    float *want = malloc((size_t)(n + 1) * vocab * 4), *got = malloc((size_t)(n + 1) * vocab * 4);
+    int64_t held[2], total[2];
+    size_t bytes[2];
+    for (int g = 0; g < 2; g++) {
+        snprintf(p.expert_weights, sizeof p.expert_weights, "%s", g ? "group" : "all");
+        assert_int_equal(moeq_engine_new(g_tiny, &p, &e, err, sizeof err), MOEQ_OK);
+        moeq_engine_expert_residency(e, &held[0], &total[0], &bytes[0]);
+        int seq;
+        assert_int_equal(moeq_engine_seq_new(e, &seq), MOEQ_OK);
+        run_all(e, seq, ids, n, g ? got : want, vocab);
+        run_all(e, seq, ids + n, 1, (g ? got : want) + (size_t)n * vocab, vocab);
+        moeq_engine_expert_residency(e, &held[1], &total[1], &bytes[1]);
+        moeq_engine_destroy(e);
+        assert_true(total[0] > 0 && total[1] == total[0] && held[1] == total[1] && bytes[1] > 0);
+        assert_int_equal(held[0], g ? 0 : total[0]); /* group: none before the first step */
+        assert_int_equal(bytes[0], g ? 0 : bytes[1]);
+    }
+    assert_memory_equal(got, want, (size_t)(n + 1) * vocab * 4);
+    free(want), free(got);
+}
+
 /* Issue 12: `backend = cpu` picks the CPU backend from the registry; any other name fails creation, naming it. */
 static void the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error(void **state) {
     (void)state;
@@ -698,6 +736,7 @@ int main(void) {
         cmocka_unit_test(nan_crashes_the_engine_no_more_a_poisoned_sequence_is_flagged_and_its_batch_mate_keeps_its_bits),
         cmocka_unit_test(the_cpu_backend_is_chosen_by_name_and_an_unknown_name_is_a_clear_error),
         cmocka_unit_test(cpu_kernel_choices_are_engine_keys_and_change_no_bits),
+        cmocka_unit_test(expert_weights_group_maps_every_expert_at_a_lone_engines_first_step),
         cmocka_unit_test(the_whole_model_through_the_moe_layer_with_permuted_and_replicated_placements_gives_the_same_bits),
         cmocka_unit_test(the_engine_counts_each_routed_slot_by_layer_and_expert_whatever_the_batching),
     };

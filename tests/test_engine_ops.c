@@ -837,13 +837,14 @@ static long long prop_field(const moeq_prop *p, const void *params) {
 static void engine_params_table_defaults_equal_the_default_params(void **state) {
     (void)state;
     moeq_engine_params want = moeq_engine_default_params();
-    enum { N_PARAMS = 19 };
+    enum { N_PARAMS = 20 };
     int n = 0, seen[N_PARAMS] = {0};
     static const char *const names[N_PARAMS] = {"max_seqs",  "max_step_tokens", "kv_block_tokens", "kv_cache_tokens",
                                                 "n_threads", "batch_invariant", "max_model_len",   "backend",
                                                 "device", "prefix_cache", "prefix_cache_share", "cpu_matrix",
                                                 "mtp_draft", "cuda_graphs", "cuda_matrix", "head_screen",
-                                                "cpu_prefetch", "cpu_f8_widen", "cpu_k_blocked"};
+                                                "cpu_prefetch", "cpu_f8_widen", "cpu_k_blocked",
+                                                "expert_weights"};
     for (const moeq_prop *p = moeq_engine_params_props; p->name; p++, n++) {
         assert_true(p->doc && p->doc[0] && p->def && p->min <= p->max); /* a meaning/unit and a range */
         assert_true(p->offset + p->size <= sizeof(moeq_engine_params));

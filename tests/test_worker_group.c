@@ -325,6 +325,25 @@ static void a_two_rank_group_answers_every_job_once_as_moeq_generate_alone(void 
     assert_int_equal(bad, 0);
     assert_true(shared > 0); /* forks ran in the group, and every result is still generate's */
     each_rank_wrote_its_expert_load(stats[0], stats[1]);
+    /* each rank held only its own experts (6 of them on both ranks): local x MoE layers of all, none before */
+    for (int r = 0; r < 2; r++) {
+        char cmd[1024], line[1024] = "";
+        snprintf(cmd, sizeof cmd, "grep -o 'local_experts=[0-9]* .*experts_held=[0-9]*/[0-9]* expert_bytes=[0-9]*' "
+                 "'%s/%s-eq-r%d.log' | head -1", g_t.logdir, g_t.ns, r);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        if (!fgets(line, sizeof line, p)) line[0] = 0;
+        pclose(p);
+        long long local = -1, held = -1, total = -1, bytes = -1;
+        const char *h = strstr(line, "experts_held="), *b = strstr(line, "expert_bytes=");
+        assert_true(sscanf(line, "local_experts=%lld", &local) == 1 && h && b);
+        assert_true(sscanf(h, "experts_held=%lld/%lld", &held, &total) == 2 && sscanf(b, "expert_bytes=%lld", &bytes) == 1);
+        fprintf(stderr, "rank %d: %lld local experts, held %lld of %lld (layer, expert) pairs, %lld bytes\n", r, local,
+                held, total, bytes);
+        assert_true(local > 0 && local < n_experts && total % n_experts == 0 && total > 0);
+        assert_int_equal(held, local * (total / n_experts));
+        assert_true(bytes > 0);
+    }
 }
 
 /*

@@ -426,6 +426,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     snprintf(ep.cpu_prefetch, sizeof ep.cpu_prefetch, "%s", p->cpu_prefetch);
     snprintf(ep.cpu_f8_widen, sizeof ep.cpu_f8_widen, "%s", p->cpu_f8_widen);
     snprintf(ep.cpu_k_blocked, sizeof ep.cpu_k_blocked, "%s", p->cpu_k_blocked);
+    /* a rank of a group maps only its own experts, at the join: a GPU never holds the others' */
+    snprintf(ep.expert_weights, sizeof ep.expert_weights, "%s", p->ep_group[0] ? "group" : "all");
     ep.max_model_len = (int)p->max_model_len;
     ep.prefix_cache = p->prefix_cache;
     ep.prefix_cache_share = p->prefix_cache_share;

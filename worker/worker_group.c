@@ -50,11 +50,16 @@ static moeq_err form(worker_group *g, const moeq_worker_params *p, moeq_redis *r
     if ((err = moeq_ep_new(&g->params, g->pl, &hook, &g->ep, errstr, errstr_size))) return err;
     if ((err = worker_ep_rv_formed(g->rv, errstr, errstr_size))) return err;
     if ((err = moeq_engine_join_group(engine, g->ep, &g->params, errstr, errstr_size))) return err;
+    int64_t held = 0, total = 0;
+    size_t held_bytes = 0;
+    moeq_engine_expert_residency(engine, &held, &total, &held_bytes);
     moeq_log(MOEQ_LOG_INFO, COMP, "ep_group_formed",
-             "group=%s generation=%lld rank=%d ranks=%d transport=%s payload=%s local_experts=%d placement=%s ms=%lld",
+             "group=%s generation=%lld rank=%d ranks=%d transport=%s payload=%s local_experts=%d placement=%s "
+             "experts_held=%lld/%lld expert_bytes=%zu ms=%lld",
              p->ep_group, (long long)worker_ep_rv_generation(g->rv), g->params.rank, g->params.n_ranks,
              moeq_ep_transport_name(g->ep), g->params.payload, moeq_ep_placement_n_local(g->pl, g->params.rank),
-             p->ep_placement[0] ? p->ep_placement : "identity", (long long)(moeq_now_ms() - t0));
+             p->ep_placement[0] ? p->ep_placement : "identity", (long long)held, (long long)total, held_bytes,
+             (long long)(moeq_now_ms() - t0));
     return MOEQ_OK;
 }
 

@@ -503,6 +503,24 @@ static moeq_err cpu_map_weights(moeq_backend *b, const moeq_model *model, char *
     return MOEQ_OK;
 }
 
+/* Nothing to map either: the experts a rank does not hold give back whatever pages of them were read (a
+ * worker's check_weights reads every tensor), and are never read again. */
+static moeq_err cpu_map_experts(moeq_backend *b, const moeq_model *model, const uint8_t *resident, char *errstr,
+                                size_t errstr_size) {
+    (void)b, (void)errstr, (void)errstr_size;
+    int E = model->config.n_routed_experts;
+    for (int l = 0; resident && l < model->config.num_hidden_layers; l++) {
+        const moeq_layer *L = &model->layers[l];
+        for (int x = 0; L->experts && x < E; x++) {
+            if (resident[(size_t)l * (size_t)E + (size_t)x]) continue;
+            moeq_tensor_drop_pages(L->experts[x].gate_proj);
+            moeq_tensor_drop_pages(L->experts[x].up_proj);
+            moeq_tensor_drop_pages(L->experts[x].down_proj);
+        }
+    }
+    return MOEQ_OK;
+}
+
 static void cpu_sync(moeq_backend *b) { (void)b; }
 
 /* ---- per-row ops ------------------------------------------------------------- */
@@ -802,6 +820,7 @@ static const moeq_backend cpu_table = {
     .download = cpu_copy,
     .copy = cpu_copy,
     .map_weights = cpu_map_weights,
+    .map_experts = cpu_map_experts,
     .sync = cpu_sync,
     .matmul = cpu_matmul,
     .matmul_nn = cpu_matmul_nn,

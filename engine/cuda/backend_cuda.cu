@@ -1,9 +1,10 @@
 // backend_cuda.cu — the CUDA backend: every op of backend.h on device memory, in call order on one stream.
 //
-// Memory: every tensor of the model is uploaded once by map_weights in its stored dtype (F32, BF16, F16,
-// F8 E4M3 with its float32 128x128 block scales); every buffer (weights vectors, the step arena, the cache
-// pool, MTP state) is device memory. The host data an op reads (token ids, positions, rows, block tables,
-// the gather order) goes through a pinned staging buffer with a device twin, bump-allocated and reset
+// Memory: every tensor of the model is uploaded once in its stored dtype (F32, BF16, F16, F8 E4M3 with its float32
+// 128x128 block scales): by map_weights, but the main layers' routed experts by map_experts into a slab of their own
+// (all of them, or a group rank's own: engine key expert_weights, docs/EP.md); every buffer (weights vectors, the
+// step arena, the cache pool, MTP state) is device memory. The host data an op reads (token ids, positions, rows,
+// block tables, the gather order) goes through a pinned staging buffer with a device twin, bump-allocated and reset
 // whenever the stream is drained (sync, download, route): a region is never rewritten while a copy from it
 // may still be queued. route with host ids copies its ids and finite flags back and waits (the composed MoE
 // path lays its dispatch out on the host from them); route on_backend leaves them on the device, where
@@ -73,9 +74,13 @@ typedef struct cuda_backend {
     char why[320];
     char info[800];
     const moeq_model *model;
-    void **wdev;       // [n_tensors] device copy of each tensor, in wslab
+    void **wdev;       // [n_tensors] device copy of each tensor, in wslab, or in eslab for a routed expert's
     char *wslab;
     size_t weight_bytes;
+    uint8_t *routed;   // [n_tensors] 1: a main layer's routed expert weight (or its scales): map_experts' to hold
+    char *eslab;       // the routed experts held (map_experts), NULL: none
+    size_t expert_bytes;
+    int experts_held, experts_total; // (layer, expert) pairs
     char *stage_h, *stage_d; // pinned host, device twin
     size_t stage_cap, stage_off;
     float *wide;       // cuBLAS path: widened weight tile
@@ -112,7 +117,7 @@ typedef struct cuda_backend {
     } br;
     int n_captured, n_replays, n_fallbacks;
     char graph_why[200];                  // the first reason a capture or a replay fell back to eager
-    char desc[1200];                      // describe(): info and the graphs' counts
+    char desc[1400];                      // describe(): info, the experts held and the graphs' counts
 } cuda_backend;
 
 // ---- errors -------------------------------------------------------------------------------------------------
@@ -275,8 +280,9 @@ static int tensor_index(const cuda_backend *cb, const moeq_tensor *t) {
 static const void *wdev(cuda_backend *cb, const moeq_tensor *t) {
     int i = tensor_index(cb, t);
     if (i < 0 || !cb->wdev[i]) {
-        fail(cb, MOEQ_ERR_INTERNAL, "tensor %s has no device copy (not a tensor of the model map_weights%s)",
-             t && t->name ? t->name : "(null)", " uploaded)");
+        fail(cb, MOEQ_ERR_INTERNAL, "tensor %s has no device copy (%s)", t && t->name ? t->name : "(null)",
+             i >= 0 && cb->routed && cb->routed[i] ? "a routed expert map_experts did not give this backend"
+                                                   : "not a tensor of the model map_weights uploaded");
         return NULL;
     }
     return cb->wdev[i];
@@ -287,6 +293,85 @@ static const float *scale_dev(cuda_backend *cb, const moeq_tensor *t) {
 }
 
 static int ws_reserve(cuda_backend *cb, size_t bytes);
+
+static void build_expert_tables(cuda_backend *cb, const moeq_model *model);
+
+// The main layers' routed experts' tensors (weights and F8 scales): held by map_experts, apart from the rest.
+static int mark_routed(cuda_backend *cb, const moeq_model *model) {
+    free(cb->routed);
+    if (!(cb->routed = (uint8_t *)calloc((size_t)(model->n_tensors > 0 ? model->n_tensors : 1), 1))) return 0;
+    int E = model->config.n_routed_experts;
+    cb->experts_total = 0;
+    for (int l = 0; l < model->config.num_hidden_layers; l++) {
+        const moeq_layer *L = &model->layers[l];
+        for (int x = 0; L->experts && x < E; x++, cb->experts_total++) {
+            const moeq_tensor *w[3] = {L->experts[x].gate_proj, L->experts[x].up_proj, L->experts[x].down_proj};
+            for (int i = 0; i < 3; i++) {
+                int a = tensor_index(cb, w[i]), sc = w[i] ? tensor_index(cb, w[i]->scale_inv) : -1;
+                if (a >= 0) cb->routed[a] = 1;
+                if (sc >= 0) cb->routed[sc] = 1;
+            }
+        }
+    }
+    return 1;
+}
+
+// Hold exactly the flagged experts: the old set is given back first (a step is never in flight here), so a rank of
+// a group that mapped them all at a lone step before its join never needs room for both.
+static moeq_err cuda_map_experts(moeq_backend *b, const moeq_model *model, const uint8_t *resident, char *errstr,
+                                 size_t errstr_size) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->model != model || !cb->routed)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "backend cuda: map_experts before map_weights");
+    if (cb->err) return moeq_errf(cb->err, errstr, errstr_size, "backend cuda: %s", cb->why);
+    if (cb->br.mode != BR_NONE)
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "backend cuda: map_experts inside a step");
+    drain(cb, "cudaStreamSynchronize (map_experts)");
+    // graphs captured on the old pointers would replay into freed memory: captured again at their next step
+    for (int i = 0; i < cb->n_gb; i++)
+        if (cb->gb[i].exec) cudaGraphExecDestroy(cb->gb[i].exec), cb->gb[i].exec = NULL, cb->gb[i].n_regions = 0;
+    for (int i = 0; i < model->n_tensors; i++)
+        if (cb->routed[i]) cb->wdev[i] = NULL;
+    if (cb->eslab) cu_ok(cb, cudaFree(cb->eslab), "cudaFree (routed experts)");
+    cb->eslab = NULL, cb->expert_bytes = 0, cb->experts_held = 0;
+    int E = model->config.n_routed_experts, n_main = model->config.num_hidden_layers;
+    size_t total = 0;
+    for (int pass = 0; pass < 2 && !cb->err; pass++) { // 0: the bytes; 1: allocate once, then upload
+        if (pass == 1 && total &&
+            !cu_ok(cb, cudaMalloc((void **)&cb->eslab, total), "cudaMalloc (routed experts)"))
+            break;
+        for (int l = 0; l < n_main && !cb->err; l++) {
+            const moeq_layer *L = &model->layers[l];
+            for (int x = 0; L->experts && x < E && !cb->err; x++) {
+                if (resident && !resident[(size_t)l * (size_t)E + (size_t)x]) continue;
+                cb->experts_held += pass;
+                const moeq_tensor *w[6] = {L->experts[x].gate_proj, L->experts[x].up_proj, L->experts[x].down_proj};
+                for (int i = 0; i < 3; i++) w[3 + i] = w[i] ? w[i]->scale_inv : NULL;
+                for (int i = 0; i < 6; i++) {
+                    int a = tensor_index(cb, w[i]);
+                    if (a < 0) continue;
+                    size_t n = STAGED(w[i]->nbytes ? w[i]->nbytes : 1);
+                    if (pass == 0) {
+                        total += n;
+                        continue;
+                    }
+                    cb->wdev[a] = cb->eslab + cb->expert_bytes;
+                    if (w[i]->nbytes && !cu_ok(cb, cudaMemcpyAsync(cb->wdev[a], w[i]->data, w[i]->nbytes,
+                                                                   cudaMemcpyHostToDevice, cb->stream),
+                                               "cudaMemcpyAsync (routed experts)"))
+                        break;
+                    cb->expert_bytes += n;
+                }
+            }
+        }
+    }
+    if (!cb->err) drain(cb, "cudaStreamSynchronize (routed experts)");
+    if (!cb->err) build_expert_tables(cb, model);
+    if (cb->err)
+        return moeq_errf(cb->err, errstr, errstr_size, "backend cuda: %zu bytes of routed experts: %s", total,
+                         cb->why);
+    return MOEQ_OK;
+}
 
 // Device copy of tensor t (NULL: none) without failing the backend: map_weights' tables are built from it.
 static const void *wdev_or_null(const cuda_backend *cb, const moeq_tensor *t) {
@@ -345,11 +430,13 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
     free(cb->wdev);
     if (!(cb->wdev = (void **)calloc((size_t)(model->n_tensors > 0 ? model->n_tensors : 1), sizeof(void *))))
         return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "backend cuda: tensor table");
-    // one allocation for every tensor (a checkpoint has up to ~10^5 of them), each at a 256-byte offset
+    if (!mark_routed(cb, model)) return moeq_errf(MOEQ_ERR_NOMEM, errstr, errstr_size, "backend cuda: tensor table");
+    // one allocation for every tensor (a checkpoint has up to ~10^5 of them), each at a 256-byte offset; the main
+    // layers' routed experts apart (map_experts: a rank of a group holds its own only)
     int f8 = 0;
     size_t total = 0;
     for (int i = 0; i < model->n_tensors; i++)
-        total += STAGED(model->tensors[i].nbytes ? model->tensors[i].nbytes : 1);
+        if (!cb->routed[i]) total += STAGED(model->tensors[i].nbytes ? model->tensors[i].nbytes : 1);
     cudaFree(cb->wslab);
     cb->wslab = NULL;
     if (!cu_ok(cb, cudaMalloc((void **)&cb->wslab, total ? total : 1), "cudaMalloc (weights)"))
@@ -358,6 +445,7 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
     for (int i = 0; i < model->n_tensors && !cb->err; i++) {
         const moeq_tensor *t = &model->tensors[i];
         f8 |= t->dtype == MOEQ_DTYPE_F8_E4M3;
+        if (cb->routed[i]) continue;
         cb->wdev[i] = cb->wslab + cb->weight_bytes;
         // on the backend's stream: a cudaMemcpy (legacy stream) from pageable memory returns before its last DMA
         // lands, and the non-blocking stream does not wait for the legacy one, so a first kernel could read it
@@ -368,7 +456,10 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
         cb->weight_bytes += STAGED(t->nbytes ? t->nbytes : 1);
     }
     if (!cb->err) drain(cb, "cudaStreamSynchronize (weights)");
-    if (!cb->err) build_expert_tables(cb, model);
+    char why[400] = "";
+    if (!cb->err && !cb->p.experts_deferred && cuda_map_experts(b, model, NULL, why, sizeof why))
+        return moeq_errf(cb->err ? cb->err : MOEQ_ERR_INTERNAL, errstr, errstr_size, "%s", why);
+    if (!cb->err && cb->p.experts_deferred) build_expert_tables(cb, model); // the MTP layers' (map_experts': all)
     // the attention workspace for the model's shape, so that a step allocates nothing (it only grows past this)
     const moeq_model_config *c = &model->config;
     if (!cb->err && c->num_attention_heads > 0 && c->kv_lora_rank > 0) {
@@ -382,7 +473,8 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
         return moeq_errf(cb->err, errstr, errstr_size, "backend cuda: uploading %zu bytes of weights: %s",
                          cb->weight_bytes, cb->why);
     snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
-             "; weights %.1f MiB in their stored dtypes%s", (double)cb->weight_bytes / (1 << 20),
+             "; weights %.1f MiB in their stored dtypes (routed experts: %s)%s", (double)cb->weight_bytes / (1 << 20),
+             cb->p.experts_deferred ? "held from the group's join, only the rank's own" : "all",
              f8 ? " (F8 E4M3: dequantised with its 128x128 block scales, in the kernel or widened for cuBLAS)" : "");
     return MOEQ_OK;
 }
@@ -2176,14 +2268,17 @@ static int cuda_supports(const moeq_backend *b, moeq_backend_op op, moeq_dtype d
 
 static const char *cuda_describe(const moeq_backend *b) {
     cuda_backend *cb = (cuda_backend *)b; // the counts change: the line is written when asked
+    char held[120];
+    snprintf(held, sizeof held, "%d of %d routed experts held, %.1f MiB", cb->experts_held, cb->experts_total,
+             (double)cb->expert_bytes / (1 << 20));
     if (!cb->p.graphs) {
-        snprintf(cb->desc, sizeof cb->desc, "%s; CUDA graphs: off", cb->info);
+        snprintf(cb->desc, sizeof cb->desc, "%s; %s; CUDA graphs: off", cb->info, held);
         return cb->desc;
     }
     snprintf(cb->desc, sizeof cb->desc,
-             "%s; CUDA graphs: on (steps of <= %lld tokens padded to buckets 1..%lld: %d captured, %d replays, %d "
-             "steps issued again eagerly%s%s)",
-             cb->info, (long long)cb->gsize[cb->n_gb - 1], (long long)cb->gsize[cb->n_gb - 1], cb->n_captured,
+             "%s; %s; CUDA graphs: on (steps of <= %lld tokens padded to buckets 1..%lld: %d captured, %d replays, "
+             "%d steps issued again eagerly%s%s)",
+             cb->info, held, (long long)cb->gsize[cb->n_gb - 1], (long long)cb->gsize[cb->n_gb - 1], cb->n_captured,
              cb->n_replays, cb->n_fallbacks, cb->graph_why[0] ? ": " : "", cb->graph_why);
     return cb->desc;
 }
@@ -2207,6 +2302,8 @@ static void cuda_destroy(moeq_backend *b) {
     if (!cb) return;
     if (cb->stream) cudaStreamSynchronize(cb->stream); // errors here have nowhere to go: the backend is ending
     cudaFree(cb->wslab);
+    cudaFree(cb->eslab);
+    free(cb->routed);
     free(cb->wdev);
     cudaFree(cb->moe_tab);
     free(cb->moe_key);
@@ -2244,6 +2341,7 @@ static const moeq_backend cuda_table = {
     .download = cuda_download,
     .copy = cuda_copy,
     .map_weights = cuda_map_weights,
+    .map_experts = cuda_map_experts,
     .sync = cuda_sync,
     .status = cuda_status,
     .describe = cuda_describe,

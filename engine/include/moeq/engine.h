@@ -141,6 +141,11 @@ typedef struct moeq_engine_params {
     char cpu_k_blocked[8];     /* whether BF16/F16/F32 CPU products of 5-32 tokens with
                                   K > 1,024 walk K in steps: "auto" (default), "on" or
                                   "off"; process-wide, the same bits either way          */
+    char expert_weights[8];    /* when the main layers' routed experts are made usable:
+                                  "all" (default: every one, at creation) or "group" (at
+                                  moeq_engine_join_group, only the rank's own: a GPU then
+                                  holds 1/n_ranks of them; a step before joining maps
+                                  them all first); docs/EP.md                            */
 } moeq_engine_params;
 
 moeq_engine_params moeq_engine_default_params(void);
@@ -405,8 +410,10 @@ moeq_err moeq_engine_ep_params(const moeq_engine *engine, const moeq_ep_params *
  * Make this engine rank params->rank of its group: every MoE layer then
  * exchanges through ep (borrowed: it must outlive the engine's steps; made
  * with moeq_engine_ep_params), runs only the experts ep's placement gives
- * this rank and gives back the pages of the others' experts (dense weights,
- * attention and shared experts stay on every rank). Call once, before any
+ * this rank and gives back what the others' experts held (the CPU: their
+ * pages; a device backend: their device memory, which with expert_weights =
+ * group it never took; dense weights, attention and shared experts stay on
+ * every rank). Call once, before any
  * sequence. MTP stays on: the MTP layers run whole on every rank (their
  * experts are held by all), so drafts exchange nothing and a speculative
  * round's verify step is the rank's one main step of the tick. From then on every step is a
@@ -430,6 +437,13 @@ int64_t moeq_engine_main_steps(const moeq_engine *engine);
 
 /* 1 when the engine is a rank of a group (moeq_engine_join_group). */
 int moeq_engine_in_group(const moeq_engine *engine);
+
+/*
+ * The main layers' routed experts this engine's backend holds: *held (layer, expert) pairs of *total, and
+ * *bytes their weights (F8 scales included). Every one once mapped outside a group; a rank's own (its
+ * placement's, replicas included) in a group; none while expert_weights = group waits for its join.
+ */
+void moeq_engine_expert_residency(const moeq_engine *engine, int64_t *held, int64_t *total, size_t *bytes);
 
 /*
  * The load each routed expert has seen since the engine was made: counts[l *
