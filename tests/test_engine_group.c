@@ -10,7 +10,10 @@
  * mid-run fails the survivors' step, naming it. moeq_ep_allgather (the worker
  * group's per-tick agreement) over UCX is checked at the end, and each rank's
  * routed-expert load table equals the single-process engine's for its tokens
- * (a rank counts its own tokens). Skipped (77) without UCX.
+ * (a rank counts its own tokens). The ranks join with expert_weights = group on "holding", the CPU backend
+ * holding only the experts map_experts gives it: each holds none before its join, then its placement's local
+ * experts in every MoE layer, and the engine issues no product on another (as a GPU rank would fail). Skipped
+ * (77) without UCX.
  */
 #include <setjmp.h>
 #include <stdarg.h>
