@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "moeq/engine.h"
 #include "worker.h"
 
 static void defaults_are_the_documented_names(void **state) {
@@ -22,6 +23,30 @@ static void defaults_are_the_documented_names(void **state) {
     moeq_worker_stream_name(&p, 3, name, sizeof name);
     assert_string_equal(name, "moeq:batches:p3");
     assert_true(p.max_deliveries >= 1);
+}
+
+/*
+ * Every engine key can be set on the worker, under the same name, type and (for the engine's choices) default, but
+ * for those the worker decides itself: batch_invariant (a job's result never depends on its batch-mates: always
+ * on) and expert_weights (group exactly when ep.group is set). A key added to the engine and not to the worker
+ * fails here.
+ */
+static void every_engine_key_is_a_worker_key_or_the_workers_own_choice(void **state) {
+    (void)state;
+    static const char *const own[] = {"batch_invariant", "expert_weights"};
+    for (const moeq_prop *e = moeq_engine_params_props; e->name; e++) {
+        int decided = 0;
+        for (size_t i = 0; i < sizeof own / sizeof *own; i++) decided |= !strcmp(e->name, own[i]);
+        const moeq_prop *w = moeq_worker_props;
+        while (w->name && strcmp(w->name, e->name)) w++;
+        if (decided) {
+            assert_null(w->name); /* the worker's own choice: not a key */
+            continue;
+        }
+        if (!w->name) fail_msg("engine key %s is not a worker key", e->name);
+        assert_int_equal(w->type, e->type);
+        if (e->type == MOEQ_PROP_STR && strcmp(e->name, "backend")) assert_string_equal(w->def, e->def);
+    }
 }
 
 static void params_check_names_the_key_at_fault(void **state) {
@@ -127,6 +152,7 @@ static void the_dedupe_window_is_one_key_as_on_the_coordinator(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_are_the_documented_names),
+        cmocka_unit_test(every_engine_key_is_a_worker_key_or_the_workers_own_choice),
         cmocka_unit_test(params_check_names_the_key_at_fault),
         cmocka_unit_test(mtp_k_defaults_to_auto_and_stays_within_zero_to_three),
         cmocka_unit_test(mtp_k_and_mtp_max_batch_take_auto),

@@ -416,10 +416,12 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     ep.max_seqs = (int)p->max_seqs;
     ep.max_step_tokens = (int)p->max_step_tokens;
     ep.kv_cache_tokens = p->kv_cache_tokens;
+    ep.kv_block_tokens = (int)p->kv_block_tokens;
     ep.n_threads = (int)p->n_threads;
     snprintf(ep.backend, sizeof ep.backend, "%s", p->backend);
     ep.device = (int)p->device;
     snprintf(ep.cuda_graphs, sizeof ep.cuda_graphs, "%s", p->cuda_graphs);
+    snprintf(ep.cuda_matrix, sizeof ep.cuda_matrix, "%s", p->cuda_matrix);
     snprintf(ep.mtp_draft, sizeof ep.mtp_draft, "%s", p->mtp_draft);
     snprintf(ep.cpu_matrix, sizeof ep.cpu_matrix, "%s", p->cpu_matrix);
     snprintf(ep.head_screen, sizeof ep.head_screen, "%s", p->head_screen);

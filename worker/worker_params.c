@@ -42,8 +42,13 @@ const moeq_prop moeq_worker_props[] = {
      "(the device paths on the CPU, for tests); anything else fails the worker's start"},
     {"device", MOEQ_PROP_INT, P(device), 0, 1024, "0",
      "GPU ordinal for backend = cuda; run one worker process per GPU, each with its own device"},
+    {"kv_block_tokens", MOEQ_PROP_INT, P(kv_block_tokens), 1, 1 << 16, "16",
+     "tokens per KV cache block (page): the prefix cache shares and keeps whole blocks"},
     {"cuda_graphs", MOEQ_PROP_STR, P(cuda_graphs), 0, 0, "off",
      "the engine's cuda_graphs: off, auto or on (CUDA graphs for decode steps of up to 256 sequences; docs/CUDA.md)"},
+    {"cuda_matrix", MOEQ_PROP_STR, P(cuda_matrix), 0, 0, "lanes",
+     "the engine's cuda_matrix: lanes (the 16-lane kernels at every size) or auto (two threads a row at <= 8 "
+     "tokens, shared-memory tiles past that; not yet run on a device); the same bits either way (docs/CUDA.md)"},
     {"mtp_draft", MOEQ_PROP_STR, P(mtp_draft), 0, 0, "f8",
      "the engine's mtp_draft: f8 (drafts from 8-bit copies of the MTP layer's projections and head, host "
      "backends: int8 rows where the CPU has AVX512-VNNI, else F8 E4M3), e4m3 (F8 E4M3 copies) or exact; the "

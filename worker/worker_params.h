@@ -39,7 +39,9 @@ typedef struct moeq_worker_params {
     int64_t n_threads;            /* engine compute threads; 0 = all cores                         */
     char backend[16];             /* engine backend by name: cpu | cuda (a build with CUDA)         */
     int64_t device;               /* device ordinal for backend cuda (one worker process per GPU)   */
+    int64_t kv_block_tokens;      /* tokens per KV cache block (the engine's)                      */
     char cuda_graphs[8];          /* the engine's cuda_graphs: off | auto | on                      */
+    char cuda_matrix[8];          /* the engine's cuda_matrix: lanes | auto                         */
     char mtp_draft[8];            /* the engine's mtp_draft: f8 | exact                             */
     char cpu_matrix[8];           /* the engine's cpu_matrix: auto | lanes | amx                     */
     char head_screen[8];          /* the engine's head_screen: auto | off                            */
