@@ -80,3 +80,18 @@ if(TARGET moeq AND MOEQ_HAVE_CUDA_BACKEND)
     engine_logits_on_cuda_with_cublas_match_the_float64_reference engine_mtp_logits_on_cuda_match_the_float64_reference
     PROPERTIES LABELS gpu SKIP_RETURN_CODE ${MOEQ_TEST_SKIP_CODE} TIMEOUT 300 REQUIRED_FILES $<TARGET_FILE:moeq>)
 endif()
+# Expert-parallel groups on the CUDA backend (label gpu; test_engine_group.c --backend cuda): 2 and 3 ranks sharing
+# the one device over UCX tcp, each holding only its own experts in device memory (expert_weights = group), give
+# the single-process CUDA engine's logits bit for bit. Needs UCX (the GPU check's build has it only where the image
+# has pkg-config ucx). Without a device: the backend's reason, exit 77 (skipped).
+if(MOEQ_HAVE_CUDA_BACKEND AND MOEQ_HAVE_UCX AND TARGET moeq_engine AND TARGET moeq)
+  if(NOT TARGET test_engine_group) # the GPU check's build (MOEQ_CUDA_CHECK_ONLY) has no engine.cmake
+    moeq_add_test(NAME test_engine_group SOURCES test_engine_group.c LIBS moeq_engine moeq_ep LABELS unit
+                  TIMEOUT 600)
+    target_include_directories(test_engine_group PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+    add_dependencies(test_engine_group moeq)
+  endif()
+  add_test(NAME test_engine_group_cuda COMMAND test_engine_group --backend cuda)
+  set_tests_properties(test_engine_group_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+    ENVIRONMENT "MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR}")
+endif()

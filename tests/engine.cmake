@@ -52,6 +52,12 @@ if(TARGET moeq_engine AND TARGET moeq)
   moeq_add_test(NAME test_engine_group SOURCES test_engine_group.c LIBS moeq_engine moeq_ep LABELS unit TIMEOUT 600)
   target_include_directories(test_engine_group PRIVATE ${CMAKE_SOURCE_DIR}/engine)
   add_dependencies(test_engine_group moeq)
+  # (the CUDA run of the same groups, test_engine_group_cuda: tests/cuda.cmake, so that the GPU check builds it)
+  # The device run's harness on every machine: the same cases on cpu-device (the CPU behind a GPU's contract:
+  # rows copied out of the transport, references made in a child and read back from a file).
+  add_test(NAME test_engine_group_device_contract COMMAND test_engine_group --backend cpu-device)
+  set_tests_properties(test_engine_group_device_contract PROPERTIES LABELS unit SKIP_RETURN_CODE 77 TIMEOUT 300
+    ENVIRONMENT "MOEQ_BUILD_DIR=${CMAKE_BINARY_DIR}")
 endif()
 
 # The screened lm_head (engine/head_screen.h, engine key head_screen): its error bound on every exact path and

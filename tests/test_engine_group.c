@@ -13,7 +13,9 @@
  * (a rank counts its own tokens). The ranks join with expert_weights = group on "holding", the CPU backend
  * holding only the experts map_experts gives it: each holds none before its join, then its placement's local
  * experts in every MoE layer, and the engine issues no product on another (as a GPU rank would fail). Skipped
- * (77) without UCX.
+ * (77) without UCX. With --backend cuda (ctest test_engine_group_cuda, label gpu) the references and the ranks
+ * run on the device, the ranks sharing it, over tcp: the experts a rank holds are then device memory (skipped,
+ * 77, with the backend's reason where there is no device).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,6 +43,9 @@ enum { TICKS = 7, MAX_ROWS = 16, MAX_RANKS = 3, STEP_TOKENS = 32 };
 typedef enum placement_kind { IDENTITY, PERMUTED, REPLICATED } placement_kind;
 
 static char g_dir[64];
+/* --backend cuda (ctest test_engine_group_cuda, label gpu): every engine, the references' and the ranks', on the
+ * CUDA backend (the ranks share the one device, each process its own context); NULL: the CPU */
+static const char *g_backend;
 static const char *g_presets[2] = {"tiny", "tiny-v2"};
 /* Reference logits: [preset][n_ranks - 2][rank][tick][row][vocab], from the single-process engine. */
 static float *g_ref[2][2][MAX_RANKS];
@@ -126,7 +131,8 @@ static moeq_err holding_new(const moeq_backend_config *config, moeq_backend **ou
 
 static moeq_engine *new_engine(const moeq_model *m, const char *expert_weights, char *err, size_t n) {
     moeq_engine_params p = moeq_engine_default_params();
-    snprintf(p.backend, sizeof p.backend, "%s", strcmp(expert_weights, "group") ? "cpu" : "holding");
+    snprintf(p.backend, sizeof p.backend, "%s",
+             g_backend ? g_backend : strcmp(expert_weights, "group") ? "cpu" : "holding");
     g_hold_model = m;
     snprintf(p.expert_weights, sizeof p.expert_weights, "%s", expert_weights);
     p.n_threads = 1;
@@ -168,10 +174,8 @@ static int run_script(moeq_engine *e, int r, int R, int vocab, float *out, const
     return 0;
 }
 
-static int setup(void **state) {
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/moeq-eg-XXXXXX");
-    if (!mkdtemp(g_dir) || moeq_backend_register("holding", holding_new)) return -1;
+/* The single-process references of every preset, rank and group size (g_ref, g_ref_counts). */
+static int references(void) {
     for (int p = 0; p < 2; p++) {
         moeq_model *m = moeq_test_gen_and_load(g_dir, g_presets[p], NULL, g_presets[p]);
         if (!m) return -1;
@@ -196,6 +200,46 @@ static int setup(void **state) {
         moeq_model_destroy(m);
     }
     return 0;
+}
+
+/* A file of the references, written by a child that made them on the device and read back by the parent, which
+ * must not touch CUDA before it forks the ranks. */
+static int io(int write, void *p, size_t size, size_t n, FILE *f) {
+    return (write ? fwrite(p, size, n, f) : fread(p, size, n, f)) == n;
+}
+
+static int references_file(int write) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/references.bin", g_dir);
+    FILE *f = fopen(path, write ? "wb" : "rb");
+    int ok = f != NULL;
+    for (int p = 0; p < 2 && ok; p++) {
+        ok = io(write, &g_vocab[p], sizeof(int), 1, f) && io(write, &g_counts_bytes[p], sizeof(size_t), 1, f);
+        for (int R = 2; R <= 3 && ok; R++)
+            for (int r = 0; r < R && ok; r++) {
+                size_t n = (size_t)TICKS * MAX_ROWS * g_vocab[p];
+                if (!write && (!(g_ref[p][R - 2][r] = calloc(n, sizeof(float))) ||
+                               !(g_ref_counts[p][R - 2][r] = malloc(g_counts_bytes[p]))))
+                    ok = 0;
+                ok = ok && io(write, g_ref[p][R - 2][r], sizeof(float), n, f) &&
+                     io(write, g_ref_counts[p][R - 2][r], 1, g_counts_bytes[p], f);
+            }
+    }
+    if (f && fclose(f)) ok = 0;
+    return ok ? 0 : -1;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/moeq-eg-XXXXXX");
+    if (!mkdtemp(g_dir) || moeq_backend_register("holding", holding_new)) return -1;
+    if (!g_backend) return references();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) _exit(references() || references_file(1) ? 1 : 0);
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) return -1;
+    return references_file(0);
 }
 
 static int teardown(void **state) {
@@ -478,7 +522,16 @@ static void every_group(const char *tls) {
 
 static void two_and_three_ranks_over_tcp_give_the_single_process_logits_bit_for_bit(void **state) {
     (void)state;
-    every_group("tcp");
+    if (!g_backend) {
+        every_group("tcp");
+        return;
+    }
+    /* on the device: fewer groups (each rank a CUDA context): both presets, the placements that move experts */
+    for (int p = 0; p < 2; p++) {
+        run_group((group_cfg){"tcp", p, 2, PERMUTED, -1, ""});
+        run_group((group_cfg){"tcp", p, 2, REPLICATED, -1, ""});
+    }
+    run_group((group_cfg){"tcp", 0, 3, PERMUTED, -1, ""});
 }
 
 static void two_and_three_ranks_over_shared_memory_give_the_single_process_logits_bit_for_bit(void **state) {
@@ -491,7 +544,8 @@ static void a_rank_killed_mid_run_fails_the_survivors_step_naming_it(void **stat
     run_group((group_cfg){"tcp", 0, 3, PERMUTED, 1, ""});
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "--backend")) g_backend = argv[2];
     moeq_ep_params p = moeq_ep_default_params();
     strcpy(p.transport, "ucx");
     moeq_ep *ep = NULL;
@@ -501,6 +555,29 @@ int main(void) {
         return 77;
     }
     moeq_ep_destroy(ep);
+    if (g_backend) { /* a child asks, so that this process never makes a CUDA context before it forks ranks */
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            char why[256] = "";
+            moeq_backend_config bc = {.n_threads = 1, .batch_invariant = 1, .max_k = 64, .max_ctx = 64, .max_jobs = 8};
+            moeq_backend *b = NULL;
+            if (moeq_backend_new(g_backend, &bc, &b, why, sizeof why)) {
+                printf("SKIP test_engine_group --backend %s: %s\n", g_backend, why);
+                fflush(stdout);
+                _exit(77);
+            }
+            moeq_backend_destroy(b);
+            _exit(0);
+        }
+        int st = 0;
+        if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 1;
+        if (WEXITSTATUS(st)) return WEXITSTATUS(st);
+        const struct CMUnitTest device[] = {
+            cmocka_unit_test(two_and_three_ranks_over_tcp_give_the_single_process_logits_bit_for_bit),
+        };
+        return cmocka_run_group_tests(device, setup, teardown);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(two_and_three_ranks_over_tcp_give_the_single_process_logits_bit_for_bit),
         cmocka_unit_test(two_and_three_ranks_over_shared_memory_give_the_single_process_logits_bit_for_bit),
