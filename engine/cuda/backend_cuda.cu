@@ -473,8 +473,9 @@ static moeq_err cuda_map_weights(moeq_backend *b, const moeq_model *model, char 
         return moeq_errf(cb->err, errstr, errstr_size, "backend cuda: uploading %zu bytes of weights: %s",
                          cb->weight_bytes, cb->why);
     snprintf(cb->info + strlen(cb->info), sizeof cb->info - strlen(cb->info),
-             "; weights %.1f MiB in their stored dtypes (routed experts: %s)%s", (double)cb->weight_bytes / (1 << 20),
-             cb->p.experts_deferred ? "held from the group's join, only the rank's own" : "all",
+             "; weights %.1f MiB in their stored dtypes besides the main layers' routed experts (held %s)%s",
+             (double)cb->weight_bytes / (1 << 20),
+             cb->p.experts_deferred ? "from a group's join, only the rank's own" : "all, from creation",
              f8 ? " (F8 E4M3: dequantised with its 128x128 block scales, in the kernel or widened for cuBLAS)" : "");
     return MOEQ_OK;
 }
