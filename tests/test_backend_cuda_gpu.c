@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "expert_hold.h"
 #include "model.h"
 #include "moe.h"
 #include "moeq/cuda_kernels.h"
@@ -64,39 +65,21 @@ static void standin_route(moeq_backend *b, const moeq_route_params *p) {
 /* The stand-in holds the routed experts map_experts gives it, as the device does: a product on another fails the
  * backend naming the tensor (the device's "no device copy"), and every later op is void. One stand-in at a time
  * holds a set (the map_experts case); the others hold every expert. */
-static const moeq_model *standin_model;
-static uint8_t *standin_held;       /* (num_hidden_layers, E); NULL: every one */
-static int standin_none;            /* experts_deferred, before map_experts */
+static expert_hold standin_hold;
 static char standin_fault[256];
 static void (*standin_cpu_matmul)(moeq_backend *, const moeq_mm_job *, int);
 static moeq_err (*standin_cpu_map_experts)(moeq_backend *, const moeq_model *, const uint8_t *, char *, size_t);
 
-static int standin_holds(const moeq_tensor *w) {
-    const moeq_model *m = standin_model;
-    for (int l = 0; m && l < m->config.num_hidden_layers; l++)
-        for (int x = 0; m->layers[l].experts && x < m->config.n_routed_experts; x++) {
-            const moeq_expert *ex = &m->layers[l].experts[x];
-            if (w == ex->gate_proj || w == ex->up_proj || w == ex->down_proj)
-                return !standin_none &&
-                       (!standin_held || standin_held[(size_t)l * (size_t)m->config.n_routed_experts + (size_t)x]);
-        }
-    return 1;
-}
-
 static void standin_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n) {
     for (int i = 0; i < n && !standin_fault[0]; i++)
-        if (!standin_holds(jobs[i].w))
+        if (!expert_hold_has(&standin_hold, jobs[i].w))
             snprintf(standin_fault, sizeof standin_fault, "tensor %s has no device copy", jobs[i].w->name);
     if (!standin_fault[0]) standin_cpu_matmul(b, jobs, n);
 }
 
 static moeq_err standin_map_experts(moeq_backend *b, const moeq_model *m, const uint8_t *resident, char *err,
                                     size_t n) {
-    size_t bytes = (size_t)m->config.num_hidden_layers * (size_t)m->config.n_routed_experts;
-    free(standin_held);
-    standin_held = resident ? malloc(bytes) : NULL;
-    if (standin_held) memcpy(standin_held, resident, bytes);
-    standin_model = m, standin_none = 0;
+    expert_hold_set(&standin_hold, m, resident);
     return standin_cpu_map_experts(b, m, resident, err, n);
 }
 
@@ -112,8 +95,8 @@ static moeq_err standin_new(const moeq_backend_config *config, moeq_backend **ou
     b->route = standin_route;
     standin_cpu_matmul = b->matmul, standin_cpu_map_experts = b->map_experts;
     b->matmul = standin_matmul, b->map_experts = standin_map_experts, b->status = standin_status;
-    free(standin_held);
-    standin_held = NULL, standin_model = NULL, standin_none = config->experts_deferred, standin_fault[0] = 0;
+    expert_hold_reset(&standin_hold, config->experts_deferred);
+    standin_fault[0] = 0;
     b->host_visible = 0; /* the engine's device path: lm_head into the arena, rows back by download */
     return MOEQ_OK;
 }

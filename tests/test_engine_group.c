@@ -33,6 +33,7 @@
 
 #include "backend.h"
 #include "engine_test_util.h"
+#include "expert_hold.h"
 #include "model.h"
 #include "moeq/engine.h"
 #include "moeq/ep.h"
@@ -86,35 +87,18 @@ static int tick_items(int r, int R, int tick, const int seq[2], const int32_t *i
  * the first call with expert_weights = group): a product the engine issues on a main layer's expert it does not
  * hold is counted. Each rank is a forked process: its own counters.
  */
-static const moeq_model *g_hold_model;
-static uint8_t *g_held;                  /* (num_hidden_layers, E), NULL: all */
-static int g_held_none = 1;              /* no map_experts yet */
+static expert_hold g_hold;
 static long g_unheld_products;
 static void (*g_cpu_matmul)(moeq_backend *, const moeq_mm_job *, int);
 static moeq_err (*g_cpu_map_experts)(moeq_backend *, const moeq_model *, const uint8_t *, char *, size_t);
 
-static int is_held(const moeq_tensor *w) {
-    const moeq_model_config *c = &g_hold_model->config;
-    for (int l = 0; l < c->num_hidden_layers; l++)
-        for (int x = 0; g_hold_model->layers[l].experts && x < c->n_routed_experts; x++) {
-            const moeq_expert *ex = &g_hold_model->layers[l].experts[x];
-            if (w == ex->gate_proj || w == ex->up_proj || w == ex->down_proj)
-                return !g_held_none && (!g_held || g_held[(size_t)l * (size_t)c->n_routed_experts + (size_t)x]);
-        }
-    return 1; /* not a main layer's routed expert */
-}
-
 static void hold_matmul(moeq_backend *b, const moeq_mm_job *jobs, int n) {
-    for (int i = 0; i < n; i++) g_unheld_products += !is_held(jobs[i].w);
+    for (int i = 0; i < n; i++) g_unheld_products += !expert_hold_has(&g_hold, jobs[i].w);
     g_cpu_matmul(b, jobs, n);
 }
 
 static moeq_err hold_map_experts(moeq_backend *b, const moeq_model *m, const uint8_t *resident, char *err, size_t n) {
-    size_t bytes = (size_t)m->config.num_hidden_layers * (size_t)m->config.n_routed_experts;
-    free(g_held);
-    g_held = resident ? malloc(bytes) : NULL;
-    if (g_held) memcpy(g_held, resident, bytes);
-    g_hold_model = m, g_held_none = 0;
+    expert_hold_set(&g_hold, m, resident);
     return g_cpu_map_experts(b, m, resident, err, n);
 }
 
@@ -124,7 +108,7 @@ static moeq_err holding_new(const moeq_backend_config *config, moeq_backend **ou
     g_cpu_matmul = b->matmul, g_cpu_map_experts = b->map_experts;
     b->matmul = hold_matmul, b->map_experts = hold_map_experts;
     b->moe_experts = NULL; /* the composed path: every expert product through matmul, where it is checked */
-    g_held_none = config->experts_deferred;
+    expert_hold_reset(&g_hold, config->experts_deferred);
     *out = b;
     return MOEQ_OK;
 }
@@ -133,7 +117,6 @@ static moeq_engine *new_engine(const moeq_model *m, const char *expert_weights, 
     moeq_engine_params p = moeq_engine_default_params();
     snprintf(p.backend, sizeof p.backend, "%s",
              g_backend ? g_backend : strcmp(expert_weights, "group") ? "cpu" : "holding");
-    g_hold_model = m;
     snprintf(p.expert_weights, sizeof p.expert_weights, "%s", expert_weights);
     p.n_threads = 1;
     p.max_seqs = 4;
@@ -141,7 +124,9 @@ static moeq_engine *new_engine(const moeq_model *m, const char *expert_weights, 
     p.kv_cache_tokens = 256;
     p.kv_block_tokens = 4;
     moeq_engine *e = NULL;
-    return moeq_engine_new(m, &p, &e, err, n) ? NULL : e;
+    if (moeq_engine_new(m, &p, &e, err, n)) return NULL;
+    g_hold.model = m; /* its expert tensors, known before any map_experts: none held until the join */
+    return e;
 }
 
 /*
