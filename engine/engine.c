@@ -397,6 +397,19 @@ int moeq_engine_seq_len(const moeq_engine *engine, int seq_id) {
     return engine ? (int)moeq_kv_cache_seq_len(engine->cache, seq_id) : -1;
 }
 
+void moeq_engine_kv_blocks(const moeq_engine *engine, int mtp, int64_t *takeable, int64_t *total) {
+    const moeq_kv_cache *c = !engine ? NULL : mtp ? moeq_mtp_cache(engine) : engine->cache;
+    *takeable = c ? moeq_kv_cache_free_blocks(c) : 0;
+    *total = c ? moeq_kv_cache_total_blocks(c) : 0;
+}
+
+int64_t moeq_engine_seq_blocks_to_grow(const moeq_engine *engine, int seq_id, int mtp, int64_t n_tokens) {
+    if (!engine || !moeq_kv_cache_seq_alive(engine->cache, seq_id)) return -1;
+    if (!mtp) return moeq_kv_cache_blocks_needed(engine->cache, seq_id, n_tokens);
+    if (!moeq_mtp_seq_on(engine, seq_id)) return -1;
+    return moeq_kv_cache_blocks_needed(moeq_mtp_cache(engine), seq_id, n_tokens);
+}
+
 moeq_err moeq_engine_seq_truncate(moeq_engine *engine, int seq_id, int n_tokens) {
     if (!engine) return MOEQ_ERR_INVALID_ARG;
     moeq_err err = moeq_kv_cache_truncate(engine->cache, seq_id, n_tokens);
@@ -460,6 +473,13 @@ static int64_t prefix_blocks(const moeq_engine *e, const int32_t *prompt, int n_
     int64_t n = moeq_kv_cache_lookup(e->cache, prompt, n_prompt - 1, lim);
     if (mtp && n > 0) n = moeq_mtp_prefix_blocks(e, prompt, n_prompt, n);
     return n;
+}
+
+int64_t moeq_engine_prefix_held_blocks(const moeq_engine *e, const int32_t *prompt, int n_prompt, int mtp) {
+    if (!e || !prompt || n_prompt < 2 || !e->params.prefix_cache || (mtp && !e->mtp)) return 0;
+    int64_t lim = (n_prompt - 1) / e->params.kv_block_tokens;
+    if (!mtp) return moeq_kv_cache_lookup_held(e->cache, prompt, n_prompt - 1, lim);
+    return moeq_kv_cache_lookup_held(moeq_mtp_cache(e), prompt, n_prompt, lim);
 }
 
 int moeq_engine_prefix_lookup(const moeq_engine *engine, const int32_t *prompt, int n_prompt, int mtp) {

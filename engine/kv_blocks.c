@@ -417,15 +417,16 @@ int moeq_kv_blocks_key_next(moeq_kv_blocks *c, int seq_id, const int32_t *row) {
 }
 
 /* Walk the registered chain matching tokens; out (may be NULL) receives its blocks. */
+/* held_only: stop at the first block no sequence holds (a held block's parents are held: the leading run). */
 static int64_t walk(const moeq_kv_blocks *c, const int32_t *tokens, int64_t n_tokens, int64_t max_blocks,
-                    int32_t *out, int64_t *collisions) {
+                    int32_t *out, int64_t *collisions, int held_only) {
     if (!c->p.prefix_cache || c->st.registered == 0) return 0;
     int64_t bt = c->p.block_tokens, n = 0;
     int32_t parent = -1;
     while (n < max_blocks && n < c->max_blocks_per_seq && (n + 1) * bt + (c->key_width - bt) <= n_tokens) {
         const int32_t *row = tokens + n * bt;
         int32_t b = find(c, key_of(c, parent, row), parent, row, collisions);
-        if (b < 0) break;
+        if (b < 0 || (held_only && c->refs[b] <= 0)) break;
         if (out) out[n] = b;
         parent = b;
         n++;
@@ -434,7 +435,12 @@ static int64_t walk(const moeq_kv_blocks *c, const int32_t *tokens, int64_t n_to
 }
 
 int64_t moeq_kv_blocks_lookup(const moeq_kv_blocks *c, const int32_t *tokens, int64_t n_tokens, int64_t max_blocks) {
-    return walk(c, tokens, n_tokens, max_blocks, NULL, NULL);
+    return walk(c, tokens, n_tokens, max_blocks, NULL, NULL, 0);
+}
+
+int64_t moeq_kv_blocks_lookup_held(const moeq_kv_blocks *c, const int32_t *tokens, int64_t n_tokens,
+                                   int64_t max_blocks) {
+    return walk(c, tokens, n_tokens, max_blocks, NULL, NULL, 1);
 }
 
 int64_t moeq_kv_blocks_seq_take_prefix(moeq_kv_blocks *c, int seq_id, const int32_t *tokens, int64_t n_tokens,
@@ -442,7 +448,7 @@ int64_t moeq_kv_blocks_seq_take_prefix(moeq_kv_blocks *c, int seq_id, const int3
     if (!moeq_kv_blocks_seq_alive(c, seq_id) || c->lens[seq_id] != 0 || !c->p.prefix_cache) return 0;
     c->st.lookups++;
     int32_t *table = table_of(c, seq_id);
-    int64_t n = walk(c, tokens, n_tokens, max_blocks, table, &c->st.collisions);
+    int64_t n = walk(c, tokens, n_tokens, max_blocks, table, &c->st.collisions, 0);
     for (int64_t b = 0; b < n; b++) hold_block(c, table[b]);
     c->st.hit_blocks += n;
     c->lens[seq_id] = n * c->p.block_tokens;

@@ -124,6 +124,9 @@ int moeq_kv_blocks_key_next(moeq_kv_blocks *blocks, int seq_id, const int32_t *r
  * ids each), at most max_blocks; changes nothing. */
 int64_t moeq_kv_blocks_lookup(const moeq_kv_blocks *blocks, const int32_t *tokens, int64_t n_tokens,
                               int64_t max_blocks);
+/* As lookup, but only the leading blocks a sequence holds (taking them would allocate nothing). */
+int64_t moeq_kv_blocks_lookup_held(const moeq_kv_blocks *blocks, const int32_t *tokens, int64_t n_tokens,
+                                   int64_t max_blocks);
 /*
  * Give the empty sequence seq the longest registered chain matching tokens
  * (at most max_blocks blocks): it then holds blocks x block_tokens tokens,

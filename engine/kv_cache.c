@@ -78,6 +78,7 @@ size_t moeq_kv_cache_bytes_per_token(const moeq_kv_cache *cache) {
 
 int64_t moeq_kv_cache_max_seq_tokens(const moeq_kv_cache *c) { return moeq_kv_blocks_max_seq_tokens(c->blocks); }
 int64_t moeq_kv_cache_free_blocks(const moeq_kv_cache *c) { return moeq_kv_blocks_free(c->blocks); }
+int64_t moeq_kv_cache_total_blocks(const moeq_kv_cache *c) { return moeq_kv_blocks_count(c->blocks); }
 moeq_err moeq_kv_cache_seq_new(moeq_kv_cache *c, int *seq_id) { return moeq_kv_blocks_seq_new(c->blocks, seq_id); }
 moeq_err moeq_kv_cache_seq_open(moeq_kv_cache *c, int seq_id) { return moeq_kv_blocks_seq_open(c->blocks, seq_id); }
 int moeq_kv_cache_seq_alive(const moeq_kv_cache *c, int seq_id) { return moeq_kv_blocks_seq_alive(c->blocks, seq_id); }
@@ -139,6 +140,11 @@ int moeq_kv_cache_key_next(moeq_kv_cache *c, int seq_id, const int32_t *row) {
 
 int64_t moeq_kv_cache_lookup(const moeq_kv_cache *c, const int32_t *tokens, int64_t n_tokens, int64_t max_blocks) {
     return moeq_kv_blocks_lookup(c->blocks, tokens, n_tokens, max_blocks);
+}
+
+int64_t moeq_kv_cache_lookup_held(const moeq_kv_cache *c, const int32_t *tokens, int64_t n_tokens,
+                                  int64_t max_blocks) {
+    return moeq_kv_blocks_lookup_held(c->blocks, tokens, n_tokens, max_blocks);
 }
 
 int64_t moeq_kv_cache_take_prefix(moeq_kv_cache *c, int seq_id, const int32_t *tokens, int64_t n_tokens,

@@ -57,7 +57,8 @@ void moeq_kv_cache_destroy(moeq_kv_cache *cache); /* NULL is safe */
 size_t moeq_kv_cache_bytes_per_token(const moeq_kv_cache *cache);
 /* Longest sequence the block table can describe (the capacity). */
 int64_t moeq_kv_cache_max_seq_tokens(const moeq_kv_cache *cache);
-int64_t moeq_kv_cache_free_blocks(const moeq_kv_cache *cache);
+int64_t moeq_kv_cache_free_blocks(const moeq_kv_cache *cache);  /* free stack + cached (evicted on demand) */
+int64_t moeq_kv_cache_total_blocks(const moeq_kv_cache *cache); /* the pool                                 */
 
 /* A new empty sequence; MOEQ_ERR_LIMIT when max_seqs are alive. */
 moeq_err moeq_kv_cache_seq_new(moeq_kv_cache *cache, int *seq_id);
@@ -108,6 +109,8 @@ int moeq_kv_cache_seq_tokens(const moeq_kv_cache *cache, int seq_id, int64_t fro
 int64_t moeq_kv_cache_seq_keyed(const moeq_kv_cache *cache, int seq_id);
 int moeq_kv_cache_key_next(moeq_kv_cache *cache, int seq_id, const int32_t *row);
 int64_t moeq_kv_cache_lookup(const moeq_kv_cache *cache, const int32_t *tokens, int64_t n_tokens, int64_t max_blocks);
+int64_t moeq_kv_cache_lookup_held(const moeq_kv_cache *cache, const int32_t *tokens, int64_t n_tokens,
+                                  int64_t max_blocks);
 int64_t moeq_kv_cache_take_prefix(moeq_kv_cache *cache, int seq_id, const int32_t *tokens, int64_t n_tokens,
                                   int64_t max_blocks);
 int moeq_kv_cache_block_tokens(const moeq_kv_cache *cache);

@@ -318,6 +318,51 @@ static void a_running_sequences_blocks_are_shared_by_a_new_sequence_with_its_pro
     moeq_engine_destroy(e);
 }
 
+/*
+ * What the worker's admission reads (moeq_engine_kv_blocks, _seq_blocks_to_grow, _prefix_held_blocks): blocks a
+ * sequence can take (free and cached), what growing a sequence takes, and the prompt blocks a live sequence
+ * holds, which a second sequence with that prompt takes without allocating; once nobody holds them they are
+ * cached: found, takeable, but no longer held.
+ */
+static void the_pools_blocks_as_admission_counts_them(void **state) {
+    (void)state;
+    int vocab = V(g_tiny);
+    moeq_engine *e = engine_for(g_tiny, 1, 1024);
+    float *la = malloc((size_t)vocab * 4);
+    int32_t ids[P];
+    job_prompt(ids, P, 0, vocab);
+    int64_t takeable, total;
+    moeq_engine_kv_blocks(e, 0, &takeable, &total);
+    assert_int_equal(total, 256);
+    assert_int_equal(takeable, 256);
+    int a, b, n;
+    char err[256];
+    assert_int_equal(moeq_engine_seq_new(e, &a), MOEQ_OK);
+    assert_int_equal(moeq_engine_seq_blocks_to_grow(e, a, 0, P), 8);
+    step_ok(e, a, ids, P, la);
+    moeq_engine_kv_blocks(e, 0, &takeable, &total);
+    assert_int_equal(takeable, 248);
+    assert_int_equal(moeq_engine_seq_blocks_to_grow(e, a, 0, P), 0);
+    assert_int_equal(moeq_engine_seq_blocks_to_grow(e, a, 0, P + 10), 2); /* 40 tokens: 10 blocks */
+    assert_int_equal(moeq_engine_seq_blocks_to_grow(e, a, 1, P + 10), -1); /* not marked for MTP */
+    assert_int_equal(moeq_engine_seq_blocks_to_grow(e, 7, 0, P), -1);     /* not alive */
+    assert_int_equal(moeq_engine_prefix_held_blocks(e, ids, P, 0), 7);    /* (P - 1) / 4 whole blocks */
+    assert_int_equal(moeq_engine_seq_new_prefix(e, ids, P, -1, 0, &b, &n, err, sizeof err), MOEQ_OK);
+    assert_int_equal(n, 28);
+    moeq_engine_kv_blocks(e, 0, &takeable, &total);
+    assert_int_equal(takeable, 248); /* shared: nothing allocated */
+    assert_int_equal(moeq_engine_seq_blocks_to_grow(e, b, 0, P), 1); /* its own last block */
+    moeq_engine_seq_free(e, a);
+    assert_int_equal(moeq_engine_prefix_held_blocks(e, ids, P, 0), 7); /* b holds them */
+    moeq_engine_seq_free(e, b);
+    assert_int_equal(moeq_engine_prefix_held_blocks(e, ids, P, 0), 0);
+    assert_int_equal(moeq_engine_prefix_lookup(e, ids, P, 0), 28);     /* cached, no longer held */
+    moeq_engine_kv_blocks(e, 0, &takeable, &total);
+    assert_int_equal(takeable, 256);
+    free(la);
+    moeq_engine_destroy(e);
+}
+
 /* Main and MTP entries of a (engine ea) and b (engine eb), bit for bit. */
 static void assert_caches_equal(moeq_engine *ea, int a, moeq_engine *eb, int b) {
     const moeq_model_config *c = ea->cfg;
@@ -470,6 +515,7 @@ int main(void) {
         cmocka_unit_test(a_forced_hash_collision_is_caught_by_the_token_comparison),
         cmocka_unit_test(a_cache_hit_gives_the_bits_of_a_full_prefill_at_block_edges_and_inside_blocks),
         cmocka_unit_test(a_running_sequences_blocks_are_shared_by_a_new_sequence_with_its_prompt),
+        cmocka_unit_test(the_pools_blocks_as_admission_counts_them),
         cmocka_unit_test(an_mtp_cache_hit_drafts_like_a_sequence_prefilled_itself),
         cmocka_unit_test(a_pool_too_small_for_every_prefix_keeps_running_and_never_evicts_a_block_in_use),
         cmocka_unit_test(a_forced_collision_in_the_engine_is_recomputed_not_reused),

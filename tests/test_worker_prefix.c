@@ -83,11 +83,11 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-/* Job i: the instruction, then its own 20..79-token document; greedy, or sampled with a seed. */
-static void make_job(tjob *j, int i, const char *ns) {
+/* Job i: instruction number lead (0 or 1), then its own 20..79-token document; greedy, or sampled with a seed. */
+static void make_job(tjob *j, int i, const char *ns, int lead) {
     memset(j, 0, sizeof *j);
     snprintf(j->id, sizeof j->id, "pfx.%s-%d", ns, i);
-    for (int k = 0; k < LEAD; k++) j->prompt[k] = (int32_t)(10 + (k * 7919 + 3) % 120000);
+    for (int k = 0; k < LEAD; k++) j->prompt[k] = (int32_t)(10 + (k * 7919 + 3 + lead * 50021) % 120000);
     int n_doc = 20 + (i * 13) % 60;
     for (int k = 0; k < n_doc; k++) j->prompt[LEAD + k] = (int32_t)(10 + ((i + 1) * 104729 + k * 6007) % 120000);
     j->n_prompt = LEAD + n_doc;
@@ -135,14 +135,14 @@ static void add_batch(moeq_redis *redis, const char *prefix, int from, int to) {
 }
 
 /* Worker k, on an ephemeral http port (wt_worker_http_port reads it from the log into *port). */
-static pid_t start_worker(const char *ns, const char *results, int k, int *port) {
+static pid_t start_worker(const char *ns, const char *results, int k, long kv_cache_tokens, int *port) {
     char cmd[4096], log[1024];
     snprintf(log, sizeof log, "%s/worker-%s-%d.log", g_build, ns, k);
     snprintf(cmd, sizeof cmd,
              "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
-             "--worker_id=%s-w%d --max_seqs=8 --max_step_tokens=512 --kv_cache_tokens=32768 --n_threads=1 "
+             "--worker_id=%s-w%d --max_seqs=8 --max_step_tokens=512 --kv_cache_tokens=%ld --n_threads=1 "
              "--visibility_timeout_ms=120000 --heartbeat_interval_ms=500 --block_ms=50 --http_port=0 2>>%s",
-             g_moeq, g_dir, g_redis, g_kafka, ns, results, ns, k, log);
+             g_moeq, g_dir, g_redis, g_kafka, ns, results, ns, k, kv_cache_tokens, log);
     long log_from = wt_file_size(log);
     pid_t pid = fork();
     if (pid == 0) {
@@ -155,10 +155,10 @@ static pid_t start_worker(const char *ns, const char *results, int k, int *port)
     return pid;
 }
 
-static void collect(moeq_kafka_consumer *consumer, int timeout_ms) {
+static void collect(moeq_kafka_consumer *consumer, int n_jobs, int timeout_ms) {
     int64_t deadline = moeq_now_ms() + timeout_ms;
     int have = 0;
-    while (have < N_JOBS && moeq_now_ms() < deadline) {
+    while (have < n_jobs && moeq_now_ms() < deadline) {
         moeq_kafka_msg *msg = NULL;
         char err[256];
         assert_int_equal(moeq_kafka_consumer_poll(consumer, 100, &msg, err, sizeof err), MOEQ_OK);
@@ -167,7 +167,7 @@ static void collect(moeq_kafka_consumer *consumer, int timeout_ms) {
         const void *v = moeq_kafka_msg_value(msg, &len);
         moeq_result r;
         if (v && moeq_result_decode(v, len, NULL, 0, &r, err, sizeof err) == MOEQ_OK) {
-            for (int i = 0; i < N_JOBS; i++) {
+            for (int i = 0; i < n_jobs; i++) {
                 tjob *j = &g_jobs[i];
                 if (strcmp(j->id, r.id) || j->got_result) continue;
                 j->got_result = 1, have++;
@@ -178,7 +178,17 @@ static void collect(moeq_kafka_consumer *consumer, int timeout_ms) {
         }
         moeq_kafka_msg_destroy(msg);
     }
-    if (have < N_JOBS) fail_msg("%d of %d results within %d ms", have, N_JOBS, timeout_ms);
+    if (have < n_jobs) fail_msg("%d of %d results within %d ms", have, n_jobs, timeout_ms);
+}
+
+/* Every one of the first n_jobs results carries the tokens moeq_generate gives for the job alone. */
+static void expect_generates_tokens(int n_jobs) {
+    for (int i = 0; i < n_jobs; i++) {
+        tjob *j = &g_jobs[i];
+        if (j->n_got != j->n_expect || memcmp(j->got, j->expect, (size_t)j->n_expect * sizeof *j->expect))
+            fail_msg("job %d (temperature %.1f): %d tokens, generate alone %d%s", i, j->temperature, j->n_got,
+                     j->n_expect, j->n_got == j->n_expect ? " (different ids)" : "");
+    }
 }
 
 /* The sample `name{worker=...}` of the /metrics on port, or -1. */
@@ -216,17 +226,12 @@ static void jobs_sharing_a_long_instruction_on_two_workers_give_generates_tokens
     snprintf(group, sizeof group, "%s.g", ns);
     moeq_redis *redis = wt_open_streams(g_redis, prefix);
     moeq_kafka_consumer *consumer = wt_results_consumer(g_kafka, results, group);
-    for (int i = 0; i < N_JOBS; i++) make_job(&g_jobs[i], i, ns);
+    for (int i = 0; i < N_JOBS; i++) make_job(&g_jobs[i], i, ns, 0);
     for (int b = 0; b < N_JOBS; b += BATCH) add_batch(redis, prefix, b, b + BATCH);
     int port[2];
-    pid_t w[2] = {start_worker(ns, results, 0, &port[0]), start_worker(ns, results, 1, &port[1])};
-    collect(consumer, 180000);
-    for (int i = 0; i < N_JOBS; i++) {
-        tjob *j = &g_jobs[i];
-        if (j->n_got != j->n_expect || memcmp(j->got, j->expect, (size_t)j->n_expect * sizeof *j->expect))
-            fail_msg("job %d (temperature %.1f): %d tokens, generate alone %d%s", i, j->temperature, j->n_got,
-                     j->n_expect, j->n_got == j->n_expect ? " (different ids)" : "");
-    }
+    pid_t w[2] = {start_worker(ns, results, 0, 32768, &port[0]), start_worker(ns, results, 1, 32768, &port[1])};
+    collect(consumer, N_JOBS, 180000);
+    expect_generates_tokens(N_JOBS);
     double reused = 0, prefill = 0, hits = 0, lookups = 0;
     for (int k = 0; k < 2; k++) {
         reused += metric(port[k], "moeq_worker_prefix_cache_hit_tokens_total") +
@@ -264,9 +269,45 @@ static void jobs_sharing_a_long_instruction_on_two_workers_give_generates_tokens
     moeq_redis_destroy(redis);
 }
 
+/*
+ * The cache's room for jobs that share an instruction. Each job here is at most 1,087 tokens long (68 blocks),
+ * so a cache of 1,600 tokens (100 blocks) holds one of them whole, and a worker that reserved every job's whole
+ * length ran them one at a time. An instruction's 62 full blocks, shared by forks and prefix-cache hits, count
+ * once: several jobs run together, speculative ones included (the small preset has an MTP layer, mtp_k auto).
+ * Every fourth job has another instruction, so the shared blocks' holders come and go and the cache is nearly
+ * full all along (1,200 tokens ran 3 at once, 1,104 one: the blocks held bound it, as they should). Every
+ * result is still generate's alone, so no step ran out of blocks (a failed step ends its jobs with an engine
+ * error).
+ */
+static void a_cache_that_holds_one_job_whole_runs_several_of_those_that_share_an_instruction(void **state) {
+    (void)state;
+    enum { N_TIGHT = 24 };
+    char ns[96], prefix[128], results[128], group[160];
+    moeq_test_unique_name(ns, sizeof ns, "wk-prefix-tight");
+    snprintf(prefix, sizeof prefix, "%s:batches:p", ns);
+    snprintf(results, sizeof results, "%s.results", ns);
+    snprintf(group, sizeof group, "%s.g", ns);
+    moeq_redis *redis = wt_open_streams(g_redis, prefix);
+    moeq_kafka_consumer *consumer = wt_results_consumer(g_kafka, results, group);
+    for (int i = 0; i < N_TIGHT; i++) make_job(&g_jobs[i], i, ns, i % 4 == 3);
+    for (int b = 0; b < N_TIGHT; b += BATCH) add_batch(redis, prefix, b, b + BATCH);
+    int port;
+    pid_t w = start_worker(ns, results, 0, 1600, &port);
+    collect(consumer, N_TIGHT, 180000);
+    expect_generates_tokens(N_TIGHT);
+    double most = metric(port, "moeq_worker_requests_running_max");
+    print_message("jobs of up to 68 blocks in a cache of 100: up to %.0f ran at once (1 whole)\n", most);
+    assert_true(most >= 3 && most <= 8);
+    assert_int_equal(stop_worker(w), 0);
+    g_workers[0] = 0;
+    moeq_kafka_consumer_destroy(consumer);
+    moeq_redis_destroy(redis);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(jobs_sharing_a_long_instruction_on_two_workers_give_generates_tokens_and_reuse_it),
+        cmocka_unit_test(a_cache_that_holds_one_job_whole_runs_several_of_those_that_share_an_instruction),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -578,6 +578,91 @@ static void the_kv_cache_reservation_bounds_admission(void **state) {
     moeq_sched_destroy(s);
 }
 
+/* The engine's blocks as a test sets them (moeq_sched_kv): one pool (no MTP), every open sequence's remaining
+ * growth, and the prompt blocks live sequences hold. */
+typedef struct fake_kv {
+    int64_t takeable, total, grow, held;
+} fake_kv;
+
+static void fkv_pool(void *ctx, int mtp, int64_t *takeable, int64_t *total) {
+    const fake_kv *k = ctx;
+    *takeable = mtp ? 0 : k->takeable;
+    *total = mtp ? 0 : k->total;
+}
+
+static int64_t fkv_grow(void *ctx, int slot, int mtp, int64_t n_tokens) {
+    (void)slot, (void)mtp, (void)n_tokens;
+    return ((const fake_kv *)ctx)->grow;
+}
+
+static int64_t fkv_held(void *ctx, const int32_t *prompt, int n_prompt, int mtp) {
+    (void)prompt, (void)n_prompt, (void)mtp;
+    return ((const fake_kv *)ctx)->held;
+}
+
+static int no_prefix(void *ctx, const int32_t *prompt, int n_prompt, int mtp) {
+    (void)ctx, (void)prompt, (void)n_prompt, (void)mtp;
+    return 0;
+}
+
+/*
+ * With the engine's blocks injected, admission counts what running jobs may still take, not their whole
+ * lengths: a job not yet fed counts its whole length (3 blocks of 4 for 5 + 6 tokens) less the prompt blocks
+ * live sequences hold, an open one what the engine says it still needs (blocks it shares count nothing).
+ */
+static void with_the_engines_blocks_admission_counts_shared_blocks_once(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 64, 24);
+    int calls = 0;
+    moeq_sched_set_prefix_lookup(s, no_prefix, &calls);
+    fake_kv kv = {.takeable = 7, .total = 7, .grow = 3, .held = 0};
+    moeq_sched_set_kv(s, &(moeq_sched_kv){fkv_pool, fkv_grow, fkv_held, &kv});
+    fake_job f[4];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec j[4] = {spec(&f[0], "a", 5, 6), spec(&f[1], "b", 5, 6), spec(&f[2], "c", 5, 6),
+                                spec(&f[3], "d", 5, 6)};
+    add(s, NULL, j, 4, 0);
+    moeq_sched_step plan;
+    moeq_sched_stats st;
+    assert_int_equal(step(s, 1, 'x', &plan), 2); /* 3 + 3 of 7: the third would need 9 */
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.running, 2);
+    kv.grow = 1;                                  /* a and b took one block each; the rest is shared */
+    kv.takeable = 5;
+    assert_int_equal(step(s, 2, 'x', &plan), 3); /* 1 + 1 + c's 3 = 5 */
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.running, 3);
+    assert_int_equal(st.pending, 1);
+    assert_int_equal(st.kv_reserved_tokens, (7 - 5 + 1 + 1 + 3) * 4); /* held 2 blocks + 5 promised */
+    kv.held = 2;                                  /* d's prompt: 2 of its 3 blocks are held by live sequences */
+    kv.grow = 0;
+    kv.takeable = 1;
+    assert_int_equal(step(s, 3, 'x', &plan), 4); /* 0 + 0 + 0 + d's 3 - 2 = 1 */
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.running, 4);
+    assert_int_equal(st.running_max, 4);
+    moeq_sched_destroy(s);
+}
+
+/* A job whose whole length the pool cannot promise while others run is admitted once nothing runs. */
+static void a_job_admitted_while_nothing_runs_takes_the_pool_alone(void **state) {
+    (void)state;
+    moeq_sched *s = new_sched(4, 64, 24);
+    fake_kv kv = {.takeable = 2, .total = 6, .grow = 3, .held = 0}; /* 4 blocks still held by released ones */
+    moeq_sched_set_kv(s, &(moeq_sched_kv){fkv_pool, fkv_grow, fkv_held, &kv});
+    fake_job f[2];
+    memset(f, 0, sizeof f);
+    moeq_sched_job_spec j[2] = {spec(&f[0], "a", 5, 6), spec(&f[1], "b", 5, 6)};
+    add(s, NULL, j, 2, 0);
+    moeq_sched_step plan;
+    assert_int_equal(step(s, 1, 'x', &plan), 1); /* a alone (3 > 2 takeable, but nothing runs); b waits */
+    moeq_sched_stats st;
+    moeq_sched_get_stats(s, &st);
+    assert_int_equal(st.running, 1);
+    assert_int_equal(st.pending, 1);
+    moeq_sched_destroy(s);
+}
+
 static void an_engine_failure_fails_the_jobs_of_the_step(void **state) {
     (void)state;
     moeq_sched *s = new_sched(2, 64, 0);
@@ -1301,6 +1386,8 @@ int main(void) {
         cmocka_unit_test(jobs_that_cannot_run_get_results_without_a_slot),
         cmocka_unit_test(dead_lettered_and_cancelled_jobs_finish_without_running),
         cmocka_unit_test(the_kv_cache_reservation_bounds_admission),
+        cmocka_unit_test(with_the_engines_blocks_admission_counts_shared_blocks_once),
+        cmocka_unit_test(a_job_admitted_while_nothing_runs_takes_the_pool_alone),
         cmocka_unit_test(an_engine_failure_fails_the_jobs_of_the_step),
         cmocka_unit_test(bad_params_are_rejected_with_the_field_named),
         cmocka_unit_test(a_stop_id_inside_an_accepted_run_ends_the_job_there_and_frees_the_sequence),

@@ -113,6 +113,9 @@ struct moeq_sched {
     int64_t prefill_tokens, decode_tokens, jobs_finished, prefix_tokens_shared, prefix_tokens_cached;
     moeq_sched_prefix_fn prefix_fn;
     void *prefix_ctx;
+    moeq_sched_kv kv;           /* the engine's blocks; kv.pool NULL: whole lengths reserved   */
+    int64_t kv_held_promised;   /* with kv: tokens of blocks held or promised, at the last admit */
+    int running_max;
     uint64_t plans;             /* compose calls                                          */
     int64_t mtp_rounds, mtp_drafted, mtp_accepted;
     moeq_mtp_auto *mtp_auto;    /* params.mtp_auto: drafts per round chosen each plan          */
@@ -543,8 +546,60 @@ static int pending_best(const moeq_sched *sched, int *prev_out) {
     return best;
 }
 
+/*
+ * With the engine's blocks (moeq_sched_kv): the blocks job may still take from a pool (mtp = 1: its MTP entries,
+ * which run up to mtp_k + 1 past the main ones), one more for a speculative job (a rollback into a block another
+ * sequence holds copies it). An open sequence asks the engine, so blocks it shares count nothing; a job not yet
+ * fed (or whose sequence the engine does not know) counts its whole length less the prompt blocks live sequences
+ * hold now: its first chunk takes at least those (a prefix-cache hit takes every block found, a fork more).
+ */
+static int64_t kv_blocks_promised(const moeq_sched *sched, const sched_job *job, int mtp) {
+    int64_t blk = sched->params.kv_block_tokens;
+    int64_t final = (int64_t)job->n_prompt + job->max_new_tokens + (mtp ? job->mtp_k + 1 : 0);
+    int64_t grow = -1;
+    if (job->state == JOB_RUNNING && job->n_fed > 0 && job->first_plan < sched->plans)
+        grow = sched->kv.to_grow(sched->kv.ctx, job->slot, mtp, final);
+    if (grow < 0) {
+        grow = (final + blk - 1) / blk;
+        if (sched->kv.held && sched->prefix_fn) grow -= sched->kv.held(sched->kv.ctx, job->prompt, job->n_prompt, job->mtp_k > 0);
+        if (grow < 0) grow = 0;
+    }
+    return grow + (job->mtp_k > 0);
+}
+
+typedef struct kv_room {
+    int64_t takeable[2], total[2], promised[2];
+} kv_room;
+
+/* What the pools can give now and what running jobs may still take from them. */
+static void kv_room_measure(moeq_sched *sched, kv_room *r) {
+    for (int mtp = 0; mtp < 2; mtp++) {
+        sched->kv.pool(sched->kv.ctx, mtp, &r->takeable[mtp], &r->total[mtp]);
+        r->promised[mtp] = 0;
+    }
+    for (int s = 0; s < sched->params.max_seqs; s++) {
+        if (sched->slots[s] < 0) continue;
+        const sched_job *job = sched->jobs[sched->slots[s]];
+        r->promised[0] += kv_blocks_promised(sched, job, 0);
+        if (job->mtp_k > 0) r->promised[1] += kv_blocks_promised(sched, job, 1);
+    }
+}
+
+/* Does job fit beside the running ones (then its blocks are promised)? */
+static int kv_room_take(moeq_sched *sched, kv_room *r, const sched_job *job) {
+    int64_t need[2] = {kv_blocks_promised(sched, job, 0), job->mtp_k > 0 ? kv_blocks_promised(sched, job, 1) : 0};
+    int alone = sched->n_running == 0; /* the pool is its own: never wait on a block of slack */
+    for (int mtp = 0; mtp < 2; mtp++)
+        if (need[mtp] > 0 && !alone && r->promised[mtp] + need[mtp] > r->takeable[mtp]) return 0;
+    for (int mtp = 0; mtp < 2; mtp++) r->promised[mtp] += need[mtp];
+    return 1;
+}
+
 static void admit(moeq_sched *sched, int64_t now_ms) {
     int64_t cap = sched->params.kv_cache_tokens;
+    kv_room room;
+    int by_blocks = sched->kv.pool != NULL;
+    if (by_blocks) kv_room_measure(sched, &room);
     while (sched->n_running < sched->params.max_seqs && sched->n_pending > 0) {
         int prev, h = pending_best(sched, &prev);
         sched_job *job = sched->jobs[h];
@@ -554,7 +609,8 @@ static void admit(moeq_sched *sched, int64_t now_ms) {
                        "prompt + max_new_tokens exceeds this worker's KV cache capacity (kv_cache_tokens)", now_ms);
             continue;
         }
-        if (cap > 0 && sched->kv_reserved + reserve > cap) break; /* wait: head of line keeps its turn */
+        if (by_blocks ? !kv_room_take(sched, &room, job) : cap > 0 && sched->kv_reserved + reserve > cap)
+            break; /* wait: head of line keeps its turn */
         queue_unlink(sched, &sched->pending, prev, h);
         sched->n_pending--;
         int slot = 0;
@@ -569,7 +625,10 @@ static void admit(moeq_sched *sched, int64_t now_ms) {
         job->n_fed = 0;
         sched->kv_reserved += reserve;
         sched->n_running++;
+        if (sched->n_running > sched->running_max) sched->running_max = sched->n_running;
     }
+    if (by_blocks) /* held by sequences (cached blocks aside) plus promised, as the pool's share of tokens */
+        sched->kv_held_promised = (room.total[0] - room.takeable[0] + room.promised[0]) * sched->params.kv_block_tokens;
 }
 
 /* Running slots ordered by admission (oldest first), into order[]; returns the count. */
@@ -642,6 +701,11 @@ static int cached_prefix(const moeq_sched *sched, const sched_job *job) {
     if (!sched->prefix_fn || job->n_prompt < 2) return 0;
     int n = sched->prefix_fn(sched->prefix_ctx, job->prompt, job->n_prompt, job->mtp_k > 0);
     return n > 0 && n < job->n_prompt ? n : 0;
+}
+
+void moeq_sched_set_kv(moeq_sched *sched, const moeq_sched_kv *kv) {
+    if (!sched) return;
+    sched->kv = kv && kv->pool && kv->to_grow ? *kv : (moeq_sched_kv){0};
 }
 
 void moeq_sched_set_prefix_lookup(moeq_sched *sched, moeq_sched_prefix_fn fn, void *ctx) {
@@ -1060,7 +1124,8 @@ void moeq_sched_get_stats(const moeq_sched *sched, moeq_sched_stats *stats) {
     stats->free_slots = sched->params.max_seqs - sched->n_running;
     stats->unpublished = sched->n_unpublished;
     stats->batches = sched->n_batches;
-    stats->kv_reserved_tokens = sched->kv_reserved;
+    stats->kv_reserved_tokens = sched->kv.pool ? sched->kv_held_promised : sched->kv_reserved;
+    stats->running_max = sched->running_max;
     stats->prefill_tokens = sched->prefill_tokens;
     stats->prefix_tokens_shared = sched->prefix_tokens_shared;
     stats->prefix_tokens_cached = sched->prefix_tokens_cached;

@@ -115,6 +115,36 @@ typedef struct moeq_sched moeq_sched;
  */
 typedef int (*moeq_sched_prefix_fn)(void *ctx, const int32_t *prompt, int n_prompt, int mtp);
 
+/*
+ * The engine's KV blocks, injected like the prefix cache (moeq_engine_kv_blocks,
+ * moeq_engine_seq_blocks_to_grow). Without it a job is admitted only when its
+ * whole length (prompt + max_new_tokens) fits beside every running job's whole
+ * length, so jobs that share an instruction reserve it once each. With it a
+ * job is admitted when the blocks every running job may still take, plus its
+ * own, fit in what the pool can give now (free and cached blocks), and blocks
+ * that jobs share (a fork of a running job's prompt, a prefix-cache hit on a
+ * running job's blocks) count once: an open sequence's count comes from the
+ * engine, and a job not yet fed counts its whole length less the leading
+ * prompt blocks live sequences hold now (it takes those at its first chunk).
+ * The counts are made again at every admission: a held block released before
+ * its sharer opened counts again, and its release to the pool pays for it. A
+ * speculative job counts one block more in each pool (a rollback into a block
+ * another sequence holds copies it first) and its MTP entries in the MTP
+ * pool. A job admitted while nothing runs takes the pool alone.
+ *
+ * pool: mtp = 0 the main cache, 1 the MTP layer's; takeable and total blocks.
+ * to_grow: blocks slot's open sequence takes growing to n_tokens (its MTP
+ * entries when mtp = 1); < 0 when the slot has no open sequence.
+ * held: leading blocks of prompt a new sequence would take in both pools it
+ * uses (mtp: the main and MTP caches) without allocating; NULL = none.
+ */
+typedef struct moeq_sched_kv {
+    void (*pool)(void *ctx, int mtp, int64_t *takeable, int64_t *total);
+    int64_t (*to_grow)(void *ctx, int slot, int mtp, int64_t n_tokens);
+    int64_t (*held)(void *ctx, const int32_t *prompt, int n_prompt, int mtp);
+    void *ctx;
+} moeq_sched_kv;
+
 /* Validates params (message names the field). detok may be NULL: no text, stop strings never match. */
 moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn detok, void *ctx,
                         moeq_sched **out, char *errstr, size_t errstr_size);
@@ -122,6 +152,8 @@ moeq_err moeq_sched_new(const moeq_sched_params *params, moeq_sched_detok_fn det
 void moeq_sched_destroy(moeq_sched *sched);
 /* Install the prefix-cache lookup (NULL: none). A hit at least as long as a running job's fork wins. */
 void moeq_sched_set_prefix_lookup(moeq_sched *sched, moeq_sched_prefix_fn fn, void *ctx);
+/* Install the KV block view (NULL or no pool function: reserve whole lengths). */
+void moeq_sched_set_kv(moeq_sched *sched, const moeq_sched_kv *kv);
 
 /* One job of a batch, as the caller hands it in. Everything is copied except user. */
 typedef struct moeq_sched_job_spec {
@@ -337,7 +369,9 @@ typedef struct moeq_sched_stats {
     int free_slots;
     int unpublished;             /* finished, result not yet delivered                  */
     int batches;                 /* batches held (not yet reported ackable)             */
-    int64_t kv_reserved_tokens;
+    int running_max;             /* the most jobs that held slots at once               */
+    int64_t kv_reserved_tokens;  /* KV tokens running jobs hold or may still take (with moeq_sched_kv: blocks
+                                    held by sequences and promised to running jobs, at the last admission) */
     int64_t prefill_tokens, decode_tokens; /* totals committed                          */
     int64_t prefix_tokens_shared;          /* prompt tokens taken from a running job's cache */
     int64_t prefix_tokens_cached;          /* prompt tokens taken from the prefix cache       */

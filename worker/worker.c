@@ -329,6 +329,27 @@ static int prefix_lookup(void *ctx, const int32_t *prompt, int n_prompt, int mtp
     return moeq_engine_prefix_lookup(w->engine, prompt, n_prompt, mtp);
 }
 
+/* The scheduler's view of the engine's KV blocks (moeq_sched_kv): shared blocks are admitted once. */
+static void kv_pool(void *ctx, int mtp, int64_t *takeable, int64_t *total) {
+    const moeq_worker *w = ctx;
+    moeq_engine_kv_blocks(w->engine, mtp, takeable, total);
+}
+
+/* A speculative job takes as many blocks of both caches as the shorter chain gives (moeq_engine_seq_new_prefix). */
+static int64_t kv_held(void *ctx, const int32_t *prompt, int n_prompt, int mtp) {
+    const moeq_worker *w = ctx;
+    int64_t main = moeq_engine_prefix_held_blocks(w->engine, prompt, n_prompt, 0);
+    if (!mtp || main == 0) return main;
+    int64_t m = moeq_engine_prefix_held_blocks(w->engine, prompt, n_prompt, 1);
+    return m < main ? m : main;
+}
+
+static int64_t kv_to_grow(void *ctx, int slot, int mtp, int64_t n_tokens) {
+    const moeq_worker *w = ctx;
+    int seq = w->slots[slot].seq;
+    return seq < 0 ? -1 : moeq_engine_seq_blocks_to_grow(w->engine, seq, mtp, n_tokens);
+}
+
 /* What a grammar may emit: vocabulary tokens, never added/special ones or the end of sequence. */
 static int grammar_token(void *ctx, int32_t id, const char **bytes, size_t *len) {
     const moeq_worker *w = ctx;
@@ -464,6 +485,7 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.n_stop_ids = eos >= 0 ? 1 : 0;
     if ((err = moeq_sched_new(&sp, detok, w, &w->sched, errstr, errstr_size))) return err;
     if (p->prefix_cache) moeq_sched_set_prefix_lookup(w->sched, prefix_lookup, w);
+    moeq_sched_set_kv(w->sched, &(moeq_sched_kv){kv_pool, kv_to_grow, kv_held, w});
     w->eos = eos;
     if ((err = open_grammars(w, errstr, errstr_size))) return err;
 
@@ -1516,6 +1538,7 @@ static void heartbeat(moeq_worker *w, int64_t now) {
                                      sizeof err);
     atomic_store(&w->metrics.healthy, e == MOEQ_OK);
     atomic_store(&w->metrics.sequences_active, st.running);
+    atomic_store(&w->metrics.sequences_active_max, st.running_max);
     atomic_store(&w->metrics.slots_free, st.free_slots);
     atomic_store(&w->metrics.requests_waiting, st.pending);
     atomic_store(&w->metrics.kv_reserved_tokens, st.kv_reserved_tokens);

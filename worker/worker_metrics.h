@@ -42,6 +42,7 @@ typedef struct moeq_worker_metrics {
     atomic_llong prefix_cached_blocks, prefix_evictions, prefix_collisions;
     atomic_llong affinity_handed, affinity_received; /* batches handed to / taken from a peer's hand-off */
     atomic_llong sequences_active, slots_free;
+    atomic_llong sequences_active_max;            /* the most jobs that held slots at once          */
     atomic_llong engine_ns;                       /* time inside engine steps (rendered in seconds) */
     atomic_llong mtp_rounds, mtp_drafted, mtp_accepted; /* speculative decoding (MTP)     */
     /* The screened head (moeq_engine_head_screen_stats, copied by the loop after each step): greedy rows it

@@ -196,6 +196,17 @@ void moeq_engine_seq_free(moeq_engine *engine, int seq_id);
 /* Tokens currently cached for the sequence. */
 int moeq_engine_seq_len(const moeq_engine *engine, int seq_id);
 /*
+ * The KV pools as an admission policy sees them (the worker's scheduler, which counts blocks that sequences
+ * share once). mtp = 0: the main cache; 1: the MTP layer's (0 and 0 without one). *takeable: the blocks a
+ * sequence can take now, free ones and cached ones (no sequence holds them; evicted on demand); *total: the pool.
+ */
+void moeq_engine_kv_blocks(const moeq_engine *engine, int mtp, int64_t *takeable, int64_t *total);
+/*
+ * Blocks growing seq_id to n_tokens would take from its pool (mtp = 1: its MTP entries), the copy of a shared
+ * last block included; 0 when it is that long already; -1 when it is not alive (mtp = 1: or not marked).
+ */
+int64_t moeq_engine_seq_blocks_to_grow(const moeq_engine *engine, int seq_id, int mtp, int64_t n_tokens);
+/*
  * The first layer whose MoE router saw a non-finite score (NaN, inf) for
  * one of the sequence's tokens (0-based; MTP layers after the main ones),
  * or -1. Only routers are watched (cheap: they read every score anyway), so
@@ -240,6 +251,12 @@ moeq_err moeq_engine_seq_fork(moeq_engine *engine, int src_seq, int n_tokens, in
  * the MTP entries are cached too. Changes nothing; 0 with the cache off.
  */
 int moeq_engine_prefix_lookup(const moeq_engine *engine, const int32_t *prompt, int n_prompt, int mtp);
+/*
+ * Of the blocks moeq_engine_prefix_lookup finds, the leading ones a live sequence holds: a sequence opened on
+ * this prompt now would take them without allocating anything (mtp = 1: the MTP cache's, as far as its chain
+ * is held). 0 without the prefix cache.
+ */
+int64_t moeq_engine_prefix_held_blocks(const moeq_engine *engine, const int32_t *prompt, int n_prompt, int mtp);
 
 /*
  * moeq_engine_seq_new (and moeq_engine_seq_set_mtp when mtp = 1) for a
