@@ -24,8 +24,15 @@
  *               turns, a batch of 2 every --pace-ms (800): prompt tokens
  *               prefilled per job with prefix_affinity off and on.
  *
+ *   kv_admission: shared_instruction's jobs on one worker whose KV cache
+ *               (kv_cache_tokens 10,240) holds 4 of them whole: kv_admission
+ *               whole (every job's length reserved) against shared (blocks
+ *               that jobs share counted once), alternated --rounds times:
+ *               jobs/s, the most jobs that ran at once, the ratio.
+ *
  * Usage: bench-pipeline [--jobs N] [--moeq PATH] [--model DIR]
- *        [--workload all|shared_instruction|prefix_affinity] [--si-jobs N] [--scale S] [--si-model DIR]
+ *        [--workload all|shared_instruction|prefix_affinity|kv_admission] [--si-jobs N] [--scale S] [--si-model DIR]
+ *        [--rounds R]
  *        [--pace-ms MS]. Prints JSON.
  *
  * Needs Kafka and Redis: MOEQ_TEST_KAFKA / MOEQ_TEST_REDIS, or the file named
@@ -352,6 +359,72 @@ static si_result shared_instruction(int n_workers, int cache_on, int n_jobs, dou
     return out;
 }
 
+/* kv_admission: one worker, a cache of 10,240 tokens, the shared-instruction jobs, admission mode `mode`. */
+static si_result kv_admission_run(const char *mode, int n_jobs, double scale, int round, int *most) {
+    run r;
+    char tag[16];
+    snprintf(tag, sizeof tag, "kv%c%d", mode[0], round);
+    run_open(&r, tag);
+    int port = 31000 + (int)(getpid() % 500) * 8 + 7;
+    char c[2048];
+    snprintf(c, sizeof c,
+             "exec %s worker --model=%s --redis_url=%s --kafka_brokers=%s --redis_prefix=%s --results_topic=%s "
+             "--worker_id=kv-%d --max_seqs=32 --max_batches_held=8 --max_step_tokens=1024 --kv_cache_tokens=10240 "
+             "--kv_admission=%s --visibility_timeout_ms=600000 --n_threads=1 --block_ms=20 --http_port=%d 2>/dev/null",
+             g_moeq, g_si_model, g_redis, g_kafka, r.ns, r.topic, (int)getpid(), mode, port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", c, (char *)NULL);
+        _exit(127);
+    }
+    wait_ready(port);
+    int64_t t0 = moeq_now_ms();
+    for (int j = 0; j < n_jobs; j += 8) si_add_batch(&r, j, n_jobs - j < 8 ? n_jobs - j : 8, scale);
+    long long tokens = 0;
+    int got = consume(&r, n_jobs, 900000, &tokens, NULL);
+    double secs = (double)(moeq_now_ms() - t0) / 1000.0;
+    *most = (int)metric_at(port, "moeq_worker_requests_running_max");
+    stop_workers(&pid, 1);
+    moeq_kafka_consumer_destroy(r.consumer);
+    if (got < n_jobs) die("kv_admission", "results missing");
+    return (si_result){got / secs, 0, 0};
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void kv_admission_all(int n_jobs, double scale, int rounds) {
+    char c[2048];
+    snprintf(c, sizeof c, "test -f %s/config.json || %s gen-model --preset small --out %s >/dev/null", g_si_model,
+             g_moeq, g_si_model);
+    if (system(c) != 0) die("gen-model", g_si_model);
+    printf("  \"kv_admission\": {\"model\": \"small\", \"instruction_tokens\": %d, \"document_tokens\": [%d, %d], "
+           "\"max_new_tokens\": 64, \"kv_cache_tokens\": 10240, \"max_seqs\": 32, \"jobs\": %d, \"rounds\": [\n",
+           (int)(2000 * scale), (int)(100 * scale), (int)(400 * scale), n_jobs);
+    double ratio[16];
+    for (int k = 0; k < rounds && k < 16; k++) { /* alternated, the order swapped each round */
+        int most_w = 0, most_s = 0;
+        si_result w, s;
+        if (k % 2 == 0) {
+            w = kv_admission_run("whole", n_jobs, scale, k, &most_w);
+            s = kv_admission_run("shared", n_jobs, scale, k, &most_s);
+        } else {
+            s = kv_admission_run("shared", n_jobs, scale, k, &most_s);
+            w = kv_admission_run("whole", n_jobs, scale, k, &most_w);
+        }
+        ratio[k] = s.jobs_per_s / w.jobs_per_s;
+        printf("    {\"whole\": {\"jobs_per_s\": %.3f, \"running_max\": %d}, \"shared\": {\"jobs_per_s\": %.3f, "
+               "\"running_max\": %d}, \"shared_vs_whole\": %.3f}%s\n",
+               w.jobs_per_s, most_w, s.jobs_per_s, most_s, ratio[k], k + 1 < rounds && k + 1 < 16 ? "," : "");
+        fflush(stdout);
+    }
+    int n = rounds < 16 ? rounds : 16;
+    qsort(ratio, (size_t)n, sizeof *ratio, cmp_double);
+    printf("  ], \"shared_vs_whole_median\": %.3f}", n % 2 ? ratio[n / 2] : (ratio[n / 2 - 1] + ratio[n / 2]) / 2);
+}
+
 /*
  * prefix_affinity: two workers whose caches hold about 3 instructions each besides their running jobs
  * (kv_cache_tokens 16384 = 1,024 blocks, 4 sequences of ~154 blocks running), 6 instructions taking turns
@@ -459,7 +532,7 @@ static void overhead(int n) {
 }
 
 int main(int argc, char **argv) {
-    int n_jobs = 256, si_jobs = 64, pace_ms = 800;
+    int n_jobs = 256, si_jobs = 64, pace_ms = 800, rounds = 1;
     double scale = 1.0;
     const char *workload = "all";
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -468,6 +541,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--si-jobs")) si_jobs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--scale")) scale = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--pace-ms")) pace_ms = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--si-model")) snprintf(g_si_model, sizeof g_si_model, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--moeq")) snprintf(g_moeq, sizeof g_moeq, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--model")) snprintf(g_model, sizeof g_model, "%s", argv[i + 1]);
@@ -483,15 +557,18 @@ int main(int argc, char **argv) {
     if (moeq_redis_params_parse(g_redis, NULL, &rp, err, sizeof err) || moeq_redis_new(&rp, &g_rd, err, sizeof err))
         die("redis", err);
     if (scale <= 0 || scale > 4 || si_jobs < 1) die("arguments", "--scale in (0, 4], --si-jobs >= 1");
-    if (!strcmp(workload, "shared_instruction") || !strcmp(workload, "prefix_affinity")) {
+    if (rounds < 1) die("arguments", "--rounds >= 1");
+    if (!strcmp(workload, "shared_instruction") || !strcmp(workload, "prefix_affinity") ||
+        !strcmp(workload, "kv_admission")) {
         printf("{\n");
         if (workload[0] == 's') shared_instruction_all(si_jobs, scale);
+        else if (workload[0] == 'k') kv_admission_all(si_jobs, scale, rounds);
         else affinity_all(si_jobs / AF_BATCH > 0 ? si_jobs / AF_BATCH : 1, scale, pace_ms);
         printf("\n}\n");
         moeq_redis_destroy(g_rd);
         return 0;
     }
-    if (strcmp(workload, "all")) die("--workload", "all, shared_instruction or prefix_affinity");
+    if (strcmp(workload, "all")) die("--workload", "all, shared_instruction, prefix_affinity or kv_admission");
     printf("{\n  \"model\": \"tiny\", \"max_new_tokens\": 32, \"max_seqs\": 16, \"n_threads_per_worker\": 1,\n");
     throughput(1, n_jobs);
     throughput(2, n_jobs);

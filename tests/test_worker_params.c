@@ -67,6 +67,14 @@ static void params_check_names_the_key_at_fault(void **state) {
     p.heartbeat_interval_ms = 2000;
     assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "visibility_timeout_ms"));
+    p.visibility_timeout_ms = 30000;
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "kv_admission", "whole", err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_props_set(moeq_worker_props, &p, "kv_admission", "all", err, sizeof err), MOEQ_OK);
+    assert_int_equal(moeq_worker_params_check(&p, err, sizeof err), MOEQ_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "kv_admission: 'all' is neither shared nor whole"));
+    strcpy(p.kv_admission, "shared");
+    p.visibility_timeout_ms = 1000;
     assert_int_equal(moeq_props_set(moeq_worker_props, &p, "max_deliveries", "0", err, sizeof err),
                      MOEQ_ERR_INVALID_ARG);
     p.visibility_timeout_ms = 30000;

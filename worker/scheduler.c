@@ -561,7 +561,8 @@ static int64_t kv_blocks_promised(const moeq_sched *sched, const sched_job *job,
         grow = sched->kv.to_grow(sched->kv.ctx, job->slot, mtp, final);
     if (grow < 0) {
         grow = (final + blk - 1) / blk;
-        if (sched->kv.held && sched->prefix_fn) grow -= sched->kv.held(sched->kv.ctx, job->prompt, job->n_prompt, job->mtp_k > 0);
+        if (sched->kv.held && sched->prefix_fn)
+            grow -= sched->kv.held(sched->kv.ctx, job->prompt, job->n_prompt, job->mtp_k > 0);
         if (grow < 0) grow = 0;
     }
     return grow + (job->mtp_k > 0);
@@ -589,8 +590,8 @@ static void kv_room_measure(moeq_sched *sched, kv_room *r) {
 static int kv_room_take(moeq_sched *sched, kv_room *r, const sched_job *job) {
     int64_t need[2] = {kv_blocks_promised(sched, job, 0), job->mtp_k > 0 ? kv_blocks_promised(sched, job, 1) : 0};
     int alone = sched->n_running == 0; /* the pool is its own: never wait on a block of slack */
-    for (int mtp = 0; mtp < 2; mtp++)
-        if (need[mtp] > 0 && !alone && r->promised[mtp] + need[mtp] > r->takeable[mtp]) return 0;
+    for (int mtp = 0; mtp < 2; mtp++) /* (no MTP pool: the engine decodes such a job plainly) */
+        if (need[mtp] > 0 && r->total[mtp] > 0 && !alone && r->promised[mtp] + need[mtp] > r->takeable[mtp]) return 0;
     for (int mtp = 0; mtp < 2; mtp++) r->promised[mtp] += need[mtp];
     return 1;
 }
@@ -627,8 +628,9 @@ static void admit(moeq_sched *sched, int64_t now_ms) {
         sched->n_running++;
         if (sched->n_running > sched->running_max) sched->running_max = sched->n_running;
     }
-    if (by_blocks) /* held by sequences (cached blocks aside) plus promised, as the pool's share of tokens */
-        sched->kv_held_promised = (room.total[0] - room.takeable[0] + room.promised[0]) * sched->params.kv_block_tokens;
+    if (by_blocks) /* held by sequences (cached blocks aside) plus promised, in tokens */
+        sched->kv_held_promised =
+            (room.total[0] - room.takeable[0] + room.promised[0]) * sched->params.kv_block_tokens;
 }
 
 /* Running slots ordered by admission (oldest first), into order[]; returns the count. */

@@ -485,7 +485,8 @@ static moeq_err open_engine(moeq_worker *w, char *errstr, size_t errstr_size) {
     sp.n_stop_ids = eos >= 0 ? 1 : 0;
     if ((err = moeq_sched_new(&sp, detok, w, &w->sched, errstr, errstr_size))) return err;
     if (p->prefix_cache) moeq_sched_set_prefix_lookup(w->sched, prefix_lookup, w);
-    moeq_sched_set_kv(w->sched, &(moeq_sched_kv){kv_pool, kv_to_grow, kv_held, w});
+    if (!strcmp(p->kv_admission, "shared")) /* (whole: the scheduler reserves every job's length itself) */
+        moeq_sched_set_kv(w->sched, &(moeq_sched_kv){kv_pool, kv_to_grow, kv_held, w});
     w->eos = eos;
     if ((err = open_grammars(w, errstr, errstr_size))) return err;
 

@@ -104,7 +104,8 @@ static void vllm_set(out_buf *o, const moeq_worker_metrics *m, const char *wid) 
     counter(o, "requests_running_max", "the most jobs that held sequence slots at once (how many the KV cache "
             "admitted together; blocks that jobs share count once)", "gauge", wid, LOAD(m->sequences_active_max));
     long long cap = LOAD(m->kv_capacity_tokens);
-    emit(o, "# HELP moeq_worker_kv_cache_usage_ratio KV cache tokens that running jobs hold or may still take (shared blocks once) / kv_cache_tokens (0..1)\n"
+    emit(o, "# HELP moeq_worker_kv_cache_usage_ratio KV cache tokens that running jobs hold or may still take "
+            "(shared blocks once) / kv_cache_tokens (0..1)\n"
             "# TYPE moeq_worker_kv_cache_usage_ratio gauge\nmoeq_worker_kv_cache_usage_ratio{worker=\"%s\"} %.4f\n",
          wid, cap > 0 ? (double)LOAD(m->kv_reserved_tokens) / (double)cap : 0.0);
     if (atomic_load(&m->device_known)) {

@@ -102,6 +102,10 @@ const moeq_prop moeq_worker_props[] = {
      "prefix cache: full KV cache blocks of finished jobs stay cached, keyed by their tokens, and a new job "
      "whose prompt starts with them takes them instead of prefilling (results bit-identical; "
      "docs/PREFIX_CACHE.md); a running job's blocks are found the same way"},
+    {"kv_admission", MOEQ_PROP_STR, P(kv_admission), 0, 0, "shared",
+     "how jobs are admitted against the KV cache: shared (by the engine's blocks: what running jobs may still "
+     "take plus the new job's whole length less the prompt blocks live sequences hold, so blocks that jobs "
+     "share count once) or whole (each job's prompt + max_new_tokens reserved, shared or not; docs/WORKER.md)"},
     {"prefix_cache_share", MOEQ_PROP_DOUBLE, P(prefix_cache_share), 0, 1, "1",
      "most of the KV cache (kv_cache_tokens) that cached blocks no running job uses may hold, 0..1; they "
      "are evicted least recently used first whenever a job needs the room, so 1 costs running jobs nothing"},
@@ -215,6 +219,9 @@ moeq_err moeq_worker_params_check(const moeq_worker_params *p, char *errstr, siz
         return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size,
                          "visibility_timeout_ms: %lld is shorter than 3 heartbeat intervals (%lld)",
                          (long long)p->visibility_timeout_ms, (long long)(3 * p->heartbeat_interval_ms));
+    if (strcmp(p->kv_admission, "shared") && strcmp(p->kv_admission, "whole"))
+        return moeq_errf(MOEQ_ERR_INVALID_ARG, errstr, errstr_size, "kv_admission: '%s' is neither shared nor whole",
+                         p->kv_admission);
     moeq_err err = check_group(p, errstr, errstr_size);
     return err ? err : moeq_job_limits_check(&p->limits, errstr, errstr_size);
 }

@@ -69,6 +69,8 @@ typedef struct moeq_worker_params {
     int64_t prefix_share_min;     /* a new job forks a running job's cached prompt prefix when they
                                      share at least this many tokens; 0 = never                     */
     int prefix_cache;             /* 1: the engine's prefix cache serves every job (docs/PREFIX_CACHE.md) */
+    char kv_admission[8];         /* shared: admit by the engine's blocks, shared ones once; whole: every
+                                     job's whole length reserved (docs/WORKER.md)                     */
     double prefix_cache_share;    /* most of the KV pool cached blocks no job uses may hold, 0..1     */
     int prefix_affinity;          /* 1: hand a fresh batch whose prefix key a live peer advertises
                                      (and this worker does not hold) to that peer                     */
