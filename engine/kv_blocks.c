@@ -416,8 +416,10 @@ int moeq_kv_blocks_key_next(moeq_kv_blocks *c, int seq_id, const int32_t *row) {
     return 1;
 }
 
-/* Walk the registered chain matching tokens; out (may be NULL) receives its blocks. */
-/* held_only: stop at the first block no sequence holds (a held block's parents are held: the leading run). */
+/*
+ * Walk the registered chain matching tokens; out (may be NULL) receives its blocks. held_only: stop at the first
+ * block no sequence holds (a held block's parents are held too, so the held ones are a leading run).
+ */
 static int64_t walk(const moeq_kv_blocks *c, const int32_t *tokens, int64_t n_tokens, int64_t max_blocks,
                     int32_t *out, int64_t *collisions, int held_only) {
     if (!c->p.prefix_cache || c->st.registered == 0) return 0;
