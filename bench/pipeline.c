@@ -359,6 +359,14 @@ static si_result shared_instruction(int n_workers, int cache_on, int n_jobs, dou
     return out;
 }
 
+/* The `small` preset the shared-instruction workloads run on (tiny's context is 256), written once. */
+static void si_model_ready(void) {
+    char c[2048];
+    snprintf(c, sizeof c, "test -f %s/config.json || %s gen-model --preset small --out %s >/dev/null", g_si_model,
+             g_moeq, g_si_model);
+    if (system(c) != 0) die("gen-model", g_si_model);
+}
+
 /* kv_admission: one worker, a cache of 10,240 tokens, the shared-instruction jobs, admission mode `mode`. */
 static si_result kv_admission_run(const char *mode, int n_jobs, double scale, int round, int *most) {
     run r;
@@ -396,10 +404,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static void kv_admission_all(int n_jobs, double scale, int rounds) {
-    char c[2048];
-    snprintf(c, sizeof c, "test -f %s/config.json || %s gen-model --preset small --out %s >/dev/null", g_si_model,
-             g_moeq, g_si_model);
-    if (system(c) != 0) die("gen-model", g_si_model);
+    si_model_ready();
     printf("  \"kv_admission\": {\"model\": \"small\", \"instruction_tokens\": %d, \"document_tokens\": [%d, %d], "
            "\"max_new_tokens\": 64, \"kv_cache_tokens\": 10240, \"max_seqs\": 32, \"jobs\": %d, \"rounds\": [\n",
            (int)(2000 * scale), (int)(100 * scale), (int)(400 * scale), n_jobs);
@@ -488,10 +493,7 @@ static void affinity_all(int n_batches, double scale, int pace_ms) {
 }
 
 static void shared_instruction_all(int n_jobs, double scale) {
-    char c[2048];
-    snprintf(c, sizeof c, "test -f %s/config.json || %s gen-model --preset small --out %s >/dev/null", g_si_model,
-             g_moeq, g_si_model);
-    if (system(c) != 0) die("gen-model", g_si_model);
+    si_model_ready();
     printf("  \"shared_instruction\": {\"model\": \"small\", \"instruction_tokens\": %d, \"document_tokens\": "
            "[%d, %d], \"max_new_tokens\": 64, \"scale\": %.3f, \"max_seqs\": 32, \"n_threads_per_worker\": 1,\n",
            (int)(2000 * scale), (int)(100 * scale), (int)(400 * scale), scale);

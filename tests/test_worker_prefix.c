@@ -217,15 +217,24 @@ static int stop_worker(pid_t pid) {
     return -1;
 }
 
+/* A run's own names (ns[96], prefix[128], results[128]), its batch streams and a consumer of its results. */
+static void open_run(const char *tag, char *ns, char *prefix, char *results, moeq_redis **redis,
+                     moeq_kafka_consumer **consumer) {
+    char group[160];
+    moeq_test_unique_name(ns, 96, tag);
+    snprintf(prefix, 128, "%s:batches:p", ns);
+    snprintf(results, 128, "%s.results", ns);
+    snprintf(group, sizeof group, "%s.g", ns);
+    *redis = wt_open_streams(g_redis, prefix);
+    *consumer = wt_results_consumer(g_kafka, results, group);
+}
+
 static void jobs_sharing_a_long_instruction_on_two_workers_give_generates_tokens_and_reuse_it(void **state) {
     (void)state;
-    char ns[96], prefix[128], results[128], group[160];
-    moeq_test_unique_name(ns, sizeof ns, "wk-prefix");
-    snprintf(prefix, sizeof prefix, "%s:batches:p", ns);
-    snprintf(results, sizeof results, "%s.results", ns);
-    snprintf(group, sizeof group, "%s.g", ns);
-    moeq_redis *redis = wt_open_streams(g_redis, prefix);
-    moeq_kafka_consumer *consumer = wt_results_consumer(g_kafka, results, group);
+    char ns[96], prefix[128], results[128];
+    moeq_redis *redis;
+    moeq_kafka_consumer *consumer;
+    open_run("wk-prefix", ns, prefix, results, &redis, &consumer);
     for (int i = 0; i < N_JOBS; i++) make_job(&g_jobs[i], i, ns, 0);
     for (int b = 0; b < N_JOBS; b += BATCH) add_batch(redis, prefix, b, b + BATCH);
     int port[2];
@@ -282,13 +291,10 @@ static void jobs_sharing_a_long_instruction_on_two_workers_give_generates_tokens
 static void a_cache_that_holds_one_job_whole_runs_several_of_those_that_share_an_instruction(void **state) {
     (void)state;
     enum { N_TIGHT = 24 };
-    char ns[96], prefix[128], results[128], group[160];
-    moeq_test_unique_name(ns, sizeof ns, "wk-prefix-tight");
-    snprintf(prefix, sizeof prefix, "%s:batches:p", ns);
-    snprintf(results, sizeof results, "%s.results", ns);
-    snprintf(group, sizeof group, "%s.g", ns);
-    moeq_redis *redis = wt_open_streams(g_redis, prefix);
-    moeq_kafka_consumer *consumer = wt_results_consumer(g_kafka, results, group);
+    char ns[96], prefix[128], results[128];
+    moeq_redis *redis;
+    moeq_kafka_consumer *consumer;
+    open_run("wk-prefix-tight", ns, prefix, results, &redis, &consumer);
     for (int i = 0; i < N_TIGHT; i++) make_job(&g_jobs[i], i, ns, i % 4 == 3);
     for (int b = 0; b < N_TIGHT; b += BATCH) add_batch(redis, prefix, b, b + BATCH);
     int port;
